@@ -1,0 +1,149 @@
+# larder's build.
+#
+#   make            build everything (build/release)
+#   make test       install what is missing, then run every test: the unit and
+#                   integration suites in a plain build and under ASan and UBSan,
+#                   then a bounded fuzzing run
+#   make demo       run the main job end to end on a built-in dataset
+#   make lint       clang-tidy and cppcheck
+#   make fuzz       libFuzzer over the footer parser and page decoders
+#   make bench      every benchmark (bench-decode, ...)
+#
+# V=release|asan|ubsan|debug picks the build flavour; each has its own tree
+# under build/.
+SHELL := /bin/bash
+.DEFAULT_GOAL := all
+.DELETE_ON_ERROR:
+
+V ?= release
+B := build/$(V)
+CC := gcc
+
+PQ_PKGS := snappy zlib libzstd liblz4 libbrotlidec
+PQ_LIBS := $(shell pkg-config --libs $(PQ_PKGS) 2>/dev/null)
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-missing-field-initializers
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -g -fPIC -pthread -MMD -MP
+ifeq ($(V),release)
+  OPT := -O2
+else ifeq ($(V),asan)
+  OPT := -O1 -fsanitize=address -fno-omit-frame-pointer
+else ifeq ($(V),ubsan)
+  OPT := -O1 -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else ifeq ($(V),debug)
+  OPT := -O0
+else
+  $(error unknown build flavour V=$(V))
+endif
+CFLAGS := $(CFLAGS_BASE) $(OPT) $(EXTRA_CFLAGS)
+LDFLAGS := $(OPT) -pthread
+
+PQ_SRCS := $(sort $(wildcard daemon/pq_*.c))
+COMMON_SRCS := client/error.c
+CTL_SRCS := client/larderctl.c client/ctl_parquet.c
+TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
+
+obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+
+PQ_LIB := $(B)/lib/libpq.a
+LARDERCTL := $(B)/bin/larderctl
+RUN_TESTS := $(B)/bin/run-tests
+BENCH_DECODE := $(B)/bin/bench-decode
+
+.PHONY: all deps test check check-unit check-compat demo lint fuzz fuzz-build \
+        bench bench-decode clean
+
+all: $(LARDERCTL) $(RUN_TESTS) $(BENCH_DECODE)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(PQ_LIB): $(call obj,$(PQ_SRCS) $(COMMON_SRCS))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(LARDERCTL): $(call obj,$(CTL_SRCS)) $(PQ_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lm -o $@
+
+$(RUN_TESTS): $(call obj,$(TEST_SRCS)) $(PQ_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lbrotlienc -lm -o $@
+
+$(BENCH_DECODE): $(call obj,bench/bench-decode.c) $(PQ_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lm -o $@
+
+-include $(shell find build/$(V)/obj -name '*.d' 2>/dev/null)
+
+# ---------------------------------------------------------------------------
+# Tests
+
+deps:
+	@scripts/deps.sh
+
+# The whole suite, as CI runs it: dependencies first (in a separate make so
+# that pkg-config sees freshly installed packages), then each flavour.
+test: deps
+	$(MAKE) --no-print-directory V=release check
+	$(MAKE) --no-print-directory V=asan check
+	$(MAKE) --no-print-directory V=ubsan check
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60
+	@echo "make test: all suites passed"
+
+check: check-unit check-compat
+
+check-unit: $(RUN_TESTS)
+	LARDER_TEST_DATA=tests/data $(RUN_TESTS)
+
+TEST_WORK ?= tests/work
+check-compat: $(LARDERCTL)
+	tests/compat.sh $(LARDERCTL) $(TEST_WORK)/compat-$(V)
+
+# ---------------------------------------------------------------------------
+# Fuzzing (clang's libFuzzer with ASan and UBSan)
+
+FUZZ_SECONDS ?= 300
+FUZZ_B := build/fuzz
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
+               -fno-sanitize-recover=undefined -Wall -Wextra -Werror
+FUZZ_TARGETS := fuzz-footer fuzz-pages
+
+fuzz-build: $(addprefix $(FUZZ_B)/,$(FUZZ_TARGETS))
+
+$(FUZZ_B)/fuzz-%: tests/fuzz/fuzz-%.c $(PQ_SRCS) $(COMMON_SRCS) daemon/*.h
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $< $(PQ_SRCS) $(COMMON_SRCS) $(PQ_LIBS) -lm -o $@
+
+# Each target gets half the time; the corpus starts from the conformance
+# files and whatever earlier runs found.
+fuzz: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# ---------------------------------------------------------------------------
+# Lint
+
+LINT_SRCS := $(PQ_SRCS) $(COMMON_SRCS) $(CTL_SRCS)
+lint:
+	clang-tidy --quiet $(LINT_SRCS) -- -std=c11 -D_GNU_SOURCE
+	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
+	  --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ $(LINT_SRCS)
+
+# ---------------------------------------------------------------------------
+# Benchmarks
+
+bench: bench-decode
+
+bench-decode: deps
+	$(MAKE) --no-print-directory V=release $(BENCH_DECODE)
+	bench/bench-decode.sh $(BENCH_DECODE)
+
+# ---------------------------------------------------------------------------
+
+demo: deps
+	$(MAKE) --no-print-directory V=release all
+	scripts/demo.sh build/release
+
+clean:
+	rm -rf build

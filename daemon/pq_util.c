@@ -1,0 +1,250 @@
+/*
+ * pq_util.c: the Parquet module's small shared pieces: error formatting,
+ * growable buffers, the metadata arena, byte sources and display names.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pq_internal.h"
+
+int pq_error_set(pq_error *err, int code, const char *fmt, ...) {
+  if (err != NULL) {
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void pq_options_init(pq_options *opts) {
+  memset(opts, 0, sizeof(*opts));
+  opts->max_chunk_decoded_bytes = (uint64_t)2 << 30;
+  opts->max_footer_bytes = 64u << 20;
+  opts->verify_crc = 1;
+}
+
+/* ------------------------------------------------------------------------ */
+
+int pq_buf_reserve(pq_buf_t *b, size_t cap) {
+  if (cap <= b->cap && b->data != NULL) return 0;
+  size_t want = b->cap ? b->cap : 256;
+  while (want < cap) {
+    if (want > SIZE_MAX / 2) return LARDER_ENOMEM;
+    want *= 2;
+  }
+  uint8_t *p = realloc(b->data, want + PQ_BUF_SLACK);
+  if (p == NULL) return LARDER_ENOMEM;
+  b->data = p;
+  b->cap = want;
+  return 0;
+}
+
+void pq_buf_free(pq_buf_t *b) {
+  free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+struct pq_arena_block {
+  struct pq_arena_block *next;
+  size_t used, size;
+  _Alignas(16) unsigned char data[];
+};
+
+void *pq_arena_alloc(pq_arena_t *arena, size_t size) {
+  size = (size + 15) & ~(size_t)15;
+  if (size == 0) size = 16;
+  if (arena->used + size > arena->limit || arena->used + size < size) return NULL;
+  struct pq_arena_block *b = arena->head;
+  if (b == NULL || b->size - b->used < size) {
+    size_t bsize = size > 65536 ? size : 65536;
+    b = malloc(sizeof(*b) + bsize);
+    if (b == NULL) return NULL;
+    b->next = arena->head;
+    b->used = 0;
+    b->size = bsize;
+    arena->head = b;
+  }
+  void *p = b->data + b->used;
+  b->used += size;
+  arena->used += size;
+  memset(p, 0, size);
+  return p;
+}
+
+char *pq_arena_strndup(pq_arena_t *arena, const char *s, size_t len) {
+  char *p = pq_arena_alloc(arena, len + 1);
+  if (p == NULL) return NULL;
+  if (len) memcpy(p, s, len);
+  p[len] = '\0';
+  return p;
+}
+
+void pq_arena_free(pq_arena_t *arena) {
+  struct pq_arena_block *b = arena->head;
+  while (b != NULL) {
+    struct pq_arena_block *next = b->next;
+    free(b);
+    b = next;
+  }
+  arena->head = NULL;
+  arena->used = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int file_read(const pq_source *src, uint64_t off, size_t len,
+                     void *buf) {
+  int fd = (int)src->fd;
+  uint8_t *p = buf;
+  if (off > src->size || len > src->size - off) return LARDER_ECORRUPT;
+  while (len > 0) {
+    ssize_t n = pread(fd, p, len, (off_t)off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return LARDER_EIO;
+    }
+    if (n == 0) return LARDER_ECORRUPT; /* the file shrank under us */
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
+  memset(src, 0, sizeof(*src));
+  src->fd = -1;
+  snprintf(src->name, sizeof(src->name), "%s", path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return pq_error_set(err, e == ENOENT ? LARDER_ENOENT : LARDER_EIO,
+                        "%s: %s", path, strerror(e));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return pq_error_set(err, LARDER_EIO, "%s: not a regular file", path);
+  }
+  src->read = file_read;
+  src->fd = fd;
+  src->size = (uint64_t)st.st_size;
+  return 0;
+}
+
+void pq_source_close_file(pq_source *src) {
+  if (src->read == file_read && src->fd >= 0) close((int)src->fd);
+  src->fd = -1;
+  src->read = NULL;
+}
+
+static int mem_read(const pq_source *src, uint64_t off, size_t len,
+                    void *buf) {
+  if (off > src->size || len > src->size - off) return LARDER_ECORRUPT;
+  if (len) memcpy(buf, (const uint8_t *)src->ctx + off, len);
+  return 0;
+}
+
+static const uint8_t *mem_map(const pq_source *src, uint64_t off,
+                              size_t len) {
+  if (off > src->size || len > src->size - off) return NULL;
+  return (const uint8_t *)src->ctx + off;
+}
+
+void pq_source_init_memory(pq_source *src, const void *data, size_t len,
+                           const char *name) {
+  memset(src, 0, sizeof(*src));
+  src->fd = -1;
+  src->read = mem_read;
+  src->map = mem_map;
+  src->ctx = (void *)(uintptr_t)data;
+  src->size = len;
+  snprintf(src->name, sizeof(src->name), "%s", name ? name : "(memory)");
+}
+
+/* ------------------------------------------------------------------------ */
+
+const char *pq_physical_name(int physical) {
+  static const char *const names[] = {"BOOLEAN", "INT32",  "INT64",
+                                      "INT96",   "FLOAT",  "DOUBLE",
+                                      "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"};
+  if (physical >= 0 && physical < 8) return names[physical];
+  return physical == PQ_PHYSICAL_NONE ? "GROUP" : "UNKNOWN";
+}
+
+const char *pq_codec_name(int codec) {
+  static const char *const names[] = {"UNCOMPRESSED", "SNAPPY", "GZIP",
+                                      "LZO",          "BROTLI", "LZ4",
+                                      "ZSTD",         "LZ4_RAW"};
+  if (codec >= 0 && codec < 8) return names[codec];
+  return "UNKNOWN";
+}
+
+const char *pq_encoding_name(int encoding) {
+  static const char *const names[] = {
+      "PLAIN", "GROUP_VAR_INT", "PLAIN_DICTIONARY", "RLE", "BIT_PACKED",
+      "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY",
+      "RLE_DICTIONARY", "BYTE_STREAM_SPLIT", "ALP"};
+  if (encoding >= 0 && encoding < 11) return names[encoding];
+  return "UNKNOWN";
+}
+
+const char *pq_repetition_name(int repetition) {
+  static const char *const names[] = {"REQUIRED", "OPTIONAL", "REPEATED"};
+  if (repetition >= 0 && repetition < 3) return names[repetition];
+  return "UNKNOWN";
+}
+
+static const char *unit_name(larder_time_unit_t unit) {
+  switch (unit) {
+    case LARDER_UNIT_SECOND: return "SECONDS";
+    case LARDER_UNIT_MILLI: return "MILLIS";
+    case LARDER_UNIT_MICRO: return "MICROS";
+    case LARDER_UNIT_NANO: return "NANOS";
+  }
+  return "?";
+}
+
+void pq_logical_format(const pq_logical_t *lt, char *buf, size_t size) {
+  switch (lt->kind) {
+    case PQ_LT_NONE: snprintf(buf, size, "%s", ""); break;
+    case PQ_LT_STRING: snprintf(buf, size, "STRING"); break;
+    case PQ_LT_MAP: snprintf(buf, size, "MAP"); break;
+    case PQ_LT_LIST: snprintf(buf, size, "LIST"); break;
+    case PQ_LT_ENUM: snprintf(buf, size, "ENUM"); break;
+    case PQ_LT_DECIMAL:
+      snprintf(buf, size, "DECIMAL(%d,%d)", lt->precision, lt->scale);
+      break;
+    case PQ_LT_DATE: snprintf(buf, size, "DATE"); break;
+    case PQ_LT_TIME:
+      snprintf(buf, size, "TIME(%s,%s)", unit_name(lt->unit),
+               lt->utc ? "true" : "false");
+      break;
+    case PQ_LT_TIMESTAMP:
+      snprintf(buf, size, "TIMESTAMP(%s,%s)", unit_name(lt->unit),
+               lt->utc ? "true" : "false");
+      break;
+    case PQ_LT_INTEGER:
+      snprintf(buf, size, "INTEGER(%d,%s)", lt->bit_width,
+               lt->is_signed ? "true" : "false");
+      break;
+    case PQ_LT_UNKNOWN: snprintf(buf, size, "UNKNOWN"); break;
+    case PQ_LT_JSON: snprintf(buf, size, "JSON"); break;
+    case PQ_LT_BSON: snprintf(buf, size, "BSON"); break;
+    case PQ_LT_UUID: snprintf(buf, size, "UUID"); break;
+    case PQ_LT_FLOAT16: snprintf(buf, size, "FLOAT16"); break;
+    case PQ_LT_INTERVAL: snprintf(buf, size, "INTERVAL"); break;
+    case PQ_LT_MAP_KEY_VALUE: snprintf(buf, size, "MAP_KEY_VALUE"); break;
+  }
+}
