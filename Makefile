@@ -42,6 +42,7 @@ PQ_SRCS := $(sort $(wildcard daemon/pq_*.c))
 COMMON_SRCS := client/error.c
 CTL_SRCS := client/larderctl.c client/ctl_parquet.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
+TEST_SRCS += tests/pqwrite.c
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 

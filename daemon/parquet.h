@@ -87,12 +87,18 @@ typedef struct pq_source {
                         size_t len);
   void *ctx;     /* the callbacks' own state */
   intptr_t fd;   /* file sources: the descriptor */
+  /* Set when map() returns memory that can fault (a mapped file that may be
+   * truncated under us): readers then catch SIGBUS and fail with LARDER_EIO
+   * instead of taking the process down. */
+  int may_fault;
   uint64_t size; /* total size of the object in bytes */
   char name[256]; /* path or URL, for error messages only */
 } pq_source;
 
-/* Opens path read-only.  Returns 0 or a negative code (ENOENT, EIO).  The
- * caller closes it with pq_source_close_file. */
+/* Opens path read-only and maps it, so that pages decode straight from the
+ * page cache.  Returns 0 or a negative code (ENOENT, EIO).  The caller closes
+ * it with pq_source_close_file.  A file truncated while it is read makes the
+ * reader fail with LARDER_EIO (SIGBUS is caught; see pq_util.c). */
 int pq_source_open_file(pq_source *src, const char *path, pq_error *err);
 void pq_source_close_file(pq_source *src);
 
@@ -411,6 +417,13 @@ int pq_reader_open(const pq_file *file, const pq_source *src,
  */
 int64_t pq_reader_next(pq_reader *reader, int64_t max_rows, pq_batch_t *out,
                        pq_error *err);
+
+/*
+ * Moves the reader to the start of row group rg of the same file, keeping
+ * its buffers, so that a thread walking a file's row groups allocates once.
+ * Returns 0 or a negative code.  Also clears a reader's failed state.
+ */
+int pq_reader_set_row_group(pq_reader *reader, int rg, pq_error *err);
 
 /* Skips rows without building arrays (pages are still decoded). */
 int64_t pq_reader_skip(pq_reader *reader, int64_t rows, pq_error *err);

@@ -39,50 +39,63 @@ static uint64_t slow_bits(const uint8_t *in, size_t in_len, uint64_t bit,
   return w == 64 ? v : v & ((1ull << w) - 1);
 }
 
-/* The number of values from index `start` whose bits can be read with one
- * unaligned 64-bit load (two for widths over 56) inside in_len bytes. */
-static inline size_t fast_count(size_t in_len, int w, uint64_t start,
-                                size_t n, int extra) {
-  if (in_len < (size_t)(8 + extra)) return 0;
-  uint64_t max_bit = ((uint64_t)(in_len - 8 - extra) << 3) + 7;
-  uint64_t last = max_bit / (uint64_t)w; /* highest index that fits */
-  if (last < start) return 0;
-  uint64_t k = last - start + 1;
-  return k < n ? (size_t)k : n;
-}
-
+/*
+ * Unpacks in groups of eight values, which always start on a byte boundary
+ * (eight values of w bits take exactly w bytes).  Inside a group every bit
+ * offset is a compile-time constant once w is, so each value costs one load,
+ * one shift and one mask.  Values before the first group boundary and after
+ * the last group that can be read with whole 64-bit loads go through
+ * slow_bits.
+ */
 #define DEFINE_UNPACK(NAME, OUT_T)                                           \
   static inline __attribute__((always_inline)) void NAME##_w(               \
       const uint8_t *in, size_t in_len, const int w, uint64_t start,        \
       OUT_T *out, size_t n) {                                               \
     const uint64_t mask = w >= 64 ? ~0ull : ((1ull << w) - 1);              \
-    size_t fast = fast_count(in_len, w, start, n, w > 56);                  \
-    uint64_t bit = start * (uint64_t)w;                                     \
     size_t i = 0;                                                           \
-    for (; i + 8 <= fast; i += 8) {                                         \
-      for (int k = 0; k < 8; k++) {                                         \
-        uint64_t b = bit + (uint64_t)k * (uint64_t)w;                       \
-        const uint8_t *p = in + (b >> 3);                                   \
-        int s = (int)(b & 7);                                               \
-        uint64_t v = load64(p) >> s;                                        \
-        if (w > 56 && s) v |= (uint64_t)p[8] << (64 - s);                   \
-        out[i + k] = (OUT_T)(v & mask);                                     \
+    for (; i < n && ((start + i) & 7); i++)                                 \
+      out[i] = (OUT_T)slow_bits(in, in_len, (start + i) * (uint64_t)w, w);  \
+    uint64_t group = (start + i) >> 3;                                      \
+    /* A group reads up to byte (7w)/8 + 8 (+1 past 56 bits) of its start. */ \
+    const uint64_t reach = (uint64_t)((7 * w) / 8 + 8 + (w > 56));          \
+    uint64_t first_byte = group * (uint64_t)w;                              \
+    size_t groups = (n - i) / 8;                                            \
+    size_t safe = 0;                                                        \
+    if (in_len >= reach && first_byte <= in_len - reach)                    \
+      safe = (size_t)((in_len - reach - first_byte) / (uint64_t)w + 1);     \
+    if (safe > groups) safe = groups;                                       \
+    const uint8_t *gp = in + first_byte;                                    \
+    for (size_t g = 0; g < safe; g++, gp += w, i += 8) {                    \
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {                 \
+        const int b = k * w;                                                \
+        uint64_t v = load64(gp + b / 8) >> (b % 8);                         \
+        if (w > 56 && (b % 8)) v |= (uint64_t)gp[b / 8 + 8] << (64 - b % 8); \
+        out[i + (size_t)k] = (OUT_T)(v & mask);                             \
       }                                                                     \
-      bit += 8 * (uint64_t)w;                                               \
     }                                                                       \
-    for (; i < fast; i++, bit += (uint64_t)w) {                             \
-      const uint8_t *p = in + (bit >> 3);                                   \
-      int s = (int)(bit & 7);                                               \
-      uint64_t v = load64(p) >> s;                                          \
-      if (w > 56 && s) v |= (uint64_t)p[8] << (64 - s);                     \
-      out[i] = (OUT_T)(v & mask);                                           \
-    }                                                                       \
-    for (; i < n; i++, bit += (uint64_t)w)                                  \
-      out[i] = (OUT_T)slow_bits(in, in_len, bit, w);                        \
+    for (; i < n; i++)                                                      \
+      out[i] = (OUT_T)slow_bits(in, in_len, (start + i) * (uint64_t)w, w);  \
   }
 
+DEFINE_UNPACK(unpack16, uint16_t)
 DEFINE_UNPACK(unpack32, uint32_t)
 DEFINE_UNPACK(unpack64, uint64_t)
+
+#define CASE16(W) \
+  case W: unpack16_w(in, in_len, W, start, out, n); return;
+
+/* Levels are at most 16 bits wide; unpacking straight into uint16 saves a
+ * pass over every repetition and definition level. */
+static void unpack16(const uint8_t *in, size_t in_len, int bit_width,
+                     uint64_t start, uint16_t *out, size_t n) {
+  switch (bit_width) {
+    case 0: memset(out, 0, n * sizeof(*out)); return;
+    CASE16(1) CASE16(2) CASE16(3) CASE16(4) CASE16(5) CASE16(6) CASE16(7)
+    CASE16(8) CASE16(9) CASE16(10) CASE16(11) CASE16(12) CASE16(13)
+    CASE16(14) CASE16(15) CASE16(16)
+    default: memset(out, 0, n * sizeof(*out)); return;
+  }
+}
 
 #define CASE32(W) \
   case W: unpack32_w(in, in_len, W, start, out, n); return;
@@ -192,6 +205,19 @@ static int rle_next_run(pq_rle_t *r) {
   return 1;
 }
 
+bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width,
+                            int64_t n, uint32_t value) {
+  const uint8_t *end = p + len;
+  uint32_t header;
+  if (bit_width < 0 || bit_width > 32 || read_uvarint32(&p, end, &header) || (header & 1))
+    return false;
+  int vb = (bit_width + 7) / 8;
+  if (end - p < vb) return false;
+  uint32_t v = 0;
+  for (int i = 0; i < vb; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v == value && (int64_t)(header >> 1) >= n;
+}
+
 int64_t pq_rle_get32(pq_rle_t *r, uint32_t *out, int64_t n) {
   int64_t done = 0;
   while (done < n) {
@@ -219,7 +245,7 @@ int64_t pq_rle_get32(pq_rle_t *r, uint32_t *out, int64_t n) {
 
 int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n) {
   int64_t done = 0;
-  uint32_t tmp[256];
+  if (r->bit_width > 16) return LARDER_ECORRUPT;
   while (done < n) {
     if (r->rle_left) {
       int64_t m = n - done < r->rle_left ? n - done : r->rle_left;
@@ -229,12 +255,18 @@ int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n) {
       r->rle_left -= (uint32_t)m;
     } else if (r->bp_left) {
       int64_t m = n - done < r->bp_left ? n - done : r->bp_left;
-      if (m > 256) m = 256;
-      pq_unpack32(r->bp, r->bp_len, r->bit_width, r->bp_pos, tmp, (size_t)m);
-      for (int64_t i = 0; i < m; i++) out[done + i] = (uint16_t)tmp[i];
+      unpack16(r->bp, r->bp_len, r->bit_width, r->bp_pos, out + done, (size_t)m);
       done += m;
       r->bp_pos += (uint32_t)m;
       r->bp_left -= (uint32_t)m;
+    } else if (r->p + 2 <= r->end && r->p[0] < 0x80 && !(r->p[0] & 1) &&
+               r->bit_width <= 8) {
+      /* Short RLE runs of narrow levels dominate list columns: parse their
+       * one-byte header and one-byte value here instead of in
+       * rle_next_run. */
+      r->rle_left = r->p[0] >> 1;
+      r->rle_value = r->bit_width ? r->p[1] : 0;
+      r->p += r->bit_width ? 2 : 1;
     } else {
       int rc = rle_next_run(r);
       if (rc < 0) return rc;

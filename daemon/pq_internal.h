@@ -84,6 +84,20 @@ static inline bool pq_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
   return !__builtin_add_overflow(a, b, out);
 }
 
+/* Catching SIGBUS from mapped sources.  PQ_GUARD_BEGIN runs the code after
+ * it normally; if a guarded access faults, control comes back to it a second
+ * time with the expression true, and the caller fails cleanly.  The handler
+ * is process-wide and installed on first use; a SIGBUS outside a guard goes
+ * to the previous handler or the default action. */
+#include <setjmp.h>
+typedef struct pq_guard {
+  sigjmp_buf env;
+  struct pq_guard *prev;
+} pq_guard_t;
+void pq_guard_push(pq_guard_t *g);
+void pq_guard_pop(pq_guard_t *g);
+#define PQ_GUARD_FAULTED(g) (pq_guard_push(g), sigsetjmp((g)->env, 1) != 0)
+
 /* ------------------------------------------------------------------------ */
 /* Thrift compact protocol (pq_thrift.c)                                     */
 
@@ -192,6 +206,10 @@ void pq_rle_init(pq_rle_t *r, const uint8_t *p, size_t len, int bit_width);
  * when the data ends) or LARDER_ECORRUPT for a malformed run header. */
 int64_t pq_rle_get32(pq_rle_t *r, uint32_t *out, int64_t n);
 int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n);
+/* True when the first run of the data is an RLE run of at least n copies of
+ * value: the whole of n levels is that value, without decoding them. */
+bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width,
+                            int64_t n, uint32_t value);
 
 /* DELTA_BINARY_PACKED. */
 #define PQ_DELTA_MAX_MINI 8192
@@ -234,6 +252,8 @@ int pq_leaf_open(const struct pq_file *file, const pq_source *src,
                  const pq_options *opts, pq_codec_ctx *codec, int rg,
                  int leaf_index, pq_leaf **out, pq_error *err);
 void pq_leaf_close(pq_leaf *leaf);
+/* Points the reader at the same column in row group rg, keeping buffers. */
+int pq_leaf_reset(pq_leaf *leaf, int rg, pq_error *err);
 
 /* Reads up to `rows` records.  Their levels replace the leaf's level
  * buffers (pq_leaf_levels) and their dense values are appended to
@@ -243,7 +263,8 @@ int64_t pq_leaf_read(pq_leaf *leaf, int64_t rows, pq_buf_t *values,
                      pq_buf_t *offsets, pq_error *err);
 
 /* The levels of the last pq_leaf_read: *n entries; def is NULL when the
- * column has no definition levels, rep when it has no repetition levels.
+ * column has no definition levels or every entry's level is the maximum
+ * (no nulls anywhere on its path), rep when it has no repetition levels.
  * *num_values is the count of dense values appended. */
 void pq_leaf_levels(const pq_leaf *leaf, const uint16_t **def,
                     const uint16_t **rep, int64_t *n, int64_t *num_values);

@@ -777,10 +777,10 @@ int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out,
   int rc = src->read(src, src->size - PQ_TAIL_SIZE, PQ_TAIL_SIZE, tail);
   if (rc) return pq_error_set(err, rc, "%s: cannot read the footer: %s", src->name,
                               larder_strerror(rc));
-  uint32_t flen;
+  uint32_t flen = 0;
   rc = pq_footer_length(tail, src->size, opts, &flen, src->name, err);
   if (rc) return rc;
-  uint8_t *footer = malloc(flen);
+  uint8_t *footer = malloc((size_t)flen + 1);
   if (footer == NULL) return pq_error_set(err, LARDER_ENOMEM, "%s: out of memory", src->name);
   rc = src->read(src, src->size - PQ_TAIL_SIZE - flen, flen, footer);
   if (rc) {

@@ -139,6 +139,7 @@ void pq_batch_free(pq_batch_t *b) {
 }
 
 static int batch_shape(pq_batch_t *b, const pq_field_t *root) {
+  if (root == NULL) return LARDER_EINVAL;
   if (b->schema == root && b->columns != NULL) return 0;
   pq_batch_free(b);
   b->columns = calloc((size_t)(root->num_children ? root->num_children : 1),
@@ -294,11 +295,13 @@ oom:
 typedef struct levels {
   const uint16_t *def, *rep;
   int64_t n, num_values;
+  int16_t max_rep; /* of the leaf the levels come from */
 } levels;
 
 static void leaf_levels_of(pq_reader *r, const pq_field_t *f, levels *lv) {
-  pq_leaf_levels(r->leaves[f->first_leaf], &lv->def, &lv->rep, &lv->n,
-                 &lv->num_values);
+  pq_leaf *L = r->leaves[f->first_leaf];
+  pq_leaf_levels(L, &lv->def, &lv->rep, &lv->n, &lv->num_values);
+  lv->max_rep = pq_leaf_node(L)->rep_level;
 }
 
 static inline int is_slot(const levels *lv, int64_t j, int16_t sdef, int16_t srep) {
@@ -308,14 +311,19 @@ static inline int is_slot(const levels *lv, int64_t j, int16_t sdef, int16_t sre
 /* Builds a's validity over the field's slots and returns the slot count, or
  * -1 when out of memory.  *nulls receives the null count. */
 static int64_t build_validity(const pq_field_t *f, const levels *lv, pq_array_t *a,
-                              int64_t *nulls) {
+                              int64_t rows, int64_t *nulls) {
   int64_t slots = 0, null_count = 0;
   int simple = lv->rep == NULL && f->slot_def == 0;
   if (lv->def == NULL) {
-    /* No definition levels: every entry is a present slot. */
+    /* Every definition level is the maximum: nothing on the path is null,
+     * and the repetition levels alone say which entries open slots. */
     a->validity.len = 0;
     *nulls = 0;
-    return lv->n;
+    int16_t srep = f->slot_rep;
+    if (lv->rep == NULL || srep >= lv->max_rep) return lv->n;
+    if (srep == 0 && f->slot_def == 0) return rows; /* a top-level field */
+    for (int64_t j = 0; j < lv->n; j++) slots += lv->rep[j] <= srep;
+    return slots;
   }
   if (pq_buf_reserve(&a->validity, (size_t)(lv->n + 7) / 8 + 8)) return -1;
   uint8_t *bits = a->validity.data;
@@ -407,7 +415,7 @@ static int assemble_leaf(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64
   levels lv;
   leaf_levels_of(r, f, &lv);
   int64_t nulls;
-  int64_t slots = build_validity(f, &lv, a, &nulls);
+  int64_t slots = build_validity(f, &lv, a, rows, &nulls);
   if (slots < 0) return field_fail(r, f, err, LARDER_ENOMEM, "out of memory");
   a->length = slots;
   a->null_count = nulls;
@@ -465,7 +473,7 @@ static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t ro
   levels lv;
   leaf_levels_of(r, f, &lv);
   int64_t nulls;
-  int64_t slots = build_validity(f, &lv, a, &nulls);
+  int64_t slots = build_validity(f, &lv, a, rows, &nulls);
   if (slots < 0) return field_fail(r, f, err, LARDER_ENOMEM, "out of memory");
   a->length = slots;
   a->null_count = nulls;
@@ -481,12 +489,24 @@ static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t ro
     return field_fail(r, f, err, LARDER_ENOMEM, "out of memory");
   int32_t *off = (int32_t *)(void *)a->offsets.data;
   int64_t k = 0, count = 0;
-  for (int64_t j = 0; j < lv.n; j++) {
-    if (is_slot(&lv, j, f->slot_def, f->slot_rep)) off[k++] = (int32_t)count;
-    if (is_slot(&lv, j, f->elem_def, f->elem_rep)) count++;
-    if (count > INT32_MAX)
-      return field_fail(r, f, err, LARDER_ELIMIT, "more than 2^31 list elements in one batch");
+  if (lv.n > INT32_MAX)
+    return field_fail(r, f, err, LARDER_ELIMIT, "more than 2^31 list elements in one batch");
+  if (lv.def == NULL && f->elem_rep >= lv.max_rep) {
+    /* No nulls or empty lists on the path and no deeper lists: every entry
+     * is an element, so a slot's offset is its entry's index. */
+    const uint16_t *rep = lv.rep;
+    int16_t srep = f->slot_rep;
+    for (int64_t j = 0; j < lv.n; j++)
+      if (rep[j] <= srep) off[k++] = (int32_t)j;
+    count = lv.n;
+  } else {
+    for (int64_t j = 0; j < lv.n; j++) {
+      if (is_slot(&lv, j, f->slot_def, f->slot_rep)) off[k++] = (int32_t)count;
+      if (is_slot(&lv, j, f->elem_def, f->elem_rep)) count++;
+    }
   }
+  if (k != slots)
+    return field_fail(r, f, err, LARDER_ECORRUPT, "the list's levels are inconsistent");
   off[k] = (int32_t)count;
   a->offsets.len = ((size_t)slots + 1) * 4;
   if (a->children[0].length != count)
@@ -508,16 +528,44 @@ int64_t pq_reader_next(pq_reader *r, int64_t max_rows, pq_batch_t *out,
     for (int i = 0; i < out->num_columns; i++) out->columns[i].length = 0;
     return 0;
   }
+  pq_guard_t guard;
+  if (r->src->may_fault && PQ_GUARD_FAULTED(&guard)) {
+    r->failed = 1;
+    return pq_error_set(err, LARDER_EIO,
+                        "%s: row group %d: the file was truncated or changed while "
+                        "being read",
+                        r->file->name, r->rg);
+  }
   for (int i = 0; i < root->num_children; i++) {
     int rc = assemble(r, &root->children[i], &out->columns[i], rows, err);
+    if (rc) {
+      r->failed = 1;
+      if (r->src->may_fault) pq_guard_pop(&guard);
+      return rc;
+    }
+  }
+  if (r->src->may_fault) pq_guard_pop(&guard);
+  out->num_rows = rows;
+  r->rows_left -= rows;
+  return rows;
+}
+
+int pq_reader_set_row_group(pq_reader *r, int rg, pq_error *err) {
+  const pq_file_meta_t *meta = &r->file->meta;
+  if (rg < 0 || rg >= meta->num_row_groups)
+    return pq_error_set(err, LARDER_EINVAL, "%s: no row group %d", r->file->name, rg);
+  r->rg = rg;
+  r->rows_left = meta->row_groups[rg].num_rows;
+  r->failed = 0;
+  for (int i = 0; i < r->num_leaves; i++) {
+    if (r->leaves[i] == NULL) continue;
+    int rc = pq_leaf_reset(r->leaves[i], rg, err);
     if (rc) {
       r->failed = 1;
       return rc;
     }
   }
-  out->num_rows = rows;
-  r->rows_left -= rows;
-  return rows;
+  return 0;
 }
 
 int64_t pq_reader_skip(pq_reader *r, int64_t rows, pq_error *err) {

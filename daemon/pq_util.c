@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -122,6 +125,56 @@ static int file_read(const pq_source *src, uint64_t off, size_t len,
   return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* SIGBUS guards                                                             */
+
+static __thread pq_guard_t *guard_top;
+static struct sigaction previous_bus;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int sig, siginfo_t *info, void *uctx) {
+  pq_guard_t *g = guard_top;
+  if (g != NULL) {
+    guard_top = g->prev;
+    siglongjmp(g->env, 1);
+  }
+  /* Not ours: hand it on, as if we had never been installed. */
+  if (previous_bus.sa_flags & SA_SIGINFO) {
+    previous_bus.sa_sigaction(sig, info, uctx);
+  } else if (previous_bus.sa_handler != SIG_IGN && previous_bus.sa_handler != SIG_DFL) {
+    previous_bus.sa_handler(sig);
+  } else {
+    signal(SIGBUS, SIG_DFL);
+    raise(SIGBUS);
+  }
+}
+
+static void install_guard(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, &previous_bus);
+}
+
+void pq_guard_push(pq_guard_t *g) {
+  pthread_once(&guard_once, install_guard);
+  g->prev = guard_top;
+  guard_top = g;
+}
+
+void pq_guard_pop(pq_guard_t *g) {
+  if (guard_top == g) guard_top = g->prev;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static const uint8_t *file_map(const pq_source *src, uint64_t off, size_t len) {
+  if (src->ctx == NULL || off > src->size || len > src->size - off) return NULL;
+  return (const uint8_t *)src->ctx + off;
+}
+
 int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
   memset(src, 0, sizeof(*src));
   src->fd = -1;
@@ -129,7 +182,7 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    return pq_error_set(err, e == ENOENT ? LARDER_ENOENT : LARDER_EIO,
+    return pq_error_set(err, e == ENOENT ? LARDER_ENOENT : e == EACCES ? LARDER_EACCES : LARDER_EIO,
                         "%s: %s", path, strerror(e));
   }
   struct stat st;
@@ -140,11 +193,24 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
   src->read = file_read;
   src->fd = fd;
   src->size = (uint64_t)st.st_size;
+  if (st.st_size > 0) {
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (base != MAP_FAILED) {
+      src->ctx = base;
+      src->map = file_map;
+      src->may_fault = 1;
+    }
+  }
   return 0;
 }
 
 void pq_source_close_file(pq_source *src) {
-  if (src->read == file_read && src->fd >= 0) close((int)src->fd);
+  if (src->read == file_read) {
+    if (src->ctx) munmap(src->ctx, (size_t)src->size);
+    if (src->fd >= 0) close((int)src->fd);
+  }
+  src->ctx = NULL;
+  src->map = NULL;
   src->fd = -1;
   src->read = NULL;
 }
@@ -168,7 +234,7 @@ void pq_source_init_memory(pq_source *src, const void *data, size_t len,
   src->fd = -1;
   src->read = mem_read;
   src->map = mem_map;
-  src->ctx = (void *)(uintptr_t)data;
+  src->ctx = (void *)data; /* read-only by contract: only mem_read/map use it */
   src->size = len;
   snprintf(src->name, sizeof(src->name), "%s", name ? name : "(memory)");
 }
