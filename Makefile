@@ -143,7 +143,7 @@ bench-decode: deps
 # ---------------------------------------------------------------------------
 
 demo: deps
-	$(MAKE) --no-print-directory V=release all
+	$(MAKE) --no-print-directory V=release build/release/bin/larderctl
 	scripts/demo.sh build/release
 
 clean:
