@@ -345,8 +345,10 @@ static int delta_load_mini(pq_delta_t *d) {
     d->mini_index = 0;
     d->in_block = 1;
   }
+  /* Widths up to 64 bits are accepted for INT32 too: some writers (DuckDB)
+   * compute deltas in 64 bits, and the values wrap modulo 2^32 anyway. */
   int w = d->widths[d->mini_index++];
-  if (w > d->width_bits) return -1;
+  if (w > 64) return -1;
   uint64_t left = d->total - d->produced; /* deltas still to hand out */
   uint64_t count = left < d->mini_size ? left : d->mini_size;
   uint64_t full = d->mini_size * (uint64_t)w / 8;

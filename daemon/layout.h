@@ -1,0 +1,118 @@
+/*
+ * layout.h: the serving layout on disk and in shared memory (prefix
+ * layout_).
+ *
+ * Conventions
+ * -----------
+ * - A "column blob" holds one column of one unit: the pq_array_t tree the
+ *   decoder produced, flattened into one allocation so that it can be cached
+ *   as a single RocksDB value and read back without parsing:
+ *
+ *     layout_blob_header_t                      (64 bytes)
+ *     layout_node_t[num_nodes]                  (64 bytes each, pre-order)
+ *     buffers, each starting on a 64-byte boundary
+ *
+ *   Node offsets are relative to the start of the blob.  The blob carries no
+ *   types: the field tree it was made from travels separately (the cache key
+ *   includes a hash of it), so one blob format serves every type.
+ * - A batch in a stream's arena uses the same node record for each array,
+ *   with offsets relative to the arena; the Batch message carries them.
+ * - layout_view validates a blob against its field tree before anything
+ *   reads it (bounds, lengths, offsets monotonic and within their values),
+ *   so gathering from a view never reads outside the blob.
+ * - Threading: pure functions over caller-owned memory; any thread.
+ * - Errors: negative larder_errno_t (LARDER_ECORRUPT for a blob that does
+ *   not match its fields, LARDER_ENOMEM, LARDER_ELIMIT).
+ */
+#ifndef LARDER_LAYOUT_H
+#define LARDER_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parquet.h"
+
+#define LAYOUT_ALIGN 64
+#define LAYOUT_MAGIC 0x43445241u /* "ARDC" little-endian */
+#define LAYOUT_VERSION 1
+
+typedef struct layout_blob_header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t num_nodes;
+  uint64_t num_rows;   /* length of the root array */
+  uint64_t field_hash; /* layout_field_hash of the field tree */
+  uint64_t total_size; /* the whole blob, header included */
+  uint8_t reserved[32];
+} layout_blob_header_t;
+
+typedef struct layout_node {
+  int64_t length;
+  int64_t null_count;
+  uint64_t validity_offset, validity_length;
+  uint64_t offsets_offset, offsets_length;
+  uint64_t values_offset, values_length;
+} layout_node_t;
+
+/* Number of array nodes in the field's tree (pre-order). */
+int layout_num_nodes(const pq_field_t *field);
+
+/* A 64-bit hash of the field tree: names, types and type parameters.  Two
+ * projections of the same column that keep the same children hash alike. */
+uint64_t layout_field_hash(const pq_field_t *field);
+
+/*
+ * Serializes array (which was decoded for field) into a new blob of *size
+ * bytes, allocated with malloc; the caller frees it.  Returns 0 or
+ * LARDER_ENOMEM.
+ */
+int layout_serialize(const pq_array_t *array, uint8_t **blob, size_t *size);
+
+/* A validated, read-only view of a blob. */
+typedef struct layout_view {
+  const uint8_t *base;
+  size_t size;
+  const pq_field_t *field;
+  int num_nodes;
+  const layout_node_t *nodes; /* pre-order, node 0 = the column */
+  int64_t num_rows;
+} layout_view_t;
+
+/* Checks blob (size bytes) against field and fills view.  Returns 0 or
+ * LARDER_ECORRUPT with a reason in why. */
+int layout_view(const uint8_t *blob, size_t size, const pq_field_t *field,
+                layout_view_t *view, char *why, size_t why_len);
+
+/* ------------------------------------------------------------------------ */
+/* Gathering rows into a batch                                               */
+
+/* One sample: a row of a unit's column. */
+typedef struct layout_pick {
+  const layout_view_t *view;
+  int64_t row;
+} layout_pick_t;
+
+/*
+ * The exact bytes a batch of n picks needs for one column, with each buffer
+ * aligned to LAYOUT_ALIGN.  Returns the size or a negative code.  scratch is
+ * reusable memory the caller keeps between calls (free with
+ * layout_scratch_free).
+ */
+typedef struct layout_scratch layout_scratch_t;
+void layout_scratch_free(layout_scratch_t *s);
+
+int64_t layout_gather_size(const pq_field_t *field, const layout_pick_t *picks,
+                           int64_t n, layout_scratch_t **scratch);
+
+/*
+ * Writes the column's arrays for the picks into dst (which has room for the
+ * size layout_gather_size returned; the same scratch must be passed, with no
+ * call in between), and fills nodes[0 .. layout_num_nodes(field)) with
+ * their records, offsets relative to base (dst's position in its arena is
+ * dst - base).  Returns 0 or a negative code.
+ */
+int layout_gather(const pq_field_t *field, const layout_pick_t *picks,
+                  int64_t n, layout_scratch_t **scratch, uint8_t *base,
+                  uint8_t *dst, layout_node_t *nodes);
+
+#endif /* LARDER_LAYOUT_H */

@@ -1,0 +1,114 @@
+/*
+ * shuffle.h: the order in which samples reach the trainers (prefix shuffle_).
+ *
+ * Conventions
+ * -----------
+ * - Pure: everything here is a function of its arguments.  No clock, no
+ *   thread count, no cache state and no global state enter the order, so
+ *   the same dataset, seed, epoch and settings give the same batches on any
+ *   machine, in any run, cold or warm, before or after a restart.
+ * - Threading: a shuffle_plan_t is immutable and may be shared by threads; a
+ *   shuffle_epoch_t is a cursor owned by one thread at a time.
+ * - Errors: negative larder_errno_t (LARDER_EINVAL, LARDER_ENOMEM).
+ * - Ownership: *_create / *_open allocate; *_free / *_close release.
+ *
+ * The algorithm
+ * -------------
+ * Inputs: the dataset as a list of units in dataset order (files sorted by
+ * name, row groups in file order, each row group cut into units of at most
+ * unit_rows rows; see dataset.h), and the row count of each unit.  A sample
+ * is (unit, row within unit); N is the total number of rows.
+ *
+ * 1. Random numbers come from SplitMix64 streams keyed by
+ *    (seed, epoch, purpose, index), so each step has its own independent,
+ *    reproducible stream.  Bounded draws use Lemire's multiply-shift with
+ *    rejection, so they are unbiased.
+ * 2. Unit order: for epoch e, the units are permuted with Fisher-Yates using
+ *    stream (seed, e, UNITS, 0).
+ * 3. Windows: the permuted units are taken window_units at a time.  Within a
+ *    window, all rows of its units are permuted together with Fisher-Yates
+ *    using stream (seed, e, WINDOW, w).  The epoch's order is the
+ *    concatenation of the windows' row orders: a permutation of all N samples.
+ *    Rows are therefore mixed across units drawn from the whole dataset, and
+ *    only one window's units need to be in memory at a time.
+ * 4. Batches: with G = world_size * batch_size, global batch k is positions
+ *    [k*G, (k+1)*G) of the epoch's order, and rank r receives positions
+ *    [k*G + r*batch_size, k*G + (r+1)*batch_size).  Nothing but G decides
+ *    which samples form global batch k, so a job may resume with a different
+ *    world_size and the same global batch.
+ * 5. The end of an epoch: with drop_last there are floor(N / G) batches and
+ *    the last N mod G positions are dropped; otherwise there are ceil(N / G)
+ *    batches and positions past N wrap around to the start of the epoch's
+ *    order (padding by repeating samples).  Every rank gets the same number
+ *    of batches.
+ * 6. Without shuffle, the order is the dataset order, and steps 2-3 are
+ *    skipped.
+ *
+ * Every rank computes its slice from the same global order, so the ranks of
+ * one epoch together see every sample exactly once (minus the dropped tail,
+ * plus the padding).
+ */
+#ifndef LARDER_SHUFFLE_H
+#define LARDER_SHUFFLE_H
+
+#include <stdint.h>
+
+typedef struct shuffle_params {
+  uint64_t seed;
+  int shuffle;           /* 0: dataset order */
+  uint32_t window_units; /* units mixed together; >= 1 */
+  uint32_t batch_size;   /* samples per rank per batch; >= 1 */
+  uint32_t world_size;   /* >= 1 */
+  uint32_t rank;         /* < world_size */
+  int drop_last;         /* else the last batch is padded */
+} shuffle_params_t;
+
+typedef struct shuffle_sample {
+  uint32_t unit; /* index in dataset order */
+  uint32_t row;  /* row within the unit */
+} shuffle_sample_t;
+
+typedef struct shuffle_plan shuffle_plan_t;
+
+/*
+ * Makes a plan over num_units units of unit_rows[i] rows each (copied).
+ * Returns 0, LARDER_EINVAL for impossible parameters (no rows, batch_size or
+ * world_size 0, rank >= world_size, window_units 0, a unit over UINT32_MAX
+ * rows), or LARDER_ENOMEM.  Any thread.
+ */
+int shuffle_plan_create(const uint64_t *unit_rows, uint32_t num_units,
+                        const shuffle_params_t *params, shuffle_plan_t **out);
+void shuffle_plan_free(shuffle_plan_t *plan);
+
+/* Total samples N, and the batches every rank gets per epoch. */
+uint64_t shuffle_num_samples(const shuffle_plan_t *plan);
+uint64_t shuffle_batches_per_epoch(const shuffle_plan_t *plan);
+const shuffle_params_t *shuffle_params(const shuffle_plan_t *plan);
+
+typedef struct shuffle_epoch shuffle_epoch_t;
+
+/* A cursor over one epoch of a plan.  Keeps the epoch's unit order and the
+ * row order of the window it last used (at most one window's rows).
+ * Returns 0 or LARDER_ENOMEM. */
+int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
+                       shuffle_epoch_t **out);
+void shuffle_epoch_close(shuffle_epoch_t *ep);
+
+/*
+ * Fills out[0 .. batch_size) with the samples of this rank's batch `batch`
+ * of the epoch, in the order the trainer receives them.  Returns the count
+ * (batch_size), or LARDER_EINVAL when batch >= batches per epoch.
+ */
+int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
+                        shuffle_sample_t *out);
+
+/*
+ * The units that batches [first, last) of this rank read, in the order in
+ * which they are first needed, without duplicates: the prefetch order.
+ * Writes up to max indices into units and returns how many it wrote (the
+ * count is exact when it is below max), or a negative code.
+ */
+int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
+                        uint32_t *units, uint32_t max);
+
+#endif /* LARDER_SHUFFLE_H */
