@@ -38,43 +38,92 @@ endif
 CFLAGS := $(CFLAGS_BASE) $(OPT) $(EXTRA_CFLAGS)
 LDFLAGS := $(OPT) -pthread
 
+GEN := $(B)/gen
+PROTO_C := $(GEN)/larder.pb-c.c
+PROTO_H := $(GEN)/larder.pb-c.h
+CFLAGS += -I$(GEN) -Iclient
+
+DAEMON_PKGS := libuv rocksdb libprotobuf-c inih
+DAEMON_LIBS := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null)
+CLIENT_LIBS := $(shell pkg-config --libs libprotobuf-c 2>/dev/null)
+
 PQ_SRCS := $(sort $(wildcard daemon/pq_*.c))
 COMMON_SRCS := client/error.c
+# Every daemon module but main.c: the daemon links them, and so do the
+# unit tests.
+DAEMON_LIB_SRCS := $(filter-out daemon/main.c $(PQ_SRCS),$(sort $(wildcard daemon/*.c)))
+CLIENT_SRCS := client/larder.c client/wire.c client/error.c
 CTL_SRCS := client/larderctl.c client/ctl_parquet.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
 TEST_SRCS += tests/pqwrite.c
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+PROTO_O := $(B)/obj/gen/larder.pb-c.o
 
 PQ_LIB := $(B)/lib/libpq.a
+LIBLARDER_A := $(B)/lib/liblarder.a
+LIBLARDER_SO := $(B)/lib/liblarder.so
+LARDERD := $(B)/bin/larderd
 LARDERCTL := $(B)/bin/larderctl
+EXAMPLE_TRAINER := $(B)/bin/example-trainer
 RUN_TESTS := $(B)/bin/run-tests
 BENCH_DECODE := $(B)/bin/bench-decode
+LABEL_MIX := $(B)/bin/label-mix
 
 .PHONY: all deps test check check-unit check-compat demo lint fuzz fuzz-build \
         bench bench-decode clean
 
-all: $(LARDERCTL) $(RUN_TESTS) $(BENCH_DECODE)
+all: $(LARDERD) $(LARDERCTL) $(LIBLARDER_SO) $(LIBLARDER_A) $(EXAMPLE_TRAINER) \
+     $(RUN_TESTS) $(BENCH_DECODE)
 
-$(B)/obj/%.o: %.c
+# Generated protobuf-c code, built from proto/ and never committed.
+$(PROTO_C) $(PROTO_H): proto/larder.proto
+	@mkdir -p $(GEN)
+	protoc-c --c_out=$(GEN) -Iproto proto/larder.proto
+
+$(PROTO_O): $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Werror,$(CFLAGS)) -Wno-unused-parameter -c $< -o $@
+
+$(B)/obj/%.o: %.c | $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(PQ_LIB): $(call obj,$(PQ_SRCS) $(COMMON_SRCS))
+$(PQ_LIB): $(call obj,$(PQ_SRCS))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(LARDERCTL): $(call obj,$(CTL_SRCS)) $(PQ_LIB)
+$(LIBLARDER_A): $(call obj,$(CLIENT_SRCS)) $(PROTO_O)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIBLARDER_SO): $(call obj,$(CLIENT_SRCS)) $(PROTO_O)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,liblarder.so.0 $^ $(CLIENT_LIBS) -o $@
+
+$(LARDERD): $(call obj,daemon/main.c $(DAEMON_LIB_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) $(DAEMON_LIBS) -lm -o $@
+
+$(LARDERCTL): $(call obj,$(CTL_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) $(CLIENT_LIBS) -lm -o $@
+
+$(EXAMPLE_TRAINER): $(call obj,client/example-trainer.c) $(LIBLARDER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(CLIENT_LIBS) -lm -o $@
+
+$(RUN_TESTS): $(call obj,$(TEST_SRCS) $(DAEMON_LIB_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lbrotlienc $(DAEMON_LIBS) -lm -o $@
+
+$(BENCH_DECODE): $(call obj,bench/bench-decode.c) $(PQ_LIB) $(call obj,$(COMMON_SRCS))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lm -o $@
 
-$(RUN_TESTS): $(call obj,$(TEST_SRCS)) $(PQ_LIB)
+$(LABEL_MIX): $(call obj,bench/label-mix.c daemon/shuffle.c client/error.c)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lbrotlienc -lm -o $@
-
-$(BENCH_DECODE): $(call obj,bench/bench-decode.c) $(PQ_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lm -o $@
+	$(CC) $(LDFLAGS) $^ -lm -o $@
 
 -include $(shell find build/$(V)/obj -name '*.d' 2>/dev/null)
 
@@ -139,6 +188,12 @@ bench: bench-decode
 bench-decode: deps
 	$(MAKE) --no-print-directory V=release $(BENCH_DECODE)
 	bench/bench-decode.sh $(BENCH_DECODE)
+
+# Label mixing of the shuffle on sorted synthetic datasets (no files needed).
+.PHONY: bench-shuffle
+bench-shuffle:
+	$(MAKE) --no-print-directory V=release build/release/bin/label-mix
+	build/release/bin/label-mix
 
 # ---------------------------------------------------------------------------
 

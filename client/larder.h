@@ -126,6 +126,190 @@ typedef enum larder_time_unit {
 /* Returns the static lower-case name of a type ("int64", "list"), or "?". */
 const char *larder_type_name(larder_type_t type);
 
+
+/* ------------------------------------------------------------------------ */
+/* Connecting                                                                */
+
+/*
+ * Threading: a larder_client_t and its streams belong to one thread at a
+ * time for everything but larder_batch_release and the larder_batch_* and
+ * larder_array_* accessors, which any thread may call, concurrently with
+ * larder_stream_next.  Use one client per trainer process (or per data
+ * loading thread).
+ */
+typedef struct larder_client larder_client_t;
+typedef struct larder_stream larder_stream_t;
+typedef struct larder_batch larder_batch_t;
+typedef struct larder_array larder_array_t;
+
+#define LARDER_DEFAULT_SOCKET "/run/larder/larderd.sock"
+
+/*
+ * Connects to the daemon at socket_path (NULL: $LARDER_SOCKET, else
+ * LARDER_DEFAULT_SOCKET) and performs the handshake.  On success *out is a
+ * new client the caller closes with larder_client_close.  Returns 0,
+ * LARDER_ECONNECT (no daemon), LARDER_EVERSION, LARDER_EPROTO or
+ * LARDER_ENOMEM.
+ */
+int larder_client_connect(const char *socket_path, larder_client_t **out);
+
+/* Closes the connection and every stream of the client; their batches must
+ * have been released (or exported and released through Arrow). */
+void larder_client_close(larder_client_t *client);
+
+/* The last error message of this client (a static empty string when none);
+ * valid until the next call on the client.  The owning thread calls it. */
+const char *larder_client_last_error(const larder_client_t *client);
+
+/* ------------------------------------------------------------------------ */
+/* Streams                                                                   */
+
+typedef struct larder_stream_options {
+  const char *const *sources;  /* paths, globs, directories or URLs */
+  size_t num_sources;
+  const char *const *columns;  /* dotted paths; NULL/0 = every column */
+  size_t num_columns;
+  uint32_t batch_size;         /* rows per batch on this rank (default 256) */
+  uint64_t seed;               /* default 0 */
+  int shuffle;                 /* default 1 */
+  uint32_t shuffle_window;     /* units shuffled together; 0 = daemon's */
+  uint32_t unit_rows;          /* rows per unit at most; 0 = daemon's */
+  uint64_t epochs;             /* default 1; 0 = unbounded */
+  int32_t rank;                /* -1 (default): $RANK, else 0 */
+  int32_t world_size;          /* -1 (default): $WORLD_SIZE, else 1 */
+  int drop_last;               /* default 0: the last batch is padded */
+  uint64_t start_epoch;        /* resume position (default 0, 0) */
+  uint64_t start_batch;
+  uint32_t window;             /* batches the client may hold (default 4) */
+  uint64_t arena_bytes;        /* 0 = daemon's default */
+  int memory_kind;             /* 0 = host; 1 = CUDA (reserved) */
+  int cuda_device;
+} larder_stream_options_t;
+
+/* Fills opts with the defaults above.  Any thread. */
+void larder_stream_options_init(larder_stream_options_t *opts);
+
+/*
+ * Opens a stream.  rank and world_size left at -1 are read from RANK and
+ * WORLD_SIZE (as torchrun and Slurm set them; LOCAL_RANK is used when RANK
+ * is unset).  On success *out is a new stream.  Returns 0 or a negative code;
+ * larder_client_last_error says why (a missing file, a bad column, ...).
+ */
+int larder_stream_open(larder_client_t *client, const larder_stream_options_t *opts,
+                       larder_stream_t **out);
+
+/*
+ * Waits up to timeout_ms (-1: forever, 0: poll) for the next batch.  On
+ * success *out is a batch the caller releases with larder_batch_release (or
+ * exports).  Returns 0, LARDER_EEOF after the last batch, LARDER_ETIMEDOUT,
+ * or the error that ended the stream (larder_client_last_error says why).
+ */
+int larder_stream_next(larder_stream_t *stream, int timeout_ms, larder_batch_t **out);
+
+/* A descriptor that becomes readable when the stream's client has received
+ * something: wait on it in an event loop, then call larder_stream_next with
+ * a zero timeout. */
+int larder_stream_fd(const larder_stream_t *stream);
+
+/* The position of the next batch larder_stream_next will return, for
+ * checkpoints; open a stream with it as start_epoch/start_batch to resume. */
+void larder_stream_position(const larder_stream_t *stream, uint64_t *epoch, uint64_t *batch);
+
+uint64_t larder_stream_batches_per_epoch(const larder_stream_t *stream);
+uint64_t larder_stream_num_samples(const larder_stream_t *stream);
+
+/* The stream's columns: a STRUCT array description with no data. */
+int larder_stream_num_columns(const larder_stream_t *stream);
+const char *larder_stream_column_name(const larder_stream_t *stream, int i);
+larder_type_t larder_stream_column_type(const larder_stream_t *stream, int i);
+
+/* Time the caller spent blocked in larder_stream_next, and between calls
+ * (its own work), since the stream opened, in nanoseconds.  The stall
+ * fraction is wait / (wait + compute). */
+void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint64_t *compute_ns);
+
+/* Closes the stream; its unreleased batches stay valid until released. */
+void larder_stream_close(larder_stream_t *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Batches and arrays (zero-copy views into the shared-memory arena)         */
+
+int64_t larder_batch_num_rows(const larder_batch_t *batch);
+uint64_t larder_batch_epoch(const larder_batch_t *batch);
+uint64_t larder_batch_index(const larder_batch_t *batch);
+int larder_batch_num_columns(const larder_batch_t *batch);
+const larder_array_t *larder_batch_column(const larder_batch_t *batch, int i);
+const larder_array_t *larder_batch_column_by_name(const larder_batch_t *batch, const char *name);
+/* Bytes of the batch's buffers in the arena. */
+uint64_t larder_batch_bytes(const larder_batch_t *batch);
+
+/* Gives the batch's arena region back to the daemon.  Any thread; once. */
+void larder_batch_release(larder_batch_t *batch);
+
+const char *larder_array_name(const larder_array_t *a);
+larder_type_t larder_array_type(const larder_array_t *a);
+int larder_array_nullable(const larder_array_t *a);
+int32_t larder_array_byte_width(const larder_array_t *a); /* FIXED_BINARY, DECIMAL */
+int32_t larder_array_precision(const larder_array_t *a);
+int32_t larder_array_scale(const larder_array_t *a);
+larder_time_unit_t larder_array_unit(const larder_array_t *a);
+int larder_array_utc(const larder_array_t *a);
+int64_t larder_array_length(const larder_array_t *a);
+int64_t larder_array_null_count(const larder_array_t *a);
+/* NULL when the array has no nulls. */
+const uint8_t *larder_array_validity(const larder_array_t *a);
+/* int32 offsets (length + 1) of BINARY/STRING/LIST/MAP; else NULL. */
+const int32_t *larder_array_offsets(const larder_array_t *a);
+/* Fixed-width values (BOOL: a bitmap), or the bytes of BINARY/STRING. */
+const void *larder_array_values(const larder_array_t *a);
+uint64_t larder_array_values_size(const larder_array_t *a);
+int larder_array_num_children(const larder_array_t *a);
+const larder_array_t *larder_array_child(const larder_array_t *a, int i);
+
+/* ------------------------------------------------------------------------ */
+/* Arrow C Data Interface                                                    */
+
+#ifndef ARROW_C_DATA_INTERFACE
+#define ARROW_C_DATA_INTERFACE
+#define ARROW_FLAG_DICTIONARY_ORDERED 1
+#define ARROW_FLAG_NULLABLE 2
+#define ARROW_FLAG_MAP_KEYS_SORTED 4
+struct ArrowSchema {
+  const char *format;
+  const char *name;
+  const char *metadata;
+  int64_t flags;
+  int64_t n_children;
+  struct ArrowSchema **children;
+  struct ArrowSchema *dictionary;
+  void (*release)(struct ArrowSchema *);
+  void *private_data;
+};
+struct ArrowArray {
+  int64_t length;
+  int64_t null_count;
+  int64_t offset;
+  int64_t n_buffers;
+  int64_t n_children;
+  const void **buffers;
+  struct ArrowArray **children;
+  struct ArrowArray *dictionary;
+  void (*release)(struct ArrowArray *);
+  void *private_data;
+};
+#endif /* ARROW_C_DATA_INTERFACE */
+
+/*
+ * Exports a batch as an Arrow struct array (one child per column) and its
+ * schema, without copying: the buffers point into the arena.  Ownership of
+ * the batch moves to the ArrowArray: its release callback releases the
+ * batch, so the caller must not call larder_batch_release afterwards.  The
+ * schema is independent and has its own release.  Returns 0 or
+ * LARDER_ENOMEM (the batch then still belongs to the caller).
+ */
+int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
+                        struct ArrowArray *array);
+
 #ifdef __cplusplus
 }
 #endif

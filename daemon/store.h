@@ -116,6 +116,8 @@ typedef struct store_value store_value_t;
  * corrupt (the entry is deleted), or LARDER_EIO.  Counts the hit or miss.
  */
 int store_get(store_t *st, const store_key_t *key, store_value_t **out);
+/* Whether key is cached, from the in-memory index alone (no I/O). */
+int store_contains(store_t *st, const store_key_t *key);
 const uint8_t *store_value_data(const store_value_t *v);
 size_t store_value_size(const store_value_t *v);
 void store_value_free(store_value_t *v);

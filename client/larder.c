@@ -1,0 +1,1003 @@
+/*
+ * larder.c: liblarder, the client side of the protocol.
+ *
+ * A client is one connection.  Frames are read only by the thread that
+ * calls larder_stream_next (or open/close), and dispatched to their stream's
+ * queue; frames are sent under send_lock, so larder_batch_release may run on
+ * any thread.  Batch data is never copied: a batch's arrays point into the
+ * stream's arena, which stays mapped until the stream is closed and its last
+ * batch released.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "larder.h"
+#include "wire.h"
+
+typedef struct field {
+  char *name;
+  larder_type_t type;
+  int nullable;
+  int32_t byte_width, precision, scale;
+  larder_time_unit_t unit;
+  int utc;
+  int num_children;
+  struct field *children;
+} field_t;
+
+struct larder_array {
+  const field_t *field;
+  int64_t length, null_count;
+  const uint8_t *validity;
+  const int32_t *offsets;
+  const void *values;
+  uint64_t values_size;
+  int num_children;
+  larder_array_t *children;
+};
+
+typedef struct queued {
+  struct queued *next;
+  Larder__Frame *frame;
+} queued_t;
+
+struct larder_stream {
+  larder_client_t *client;
+  uint32_t id;
+  larder_stream_t *next;
+  field_t schema;
+  int num_nodes;
+  uint8_t *arena;
+  uint64_t arena_size;
+  uint64_t batches_per_epoch, num_samples;
+  queued_t *q_head, *q_tail;
+  int ended;   /* EndOfStream received */
+  int error;   /* the error that ended the stream */
+  int closed;  /* larder_stream_close called */
+  int refs;    /* 1 for the stream + one per live batch */
+  uint64_t pos_epoch, pos_batch;
+  uint64_t wait_ns, compute_ns, last_return_ns;
+  uint64_t report_wait, report_compute; /* not yet sent with a release */
+  pthread_mutex_t lock;                 /* refs and the report counters */
+};
+
+struct larder_batch {
+  larder_stream_t *stream;
+  uint64_t seq, epoch, index;
+  int64_t rows;
+  uint64_t bytes;
+  int num_columns;
+  larder_array_t *nodes;
+  larder_array_t *columns; /* the root's children: nodes[0 .. num_columns) */
+};
+
+struct larder_client {
+  int fd;
+  pthread_mutex_t send_lock;
+  uint8_t *rbuf;
+  size_t rlen, rcap;
+  int fds[8];
+  int num_fds;
+  uint32_t next_request_id;
+  larder_stream_t *streams;
+  Larder__Frame *reply; /* the answer a request waits for */
+  uint32_t waiting_request;
+  int broken;           /* the connection failed */
+  char err[1024];
+};
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int set_err(larder_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int set_err(larder_client_t *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof(c->err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char *larder_client_last_error(const larder_client_t *c) { return c ? c->err : ""; }
+
+static int send_frame(larder_client_t *c, const Larder__Frame *f) {
+  size_t len;
+  uint8_t *buf = wire_encode(f, &len);
+  if (buf == NULL) return LARDER_ENOMEM;
+  pthread_mutex_lock(&c->send_lock);
+  size_t off = 0;
+  int rc = 0;
+  while (off < len) {
+    ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        struct pollfd p = {c->fd, POLLOUT, 0};
+        poll(&p, 1, 1000);
+        continue;
+      }
+      rc = LARDER_ECLOSED;
+      break;
+    }
+    off += (size_t)n;
+  }
+  pthread_mutex_unlock(&c->send_lock);
+  free(buf);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Receiving                                                                 */
+
+static larder_stream_t *find_stream(larder_client_t *c, uint32_t id) {
+  for (larder_stream_t *s = c->streams; s; s = s->next)
+    if (s->id == id) return s;
+  return NULL;
+}
+
+static void enqueue(larder_stream_t *s, Larder__Frame *f) {
+  queued_t *q = malloc(sizeof(*q));
+  if (q == NULL) {
+    wire_free(f);
+    s->error = LARDER_ENOMEM;
+    return;
+  }
+  q->next = NULL;
+  q->frame = f;
+  if (s->q_tail) s->q_tail->next = q;
+  else s->q_head = q;
+  s->q_tail = q;
+}
+
+/* Routes one frame.  Takes ownership of f. */
+static void route(larder_client_t *c, Larder__Frame *f) {
+  uint32_t stream_id = 0, request_id = 0;
+  switch (f->msg_case) {
+    case LARDER__FRAME__MSG_BATCH: stream_id = f->batch->stream_id; break;
+    case LARDER__FRAME__MSG_END_OF_STREAM: stream_id = f->end_of_stream->stream_id; break;
+    case LARDER__FRAME__MSG_ERROR:
+      stream_id = f->error->stream_id;
+      request_id = f->error->request_id;
+      break;
+    case LARDER__FRAME__MSG_OPEN_STREAM_REPLY: request_id = f->open_stream_reply->request_id; break;
+    case LARDER__FRAME__MSG_ADMIN_REPLY: request_id = f->admin_reply->request_id; break;
+    case LARDER__FRAME__MSG_HELLO_REPLY: request_id = 0; break;
+    default: break;
+  }
+  if (stream_id) {
+    larder_stream_t *s = find_stream(c, stream_id);
+    if (s) enqueue(s, f);
+    else wire_free(f);
+    return;
+  }
+  if (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0 &&
+      c->waiting_request == 0) {
+    /* A connection-level error: every stream ends with it. */
+    snprintf(c->err, sizeof(c->err), "%s", f->error->message ? f->error->message : "");
+    for (larder_stream_t *s = c->streams; s; s = s->next)
+      if (!s->error) s->error = f->error->code;
+    c->broken = f->error->code;
+    wire_free(f);
+    return;
+  }
+  if (c->reply == NULL && (request_id == c->waiting_request || f->msg_case == LARDER__FRAME__MSG_HELLO_REPLY ||
+                           (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0))) {
+    c->reply = f;
+    return;
+  }
+  wire_free(f);
+}
+
+/* Reads what is available (waiting up to timeout_ms for something) and
+ * routes complete frames.  Returns 0, LARDER_ETIMEDOUT, or LARDER_ECLOSED /
+ * LARDER_EPROTO when the connection is gone. */
+static int pump(larder_client_t *c, int timeout_ms) {
+  if (c->broken) return c->broken < 0 ? c->broken : LARDER_ECLOSED;
+  struct pollfd p = {c->fd, POLLIN, 0};
+  int r = poll(&p, 1, timeout_ms);
+  if (r < 0) return errno == EINTR ? 0 : LARDER_EIO;
+  if (r == 0) return LARDER_ETIMEDOUT;
+  if (c->rcap - c->rlen < 65536) {
+    size_t cap = c->rcap ? c->rcap * 2 : 131072;
+    uint8_t *b = realloc(c->rbuf, cap);
+    if (b == NULL) return LARDER_ENOMEM;
+    c->rbuf = b;
+    c->rcap = cap;
+  }
+  int64_t n = wire_recvmsg(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, c->fds, 8, &c->num_fds);
+  if (n == -EAGAIN || n == -EINTR) return 0;
+  if (n <= 0) {
+    c->broken = LARDER_ECLOSED;
+    if (c->err[0] == '\0') set_err(c, 0, "the daemon closed the connection");
+    for (larder_stream_t *s = c->streams; s; s = s->next)
+      if (!s->error && !s->ended) s->error = LARDER_ECLOSED;
+    return LARDER_ECLOSED;
+  }
+  c->rlen += (size_t)n;
+  size_t off = 0;
+  for (;;) {
+    int64_t len = wire_frame_ready(c->rbuf + off, c->rlen - off, WIRE_MAX_FRAME);
+    if (len < 0) {
+      c->broken = LARDER_EPROTO;
+      return set_err(c, LARDER_EPROTO, "the daemon sent an oversized frame");
+    }
+    if (len == 0) break;
+    Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)len);
+    off += (size_t)len;
+    if (f == NULL) {
+      c->broken = LARDER_EPROTO;
+      return set_err(c, LARDER_EPROTO, "the daemon sent a malformed frame");
+    }
+    route(c, f);
+  }
+  memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+  c->rlen -= off;
+  return 0;
+}
+
+/* Waits for the reply to request id (or HelloReply for 0). */
+static Larder__Frame *wait_reply(larder_client_t *c, uint32_t id, int timeout_ms, int *rc) {
+  c->waiting_request = id;
+  uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  while (c->reply == NULL) {
+    uint64_t now = now_ns();
+    if (now >= deadline) {
+      *rc = set_err(c, LARDER_ETIMEDOUT, "the daemon did not answer in time");
+      c->waiting_request = 0;
+      return NULL;
+    }
+    int r = pump(c, (int)((deadline - now) / 1000000ull) + 1);
+    if (r && r != LARDER_ETIMEDOUT) {
+      *rc = r;
+      c->waiting_request = 0;
+      return NULL;
+    }
+  }
+  Larder__Frame *f = c->reply;
+  c->reply = NULL;
+  c->waiting_request = 0;
+  *rc = 0;
+  return f;
+}
+
+/* ------------------------------------------------------------------------ */
+
+int larder_client_connect(const char *socket_path, larder_client_t **out) {
+  *out = NULL;
+  if (socket_path == NULL) socket_path = getenv("LARDER_SOCKET");
+  if (socket_path == NULL || socket_path[0] == '\0') socket_path = LARDER_DEFAULT_SOCKET;
+  larder_client_t *c = calloc(1, sizeof(*c));
+  if (c == NULL) return LARDER_ENOMEM;
+  pthread_mutex_init(&c->send_lock, NULL);
+  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  if (strlen(socket_path) >= sizeof(addr.sun_path)) {
+    larder_client_close(c);
+    return LARDER_EINVAL;
+  }
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket_path);
+  if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+    larder_client_close(c);
+    return LARDER_ECONNECT;
+  }
+  Larder__Hello hello = LARDER__HELLO__INIT;
+  hello.protocol_version = WIRE_PROTOCOL_VERSION;
+  hello.client_name = (char *)"liblarder/0.1";
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_HELLO;
+  f.hello = &hello;
+  int rc = send_frame(c, &f);
+  Larder__Frame *r = rc ? NULL : wait_reply(c, 0, 10000, &rc);
+  if (r == NULL) {
+    larder_client_close(c);
+    return rc ? rc : LARDER_EPROTO;
+  }
+  if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
+    rc = r->error->code ? r->error->code : LARDER_EPROTO;
+    wire_free(r);
+    larder_client_close(c);
+    return rc;
+  }
+  wire_free(r);
+  *out = c;
+  return 0;
+}
+
+static void stream_unref(larder_stream_t *s);
+
+void larder_client_close(larder_client_t *c) {
+  if (c == NULL) return;
+  while (c->streams) larder_stream_close(c->streams);
+  if (c->fd >= 0) close(c->fd);
+  for (int i = 0; i < c->num_fds; i++) close(c->fds[i]);
+  wire_free(c->reply);
+  free(c->rbuf);
+  pthread_mutex_destroy(&c->send_lock);
+  free(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streams                                                                   */
+
+void larder_stream_options_init(larder_stream_options_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->batch_size = 256;
+  o->shuffle = 1;
+  o->epochs = 1;
+  o->rank = -1;
+  o->world_size = -1;
+  o->window = 4;
+  o->cuda_device = -1;
+}
+
+static int env_int(const char *name, int def) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0') return def;
+  char *end;
+  long x = strtol(v, &end, 10);
+  return *end == '\0' && x >= 0 && x < (1 << 24) ? (int)x : def;
+}
+
+static int copy_field(field_t *dst, const Larder__Field *src, int depth) {
+  memset(dst, 0, sizeof(*dst));
+  if (depth > 64) return LARDER_EPROTO;
+  dst->name = strdup(src->name ? src->name : "");
+  dst->type = (larder_type_t)src->type;
+  dst->nullable = src->nullable;
+  dst->byte_width = src->byte_width;
+  dst->precision = src->precision;
+  dst->scale = src->scale;
+  dst->unit = (larder_time_unit_t)(src->unit & 3);
+  dst->utc = src->utc;
+  if (dst->name == NULL || src->type >= LARDER_TYPE_COUNT_) return LARDER_EPROTO;
+  if (src->n_children) {
+    dst->children = calloc(src->n_children, sizeof(field_t));
+    if (dst->children == NULL) return LARDER_ENOMEM;
+    dst->num_children = (int)src->n_children;
+    for (size_t i = 0; i < src->n_children; i++) {
+      int rc = copy_field(&dst->children[i], src->children[i], depth + 1);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+static void free_field(field_t *f) {
+  for (int i = 0; i < f->num_children; i++) free_field(&f->children[i]);
+  free(f->children);
+  free(f->name);
+}
+
+static int count_nodes(const field_t *f) {
+  int n = 1;
+  for (int i = 0; i < f->num_children; i++) n += count_nodes(&f->children[i]);
+  return n;
+}
+
+int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
+                       larder_stream_t **out) {
+  *out = NULL;
+  if (c == NULL || opts == NULL || opts->num_sources == 0 || opts->sources == NULL)
+    return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
+  Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
+  req.request_id = ++c->next_request_id;
+  req.n_sources = opts->num_sources;
+  req.sources = (char **)(uintptr_t)opts->sources;
+  req.n_columns = opts->columns ? opts->num_columns : 0;
+  req.columns = (char **)(uintptr_t)opts->columns;
+  req.batch_size = opts->batch_size;
+  req.seed = opts->seed;
+  req.shuffle = opts->shuffle;
+  req.shuffle_window = opts->shuffle_window;
+  req.unit_rows = opts->unit_rows;
+  req.epochs = opts->epochs;
+  int rank = opts->rank >= 0 ? opts->rank
+                             : env_int("RANK", env_int("SLURM_PROCID", env_int("LOCAL_RANK", 0)));
+  int world = opts->world_size > 0 ? opts->world_size
+                                   : env_int("WORLD_SIZE", env_int("SLURM_NTASKS", 1));
+  req.rank = (uint32_t)rank;
+  req.world_size = (uint32_t)(world > 0 ? world : 1);
+  req.drop_last = opts->drop_last;
+  req.start_epoch = opts->start_epoch;
+  req.start_batch = opts->start_batch;
+  req.window = opts->window;
+  req.arena_bytes = opts->arena_bytes;
+  req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
+  req.cuda_device = opts->cuda_device >= 0 ? opts->cuda_device : env_int("LOCAL_RANK", 0);
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  f.open_stream = &req;
+  int rc = send_frame(c, &f);
+  if (rc) return set_err(c, rc, "cannot send to the daemon");
+  /* Opening resolves globs and reads footers: allow it a while. */
+  Larder__Frame *r = wait_reply(c, req.request_id, 600000, &rc);
+  if (r == NULL) return rc;
+  if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
+    rc = r->error->code < 0 ? r->error->code : LARDER_EPROTO;
+    set_err(c, rc, "%s", r->error->message ? r->error->message : larder_strerror(rc));
+    wire_free(r);
+    return rc;
+  }
+  if (r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY || r->open_stream_reply->schema == NULL) {
+    wire_free(r);
+    return set_err(c, LARDER_EPROTO, "unexpected reply to OpenStream");
+  }
+  const Larder__OpenStreamReply *rep = r->open_stream_reply;
+  if (c->num_fds == 0) {
+    wire_free(r);
+    return set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
+  }
+  int afd = c->fds[0];
+  memmove(c->fds, c->fds + 1, (size_t)(c->num_fds - 1) * sizeof(int));
+  c->num_fds--;
+  larder_stream_t *s = calloc(1, sizeof(*s));
+  if (s == NULL) {
+    close(afd);
+    wire_free(r);
+    return LARDER_ENOMEM;
+  }
+  pthread_mutex_init(&s->lock, NULL);
+  s->client = c;
+  s->id = rep->stream_id;
+  s->refs = 1;
+  s->batches_per_epoch = rep->batches_per_epoch;
+  s->num_samples = rep->num_samples;
+  s->arena_size = rep->arena_bytes;
+  s->pos_epoch = opts->start_epoch;
+  s->pos_batch = opts->start_batch;
+  rc = copy_field(&s->schema, rep->schema, 0);
+  wire_free(r);
+  if (rc == 0) {
+    s->num_nodes = count_nodes(&s->schema) - 1;
+    void *m = mmap(NULL, s->arena_size, PROT_READ, MAP_SHARED, afd, 0);
+    if (m == MAP_FAILED) rc = set_err(c, LARDER_ENOMEM, "cannot map the arena: %s", strerror(errno));
+    else s->arena = m;
+  }
+  close(afd);
+  s->next = c->streams;
+  c->streams = s;
+  if (rc) {
+    larder_stream_close(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+int larder_stream_fd(const larder_stream_t *s) { return s->client->fd; }
+
+void larder_stream_position(const larder_stream_t *s, uint64_t *epoch, uint64_t *batch) {
+  *epoch = s->pos_epoch;
+  *batch = s->pos_batch;
+}
+
+uint64_t larder_stream_batches_per_epoch(const larder_stream_t *s) { return s->batches_per_epoch; }
+uint64_t larder_stream_num_samples(const larder_stream_t *s) { return s->num_samples; }
+int larder_stream_num_columns(const larder_stream_t *s) { return s->schema.num_children; }
+
+const char *larder_stream_column_name(const larder_stream_t *s, int i) {
+  return i >= 0 && i < s->schema.num_children ? s->schema.children[i].name : NULL;
+}
+
+larder_type_t larder_stream_column_type(const larder_stream_t *s, int i) {
+  return i >= 0 && i < s->schema.num_children ? s->schema.children[i].type : LARDER_TYPE_NULL;
+}
+
+void larder_stream_stall(const larder_stream_t *s, uint64_t *wait_ns, uint64_t *compute_ns) {
+  *wait_ns = s->wait_ns;
+  *compute_ns = s->compute_ns;
+}
+
+static void stream_unref(larder_stream_t *s) {
+  pthread_mutex_lock(&s->lock);
+  int left = --s->refs;
+  pthread_mutex_unlock(&s->lock);
+  if (left > 0) return;
+  if (s->arena) munmap(s->arena, s->arena_size);
+  free_field(&s->schema);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+}
+
+void larder_stream_close(larder_stream_t *s) {
+  if (s == NULL || s->closed) return;
+  larder_client_t *c = s->client;
+  s->closed = 1;
+  larder_stream_t **pp = &c->streams;
+  while (*pp && *pp != s) pp = &(*pp)->next;
+  if (*pp) *pp = s->next;
+  if (!c->broken && !s->ended && !s->error) {
+    Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+    cs.stream_id = s->id;
+    Larder__Frame f = LARDER__FRAME__INIT;
+    f.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+    f.close_stream = &cs;
+    send_frame(c, &f);
+  }
+  while (s->q_head) {
+    queued_t *q = s->q_head;
+    s->q_head = q->next;
+    wire_free(q->frame);
+    free(q);
+  }
+  s->q_tail = NULL;
+  s->client = NULL;
+  stream_unref(s);
+}
+
+/* Builds the array tree of a batch from its descriptors (pre-order),
+ * checking that every buffer lies inside the arena.  Each node's children
+ * take the next free slots of nodes, contiguously, so they can be indexed. */
+static int build_arrays(larder_stream_t *s, const Larder__Batch *b, larder_array_t *nodes,
+                        int *slot_next, const field_t *f, int *k, larder_array_t *out) {
+  if (*k >= (int)b->n_arrays) return LARDER_EPROTO;
+  const Larder__ArrayDesc *d = b->arrays[(*k)++];
+  uint64_t size = s->arena_size;
+  if ((d->validity_length && (d->validity_offset > size || d->validity_length > size - d->validity_offset)) ||
+      (d->offsets_length && (d->offsets_offset > size || d->offsets_length > size - d->offsets_offset)) ||
+      (d->values_length && (d->values_offset > size || d->values_length > size - d->values_offset)))
+    return LARDER_EPROTO;
+  out->field = f;
+  out->length = d->length;
+  out->null_count = d->null_count;
+  out->validity = d->validity_length ? s->arena + d->validity_offset : NULL;
+  out->offsets = d->offsets_length ? (const int32_t *)(const void *)(s->arena + d->offsets_offset) : NULL;
+  out->values = d->values_length ? s->arena + d->values_offset : NULL;
+  out->values_size = d->values_length;
+  out->num_children = f->num_children;
+  out->children = NULL;
+  if (f->num_children) {
+    out->children = nodes + *slot_next;
+    *slot_next += f->num_children;
+    for (int i = 0; i < f->num_children; i++) {
+      int rc = build_arrays(s, b, nodes, slot_next, &f->children[i], k, &out->children[i]);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out) {
+  *out = NULL;
+  larder_client_t *c = s->client;
+  if (c == NULL) return LARDER_ECLOSED;
+  uint64_t start = now_ns();
+  if (s->last_return_ns) {
+    uint64_t compute = start - s->last_return_ns;
+    pthread_mutex_lock(&s->lock);
+    s->compute_ns += compute;
+    s->report_compute += compute;
+    pthread_mutex_unlock(&s->lock);
+  }
+  uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
+  int rc = 0;
+  for (;;) {
+    if (s->q_head) {
+      queued_t *q = s->q_head;
+      Larder__Frame *f = q->frame;
+      s->q_head = q->next;
+      if (s->q_head == NULL) s->q_tail = NULL;
+      free(q);
+      if (f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
+        s->ended = 1;
+        wire_free(f);
+        rc = LARDER_EEOF;
+        break;
+      }
+      if (f->msg_case == LARDER__FRAME__MSG_ERROR) {
+        s->error = f->error->code < 0 ? f->error->code : LARDER_EPROTO;
+        set_err(c, s->error, "%s", f->error->message ? f->error->message : larder_strerror(s->error));
+        wire_free(f);
+        rc = s->error;
+        break;
+      }
+      if (f->msg_case != LARDER__FRAME__MSG_BATCH) {
+        wire_free(f);
+        continue;
+      }
+      const Larder__Batch *b = f->batch;
+      larder_batch_t *batch = calloc(1, sizeof(*batch));
+      larder_array_t *nodes = calloc((size_t)s->num_nodes + 1, sizeof(larder_array_t));
+      if (batch == NULL || nodes == NULL) {
+        free(batch);
+        free(nodes);
+        wire_free(f);
+        rc = LARDER_ENOMEM;
+        break;
+      }
+      batch->stream = s;
+      batch->seq = b->seq;
+      batch->epoch = b->epoch;
+      batch->index = b->index;
+      batch->rows = (int64_t)b->num_rows;
+      batch->nodes = nodes;
+      batch->num_columns = s->schema.num_children;
+      int k = 0;
+      int brc = (int)b->n_arrays == s->num_nodes ? 0 : LARDER_EPROTO;
+      /* The columns take the first slots, so they index directly. */
+      int slot_next = batch->num_columns;
+      for (int i = 0; brc == 0 && i < s->schema.num_children; i++)
+        brc = build_arrays(s, b, nodes, &slot_next, &s->schema.children[i], &k, &nodes[i]);
+      batch->columns = nodes;
+      if (brc == 0)
+        for (size_t i = 0; i < b->n_arrays; i++)
+          batch->bytes += b->arrays[i]->validity_length + b->arrays[i]->offsets_length +
+                          b->arrays[i]->values_length;
+      wire_free(f);
+      if (brc) {
+        free(nodes);
+        free(batch);
+        rc = set_err(c, brc, "the daemon sent a malformed batch");
+        break;
+      }
+      pthread_mutex_lock(&s->lock);
+      s->refs++;
+      pthread_mutex_unlock(&s->lock);
+      s->pos_epoch = batch->epoch;
+      s->pos_batch = batch->index + 1;
+      if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
+        s->pos_epoch++;
+        s->pos_batch = 0;
+      }
+      *out = batch;
+      break;
+    }
+    if (s->error) {
+      rc = s->error;
+      break;
+    }
+    if (s->ended) {
+      rc = LARDER_EEOF;
+      break;
+    }
+    uint64_t now = now_ns();
+    if (now >= deadline) {
+      rc = LARDER_ETIMEDOUT;
+      break;
+    }
+    int wait_ms = deadline == UINT64_MAX ? 1000 : (int)((deadline - now + 999999) / 1000000ull);
+    int r = pump(c, wait_ms);
+    if (r && r != LARDER_ETIMEDOUT) {
+      rc = s->error ? s->error : r;
+      break;
+    }
+  }
+  uint64_t end = now_ns();
+  pthread_mutex_lock(&s->lock);
+  s->wait_ns += end - start;
+  s->report_wait += end - start;
+  pthread_mutex_unlock(&s->lock);
+  s->last_return_ns = end;
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Batches                                                                   */
+
+int64_t larder_batch_num_rows(const larder_batch_t *b) { return b->rows; }
+uint64_t larder_batch_epoch(const larder_batch_t *b) { return b->epoch; }
+uint64_t larder_batch_index(const larder_batch_t *b) { return b->index; }
+int larder_batch_num_columns(const larder_batch_t *b) { return b->num_columns; }
+uint64_t larder_batch_bytes(const larder_batch_t *b) { return b->bytes; }
+
+const larder_array_t *larder_batch_column(const larder_batch_t *b, int i) {
+  return i >= 0 && i < b->num_columns ? &b->columns[i] : NULL;
+}
+
+const larder_array_t *larder_batch_column_by_name(const larder_batch_t *b, const char *name) {
+  for (int i = 0; i < b->num_columns; i++)
+    if (strcmp(b->columns[i].field->name, name) == 0) return &b->columns[i];
+  return NULL;
+}
+
+void larder_batch_release(larder_batch_t *b) {
+  if (b == NULL) return;
+  larder_stream_t *s = b->stream;
+  larder_client_t *c = s->client;
+  if (c && !c->broken) {
+    Larder__Release rel = LARDER__RELEASE__INIT;
+    rel.stream_id = s->id;
+    rel.seq = b->seq;
+    pthread_mutex_lock(&s->lock);
+    rel.wait_ns = s->report_wait;
+    rel.compute_ns = s->report_compute;
+    s->report_wait = s->report_compute = 0;
+    pthread_mutex_unlock(&s->lock);
+    Larder__Frame f = LARDER__FRAME__INIT;
+    f.msg_case = LARDER__FRAME__MSG_RELEASE;
+    f.release = &rel;
+    send_frame(c, &f);
+  }
+  free(b->nodes);
+  free(b);
+  stream_unref(s);
+}
+
+const char *larder_array_name(const larder_array_t *a) { return a->field->name; }
+larder_type_t larder_array_type(const larder_array_t *a) { return a->field->type; }
+int larder_array_nullable(const larder_array_t *a) { return a->field->nullable; }
+int32_t larder_array_byte_width(const larder_array_t *a) { return a->field->byte_width; }
+int32_t larder_array_precision(const larder_array_t *a) { return a->field->precision; }
+int32_t larder_array_scale(const larder_array_t *a) { return a->field->scale; }
+larder_time_unit_t larder_array_unit(const larder_array_t *a) { return a->field->unit; }
+int larder_array_utc(const larder_array_t *a) { return a->field->utc; }
+int64_t larder_array_length(const larder_array_t *a) { return a->length; }
+int64_t larder_array_null_count(const larder_array_t *a) { return a->null_count; }
+const uint8_t *larder_array_validity(const larder_array_t *a) {
+  return a->null_count ? a->validity : NULL;
+}
+const int32_t *larder_array_offsets(const larder_array_t *a) { return a->offsets; }
+const void *larder_array_values(const larder_array_t *a) { return a->values; }
+uint64_t larder_array_values_size(const larder_array_t *a) { return a->values_size; }
+int larder_array_num_children(const larder_array_t *a) { return a->num_children; }
+const larder_array_t *larder_array_child(const larder_array_t *a, int i) {
+  return i >= 0 && i < a->num_children ? &a->children[i] : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arrow C Data Interface export                                             */
+
+typedef struct export_schema {
+  struct ArrowSchema *nodes; /* all schema structs, root first */
+  struct ArrowSchema **child_ptrs;
+  char *strings;
+} export_schema_t;
+
+typedef struct export_array {
+  larder_batch_t *batch;
+  struct ArrowArray *nodes;
+  struct ArrowArray **child_ptrs;
+  const void **buffers;
+} export_array_t;
+
+static int schema_nodes(const field_t *f) {
+  int n = 1;
+  for (int i = 0; i < f->num_children; i++) n += schema_nodes(&f->children[i]);
+  return n;
+}
+
+static void format_of(const field_t *f, char *buf, size_t size) {
+  static const char units[] = {'s', 'm', 'u', 'n'};
+  switch (f->type) {
+    case LARDER_TYPE_NULL: snprintf(buf, size, "n"); break;
+    case LARDER_TYPE_BOOL: snprintf(buf, size, "b"); break;
+    case LARDER_TYPE_INT8: snprintf(buf, size, "c"); break;
+    case LARDER_TYPE_INT16: snprintf(buf, size, "s"); break;
+    case LARDER_TYPE_INT32: snprintf(buf, size, "i"); break;
+    case LARDER_TYPE_INT64: snprintf(buf, size, "l"); break;
+    case LARDER_TYPE_UINT8: snprintf(buf, size, "C"); break;
+    case LARDER_TYPE_UINT16: snprintf(buf, size, "S"); break;
+    case LARDER_TYPE_UINT32: snprintf(buf, size, "I"); break;
+    case LARDER_TYPE_UINT64: snprintf(buf, size, "L"); break;
+    case LARDER_TYPE_FLOAT16: snprintf(buf, size, "e"); break;
+    case LARDER_TYPE_FLOAT32: snprintf(buf, size, "f"); break;
+    case LARDER_TYPE_FLOAT64: snprintf(buf, size, "g"); break;
+    case LARDER_TYPE_DATE32: snprintf(buf, size, "tdD"); break;
+    case LARDER_TYPE_TIME32: snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_SECOND ? 's' : 'm'); break;
+    case LARDER_TYPE_TIME64: snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_NANO ? 'n' : 'u'); break;
+    case LARDER_TYPE_TIMESTAMP:
+      snprintf(buf, size, "ts%c:%s", units[f->unit & 3], f->utc ? "UTC" : "");
+      break;
+    case LARDER_TYPE_DECIMAL128: snprintf(buf, size, "d:%d,%d", f->precision, f->scale); break;
+    case LARDER_TYPE_DECIMAL256: snprintf(buf, size, "d:%d,%d,256", f->precision, f->scale); break;
+    case LARDER_TYPE_BINARY: snprintf(buf, size, "z"); break;
+    case LARDER_TYPE_STRING: snprintf(buf, size, "u"); break;
+    case LARDER_TYPE_LARGE_BINARY: snprintf(buf, size, "Z"); break;
+    case LARDER_TYPE_LARGE_STRING: snprintf(buf, size, "U"); break;
+    case LARDER_TYPE_FIXED_BINARY: snprintf(buf, size, "w:%d", f->byte_width); break;
+    case LARDER_TYPE_LIST: snprintf(buf, size, "+l"); break;
+    case LARDER_TYPE_LARGE_LIST: snprintf(buf, size, "+L"); break;
+    case LARDER_TYPE_STRUCT: snprintf(buf, size, "+s"); break;
+    case LARDER_TYPE_MAP: snprintf(buf, size, "+m"); break;
+    default: snprintf(buf, size, "n"); break;
+  }
+}
+
+static void release_schema(struct ArrowSchema *s) {
+  if (s->release == NULL) return;
+  export_schema_t *x = s->private_data;
+  s->release = NULL;
+  if (x == NULL) return;
+  free(x->child_ptrs);
+  free(x->strings);
+  free(x->nodes);
+  free(x);
+}
+
+static void release_child_schema(struct ArrowSchema *s) { s->release = NULL; }
+
+typedef struct schema_builder {
+  struct ArrowSchema *nodes;
+  struct ArrowSchema **ptrs;
+  char *strings;
+  size_t spos;
+  int next, pnext;
+} schema_builder;
+
+static char *put_str(schema_builder *b, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = b->strings + b->spos;
+  memcpy(p, s, n);
+  b->spos += n;
+  return p;
+}
+
+static void fill_schema(schema_builder *b, struct ArrowSchema *out, const field_t *f,
+                        const char *name) {
+  char fmt[64];
+  format_of(f, fmt, sizeof(fmt));
+  out->format = put_str(b, fmt);
+  out->name = put_str(b, name);
+  out->metadata = NULL;
+  out->flags = f->nullable ? ARROW_FLAG_NULLABLE : 0;
+  out->n_children = f->num_children;
+  out->dictionary = NULL;
+  out->release = release_child_schema;
+  out->private_data = NULL;
+  out->children = f->num_children ? b->ptrs + b->pnext : NULL;
+  int base = b->pnext;
+  b->pnext += f->num_children;
+  for (int i = 0; i < f->num_children; i++) {
+    struct ArrowSchema *c = &b->nodes[b->next++];
+    b->ptrs[base + i] = c;
+    fill_schema(b, c, &f->children[i], f->children[i].name);
+  }
+}
+
+static size_t strings_size(const field_t *f) {
+  size_t n = strlen(f->name) + 1 + 64;
+  for (int i = 0; i < f->num_children; i++) n += strings_size(&f->children[i]);
+  return n;
+}
+
+static int export_schema(const larder_stream_t *s, struct ArrowSchema *out) {
+  int n = schema_nodes(&s->schema);
+  export_schema_t *x = calloc(1, sizeof(*x));
+  schema_builder b = {0};
+  b.nodes = calloc((size_t)n, sizeof(struct ArrowSchema));
+  b.ptrs = calloc((size_t)n, sizeof(struct ArrowSchema *));
+  b.strings = malloc(strings_size(&s->schema) + 8);
+  if (x == NULL || b.nodes == NULL || b.ptrs == NULL || b.strings == NULL) {
+    free(x);
+    free(b.nodes);
+    free(b.ptrs);
+    free(b.strings);
+    return LARDER_ENOMEM;
+  }
+  b.next = 1;
+  fill_schema(&b, &b.nodes[0], &s->schema, "");
+  *out = b.nodes[0];
+  /* Children point at b.nodes; the root is the caller's struct. */
+  x->nodes = b.nodes;
+  x->child_ptrs = b.ptrs;
+  x->strings = b.strings;
+  out->private_data = x;
+  out->release = release_schema;
+  return 0;
+}
+
+static void release_array(struct ArrowArray *a) {
+  if (a->release == NULL) return;
+  export_array_t *x = a->private_data;
+  a->release = NULL;
+  if (x == NULL) return;
+  larder_batch_release(x->batch);
+  free(x->nodes);
+  free(x->child_ptrs);
+  free(x->buffers);
+  free(x);
+}
+
+static void release_child_array(struct ArrowArray *a) { a->release = NULL; }
+
+static int buffer_count(const field_t *f) {
+  switch (f->type) {
+    case LARDER_TYPE_NULL: return 0;
+    case LARDER_TYPE_STRUCT: return 1;
+    case LARDER_TYPE_BINARY: case LARDER_TYPE_STRING:
+    case LARDER_TYPE_LARGE_BINARY: case LARDER_TYPE_LARGE_STRING: return 3;
+    default: return 2;
+  }
+}
+
+typedef struct array_builder {
+  struct ArrowArray *nodes;
+  struct ArrowArray **ptrs;
+  const void **bufs;
+  int next, pnext, bnext;
+} array_builder;
+
+static void fill_array(array_builder *b, struct ArrowArray *out, const larder_array_t *a) {
+  const field_t *f = a->field;
+  out->length = a->length;
+  out->null_count = a->null_count;
+  out->offset = 0;
+  out->n_buffers = buffer_count(f);
+  out->buffers = b->bufs + b->bnext;
+  b->bnext += (int)out->n_buffers;
+  if (out->n_buffers > 0) out->buffers[0] = a->null_count ? a->validity : NULL;
+  if (out->n_buffers == 2)
+    out->buffers[1] = f->type == LARDER_TYPE_LIST || f->type == LARDER_TYPE_MAP
+                          ? (const void *)a->offsets
+                          : a->values;
+  if (out->n_buffers == 3) {
+    out->buffers[1] = a->offsets;
+    out->buffers[2] = a->values;
+  }
+  out->n_children = a->num_children;
+  out->children = a->num_children ? b->ptrs + b->pnext : NULL;
+  out->dictionary = NULL;
+  out->release = release_child_array;
+  out->private_data = NULL;
+  int base = b->pnext;
+  b->pnext += a->num_children;
+  for (int i = 0; i < a->num_children; i++) {
+    struct ArrowArray *c = &b->nodes[b->next++];
+    b->ptrs[base + i] = c;
+    fill_array(b, c, &a->children[i]);
+  }
+}
+
+int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
+                        struct ArrowArray *array) {
+  larder_stream_t *s = batch->stream;
+  int rc = export_schema(s, schema);
+  if (rc) return rc;
+  int n = s->num_nodes + 1;
+  export_array_t *x = calloc(1, sizeof(*x));
+  array_builder b = {0};
+  b.nodes = calloc((size_t)n, sizeof(struct ArrowArray));
+  b.ptrs = calloc((size_t)n, sizeof(struct ArrowArray *));
+  b.bufs = calloc((size_t)n * 3 + 1, sizeof(void *));
+  if (x == NULL || b.nodes == NULL || b.ptrs == NULL || b.bufs == NULL) {
+    free(x);
+    free(b.nodes);
+    free(b.ptrs);
+    free(b.bufs);
+    schema->release(schema);
+    return LARDER_ENOMEM;
+  }
+  /* The root: a struct array without nulls whose children are the
+   * columns. */
+  struct ArrowArray *root = array;
+  root->length = batch->rows;
+  root->null_count = 0;
+  root->offset = 0;
+  root->n_buffers = 1;
+  root->buffers = b.bufs;
+  b.bufs[0] = NULL;
+  b.bnext = 1;
+  root->n_children = batch->num_columns;
+  root->children = b.ptrs;
+  b.pnext = batch->num_columns;
+  b.next = 0;
+  for (int i = 0; i < batch->num_columns; i++) {
+    struct ArrowArray *c = &b.nodes[b.next++];
+    b.ptrs[i] = c;
+    fill_array(&b, c, &batch->columns[i]);
+  }
+  root->dictionary = NULL;
+  x->batch = batch;
+  x->nodes = b.nodes;
+  x->child_ptrs = b.ptrs;
+  x->buffers = b.bufs;
+  root->private_data = x;
+  root->release = release_array;
+  return 0;
+}

@@ -1,0 +1,57 @@
+/*
+ * wire.h: framing of larder's protocol (prefix wire_), shared by liblarder,
+ * larderctl and larderd.
+ *
+ * Conventions
+ * -----------
+ * - A frame is a 4-byte little-endian length and a protobuf-c encoded
+ *   Larder__Frame (proto/larder.proto).  Frames longer than the caller's
+ *   maximum are rejected before anything is allocated for them.
+ * - protobuf-c reports failures as NULL; that becomes LARDER_EPROTO here.
+ * - Functions are reentrant; buffers belong to the caller.
+ */
+#ifndef LARDER_WIRE_H
+#define LARDER_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "larder.h"
+#include "larder.pb-c.h"
+
+#define WIRE_PROTOCOL_VERSION 1
+#define WIRE_MAX_FRAME (16u << 20)
+#define WIRE_HEADER 4
+
+/* Encodes frame with its length prefix into a malloc'd buffer of *len
+ * bytes.  Returns it, or NULL when out of memory. */
+uint8_t *wire_encode(const Larder__Frame *frame, size_t *len);
+
+/*
+ * Looks at the bytes buffered so far.  Returns the size of the first
+ * complete frame (header included) when one is there, 0 when more bytes are
+ * needed, or LARDER_EPROTO when the header announces more than max bytes.
+ */
+int64_t wire_frame_ready(const uint8_t *buf, size_t len, uint32_t max);
+
+/* Decodes the frame of `len` bytes (header included) at buf.  Returns a
+ * frame the caller frees with wire_free, or NULL for malformed bytes. */
+Larder__Frame *wire_decode(const uint8_t *buf, size_t len);
+void wire_free(Larder__Frame *frame);
+
+/*
+ * Sends len bytes with `fd_to_pass` attached as SCM_RIGHTS (if >= 0) on a
+ * Unix socket.  Returns the bytes sent (possibly fewer than len) or a
+ * negative errno-style code (-EAGAIN ...).  Any thread.
+ */
+int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass);
+
+/*
+ * Receives up to cap bytes.  Any descriptors that arrive are appended to
+ * fds (up to max_fds; extras are closed) and *num_fds is updated.  Returns
+ * the bytes read, 0 at end of stream, or a negative errno-style code.
+ */
+int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds,
+                     int *num_fds);
+
+#endif /* LARDER_WIRE_H */

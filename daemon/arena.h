@@ -1,0 +1,47 @@
+/*
+ * arena.h: a stream's shared-memory arena (prefix arena_).
+ *
+ * Conventions
+ * -----------
+ * - The arena is a memfd of fixed size, mapped read-write here and sent to
+ *   the client, which maps it read-only.  It is sealed against resizing and
+ *   against new writable mappings (F_SEAL_FUTURE_WRITE), so a client can
+ *   neither shrink it under the daemon (which would turn our writes into
+ *   SIGBUS) nor write into it.
+ * - Batches are allocated as a ring: in order, each LAYOUT_ALIGN-aligned.
+ *   A region is reused only after its batch was released; releases may come
+ *   in any order, but space is reclaimed in allocation order.
+ * - Threading: arena_alloc and arena_release take the arena's mutex, so the
+ *   loop and worker threads may call them; create and destroy are the
+ *   loop's.
+ * - Errors: negative larder_errno_t.
+ */
+#ifndef LARDER_ARENA_H
+#define LARDER_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct arena arena_t;
+
+/* Creates an arena of size bytes (rounded up to pages).  Returns 0,
+ * LARDER_ENOMEM or LARDER_EIO. */
+int arena_create(uint64_t size, const char *name, arena_t **out);
+void arena_destroy(arena_t *a);
+
+int arena_fd(const arena_t *a);
+uint8_t *arena_base(const arena_t *a);
+uint64_t arena_size(const arena_t *a);
+/* Bytes currently allocated (not yet released). */
+uint64_t arena_used(arena_t *a);
+
+/* Reserves len bytes and returns their offset, LARDER_EAGAIN when there is
+ * no room until something is released, or LARDER_ELIMIT when len can never
+ * fit. */
+int64_t arena_alloc(arena_t *a, uint64_t len);
+
+/* Releases the region that starts at offset.  Returns 0 or LARDER_EINVAL
+ * for an offset that is not a live allocation. */
+int arena_release(arena_t *a, uint64_t offset);
+
+#endif /* LARDER_ARENA_H */

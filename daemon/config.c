@@ -1,0 +1,252 @@
+/*
+ * config.c: defaults, the INI file (inih) and command-line overrides.
+ */
+#include <errno.h>
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../client/larder.h"
+#include "config.h"
+#include "log.h"
+
+enum { T_STR, T_SIZE, T_U64, T_BOOL, T_LEVEL };
+
+typedef struct key_info {
+  const char *name;
+  int type;
+  const char *def;
+  int live;
+  const char *doc;
+  size_t offset;
+} key_info;
+
+static const key_info keys[] = {
+#define CONFIG_INFO_(name, type, def, live, doc) \
+  {#name, T_##type, def, live, doc, offsetof(config_t, name)},
+    CONFIG_KEYS(CONFIG_INFO_)
+#undef CONFIG_INFO_
+};
+#define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
+
+static const key_info *find_key(const char *name) {
+  for (size_t i = 0; i < NUM_KEYS; i++) {
+    if (strcmp(keys[i].name, name) == 0) return &keys[i];
+    /* Accept dashes for underscores, as command-line flags are written. */
+    const char *a = keys[i].name, *b = name;
+    while (*a && (*a == *b || (*a == '_' && *b == '-'))) a++, b++;
+    if (*a == '\0' && *b == '\0') return &keys[i];
+  }
+  return NULL;
+}
+
+static int parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s) return -1;
+  while (*end == ' ') end++;
+  uint64_t mul = 1;
+  switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    case 't': case 'T': mul = 1ull << 40; end++; break;
+    default: break;
+  }
+  if (*end == 'i' || *end == 'I') end++;
+  if (*end == 'b' || *end == 'B') end++;
+  if (*end != '\0') return -1;
+  if (mul > 1 && v > UINT64_MAX / mul) return -1;
+  *out = v * mul;
+  return 0;
+}
+
+static int set_value(config_t *cfg, const key_info *k, const char *value, char *err,
+                     size_t errlen) {
+  char *field = (char *)cfg + k->offset;
+  switch (k->type) {
+    case T_STR: {
+      char *copy = strdup(value);
+      if (copy == NULL) return LARDER_ENOMEM;
+      char **slot = (char **)(void *)field;
+      free(*slot);
+      *slot = copy;
+      return 0;
+    }
+    case T_SIZE:
+    case T_U64: {
+      uint64_t v;
+      int rc;
+      if (k->type == T_SIZE) {
+        rc = parse_size(value, &v);
+      } else {
+        char *end;
+        errno = 0;
+        v = strtoull(value, &end, value[0] == '0' && value[1] ? 8 : 10);
+        rc = errno || end == value || *end ? -1 : 0;
+      }
+      if (rc) {
+        snprintf(err, errlen, "%s: '%s' is not a %s", k->name, value,
+                 k->type == T_SIZE ? "size (such as 64G)" : "number");
+        return LARDER_EINVAL;
+      }
+      memcpy(field, &v, sizeof(v));
+      return 0;
+    }
+    case T_BOOL: {
+      int v;
+      if (!strcasecmp(value, "true") || !strcasecmp(value, "yes") || !strcmp(value, "1") ||
+          !strcasecmp(value, "on"))
+        v = 1;
+      else if (!strcasecmp(value, "false") || !strcasecmp(value, "no") || !strcmp(value, "0") ||
+               !strcasecmp(value, "off"))
+        v = 0;
+      else {
+        snprintf(err, errlen, "%s: '%s' is not true or false", k->name, value);
+        return LARDER_EINVAL;
+      }
+      memcpy(field, &v, sizeof(v));
+      return 0;
+    }
+    case T_LEVEL: {
+      int v = log_level_parse(value);
+      if (v < 0) {
+        snprintf(err, errlen, "%s: '%s' is not debug, info, notice, warning or err", k->name,
+                 value);
+        return LARDER_EINVAL;
+      }
+      memcpy(field, &v, sizeof(v));
+      return 0;
+    }
+  }
+  return LARDER_EINVAL;
+}
+
+int config_defaults(config_t *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  char err[256];
+  for (size_t i = 0; i < NUM_KEYS; i++) {
+    int rc = set_value(cfg, &keys[i], keys[i].def, err, sizeof(err));
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int config_set(config_t *cfg, const char *key, const char *value, char *err,
+               size_t errlen) {
+  const key_info *k = find_key(key);
+  if (k == NULL) {
+    snprintf(err, errlen, "unknown setting '%s'", key);
+    return LARDER_EINVAL;
+  }
+  return set_value(cfg, k, value, err, errlen);
+}
+
+typedef struct load_ctx {
+  config_t *cfg;
+  char *err;
+  size_t errlen;
+  int failed;
+  const char *path;
+} load_ctx;
+
+static int on_ini(void *user, const char *section, const char *name, const char *value) {
+  (void)section;
+  load_ctx *lc = user;
+  if (lc->failed) return 0;
+  char why[256];
+  if (config_set(lc->cfg, name, value, why, sizeof(why))) {
+    /* Debian's inih does not pass line numbers to handlers; the message
+     * names the key, which is as good for a config this small. */
+    snprintf(lc->err, lc->errlen, "%s: %s", lc->path, why);
+    lc->failed = 1;
+    return 0;
+  }
+  return 1;
+}
+
+int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
+                     size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    if (errno == ENOENT && missing_ok) return 0;
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return LARDER_EIO;
+  }
+  load_ctx lc = {cfg, err, errlen, 0, path};
+  int rc = ini_parse_file(f, on_ini, &lc);
+  fclose(f);
+  if (lc.failed) return LARDER_EINVAL;
+  if (rc > 0) {
+    snprintf(err, errlen, "%s:%d: syntax error", path, rc);
+    return LARDER_EINVAL;
+  }
+  if (rc < 0) {
+    snprintf(err, errlen, "%s: cannot parse", path);
+    return LARDER_EIO;
+  }
+  free(cfg->path);
+  cfg->path = strdup(path);
+  return 0;
+}
+
+void config_apply_live(config_t *cur, const config_t *next, char *restart,
+                       size_t restart_len) {
+  size_t used = 0;
+  restart[0] = '\0';
+  for (size_t i = 0; i < NUM_KEYS; i++) {
+    const key_info *k = &keys[i];
+    const char *a = (const char *)cur + k->offset, *b = (const char *)next + k->offset;
+    int same;
+    if (k->type == T_STR) {
+      const char *sa = *(char *const *)(const void *)a, *sb = *(char *const *)(const void *)b;
+      same = (sa == NULL && sb == NULL) || (sa && sb && strcmp(sa, sb) == 0);
+    } else if (k->type == T_SIZE || k->type == T_U64) {
+      same = memcmp(a, b, sizeof(uint64_t)) == 0;
+    } else {
+      same = memcmp(a, b, sizeof(int)) == 0;
+    }
+    if (same) continue;
+    if (k->live) {
+      if (k->type == T_STR) {
+        char **slot = (char **)(void *)((char *)cur + k->offset);
+        const char *sb = *(char *const *)(const void *)b;
+        char *copy = sb ? strdup(sb) : NULL;
+        if (sb && copy == NULL) continue;
+        free(*slot);
+        *slot = copy;
+      } else {
+        memcpy((char *)cur + k->offset, b, k->type == T_SIZE || k->type == T_U64 ? 8 : sizeof(int));
+      }
+    } else if (used + strlen(k->name) + 2 < restart_len) {
+      used += (size_t)snprintf(restart + used, restart_len - used, "%s%s", used ? ", " : "",
+                               k->name);
+    }
+  }
+}
+
+void config_free(config_t *cfg) {
+  for (size_t i = 0; i < NUM_KEYS; i++) {
+    if (keys[i].type != T_STR) continue;
+    char **slot = (char **)(void *)((char *)cfg + keys[i].offset);
+    free(*slot);
+    *slot = NULL;
+  }
+  free(cfg->path);
+  cfg->path = NULL;
+}
+
+void config_print_reference(FILE *out) {
+  fputs("# larderd configuration.  Every key is optional; the values shown are the\n"
+        "# defaults.  Sizes take K, M, G, T suffixes.  Keys marked [live] change\n"
+        "# on SIGHUP; the others need a restart.  Any key can also be given on the\n"
+        "# command line as --key=value.\n\n[larderd]\n",
+        out);
+  for (size_t i = 0; i < NUM_KEYS; i++) {
+    fprintf(out, "\n# %s%s\n%s = %s\n", keys[i].doc, keys[i].live ? " [live]" : "",
+            keys[i].name, keys[i].def);
+  }
+}

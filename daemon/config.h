@@ -1,0 +1,96 @@
+/*
+ * config.h: larderd's configuration (prefix config_).
+ *
+ * Conventions
+ * -----------
+ * - Every key is declared once, in CONFIG_KEYS below: its name, type,
+ *   default, whether a SIGHUP can change it live, and its documentation.
+ *   The parser, `larderd --help-config`, the example config
+ *   (config/larderd.conf.example, checked against this list by the tests)
+ *   and the reload logic all come from that list.
+ * - Sources, lowest precedence first: defaults, the file (INI syntax, parsed
+ *   with inih; keys may sit in any section), then command-line
+ *   `--key=value` flags.
+ * - Sizes accept K, M, G and T suffixes (powers of 1024); durations are
+ *   seconds.
+ * - Errors: config_load returns a negative code and a message naming the
+ *   file, line and key.  Only the loop thread touches a config_t.
+ */
+#ifndef LARDER_CONFIG_H
+#define LARDER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* XX(name, type, default, live, doc): type is STR, SIZE, U64, BOOL or LEVEL. */
+#define CONFIG_KEYS(XX)                                                        \
+  XX(socket, STR, "/run/larder/larderd.sock", 0,                               \
+     "Unix socket the daemon listens on (ignored under systemd socket "         \
+     "activation)")                                                            \
+  XX(socket_mode, U64, "0660", 0, "permissions of the socket (octal)")         \
+  XX(cache_dir, STR, "/var/cache/larder", 0,                                   \
+     "directory of the RocksDB cache of decoded data")                         \
+  XX(cache_capacity, SIZE, "64G", 1,                                           \
+     "bytes of decoded data the cache keeps (exceeded by at most one unit)")   \
+  XX(cache_idle_evict, U64, "604800", 1,                                       \
+     "seconds after which an unread cache entry is evicted first")            \
+  XX(workers, U64, "0", 0,                                                     \
+     "worker threads for decoding, cache I/O and batch assembly (0 = cores)")  \
+  XX(memory_limit, SIZE, "8G", 1,                                              \
+     "bytes of decoded units held in memory for shuffling, all streams")       \
+  XX(unit_rows, U64, "4096", 0,                                                \
+     "rows per shuffle unit at most (cut from row groups; <= 65536)")          \
+  XX(unit_bytes, SIZE, "4M", 0,                                                \
+     "decoded bytes per shuffle unit at most, estimated from the footer")      \
+  XX(shuffle_window_bytes, SIZE, "512M", 0,                                    \
+     "decoded bytes whose rows are shuffled together, by default")             \
+  XX(prefetch_batches, U64, "8", 1,                                            \
+     "batches prepared ahead of each stream")                                  \
+  XX(arena_bytes, SIZE, "256M", 1,                                             \
+     "shared-memory arena per stream, unless the client asks otherwise")       \
+  XX(max_arena_bytes, SIZE, "2G", 1, "largest arena a client may ask for")     \
+  XX(max_streams_per_client, U64, "64", 1, "streams one connection may open")  \
+  XX(max_clients, U64, "1024", 1, "connections at once")                       \
+  XX(max_frame, SIZE, "16M", 0, "largest protocol frame accepted")             \
+  XX(verify_crc, BOOL, "true", 1, "verify Parquet page CRCs when present")    \
+  XX(max_chunk_decoded_bytes, SIZE, "2G", 1,                                   \
+     "ceiling on decoded bytes per Parquet column chunk (bomb guard)")         \
+  XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")
+
+typedef struct config {
+#define CONFIG_FIELD_STR char *
+#define CONFIG_FIELD_SIZE uint64_t
+#define CONFIG_FIELD_U64 uint64_t
+#define CONFIG_FIELD_BOOL int
+#define CONFIG_FIELD_LEVEL int
+#define CONFIG_DECLARE_(name, type, def, live, doc) CONFIG_FIELD_##type name;
+  CONFIG_KEYS(CONFIG_DECLARE_)
+#undef CONFIG_DECLARE_
+  char *path; /* the file it came from, or NULL */
+} config_t;
+
+/* Fills cfg with the defaults.  Returns 0 or LARDER_ENOMEM. */
+int config_defaults(config_t *cfg);
+
+/* Applies the file at path (missing_ok: a missing file is not an error).
+ * Returns 0 or a negative code with a message in err. */
+int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
+                     size_t errlen);
+
+/* Applies one "key=value" setting (a command-line flag without its "--").
+ * Returns 0 or LARDER_EINVAL with a message. */
+int config_set(config_t *cfg, const char *key, const char *value, char *err,
+               size_t errlen);
+
+/* Copies the live keys of next into cur and lists (comma-separated, into
+ * restart) the keys that changed but need a restart. */
+void config_apply_live(config_t *cur, const config_t *next, char *restart,
+                       size_t restart_len);
+
+void config_free(config_t *cfg);
+
+/* Writes every key with its default and documentation (the example file). */
+void config_print_reference(FILE *out);
+
+#endif /* LARDER_CONFIG_H */

@@ -1,0 +1,382 @@
+/*
+ * conn.c: one client connection: the handshake, frame parsing, dispatch,
+ * and the write queue (which can carry a descriptor with a frame).
+ *
+ * Anything a client sends that breaks the protocol (a garbage handshake, a
+ * frame over max_frame, bytes that do not decode, a message a client may not
+ * send) gets one Error frame and closes that connection alone.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+typedef struct write_req {
+  uv_write_t req;
+  uint8_t *buf;
+  conn_t *conn;
+} write_req_t;
+
+struct pending_fd {
+  struct pending_fd *next;
+  uint8_t *buf;
+  size_t len, sent;
+  int fd;
+};
+
+/* A descriptor can only be passed with sendmsg when libuv has nothing
+ * queued on the connection. */
+static int writes_in_flight(conn_t *c) {
+  return (int)uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > 0;
+}
+
+static void on_close(uv_handle_t *h) {
+  conn_t *c = h->data;
+  server_t *srv = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else if (srv->conns == c) srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  while (c->pending) {
+    struct pending_fd *p = c->pending;
+    c->pending = p->next;
+    free(p->buf);
+    free(p);
+  }
+  free(c->rbuf);
+  STATS_SUB(&srv->stats, clients, 1);
+  free(c);
+}
+
+static void on_timer_close(uv_handle_t *h) {
+  conn_t *c = h->data;
+  uv_close((uv_handle_t *)&c->pipe, on_close);
+}
+
+void conn_close(conn_t *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  while (c->streams) stream_close(c->streams);
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  uv_timer_stop(&c->fd_timer);
+  uv_close((uv_handle_t *)&c->fd_timer, on_timer_close);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  (void)status;
+  conn_t *c = req->data;
+  free(req);
+  conn_close(c);
+}
+
+/* Closes after the queued writes (an Error frame, say) have gone out. */
+void conn_shutdown(conn_t *c) {
+  if (c->closing) return;
+  while (c->streams) stream_close(c->streams);
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  uv_shutdown_t *req = malloc(sizeof(*req));
+  if (req == NULL || uv_shutdown(req, (uv_stream_t *)&c->pipe, on_shutdown) != 0) {
+    free(req);
+    conn_close(c);
+    return;
+  }
+  req->data = c;
+}
+
+static void flush_pending(conn_t *c);
+
+static void on_write(uv_write_t *req, int status) {
+  write_req_t *w = (write_req_t *)req;
+  conn_t *c = w->conn;
+  free(w->buf);
+  free(w);
+  if (status < 0 && !c->closing) {
+    conn_close(c);
+    return;
+  }
+  if (c->pending && !c->closing) flush_pending(c);
+}
+
+static int queue_write(conn_t *c, uint8_t *buf, size_t len) {
+  write_req_t *w = malloc(sizeof(*w));
+  if (w == NULL) {
+    free(buf);
+    return LARDER_ENOMEM;
+  }
+  w->buf = buf;
+  w->conn = c;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write) != 0) {
+    free(buf);
+    free(w);
+    return LARDER_ECLOSED;
+  }
+  return 0;
+}
+
+static void on_fd_timer(uv_timer_t *t) {
+  conn_t *c = t->data;
+  c->fd_timer_active = 0;
+  flush_pending(c);
+}
+
+/* Sends the pending frames in order; a frame with a descriptor goes with
+ * sendmsg once libuv's queue is empty, so no bytes can overtake it. */
+static void flush_pending(conn_t *c) {
+  while (c->pending && !c->closing) {
+    if (writes_in_flight(c)) return; /* on_write calls again */
+    struct pending_fd *p = c->pending;
+    if (p->fd < 0 || p->sent > 0) {
+      c->pending = p->next;
+      uint8_t *rest = p->sent ? malloc(p->len - p->sent) : p->buf;
+      if (rest == NULL) {
+        free(p->buf);
+        free(p);
+        conn_close(c);
+        return;
+      }
+      if (p->sent) {
+        memcpy(rest, p->buf + p->sent, p->len - p->sent);
+        free(p->buf);
+      }
+      size_t len = p->len - p->sent;
+      free(p);
+      if (queue_write(c, rest, len) != 0) {
+        conn_close(c);
+        return;
+      }
+      continue;
+    }
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0) {
+      conn_close(c);
+      return;
+    }
+    int64_t n = wire_sendmsg(fd, p->buf, p->len, p->fd);
+    if (n == -EAGAIN || n == -EWOULDBLOCK) {
+      if (!c->fd_timer_active) {
+        c->fd_timer_active = 1;
+        uv_timer_start(&c->fd_timer, on_fd_timer, 1, 0);
+      }
+      return;
+    }
+    if (n < 0) {
+      conn_close(c);
+      return;
+    }
+    p->sent = (size_t)n;
+    if (p->sent == p->len) {
+      c->pending = p->next;
+      free(p->buf);
+      free(p);
+    }
+    /* A partial send delivered the descriptor; the loop queues the rest. */
+  }
+}
+
+int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
+  if (c->closing) return LARDER_ECLOSED;
+  size_t len;
+  uint8_t *buf = wire_encode(frame, &len);
+  if (buf == NULL) {
+    conn_close(c);
+    return LARDER_ENOMEM;
+  }
+  if (fd < 0 && c->pending == NULL) {
+    int rc = queue_write(c, buf, len);
+    if (rc) conn_close(c);
+    return rc;
+  }
+  struct pending_fd *p = calloc(1, sizeof(*p));
+  if (p == NULL) {
+    free(buf);
+    conn_close(c);
+    return LARDER_ENOMEM;
+  }
+  p->buf = buf;
+  p->len = len;
+  p->fd = fd;
+  struct pending_fd **pp = &c->pending;
+  while (*pp) pp = &(*pp)->next;
+  *pp = p;
+  flush_pending(c);
+  return c->closing ? LARDER_ECLOSED : 0;
+}
+
+void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
+                     const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  Larder__Error e = LARDER__ERROR__INIT;
+  e.code = code;
+  e.message = msg;
+  e.stream_id = stream_id;
+  e.request_id = request_id;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_ERROR;
+  f.error = &e;
+  conn_send(c, &f, -1);
+}
+
+static void protocol_error(conn_t *c, int code, const char *what) {
+  STATS_ADD(&c->srv->stats, protocol_errors, 1);
+  log_notice("client pid %d uid %u: %s; closing its connection", (int)c->pid, (unsigned)c->uid,
+             what);
+  conn_send_error(c, code, 0, 0, "%s", what);
+  conn_shutdown(c);
+}
+
+/* ------------------------------------------------------------------------ */
+
+void admin_handle(conn_t *c, const Larder__AdminRequest *req);
+
+static void dispatch(conn_t *c, Larder__Frame *f) {
+  if (!c->hello_done) {
+    if (f->msg_case != LARDER__FRAME__MSG_HELLO) {
+      protocol_error(c, LARDER_EPROTO, "protocol error: the first message must be Hello");
+      return;
+    }
+    if (f->hello->protocol_version != WIRE_PROTOCOL_VERSION) {
+      STATS_ADD(&c->srv->stats, protocol_errors, 1);
+      conn_send_error(c, LARDER_EVERSION, 0, 0,
+                      "protocol version %u is not supported (the daemon speaks %u)",
+                      f->hello->protocol_version, WIRE_PROTOCOL_VERSION);
+      conn_shutdown(c);
+      return;
+    }
+    snprintf(c->name, sizeof(c->name), "%s", f->hello->client_name ? f->hello->client_name : "");
+    c->hello_done = 1;
+    Larder__HelloReply r = LARDER__HELLO_REPLY__INIT;
+    r.protocol_version = WIRE_PROTOCOL_VERSION;
+    r.server_version = (char *)LARDERD_VERSION;
+    Larder__Frame out = LARDER__FRAME__INIT;
+    out.msg_case = LARDER__FRAME__MSG_HELLO_REPLY;
+    out.hello_reply = &r;
+    conn_send(c, &out, -1);
+    return;
+  }
+  switch (f->msg_case) {
+    case LARDER__FRAME__MSG_OPEN_STREAM:
+      if (c->srv->shutting_down) {
+        conn_send_error(c, LARDER_ESHUTDOWN, 0, f->open_stream->request_id,
+                        "the daemon is shutting down");
+        return;
+      }
+      stream_open(c, f->open_stream);
+      return;
+    case LARDER__FRAME__MSG_RELEASE: {
+      stream_t *s = stream_find(c, f->release->stream_id);
+      /* A release for a stream that already ended is harmless: the stream
+       * may have failed while the client was working on its batch. */
+      if (s) stream_release(s, f->release);
+      return;
+    }
+    case LARDER__FRAME__MSG_CLOSE_STREAM: {
+      stream_t *s = stream_find(c, f->close_stream->stream_id);
+      if (s) stream_close(s);
+      return;
+    }
+    case LARDER__FRAME__MSG_ADMIN_REQUEST:
+      admin_handle(c, f->admin_request);
+      return;
+    default:
+      protocol_error(c, LARDER_EPROTO, "protocol error: a client may not send this message");
+      return;
+  }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  conn_t *c = h->data;
+  size_t want = c->rlen + 65536;
+  if (want > c->rcap) {
+    uint8_t *p = realloc(c->rbuf, want);
+    if (p == NULL) {
+      *buf = uv_buf_init(NULL, 0);
+      return;
+    }
+    c->rbuf = p;
+    c->rcap = want;
+  }
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  conn_t *c = st->data;
+  if (nread < 0) {
+    /* EOF or an error: the client went away (perhaps killed mid-batch).
+     * Its streams end and their arenas and units are freed. */
+    conn_close(c);
+    return;
+  }
+  c->rlen += (size_t)nread;
+  size_t off = 0;
+  while (!c->closing) {
+    int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
+    if (n < 0) {
+      protocol_error(c, LARDER_EPROTO, "protocol error: frame longer than max_frame");
+      return;
+    }
+    if (n == 0) break;
+    Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)n);
+    off += (size_t)n;
+    if (f == NULL || f->msg_case == LARDER__FRAME__MSG__NOT_SET) {
+      wire_free(f);
+      protocol_error(c, LARDER_EPROTO, "protocol error: malformed message");
+      return;
+    }
+    dispatch(c, f);
+    wire_free(f);
+  }
+  if (off > 0 && !c->closing) {
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+  }
+}
+
+void conn_accept(server_t *srv, uv_stream_t *listener) {
+  conn_t *c = calloc(1, sizeof(*c));
+  if (c == NULL) return;
+  c->srv = srv;
+  c->id = ++srv->next_conn_id;
+  c->connected_ns = util_now_ns();
+  uv_pipe_init(srv->loop, &c->pipe, 0);
+  c->pipe.data = c;
+  uv_timer_init(srv->loop, &c->fd_timer);
+  c->fd_timer.data = c;
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  STATS_ADD(&srv->stats, clients, 1);
+  if (uv_accept(listener, (uv_stream_t *)&c->pipe) != 0) {
+    conn_close(c);
+    return;
+  }
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    c->pid = cred.pid;
+    c->uid = cred.uid;
+    c->gid = cred.gid;
+  }
+  if (STATS_GET(&srv->stats, clients) > srv->cfg.max_clients || srv->shutting_down) {
+    conn_send_error(c, srv->shutting_down ? LARDER_ESHUTDOWN : LARDER_ELIMIT, 0, 0,
+                    srv->shutting_down ? "the daemon is shutting down"
+                                       : "too many clients (max_clients)");
+    conn_shutdown(c);
+    return;
+  }
+  uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+}

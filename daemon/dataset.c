@@ -1,0 +1,359 @@
+/*
+ * dataset.c: resolving sources into files, reading their footers, and
+ * cutting row groups into units.
+ */
+#include <errno.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dataset.h"
+#include "layout.h"
+#include "util.h"
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+typedef struct strlist {
+  char **v;
+  size_t n, cap;
+} strlist;
+
+static int strlist_add(strlist *l, const char *s) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 16;
+    char **v = realloc(l->v, cap * sizeof(char *));
+    if (v == NULL) return LARDER_ENOMEM;
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n] = strdup(s);
+  if (l->v[l->n] == NULL) return LARDER_ENOMEM;
+  l->n++;
+  return 0;
+}
+
+static void strlist_free(strlist *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+  free(l->v);
+}
+
+static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
+
+/* Checks that path (already resolved) lies inside one of the roots. */
+static int inside_roots(const char *path, const char *const *roots) {
+  if (roots == NULL) return 1;
+  for (size_t i = 0; roots[i]; i++) {
+    char root[PATH_MAX];
+    if (realpath(roots[i], root) == NULL) continue;
+    size_t n = strlen(root);
+    if (strncmp(path, root, n) == 0 && (path[n] == '/' || path[n] == '\0' ||
+                                        (n == 1 && root[0] == '/')))
+      return 1;
+  }
+  return 0;
+}
+
+/* Expands one local source into files. */
+static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
+                        char *err, size_t errlen) {
+  strlist found = {0};
+  int rc = 0;
+  if (has_glob(src)) {
+    glob_t g;
+    int grc = glob(src, GLOB_NOSORT, NULL, &g);
+    if (grc == GLOB_NOMATCH) {
+      snprintf(err, errlen, "%s: no file matches", src);
+      return LARDER_ENOENT;
+    }
+    if (grc != 0) {
+      snprintf(err, errlen, "%s: cannot expand the pattern", src);
+      return LARDER_EIO;
+    }
+    for (size_t i = 0; i < g.gl_pathc && rc == 0; i++) rc = strlist_add(&found, g.gl_pathv[i]);
+    globfree(&g);
+  } else {
+    struct stat st;
+    if (stat(src, &st) != 0) {
+      snprintf(err, errlen, "%s: %s", src, strerror(errno));
+      return errno == ENOENT ? LARDER_ENOENT : errno == EACCES ? LARDER_EACCES : LARDER_EIO;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      /* A directory means its Parquet files (not recursive). */
+      char pat[PATH_MAX];
+      snprintf(pat, sizeof(pat), "%s/*.parquet", src);
+      glob_t g;
+      if (glob(pat, GLOB_NOSORT, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc && rc == 0; i++) rc = strlist_add(&found, g.gl_pathv[i]);
+        globfree(&g);
+      }
+      if (found.n == 0 && rc == 0) {
+        snprintf(err, errlen, "%s: directory has no .parquet files", src);
+        rc = LARDER_ENOENT;
+      }
+    } else {
+      rc = strlist_add(&found, src);
+    }
+  }
+  for (size_t i = 0; i < found.n && rc == 0; i++) {
+    char real[PATH_MAX];
+    if (realpath(found.v[i], real) == NULL) {
+      snprintf(err, errlen, "%s: %s", found.v[i], strerror(errno));
+      rc = LARDER_ENOENT;
+      break;
+    }
+    if (!inside_roots(real, opts->allowed_roots)) {
+      snprintf(err, errlen, "not allowed: %s is outside the configured sources", found.v[i]);
+      rc = LARDER_EACCES;
+      break;
+    }
+    struct stat st;
+    if (stat(real, &st) != 0 || !S_ISREG(st.st_mode)) {
+      /* Globs may match directories; skip anything that is not a file. */
+      if (has_glob(src)) continue;
+      snprintf(err, errlen, "%s: not a regular file", found.v[i]);
+      rc = LARDER_EIO;
+      break;
+    }
+    rc = strlist_add(out, real);
+  }
+  strlist_free(&found);
+  return rc;
+}
+
+static int open_file(dataset_file_t *f, const char *path, const char *const *columns,
+                     size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
+  memset(f, 0, sizeof(*f));
+  f->path = strdup(path);
+  if (f->path == NULL) return LARDER_ENOMEM;
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return LARDER_ENOENT;
+  }
+  f->size = (uint64_t)st.st_size;
+  f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  snprintf(f->identity, sizeof(f->identity), "size=%llu;mtime=%lld",
+           (unsigned long long)f->size, (long long)f->mtime_ns);
+  f->object_id = util_hash64(path, strlen(path), util_hash64(f->identity, strlen(f->identity), 0));
+  pq_source src;
+  pq_error perr = {0, ""};
+  int rc = pq_source_open_file(&src, path, &perr);
+  if (rc == 0) {
+    rc = pq_file_open(&src, &opts->pq, &f->pq, &perr);
+    pq_source_close_file(&src);
+  }
+  if (rc == 0) rc = pq_projection_create(f->pq, columns, ncols, &f->proj, &perr);
+  if (rc) snprintf(err, errlen, "%s", perr.msg);
+  return rc;
+}
+
+static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
+                      dataset_unit_t **units, size_t *n, size_t *cap, int *oom) {
+  dataset_file_t *f = &ds->files[fi];
+  const pq_file_meta_t *m = pq_file_meta(f->pq);
+  f->first_unit = (uint32_t)*n;
+  for (int g = 0; g < m->num_row_groups; g++) {
+    const pq_row_group_t *rg = &m->row_groups[g];
+    if (rg->num_rows <= 0) continue;
+    uint64_t bytes = 0;
+    for (int c = 0; c < m->num_leaves; c++)
+      if (pq_projection_has_leaf(f->proj, c))
+        bytes += (uint64_t)(rg->columns[c].total_uncompressed_size > 0
+                                ? rg->columns[c].total_uncompressed_size
+                                : 0);
+    uint64_t rows = (uint64_t)rg->num_rows;
+    uint64_t per_row = bytes / rows + 1;
+    uint64_t max_rows = opts->unit_bytes / per_row;
+    if (max_rows > opts->unit_rows) max_rows = opts->unit_rows;
+    if (max_rows < 64) max_rows = 64;
+    uint64_t k = (rows + max_rows - 1) / max_rows;
+    for (uint64_t i = 0; i < k; i++) {
+      uint64_t a = i * rows / k, b = (i + 1) * rows / k;
+      if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 256;
+        dataset_unit_t *u = realloc(*units, nc * sizeof(*u));
+        if (u == NULL) {
+          *oom = 1;
+          return;
+        }
+        *units = u;
+        *cap = nc;
+      }
+      dataset_unit_t *u = &(*units)[(*n)++];
+      u->file = fi;
+      u->rg = (uint32_t)g;
+      u->row_start = a;
+      u->rows = (uint32_t)(b - a);
+      u->est_bytes = bytes * (b - a) / rows;
+      uint64_t ident[3] = {f->object_id, (uint64_t)g, a};
+      u->priority = util_hash64(ident, sizeof(ident), 0x9e3779b97f4a7c15ull);
+      ds->total_rows += b - a;
+      ds->est_bytes += u->est_bytes;
+    }
+  }
+  f->num_units = (uint32_t)(*n - f->first_unit);
+}
+
+static void describe_field(const pq_field_t *f, char *buf, size_t size) {
+  snprintf(buf, size, "%s", larder_type_name(f->type));
+}
+
+int dataset_open(const char *const *sources, size_t n, const char *const *columns,
+                 size_t ncols, const dataset_options_t *opts, dataset_t **out, char *err,
+                 size_t errlen) {
+  *out = NULL;
+  if (n == 0) {
+    snprintf(err, errlen, "no sources given");
+    return LARDER_EINVAL;
+  }
+  strlist files = {0};
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    if (sources[i] == NULL || sources[i][0] == '\0') {
+      snprintf(err, errlen, "empty source");
+      rc = LARDER_EINVAL;
+    } else if (strstr(sources[i], "://") != NULL) {
+      snprintf(err, errlen, "%s: remote sources are not supported by this build",
+               sources[i]);
+      rc = LARDER_EUNSUPPORTED;
+    } else {
+      rc = expand_local(sources[i], opts, &files, err, errlen);
+    }
+  }
+  if (rc) {
+    strlist_free(&files);
+    return rc;
+  }
+  /* Sorted, without duplicates: the order is part of the dataset's identity. */
+  qsort(files.v, files.n, sizeof(char *), cmp_str);
+  size_t m = 0;
+  for (size_t i = 0; i < files.n; i++) {
+    if (m && strcmp(files.v[m - 1], files.v[i]) == 0) {
+      free(files.v[i]);
+      continue;
+    }
+    files.v[m++] = files.v[i];
+  }
+  files.n = m;
+  if (files.n == 0) {
+    strlist_free(&files);
+    snprintf(err, errlen, "the sources name no files");
+    return LARDER_ENOENT;
+  }
+  dataset_t *ds = calloc(1, sizeof(*ds));
+  if (ds == NULL) {
+    strlist_free(&files);
+    return LARDER_ENOMEM;
+  }
+  ds->refs = 1;
+  ds->files = calloc(files.n, sizeof(dataset_file_t));
+  if (ds->files == NULL) {
+    rc = LARDER_ENOMEM;
+    goto fail;
+  }
+  ds->num_files = (uint32_t)files.n;
+  for (size_t i = 0; i < files.n && rc == 0; i++)
+    rc = open_file(&ds->files[i], files.v[i], columns, ncols, opts, err, errlen);
+  if (rc) goto fail;
+
+  /* Every file must serve the same columns with the same types. */
+  ds->schema = pq_projection_schema(ds->files[0].proj);
+  ds->num_columns = ds->schema->num_children;
+  ds->column_hash = calloc((size_t)ds->num_columns + 1, sizeof(uint64_t));
+  if (ds->column_hash == NULL) {
+    rc = LARDER_ENOMEM;
+    goto fail;
+  }
+  for (int c = 0; c < ds->num_columns; c++)
+    ds->column_hash[c] = layout_field_hash(&ds->schema->children[c]);
+  for (uint32_t i = 1; i < ds->num_files; i++) {
+    const pq_field_t *s = pq_projection_schema(ds->files[i].proj);
+    int same = s->num_children == ds->num_columns;
+    int c = 0;
+    for (; same && c < ds->num_columns; c++)
+      same = layout_field_hash(&s->children[c]) == ds->column_hash[c];
+    if (!same) {
+      char a[64] = "", b[64] = "";
+      if (c > 0 && c <= ds->num_columns && c <= s->num_children) {
+        describe_field(&ds->schema->children[c - 1], a, sizeof(a));
+        describe_field(&s->children[c - 1], b, sizeof(b));
+      }
+      snprintf(err, errlen,
+               "%s: its columns differ from %s's (column '%s': %s vs %s); a dataset's "
+               "files must share the projected schema",
+               ds->files[i].path, ds->files[0].path,
+               c > 0 && c <= ds->num_columns ? ds->schema->children[c - 1].name : "?", b, a);
+      rc = LARDER_EINVAL;
+      goto fail;
+    }
+  }
+  size_t nu = 0, cap = 0;
+  int oom = 0;
+  for (uint32_t i = 0; i < ds->num_files && !oom; i++) cut_units(ds, i, opts, &ds->units, &nu, &cap, &oom);
+  if (oom || nu > UINT32_MAX) {
+    rc = LARDER_ENOMEM;
+    goto fail;
+  }
+  ds->num_units = (uint32_t)nu;
+  if (ds->total_rows == 0) {
+    snprintf(err, errlen, "the dataset has no rows");
+    rc = LARDER_EINVAL;
+    goto fail;
+  }
+  uint64_t h = util_hash64(&opts->unit_rows, sizeof(opts->unit_rows), 0);
+  h = util_hash64(&opts->unit_bytes, sizeof(opts->unit_bytes), h);
+  for (uint32_t i = 0; i < ds->num_files; i++) {
+    h = util_hash64(&ds->files[i].object_id, 8, h);
+  }
+  for (int c = 0; c < ds->num_columns; c++) h = util_hash64(&ds->column_hash[c], 8, h);
+  ds->key = h;
+  strlist_free(&files);
+  *out = ds;
+  return 0;
+fail:
+  strlist_free(&files);
+  dataset_free(ds);
+  return rc;
+}
+
+void dataset_free(dataset_t *ds) {
+  if (ds == NULL) return;
+  for (uint32_t i = 0; i < ds->num_files; i++) {
+    pq_projection_free(ds->files[i].proj);
+    pq_file_close(ds->files[i].pq);
+    free(ds->files[i].path);
+  }
+  free(ds->files);
+  free(ds->units);
+  free(ds->column_hash);
+  free(ds);
+}
+
+void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key) {
+  const dataset_unit_t *unit = &ds->units[u];
+  const dataset_file_t *f = &ds->files[unit->file];
+  uint8_t *p = key->bytes;
+  p[0] = 'u';
+  p[1] = 1; /* key format version */
+  memcpy(p + 2, &f->object_id, 8);
+  memcpy(p + 10, &unit->rg, 4);
+  memcpy(p + 14, &unit->row_start, 8);
+  memcpy(p + 22, &unit->rows, 4);
+  memcpy(p + 26, &ds->column_hash[c], 8);
+  key->len = 34;
+}
+
+uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
+  uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 1;
+  if (avg == 0) avg = 1;
+  uint64_t w = window_bytes / avg;
+  if (w < 1) w = 1;
+  if (w > ds->num_units) w = ds->num_units;
+  if (w > 1u << 20) w = 1u << 20;
+  return (uint32_t)w;
+}

@@ -1,0 +1,91 @@
+/*
+ * dataset.h: what a stream reads (prefix dataset_).
+ *
+ * Conventions
+ * -----------
+ * - A dataset is the sorted list of objects that a stream's sources name
+ *   (paths, globs, directories; remote URLs in remote.c), each with its
+ *   identity (size and mtime, or size and ETag), its parsed footer and the
+ *   stream's column projection, and the units cut from its row groups.
+ * - Units: each row group is cut into ceil(rows / n) units of nearly equal
+ *   size, where n = min(unit_rows, unit_bytes / estimated bytes per row),
+ *   the estimate coming from the footer's uncompressed sizes of the
+ *   projected columns.  Everything that decides the cut comes from the
+ *   footers and the settings, so units (and with them the batch order) are a
+ *   pure function of the dataset and the settings.
+ * - dataset_open blocks (stat, glob, footer reads): call it from a worker
+ *   thread.  A dataset is immutable once built and may be shared by
+ *   threads; it is reference-counted by its users on the loop thread.
+ * - Errors: negative larder_errno_t with a message naming the source or the
+ *   file.
+ */
+#ifndef LARDER_DATASET_H
+#define LARDER_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parquet.h"
+#include "store.h"
+
+typedef struct dataset_file {
+  char *path;              /* as opened (absolute path or URL) */
+  uint64_t size;
+  int64_t mtime_ns;        /* local files */
+  char identity[160];      /* "size=N;mtime=T" or "size=N;etag=E" */
+  uint64_t object_id;      /* hash of path and identity */
+  pq_file *pq;
+  pq_projection *proj;
+  uint32_t first_unit, num_units;
+} dataset_file_t;
+
+typedef struct dataset_unit {
+  uint32_t file;
+  uint32_t rg;
+  uint64_t row_start;      /* within the row group */
+  uint32_t rows;
+  uint64_t est_bytes;      /* decoded bytes, estimated from the footer */
+  uint64_t priority;       /* cache priority: a hash of the unit's identity */
+} dataset_unit_t;
+
+typedef struct dataset_options {
+  uint32_t unit_rows;
+  uint64_t unit_bytes;
+  pq_options pq;
+  /* Local paths must resolve inside one of these roots (NULL-terminated;
+   * NULL = anywhere).  Symlinks and ".." are resolved first. */
+  const char *const *allowed_roots;
+} dataset_options_t;
+
+typedef struct dataset {
+  int refs;
+  uint64_t key;            /* hash of the sources, columns and settings */
+  uint32_t num_files;
+  dataset_file_t *files;
+  uint32_t num_units;
+  dataset_unit_t *units;
+  uint64_t total_rows;
+  uint64_t est_bytes;
+  const pq_field_t *schema; /* the projection of the first file */
+  int num_columns;
+  uint64_t *column_hash;   /* layout_field_hash of each column */
+} dataset_t;
+
+/*
+ * Resolves sources (n of them) into a dataset with the given columns (ncols
+ * dotted paths; 0 = all).  Every file must have the projected columns with
+ * the same types.  Returns 0 or a negative code with a message in err.
+ */
+int dataset_open(const char *const *sources, size_t n, const char *const *columns,
+                 size_t ncols, const dataset_options_t *opts, dataset_t **out,
+                 char *err, size_t errlen);
+void dataset_free(dataset_t *ds);
+
+/* The cache key of column c of unit u. */
+void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key);
+
+/* The shuffle window in units for a window of window_bytes decoded bytes
+ * (deterministic: from the footer estimates), at least 1. */
+uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes);
+
+#endif /* LARDER_DATASET_H */

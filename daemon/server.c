@@ -1,0 +1,196 @@
+/*
+ * server.c: the listening socket, signals, housekeeping and shutdown.
+ *
+ * Shutdown (SIGTERM, SIGINT): stop accepting, tell every stream's client
+ * with an Error (LARDER_ESHUTDOWN), flush and close the connections, wait
+ * for the thread-pool tasks that are running (a task cannot be interrupted,
+ * and the cache must only close after its last write), then close the cache
+ * cleanly.  Whatever the cache held stays consistent: every unit was
+ * written in one atomic batch.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+void server_task_begin(server_t *srv) { srv->tasks_in_flight++; }
+void server_task_end(server_t *srv) { srv->tasks_in_flight--; }
+
+static void on_connection(uv_stream_t *listener, int status) {
+  server_t *srv = listener->data;
+  if (status < 0) {
+    log_warn("accept failed: %s", uv_strerror(status));
+    return;
+  }
+  conn_accept(srv, listener);
+}
+
+/* Systemd socket activation: LISTEN_FDS names descriptors from 3 on. */
+static int activated_fd(void) {
+  const char *pid = getenv("LISTEN_PID");
+  const char *fds = getenv("LISTEN_FDS");
+  if (pid == NULL || fds == NULL || atoi(pid) != (int)getpid() || atoi(fds) < 1) return -1;
+  unsetenv("LISTEN_PID");
+  unsetenv("LISTEN_FDS");
+  unsetenv("LISTEN_FDNAMES");
+  return 3;
+}
+
+static int listen_socket(server_t *srv) {
+  uv_pipe_init(srv->loop, &srv->listener, 0);
+  srv->listener.data = srv;
+  int fd = activated_fd();
+  int rc;
+  if (fd >= 0) {
+    rc = uv_pipe_open(&srv->listener, fd);
+    if (rc) {
+      log_err("cannot use the socket systemd passed: %s", uv_strerror(rc));
+      return LARDER_EIO;
+    }
+    log_info("listening on the socket systemd passed (fd %d)", fd);
+  } else {
+    const char *path = srv->cfg.socket;
+    /* A stale socket from a crashed daemon would make bind fail; a live
+     * daemon answers, and then this one must not steal its socket. */
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+      int s = socket(AF_UNIX, SOCK_STREAM, 0);
+      struct sockaddr_un addr;
+      memset(&addr, 0, sizeof(addr));
+      addr.sun_family = AF_UNIX;
+      snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+      if (s >= 0 && connect(s, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+        close(s);
+        log_err("%s: another larderd is already listening there", path);
+        return LARDER_EBUSY;
+      }
+      if (s >= 0) close(s);
+      unlink(path);
+    }
+    rc = uv_pipe_bind(&srv->listener, path);
+    if (rc) {
+      log_err("cannot bind %s: %s", path, uv_strerror(rc));
+      return LARDER_EIO;
+    }
+    if (chmod(path, (mode_t)srv->cfg.socket_mode) != 0)
+      log_warn("cannot set the mode of %s: %s", path, strerror(errno));
+    log_info("listening on %s", path);
+  }
+  rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+  if (rc) {
+    log_err("cannot listen: %s", uv_strerror(rc));
+    return LARDER_EIO;
+  }
+  srv->listening = 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void on_tick(uv_timer_t *t);
+
+static void finish_shutdown(server_t *srv) {
+  /* Called from the tick once no task is in flight and no client is left. */
+  uv_timer_stop(&srv->tick);
+  uv_close((uv_handle_t *)&srv->tick, NULL);
+  uv_close((uv_handle_t *)&srv->sig_term, NULL);
+  uv_close((uv_handle_t *)&srv->sig_int, NULL);
+  uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+}
+
+static void begin_shutdown(server_t *srv, const char *why) {
+  if (srv->shutting_down) return;
+  srv->shutting_down = 1;
+  log_notice("%s: shutting down", why);
+  if (srv->listening) {
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    srv->listening = 0;
+    if (activated_fd() < 0 && srv->cfg.socket) unlink(srv->cfg.socket);
+  }
+  for (conn_t *c = srv->conns; c; c = c->next) {
+    while (c->streams) {
+      stream_t *s = c->streams;
+      stream_fail(s, LARDER_ESHUTDOWN, "the daemon is shutting down");
+    }
+  }
+  /* Connections close after their Error frames have been written. */
+  for (conn_t *c = srv->conns; c; c = c->next) conn_shutdown(c);
+  uv_timer_start(&srv->tick, on_tick, 10, 10);
+}
+
+static void reload(server_t *srv) {
+  config_t next;
+  char err[512];
+  if (config_defaults(&next) != 0) return;
+  if (srv->config_path) {
+    if (config_load_file(&next, srv->config_path, 0, err, sizeof(err)) != 0) {
+      log_err("reload: %s; keeping the current configuration", err);
+      config_free(&next);
+      return;
+    }
+  }
+  char restart[512];
+  config_apply_live(&srv->cfg, &next, restart, sizeof(restart));
+  config_free(&next);
+  log_set_level(srv->cfg.log_level);
+  if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
+  units_trim(srv);
+  if (restart[0]) log_notice("reloaded; these keys changed but need a restart: %s", restart);
+  else log_notice("reloaded the configuration");
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  server_t *srv = h->data;
+  if (signum == SIGHUP) reload(srv);
+  else begin_shutdown(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_tick(uv_timer_t *t) {
+  server_t *srv = t->data;
+  if (srv->shutting_down) {
+    if (srv->tasks_in_flight == 0 && srv->conns == NULL) finish_shutdown(srv);
+    return;
+  }
+  units_trim(srv);
+}
+
+int server_run(server_t *srv) {
+  srv->loop = uv_default_loop();
+  srv->started_ns = util_now_ns();
+  srv->started_unix = (int64_t)time(NULL);
+  units_init(srv);
+  uv_timer_init(srv->loop, &srv->tick);
+  srv->tick.data = srv;
+  uv_signal_init(srv->loop, &srv->sig_term);
+  uv_signal_init(srv->loop, &srv->sig_int);
+  uv_signal_init(srv->loop, &srv->sig_hup);
+  srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
+  uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
+  uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+  uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
+  int rc = listen_socket(srv);
+  if (rc) {
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    finish_shutdown(srv);
+    uv_run(srv->loop, UV_RUN_DEFAULT);
+    units_shutdown(srv);
+    return 1;
+  }
+  uv_timer_start(&srv->tick, on_tick, 1000, 1000);
+  log_notice("larderd %s ready (%d workers, cache %s)", LARDERD_VERSION, srv->workers,
+             srv->cfg.cache_dir);
+  uv_run(srv->loop, UV_RUN_DEFAULT);
+  units_shutdown(srv);
+  int close_rc = uv_loop_close(srv->loop);
+  if (close_rc) log_warn("event loop closed with handles open");
+  return 0;
+}

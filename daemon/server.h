@@ -1,0 +1,186 @@
+/*
+ * server.h: larderd's shared state and the interfaces between its loop-side
+ * modules: server (listening, signals, lifecycle), conn (one client
+ * connection), stream (one stream of batches) and units (the pool of decoded
+ * units in memory).
+ *
+ * Conventions
+ * -----------
+ * - One libuv loop owns the sockets and every structure declared here.
+ *   Work that blocks or burns CPU (footers, decoding, cache reads and writes,
+ *   batch assembly) runs on the libuv thread pool through uv_queue_work; its
+ *   after-work callback, back on the loop, is the only place where results
+ *   are published.  Worker code touches only what its task owns, immutable
+ *   structures (datasets, READY units) and thread-safe modules (store,
+ *   arena, stats).
+ * - Handle memory is freed in the handle's close callback and nowhere else.
+ * - Errors: negative larder_errno_t.  A failure of one stream or one client
+ *   is reported to that client and ends only that stream or connection.
+ */
+#ifndef LARDER_SERVER_H
+#define LARDER_SERVER_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "../client/larder.h"
+#include "../client/wire.h"
+#include "arena.h"
+#include "config.h"
+#include "dataset.h"
+#include "layout.h"
+#include "shuffle.h"
+#include "stats.h"
+#include "store.h"
+
+typedef struct server server_t;
+typedef struct conn conn_t;
+typedef struct stream stream_t;
+typedef struct unit unit_t;
+
+#define LARDERD_VERSION "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Units: decoded units held in memory (units.c)                             */
+
+enum { UNIT_LOADING = 0, UNIT_READY = 1, UNIT_FAILED = 2 };
+
+struct unit {
+  /* Identity: the dataset's unit (object, row group, rows) and column set. */
+  uint64_t hash;
+  uint64_t object_id;
+  uint32_t rg;
+  uint64_t row_start;
+  uint32_t rows;
+  uint64_t columns_hash;
+
+  int refs;
+  int state;
+  int error;
+  char *message;          /* FAILED: why */
+  dataset_t *ds;          /* held while loading */
+  uint32_t index;         /* in ds */
+  int num_columns;
+  store_value_t **cached; /* per column, when read from the cache */
+  uint8_t **blobs;        /* per column, when decoded */
+  layout_view_t *views;   /* per column, READY */
+  uint64_t bytes;
+  int from_cache;
+  uint64_t fetch_ns, decode_ns, cache_read_ns;
+
+  stream_t **waiters;     /* streams to tell when it is READY or FAILED */
+  int num_waiters, cap_waiters;
+  unit_t *hnext;          /* hash chain */
+  unit_t *lru_prev, *lru_next; /* idle list (refs == 0, READY) */
+  uv_work_t work;
+  server_t *srv;
+};
+
+/* Returns the unit (refs + 1), starting its load if it is not in memory.
+ * NULL when out of memory. */
+unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index);
+/* Drops a reference; idle READY units stay cached until memory is needed. */
+void units_release(server_t *srv, unit_t *u);
+/* Asks to be told (stream_units_changed) when u leaves LOADING. */
+int units_wait(unit_t *u, stream_t *s);
+void units_unwait(unit_t *u, stream_t *s);
+/* Frees idle units until the pool fits memory_limit. */
+void units_trim(server_t *srv);
+void units_init(server_t *srv);
+void units_shutdown(server_t *srv);
+
+/* ------------------------------------------------------------------------ */
+/* Streams (stream.c)                                                        */
+
+/* Opens a stream for conn from an OpenStream request: resolves the dataset
+ * on a worker, then replies (OpenStreamReply with the arena, or Error). */
+void stream_open(conn_t *c, const Larder__OpenStream *req);
+void stream_release(stream_t *s, const Larder__Release *rel);
+/* Ends a stream: the client asked, or its connection went away. */
+void stream_close(stream_t *s);
+/* Called when a unit the stream waits for is READY or FAILED. */
+void stream_units_changed(stream_t *s);
+/* Ends a stream with an error sent to its client. */
+void stream_fail(stream_t *s, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+uint32_t stream_id(const stream_t *s);
+/* The stream of connection c with this id, or NULL. */
+stream_t *stream_find(conn_t *c, uint32_t id);
+
+/* ------------------------------------------------------------------------ */
+/* Connections (conn.c)                                                      */
+
+struct conn {
+  uv_pipe_t pipe;
+  server_t *srv;
+  uint64_t id;
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  int hello_done;
+  int closing;
+  char name[64];
+  uint8_t *rbuf;
+  size_t rlen, rcap;
+  stream_t *streams;      /* this connection's streams */
+  int num_streams;
+  uint32_t next_stream_id;
+  /* Frames waiting for the write queue to drain before a descriptor can be
+   * passed with sendmsg. */
+  struct pending_fd *pending;
+  uv_timer_t fd_timer;
+  int fd_timer_active;
+  conn_t *next, *prev;
+  uint64_t connected_ns;
+};
+
+void conn_accept(server_t *srv, uv_stream_t *listener);
+/* Queues a frame; with fd >= 0 the descriptor travels with its first byte.
+ * Returns 0 or a negative code (the connection is then closing). */
+int conn_send(conn_t *c, const Larder__Frame *frame, int fd);
+void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void conn_close(conn_t *c);
+/* Closes once the frames already queued have been written. */
+void conn_shutdown(conn_t *c);
+
+/* ------------------------------------------------------------------------ */
+/* The server (server.c)                                                     */
+
+struct server {
+  uv_loop_t *loop;
+  config_t cfg;
+  char *config_path;
+  store_t *store;
+  stats_global_t stats;
+  uint64_t started_ns;
+  int64_t started_unix;
+  int workers;
+
+  uv_pipe_t listener;
+  uv_signal_t sig_term, sig_int, sig_hup;
+  uv_timer_t tick;
+  int shutting_down;
+  int listening;
+
+  conn_t *conns;
+  uint64_t next_conn_id;
+
+  /* units.c */
+  unit_t **unit_table;
+  size_t unit_buckets, unit_count;
+  unit_t *lru_head, *lru_tail;
+  uint64_t unit_bytes;
+  int loads_in_flight;
+  int tasks_in_flight;    /* every uv_queue_work not yet completed */
+};
+
+/* Runs the daemon until SIGTERM or SIGINT.  Returns the exit status. */
+int server_run(server_t *srv);
+
+/* Counts a thread-pool task in and out, so shutdown can wait for them. */
+void server_task_begin(server_t *srv);
+void server_task_end(server_t *srv);
+
+#endif /* LARDER_SERVER_H */

@@ -1,0 +1,546 @@
+/*
+ * shuffle.c: the epoch order of samples and its slicing into batches (see
+ * shuffle.h for the algorithm).
+ *
+ * The exact definition of the order
+ * ---------------------------------
+ * The order is part of larder's contract (a job resumed after a restart or an
+ * upgrade must see the same batches), so every detail is fixed here:
+ *
+ * - mix64(z) is SplitMix64's output function (Stafford's "Mix13"):
+ *     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+ *     z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+ *     return z ^ (z >> 31);
+ *   next(s) is SplitMix64: s += 0x9e3779b97f4a7c15; return mix64(s).
+ * - The stream keyed by (seed, epoch, purpose, index) starts from the state
+ *     h = mix64(seed    + GAMMA);
+ *     h = mix64(h ^ (epoch   + GAMMA));
+ *     h = mix64(h ^ (purpose + GAMMA));
+ *     h = mix64(h ^ (index   + GAMMA));
+ *   with GAMMA = 0x9e3779b97f4a7c15 and all arithmetic mod 2^64.  mix64 is a
+ *   bijection, so each step keeps every bit of what came before, and the
+ *   GAMMA offsets keep a key of zeros away from the fixed point mix64(0) = 0.
+ *   Purposes: UNITS = 1 (index 0), WINDOW = 2 (index = window number).
+ * - bounded(s, n) for 1 <= n < 2^64 is Lemire's "nearly divisionless"
+ *   method: x = next(s); m = x * n as a 128-bit product; while the low 64
+ *   bits of m are below (2^64 - n) mod n, draw again; the result is the high
+ *   64 bits of m, uniform on [0, n).  Every draw consumes one 64-bit output.
+ * - Fisher-Yates (Durstenfeld): a[i] = i for i < n; then for i = n-1 down to
+ *   1: j = bounded(s, i + 1); swap a[i] and a[j].
+ * - Unit order of epoch e: Fisher-Yates over the num_units unit indices with
+ *   stream (seed, e, UNITS, 0).  Zero-row units take part like any other.
+ * - Window w holds permuted units [w*W, min((w+1)*W, num_units)).  Its rows
+ *   are numbered 0 .. R-1 in the order: its units in permuted order, the rows
+ *   of each unit in ascending order.  Its row order is Fisher-Yates over
+ *   0 .. R-1 with stream (seed, e, WINDOW, w); position q of the window holds
+ *   the window row perm[q].  (A window of no rows draws nothing.)
+ * - Epoch position p (0 <= p < N) is position p - start(w) of the window w
+ *   that contains it; positions past N (padding) are taken mod N.
+ *
+ * Costs
+ * -----
+ * A plan keeps the prefix sums of the unit row counts in dataset order.  A
+ * cursor keeps the epoch's unit order and the prefix sums of the permuted unit
+ * rows (O(num_units)), plus the row permutation (4 bytes a row) of at most two
+ * windows: the last two used, so that a batch that straddles a window
+ * boundary, or a prefetch query (shuffle_epoch_units) that runs ahead of the
+ * batches, does not make the cursor generate the same window again and again.
+ * The second window's buffer is only allocated once a second window is
+ * needed.  When (unit within the window, row) fits in 32 bits (it does unless
+ * units are huge or windows hold ~a million units), the permuted entries
+ * carry it directly and a sample costs O(1); otherwise they are window row
+ * numbers and a sample costs a binary search over the window's units.  A
+ * batch also costs O(log num_units) per window it touches, plus the window's
+ * Fisher-Yates (O(rows of the window), ~2-3 ns a row) the first time the
+ * window is used.  bench/label-mix.c measures all of it.
+ *
+ * Limits beyond those in shuffle.h
+ * --------------------------------
+ * - batch_size must fit in an int (shuffle_epoch_batch returns it).
+ * - With shuffle, the window_units largest units together must hold at most
+ *   UINT32_MAX rows (window row indices are 32-bit); plan creation fails with
+ *   LARDER_EINVAL otherwise.  (Such a window would need 16 GiB for its row
+ *   permutation alone.)
+ * - Without drop_last, N + G - 1 must fit in 64 bits (it always does for
+ *   real datasets).
+ * - shuffle_epoch_units clamps `last` to the batches per epoch (a prefetch
+ *   horizon may run past the end of the epoch) and fails with LARDER_EINVAL
+ *   when first > last; it writes at most INT_MAX units.
+ */
+#include "shuffle.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../client/larder.h"
+
+#define GAMMA UINT64_C(0x9e3779b97f4a7c15)
+#define PURPOSE_UNITS 1
+#define PURPOSE_WINDOW 2
+#define NO_WINDOW UINT64_MAX
+
+struct shuffle_plan {
+  shuffle_params_t params;
+  uint32_t num_units;
+  uint64_t num_samples;  /* N */
+  uint64_t global_batch; /* G = world_size * batch_size */
+  uint64_t batches;      /* per epoch, for every rank */
+  uint64_t *start;       /* num_units + 1 prefix sums, dataset order */
+  int packed;            /* windows hold (unit in window, row) pairs */
+  unsigned row_bits;     /* bits of the row in a packed entry */
+};
+
+/* The row order of one window; a slot is free while index is NO_WINDOW.
+ * Windows of no rows are never materialized. */
+typedef struct window {
+  uint64_t index;     /* window number, or NO_WINDOW */
+  uint64_t begin;     /* epoch position of its first row */
+  uint64_t last_use;  /* for least-recently-used eviction */
+  uint32_t first;     /* index in the unit order of its first unit */
+  uint32_t nunits;    /* units in it */
+  uint32_t rows;      /* rows in it */
+  uint32_t *perm;     /* rows entries: position -> window row (packed:
+                       * index of its unit in the window << row_bits | row) */
+  size_t cap;         /* entries allocated in perm */
+} window_t;
+
+struct shuffle_epoch {
+  const shuffle_plan_t *plan;
+  uint64_t epoch;
+  uint32_t *order;     /* unit order (shuffle only): position -> unit */
+  uint64_t *start;     /* num_units + 1 prefix sums of rows in that order */
+  window_t win[2];
+  uint64_t clock;      /* use counter for the windows */
+  uint64_t *seen;      /* shuffle_epoch_units' bitmap over units (lazy) */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Random numbers                                                            */
+
+static inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+static inline uint64_t next64(uint64_t *s) {
+  *s += GAMMA;
+  return mix64(*s);
+}
+
+static uint64_t stream_state(uint64_t seed, uint64_t epoch, uint64_t purpose,
+                             uint64_t index) {
+  uint64_t h = mix64(seed + GAMMA);
+  h = mix64(h ^ (epoch + GAMMA));
+  h = mix64(h ^ (purpose + GAMMA));
+  return mix64(h ^ (index + GAMMA));
+}
+
+/* The 128-bit product of a and b: high half returned, low half in *lo. */
+static inline uint64_t mul128(uint64_t a, uint64_t b, uint64_t *lo) {
+#ifdef __SIZEOF_INT128__
+  unsigned __int128 m = (unsigned __int128)a * b;
+  *lo = (uint64_t)m;
+  return (uint64_t)(m >> 64);
+#else
+  uint64_t a0 = a & 0xffffffffu, a1 = a >> 32;
+  uint64_t b0 = b & 0xffffffffu, b1 = b >> 32;
+  uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+  uint64_t mid = (p00 >> 32) + (p01 & 0xffffffffu) + (p10 & 0xffffffffu);
+  *lo = (mid << 32) | (p00 & 0xffffffffu);
+  return p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+#endif
+}
+
+/* Uniform on [0, n), n >= 1 (Lemire, "Fast random integer generation in an
+ * interval", 2019). */
+static inline uint64_t bounded(uint64_t *s, uint64_t n) {
+  uint64_t lo;
+  uint64_t hi = mul128(next64(s), n, &lo);
+  if (lo < n) {
+    uint64_t t = (0 - n) % n;
+    while (lo < t) hi = mul128(next64(s), n, &lo);
+  }
+  return hi;
+}
+
+/* Fisher-Yates over a[0 .. n), whatever it holds: a[q] ends up holding the
+ * initial a[perm[q]] for the permutation perm that the stream defines.  The
+ * draws are made AHEAD at a time so that the cache lines they will swap can be
+ * prefetched (twice as fast once the array outgrows the L2 cache); the draws
+ * and swaps are the same, in the same order, as the plain loop's. */
+static void fisher_yates(uint32_t *a, uint32_t n, uint64_t state) {
+  enum { AHEAD = 64 };
+  uint32_t js[AHEAD];
+  uint32_t i = n; /* a[0 .. i) is still to be shuffled */
+  while (i > 1) {
+    uint32_t m = i - 1 < AHEAD ? i - 1 : AHEAD;
+    for (uint32_t k = 0; k < m; k++) {
+      js[k] = (uint32_t)bounded(&state, i - k);
+#ifdef __GNUC__
+      __builtin_prefetch(a + js[k], 1);
+#endif
+    }
+    for (uint32_t k = 0; k < m; k++) {
+      uint32_t last = i - 1 - k, j = js[k];
+      uint32_t t = a[last];
+      a[last] = a[j];
+      a[j] = t;
+    }
+    i -= m;
+  }
+}
+
+/* The number of bits needed for values 0 .. v. */
+static unsigned bits_for(uint64_t v) {
+  unsigned b = 0;
+  while (v >> b) b++;
+  return b;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Plans                                                                     */
+
+static int cmp_desc_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x < y) - (x > y);
+}
+
+/* Whether some window_units units could together hold more than UINT32_MAX
+ * rows: 1 yes, 0 no, or LARDER_ENOMEM. */
+static int window_too_big(const uint64_t *unit_rows, uint32_t n, uint32_t w,
+                          uint64_t max_rows) {
+  if (w > n) w = n;
+  if ((uint64_t)w * max_rows <= UINT32_MAX) return 0; /* < 2^64: no wrap */
+  uint64_t *sorted = malloc((size_t)n * sizeof(*sorted));
+  if (sorted == NULL) return LARDER_ENOMEM;
+  memcpy(sorted, unit_rows, (size_t)n * sizeof(*sorted));
+  qsort(sorted, n, sizeof(*sorted), cmp_desc_u64);
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < w && sum <= UINT32_MAX; i++) sum += sorted[i];
+  free(sorted);
+  return sum > UINT32_MAX;
+}
+
+int shuffle_plan_create(const uint64_t *unit_rows, uint32_t num_units,
+                        const shuffle_params_t *params, shuffle_plan_t **out) {
+  if (out == NULL) return LARDER_EINVAL;
+  *out = NULL;
+  if (unit_rows == NULL || params == NULL || num_units == 0 ||
+      params->batch_size == 0 || params->batch_size > INT_MAX ||
+      params->world_size == 0 || params->rank >= params->world_size ||
+      params->window_units == 0)
+    return LARDER_EINVAL;
+  uint64_t n = 0, max_rows = 0;
+  for (uint32_t i = 0; i < num_units; i++) {
+    if (unit_rows[i] > UINT32_MAX) return LARDER_EINVAL;
+    n += unit_rows[i]; /* < 2^32 * 2^32: cannot wrap */
+    if (unit_rows[i] > max_rows) max_rows = unit_rows[i];
+  }
+  if (n == 0) return LARDER_EINVAL;
+  uint64_t g = (uint64_t)params->world_size * params->batch_size;
+  if (!params->drop_last && n > UINT64_MAX - (g - 1)) return LARDER_EINVAL;
+  if (params->shuffle) {
+    int big = window_too_big(unit_rows, num_units, params->window_units,
+                             max_rows);
+    if (big != 0) return big < 0 ? big : LARDER_EINVAL;
+  }
+
+  shuffle_plan_t *plan = calloc(1, sizeof(*plan));
+  if (plan == NULL) return LARDER_ENOMEM;
+  plan->start = malloc(((size_t)num_units + 1) * sizeof(*plan->start));
+  if (plan->start == NULL) {
+    free(plan);
+    return LARDER_ENOMEM;
+  }
+  plan->params = *params;
+  plan->params.shuffle = params->shuffle != 0;
+  plan->params.drop_last = params->drop_last != 0;
+  plan->num_units = num_units;
+  plan->num_samples = n;
+  plan->global_batch = g;
+  plan->batches = params->drop_last ? n / g : n / g + (n % g != 0);
+  uint64_t acc = 0;
+  for (uint32_t i = 0; i < num_units; i++) {
+    plan->start[i] = acc;
+    acc += unit_rows[i];
+  }
+  plan->start[num_units] = acc;
+  /* Window entries name (unit within the window, row) directly when both fit
+   * in 32 bits, which saves a search per sample; else they are window row
+   * numbers and the unit is found by binary search.  Either way the entry
+   * at position q stands for window row perm[q]. */
+  uint32_t per_window =
+      params->window_units < num_units ? params->window_units : num_units;
+  plan->row_bits = bits_for(max_rows - 1); /* max_rows >= 1 */
+  plan->packed = plan->row_bits + bits_for(per_window - 1) <= 32;
+  *out = plan;
+  return 0;
+}
+
+void shuffle_plan_free(shuffle_plan_t *plan) {
+  if (plan == NULL) return;
+  free(plan->start);
+  free(plan);
+}
+
+uint64_t shuffle_num_samples(const shuffle_plan_t *plan) {
+  return plan->num_samples;
+}
+
+uint64_t shuffle_batches_per_epoch(const shuffle_plan_t *plan) {
+  return plan->batches;
+}
+
+const shuffle_params_t *shuffle_params(const shuffle_plan_t *plan) {
+  return &plan->params;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cursors                                                                   */
+
+int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
+                       shuffle_epoch_t **out) {
+  if (out == NULL) return LARDER_EINVAL;
+  *out = NULL;
+  if (plan == NULL) return LARDER_EINVAL;
+  shuffle_epoch_t *ep = calloc(1, sizeof(*ep));
+  if (ep == NULL) return LARDER_ENOMEM;
+  ep->plan = plan;
+  ep->epoch = epoch;
+  ep->win[0].index = ep->win[1].index = NO_WINDOW;
+  if (!plan->params.shuffle) {
+    ep->start = plan->start; /* borrowed: dataset order */
+    *out = ep;
+    return 0;
+  }
+  uint32_t u = plan->num_units;
+  ep->order = malloc((size_t)u * sizeof(*ep->order));
+  ep->start = malloc(((size_t)u + 1) * sizeof(*ep->start));
+  if (ep->order == NULL || ep->start == NULL) {
+    free(ep->order);
+    free(ep->start);
+    free(ep);
+    return LARDER_ENOMEM;
+  }
+  for (uint32_t i = 0; i < u; i++) ep->order[i] = i;
+  fisher_yates(ep->order, u,
+               stream_state(plan->params.seed, epoch, PURPOSE_UNITS, 0));
+  uint64_t acc = 0;
+  for (uint32_t i = 0; i < u; i++) {
+    ep->start[i] = acc;
+    uint32_t unit = ep->order[i];
+    acc += plan->start[unit + 1] - plan->start[unit];
+  }
+  ep->start[u] = acc;
+  *out = ep;
+  return 0;
+}
+
+void shuffle_epoch_close(shuffle_epoch_t *ep) {
+  if (ep == NULL) return;
+  if (ep->order != NULL) free(ep->start); /* else borrowed from the plan */
+  free(ep->order);
+  free(ep->win[0].perm);
+  free(ep->win[1].perm);
+  free(ep->seen);
+  free(ep);
+}
+
+/* The largest i in [lo, lo + n) with start[i] <= x, for n >= 1 and
+ * start[lo] <= x < start[lo + n]: the unit holding position x (never one of
+ * no rows, since those have start[i] == start[i + 1]). */
+static inline uint32_t find_unit(const uint64_t *start, uint32_t lo,
+                                 uint32_t n, uint64_t x) {
+  const uint64_t *base = start + lo;
+  while (n > 1) {
+    uint32_t half = n / 2;
+    if (base[half] <= x) base += half;
+    n -= half;
+  }
+  return (uint32_t)(base - start);
+}
+
+/* The row order of window w (which has rows), made if not cached. */
+static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
+  window_t *slot = NULL;
+  for (int i = 0; i < 2; i++)
+    if (ep->win[i].index == w) slot = &ep->win[i];
+  if (slot == NULL) {
+    /* A free slot if any, else the one used least recently. */
+    if (ep->win[0].index == NO_WINDOW)
+      slot = &ep->win[0];
+    else if (ep->win[1].index == NO_WINDOW)
+      slot = &ep->win[1];
+    else
+      slot = ep->win[0].last_use <= ep->win[1].last_use ? &ep->win[0]
+                                                        : &ep->win[1];
+    const shuffle_plan_t *plan = ep->plan;
+    uint64_t first = w * plan->params.window_units; /* < num_units */
+    uint64_t end = first + plan->params.window_units;
+    if (end > plan->num_units) end = plan->num_units;
+    uint64_t rows = ep->start[end] - ep->start[first]; /* <= UINT32_MAX */
+    slot->index = NO_WINDOW;
+    if (rows > slot->cap) {
+      free(slot->perm);
+      slot->cap = 0;
+      slot->perm = malloc((size_t)rows * sizeof(*slot->perm));
+      if (slot->perm == NULL) return LARDER_ENOMEM;
+      slot->cap = (size_t)rows;
+    }
+    slot->first = (uint32_t)first;
+    slot->nunits = (uint32_t)(end - first);
+    slot->rows = (uint32_t)rows;
+    slot->begin = ep->start[first];
+    if (plan->packed) {
+      uint32_t *a = slot->perm;
+      for (uint32_t k = 0; k < slot->nunits; k++) {
+        uint32_t unit_rows = (uint32_t)(ep->start[first + k + 1] -
+                                        ep->start[first + k]);
+        uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
+        for (uint32_t r = 0; r < unit_rows; r++) *a++ = tag | r;
+      }
+    } else {
+      for (uint32_t r = 0; r < slot->rows; r++) slot->perm[r] = r;
+    }
+    fisher_yates(slot->perm, slot->rows,
+                 stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w));
+    slot->index = w;
+  }
+  slot->last_use = ++ep->clock;
+  *out = slot;
+  return 0;
+}
+
+/* Writes the samples at epoch positions [x, x + n), x + n <= N. */
+static int map_segment(shuffle_epoch_t *ep, uint64_t x, uint64_t n,
+                       shuffle_sample_t *out) {
+  const shuffle_plan_t *plan = ep->plan;
+  const uint64_t *start = ep->start;
+  if (!plan->params.shuffle) {
+    uint32_t i = find_unit(start, 0, plan->num_units, x);
+    while (n > 0) {
+      uint64_t take = start[i + 1] - x;
+      if (take > n) take = n;
+      uint32_t row = (uint32_t)(x - start[i]);
+      for (uint64_t k = 0; k < take; k++) {
+        out->unit = i;
+        out->row = row + (uint32_t)k;
+        out++;
+      }
+      x += take;
+      n -= take;
+      i++;
+    }
+    return 0;
+  }
+  const uint32_t *order = ep->order;
+  while (n > 0) {
+    uint32_t i = find_unit(start, 0, plan->num_units, x);
+    window_t *win;
+    int rc = get_window(ep, i / plan->params.window_units, &win);
+    if (rc < 0) return rc;
+    uint64_t q = x - win->begin;
+    uint64_t take = win->rows - q;
+    if (take > n) take = n;
+    const uint32_t *perm = win->perm + q;
+    if (plan->packed) {
+      const uint32_t *units = order + win->first;
+      unsigned rb = plan->row_bits;
+      uint32_t mask = (uint32_t)((UINT64_C(1) << rb) - 1);
+      for (uint64_t k = 0; k < take; k++) {
+        uint32_t v = perm[k];
+        out->unit = units[(uint64_t)v >> rb];
+        out->row = v & mask;
+        out++;
+      }
+    } else {
+      uint32_t lo = win->first, nu = win->nunits;
+      uint64_t begin = win->begin;
+      for (uint64_t k = 0; k < take; k++) {
+        uint64_t pos = begin + perm[k];
+        uint32_t u = find_unit(start, lo, nu, pos);
+        out->unit = order[u];
+        out->row = (uint32_t)(pos - start[u]);
+        out++;
+      }
+    }
+    x += take;
+    n -= take;
+  }
+  return 0;
+}
+
+/* Writes the samples at positions [p, p + n) of the padded epoch. */
+static int map_positions(shuffle_epoch_t *ep, uint64_t p, uint64_t n,
+                         shuffle_sample_t *out) {
+  uint64_t total = ep->plan->num_samples;
+  uint64_t x = p % total;
+  while (n > 0) {
+    uint64_t take = total - x;
+    if (take > n) take = n;
+    int rc = map_segment(ep, x, take, out);
+    if (rc < 0) return rc;
+    out += take;
+    n -= take;
+    x = 0;
+  }
+  return 0;
+}
+
+/* The first position of this rank's part of batch b. */
+static uint64_t batch_position(const shuffle_plan_t *plan, uint64_t b) {
+  return b * plan->global_batch +
+         (uint64_t)plan->params.rank * plan->params.batch_size;
+}
+
+int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
+                        shuffle_sample_t *out) {
+  if (ep == NULL || out == NULL || batch >= ep->plan->batches)
+    return LARDER_EINVAL;
+  const shuffle_plan_t *plan = ep->plan;
+  int rc = map_positions(ep, batch_position(plan, batch),
+                         plan->params.batch_size, out);
+  return rc < 0 ? rc : (int)plan->params.batch_size;
+}
+
+int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
+                        uint32_t *units, uint32_t max) {
+  if (ep == NULL || first > last || (units == NULL && max > 0))
+    return LARDER_EINVAL;
+  const shuffle_plan_t *plan = ep->plan;
+  if (last > plan->batches) last = plan->batches;
+  if (max > INT_MAX) max = INT_MAX;
+  if (first >= last || max == 0) return 0;
+  if (ep->seen == NULL) {
+    ep->seen = calloc(((size_t)plan->num_units + 63) / 64, sizeof(uint64_t));
+    if (ep->seen == NULL) return LARDER_ENOMEM;
+  }
+  enum { CHUNK = 512 };
+  shuffle_sample_t buf[CHUNK] = {{0, 0}};
+  uint32_t count = 0;
+  int rc = 0;
+  for (uint64_t b = first; b < last && count < max && rc == 0; b++) {
+    uint64_t p = batch_position(plan, b);
+    uint64_t left = plan->params.batch_size;
+    while (left > 0 && count < max) {
+      uint64_t n = left < CHUNK ? left : CHUNK;
+      rc = map_positions(ep, p, n, buf);
+      if (rc < 0) break;
+      for (uint64_t k = 0; k < n && count < max; k++) {
+        uint32_t u = buf[k].unit;
+        uint64_t bit = UINT64_C(1) << (u % 64);
+        if (ep->seen[u / 64] & bit) continue;
+        ep->seen[u / 64] |= bit;
+        units[count++] = u;
+      }
+      p += n;
+      left -= n;
+    }
+  }
+  /* Leave the bitmap clear for the next call. */
+  for (uint32_t k = 0; k < count; k++)
+    ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
+  return rc < 0 ? rc : (int)count;
+}

@@ -1,0 +1,71 @@
+/*
+ * stats.h: the daemon's counters, defined once (prefix stats_).
+ *
+ * STATS_GLOBAL and STATS_STREAM are X-macro lists: XX(name, kind, help)
+ * with kind COUNTER (only grows) or GAUGE (goes up and down).  The daemon's
+ * struct, the stats reply that larderctl prints, and the Prometheus names
+ * (larder_<name>, with _total for counters) are all generated from them, so
+ * the three can never disagree.
+ *
+ * Counters are updated with relaxed atomic adds from any thread; readers
+ * see each value whole but not a consistent snapshot across values.
+ */
+#ifndef LARDER_STATS_H
+#define LARDER_STATS_H
+
+#include <stdint.h>
+
+#define STATS_GLOBAL(XX)                                                      \
+  XX(clients, GAUGE, "connected clients")                                      \
+  XX(streams, GAUGE, "open streams")                                           \
+  XX(streams_opened, COUNTER, "streams opened")                                \
+  XX(stream_errors, COUNTER, "streams ended by an error")                      \
+  XX(protocol_errors, COUNTER, "connections closed for protocol errors")       \
+  XX(batches, COUNTER, "batches delivered")                                    \
+  XX(batch_rows, COUNTER, "rows delivered")                                    \
+  XX(batch_bytes, COUNTER, "batch bytes delivered through shared memory")      \
+  XX(units_decoded, COUNTER, "units decoded from Parquet")                     \
+  XX(units_from_cache, COUNTER, "units read from the cache")                   \
+  XX(unit_errors, COUNTER, "units that failed to load")                        \
+  XX(unit_shared, COUNTER, "unit loads shared by several streams")            \
+  XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
+  XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
+  XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                 \
+  XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                \
+  XX(fetch_requests, COUNTER, "remote requests completed")                     \
+  XX(fetch_retries, COUNTER, "remote requests retried")                        \
+  XX(fetch_errors, COUNTER, "remote requests that failed for good")            \
+  XX(fetch_inflight, GAUGE, "remote requests in flight")                       \
+  XX(fetch_ns, COUNTER, "time spent fetching (summed over requests)")          \
+  XX(decode_ns, COUNTER, "time spent decoding Parquet")                        \
+  XX(cache_read_ns, COUNTER, "time spent reading the cache")                   \
+  XX(assemble_ns, COUNTER, "time spent assembling batches")
+
+#define STATS_STREAM(XX)                                                      \
+  XX(batches, COUNTER, "batches delivered")                                    \
+  XX(rows, COUNTER, "rows delivered")                                          \
+  XX(bytes, COUNTER, "batch bytes delivered")                                  \
+  XX(wait_ns, COUNTER, "time the trainer blocked waiting for batches")        \
+  XX(compute_ns, COUNTER, "time the trainer spent between batches")           \
+  XX(fetch_ns, COUNTER, "fetch time of the units it read")                     \
+  XX(decode_ns, COUNTER, "decode time of the units it read")                   \
+  XX(cache_read_ns, COUNTER, "cache read time of the units it read")           \
+  XX(assemble_ns, COUNTER, "time assembling its batches")                      \
+  XX(cache_hit_bytes, COUNTER, "unit bytes it read from the cache")            \
+  XX(cache_miss_bytes, COUNTER, "unit bytes decoded for it")
+
+typedef struct stats_global {
+#define STATS_FIELD_(name, kind, help) uint64_t name;
+  STATS_GLOBAL(STATS_FIELD_)
+} stats_global_t;
+
+typedef struct stats_stream {
+  STATS_STREAM(STATS_FIELD_)
+#undef STATS_FIELD_
+} stats_stream_t;
+
+#define STATS_ADD(s, field, v) __atomic_add_fetch(&(s)->field, (uint64_t)(v), __ATOMIC_RELAXED)
+#define STATS_SUB(s, field, v) __atomic_sub_fetch(&(s)->field, (uint64_t)(v), __ATOMIC_RELAXED)
+#define STATS_GET(s, field) __atomic_load_n(&(s)->field, __ATOMIC_RELAXED)
+
+#endif /* LARDER_STATS_H */

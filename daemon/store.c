@@ -1,0 +1,2255 @@
+/*
+ * store.c: the decoded-data cache on the node's SSD (see store.h).
+ *
+ * On-disk layout (one RocksDB database, default column family)
+ * ------------------------------------------------------------
+ * Keys start with a one-byte record type, so that each kind lives in its own
+ * key range and the index can be loaded without touching any value:
+ *
+ *   'i' + key        index record of an entry (40 bytes, little-endian):
+ *                    u32 magic "LRDI", u16 version, u16 flags, u64 value
+ *                    size, u64 priority, u64 object id, i64 last use
+ *   'm' + "format"   u32 format version of the whole cache
+ *   'o' + u64 id(BE) object record: u32 magic "LRDO", u16 version, u16 flags,
+ *                    u32 name length, u32 identity length, name, identity
+ *   'v' + key        value record: a 32-byte header then the payload
+ *
+ * Value header (32 bytes, little-endian): u32 magic "LRDV", u16 format
+ * version, u16 flags, u32 CRC32C of the payload, u32 CRC32C of the header
+ * (bytes 0-11 and 16-31), u64 payload length, u64 reserved (0).  A read
+ * checks the magic, the version, the header CRC, that the length matches
+ * both the record and the index, and the payload CRC.  32 bytes keep the
+ * payload as aligned as RocksDB's buffer (16 bytes for blobs and memtable
+ * copies); store_value_data() is always at least 8-byte aligned (a value
+ * RocksDB returns misaligned, which happens only for small values inlined
+ * in an SST block, is copied).
+ *
+ * Every store_put is one WriteBatch holding the value and index records of
+ * all its entries (plus pending deletes and the object record), so after a
+ * kill -9 a unit is wholly present or wholly absent, and a value record
+ * never exists without its index record or the other way round.
+ *
+ * RocksDB options: integrated blob files for values >= min_blob_size (no
+ * blob compression: decoded data must read fast), LZ4 for SST blocks (index
+ * records, blob references, small values), blob GC on, a bounded LRU block
+ * cache holding index and filter blocks too, bounded memtables and WAL,
+ * max_open_files 512, WAL on, paranoid checks (the default), and an info
+ * LOG with header lines only (see setup_rocksdb_options: with assertions
+ * compiled in, as in Debian's build, RocksDB's logger aborts the process
+ * when it logs twice on a full disk).
+ *
+ * In-memory index
+ * ---------------
+ * - entries: an open-addressing hash map (linear probing, backward-shift
+ *   deletion) from key to entry_t.  An entry is RESERVED (store_reserve),
+ *   WRITING (its store_put is in flight) or PRESENT.
+ * - Present entries are also in a binary max-heap by priority (worst on
+ *   top; each entry knows its heap position, so removal is O(log n)) and in
+ *   a recency list ordered by last use (oldest first).  Eviction takes idle
+ *   entries (last use older than idle_evict_s) from the front of the list
+ *   first, then the worst priorities from the heap.  Reserved and writing
+ *   entries are in neither, so they are never evicted, and their bytes
+ *   count toward the capacity.
+ * - objects: a second hash map from object id; objects stay in memory for
+ *   the life of the store (so that a name recorded once survives its entries
+ *   being evicted), their on-disk records are deleted when their last entry
+ *   goes and written again with the next entry.
+ * - last_use changes only in memory on a hit.  It is written back (index
+ *   records rewritten) at most every STORE_PERSIST_INTERVAL_S seconds by a
+ *   get or put that finds the write lock free, and at close, for entries
+ *   whose last use moved by at least the persist granularity
+ *   (min(idle_evict_s / 8, 1 hour)).  It only drives idle eviction.
+ *
+ * Locks: `mu` guards the index and the statistics and is never held across
+ * I/O.  `wmu` serialises RocksDB writes (puts, deletes, last-use updates) so
+ * that a delete queued by an eviction and a later put of the same key reach
+ * RocksDB in the order the index saw them.  Order: wmu before mu.
+ *
+ * Eviction never does I/O: evicted keys go to a pending-delete list that the
+ * next write (normally the put that follows the reservation) carries in its
+ * batch.  A crash before that leaves the evicted entries on disk; store_open
+ * evicts down to the capacity again.
+ *
+ * Admission
+ * ---------
+ * store_reserve admits n entries of total size S at priority p iff the
+ * space they need (used + reserved + S - capacity) can be freed from idle
+ * entries and entries strictly worse than p; the check is done without
+ * changing anything (a walk of the list's idle prefix and a pruned walk of
+ * the heap), and only then are the victims evicted, worst first.  So the
+ * store never holds more than the capacity at reservation time; a put whose
+ * real sizes exceed the reserved ones can overshoot by at most that unit,
+ * and the put then evicts worse entries to get back under.
+ *
+ * Disk full (and other write errors)
+ * -----------------------------------
+ * A write that RocksDB fails with "No space left on device" (from the WAL
+ * write or from a background flush, after which RocksDB fails every write)
+ * returns LARDER_ENOSPC; other write errors return LARDER_EIO.  Either way
+ * the put's reservations are released, its keys are queued for deletion (a
+ * batch can reach the WAL and still fail), and writes stop: admission is
+ * off, deletes stay queued, reads go on.  This is not optional: RocksDB 7.8
+ * keeps a WAL writer that saw an error even after it recovers, and every
+ * later append fails or, with assertions compiled in (Debian's build),
+ * aborts.  After STORE_ENOSPC_RETRY_S seconds the next store_reserve starts
+ * a background thread that reopens the database (fresh WAL) if the disk
+ * has room, under an exclusive lock that gets and verify share; admission
+ * then resumes.  Values handed out earlier stay valid across the reopen
+ * (blob reads and memtable copies own their bytes; block-cache pins keep
+ * the store's cache, which outlives the database handle).
+ *
+ * Before the disk gets full, store_reserve also checks statvfs: it refuses
+ * a unit unless the filesystem would keep max(1 GiB, 5%) free (at most 10%
+ * of a small filesystem, at least 32 MiB) plus one memtable's worth for the
+ * flush.
+ * admission_disabled reports either condition.  store_open refuses
+ * (LARDER_ENOSPC) a disk with less than 16 MiB free.
+ *
+ * Test hooks (not in store.h; tests/test-store.c declares them)
+ * -------------------------------------------------------------
+ *   store_test_advance_clock(st, s)  moves this store's wall and monotonic
+ *                                    clocks s seconds ahead (idle eviction,
+ *                                    the ENOSPC retry timer)
+ *   store_test_fail_writes(st, code) makes every later RocksDB write fail as
+ *                                    if RocksDB had returned the error for
+ *                                    code (LARDER_ENOSPC or LARDER_EIO);
+ *                                    0 turns it off.  For hosts where a
+ *                                    small filesystem cannot be mounted.
+ *   store_test_crc32c_sw / _hw / _hw_available
+ *                                    the two CRC32C implementations.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+
+#include <rocksdb/c.h>
+
+#include "../client/larder.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define STORE_HAVE_X86_CRC 1
+#else
+#define STORE_HAVE_X86_CRC 0
+#endif
+
+/* Test hooks, defined here and declared by tests/test-store.c only. */
+void store_test_advance_clock(store_t *st, int64_t seconds);
+void store_test_fail_writes(store_t *st, int code);
+uint32_t store_test_crc32c_sw(uint32_t crc, const void *data, size_t len);
+uint32_t store_test_crc32c_hw(uint32_t crc, const void *data, size_t len);
+int store_test_crc32c_hw_available(void);
+
+#define STORE_FORMAT_VERSION 1
+#define VALUE_MAGIC 0x5644524cu /* "LRDV" */
+#define INDEX_MAGIC 0x4944524cu /* "LRDI" */
+#define OBJECT_MAGIC 0x4f44524cu /* "LRDO" */
+#define VALUE_HDR 32
+#define INDEX_REC 40
+#define OBJ_REC_HDR 16
+
+#define PFX_INDEX 'i'
+#define PFX_META 'm'
+#define PFX_OBJECT 'o'
+#define PFX_VALUE 'v'
+
+#define GIB (1024ull * 1024 * 1024)
+#define MIB (1024ull * 1024)
+#define DEFAULT_MIN_BLOB 4096
+#define DEFAULT_BLOCK_CACHE (32 * MIB)
+#define DEFAULT_WRITE_BUFFER (64 * MIB)
+#define DEFAULT_IDLE_S (7u * 24 * 3600)
+#define MAX_OPEN_FILES 512
+#define OPEN_MIN_FREE (16 * MIB)
+#define STORE_PERSIST_INTERVAL_S 600
+#define PERSIST_BATCH_MAX 65536
+#define NAME_MAX_LEN 1023
+#define IDENTITY_MAX_LEN 255
+
+enum { ST_RESERVED = 1, ST_WRITING = 2, ST_PRESENT = 3 };
+
+/* ------------------------------------------------------------------------ */
+/* Little-endian and big-endian helpers                                      */
+
+static void put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *p) {
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static void put_be64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+static uint64_t get_be64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+  return v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* CRC32C                                                                    */
+
+#define CRC32C_POLY 0x82f63b78u /* reflected Castagnoli polynomial */
+#define CRC_LONG 8192
+#define CRC_SHORT 256
+
+static uint32_t crc_table[8][256];     /* slicing-by-8 */
+static uint32_t crc_long_shift[4][256]; /* advance over CRC_LONG zero bytes */
+static uint32_t crc_short_shift[4][256];
+static int crc_have_hw;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+  uint32_t sum = 0;
+  while (vec) {
+    if (vec & 1) sum ^= *mat;
+    vec >>= 1;
+    mat++;
+  }
+  return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat) {
+  for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
+}
+
+/* The operator that advances a raw CRC register over len zero bytes (len a
+ * power of two), as a 32x32 GF(2) matrix. */
+static void crc_zeros_op(uint32_t *even, size_t len) {
+  uint32_t odd[32];
+  uint32_t row = 1;
+  odd[0] = CRC32C_POLY; /* one zero bit */
+  for (int n = 1; n < 32; n++) {
+    odd[n] = row;
+    row <<= 1;
+  }
+  gf2_square(even, odd); /* two zero bits */
+  gf2_square(odd, even); /* four zero bits */
+  /* Each square doubles the length: the first gives one byte. */
+  for (;;) {
+    gf2_square(even, odd);
+    len >>= 1;
+    if (len == 0) return;
+    gf2_square(odd, even);
+    len >>= 1;
+    if (len == 0) break;
+  }
+  memcpy(even, odd, sizeof(odd));
+}
+
+static void crc_zeros_table(uint32_t zeros[4][256], size_t len) {
+  uint32_t op[32];
+  crc_zeros_op(op, len);
+  for (uint32_t n = 0; n < 256; n++) {
+    zeros[0][n] = gf2_times(op, n);
+    zeros[1][n] = gf2_times(op, n << 8);
+    zeros[2][n] = gf2_times(op, n << 16);
+    zeros[3][n] = gf2_times(op, n << 24);
+  }
+}
+
+static uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
+  return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^
+         zeros[2][(crc >> 16) & 0xff] ^ zeros[3][crc >> 24];
+}
+
+static void crc_init(void) {
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t c = n;
+    for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ CRC32C_POLY : c >> 1;
+    crc_table[0][n] = c;
+  }
+  for (uint32_t n = 0; n < 256; n++)
+    for (int k = 1; k < 8; k++)
+      crc_table[k][n] =
+          (crc_table[k - 1][n] >> 8) ^ crc_table[0][crc_table[k - 1][n] & 0xff];
+  crc_zeros_table(crc_long_shift, CRC_LONG);
+  crc_zeros_table(crc_short_shift, CRC_SHORT);
+#if STORE_HAVE_X86_CRC
+  __builtin_cpu_init();
+  crc_have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+#endif
+}
+
+static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len) {
+  const uint8_t *p = data;
+  uint32_t c = ~crc;
+  while (len && ((uintptr_t)p & 7)) {
+    c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+    len--;
+  }
+  while (len >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    w ^= c;
+    c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
+        crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
+        crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
+        crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
+    p += 8;
+    len -= 8;
+  }
+  while (len--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+  return ~c;
+}
+
+#if STORE_HAVE_X86_CRC
+static inline uint64_t load64(const uint8_t *p) {
+  uint64_t w;
+  memcpy(&w, p, 8);
+  return w;
+}
+
+/* Three independent streams hide the instruction's 3-cycle latency; their
+ * registers are joined by advancing the earlier ones over the later blocks'
+ * length with the zeros tables (CRC is linear over GF(2)). */
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_hw(uint32_t crc, const void *data, size_t len) {
+  const uint8_t *p = data;
+  uint64_t c0 = (uint32_t)~crc;
+  while (len && ((uintptr_t)p & 7)) {
+    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+    len--;
+  }
+  while (len >= 3 * CRC_LONG) {
+    uint64_t c1 = 0, c2 = 0;
+    const uint8_t *end = p + CRC_LONG;
+    do {
+      c0 = _mm_crc32_u64(c0, load64(p));
+      c1 = _mm_crc32_u64(c1, load64(p + CRC_LONG));
+      c2 = _mm_crc32_u64(c2, load64(p + 2 * CRC_LONG));
+      p += 8;
+    } while (p < end);
+    c0 = crc_shift(crc_long_shift, (uint32_t)c0) ^ (uint32_t)c1;
+    c0 = crc_shift(crc_long_shift, (uint32_t)c0) ^ (uint32_t)c2;
+    p += 2 * CRC_LONG;
+    len -= 3 * CRC_LONG;
+  }
+  while (len >= 3 * CRC_SHORT) {
+    uint64_t c1 = 0, c2 = 0;
+    const uint8_t *end = p + CRC_SHORT;
+    do {
+      c0 = _mm_crc32_u64(c0, load64(p));
+      c1 = _mm_crc32_u64(c1, load64(p + CRC_SHORT));
+      c2 = _mm_crc32_u64(c2, load64(p + 2 * CRC_SHORT));
+      p += 8;
+    } while (p < end);
+    c0 = crc_shift(crc_short_shift, (uint32_t)c0) ^ (uint32_t)c1;
+    c0 = crc_shift(crc_short_shift, (uint32_t)c0) ^ (uint32_t)c2;
+    p += 2 * CRC_SHORT;
+    len -= 3 * CRC_SHORT;
+  }
+  while (len >= 8) {
+    c0 = _mm_crc32_u64(c0, load64(p));
+    p += 8;
+    len -= 8;
+  }
+  while (len) {
+    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+    len--;
+  }
+  return ~(uint32_t)c0;
+}
+#endif
+
+uint32_t store_crc32c(uint32_t crc, const void *data, size_t len) {
+  pthread_once(&crc_once, crc_init);
+#if STORE_HAVE_X86_CRC
+  if (crc_have_hw) return crc32c_hw(crc, data, len);
+#endif
+  return crc32c_sw(crc, data, len);
+}
+
+uint32_t store_test_crc32c_sw(uint32_t crc, const void *data, size_t len) {
+  pthread_once(&crc_once, crc_init);
+  return crc32c_sw(crc, data, len);
+}
+
+uint32_t store_test_crc32c_hw(uint32_t crc, const void *data, size_t len) {
+  pthread_once(&crc_once, crc_init);
+#if STORE_HAVE_X86_CRC
+  if (crc_have_hw) return crc32c_hw(crc, data, len);
+#endif
+  return crc32c_sw(crc, data, len);
+}
+
+int store_test_crc32c_hw_available(void) {
+  pthread_once(&crc_once, crc_init);
+  return crc_have_hw;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hashing and the open-addressing map                                       */
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t hash_key(const uint8_t *p, size_t n) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)n * 0xff51afd7ed558ccdull);
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
+    p += 8;
+    n -= 8;
+  }
+  if (n) {
+    uint64_t w = 0;
+    memcpy(&w, p, n);
+    h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
+  }
+  return mix64(h);
+}
+
+typedef struct map_slot {
+  uint64_t h;
+  void *p; /* NULL = empty */
+} map_slot_t;
+
+typedef struct map {
+  map_slot_t *slots;
+  size_t mask; /* capacity - 1; capacity is a power of two */
+  size_t count;
+} map_t;
+
+typedef bool (*map_eq_fn)(const void *item, const void *key);
+
+static int map_init(map_t *m, size_t cap) {
+  size_t c = 16;
+  while (c < cap) c <<= 1;
+  m->slots = calloc(c, sizeof(map_slot_t));
+  if (m->slots == NULL) return LARDER_ENOMEM;
+  m->mask = c - 1;
+  m->count = 0;
+  return 0;
+}
+
+static void map_free(map_t *m) {
+  free(m->slots);
+  m->slots = NULL;
+}
+
+static long map_find(const map_t *m, uint64_t h, map_eq_fn eq,
+                     const void *key) {
+  for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+    const map_slot_t *s = &m->slots[i];
+    if (s->p == NULL) return -1;
+    if (s->h == h && eq(s->p, key)) return (long)i;
+  }
+}
+
+static void map_place(map_t *m, uint64_t h, void *p) {
+  size_t i = h & m->mask;
+  while (m->slots[i].p != NULL) i = (i + 1) & m->mask;
+  m->slots[i].h = h;
+  m->slots[i].p = p;
+  m->count++;
+}
+
+static int map_insert(map_t *m, uint64_t h, void *p) {
+  if ((m->count + 1) * 10 > (m->mask + 1) * 7) {
+    size_t old_cap = m->mask + 1;
+    map_slot_t *old = m->slots;
+    map_slot_t *ns = calloc(old_cap * 2, sizeof(map_slot_t));
+    if (ns == NULL) return LARDER_ENOMEM;
+    m->slots = ns;
+    m->mask = old_cap * 2 - 1;
+    m->count = 0;
+    for (size_t i = 0; i < old_cap; i++)
+      if (old[i].p != NULL) map_place(m, old[i].h, old[i].p);
+    free(old);
+  }
+  map_place(m, h, p);
+  return 0;
+}
+
+/* Removes slot i, shifting later members of its probe run back so that no
+ * tombstones are needed. */
+static void map_remove_at(map_t *m, size_t i) {
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & m->mask;
+    if (m->slots[j].p == NULL) break;
+    size_t k = m->slots[j].h & m->mask; /* j's home slot */
+    /* j may move to i unless its home lies cyclically in (i, j]. */
+    bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+    if (!stays) {
+      m->slots[i] = m->slots[j];
+      i = j;
+    }
+  }
+  m->slots[i].p = NULL;
+  m->count--;
+}
+
+static void map_remove_ptr(map_t *m, uint64_t h, const void *p) {
+  for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+    if (m->slots[i].p == NULL) return;
+    if (m->slots[i].p == p) {
+      map_remove_at(m, i);
+      return;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Types                                                                     */
+
+typedef struct object {
+  uint64_t id;
+  char *name;     /* NULL until store_object_put names it */
+  char *identity;
+  uint64_t bytes;   /* value bytes of present entries */
+  uint64_t entries; /* present entries */
+  uint64_t refs;    /* present + reserved + writing entries */
+  int64_t last_use;
+  bool on_disk; /* its record is (or is about to be) in RocksDB */
+} object_t;
+
+typedef struct entry {
+  uint64_t h;
+  uint64_t size; /* reserved size, or the value size once present */
+  uint64_t priority;
+  uint64_t gen;   /* put generation (0 for entries loaded at open) */
+  uint64_t touch; /* recency sequence number */
+  int64_t last_use;
+  int64_t saved_use; /* last_use as in the index record */
+  object_t *obj;
+  struct entry *prev, *next; /* recency list (present entries) */
+  uint32_t heap_pos;
+  uint8_t state;
+  uint8_t mark; /* scratch for admission (under mu, cleared before unlock) */
+  uint8_t seen; /* store_verify found its value */
+  uint8_t keylen;
+  uint8_t key[];
+} entry_t;
+
+#define HEAP_NONE UINT32_MAX
+
+typedef struct bytes {
+  uint8_t *p;
+  size_t len, cap;
+} bytes_t;
+
+struct store {
+  rocksdb_t *db;
+  rocksdb_options_t *dbopts;
+  rocksdb_block_based_table_options_t *bbto;
+  rocksdb_cache_t *cache;
+  rocksdb_readoptions_t *ro_get;
+  rocksdb_readoptions_t *ro_scan;
+  rocksdb_writeoptions_t *wo;
+  char *dir;
+  char *dbdir;
+  uint64_t min_blob, write_buffer;
+  uint32_t idle_s;
+  int64_t persist_granularity;
+
+  pthread_mutex_t mu;  /* index, stats */
+  pthread_mutex_t wmu; /* RocksDB writes */
+  pthread_mutex_t vmu; /* one store_verify at a time */
+
+  uint64_t capacity, used, reserved, present;
+  map_t entries;
+  map_t objects;
+  entry_t **heap;
+  size_t heap_len, heap_cap;
+  entry_t *lru_head, *lru_tail;
+  uint64_t gen_counter, touch_counter, persisted_touch;
+  int64_t last_persist; /* monotonic seconds */
+  bytes_t pending;      /* records: type byte, length byte, bytes */
+  uint32_t *scratch;    /* heap-walk stack for admission */
+  size_t scratch_cap;
+
+  store_stats_t stats;
+  uint64_t live_objects;
+  bool writes_off;      /* a write failed: no more until the reopen */
+  int writes_off_code;  /* what later writes return meanwhile */
+  int64_t retry_at;     /* monotonic seconds: when to reopen */
+  bool low_space;       /* the last statvfs check refused */
+  bool reopen_running;  /* a reopen thread is at work (mu) */
+  bool reopen_started;  /* reopen_tid must be joined */
+  pthread_t reopen_tid;
+  pthread_rwlock_t dblk; /* st->db: shared by users, exclusive to reopen */
+
+  _Atomic int64_t clock_offset;
+  _Atomic int fail_writes;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Clocks                                                                    */
+
+static int64_t wall_now(store_t *st) {
+  return (int64_t)time(NULL) + atomic_load(&st->clock_offset);
+}
+
+static int64_t mono_now(store_t *st) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec + atomic_load(&st->clock_offset);
+}
+
+void store_test_advance_clock(store_t *st, int64_t seconds) {
+  atomic_fetch_add(&st->clock_offset, seconds);
+}
+
+void store_test_fail_writes(store_t *st, int code) {
+  atomic_store(&st->fail_writes, code);
+}
+
+/* ------------------------------------------------------------------------ */
+/* RocksDB errors: converted here, once                                      */
+
+static int rdb_code(const char *msg) {
+  if (msg == NULL) return 0;
+  if (strstr(msg, "No space left") != NULL || strstr(msg, "NoSpace") != NULL)
+    return LARDER_ENOSPC;
+  if (strncmp(msg, "Corruption", 10) == 0) return LARDER_ECORRUPT;
+  if (strstr(msg, "lock") != NULL &&
+      (strstr(msg, "Resource temporarily unavailable") != NULL ||
+       strstr(msg, "No locks available") != NULL))
+    return LARDER_EBUSY;
+  if (strstr(msg, "Permission denied") != NULL) return LARDER_EACCES;
+  if (strncmp(msg, "Invalid argument", 16) == 0) return LARDER_EINVAL;
+  if (strncmp(msg, "Not implemented", 15) == 0) return LARDER_EUNSUPPORTED;
+  return LARDER_EIO;
+}
+
+/* Turns *errp into a code, copying the message to msg, and frees it. */
+static int rdb_take(char **errp, char *msg, size_t msglen) {
+  if (*errp == NULL) return 0;
+  int code = rdb_code(*errp);
+  if (msg != NULL && msglen > 0) snprintf(msg, msglen, "%s", *errp);
+  rocksdb_free(*errp);
+  *errp = NULL;
+  return code;
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, const char *a,
+                    const char *b) {
+  if (err != NULL && errlen > 0) snprintf(err, errlen, fmt, a, b);
+}
+
+/* Writes a batch (wmu held).  A failed write turns writes (and so
+ * admission) off until the database is reopened: RocksDB 7.8 keeps using a
+ * WAL writer that saw an error after its own recovery, and every later
+ * append to it fails ("Writer has previous error") or, with assertions
+ * compiled in, aborts.  Reopening gives it a fresh WAL. */
+static int db_write(store_t *st, rocksdb_writebatch_t *b) {
+  pthread_mutex_lock(&st->mu);
+  int off = st->writes_off ? st->writes_off_code : 0;
+  pthread_mutex_unlock(&st->mu);
+  if (off != 0) return off;
+  char *e = NULL;
+  int inj = atomic_load(&st->fail_writes);
+  int code;
+  if (inj != 0) {
+    /* The test hook: the message RocksDB would give, through the same
+     * conversion. */
+    code = rdb_code(inj == LARDER_ENOSPC
+                        ? "IO error: No space left on device (injected)"
+                        : "IO error: injected write failure");
+  } else {
+    pthread_rwlock_rdlock(&st->dblk);
+    if (st->db != NULL) rocksdb_write(st->db, st->wo, b, &e);
+    else e = NULL;
+    code = st->db == NULL ? LARDER_EIO : rdb_take(&e, NULL, 0);
+    pthread_rwlock_unlock(&st->dblk);
+    if (code == 0) return 0;
+  }
+  pthread_mutex_lock(&st->mu);
+  st->stats.write_errors++;
+  st->writes_off = true;
+  st->writes_off_code = code;
+  st->retry_at = mono_now(st) + STORE_ENOSPC_RETRY_S;
+  pthread_mutex_unlock(&st->mu);
+  return code;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Growable byte buffer (pending deletes)                                    */
+
+static int bytes_reserve(bytes_t *b, size_t extra) {
+  if (b->len + extra <= b->cap) return 0;
+  size_t nc = b->cap ? b->cap * 2 : 1024;
+  while (nc < b->len + extra) nc *= 2;
+  uint8_t *np = realloc(b->p, nc);
+  if (np == NULL) return LARDER_ENOMEM;
+  b->p = np;
+  b->cap = nc;
+  return 0;
+}
+
+static int bytes_append(bytes_t *b, const void *p, size_t n) {
+  if (n == 0) return 0; /* p may be NULL */
+  int rc = bytes_reserve(b, n);
+  if (rc) return rc;
+  memcpy(b->p + b->len, p, n);
+  b->len += n;
+  return 0;
+}
+
+/* Pending records: 'e' len key (an entry: delete 'v'+key and 'i'+key) or
+ * 'o' 8 id (an object record).  A record that cannot be queued for lack of
+ * memory is dropped: the entry is already gone from the index and at worst
+ * its bytes stay on disk until the next open finds an over-full cache. */
+static void pending_entry(store_t *st, const uint8_t *key, uint8_t len) {
+  uint8_t hdr[2] = {'e', len};
+  if (bytes_reserve(&st->pending, 2u + len) == 0) {
+    bytes_append(&st->pending, hdr, 2);
+    bytes_append(&st->pending, key, len);
+  }
+}
+
+static void pending_object(store_t *st, uint64_t id) {
+  uint8_t rec[10] = {'o', 8};
+  put_be64(rec + 2, id);
+  bytes_append(&st->pending, rec, sizeof(rec));
+}
+
+/* Builds RocksDB keys. */
+static size_t make_key(uint8_t *out, char pfx, const uint8_t *key,
+                       size_t len) {
+  out[0] = (uint8_t)pfx;
+  memcpy(out + 1, key, len);
+  return len + 1;
+}
+
+static size_t make_obj_key(uint8_t *out, uint64_t id) {
+  out[0] = PFX_OBJECT;
+  put_be64(out + 1, id);
+  return 9;
+}
+
+/* Adds the deletes of pending records to b, skipping those superseded by
+ * the keys of this put (skip_keys, n of them) and objects in skip_obj. */
+static void pending_to_batch(const bytes_t *pend, rocksdb_writebatch_t *b,
+                             const store_entry_t *skip_keys, int n,
+                             uint64_t skip_obj, bool skip_obj_valid) {
+  uint8_t k[1 + STORE_KEY_MAX];
+  for (size_t off = 0; off + 2 <= pend->len;) {
+    uint8_t type = pend->p[off];
+    uint8_t len = pend->p[off + 1];
+    const uint8_t *key = pend->p + off + 2;
+    off += 2u + len;
+    if (type == 'e') {
+      bool skip = false;
+      for (int i = 0; i < n && !skip; i++)
+        skip = skip_keys[i].key.len == len &&
+               memcmp(skip_keys[i].key.bytes, key, len) == 0;
+      if (skip) continue;
+      size_t kl = make_key(k, PFX_VALUE, key, len);
+      rocksdb_writebatch_delete(b, (const char *)k, kl);
+      k[0] = PFX_INDEX;
+      rocksdb_writebatch_delete(b, (const char *)k, kl);
+    } else {
+      uint64_t id = get_be64(key);
+      if (skip_obj_valid && id == skip_obj) continue;
+      size_t kl = make_obj_key(k, id);
+      rocksdb_writebatch_delete(b, (const char *)k, kl);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Record encoding                                                           */
+
+static void encode_value_header(uint8_t *h, uint32_t crc, uint64_t len) {
+  memset(h, 0, VALUE_HDR);
+  put_u32(h, VALUE_MAGIC);
+  put_u16(h + 4, STORE_FORMAT_VERSION);
+  put_u16(h + 6, 0);
+  put_u32(h + 8, crc);
+  put_u64(h + 16, len);
+  uint32_t hc = store_crc32c(0, h, 12);
+  hc = store_crc32c(hc, h + 16, 16);
+  put_u32(h + 12, hc);
+}
+
+/* 0 when v (vlen bytes) is a sound value record of expect bytes (or of any
+ * size when expect is UINT64_MAX); LARDER_ECHECKSUM otherwise. */
+static int check_value(const uint8_t *v, size_t vlen, uint64_t expect) {
+  if (vlen < VALUE_HDR) return LARDER_ECHECKSUM;
+  if (get_u32(v) != VALUE_MAGIC || get_u16(v + 4) != STORE_FORMAT_VERSION)
+    return LARDER_ECHECKSUM;
+  uint32_t hc = store_crc32c(0, v, 12);
+  hc = store_crc32c(hc, v + 16, 16);
+  if (hc != get_u32(v + 12)) return LARDER_ECHECKSUM;
+  uint64_t len = get_u64(v + 16);
+  if (len != vlen - VALUE_HDR) return LARDER_ECHECKSUM;
+  if (expect != UINT64_MAX && len != expect) return LARDER_ECHECKSUM;
+  if (store_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8))
+    return LARDER_ECHECKSUM;
+  return 0;
+}
+
+static void encode_index(uint8_t *r, uint64_t size, uint64_t priority,
+                         uint64_t object_id, int64_t last_use) {
+  put_u32(r, INDEX_MAGIC);
+  put_u16(r + 4, STORE_FORMAT_VERSION);
+  put_u16(r + 6, 0);
+  put_u64(r + 8, size);
+  put_u64(r + 16, priority);
+  put_u64(r + 24, object_id);
+  put_u64(r + 32, (uint64_t)last_use);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Objects                                                                   */
+
+static bool obj_eq(const void *item, const void *key) {
+  return ((const object_t *)item)->id == *(const uint64_t *)key;
+}
+
+static object_t *obj_find(store_t *st, uint64_t id) {
+  long i = map_find(&st->objects, mix64(id), obj_eq, &id);
+  return i < 0 ? NULL : st->objects.slots[i].p;
+}
+
+static object_t *obj_get(store_t *st, uint64_t id) {
+  object_t *o = obj_find(st, id);
+  if (o != NULL) return o;
+  o = calloc(1, sizeof(*o));
+  if (o == NULL) return NULL;
+  o->id = id;
+  if (map_insert(&st->objects, mix64(id), o) != 0) {
+    free(o);
+    return NULL;
+  }
+  return o;
+}
+
+static void obj_unref(store_t *st, object_t *o) {
+  if (--o->refs == 0 && o->on_disk) {
+    pending_object(st, o->id);
+    o->on_disk = false;
+  }
+}
+
+static void obj_add_present(store_t *st, object_t *o, uint64_t size,
+                            int64_t last_use) {
+  if (o->entries++ == 0) st->live_objects++;
+  o->bytes += size;
+  if (last_use > o->last_use) o->last_use = last_use;
+}
+
+static void obj_del_present(store_t *st, object_t *o, uint64_t size) {
+  o->bytes -= size;
+  if (--o->entries == 0) st->live_objects--;
+}
+
+/* Appends an object record's value to b (for a put). */
+static int encode_object(bytes_t *b, const object_t *o) {
+  size_t nl = strlen(o->name), il = strlen(o->identity);
+  uint8_t h[OBJ_REC_HDR];
+  put_u32(h, OBJECT_MAGIC);
+  put_u16(h + 4, STORE_FORMAT_VERSION);
+  put_u16(h + 6, 0);
+  put_u32(h + 8, (uint32_t)nl);
+  put_u32(h + 12, (uint32_t)il);
+  int rc = bytes_append(b, h, sizeof(h));
+  if (!rc) rc = bytes_append(b, o->name, nl);
+  if (!rc) rc = bytes_append(b, o->identity, il);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entries: heap, recency list, map                                          */
+
+typedef struct keyref {
+  const uint8_t *p;
+  uint8_t len;
+} keyref_t;
+
+static bool entry_eq(const void *item, const void *key) {
+  const entry_t *e = item;
+  const keyref_t *k = key;
+  return e->keylen == k->len && memcmp(e->key, k->p, k->len) == 0;
+}
+
+static entry_t *entry_find(store_t *st, const uint8_t *key, uint8_t len,
+                           uint64_t h) {
+  keyref_t k = {key, len};
+  long i = map_find(&st->entries, h, entry_eq, &k);
+  return i < 0 ? NULL : st->entries.slots[i].p;
+}
+
+static void heap_set(store_t *st, size_t i, entry_t *e) {
+  st->heap[i] = e;
+  e->heap_pos = (uint32_t)i;
+}
+
+static void heap_up(store_t *st, size_t i) {
+  entry_t *e = st->heap[i];
+  while (i > 0) {
+    size_t parent = (i - 1) / 2;
+    if (st->heap[parent]->priority >= e->priority) break;
+    heap_set(st, i, st->heap[parent]);
+    i = parent;
+  }
+  heap_set(st, i, e);
+}
+
+static void heap_down(store_t *st, size_t i) {
+  entry_t *e = st->heap[i];
+  for (;;) {
+    size_t l = 2 * i + 1, best = i;
+    uint64_t bp = e->priority;
+    if (l < st->heap_len && st->heap[l]->priority > bp) {
+      best = l;
+      bp = st->heap[l]->priority;
+    }
+    if (l + 1 < st->heap_len && st->heap[l + 1]->priority > bp) best = l + 1;
+    if (best == i) break;
+    heap_set(st, i, st->heap[best]);
+    i = best;
+  }
+  heap_set(st, i, e);
+}
+
+static int heap_push(store_t *st, entry_t *e) {
+  if (st->heap_len == st->heap_cap) {
+    size_t nc = st->heap_cap ? st->heap_cap * 2 : 1024;
+    entry_t **nh = realloc(st->heap, nc * sizeof(entry_t *));
+    if (nh == NULL) return LARDER_ENOMEM;
+    st->heap = nh;
+    st->heap_cap = nc;
+  }
+  heap_set(st, st->heap_len++, e);
+  heap_up(st, st->heap_len - 1);
+  return 0;
+}
+
+static void heap_remove(store_t *st, entry_t *e) {
+  size_t i = e->heap_pos;
+  if (i == HEAP_NONE) return;
+  e->heap_pos = HEAP_NONE;
+  entry_t *last = st->heap[--st->heap_len];
+  if (last == e) return;
+  heap_set(st, i, last);
+  heap_up(st, i);
+  heap_down(st, last->heap_pos);
+}
+
+static void lru_unlink(store_t *st, entry_t *e) {
+  if (e->prev) e->prev->next = e->next;
+  else st->lru_head = e->next;
+  if (e->next) e->next->prev = e->prev;
+  else st->lru_tail = e->prev;
+  e->prev = e->next = NULL;
+}
+
+static void lru_append(store_t *st, entry_t *e) {
+  e->prev = st->lru_tail;
+  e->next = NULL;
+  if (st->lru_tail) st->lru_tail->next = e;
+  else st->lru_head = e;
+  st->lru_tail = e;
+}
+
+static void touch(store_t *st, entry_t *e, int64_t now) {
+  if (now > e->last_use) e->last_use = now;
+  e->touch = ++st->touch_counter;
+  if (e->obj->last_use < e->last_use) e->obj->last_use = e->last_use;
+  if (st->lru_tail != e) {
+    lru_unlink(st, e);
+    lru_append(st, e);
+  }
+}
+
+static bool is_idle(const store_t *st, const entry_t *e, int64_t now) {
+  return now - e->last_use >= (int64_t)st->idle_s;
+}
+
+/* Drops a present entry from the index and queues its deletion. */
+static void drop_present(store_t *st, entry_t *e) {
+  heap_remove(st, e);
+  lru_unlink(st, e);
+  map_remove_ptr(&st->entries, e->h, e);
+  st->used -= e->size;
+  st->present--;
+  obj_del_present(st, e->obj, e->size);
+  pending_entry(st, e->key, e->keylen);
+  obj_unref(st, e->obj);
+  free(e);
+}
+
+static void evict_entry(store_t *st, entry_t *e) {
+  st->stats.evictions++;
+  st->stats.evicted_bytes += e->size;
+  drop_present(st, e);
+}
+
+/* Drops a reserved (or writing) entry. */
+static void drop_reserved(store_t *st, entry_t *e) {
+  map_remove_ptr(&st->entries, e->h, e);
+  st->reserved -= e->size;
+  obj_unref(st, e->obj);
+  free(e);
+}
+
+/* Evicts until used + reserved <= target: idle entries first, then the
+ * worst priorities; unless any_priority, only entries of priority > floor
+ * (strictly worse) go.  Reserved entries are never evicted. */
+static void evict_down(store_t *st, uint64_t target, bool any_priority,
+                       uint64_t floor, int64_t now) {
+  while (st->used + st->reserved > target && st->lru_head != NULL &&
+         is_idle(st, st->lru_head, now))
+    evict_entry(st, st->lru_head);
+  while (st->used + st->reserved > target && st->heap_len > 0) {
+    entry_t *top = st->heap[0];
+    if (!any_priority && top->priority <= floor) break;
+    evict_entry(st, top);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Options and open                                                          */
+
+void store_options_init(store_options_t *opts) {
+  memset(opts, 0, sizeof(*opts));
+}
+
+static int mkdir_p(const char *path) {
+  char buf[4096];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof(buf)) return -1;
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] == '/' || buf[i] == '\0') {
+      char c = buf[i];
+      buf[i] = '\0';
+      if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+      buf[i] = c;
+    }
+  }
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return -1;
+  return 0;
+}
+
+static void free_all_entries(store_t *st) {
+  if (st->entries.slots == NULL) return;
+  for (size_t i = 0; i <= st->entries.mask; i++) free(st->entries.slots[i].p);
+  map_free(&st->entries);
+}
+
+static void free_all_objects(store_t *st) {
+  if (st->objects.slots == NULL) return;
+  for (size_t i = 0; i <= st->objects.mask; i++) {
+    object_t *o = st->objects.slots[i].p;
+    if (o == NULL) continue;
+    free(o->name);
+    free(o->identity);
+    free(o);
+  }
+  map_free(&st->objects);
+}
+
+static void store_free(store_t *st) {
+  if (st->db) rocksdb_close(st->db);
+  if (st->ro_get) rocksdb_readoptions_destroy(st->ro_get);
+  if (st->ro_scan) rocksdb_readoptions_destroy(st->ro_scan);
+  if (st->wo) rocksdb_writeoptions_destroy(st->wo);
+  if (st->dbopts) rocksdb_options_destroy(st->dbopts);
+  if (st->bbto) rocksdb_block_based_options_destroy(st->bbto);
+  if (st->cache) rocksdb_cache_destroy(st->cache);
+  free_all_entries(st);
+  free_all_objects(st);
+  free(st->heap);
+  free(st->pending.p);
+  free(st->scratch);
+  free(st->dir);
+  free(st->dbdir);
+  pthread_mutex_destroy(&st->mu);
+  pthread_mutex_destroy(&st->wmu);
+  pthread_mutex_destroy(&st->vmu);
+  pthread_rwlock_destroy(&st->dblk);
+  free(st);
+}
+
+static void setup_rocksdb_options(store_t *st) {
+  rocksdb_options_t *o = rocksdb_options_create();
+  st->dbopts = o;
+  rocksdb_options_set_create_if_missing(o, 1);
+  /* Values: integrated blob files, uncompressed, garbage-collected. */
+  rocksdb_options_set_enable_blob_files(o, 1);
+  rocksdb_options_set_min_blob_size(o, st->min_blob);
+  rocksdb_options_set_blob_file_size(o, 128 * MIB);
+  rocksdb_options_set_blob_compression_type(o, rocksdb_no_compression);
+  rocksdb_options_set_enable_blob_gc(o, 1);
+  rocksdb_options_set_blob_gc_age_cutoff(o, 0.25);
+  /* Small records in SSTs: LZ4. */
+  rocksdb_options_set_compression(o, rocksdb_lz4_compression);
+  rocksdb_options_set_bottommost_compression(o, rocksdb_lz4_compression);
+  /* Deleted entries leave tombstones; compact files full of them so that
+   * their blob files become garbage sooner. */
+  rocksdb_options_add_compact_on_deletion_collector_factory(o, 4096, 2048);
+  /* Memory: bounded memtables and block cache. */
+  rocksdb_options_set_write_buffer_size(o, st->write_buffer);
+  rocksdb_options_set_max_write_buffer_number(o, 2);
+  rocksdb_options_set_db_write_buffer_size(o, 2 * st->write_buffer);
+  rocksdb_options_set_max_total_wal_size(o, 4 * st->write_buffer);
+  st->bbto = rocksdb_block_based_options_create();
+  rocksdb_block_based_options_set_block_cache(st->bbto, st->cache);
+  rocksdb_block_based_options_set_cache_index_and_filter_blocks(st->bbto, 1);
+  rocksdb_block_based_options_set_filter_policy(
+      st->bbto, rocksdb_filterpolicy_create_bloom_full(10));
+  rocksdb_options_set_block_based_table_factory(o, st->bbto);
+  rocksdb_options_set_max_open_files(o, MAX_OPEN_FILES);
+  rocksdb_options_set_max_background_jobs(o, 4);
+  /* The info LOG gets header lines only (written at open; store_open
+   * refuses a nearly full disk first): Debian's librocksdb keeps its
+   * assertions, and RocksDB's file logger appends again after a failed
+   * append, which asserts in WritableFileWriter
+   * ("sync_without_flush_called_") and aborts the daemon as soon as the
+   * cache disk fills up and RocksDB logs the error. */
+  rocksdb_options_set_info_log_level(o, 5 /* HEADER_LEVEL */);
+  rocksdb_options_set_keep_log_file_num(o, 4);
+  rocksdb_options_set_max_log_file_size(o, MIB);
+  rocksdb_options_set_stats_dump_period_sec(o, 0);
+}
+
+/* Reads the format record, writing it on a new cache. */
+static int check_format(store_t *st, char *err, size_t errlen) {
+  static const char mkey[] = "mformat";
+  char *e = NULL;
+  size_t vlen = 0;
+  char *v = rocksdb_get(st->db, st->ro_scan, mkey, sizeof(mkey) - 1, &vlen, &e);
+  int rc = rdb_take(&e, err, errlen);
+  if (rc) return rc;
+  if (v != NULL) {
+    uint32_t ver = vlen == 4 ? get_u32((const uint8_t *)v) : 0;
+    rocksdb_free(v);
+    if (ver != STORE_FORMAT_VERSION) {
+      if (err && errlen)
+        snprintf(err, errlen, "cache format %u is not %d", ver,
+                 STORE_FORMAT_VERSION);
+      return LARDER_EUNSUPPORTED;
+    }
+    return 0;
+  }
+  uint8_t ver[4];
+  put_u32(ver, STORE_FORMAT_VERSION);
+  rocksdb_put(st->db, st->wo, mkey, sizeof(mkey) - 1, (const char *)ver, 4, &e);
+  return rdb_take(&e, err, errlen);
+}
+
+/* Iterates [lo, hi) calling fn for each record; returns 0 or a code. */
+static int scan_range(store_t *st, char lo, char hi,
+                      int (*fn)(store_t *st, const uint8_t *k, size_t kl,
+                                const uint8_t *v, size_t vl),
+                      char *err, size_t errlen) {
+  char lower[1] = {lo}, upper[1] = {hi};
+  rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+  if (ro == NULL) return LARDER_ENOMEM;
+  rocksdb_readoptions_set_iterate_lower_bound(ro, lower, 1);
+  rocksdb_readoptions_set_iterate_upper_bound(ro, upper, 1);
+  rocksdb_readoptions_set_fill_cache(ro, 0);
+  rocksdb_iterator_t *it = rocksdb_create_iterator(st->db, ro);
+  int rc = 0;
+  for (rocksdb_iter_seek(it, lower, 1); rocksdb_iter_valid(it) && rc == 0;
+       rocksdb_iter_next(it)) {
+    size_t kl = 0, vl = 0;
+    const char *k = rocksdb_iter_key(it, &kl);
+    const char *v = rocksdb_iter_value(it, &vl);
+    rc = fn(st, (const uint8_t *)k, kl, (const uint8_t *)v, vl);
+  }
+  if (rc == 0) {
+    char *e = NULL;
+    rocksdb_iter_get_error(it, &e);
+    rc = rdb_take(&e, err, errlen);
+  }
+  rocksdb_iter_destroy(it);
+  rocksdb_readoptions_destroy(ro);
+  return rc;
+}
+
+static char *strndup_or_empty(const uint8_t *p, size_t n) {
+  char *s = malloc(n + 1);
+  if (s == NULL) return NULL;
+  if (n) memcpy(s, p, n);
+  s[n] = '\0';
+  return s;
+}
+
+static int load_object(store_t *st, const uint8_t *k, size_t kl,
+                       const uint8_t *v, size_t vl) {
+  bool ok = kl == 9 && vl >= OBJ_REC_HDR && get_u32(v) == OBJECT_MAGIC;
+  uint32_t nl = ok ? get_u32(v + 8) : 0, il = ok ? get_u32(v + 12) : 0;
+  ok = ok && (uint64_t)OBJ_REC_HDR + nl + il == vl && nl <= NAME_MAX_LEN &&
+       il <= IDENTITY_MAX_LEN;
+  if (!ok) {
+    /* A record we cannot read: drop it (entries keep an unnamed object). */
+    if (kl == 9) pending_object(st, get_be64(k + 1));
+    return 0;
+  }
+  object_t *o = obj_get(st, get_be64(k + 1));
+  if (o == NULL) return LARDER_ENOMEM;
+  free(o->name);
+  free(o->identity);
+  o->name = strndup_or_empty(v + OBJ_REC_HDR, nl);
+  o->identity = strndup_or_empty(v + OBJ_REC_HDR + nl, il);
+  if (o->name == NULL || o->identity == NULL) return LARDER_ENOMEM;
+  o->on_disk = true;
+  return 0;
+}
+
+static int load_index(store_t *st, const uint8_t *k, size_t kl,
+                      const uint8_t *v, size_t vl) {
+  if (kl < 1 || kl - 1 > STORE_KEY_MAX) return 0;
+  const uint8_t *key = k + 1;
+  uint8_t len = (uint8_t)(kl - 1);
+  if (vl != INDEX_REC || get_u32(v) != INDEX_MAGIC ||
+      get_u16(v + 4) != STORE_FORMAT_VERSION) {
+    pending_entry(st, key, len); /* unreadable: drop value and index */
+    return 0;
+  }
+  entry_t *e = calloc(1, sizeof(*e) + len);
+  if (e == NULL) return LARDER_ENOMEM;
+  e->keylen = len;
+  memcpy(e->key, key, len);
+  e->h = hash_key(key, len);
+  e->size = get_u64(v + 8);
+  e->priority = get_u64(v + 16);
+  e->last_use = e->saved_use = (int64_t)get_u64(v + 32);
+  e->heap_pos = HEAP_NONE;
+  e->state = ST_PRESENT;
+  e->obj = obj_get(st, get_u64(v + 24));
+  if (e->obj == NULL || map_insert(&st->entries, e->h, e) != 0) {
+    free(e);
+    return LARDER_ENOMEM;
+  }
+  e->obj->refs++;
+  obj_add_present(st, e->obj, e->size, e->last_use);
+  st->used += e->size;
+  st->present++;
+  return 0;
+}
+
+static int cmp_last_use(const void *a, const void *b) {
+  const entry_t *x = *(entry_t *const *)a, *y = *(entry_t *const *)b;
+  return (x->last_use > y->last_use) - (x->last_use < y->last_use);
+}
+
+/* After loading: the recency list sorted by last use, and the heap. */
+static int build_order(store_t *st) {
+  size_t n = st->entries.count;
+  if (n == 0) return 0;
+  entry_t **v = malloc(n * sizeof(entry_t *));
+  if (v == NULL) return LARDER_ENOMEM;
+  size_t j = 0;
+  for (size_t i = 0; i <= st->entries.mask; i++)
+    if (st->entries.slots[i].p) v[j++] = st->entries.slots[i].p;
+  qsort(v, n, sizeof(entry_t *), cmp_last_use);
+  for (size_t i = 0; i < n; i++) lru_append(st, v[i]);
+  free(st->heap);
+  st->heap = v; /* reuse the array as the heap, then heapify */
+  st->heap_cap = n;
+  st->heap_len = n;
+  for (size_t i = 0; i < n; i++) v[i]->heap_pos = (uint32_t)i;
+  for (size_t i = n / 2; i-- > 0;) heap_down(st, i);
+  return 0;
+}
+
+static int flush_pending(store_t *st);
+
+static bool free_space_below(const char *dir, uint64_t bytes) {
+  struct statvfs sv;
+  return statvfs(dir, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < bytes;
+}
+
+/* Opens st->db (dblk held exclusively, or during store_open). */
+static int open_db(store_t *st, char *err, size_t errlen) {
+  /* RocksDB writes its LOG header, a MANIFEST and a WAL at open; on a full
+   * disk its logger would abort the process (see setup_rocksdb_options). */
+  if (free_space_below(st->dir, OPEN_MIN_FREE)) {
+    set_err(err, errlen, "%s: no space left on device%s", st->dir,
+            " (the cache needs 16 MiB free to open)");
+    return LARDER_ENOSPC;
+  }
+  char *e = NULL;
+  st->db = rocksdb_open(st->dbopts, st->dbdir, &e);
+  int rc = rdb_take(&e, err, errlen);
+  if (rc == 0 && st->db == NULL) rc = LARDER_EIO;
+  if (rc != 0 && st->db != NULL) {
+    rocksdb_close(st->db);
+    st->db = NULL;
+  }
+  return rc;
+}
+
+/* The reopen after a failed write (see db_write).  The index stays: the
+ * database holds what it said before the failure, plus at most the failed
+ * put, whose keys were queued for deletion. */
+static void *reopen_main(void *arg) {
+  store_t *st = arg;
+  pthread_mutex_lock(&st->wmu);
+  int rc = LARDER_ENOSPC;
+  /* Keep the old handle serving reads while there is no room to open. */
+  if (!free_space_below(st->dir, OPEN_MIN_FREE + st->write_buffer)) {
+    pthread_rwlock_wrlock(&st->dblk);
+    if (st->db != NULL) rocksdb_close(st->db);
+    st->db = NULL;
+    rc = open_db(st, NULL, 0);
+    pthread_rwlock_unlock(&st->dblk);
+  }
+  pthread_mutex_lock(&st->mu);
+  if (rc == 0) st->writes_off = false;
+  pthread_mutex_unlock(&st->mu);
+  if (rc == 0) flush_pending(st);
+  pthread_mutex_lock(&st->mu);
+  st->reopen_running = false;
+  pthread_mutex_unlock(&st->mu);
+  pthread_mutex_unlock(&st->wmu);
+  return NULL;
+}
+
+/* Starts reopen_main (reopen_running was set by the caller). */
+static void start_reopen(store_t *st) {
+  if (st->reopen_started) pthread_join(st->reopen_tid, NULL);
+  st->reopen_started = false;
+  if (pthread_create(&st->reopen_tid, NULL, reopen_main, st) == 0) {
+    st->reopen_started = true;
+  } else {
+    pthread_mutex_lock(&st->mu);
+    st->reopen_running = false;
+    pthread_mutex_unlock(&st->mu);
+  }
+}
+
+int store_open(const store_options_t *opts, store_t **out, char *err,
+               size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (out == NULL) return LARDER_EINVAL;
+  *out = NULL;
+  if (opts == NULL || opts->dir == NULL || opts->dir[0] == '\0') {
+    set_err(err, errlen, "%s%s", "store: no cache directory", "");
+    return LARDER_EINVAL;
+  }
+  if (mkdir_p(opts->dir) != 0) {
+    int saved = errno;
+    set_err(err, errlen, "cannot create %s: %s", opts->dir, strerror(saved));
+    return saved == EACCES ? LARDER_EACCES : LARDER_EIO;
+  }
+  store_t *st = calloc(1, sizeof(*st));
+  if (st == NULL) return LARDER_ENOMEM;
+  pthread_mutex_init(&st->mu, NULL);
+  pthread_mutex_init(&st->wmu, NULL);
+  pthread_mutex_init(&st->vmu, NULL);
+  pthread_rwlockattr_t rwa;
+  pthread_rwlockattr_init(&rwa);
+  /* A reopen must not wait behind a steady stream of reads. */
+  pthread_rwlockattr_setkind_np(&rwa,
+                                PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&st->dblk, &rwa);
+  pthread_rwlockattr_destroy(&rwa);
+  atomic_init(&st->clock_offset, 0);
+  atomic_init(&st->fail_writes, 0);
+  size_t dl = strlen(opts->dir);
+  st->dir = strdup(opts->dir);
+  st->dbdir = malloc(dl + 4);
+  if (st->dir == NULL || st->dbdir == NULL) {
+    store_free(st);
+    return LARDER_ENOMEM;
+  }
+  snprintf(st->dbdir, dl + 4, "%s/db", opts->dir);
+  st->capacity = opts->capacity_bytes;
+  st->min_blob = opts->min_blob_size ? opts->min_blob_size : DEFAULT_MIN_BLOB;
+  st->write_buffer =
+      opts->write_buffer_bytes ? opts->write_buffer_bytes : DEFAULT_WRITE_BUFFER;
+  st->idle_s = opts->idle_evict_s ? opts->idle_evict_s : DEFAULT_IDLE_S;
+  st->persist_granularity = st->idle_s / 8 < 3600 ? st->idle_s / 8 : 3600;
+  if (st->persist_granularity < 1) st->persist_granularity = 1;
+  int rc = map_init(&st->entries, 1024);
+  if (!rc) rc = map_init(&st->objects, 64);
+  if (rc) {
+    store_free(st);
+    return rc;
+  }
+  st->cache = rocksdb_cache_create_lru(opts->block_cache_bytes
+                                           ? opts->block_cache_bytes
+                                           : DEFAULT_BLOCK_CACHE);
+  setup_rocksdb_options(st);
+  st->ro_get = rocksdb_readoptions_create();
+  /* Point reads skip RocksDB's own blob/block checksums: the value header's
+   * CRC32C covers the payload end to end (memtable included). */
+  rocksdb_readoptions_set_verify_checksums(st->ro_get, 0);
+  st->ro_scan = rocksdb_readoptions_create();
+  st->wo = rocksdb_writeoptions_create();
+  rocksdb_writeoptions_set_sync(st->wo, opts->sync_writes ? 1 : 0);
+
+  rc = open_db(st, err, errlen);
+  if (rc == 0) rc = check_format(st, err, errlen);
+  if (rc == 0) rc = scan_range(st, PFX_OBJECT, PFX_OBJECT + 1, load_object, err,
+                               errlen);
+  if (rc == 0)
+    rc = scan_range(st, PFX_INDEX, PFX_INDEX + 1, load_index, err, errlen);
+  if (rc == 0) rc = build_order(st);
+  if (rc != 0) {
+    if (err && errlen && err[0] == '\0')
+      snprintf(err, errlen, "store: cannot open %s: %s", st->dbdir,
+               larder_strerror(rc));
+    store_free(st);
+    return rc;
+  }
+  /* Objects without entries lose their records; an over-full cache (the
+   * capacity shrank, or evictions were lost to a crash) is evicted down. */
+  for (size_t i = 0; i <= st->objects.mask; i++) {
+    object_t *o = st->objects.slots[i].p;
+    if (o != NULL && o->refs == 0 && o->on_disk) {
+      pending_object(st, o->id);
+      o->on_disk = false;
+    }
+  }
+  st->last_persist = mono_now(st);
+  evict_down(st, st->capacity, true, 0, wall_now(st));
+  pthread_mutex_lock(&st->wmu);
+  flush_pending(st); /* best effort: a full disk keeps them pending */
+  pthread_mutex_unlock(&st->wmu);
+  *out = st;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writing back: pending deletes and last use                                */
+
+/* Writes the pending deletes (wmu held).  On failure they stay pending. */
+static int flush_pending(store_t *st) {
+  pthread_mutex_lock(&st->mu);
+  if (st->pending.len == 0) {
+    pthread_mutex_unlock(&st->mu);
+    return 0;
+  }
+  bytes_t taken = st->pending;
+  memset(&st->pending, 0, sizeof(st->pending));
+  pthread_mutex_unlock(&st->mu);
+  rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+  pending_to_batch(&taken, b, NULL, 0, 0, false);
+  int rc = db_write(st, b);
+  rocksdb_writebatch_destroy(b);
+  pthread_mutex_lock(&st->mu);
+  if (rc != 0) bytes_append(&st->pending, taken.p, taken.len);
+  pthread_mutex_unlock(&st->mu);
+  free(taken.p);
+  return rc;
+}
+
+/* Rewrites the index records of entries whose last use moved by at least
+ * the granularity (wmu held).  all: at close, until nothing is left. */
+static void persist_last_use(store_t *st, bool all) {
+  for (;;) {
+    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+    int n = 0;
+    bool complete = true;
+    pthread_mutex_lock(&st->mu);
+    uint64_t counter = st->touch_counter;
+    for (entry_t *e = st->lru_tail; e != NULL && e->touch > st->persisted_touch;
+         e = e->prev) {
+      if (e->last_use - e->saved_use < st->persist_granularity) continue;
+      if (n == PERSIST_BATCH_MAX) {
+        complete = false;
+        break;
+      }
+      uint8_t k[1 + STORE_KEY_MAX], r[INDEX_REC];
+      size_t kl = make_key(k, PFX_INDEX, e->key, e->keylen);
+      encode_index(r, e->size, e->priority, e->obj->id, e->last_use);
+      rocksdb_writebatch_put(b, (const char *)k, kl, (const char *)r, sizeof(r));
+      e->saved_use = e->last_use;
+      n++;
+    }
+    if (complete) st->persisted_touch = counter;
+    st->last_persist = mono_now(st);
+    pthread_mutex_unlock(&st->mu);
+    int rc = n ? db_write(st, b) : 0;
+    rocksdb_writebatch_destroy(b);
+    if (rc != 0 || complete || !all) return;
+  }
+}
+
+static bool persist_due(store_t *st) {
+  return mono_now(st) - st->last_persist >= STORE_PERSIST_INTERVAL_S &&
+         st->touch_counter != st->persisted_touch;
+}
+
+void store_close(store_t *st) {
+  if (st == NULL) return;
+  if (st->reopen_started) pthread_join(st->reopen_tid, NULL);
+  st->reopen_started = false;
+  pthread_mutex_lock(&st->wmu);
+  persist_last_use(st, true);
+  flush_pending(st);
+  pthread_mutex_unlock(&st->wmu);
+  store_free(st);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Capacity                                                                  */
+
+void store_set_capacity(store_t *st, uint64_t capacity_bytes) {
+  if (st == NULL) return;
+  pthread_mutex_lock(&st->mu);
+  st->capacity = capacity_bytes;
+  evict_down(st, capacity_bytes, true, 0, wall_now(st));
+  pthread_mutex_unlock(&st->mu);
+  pthread_mutex_lock(&st->wmu);
+  flush_pending(st);
+  pthread_mutex_unlock(&st->wmu);
+}
+
+/* Whether the filesystem keeps its reserve after `need` more bytes. */
+static bool disk_has_room(store_t *st, uint64_t need) {
+  struct statvfs sv;
+  if (statvfs(st->dbdir, &sv) != 0) return true; /* unknown: let RocksDB say */
+  uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize;
+  uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+  uint64_t keep = total / 20 > GIB ? total / 20 : GIB;
+  if (keep > total / 10) keep = total / 10;
+  /* Never so little that the cache could not be opened again. */
+  if (keep < 2 * OPEN_MIN_FREE) keep = 2 * OPEN_MIN_FREE;
+  return avail >= need + keep + st->write_buffer;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Objects                                                                   */
+
+int store_object_put(store_t *st, const store_object_t *obj) {
+  if (st == NULL || obj == NULL || obj->name == NULL || obj->identity == NULL)
+    return LARDER_EINVAL;
+  size_t nl = strlen(obj->name), il = strlen(obj->identity);
+  if (nl > NAME_MAX_LEN || il > IDENTITY_MAX_LEN) return LARDER_EINVAL;
+  pthread_mutex_lock(&st->wmu);
+  pthread_mutex_lock(&st->mu);
+  object_t *o = obj_get(st, obj->id);
+  if (o == NULL) {
+    pthread_mutex_unlock(&st->mu);
+    pthread_mutex_unlock(&st->wmu);
+    return LARDER_ENOMEM;
+  }
+  bool same = o->name != NULL && strcmp(o->name, obj->name) == 0 &&
+              strcmp(o->identity, obj->identity) == 0;
+  if (same && (o->on_disk || o->refs == 0)) {
+    /* Known; a record is written with its first entry. */
+    pthread_mutex_unlock(&st->mu);
+    pthread_mutex_unlock(&st->wmu);
+    return 0;
+  }
+  char *name = strdup(obj->name), *ident = strdup(obj->identity);
+  if (name == NULL || ident == NULL) {
+    free(name);
+    free(ident);
+    pthread_mutex_unlock(&st->mu);
+    pthread_mutex_unlock(&st->wmu);
+    return LARDER_ENOMEM;
+  }
+  free(o->name);
+  free(o->identity);
+  o->name = name;
+  o->identity = ident;
+  int rc = 0;
+  if (o->refs > 0) {
+    /* It has entries: write its record now, with the pending deletes. */
+    bytes_t rec = {0};
+    rc = encode_object(&rec, o);
+    bytes_t taken = st->pending;
+    memset(&st->pending, 0, sizeof(st->pending));
+    bool was_on_disk = o->on_disk;
+    o->on_disk = true;
+    pthread_mutex_unlock(&st->mu);
+    if (rc == 0) {
+      rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+      pending_to_batch(&taken, b, NULL, 0, obj->id, true);
+      uint8_t k[9];
+      make_obj_key(k, obj->id);
+      rocksdb_writebatch_put(b, (const char *)k, sizeof(k),
+                             (const char *)rec.p, rec.len);
+      rc = db_write(st, b);
+      rocksdb_writebatch_destroy(b);
+    }
+    pthread_mutex_lock(&st->mu);
+    if (rc != 0) {
+      bytes_append(&st->pending, taken.p, taken.len);
+      o->on_disk = was_on_disk;
+    }
+    free(taken.p);
+    free(rec.p);
+  }
+  pthread_mutex_unlock(&st->mu);
+  pthread_mutex_unlock(&st->wmu);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reads                                                                     */
+
+int store_contains(store_t *st, const store_key_t *key) {
+  if (st == NULL || key == NULL || key->len > STORE_KEY_MAX) return 0;
+  uint64_t h = hash_key(key->bytes, key->len);
+  pthread_mutex_lock(&st->mu);
+  const entry_t *e = entry_find(st, key->bytes, key->len, h);
+  int present = e != NULL && e->state == ST_PRESENT;
+  pthread_mutex_unlock(&st->mu);
+  return present;
+}
+
+struct store_value {
+  rocksdb_pinnableslice_t *ps; /* NULL when copied */
+  uint8_t *copy;
+  const uint8_t *data;
+  size_t size;
+};
+
+const uint8_t *store_value_data(const store_value_t *v) { return v->data; }
+size_t store_value_size(const store_value_t *v) { return v->size; }
+
+void store_value_free(store_value_t *v) {
+  if (v == NULL) return;
+  if (v->ps) rocksdb_pinnableslice_destroy(v->ps);
+  free(v->copy);
+  free(v);
+}
+
+/* Drops the entry for key if it is still generation gen (a failed read). */
+static bool drop_if_gen(store_t *st, const store_key_t *key, uint64_t h,
+                        uint64_t gen, bool corrupt) {
+  bool dropped = false;
+  pthread_mutex_lock(&st->mu);
+  entry_t *e = entry_find(st, key->bytes, key->len, h);
+  if (e != NULL && e->state == ST_PRESENT && e->gen == gen) {
+    if (corrupt) st->stats.checksum_failures++;
+    drop_present(st, e);
+    dropped = true;
+  }
+  pthread_mutex_unlock(&st->mu);
+  return dropped;
+}
+
+static void unhit(store_t *st, uint64_t size) {
+  pthread_mutex_lock(&st->mu);
+  st->stats.hits--;
+  st->stats.hit_bytes -= size;
+  st->stats.misses++;
+  pthread_mutex_unlock(&st->mu);
+}
+
+int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
+  if (out) *out = NULL;
+  if (st == NULL || key == NULL || out == NULL || key->len > STORE_KEY_MAX)
+    return LARDER_EINVAL;
+  uint64_t h = hash_key(key->bytes, key->len);
+  pthread_mutex_lock(&st->mu);
+  entry_t *e = entry_find(st, key->bytes, key->len, h);
+  if (e == NULL || e->state != ST_PRESENT) {
+    st->stats.misses++;
+    pthread_mutex_unlock(&st->mu);
+    return LARDER_ENOENT;
+  }
+  touch(st, e, wall_now(st));
+  uint64_t gen = e->gen, size = e->size;
+  st->stats.hits++; /* undone below if the read fails */
+  st->stats.hit_bytes += size;
+  bool persist = persist_due(st);
+  pthread_mutex_unlock(&st->mu);
+
+  uint8_t k[1 + STORE_KEY_MAX];
+  size_t kl = make_key(k, PFX_VALUE, key->bytes, key->len);
+  char *err = NULL;
+  rocksdb_pinnableslice_t *ps = NULL;
+  int rc = LARDER_EIO; /* no database: a reopen failed */
+  pthread_rwlock_rdlock(&st->dblk);
+  if (st->db != NULL) {
+    ps = rocksdb_get_pinned(st->db, st->ro_get, (const char *)k, kl, &err);
+    rc = rdb_take(&err, NULL, 0);
+  }
+  pthread_rwlock_unlock(&st->dblk);
+  if (rc == 0 && ps == NULL) {
+    /* The index had it and RocksDB does not: forget it. */
+    drop_if_gen(st, key, h, gen, false);
+    rc = LARDER_ENOENT;
+  }
+  size_t vlen = 0;
+  const uint8_t *v = NULL;
+  if (rc == 0) {
+    v = (const uint8_t *)rocksdb_pinnableslice_value(ps, &vlen);
+    rc = check_value(v, vlen, size);
+  } else if (rc == LARDER_ECORRUPT) {
+    rc = LARDER_ECHECKSUM; /* RocksDB found the stored bytes corrupt */
+  }
+  /* A value replaced while we read it is a miss, not a corrupt entry. */
+  if (rc == LARDER_ECHECKSUM && !drop_if_gen(st, key, h, gen, true))
+    rc = LARDER_ENOENT;
+  store_value_t *val = NULL;
+  if (rc == 0) {
+    val = calloc(1, sizeof(*val));
+    if (val == NULL) rc = LARDER_ENOMEM;
+  }
+  if (rc == 0) {
+    const uint8_t *payload = v + VALUE_HDR;
+    val->size = (size_t)size;
+    if (((uintptr_t)payload & 7) != 0) {
+      /* Small values inlined in SST blocks may be misaligned: copy. */
+      val->copy = malloc(size ? (size_t)size : 1);
+      if (val->copy == NULL) {
+        free(val);
+        val = NULL;
+        rc = LARDER_ENOMEM;
+      } else {
+        if (size) memcpy(val->copy, payload, (size_t)size);
+        val->data = val->copy;
+        rocksdb_pinnableslice_destroy(ps);
+        ps = NULL;
+      }
+    } else {
+      val->ps = ps;
+      val->data = payload;
+      ps = NULL;
+    }
+  }
+  if (ps) rocksdb_pinnableslice_destroy(ps);
+  if (rc != 0) {
+    unhit(st, size);
+    if (rc == LARDER_ECHECKSUM || rc == LARDER_ENOENT) {
+      pthread_mutex_lock(&st->wmu);
+      flush_pending(st);
+      pthread_mutex_unlock(&st->wmu);
+    }
+    return rc;
+  }
+  if (persist && pthread_mutex_trylock(&st->wmu) == 0) {
+    persist_last_use(st, false);
+    pthread_mutex_unlock(&st->wmu);
+  }
+  *out = val;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Admission                                                                 */
+
+static int scratch_push(store_t *st, size_t *len, uint32_t v) {
+  if (*len == st->scratch_cap) {
+    size_t nc = st->scratch_cap ? st->scratch_cap * 2 : 256;
+    uint32_t *ns = realloc(st->scratch, nc * sizeof(*ns));
+    if (ns == NULL) return LARDER_ENOMEM;
+    st->scratch = ns;
+    st->scratch_cap = nc;
+  }
+  st->scratch[(*len)++] = v;
+  return 0;
+}
+
+/* Whether `need` bytes can be freed from idle entries and entries worse
+ * than priority; changes nothing. */
+static bool can_free(store_t *st, uint64_t need, uint64_t priority,
+                     int64_t now) {
+  uint64_t avail = 0;
+  size_t marked = 0;
+  for (entry_t *e = st->lru_head; e && avail < need && is_idle(st, e, now);
+       e = e->next) {
+    avail += e->size;
+    e->mark = 1;
+    marked++;
+  }
+  /* Heap entries worse than priority form a subtree at the root. */
+  size_t sp = 0;
+  if (avail < need && st->heap_len > 0 && scratch_push(st, &sp, 0) != 0)
+    sp = 0;
+  while (sp > 0 && avail < need) {
+    uint32_t i = st->scratch[--sp];
+    entry_t *e = st->heap[i];
+    if (e->priority <= priority) continue;
+    if (!e->mark) avail += e->size;
+    size_t l = 2 * (size_t)i + 1;
+    if (l < st->heap_len && scratch_push(st, &sp, (uint32_t)l) != 0) break;
+    if (l + 1 < st->heap_len && scratch_push(st, &sp, (uint32_t)(l + 1)) != 0)
+      break;
+  }
+  entry_t *e = st->lru_head;
+  for (size_t i = 0; i < marked; i++, e = e->next) e->mark = 0;
+  return avail >= need;
+}
+
+int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
+                  const uint64_t *sizes, int n, uint64_t priority) {
+  if (st == NULL || keys == NULL || sizes == NULL || n <= 0)
+    return LARDER_EINVAL;
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    if (keys[i].len > STORE_KEY_MAX || sizes[i] > UINT64_MAX / 4 - total)
+      return LARDER_EINVAL;
+    total += sizes[i];
+    for (int j = 0; j < i; j++)
+      if (keys[j].len == keys[i].len &&
+          memcmp(keys[j].bytes, keys[i].bytes, keys[i].len) == 0)
+        return LARDER_EINVAL;
+  }
+  int64_t mnow = mono_now(st);
+  pthread_mutex_lock(&st->mu);
+  if (st->writes_off) {
+    /* After the retry time, reopen the database in the background. */
+    bool start = mnow >= st->retry_at && !st->reopen_running;
+    if (start) {
+      st->reopen_running = true;
+      st->retry_at = mnow + STORE_ENOSPC_RETRY_S;
+    }
+    st->stats.rejected++;
+    pthread_mutex_unlock(&st->mu);
+    if (start) start_reopen(st);
+    return 0;
+  }
+  pthread_mutex_unlock(&st->mu);
+
+  bool room = disk_has_room(st, total);
+  int64_t now = wall_now(st);
+  pthread_mutex_lock(&st->mu);
+  st->low_space = !room;
+  bool admit = room && total <= st->capacity;
+  for (int i = 0; i < n && admit; i++)
+    if (entry_find(st, keys[i].bytes, keys[i].len,
+                   hash_key(keys[i].bytes, keys[i].len)) != NULL)
+      admit = false;
+  if (admit && st->used + st->reserved + total > st->capacity) {
+    uint64_t need = st->used + st->reserved + total - st->capacity;
+    admit = can_free(st, need, priority, now);
+    if (admit) evict_down(st, st->capacity - total, false, priority, now);
+    admit = st->used + st->reserved + total <= st->capacity;
+  }
+  object_t *o = admit ? obj_get(st, object_id) : NULL;
+  if (admit && o == NULL) {
+    pthread_mutex_unlock(&st->mu);
+    return LARDER_ENOMEM;
+  }
+  int made = 0;
+  int rc = admit ? 1 : 0;
+  for (int i = 0; i < n && admit; i++) {
+    const store_key_t *k = &keys[i];
+    entry_t *e = calloc(1, sizeof(*e) + k->len);
+    uint64_t h = hash_key(k->bytes, k->len);
+    if (e != NULL) {
+      e->keylen = k->len;
+      memcpy(e->key, k->bytes, k->len);
+      e->h = h;
+      e->size = sizes[i];
+      e->priority = priority;
+      e->heap_pos = HEAP_NONE;
+      e->state = ST_RESERVED;
+      e->obj = o;
+    }
+    if (e == NULL || map_insert(&st->entries, h, e) != 0) {
+      free(e);
+      rc = LARDER_ENOMEM;
+      break;
+    }
+    o->refs++;
+    st->reserved += e->size;
+    made++;
+  }
+  if (rc < 0) {
+    /* Undo the reservations made so far. */
+    for (int i = 0; i < made; i++) {
+      entry_t *e = entry_find(st, keys[i].bytes, keys[i].len,
+                              hash_key(keys[i].bytes, keys[i].len));
+      if (e) drop_reserved(st, e);
+    }
+  } else if (rc == 0) {
+    st->stats.rejected++;
+  }
+  pthread_mutex_unlock(&st->mu);
+  return rc;
+}
+
+void store_unreserve(store_t *st, const store_key_t *keys, int n) {
+  if (st == NULL || keys == NULL) return;
+  pthread_mutex_lock(&st->mu);
+  for (int i = 0; i < n; i++) {
+    if (keys[i].len > STORE_KEY_MAX) continue;
+    uint64_t h = hash_key(keys[i].bytes, keys[i].len);
+    entry_t *e = entry_find(st, keys[i].bytes, keys[i].len, h);
+    if (e != NULL && e->state == ST_RESERVED) drop_reserved(st, e);
+  }
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writes                                                                    */
+
+int store_put(store_t *st, uint64_t object_id, uint64_t priority,
+              const store_entry_t *entries, int n) {
+  if (st == NULL || entries == NULL || n <= 0) return LARDER_EINVAL;
+  for (int i = 0; i < n; i++) {
+    if (entries[i].key.len > STORE_KEY_MAX ||
+        (entries[i].data == NULL && entries[i].size > 0))
+      return LARDER_EINVAL;
+    for (int j = 0; j < i; j++)
+      if (entries[j].key.len == entries[i].key.len &&
+          memcmp(entries[j].key.bytes, entries[i].key.bytes,
+                 entries[i].key.len) == 0)
+        return LARDER_EINVAL;
+  }
+  entry_t **es = calloc((size_t)n, sizeof(entry_t *));
+  uint8_t *hdrs = malloc((size_t)n * (VALUE_HDR + INDEX_REC));
+  if (es == NULL || hdrs == NULL) {
+    free(es);
+    free(hdrs);
+    return LARDER_ENOMEM;
+  }
+  /* Checksums first, holding no lock. */
+  for (int i = 0; i < n; i++) {
+    uint32_t crc = store_crc32c(0, entries[i].data, entries[i].size);
+    encode_value_header(hdrs + (size_t)i * VALUE_HDR, crc, entries[i].size);
+  }
+  /* Claim the reservations. */
+  pthread_mutex_lock(&st->mu);
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    const store_key_t *k = &entries[i].key;
+    es[i] = entry_find(st, k->bytes, k->len, hash_key(k->bytes, k->len));
+    if (es[i] == NULL || es[i]->state != ST_RESERVED) rc = LARDER_EINVAL;
+  }
+  object_t *o = rc == 0 ? obj_get(st, object_id) : NULL;
+  if (rc == 0 && o == NULL) rc = LARDER_ENOMEM;
+  if (rc == 0) {
+    for (int i = 0; i < n; i++) {
+      entry_t *e = es[i];
+      e->state = ST_WRITING;
+      e->priority = priority;
+      if (e->obj != o) { /* reserved under another object id */
+        o->refs++;
+        obj_unref(st, e->obj);
+        e->obj = o;
+      }
+    }
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (rc != 0) {
+    free(es);
+    free(hdrs);
+    return rc;
+  }
+
+  /* The batch: values and index records (copied into the batch here). */
+  int64_t now = wall_now(st);
+  rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+  for (int i = 0; i < n; i++) {
+    uint8_t k[1 + STORE_KEY_MAX];
+    size_t kl = make_key(k, PFX_VALUE, entries[i].key.bytes, entries[i].key.len);
+    const char *keyp = (const char *)k;
+    const char *vparts[2] = {(const char *)hdrs + (size_t)i * VALUE_HDR,
+                             entries[i].size ? entries[i].data : ""};
+    size_t vsizes[2] = {VALUE_HDR, entries[i].size};
+    rocksdb_writebatch_putv(b, 1, &keyp, &kl, 2, vparts, vsizes);
+    uint8_t *r = hdrs + (size_t)n * VALUE_HDR + (size_t)i * INDEX_REC;
+    encode_index(r, entries[i].size, priority, object_id, now);
+    k[0] = PFX_INDEX;
+    rocksdb_writebatch_put(b, (const char *)k, kl, (const char *)r, INDEX_REC);
+  }
+
+  pthread_mutex_lock(&st->wmu);
+  pthread_mutex_lock(&st->mu);
+  bytes_t taken = st->pending;
+  memset(&st->pending, 0, sizeof(st->pending));
+  bytes_t orec = {0};
+  bool write_obj = o->name != NULL && !o->on_disk;
+  if (write_obj && encode_object(&orec, o) != 0) write_obj = false;
+  if (write_obj) o->on_disk = true;
+  pthread_mutex_unlock(&st->mu);
+  pending_to_batch(&taken, b, entries, n, object_id, write_obj);
+  if (write_obj) {
+    uint8_t k[9];
+    make_obj_key(k, object_id);
+    rocksdb_writebatch_put(b, (const char *)k, sizeof(k),
+                           (const char *)orec.p, orec.len);
+  }
+  rc = db_write(st, b);
+  rocksdb_writebatch_destroy(b);
+
+  pthread_mutex_lock(&st->mu);
+  uint64_t total = 0;
+  if (rc == 0) {
+    for (int i = 0; i < n; i++) {
+      entry_t *e = es[i];
+      st->reserved -= e->size;
+      e->size = entries[i].size;
+      e->last_use = e->saved_use = now;
+      e->gen = ++st->gen_counter;
+      e->touch = ++st->touch_counter;
+      e->state = ST_PRESENT;
+      st->used += e->size;
+      st->present++;
+      total += e->size;
+      obj_add_present(st, o, e->size, now);
+      lru_append(st, e);
+      if (heap_push(st, e) != 0) {
+        /* No memory for the heap: forget the entry (deleted later). */
+        st->used -= e->size;
+        st->present--;
+        obj_del_present(st, o, e->size);
+        lru_unlink(st, e);
+        map_remove_ptr(&st->entries, e->h, e);
+        pending_entry(st, e->key, e->keylen);
+        obj_unref(st, o);
+        free(e);
+      }
+    }
+    st->stats.puts++;
+    st->stats.put_bytes += total;
+    /* Real sizes above the reserved ones: get back under the capacity,
+     * evicting only idle or worse entries (overshoot <= this unit). */
+    evict_down(st, st->capacity, false, priority, now);
+  } else {
+    bytes_append(&st->pending, taken.p, taken.len);
+    if (write_obj) o->on_disk = false;
+    /* A batch can reach the WAL and still report an error (a failed sync):
+     * make sure no value outlives its failed put.  A later put of the same
+     * key supersedes these deletes. */
+    for (int i = 0; i < n; i++) {
+      pending_entry(st, es[i]->key, es[i]->keylen);
+      drop_reserved(st, es[i]);
+    }
+  }
+  bool more = st->pending.len > 0 && rc == 0;
+  bool persist = rc == 0 && persist_due(st);
+  pthread_mutex_unlock(&st->mu);
+  if (more) flush_pending(st);
+  if (persist) persist_last_use(st, false);
+  pthread_mutex_unlock(&st->wmu);
+  free(taken.p);
+  free(orec.p);
+  free(es);
+  free(hdrs);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Administration                                                            */
+
+int store_list_objects(store_t *st,
+                       void (*fn)(const store_object_info_t *info, void *arg),
+                       void *arg) {
+  if (st == NULL) return LARDER_EINVAL;
+  pthread_mutex_lock(&st->mu);
+  size_t n = st->live_objects;
+  store_object_info_t *v = n ? calloc(n, sizeof(*v)) : NULL;
+  if (n && v == NULL) {
+    pthread_mutex_unlock(&st->mu);
+    return LARDER_ENOMEM;
+  }
+  size_t j = 0;
+  for (size_t i = 0; i <= st->objects.mask && j < n; i++) {
+    const object_t *o = st->objects.slots[i].p;
+    if (o == NULL || o->entries == 0) continue;
+    store_object_info_t *info = &v[j++];
+    info->id = o->id;
+    snprintf(info->name, sizeof(info->name), "%s", o->name ? o->name : "");
+    snprintf(info->identity, sizeof(info->identity), "%s",
+             o->identity ? o->identity : "");
+    info->bytes = o->bytes;
+    info->entries = o->entries;
+    info->last_use = o->last_use;
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (fn)
+    for (size_t i = 0; i < j; i++) fn(&v[i], arg);
+  free(v);
+  return (int)j;
+}
+
+static bool name_matches(const object_t *o, const char *prefix,
+                         uint64_t object_id) {
+  if (object_id != 0) return o->id == object_id;
+  if (prefix == NULL || prefix[0] == '\0') return true;
+  return o->name != NULL && strncmp(o->name, prefix, strlen(prefix)) == 0;
+}
+
+/* The present entries for which pick(e, arg) holds, in a malloc'd array
+ * (mu held; *n set).  Collected first and dropped afterwards, because a
+ * removal from the map moves other entries between slots. */
+static entry_t **collect(store_t *st, bool (*pick)(const entry_t *, void *),
+                         void *arg, size_t *n) {
+  *n = 0;
+  entry_t **v = malloc((st->entries.count ? st->entries.count : 1) *
+                       sizeof(entry_t *));
+  if (v == NULL) return NULL;
+  for (size_t i = 0; i <= st->entries.mask; i++) {
+    entry_t *e = st->entries.slots[i].p;
+    if (e != NULL && e->state == ST_PRESENT && pick(e, arg)) v[(*n)++] = e;
+  }
+  return v;
+}
+
+typedef struct evict_sel {
+  const char *prefix;
+  uint64_t object_id;
+} evict_sel_t;
+
+static bool pick_evict(const entry_t *e, void *arg) {
+  const evict_sel_t *sel = arg;
+  return name_matches(e->obj, sel->prefix, sel->object_id);
+}
+
+int store_evict(store_t *st, const char *prefix, uint64_t object_id,
+                int dry_run, uint64_t *entries, uint64_t *bytes) {
+  if (entries) *entries = 0;
+  if (bytes) *bytes = 0;
+  if (st == NULL) return LARDER_EINVAL;
+  evict_sel_t sel = {prefix, object_id};
+  uint64_t nb = 0;
+  size_t ne = 0;
+  pthread_mutex_lock(&st->mu);
+  entry_t **v = collect(st, pick_evict, &sel, &ne);
+  if (v == NULL) {
+    pthread_mutex_unlock(&st->mu);
+    return LARDER_ENOMEM;
+  }
+  for (size_t i = 0; i < ne; i++) {
+    nb += v[i]->size;
+    if (!dry_run) evict_entry(st, v[i]);
+  }
+  pthread_mutex_unlock(&st->mu);
+  free(v);
+  int rc = 0;
+  if (!dry_run) {
+    pthread_mutex_lock(&st->wmu);
+    rc = flush_pending(st);
+    pthread_mutex_unlock(&st->wmu);
+  }
+  if (entries) *entries = ne;
+  if (bytes) *bytes = nb;
+  return rc;
+}
+
+/* Present before the scan began and not seen by it. */
+static bool pick_missing(const entry_t *e, void *arg) {
+  return !e->seen && e->gen <= *(const uint64_t *)arg;
+}
+
+int store_verify(store_t *st, uint64_t *checked, uint64_t *bad) {
+  if (checked) *checked = 0;
+  if (bad) *bad = 0;
+  if (st == NULL) return LARDER_EINVAL;
+  uint64_t nchecked = 0, nbad = 0;
+  pthread_mutex_lock(&st->vmu);
+  pthread_mutex_lock(&st->mu);
+  /* Entries put after this are not in the iterator's snapshot. */
+  uint64_t snap_gen = st->gen_counter;
+  pthread_mutex_unlock(&st->mu);
+
+  char lower[1] = {PFX_VALUE}, upper[1] = {PFX_VALUE + 1};
+  rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+  rocksdb_readoptions_set_iterate_lower_bound(ro, lower, 1);
+  rocksdb_readoptions_set_iterate_upper_bound(ro, upper, 1);
+  rocksdb_readoptions_set_fill_cache(ro, 0);
+  rocksdb_readoptions_set_verify_checksums(ro, 0); /* ours cover it */
+  pthread_rwlock_rdlock(&st->dblk);
+  if (st->db == NULL) {
+    pthread_rwlock_unlock(&st->dblk);
+    rocksdb_readoptions_destroy(ro);
+    pthread_mutex_unlock(&st->vmu);
+    return LARDER_EIO;
+  }
+  rocksdb_iterator_t *it = rocksdb_create_iterator(st->db, ro);
+  for (rocksdb_iter_seek(it, lower, 1); rocksdb_iter_valid(it);
+       rocksdb_iter_next(it)) {
+    size_t kl = 0, vl = 0;
+    const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
+    const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+    if (kl < 1 || kl - 1 > STORE_KEY_MAX) continue;
+    bool sound = check_value(v, vl, UINT64_MAX) == 0;
+    const uint8_t *key = k + 1;
+    uint8_t len = (uint8_t)(kl - 1);
+    uint64_t h = hash_key(key, len);
+    pthread_mutex_lock(&st->mu);
+    entry_t *e = entry_find(st, key, len, h);
+    if (e == NULL) {
+      /* Evicted since the scan began, or an orphan: deleting is safe, a
+       * later put of this key supersedes the delete. */
+      pending_entry(st, key, len);
+    } else if (e->state == ST_PRESENT && e->gen <= snap_gen) {
+      nchecked++;
+      e->seen = 1;
+      if (!sound || get_u64(v + 16) != e->size) {
+        nbad++;
+        st->stats.checksum_failures++;
+        drop_present(st, e);
+      }
+    }
+    pthread_mutex_unlock(&st->mu);
+  }
+  char *err = NULL;
+  rocksdb_iter_get_error(it, &err);
+  int rc = rdb_take(&err, NULL, 0);
+  rocksdb_iter_destroy(it);
+  pthread_rwlock_unlock(&st->dblk);
+  rocksdb_readoptions_destroy(ro);
+
+  /* Index entries whose value was not there (only after a full scan). */
+  pthread_mutex_lock(&st->mu);
+  size_t nm = 0;
+  entry_t **miss = rc == 0 ? collect(st, pick_missing, &snap_gen, &nm) : NULL;
+  if (rc == 0 && miss == NULL) rc = LARDER_ENOMEM;
+  for (size_t i = 0; i < nm; i++) {
+    nchecked++;
+    nbad++;
+    drop_present(st, miss[i]);
+  }
+  free(miss);
+  for (size_t i = 0; i <= st->entries.mask; i++) {
+    entry_t *e = st->entries.slots[i].p;
+    if (e != NULL) e->seen = 0;
+  }
+  pthread_mutex_unlock(&st->mu);
+  pthread_mutex_lock(&st->wmu);
+  int frc = flush_pending(st);
+  pthread_mutex_unlock(&st->wmu);
+  pthread_mutex_unlock(&st->vmu);
+  if (checked) *checked = nchecked;
+  if (bad) *bad = nbad;
+  return rc ? rc : frc;
+}
+
+void store_stats_get(store_t *st, store_stats_t *out) {
+  if (out == NULL) return;
+  memset(out, 0, sizeof(*out));
+  if (st == NULL) return;
+  pthread_mutex_lock(&st->mu);
+  *out = st->stats;
+  out->capacity_bytes = st->capacity;
+  out->used_bytes = st->used;
+  out->reserved_bytes = st->reserved;
+  out->entries = st->present;
+  out->objects = st->live_objects;
+  out->admission_disabled = st->writes_off || st->low_space;
+  pthread_mutex_unlock(&st->mu);
+}

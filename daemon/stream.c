@@ -1,0 +1,890 @@
+/*
+ * stream.c: one stream of batches, from OpenStream to its end.
+ *
+ * A stream walks its batch positions (epoch, batch) in order.  For each it
+ * plans the samples (shuffle.c), takes references on the units they come
+ * from, and once every unit is in memory, assembles the batch into its
+ * arena on a worker thread.  Batches go out in order, while the client holds
+ * fewer than `window` unreleased ones.  Ahead of planning, the stream pins
+ * the units of the next window of batches (the shuffle says exactly which),
+ * so loading runs a window ahead of consumption: clairvoyant prefetch.
+ *
+ * Lifetime: a stream is freed when it is closed (by its client, its
+ * connection or an error) and no task of its is in flight.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+enum { PB_WAITING, PB_ASSEMBLING, PB_READY, PB_NOROOM };
+
+typedef struct pbatch {
+  struct pbatch *next;
+  stream_t *s;
+  uint64_t epoch, index, seq;
+  int n;                    /* samples */
+  shuffle_sample_t *samples;
+  unit_t **sample_unit;     /* per sample */
+  unit_t **units;           /* distinct, each holding one reference */
+  int num_units;
+  int state;
+  int error;
+  char message[300];
+  int64_t arena_off;
+  uint64_t arena_len;
+  layout_node_t *nodes;
+  int num_nodes;
+  uint64_t assemble_ns;
+  uv_work_t work;
+} pbatch_t;
+
+typedef struct sent {
+  uint64_t seq;
+  int64_t arena_off;
+  uint64_t rows, bytes;
+} sent_t;
+
+typedef struct pin {
+  unit_t *u;
+} pin_t;
+
+struct stream {
+  server_t *srv;
+  conn_t *conn;
+  uint32_t id;
+  uint32_t request_id;
+  stream_t *next_in_conn;
+  int closed;
+  int end_sent;
+  int tasks;                /* worker tasks in flight */
+
+  dataset_t *ds;
+  shuffle_plan_t *plan;
+  shuffle_params_t params;
+  uint64_t epochs;          /* 0 = unbounded */
+  uint64_t batches_per_epoch;
+  int num_nodes;            /* arrays per batch */
+
+  shuffle_epoch_t *plan_ep; /* cursor of the epoch being planned */
+  uint64_t plan_epoch, plan_batch;
+  int exhausted;            /* every batch planned */
+
+  shuffle_epoch_t *pin_ep;  /* cursor of the prefetch pins */
+  uint64_t pin_epoch, pin_batch;
+  uint64_t pin_span;        /* batches pinned ahead */
+  pin_t *pins;              /* the span being pinned now */
+  int num_pins, cap_pins;
+  pin_t *old_pins;          /* the span before it, kept until the next one */
+  int num_old_pins, cap_old_pins;
+
+  arena_t *arena;
+  uint32_t window, prefetch;
+  pbatch_t *q_head, *q_tail;
+  int q_len;
+  uint64_t next_seq;
+  sent_t *sent;
+  int num_sent, cap_sent;
+
+  stats_stream_t st;
+  uint64_t opened_ns;
+};
+
+uint32_t stream_id(const stream_t *s) { return s->id; }
+
+stream_t *stream_find(conn_t *c, uint32_t id) {
+  for (stream_t *s = c->streams; s; s = s->next_in_conn)
+    if (s->id == id) return s;
+  return NULL;
+}
+
+static void stream_pump(stream_t *s);
+static void stream_maybe_free(stream_t *s);
+
+/* ------------------------------------------------------------------------ */
+
+static uint64_t linear(const stream_t *s, uint64_t epoch, uint64_t batch) {
+  return epoch * s->batches_per_epoch + batch;
+}
+
+static void pbatch_free(stream_t *s, pbatch_t *b) {
+  for (int i = 0; i < b->num_units; i++) {
+    units_unwait(b->units[i], s);
+    units_release(s->srv, b->units[i]);
+  }
+  free(b->units);
+  free(b->sample_unit);
+  free(b->samples);
+  free(b->nodes);
+  free(b);
+}
+
+static void release_pins(stream_t *s) {
+  for (int i = 0; i < s->num_pins; i++) units_release(s->srv, s->pins[i].u);
+  s->num_pins = 0;
+  for (int i = 0; i < s->num_old_pins; i++) units_release(s->srv, s->old_pins[i].u);
+  s->num_old_pins = 0;
+}
+
+/* Moves the current pins to the old generation, releasing the old one: the
+ * span the planner is in stays pinned while the next one loads. */
+static void rotate_pins(stream_t *s) {
+  for (int i = 0; i < s->num_old_pins; i++) units_release(s->srv, s->old_pins[i].u);
+  pin_t *p = s->old_pins;
+  int cap = s->cap_old_pins;
+  s->old_pins = s->pins;
+  s->num_old_pins = s->num_pins;
+  s->cap_old_pins = s->cap_pins;
+  s->pins = p;
+  s->cap_pins = cap;
+  s->num_pins = 0;
+}
+
+static void stream_destroy(stream_t *s) {
+  while (s->q_head) {
+    pbatch_t *b = s->q_head;
+    s->q_head = b->next;
+    pbatch_free(s, b);
+  }
+  release_pins(s);
+  free(s->pins);
+  free(s->old_pins);
+  free(s->sent);
+  shuffle_epoch_close(s->plan_ep);
+  shuffle_epoch_close(s->pin_ep);
+  shuffle_plan_free(s->plan);
+  if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
+  arena_destroy(s->arena);
+  STATS_SUB(&s->srv->stats, streams, 1);
+  free(s);
+}
+
+static void stream_maybe_free(stream_t *s) {
+  if (s->closed && s->tasks == 0) stream_destroy(s);
+}
+
+static void unlink_from_conn(stream_t *s) {
+  if (s->conn == NULL) return;
+  stream_t **pp = &s->conn->streams;
+  while (*pp && *pp != s) pp = &(*pp)->next_in_conn;
+  if (*pp) *pp = s->next_in_conn;
+  s->conn->num_streams--;
+  s->conn = NULL;
+}
+
+void stream_close(stream_t *s) {
+  if (s->closed) return;
+  s->closed = 1;
+  unlink_from_conn(s);
+  /* Queued batches drop their units now; one being assembled keeps its
+   * units until its task returns. */
+  pbatch_t **pp = &s->q_head;
+  while (*pp) {
+    pbatch_t *b = *pp;
+    if (b->state == PB_ASSEMBLING) {
+      pp = &b->next;
+      continue;
+    }
+    *pp = b->next;
+    s->q_len--;
+    pbatch_free(s, b);
+  }
+  s->q_tail = NULL;
+  for (pbatch_t *b = s->q_head; b; b = b->next) s->q_tail = b;
+  release_pins(s);
+  stream_maybe_free(s);
+}
+
+void stream_fail(stream_t *s, int code, const char *fmt, ...) {
+  if (s->closed) return;
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  STATS_ADD(&s->srv->stats, stream_errors, 1);
+  log_notice("stream %u of client pid %d failed: %s", s->id, s->conn ? (int)s->conn->pid : -1, msg);
+  if (s->conn) conn_send_error(s->conn, code, s->id, 0, "%s", msg);
+  stream_close(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Prefetch pins                                                             */
+
+/* Pins the units of the next pin_span batches past the pin position, so
+ * their loads start a window before the batches are planned. */
+static void advance_pins(stream_t *s) {
+  uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
+  uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
+  if (pin_pos > plan_pos + s->pin_span / 2) return;
+  if (s->epochs && s->pin_epoch >= s->epochs) return;
+  rotate_pins(s);
+  uint64_t first = s->pin_batch;
+  uint64_t last = first + s->pin_span;
+  if (last > s->batches_per_epoch) last = s->batches_per_epoch;
+  if (s->pin_ep == NULL || first == 0) {
+    shuffle_epoch_close(s->pin_ep);
+    s->pin_ep = NULL;
+    if (shuffle_epoch_open(s->plan, s->pin_epoch, &s->pin_ep) != 0) return;
+  }
+  uint32_t max = s->ds->num_units;
+  uint32_t *idx = malloc((size_t)max * sizeof(uint32_t));
+  if (idx == NULL) return;
+  int n = shuffle_epoch_units(s->pin_ep, first, last, idx, max);
+  if (n > 0 && n > s->cap_pins) {
+    pin_t *p = realloc(s->pins, (size_t)n * sizeof(pin_t));
+    if (p == NULL) n = 0;
+    else {
+      s->pins = p;
+      s->cap_pins = n;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    unit_t *u = units_acquire(s->srv, s->ds, idx[i]);
+    if (u == NULL) break;
+    s->pins[s->num_pins++].u = u;
+  }
+  free(idx);
+  s->pin_batch = last;
+  if (s->pin_batch >= s->batches_per_epoch) {
+    s->pin_epoch++;
+    s->pin_batch = 0;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Planning                                                                  */
+
+static int cmp_unit_index(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int plan_one(stream_t *s) {
+  if (s->plan_ep == NULL) {
+    if (shuffle_epoch_open(s->plan, s->plan_epoch, &s->plan_ep) != 0) return LARDER_ENOMEM;
+  }
+  pbatch_t *b = calloc(1, sizeof(*b));
+  if (b == NULL) return LARDER_ENOMEM;
+  b->s = s;
+  b->epoch = s->plan_epoch;
+  b->index = s->plan_batch;
+  b->n = (int)s->params.batch_size;
+  b->samples = malloc((size_t)b->n * sizeof(shuffle_sample_t));
+  b->sample_unit = malloc((size_t)b->n * sizeof(unit_t *));
+  uint32_t *idx = malloc((size_t)b->n * sizeof(uint32_t));
+  int rc = LARDER_ENOMEM;
+  if (b->samples == NULL || b->sample_unit == NULL || idx == NULL) goto fail;
+  rc = shuffle_epoch_batch(s->plan_ep, b->index, b->samples);
+  if (rc < 0) goto fail;
+  for (int i = 0; i < b->n; i++) idx[i] = b->samples[i].unit;
+  qsort(idx, (size_t)b->n, sizeof(uint32_t), cmp_unit_index);
+  int nd = 0;
+  for (int i = 0; i < b->n; i++)
+    if (nd == 0 || idx[nd - 1] != idx[i]) idx[nd++] = idx[i];
+  b->units = calloc((size_t)nd, sizeof(unit_t *));
+  rc = LARDER_ENOMEM;
+  if (b->units == NULL) goto fail;
+  for (int i = 0; i < nd; i++) {
+    b->units[i] = units_acquire(s->srv, s->ds, idx[i]);
+    if (b->units[i] == NULL) goto fail;
+    b->num_units++;
+  }
+  for (int i = 0; i < b->n; i++) {
+    uint32_t key = b->samples[i].unit;
+    int lo = 0, hi = nd - 1;
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (idx[mid] < key) lo = mid + 1;
+      else hi = mid;
+    }
+    b->sample_unit[i] = b->units[lo];
+  }
+  free(idx);
+  b->seq = s->next_seq++;
+  b->state = PB_WAITING;
+  if (s->q_tail) s->q_tail->next = b;
+  else s->q_head = b;
+  s->q_tail = b;
+  s->q_len++;
+  if (++s->plan_batch >= s->batches_per_epoch) {
+    s->plan_batch = 0;
+    s->plan_epoch++;
+    shuffle_epoch_close(s->plan_ep);
+    s->plan_ep = NULL;
+    if (s->epochs && s->plan_epoch >= s->epochs) s->exhausted = 1;
+  }
+  return 0;
+fail:
+  free(idx);
+  pbatch_free(s, b);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Assembly, on a worker thread                                              */
+
+static void assemble_work(uv_work_t *w) {
+  pbatch_t *b = w->data;
+  stream_t *s = b->s;
+  uint64_t t0 = util_now_ns();
+  const pq_field_t *schema = s->ds->schema;
+  int nc = schema->num_children;
+  layout_pick_t *picks = malloc((size_t)b->n * sizeof(layout_pick_t));
+  int64_t *sizes = malloc((size_t)(nc ? nc : 1) * sizeof(int64_t));
+  layout_scratch_t *scratch = NULL;
+  if (picks == NULL || sizes == NULL) {
+    b->error = LARDER_ENOMEM;
+    goto out;
+  }
+  uint64_t total = 0;
+  for (int c = 0; c < nc; c++) {
+    for (int i = 0; i < b->n; i++) {
+      picks[i].view = &b->sample_unit[i]->views[c];
+      picks[i].row = b->samples[i].row;
+    }
+    sizes[c] = layout_gather_size(&schema->children[c], picks, b->n, &scratch);
+    if (sizes[c] < 0) {
+      b->error = (int)sizes[c];
+      snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
+               sizes[c] == LARDER_ELIMIT ? "more than 2 GiB of values in one batch"
+                                         : larder_strerror((int)sizes[c]));
+      goto out;
+    }
+    total += (uint64_t)sizes[c];
+  }
+  int64_t off = arena_alloc(s->arena, total);
+  if (off == LARDER_EAGAIN) {
+    b->error = LARDER_EAGAIN;
+    goto out;
+  }
+  if (off < 0) {
+    b->error = (int)off;
+    snprintf(b->message, sizeof(b->message),
+             "a batch of %llu bytes does not fit the stream's %llu-byte arena; open the "
+             "stream with a larger arena_bytes or a smaller batch_size",
+             (unsigned long long)total, (unsigned long long)arena_size(s->arena));
+    goto out;
+  }
+  b->arena_off = off;
+  b->arena_len = total;
+  uint8_t *base = arena_base(s->arena);
+  uint8_t *dst = base + off;
+  int node = 0;
+  for (int c = 0; c < nc; c++) {
+    for (int i = 0; i < b->n; i++) {
+      picks[i].view = &b->sample_unit[i]->views[c];
+      picks[i].row = b->samples[i].row;
+    }
+    int rc = layout_gather(&schema->children[c], picks, b->n, &scratch, base, dst,
+                           b->nodes + node);
+    if (rc) {
+      b->error = rc;
+      snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
+               larder_strerror(rc));
+      arena_release(s->arena, (uint64_t)off);
+      goto out;
+    }
+    dst += sizes[c];
+    node += layout_num_nodes(&schema->children[c]);
+  }
+out:
+  layout_scratch_free(scratch);
+  free(picks);
+  free(sizes);
+  b->assemble_ns = util_now_ns() - t0;
+}
+
+static void assemble_done(uv_work_t *w, int status) {
+  pbatch_t *b = w->data;
+  stream_t *s = b->s;
+  server_task_end(s->srv);
+  s->tasks--;
+  if (status == UV_ECANCELED && b->error == 0) b->error = LARDER_ESHUTDOWN;
+  STATS_ADD(&s->srv->stats, assemble_ns, b->assemble_ns);
+  STATS_ADD(&s->st, assemble_ns, b->assemble_ns);
+  if (s->closed) {
+    if (b->error == 0) arena_release(s->arena, (uint64_t)b->arena_off);
+    pbatch_t **pp = &s->q_head;
+    while (*pp && *pp != b) pp = &(*pp)->next;
+    if (*pp) *pp = b->next;
+    pbatch_free(s, b);
+    stream_maybe_free(s);
+    return;
+  }
+  if (b->error == LARDER_EAGAIN) {
+    /* The arena is full of unreleased batches: retry after a release. */
+    b->error = 0;
+    b->state = PB_NOROOM;
+    stream_pump(s);
+    return;
+  }
+  if (b->error) {
+    stream_fail(s, b->error, "%s", b->message[0] ? b->message : larder_strerror(b->error));
+    return;
+  }
+  b->state = PB_READY;
+  /* The batch's bytes are in the arena; its units are no longer needed. */
+  for (int i = 0; i < b->num_units; i++) units_release(s->srv, b->units[i]);
+  free(b->units);
+  b->units = NULL;
+  b->num_units = 0;
+  free(b->sample_unit);
+  b->sample_unit = NULL;
+  stream_pump(s);
+}
+
+static int start_assembly(stream_t *s, pbatch_t *b) {
+  if (b->nodes == NULL) {
+    b->nodes = calloc((size_t)s->num_nodes, sizeof(layout_node_t));
+    if (b->nodes == NULL) return LARDER_ENOMEM;
+    b->num_nodes = s->num_nodes;
+  }
+  b->state = PB_ASSEMBLING;
+  b->work.data = b;
+  s->tasks++;
+  server_task_begin(s->srv);
+  if (uv_queue_work(s->srv->loop, &b->work, assemble_work, assemble_done) != 0) {
+    server_task_end(s->srv);
+    s->tasks--;
+    b->state = PB_WAITING;
+    return LARDER_ENOMEM;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sending                                                                   */
+
+static int send_batch(stream_t *s, pbatch_t *b) {
+  Larder__Batch msg = LARDER__BATCH__INIT;
+  msg.stream_id = s->id;
+  msg.seq = b->seq;
+  msg.epoch = b->epoch;
+  msg.index = b->index;
+  msg.num_rows = (uint64_t)b->n;
+  msg.arena_offset = (uint64_t)b->arena_off;
+  msg.arena_length = b->arena_len;
+  Larder__ArrayDesc *descs = calloc((size_t)b->num_nodes, sizeof(*descs));
+  Larder__ArrayDesc **ptrs = calloc((size_t)b->num_nodes, sizeof(*ptrs));
+  if (descs == NULL || ptrs == NULL) {
+    free(descs);
+    free(ptrs);
+    return LARDER_ENOMEM;
+  }
+  uint64_t bytes = 0;
+  for (int i = 0; i < b->num_nodes; i++) {
+    larder__array_desc__init(&descs[i]);
+    const layout_node_t *nd = &b->nodes[i];
+    descs[i].length = nd->length;
+    descs[i].null_count = nd->null_count;
+    descs[i].validity_offset = nd->validity_offset;
+    descs[i].validity_length = nd->validity_length;
+    descs[i].offsets_offset = nd->offsets_offset;
+    descs[i].offsets_length = nd->offsets_length;
+    descs[i].values_offset = nd->values_offset;
+    descs[i].values_length = nd->values_length;
+    bytes += nd->validity_length + nd->offsets_length + nd->values_length;
+    ptrs[i] = &descs[i];
+  }
+  msg.n_arrays = (size_t)b->num_nodes;
+  msg.arrays = ptrs;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_BATCH;
+  f.batch = &msg;
+  int rc = conn_send(s->conn, &f, -1);
+  free(descs);
+  free(ptrs);
+  if (rc) return rc;
+  if (s->num_sent == s->cap_sent) {
+    int cap = s->cap_sent ? s->cap_sent * 2 : 16;
+    sent_t *p = realloc(s->sent, (size_t)cap * sizeof(sent_t));
+    if (p == NULL) return LARDER_ENOMEM;
+    s->sent = p;
+    s->cap_sent = cap;
+  }
+  s->sent[s->num_sent++] = (sent_t){b->seq, b->arena_off, (uint64_t)b->n, bytes};
+  STATS_ADD(&s->st, batches, 1);
+  STATS_ADD(&s->st, rows, b->n);
+  STATS_ADD(&s->st, bytes, bytes);
+  STATS_ADD(&s->srv->stats, batches, 1);
+  STATS_ADD(&s->srv->stats, batch_rows, b->n);
+  STATS_ADD(&s->srv->stats, batch_bytes, bytes);
+  return 0;
+}
+
+static void send_end(stream_t *s) {
+  Larder__EndOfStream eos = LARDER__END_OF_STREAM__INIT;
+  eos.stream_id = s->id;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_END_OF_STREAM;
+  f.end_of_stream = &eos;
+  conn_send(s->conn, &f, -1);
+  s->end_sent = 1;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void stream_pump(stream_t *s) {
+  if (s->closed || s->srv->shutting_down) return;
+  advance_pins(s);
+  while (!s->exhausted && s->q_len < (int)s->prefetch) {
+    int rc = plan_one(s);
+    if (rc) {
+      stream_fail(s, rc, "cannot plan the next batch: %s", larder_strerror(rc));
+      return;
+    }
+  }
+  /* Start assembling every planned batch whose units are all in memory.
+   * Waiting on a unit that is still loading re-runs this pump when the load
+   * ends. */
+  int assembling = 0;
+  for (pbatch_t *b = s->q_head; b; b = b->next) {
+    if (b->state == PB_ASSEMBLING) assembling++;
+    if (b->state != PB_WAITING && b->state != PB_NOROOM) continue;
+    if (b->state == PB_NOROOM && b != s->q_head) continue;
+    int ready = 1;
+    for (int i = 0; i < b->num_units; i++) {
+      unit_t *u = b->units[i];
+      if (u->state == UNIT_FAILED) {
+        stream_fail(s, u->error, "%s", u->message ? u->message : larder_strerror(u->error));
+        return;
+      }
+      if (u->state == UNIT_LOADING) {
+        ready = 0;
+        units_wait(u, s);
+      }
+    }
+    /* Two assemblies at once keep both cores busy without letting one
+     * stream monopolize the pool. */
+    if (ready && assembling < 2) {
+      int rc = start_assembly(s, b);
+      if (rc) {
+        stream_fail(s, rc, "cannot start assembling a batch");
+        return;
+      }
+      assembling++;
+    }
+  }
+  while (s->q_head && s->q_head->state == PB_READY && s->num_sent < (int)s->window) {
+    pbatch_t *b = s->q_head;
+    int rc = send_batch(s, b);
+    if (rc) {
+      stream_fail(s, rc, "cannot send a batch");
+      return;
+    }
+    s->q_head = b->next;
+    if (s->q_head == NULL) s->q_tail = NULL;
+    s->q_len--;
+    pbatch_free(s, b);
+    if (s->closed) return;
+  }
+  if (s->exhausted && s->q_head == NULL && !s->end_sent) send_end(s);
+}
+
+void stream_units_changed(stream_t *s) { stream_pump(s); }
+
+void stream_release(stream_t *s, const Larder__Release *rel) {
+  for (int i = 0; i < s->num_sent; i++) {
+    if (s->sent[i].seq != rel->seq) continue;
+    arena_release(s->arena, (uint64_t)s->sent[i].arena_off);
+    s->sent[i] = s->sent[--s->num_sent];
+    STATS_ADD(&s->st, wait_ns, rel->wait_ns);
+    STATS_ADD(&s->st, compute_ns, rel->compute_ns);
+    /* A batch that found the arena full can try again now. */
+    if (s->q_head && s->q_head->state == PB_NOROOM) s->q_head->state = PB_WAITING;
+    stream_pump(s);
+    return;
+  }
+  stream_fail(s, LARDER_EPROTO, "release of batch %llu, which the client does not hold",
+              (unsigned long long)rel->seq);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening                                                                   */
+
+typedef struct open_req {
+  uv_work_t work;
+  server_t *srv;
+  conn_t *conn;      /* NULL once the connection went away */
+  uint64_t conn_id;
+  uint32_t request_id;
+  char **sources;
+  size_t num_sources;
+  char **columns;
+  size_t num_columns;
+  Larder__OpenStream params;
+  dataset_options_t dopts;
+  dataset_t *ds;
+  int rc;
+  char err[600];
+} open_req_t;
+
+static void open_work(uv_work_t *w) {
+  open_req_t *o = w->data;
+  o->rc = dataset_open((const char *const *)o->sources, o->num_sources,
+                       (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
+                       sizeof(o->err));
+}
+
+static void free_open_req(open_req_t *o) {
+  for (size_t i = 0; i < o->num_sources; i++) free(o->sources[i]);
+  for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
+  free(o->sources);
+  free(o->columns);
+  free(o);
+}
+
+static Larder__Field *field_to_proto(const pq_field_t *f) {
+  Larder__Field *p = calloc(1, sizeof(*p));
+  if (p == NULL) return NULL;
+  larder__field__init(p);
+  p->name = (char *)f->name;
+  p->type = (uint32_t)f->type;
+  p->nullable = f->nullable;
+  p->byte_width = f->byte_width;
+  p->precision = f->precision;
+  p->scale = f->scale;
+  p->unit = (uint32_t)f->unit;
+  p->utc = f->utc;
+  if (f->num_children) {
+    p->children = calloc((size_t)f->num_children, sizeof(Larder__Field *));
+    if (p->children == NULL) return p;
+    for (int i = 0; i < f->num_children; i++) {
+      p->children[i] = field_to_proto(&f->children[i]);
+      if (p->children[i]) p->n_children++;
+    }
+  }
+  return p;
+}
+
+static void field_proto_free(Larder__Field *p) {
+  if (p == NULL) return;
+  for (size_t i = 0; i < p->n_children; i++) field_proto_free(p->children[i]);
+  free(p->children);
+  free(p);
+}
+
+static conn_t *find_conn(server_t *srv, uint64_t id) {
+  for (conn_t *c = srv->conns; c; c = c->next)
+    if (c->id == id && !c->closing) return c;
+  return NULL;
+}
+
+static void open_done(uv_work_t *w, int status) {
+  open_req_t *o = w->data;
+  server_t *srv = o->srv;
+  server_task_end(srv);
+  conn_t *c = find_conn(srv, o->conn_id);
+  if (status == UV_ECANCELED && o->rc == 0) {
+    o->rc = LARDER_ESHUTDOWN;
+    snprintf(o->err, sizeof(o->err), "the daemon is shutting down");
+  }
+  if (c == NULL || srv->shutting_down) {
+    if (o->ds) dataset_free(o->ds);
+    if (c && srv->shutting_down)
+      conn_send_error(c, LARDER_ESHUTDOWN, 0, o->request_id, "the daemon is shutting down");
+    free_open_req(o);
+    return;
+  }
+  if (o->rc) {
+    conn_send_error(c, o->rc, 0, o->request_id, "%s", o->err);
+    free_open_req(o);
+    return;
+  }
+  const Larder__OpenStream *p = &o->params;
+  stream_t *s = calloc(1, sizeof(*s));
+  if (s == NULL) {
+    dataset_free(o->ds);
+    conn_send_error(c, LARDER_ENOMEM, 0, o->request_id, "out of memory");
+    free_open_req(o);
+    return;
+  }
+  s->srv = srv;
+  s->ds = o->ds;
+  o->ds = NULL;
+  s->id = ++c->next_stream_id;
+  s->request_id = o->request_id;
+  s->opened_ns = util_now_ns();
+  STATS_ADD(&srv->stats, streams, 1);
+  s->params.seed = p->seed;
+  s->params.shuffle = p->shuffle;
+  s->params.window_units = p->shuffle_window ? p->shuffle_window
+                                             : dataset_window_units(s->ds, srv->cfg.shuffle_window_bytes);
+  s->params.batch_size = p->batch_size;
+  s->params.world_size = p->world_size ? p->world_size : 1;
+  s->params.rank = p->rank;
+  s->params.drop_last = p->drop_last;
+  s->epochs = p->epochs;
+  s->window = p->window ? p->window : 4;
+  if (s->window > 1024) s->window = 1024;
+  s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
+  if (s->prefetch < s->window) s->prefetch = s->window;
+  s->num_nodes = 0;
+  for (int i = 0; i < s->ds->schema->num_children; i++)
+    s->num_nodes += layout_num_nodes(&s->ds->schema->children[i]);
+  uint64_t *rows = malloc((size_t)s->ds->num_units * sizeof(uint64_t));
+  int rc = rows ? 0 : LARDER_ENOMEM;
+  if (rc == 0) {
+    for (uint32_t i = 0; i < s->ds->num_units; i++) rows[i] = s->ds->units[i].rows;
+    rc = shuffle_plan_create(rows, s->ds->num_units, &s->params, &s->plan);
+  }
+  free(rows);
+  if (rc) {
+    conn_send_error(c, rc, 0, o->request_id,
+                    "invalid stream settings (batch_size %u, rank %u of %u)", p->batch_size,
+                    p->rank, s->params.world_size);
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
+  s->batches_per_epoch = shuffle_batches_per_epoch(s->plan);
+  uint64_t arena_bytes = p->arena_bytes ? p->arena_bytes : srv->cfg.arena_bytes;
+  if (arena_bytes > srv->cfg.max_arena_bytes) {
+    conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
+                    "arena of %llu bytes exceeds max_arena_bytes (%llu)",
+                    (unsigned long long)arena_bytes,
+                    (unsigned long long)srv->cfg.max_arena_bytes);
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
+  char name[64];
+  snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
+  rc = arena_create(arena_bytes, name, &s->arena);
+  if (rc) {
+    conn_send_error(c, rc, 0, o->request_id, "cannot create a %llu-byte arena",
+                    (unsigned long long)arena_bytes);
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
+  /* Resume: start at (start_epoch, start_batch), exactly where an
+   * uninterrupted run would be. */
+  s->plan_epoch = p->start_epoch;
+  s->plan_batch = p->start_batch;
+  if (s->batches_per_epoch && s->plan_batch >= s->batches_per_epoch) {
+    s->plan_epoch += s->plan_batch / s->batches_per_epoch;
+    s->plan_batch %= s->batches_per_epoch;
+  }
+  s->exhausted = s->batches_per_epoch == 0 || (s->epochs && s->plan_epoch >= s->epochs);
+  s->pin_epoch = s->plan_epoch;
+  s->pin_batch = s->plan_batch;
+  {
+    /* A window's worth of batches: the span the pins cover. */
+    uint64_t g = (uint64_t)s->params.batch_size * s->params.world_size;
+    uint64_t window_rows = s->ds->total_rows / (s->ds->num_units ? s->ds->num_units : 1) *
+                           s->params.window_units;
+    s->pin_span = window_rows / (g ? g : 1) + 1;
+    if (s->pin_span < s->prefetch) s->pin_span = s->prefetch;
+  }
+  s->conn = c;
+  s->next_in_conn = c->streams;
+  c->streams = s;
+  c->num_streams++;
+  STATS_ADD(&srv->stats, streams_opened, 1);
+
+  Larder__OpenStreamReply reply = LARDER__OPEN_STREAM_REPLY__INIT;
+  reply.request_id = o->request_id;
+  reply.stream_id = s->id;
+  reply.schema = field_to_proto(s->ds->schema);
+  reply.batches_per_epoch = s->batches_per_epoch;
+  reply.num_samples = shuffle_num_samples(s->plan);
+  reply.arena_bytes = arena_size(s->arena);
+  reply.num_files = s->ds->num_files;
+  reply.num_units = s->ds->num_units;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
+  f.open_stream_reply = &reply;
+  rc = conn_send(c, &f, arena_fd(s->arena));
+  field_proto_free(reply.schema);
+  free_open_req(o);
+  log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
+           "window %u units",
+           s->id, (int)c->pid, s->ds->num_files, s->ds->num_units,
+           (unsigned long long)s->ds->total_rows, (unsigned long long)s->batches_per_epoch,
+           s->params.window_units);
+  if (rc) return;
+  stream_pump(s);
+}
+
+static char **copy_strings(char **v, size_t n) {
+  char **out = calloc(n + 1, sizeof(char *));
+  if (out == NULL) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    out[i] = strdup(v[i] ? v[i] : "");
+    if (out[i] == NULL) {
+      for (size_t j = 0; j < i; j++) free(out[j]);
+      free(out);
+      return NULL;
+    }
+  }
+  return out;
+}
+
+void stream_open(conn_t *c, const Larder__OpenStream *req) {
+  server_t *srv = c->srv;
+  if (c->num_streams >= (int)srv->cfg.max_streams_per_client) {
+    conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
+                    "this client has %d streams open, the limit (max_streams_per_client)",
+                    c->num_streams);
+    return;
+  }
+  if (req->batch_size == 0 || req->batch_size > (1u << 24)) {
+    conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "batch_size %u is out of range",
+                    req->batch_size);
+    return;
+  }
+  if (req->world_size > 1u << 16 || (req->world_size && req->rank >= req->world_size)) {
+    conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "rank %u is not below world_size %u",
+                    req->rank, req->world_size);
+    return;
+  }
+  if (req->n_sources == 0 || req->n_sources > 1u << 20) {
+    conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "a stream needs at least one source");
+    return;
+  }
+  open_req_t *o = calloc(1, sizeof(*o));
+  if (o == NULL) {
+    conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
+    return;
+  }
+  o->srv = srv;
+  o->conn = c;
+  o->conn_id = c->id;
+  o->request_id = req->request_id;
+  o->params = *req;
+  o->params.sources = NULL;
+  o->params.columns = NULL;
+  o->sources = copy_strings(req->sources, req->n_sources);
+  o->num_sources = req->n_sources;
+  o->columns = copy_strings(req->columns, req->n_columns);
+  o->num_columns = req->n_columns;
+  if (o->sources == NULL || o->columns == NULL) {
+    free_open_req(o);
+    conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
+    return;
+  }
+  o->dopts.unit_rows = (uint32_t)(req->unit_rows ? req->unit_rows : srv->cfg.unit_rows);
+  if (o->dopts.unit_rows > 65536) o->dopts.unit_rows = 65536;
+  if (o->dopts.unit_rows < 64) o->dopts.unit_rows = 64;
+  o->dopts.unit_bytes = srv->cfg.unit_bytes;
+  pq_options_init(&o->dopts.pq);
+  o->dopts.pq.verify_crc = srv->cfg.verify_crc;
+  o->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
+  o->dopts.allowed_roots = NULL;
+  o->work.data = o;
+  server_task_begin(srv);
+  if (uv_queue_work(srv->loop, &o->work, open_work, open_done) != 0) {
+    server_task_end(srv);
+    free_open_req(o);
+    conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "cannot queue the request");
+  }
+}

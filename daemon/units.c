@@ -1,0 +1,409 @@
+/*
+ * units.c: the pool of decoded units in memory.
+ *
+ * A unit is loaded once however many streams need it: every stream (rank,
+ * job) that asks for the same unit of the same object with the same columns
+ * gets the same pool entry, and only the first ask starts a load.  A load
+ * reads each column from the cache, or, when any is missing, decodes the
+ * unit from its Parquet file.  Decoding continues into the following units
+ * of the same row group while the cache admits them and does not hold them
+ * yet, so a cold epoch decodes each row group's pages once, although the
+ * shuffle asks for its units in random order.
+ *
+ * Units nobody references stay in memory on an LRU list until the pool
+ * needs room (memory_limit); referenced units are never freed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+#define DECODE_RUN_MAX 64 /* units one load may decode ahead into the cache */
+
+static uint64_t unit_hash(uint64_t object_id, uint32_t rg, uint64_t row_start, uint32_t rows,
+                          uint64_t columns_hash) {
+  uint64_t k[5] = {object_id, rg, row_start, rows, columns_hash};
+  return util_hash64(k, sizeof(k), 0x756e6974ull);
+}
+
+static uint64_t columns_hash_of(const dataset_t *ds) {
+  return util_hash64(ds->column_hash, (size_t)ds->num_columns * 8, 0x636f6c73ull);
+}
+
+void units_init(server_t *srv) {
+  srv->unit_buckets = 4096;
+  srv->unit_table = calloc(srv->unit_buckets, sizeof(unit_t *));
+}
+
+static void lru_remove(server_t *srv, unit_t *u) {
+  if (u->lru_prev) u->lru_prev->lru_next = u->lru_next;
+  else if (srv->lru_head == u) srv->lru_head = u->lru_next;
+  if (u->lru_next) u->lru_next->lru_prev = u->lru_prev;
+  else if (srv->lru_tail == u) srv->lru_tail = u->lru_prev;
+  u->lru_prev = u->lru_next = NULL;
+}
+
+static void lru_push(server_t *srv, unit_t *u) {
+  u->lru_prev = srv->lru_tail;
+  u->lru_next = NULL;
+  if (srv->lru_tail) srv->lru_tail->lru_next = u;
+  else srv->lru_head = u;
+  srv->lru_tail = u;
+}
+
+static void unit_free_data(unit_t *u) {
+  for (int c = 0; c < u->num_columns; c++) {
+    if (u->cached && u->cached[c]) store_value_free(u->cached[c]);
+    if (u->blobs) free(u->blobs[c]);
+  }
+  free(u->cached);
+  free(u->blobs);
+  free(u->views);
+  u->cached = NULL;
+  u->blobs = NULL;
+  u->views = NULL;
+}
+
+static void unit_destroy(server_t *srv, unit_t *u) {
+  unit_t **pp = &srv->unit_table[u->hash % srv->unit_buckets];
+  while (*pp && *pp != u) pp = &(*pp)->hnext;
+  if (*pp) *pp = u->hnext;
+  srv->unit_count--;
+  srv->unit_bytes -= u->bytes;
+  STATS_SUB(&srv->stats, memory_bytes, u->bytes);
+  unit_free_data(u);
+  free(u->message);
+  free(u->waiters);
+  free(u);
+}
+
+void units_trim(server_t *srv) {
+  while (srv->unit_bytes > srv->cfg.memory_limit && srv->lru_head) {
+    unit_t *u = srv->lru_head;
+    lru_remove(srv, u);
+    unit_destroy(srv, u);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loading, on a worker thread                                               */
+
+static int unit_fail(unit_t *u, int code, const char *msg) {
+  u->error = code;
+  free(u->message);
+  u->message = strdup(msg);
+  return code;
+}
+
+/* Whether every column of unit k is already in the cache. */
+static int cached_already(store_t *st, const dataset_t *ds, uint32_t k) {
+  for (int c = 0; c < ds->num_columns; c++) {
+    store_key_t key;
+    dataset_column_key(ds, k, c, &key);
+    if (!store_contains(st, &key)) return 0;
+  }
+  return 1;
+}
+
+/* Offers the serialized columns of unit k to the cache. */
+static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8_t **blobs,
+                           const size_t *sizes, int *admitted) {
+  int nc = ds->num_columns;
+  store_entry_t entries[64];
+  store_key_t keys[64];
+  uint64_t usizes[64];
+  *admitted = 0;
+  if (nc > 64 || srv->store == NULL) return;
+  for (int c = 0; c < nc; c++) {
+    dataset_column_key(ds, k, c, &keys[c]);
+    usizes[c] = sizes[c];
+  }
+  const dataset_unit_t *du = &ds->units[k];
+  uint64_t object_id = ds->files[du->file].object_id;
+  if (!store_reserve(srv->store, object_id, keys, usizes, nc, du->priority)) return;
+  for (int c = 0; c < nc; c++) {
+    entries[c].key = keys[c];
+    entries[c].data = blobs[c];
+    entries[c].size = sizes[c];
+  }
+  int rc = store_put(srv->store, object_id, du->priority, entries, nc);
+  if (rc) {
+    store_unreserve(srv->store, keys, nc);
+    if (rc != LARDER_ENOSPC)
+      log_warn("cache write of %s failed: %s", ds->files[du->file].path, larder_strerror(rc));
+    return;
+  }
+  *admitted = 1;
+}
+
+static int decode_run(server_t *srv, unit_t *u) {
+  dataset_t *ds = u->ds;
+  const dataset_unit_t *du = &ds->units[u->index];
+  const dataset_file_t *f = &ds->files[du->file];
+  int nc = ds->num_columns;
+  char msg[600];
+  pq_source src;
+  pq_error err = {0, ""};
+  int rc = pq_source_open_file(&src, f->path, &err);
+  if (rc) return unit_fail(u, rc, err.msg);
+  struct stat st;
+  if (fstat((int)src.fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
+      (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns) {
+    pq_source_close_file(&src);
+    snprintf(msg, sizeof(msg), "%s: the file changed since the stream opened; reopen the stream",
+             f->path);
+    return unit_fail(u, LARDER_EIO, msg);
+  }
+  pq_options opts;
+  pq_options_init(&opts);
+  opts.verify_crc = srv->cfg.verify_crc;
+  opts.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
+  pq_reader *r = NULL;
+  pq_batch_t batch;
+  pq_batch_init(&batch);
+  uint8_t *blobs[64];
+  size_t sizes[64];
+  if (nc > 64) {
+    pq_source_close_file(&src);
+    return unit_fail(u, LARDER_EUNSUPPORTED, "more than 64 top-level columns in one stream");
+  }
+  rc = pq_reader_open(f->pq, &src, f->proj, (int)du->rg, &opts, &r, &err);
+  if (rc == 0 && du->row_start > 0) {
+    int64_t s = pq_reader_skip(r, (int64_t)du->row_start, &err);
+    if (s < 0) rc = (int)s;
+  }
+  uint32_t end = f->first_unit + f->num_units;
+  for (uint32_t k = u->index; rc == 0 && k < end && ds->units[k].rg == du->rg; k++) {
+    if (k != u->index && (k - u->index >= DECODE_RUN_MAX || srv->store == NULL ||
+                          cached_already(srv->store, ds, k)))
+      break;
+    int64_t got = pq_reader_next(r, ds->units[k].rows, &batch, &err);
+    if (got < 0) {
+      rc = (int)got;
+      break;
+    }
+    if (got != ds->units[k].rows) {
+      rc = pq_error_set(&err, LARDER_ECORRUPT, "%s: row group %u has fewer rows than declared",
+                        f->path, du->rg);
+      break;
+    }
+    memset(blobs, 0, sizeof(blobs));
+    for (int c = 0; c < nc && rc == 0; c++) {
+      rc = layout_serialize(&batch.columns[c], &blobs[c], &sizes[c]);
+      if (rc) pq_error_set(&err, rc, "out of memory serializing a unit");
+    }
+    int admitted = 0;
+    if (rc == 0) offer_to_cache(srv, ds, k, blobs, sizes, &admitted);
+    if (rc == 0 && k == u->index) {
+      for (int c = 0; c < nc; c++) {
+        u->blobs[c] = blobs[c];
+        u->bytes += sizes[c];
+        blobs[c] = NULL;
+      }
+    }
+    for (int c = 0; c < nc; c++) free(blobs[c]);
+    /* Decoding ahead only pays when the cache keeps what it decodes. */
+    if (k != u->index && !admitted) break;
+    if (k == u->index && !admitted) break;
+  }
+  pq_batch_free(&batch);
+  pq_reader_close(r);
+  pq_source_close_file(&src);
+  if (rc) return unit_fail(u, rc, err.msg[0] ? err.msg : larder_strerror(rc));
+  return 0;
+}
+
+static void load_work(uv_work_t *w) {
+  unit_t *u = w->data;
+  server_t *srv = u->srv;
+  dataset_t *ds = u->ds;
+  int nc = ds->num_columns;
+  char why[256];
+  uint64_t t0 = util_now_ns();
+  int all = srv->store != NULL;
+  for (int c = 0; c < nc && all; c++) {
+    store_key_t key;
+    dataset_column_key(ds, u->index, c, &key);
+    int rc = store_get(srv->store, &key, &u->cached[c]);
+    if (rc == 0 &&
+        layout_view(store_value_data(u->cached[c]), store_value_size(u->cached[c]),
+                    &ds->schema->children[c], &u->views[c], why, sizeof(why)) != 0) {
+      /* Checksummed but not what this column needs: a stale format.  Drop
+       * it and decode. */
+      store_value_free(u->cached[c]);
+      u->cached[c] = NULL;
+      rc = LARDER_ECORRUPT;
+    }
+    if (rc != 0) all = 0;
+  }
+  u->cache_read_ns = util_now_ns() - t0;
+  if (all) {
+    for (int c = 0; c < nc; c++) u->bytes += store_value_size(u->cached[c]);
+    u->from_cache = 1;
+    return;
+  }
+  for (int c = 0; c < nc; c++) {
+    if (u->cached[c]) store_value_free(u->cached[c]);
+    u->cached[c] = NULL;
+  }
+  uint64_t t1 = util_now_ns();
+  if (decode_run(srv, u) != 0) return;
+  u->decode_ns = util_now_ns() - t1;
+  for (int c = 0; c < nc; c++) {
+    size_t size = (size_t)((const layout_blob_header_t *)(const void *)u->blobs[c])->total_size;
+    if (layout_view(u->blobs[c], size, &ds->schema->children[c], &u->views[c], why,
+                    sizeof(why)) != 0) {
+      unit_fail(u, LARDER_ECORRUPT, why);
+      return;
+    }
+  }
+}
+
+static void load_done(uv_work_t *w, int status) {
+  unit_t *u = w->data;
+  server_t *srv = u->srv;
+  server_task_end(srv);
+  srv->loads_in_flight--;
+  if (status == UV_ECANCELED && u->error == 0) unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
+  if (u->error) {
+    u->state = UNIT_FAILED;
+    STATS_ADD(&srv->stats, unit_errors, 1);
+    unit_free_data(u);
+    u->bytes = 0;
+    log_warn("unit load failed: %s", u->message ? u->message : larder_strerror(u->error));
+  } else {
+    u->state = UNIT_READY;
+    srv->unit_bytes += u->bytes;
+    STATS_ADD(&srv->stats, memory_bytes, u->bytes);
+    if (u->from_cache) {
+      STATS_ADD(&srv->stats, units_from_cache, 1);
+      STATS_ADD(&srv->stats, cache_hit_bytes, u->bytes);
+      STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
+    } else {
+      STATS_ADD(&srv->stats, units_decoded, 1);
+      STATS_ADD(&srv->stats, cache_miss_bytes, u->bytes);
+      STATS_ADD(&srv->stats, decode_ns, u->decode_ns);
+      STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
+    }
+  }
+  dataset_t *ds = u->ds;
+  u->ds = NULL;
+  if (--ds->refs == 0) dataset_free(ds);
+  /* Tell the waiting streams; they may release the unit while we iterate,
+   * so hold a reference. */
+  u->refs++;
+  int n = u->num_waiters;
+  stream_t **ws = u->waiters;
+  u->waiters = NULL;
+  u->num_waiters = u->cap_waiters = 0;
+  for (int i = 0; i < n; i++) stream_units_changed(ws[i]);
+  free(ws);
+  units_release(srv, u);
+}
+
+unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
+  const dataset_unit_t *du = &ds->units[index];
+  uint64_t oid = ds->files[du->file].object_id;
+  uint64_t ch = columns_hash_of(ds);
+  uint64_t h = unit_hash(oid, du->rg, du->row_start, du->rows, ch);
+  for (unit_t *u = srv->unit_table[h % srv->unit_buckets]; u; u = u->hnext) {
+    if (u->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
+        u->rows == du->rows && u->columns_hash == ch) {
+      if (u->state == UNIT_FAILED && u->refs == 0) {
+        /* A failure is not cached: try again for the next ask. */
+        unit_destroy(srv, u);
+        break;
+      }
+      if (u->refs == 0) lru_remove(srv, u);
+      if (u->state == UNIT_LOADING) STATS_ADD(&srv->stats, unit_shared, 1);
+      u->refs++;
+      return u;
+    }
+  }
+  unit_t *u = calloc(1, sizeof(*u));
+  if (u == NULL) return NULL;
+  u->cached = calloc((size_t)ds->num_columns + 1, sizeof(store_value_t *));
+  u->blobs = calloc((size_t)ds->num_columns + 1, sizeof(uint8_t *));
+  u->views = calloc((size_t)ds->num_columns + 1, sizeof(layout_view_t));
+  if (u->cached == NULL || u->blobs == NULL || u->views == NULL) {
+    unit_free_data(u);
+    free(u);
+    return NULL;
+  }
+  u->hash = h;
+  u->object_id = oid;
+  u->rg = du->rg;
+  u->row_start = du->row_start;
+  u->rows = du->rows;
+  u->columns_hash = ch;
+  u->num_columns = ds->num_columns;
+  u->refs = 1;
+  u->state = UNIT_LOADING;
+  u->ds = ds;
+  ds->refs++;
+  u->index = index;
+  u->srv = srv;
+  u->hnext = srv->unit_table[h % srv->unit_buckets];
+  srv->unit_table[h % srv->unit_buckets] = u;
+  srv->unit_count++;
+  u->work.data = u;
+  srv->loads_in_flight++;
+  server_task_begin(srv);
+  if (uv_queue_work(srv->loop, &u->work, load_work, load_done) != 0) {
+    server_task_end(srv);
+    srv->loads_in_flight--;
+    unit_fail(u, LARDER_ENOMEM, "cannot queue the load");
+    u->state = UNIT_FAILED;
+    u->ds = NULL;
+    ds->refs--;
+  }
+  return u;
+}
+
+void units_release(server_t *srv, unit_t *u) {
+  if (--u->refs > 0) return;
+  if (u->state == UNIT_READY) {
+    lru_push(srv, u);
+    units_trim(srv);
+  } else if (u->state == UNIT_FAILED) {
+    unit_destroy(srv, u);
+  }
+  /* A LOADING unit with no references finishes its load (its work is
+   * queued) and load_done drops it then. */
+}
+
+int units_wait(unit_t *u, stream_t *s) {
+  for (int i = 0; i < u->num_waiters; i++)
+    if (u->waiters[i] == s) return 0;
+  if (u->num_waiters == u->cap_waiters) {
+    int cap = u->cap_waiters ? u->cap_waiters * 2 : 4;
+    stream_t **w = realloc(u->waiters, (size_t)cap * sizeof(*w));
+    if (w == NULL) return LARDER_ENOMEM;
+    u->waiters = w;
+    u->cap_waiters = cap;
+  }
+  u->waiters[u->num_waiters++] = s;
+  return 0;
+}
+
+void units_unwait(unit_t *u, stream_t *s) {
+  for (int i = 0; i < u->num_waiters; i++)
+    if (u->waiters[i] == s) {
+      u->waiters[i] = u->waiters[--u->num_waiters];
+      return;
+    }
+}
+
+void units_shutdown(server_t *srv) {
+  while (srv->lru_head) {
+    unit_t *u = srv->lru_head;
+    lru_remove(srv, u);
+    unit_destroy(srv, u);
+  }
+  free(srv->unit_table);
+  srv->unit_table = NULL;
+}

@@ -1,0 +1,22 @@
+/*
+ * util.h: small helpers shared by larderd's modules (prefix util_).
+ * Pure functions; any thread.
+ */
+#ifndef LARDER_UTIL_H
+#define LARDER_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A 64-bit hash of len bytes, chained through seed (FNV-1a with a
+ * SplitMix64 finalizer: stable across runs and machines, which cache keys
+ * and priorities rely on). */
+uint64_t util_hash64(const void *data, size_t len, uint64_t seed);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t util_now_ns(void);
+
+/* Formats bytes as "12.3 MiB" into buf. */
+void util_human_bytes(char *buf, size_t size, double bytes);
+
+#endif /* LARDER_UTIL_H */
