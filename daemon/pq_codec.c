@@ -535,3 +535,54 @@ int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src,
   return fail(why, why_len, LARDER_EUNSUPPORTED,
               "codec %d is unknown and not supported", codec);
 }
+
+int pq_decompress_check(int codec, const uint8_t *src, size_t src_len,
+                        size_t dst_len, char *why, size_t why_len) {
+  uint64_t bound = UINT64_MAX;
+  switch (codec) {
+    case PQ_UNCOMPRESSED:
+      bound = src_len;
+      break;
+    case PQ_SNAPPY: {
+      size_t claimed = 0;
+      if (snappy_uncompressed_length((const char *)src, src_len, &claimed) != SNAPPY_OK ||
+          claimed != dst_len) {
+        snprintf(why, why_len, "snappy: stream says %zu bytes, header says %zu", claimed, dst_len);
+        return LARDER_ECORRUPT;
+      }
+      return 0;
+    }
+    case PQ_GZIP:
+      /* Deflate expands by at most 1032:1; a gzip header adds a little. */
+      bound = (uint64_t)src_len * 1032 + 4096;
+      break;
+    case PQ_LZ4:
+    case PQ_LZ4_RAW:
+      bound = (uint64_t)src_len * 255 + 4096;
+      break;
+    case PQ_ZSTD: {
+      unsigned long long n = ZSTD_getFrameContentSize(src, src_len);
+      if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR && n > dst_len) {
+        snprintf(why, why_len, "zstd: frame holds %llu bytes, header says %zu", n, dst_len);
+        return LARDER_ECORRUPT;
+      }
+      /* A first frame that states its size and is much smaller than the page
+       * claims can only be followed by more frames in the remaining bytes;
+       * each frame expands at most by zstd's block limit. */
+      if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR && n < dst_len &&
+          (uint64_t)src_len * 32768 + n < dst_len) {
+        snprintf(why, why_len, "zstd: %zu bytes cannot hold %zu", src_len, dst_len);
+        return LARDER_ECORRUPT;
+      }
+      return 0;
+    }
+    default:
+      return 0;
+  }
+  if (dst_len > bound) {
+    snprintf(why, why_len, "%s: %zu compressed bytes cannot hold the %zu the header claims",
+             pq_codec_name(codec), src_len, dst_len);
+    return LARDER_ECORRUPT;
+  }
+  return 0;
+}

@@ -330,11 +330,14 @@ static int plain_decode(pq_leaf *L, const uint8_t **pp, const uint8_t *end,
 
 static int decompress_into(pq_leaf *L, const uint8_t *src, size_t src_len,
                            size_t dst_len, pq_buf_t *dst, pq_error *err) {
+  char why[200] = "";
+  /* The ceiling first: its message names the setting to change. */
   int rc = charge(L, dst_len, err);
   if (rc) return rc;
+  rc = pq_decompress_check(L->cc->codec, src, src_len, dst_len, why, sizeof(why));
+  if (rc) return leaf_fail(L, err, rc, "cannot decompress page: %s", why);
   if (pq_buf_reserve(dst, dst_len ? dst_len : 1))
     return leaf_fail(L, err, LARDER_ENOMEM, "out of memory for a %zu-byte page", dst_len);
-  char why[200] = "";
   rc = pq_decompress(L->codec, L->cc->codec, src, src_len, dst->data, dst_len,
                      why, sizeof(why));
   if (rc) return leaf_fail(L, err, rc, "cannot decompress page: %s", why);
@@ -429,6 +432,9 @@ static int decode_levels(pq_leaf *L, int encoding, const uint8_t **pp,
     pq_rle_t r;
     pq_rle_init(&r, p, len, bw);
     int64_t got = pq_rle_get16(&r, lv, num);
+    if (got < 0 && r.over_width)
+      return leaf_fail(L, err, LARDER_ECORRUPT, "%s level %u exceeds the maximum %u", kind,
+                       r.bad_value, max);
     if (got < 0)
       return leaf_fail(L, err, LARDER_ECORRUPT, "%s levels: malformed run", kind);
     if (got < num)

@@ -199,6 +199,14 @@ static int rle_next_run(pq_rle_t *r) {
     uint32_t v = 0;
     for (int i = 0; i < vb; i++) v |= (uint32_t)r->p[i] << (8 * i);
     r->p += vb;
+    /* A run's value takes whole bytes, so it can exceed the bit width;
+     * levels rely on the width bounding their values. */
+    if (w < 32 && (v >> w) != 0) {
+      r->failed = 1;
+      r->over_width = 1;
+      r->bad_value = v;
+      return LARDER_ECORRUPT;
+    }
     r->rle_value = v;
     r->rle_left = header >> 1;
   }
@@ -215,7 +223,7 @@ bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width,
   if (end - p < vb) return false;
   uint32_t v = 0;
   for (int i = 0; i < vb; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v == value && (int64_t)(header >> 1) >= n;
+  return v == value && (int64_t)(header >> 1) >= n && (bit_width == 32 || (v >> bit_width) == 0);
 }
 
 int64_t pq_rle_get32(pq_rle_t *r, uint32_t *out, int64_t n) {
@@ -264,8 +272,15 @@ int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n) {
       /* Short RLE runs of narrow levels dominate list columns: parse their
        * one-byte header and one-byte value here instead of in
        * rle_next_run. */
+      uint32_t v = r->bit_width ? r->p[1] : 0;
+      if (v >> r->bit_width) {
+        r->failed = 1;
+        r->over_width = 1;
+        r->bad_value = v;
+        return LARDER_ECORRUPT;
+      }
       r->rle_left = r->p[0] >> 1;
-      r->rle_value = r->bit_width ? r->p[1] : 0;
+      r->rle_value = v;
       r->p += r->bit_width ? 2 : 1;
     } else {
       int rc = rle_next_run(r);

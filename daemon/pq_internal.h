@@ -50,6 +50,17 @@ int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src,
                   size_t src_len, uint8_t *dst, size_t dst_len, char *why,
                   size_t why_len);
 
+/*
+ * Checks, before anything is allocated, that src_len compressed bytes can
+ * plausibly hold dst_len bytes: the size the stream itself states (snappy,
+ * zstd frames) or the codec's largest possible expansion (deflate 1032:1,
+ * LZ4 255:1).  A page that lies about its size then costs nothing.  Brotli
+ * and zstd without a stated size have no such bound; the chunk ceiling is
+ * their limit.  Returns 0 or LARDER_ECORRUPT with a reason.  Any thread.
+ */
+int pq_decompress_check(int codec, const uint8_t *src, size_t src_len,
+                        size_t dst_len, char *why, size_t why_len);
+
 /* ------------------------------------------------------------------------ */
 /* Buffers and arenas (pq_util.c)                                            */
 
@@ -199,6 +210,8 @@ typedef struct pq_rle {
   size_t bp_len;
   uint32_t bp_pos;     /* values of the run already consumed */
   int failed;
+  int over_width;      /* failed because a run's value exceeded the width */
+  uint32_t bad_value;
 } pq_rle_t;
 
 void pq_rle_init(pq_rle_t *r, const uint8_t *p, size_t len, int bit_width);

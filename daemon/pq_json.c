@@ -196,10 +196,10 @@ static int put_special(pq_strbuf_t *sb, double v) {
 static int put_float(pq_strbuf_t *sb, double v, int kind) {
   if (isnan(v) || isinf(v)) return put_special(sb, v);
   int lo = 1, hi = kind == 8 ? 17 : kind == 4 ? 9 : 5;
-  char buf[40];
+  char buf[64];
   while (lo < hi) {
     int mid = (lo + hi) / 2;
-    snprintf(buf, sizeof(buf), "%.*g", mid, v);
+    if (snprintf(buf, sizeof(buf), "%.*g", mid, v) >= (int)sizeof(buf)) return LARDER_EINVAL;
     int ok;
     if (kind == 8) ok = strtod(buf, NULL) == v;
     else if (kind == 4) ok = strtof(buf, NULL) == (float)v;
@@ -207,7 +207,19 @@ static int put_float(pq_strbuf_t *sb, double v, int kind) {
     if (ok) hi = mid;
     else lo = mid + 1;
   }
-  snprintf(buf, sizeof(buf), "%.*g", lo, v);
+  if (snprintf(buf, sizeof(buf), "%.*g", lo, v) >= (int)sizeof(buf)) return LARDER_EINVAL;
+  /* %g writes whole numbers with few significant digits in exponent form
+   * ("1e+02"); people expect "100".  Within the range where plain notation
+   * stays short, print the same digits without the exponent. */
+  const char *e = strchr(buf, 'e');
+  if (e != NULL) {
+    int exp10 = atoi(e + 1);
+    if (exp10 >= 0 && exp10 < 17) {
+      int decimals = lo - 1 - exp10;
+      if (snprintf(buf, sizeof(buf), "%.*f", decimals > 0 ? decimals : 0, v) >= (int)sizeof(buf))
+        return LARDER_EINVAL;
+    }
+  }
   return sb_puts(sb, buf);
 }
 
@@ -272,11 +284,6 @@ static void civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d) {
   *y = yy + (*m <= 2);
 }
 
-static int64_t floor_div(int64_t a, int64_t b) {
-  int64_t q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
-  return q;
-}
 
 static int put_date_part(char *buf, size_t size, int64_t days) {
   int64_t y;
@@ -289,12 +296,23 @@ static int put_date_part(char *buf, size_t size, int64_t days) {
 static const int64_t unit_per_sec[] = {1, 1000, 1000000, 1000000000};
 static const int unit_digits[] = {0, 3, 6, 9};
 
+/* Splits v into whole units of per and a non-negative remainder, without
+ * the overflow of v - q * per near INT64_MIN. */
+static void split_floor(int64_t v, int64_t per, int64_t *q, int64_t *r) {
+  *q = v / per;
+  *r = v % per;
+  if (*r < 0) {
+    *r += per;
+    (*q)--;
+  }
+}
+
 static int put_timestamp(pq_strbuf_t *sb, int64_t v, larder_time_unit_t unit, int utc) {
   int64_t per = unit_per_sec[unit];
-  int64_t secs = floor_div(v, per);
-  int64_t frac = v - secs * per;
-  int64_t days = floor_div(secs, 86400);
-  int64_t sod = secs - days * 86400;
+  int64_t secs, frac;
+  split_floor(v, per, &secs, &frac);
+  int64_t days, sod;
+  split_floor(secs, 86400, &days, &sod);
   char buf[80];
   int n = 0;
   buf[n++] = '"';
@@ -310,8 +328,8 @@ static int put_timestamp(pq_strbuf_t *sb, int64_t v, larder_time_unit_t unit, in
 
 static int put_time(pq_strbuf_t *sb, int64_t v, larder_time_unit_t unit) {
   int64_t per = unit_per_sec[unit];
-  int64_t secs = floor_div(v, per);
-  int64_t frac = v - secs * per;
+  int64_t secs, frac;
+  split_floor(v, per, &secs, &frac);
   char buf[64];
   int n = snprintf(buf, sizeof(buf), "\"%02lld:%02d:%02d", (long long)(secs / 3600),
                    (int)(secs / 60 % 60), (int)(secs % 60));
