@@ -216,8 +216,11 @@ static int put_float(pq_strbuf_t *sb, double v, int kind) {
     int exp10 = atoi(e + 1);
     if (exp10 >= 0 && exp10 < 17) {
       int decimals = lo - 1 - exp10;
-      if (snprintf(buf, sizeof(buf), "%.*f", decimals > 0 ? decimals : 0, v) >= (int)sizeof(buf))
-        return LARDER_EINVAL;
+      char plain[64];
+      int n = snprintf(plain, sizeof(plain), "%.*f", decimals > 0 ? decimals : 0, v);
+      /* Keep whichever is shorter: "100" over "1e+02", but
+       * "-2.2639736e+14" over all fifteen digits of the float. */
+      if (n > 0 && n < (int)sizeof(plain) && (size_t)n <= strlen(buf)) return sb_puts(sb, plain);
     }
   }
   return sb_puts(sb, buf);
