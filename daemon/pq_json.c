@@ -208,19 +208,24 @@ static int put_float(pq_strbuf_t *sb, double v, int kind) {
     else lo = mid + 1;
   }
   if (snprintf(buf, sizeof(buf), "%.*g", lo, v) >= (int)sizeof(buf)) return LARDER_EINVAL;
-  /* %g writes whole numbers with few significant digits in exponent form
-   * ("1e+02"); people expect "100".  Within the range where plain notation
-   * stays short, print the same digits without the exponent. */
+  /* %g writes large whole numbers in exponent form ("1e+02"); below 1e21
+   * print the same shortest digits in plain notation, padded with zeros
+   * ("100"), as JavaScript does.  The text reads back as the same value. */
   const char *e = strchr(buf, 'e');
-  if (e != NULL) {
-    int exp10 = atoi(e + 1);
-    if (exp10 >= 0 && exp10 < 17) {
-      int decimals = lo - 1 - exp10;
+  if (e != NULL && e[1] == '+') {
+    int exp10 = atoi(e + 2);
+    char digits[40];
+    int nd = 0;
+    for (const char *p = buf; p < e && nd < 39; p++)
+      if (*p >= '0' && *p <= '9') digits[nd++] = *p;
+    if (exp10 < 21 && exp10 >= nd - 1) {
       char plain[64];
-      int n = snprintf(plain, sizeof(plain), "%.*f", decimals > 0 ? decimals : 0, v);
-      /* Keep whichever is shorter: "100" over "1e+02", but
-       * "-2.2639736e+14" over all fifteen digits of the float. */
-      if (n > 0 && n < (int)sizeof(plain) && (size_t)n <= strlen(buf)) return sb_puts(sb, plain);
+      int n = 0;
+      if (buf[0] == '-') plain[n++] = '-';
+      for (int i = 0; i < nd; i++) plain[n++] = digits[i];
+      for (int i = nd - 1; i < exp10; i++) plain[n++] = '0';
+      plain[n] = '\0';
+      return sb_puts(sb, plain);
     }
   }
   return sb_puts(sb, buf);

@@ -1343,6 +1343,9 @@ static void check_shortest(const char *text, double v, int is_float) {
     if (*p >= '1' && *p <= '9') seen = 1;
     digits += seen && *p >= '0' && *p <= '9';
   }
+  /* Zeros that only pad a whole number ("100") are not significant. */
+  if (strchr(text, '.') == NULL && strchr(text, 'e') == NULL)
+    for (size_t n = strlen(text); n > 1 && text[n - 1] == '0' && digits > 1; n--) digits--;
   for (int d = 1; d < digits; d++) {
     char buf[512];
     snprintf(buf, sizeof(buf), "%.*g", d, v);
