@@ -69,6 +69,7 @@ struct pq_leaf {
   int64_t lens_pos;
   uint64_t bss_stride;
   pq_buf_t prev; /* DELTA_BYTE_ARRAY: the previous value */
+  pq_buf_t skip_values, skip_offsets; /* where skipped values go */
 
   /* Levels of the last read.  While every entry read so far has the maximum
    * definition level, out_def stays unwritten (out_def_virtual): most
@@ -196,6 +197,8 @@ void pq_leaf_close(pq_leaf *L) {
   pq_buf_free(&L->lens);
   pq_buf_free(&L->prefix);
   pq_buf_free(&L->prev);
+  pq_buf_free(&L->skip_values);
+  pq_buf_free(&L->skip_offsets);
   pq_buf_free(&L->out_def);
   pq_buf_free(&L->out_rep);
   free(L->delta);
@@ -583,7 +586,11 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
 
 /* Loads the next data page.  Returns 1 when one is ready, 0 at the end of
  * the chunk, or a negative code. */
-static int next_page(pq_leaf *L, pq_error *err) {
+/* With skip_rows > 0, whole data pages whose row count is known from their
+ * header (v2 pages; v1 pages of flat columns) and that fit within the rows
+ * still to skip are stepped over without being read or decompressed; the
+ * rows they held are added to *skipped. */
+static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *err) {
   for (;;) {
     if (L->pos >= L->end) return 0;
     /* Read the header, widening the window while it is cut short. */
@@ -609,6 +616,18 @@ static int next_page(pq_leaf *L, pq_error *err) {
       return leaf_fail(L, err, LARDER_ECORRUPT,
                        "page of %d bytes at byte %llu runs past the column chunk",
                        h.compressed_size, (unsigned long long)L->pos);
+    if (skip_rows > *skipped && h.num_values >= 0) {
+      int64_t page_rows = -1;
+      if (h.type == PQ_PAGE_DATA_V2 && h.has_v2 && h.num_rows >= 0) page_rows = h.num_rows;
+      else if (h.type == PQ_PAGE_DATA && h.has_v1 && L->max_rep == 0) page_rows = h.num_values;
+      if (page_rows >= 0 && page_rows <= skip_rows - *skipped) {
+        L->pos = body_off + (uint64_t)h.compressed_size;
+        L->first_page_seen = 1;
+        L->entries_seen += h.num_values;
+        *skipped += page_rows;
+        continue;
+      }
+    }
     const uint8_t *body = chunk_bytes(L, body_off, (size_t)h.compressed_size,
                                       PQ_READAHEAD, err);
     if (body == NULL) return err ? err->code : LARDER_EIO;
@@ -1016,19 +1035,26 @@ static int append_levels(pq_leaf *L, int64_t from, int64_t count, pq_error *err)
   return 0;
 }
 
-int64_t pq_leaf_read(pq_leaf *L, int64_t rows, pq_buf_t *values,
-                     pq_buf_t *offsets, pq_error *err) {
-  L->out_n = 0;
-  L->out_values = 0;
-  L->out_def_virtual = 1;
+/* Consumes up to `rows` records: reading them (levels kept, values appended
+ * to values/offsets) or, with skipping, stepping over them (values decoded
+ * into scratch and dropped, whole pages skipped unread where possible). */
+static int64_t leaf_consume(pq_leaf *L, int64_t rows, pq_buf_t *values, pq_buf_t *offsets,
+                            int skipping, pq_error *err) {
   int64_t records = 0;
   for (;;) {
     if (L->max_rep == 0 && records == rows) break;
     if (!L->in_page || L->page_pos == L->page_n) {
       L->in_page = 0;
-      int rc = next_page(L, err);
+      int64_t skipped = 0;
+      int rc = next_page(L, skipping ? rows - records : 0, &skipped, err);
+      records += skipped;
       if (rc < 0) return rc;
       if (rc == 0) break;
+      if (L->max_rep == 0 && records == rows) {
+        /* The skip ended exactly at this page's start; keep it for later. */
+        L->page_pos = 0;
+        break;
+      }
       if (L->page_n == 0) continue;
     }
     int64_t avail = L->page_n - L->page_pos;
@@ -1071,7 +1097,10 @@ int64_t pq_leaf_read(pq_leaf *L, int64_t rows, pq_buf_t *values,
         for (int64_t i = 0; i < take; i++) c += d[i] == L->max_def;
         nn = c;
       }
-      if (L->max_def || L->max_rep) {
+      if (skipping) {
+        values->len = 0;
+        offsets->len = 0;
+      } else if (L->max_def || L->max_rep) {
         int rc = append_levels(L, L->page_pos, take, err);
         if (rc) return rc;
       } else {
@@ -1079,11 +1108,25 @@ int64_t pq_leaf_read(pq_leaf *L, int64_t rows, pq_buf_t *values,
       }
       int rc = decode_values(L, nn, values, offsets, err);
       if (rc) return rc;
-      L->out_values += nn;
+      if (!skipping) L->out_values += nn;
       L->page_pos += take;
       L->entries_seen += take;
     }
     if (done) break;
   }
   return records;
+}
+
+int64_t pq_leaf_read(pq_leaf *L, int64_t rows, pq_buf_t *values, pq_buf_t *offsets,
+                     pq_error *err) {
+  L->out_n = 0;
+  L->out_values = 0;
+  L->out_def_virtual = 1;
+  return leaf_consume(L, rows, values, offsets, 0, err);
+}
+
+int64_t pq_leaf_skip(pq_leaf *L, int64_t rows, pq_error *err) {
+  int64_t n = leaf_consume(L, rows, &L->skip_values, &L->skip_offsets, 1, err);
+  L->skip_values.len = L->skip_offsets.len = 0;
+  return n;
 }

@@ -275,6 +275,11 @@ int pq_leaf_reset(pq_leaf *leaf, int rg, pq_error *err);
 int64_t pq_leaf_read(pq_leaf *leaf, int64_t rows, pq_buf_t *values,
                      pq_buf_t *offsets, pq_error *err);
 
+/* Steps over up to `rows` records without producing them, skipping whole
+ * pages unread where their headers give their row counts.  Returns the
+ * records skipped (fewer only at the end of the chunk) or a negative code. */
+int64_t pq_leaf_skip(pq_leaf *leaf, int64_t rows, pq_error *err);
+
 /* The levels of the last pq_leaf_read: *n entries; def is NULL when the
  * column has no definition levels or every entry's level is the maximum
  * (no nulls anywhere on its path), rep when it has no repetition levels.

@@ -568,20 +568,43 @@ int pq_reader_set_row_group(pq_reader *r, int rg, pq_error *err) {
   return 0;
 }
 
+static int64_t skip_guarded(pq_reader *r, const int64_t rows, pq_error *err);
+
 int64_t pq_reader_skip(pq_reader *r, int64_t rows, pq_error *err) {
-  pq_batch_t scratch;
-  pq_batch_init(&scratch);
-  int64_t done = 0;
-  while (done < rows) {
-    int64_t want = rows - done < 65536 ? rows - done : 65536;
-    int64_t got = pq_reader_next(r, want, &scratch, err);
-    if (got < 0) {
-      pq_batch_free(&scratch);
-      return got;
-    }
-    if (got == 0) break;
-    done += got;
+  if (r->failed)
+    return pq_error_set(err, LARDER_EINVAL, "%s: reader used after an error", r->file->name);
+  if (rows > r->rows_left) rows = r->rows_left;
+  if (rows <= 0) return 0;
+  return skip_guarded(r, rows, err);
+}
+
+/* Separate from pq_reader_skip so that nothing the guard's sigsetjmp saves
+ * is modified after it. */
+static int64_t skip_guarded(pq_reader *r, const int64_t rows, pq_error *err) {
+  pq_guard_t guard;
+  if (r->src->may_fault && PQ_GUARD_FAULTED(&guard)) {
+    r->failed = 1;
+    return pq_error_set(err, LARDER_EIO,
+                        "%s: row group %d: the file was truncated or changed while being read",
+                        r->file->name, r->rg);
   }
-  pq_batch_free(&scratch);
-  return done;
+  /* Each column skips on its own: whole pages where it can, the rest by
+   * decoding and dropping. */
+  for (int i = 0; i < r->num_leaves; i++) {
+    if (r->leaves[i] == NULL) continue;
+    int64_t n = pq_leaf_skip(r->leaves[i], rows, err);
+    if (n != rows) {
+      r->failed = 1;
+      if (r->src->may_fault) pq_guard_pop(&guard);
+      if (n >= 0)
+        return pq_error_set(err, LARDER_ECORRUPT,
+                            "%s: column '%s', row group %d: fewer rows than the row group "
+                            "declares",
+                            r->file->name, r->file->meta.leaves[i]->path, r->rg);
+      return n;
+    }
+  }
+  if (r->src->may_fault) pq_guard_pop(&guard);
+  r->rows_left -= rows;
+  return rows;
 }
