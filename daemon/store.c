@@ -63,7 +63,10 @@
  * Locks: `mu` guards the index and the statistics and is never held across
  * I/O.  `wmu` serialises RocksDB writes (puts, deletes, last-use updates) so
  * that a delete queued by an eviction and a later put of the same key reach
- * RocksDB in the order the index saw them.  Order: wmu before mu.
+ * RocksDB in the order the index saw them.  `dblk`, a read-write lock,
+ * guards the database handle: gets, writes and verify share it, the reopen
+ * after a write error (below) takes it alone.  `vmu` runs one store_verify
+ * at a time.  Order: vmu, then wmu, then dblk, then mu (a leaf).
  *
  * Eviction never does I/O: evicted keys go to a pending-delete list that the
  * next write (normally the put that follows the reservation) carries in its
@@ -101,8 +104,7 @@
  * Before the disk gets full, store_reserve also checks statvfs: it refuses
  * a unit unless the filesystem would keep max(1 GiB, 5%) free (at most 10%
  * of a small filesystem, at least 32 MiB) plus one memtable's worth for the
- * flush.
- * admission_disabled reports either condition.  store_open refuses
+ * flush.  admission_disabled reports either condition.  store_open refuses
  * (LARDER_ENOSPC) a disk with less than 16 MiB free.
  *
  * Test hooks (not in store.h; tests/test-store.c declares them)

@@ -1,2 +1,5 @@
 /* Every test, with its timeout in milliseconds, one file per feature. */
 #include "test-list-codec.h"
+#include "test-list-parquet.h"
+#include "test-list-shuffle.h"
+#include "test-list-store.h"
