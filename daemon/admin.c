@@ -63,11 +63,36 @@ static void stats_json(server_t *srv, sbuf *b) {
     sb_printf(b,
               ",\"cache\":{\"capacity_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
               ",\"entries\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
-              ",\"evictions\":%" PRIu64 ",\"admission_disabled\":%s}",
+              ",\"evictions\":%" PRIu64 ",\"admission_disabled\":%s",
               st.capacity_bytes, st.used_bytes, st.entries, st.hits, st.misses, st.evictions,
               st.admission_disabled ? "true" : "false");
+    /* The rest of store_stats_t, for the integration tests and monitoring. */
+    sb_printf(b,
+              ",\"reserved_bytes\":%" PRIu64 ",\"objects\":%" PRIu64 ",\"hit_bytes\":%" PRIu64
+              ",\"puts\":%" PRIu64 ",\"put_bytes\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
+              ",\"rejected\":%" PRIu64 ",\"checksum_failures\":%" PRIu64
+              ",\"write_errors\":%" PRIu64 "}",
+              st.reserved_bytes, st.objects, st.hit_bytes, st.puts, st.put_bytes,
+              st.evicted_bytes, st.rejected, st.checksum_failures, st.write_errors);
   }
-  sb_printf(b, "}");
+  /* Per stream: what it delivered and the stall its trainer reported
+   * (wait_ns: blocked in larder_stream_next; compute_ns: between calls). */
+  sb_printf(b, ",\"streams\":[");
+  int first = 1;
+  for (conn_t *c = srv->conns; c; c = c->next) {
+    for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
+      const stats_stream_t *ss = stream_stats(s);
+      sb_printf(b, "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"stream\":%u", first ? "" : ",",
+                c->id, (int)c->pid, stream_id(s));
+#define ADMIN_STREAM_STAT_(name, kind, help) \
+  sb_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(ss, name));
+      STATS_STREAM(ADMIN_STREAM_STAT_)
+#undef ADMIN_STREAM_STAT_
+      sb_printf(b, "}");
+      first = 0;
+    }
+  }
+  sb_printf(b, "]}");
 }
 
 void admin_handle(conn_t *c, const Larder__AdminRequest *req) {

@@ -300,6 +300,10 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     goto fail;
   }
   ds->num_units = (uint32_t)nu;
+  if (layout_rowplan_make(ds->schema, &ds->rowplan) != 0) {
+    rc = LARDER_ENOMEM;
+    goto fail;
+  }
   if (ds->total_rows == 0) {
     snprintf(err, errlen, "the dataset has no rows");
     rc = LARDER_EINVAL;
@@ -331,6 +335,7 @@ void dataset_free(dataset_t *ds) {
   free(ds->files);
   free(ds->units);
   free(ds->column_hash);
+  layout_rowplan_free(ds->rowplan);
   free(ds);
 }
 

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layout.h"
 #include "parquet.h"
 #include "store.h"
 
@@ -69,6 +70,7 @@ typedef struct dataset {
   const pq_field_t *schema; /* the projection of the first file */
   int num_columns;
   uint64_t *column_hash;   /* layout_field_hash of each column */
+  layout_rowplan_t *rowplan; /* row blocks of the small columns, or NULL */
 } dataset_t;
 
 /*

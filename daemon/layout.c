@@ -349,11 +349,152 @@ static uint8_t *take(gather_ctx *g, uint64_t len, uint64_t *off) {
   return p;
 }
 
+/*
+ * The common case, a leaf column whose spans are single rows (a shuffled
+ * batch's top-level columns): one tight loop per buffer instead of the
+ * general span machinery.  Returns 1 when it handled the node.
+ */
+#define GATHER_AHEAD 16
+
+static int gather_singletons(gather_ctx *g, const pq_field_t *f, int me, const span_t *spans,
+                             size_t ns) {
+  size_t w = fixed_width(f);
+  int var = is_var(f);
+  if (f->num_children || (!w && !var && f->type != LARDER_TYPE_BOOL)) return 0;
+  for (size_t s = 0; s < ns; s++)
+    if (spans[s].count != 1) return 0;
+  layout_node_t nd;
+  memset(&nd, 0, sizeof(nd));
+  int64_t len = (int64_t)ns, nulls = 0;
+  for (size_t s = 0; s < ns; s++) {
+    if (!g->fill && s + GATHER_AHEAD < ns) {
+      /* The sizing pass is the first to touch each sample's row: start the
+       * fetches of the buffers both passes will read. */
+      const span_t *a = &spans[s + GATHER_AHEAD];
+      const layout_node_t *an = &a->view->nodes[me];
+      if (an->null_count) __builtin_prefetch(a->view->base + an->validity_offset + (a->start >> 3));
+      if (var) __builtin_prefetch(a->view->base + an->offsets_offset + (size_t)a->start * 4);
+      else if (w) __builtin_prefetch(a->view->base + an->values_offset + (size_t)a->start * w);
+    }
+    const layout_node_t *src = &spans[s].view->nodes[me];
+    if (src->null_count) {
+      const uint8_t *bits = spans[s].view->base + src->validity_offset;
+      int64_t r = spans[s].start;
+      nulls += !((bits[r >> 3] >> (r & 7)) & 1);
+    }
+  }
+  nd.length = len;
+  nd.null_count = nulls;
+  if (nulls) {
+    uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd.validity_offset);
+    nd.validity_length = (uint64_t)(len + 7) / 8;
+    if (v) {
+      memset(v, 0, (size_t)nd.validity_length);
+      for (size_t s = 0; s < ns; s++) {
+        const layout_node_t *src = &spans[s].view->nodes[me];
+        int bit = 1;
+        if (src->null_count) {
+          const uint8_t *bits = spans[s].view->base + src->validity_offset;
+          int64_t r = spans[s].start;
+          bit = (bits[r >> 3] >> (r & 7)) & 1;
+        }
+        v[s >> 3] |= (uint8_t)(bit << (s & 7));
+      }
+    }
+  }
+  if (f->type == LARDER_TYPE_BOOL) {
+    uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd.values_offset);
+    nd.values_length = (uint64_t)(len + 7) / 8;
+    if (v) {
+      memset(v, 0, (size_t)nd.values_length);
+      for (size_t s = 0; s < ns; s++) {
+        const uint8_t *src = spans[s].view->base + spans[s].view->nodes[me].values_offset;
+        int64_t r = spans[s].start;
+        v[s >> 3] |= (uint8_t)(((src[r >> 3] >> (r & 7)) & 1) << (s & 7));
+      }
+    }
+  } else if (w) {
+    uint8_t *v = take(g, (uint64_t)len * w, &nd.values_offset);
+    nd.values_length = (uint64_t)len * w;
+    if (v) {
+/* Shuffled rows are random reads across a window of units, so the loop is
+ * bound by memory latency: prefetching a few samples ahead keeps several
+ * misses in flight. */
+#define GATHER_W(T)                                                                    \
+  for (size_t s = 0; s < ns; s++) {                                                    \
+    if (s + GATHER_AHEAD < ns) {                                                       \
+      const span_t *a = &spans[s + GATHER_AHEAD];                                      \
+      __builtin_prefetch(a->view->base + a->view->nodes[me].values_offset +            \
+                         (size_t)a->start * sizeof(T));                                \
+    }                                                                                  \
+    const uint8_t *src = spans[s].view->base + spans[s].view->nodes[me].values_offset; \
+    T x;                                                                               \
+    memcpy(&x, src + (size_t)spans[s].start * sizeof(T), sizeof(T));                   \
+    memcpy(v + s * sizeof(T), &x, sizeof(T));                                          \
+  }
+      if (w == 4) {
+        GATHER_W(uint32_t)
+      } else if (w == 8) {
+        GATHER_W(uint64_t)
+      } else if (w == 2) {
+        GATHER_W(uint16_t)
+      } else if (w == 1) {
+        GATHER_W(uint8_t)
+      } else {
+        for (size_t s = 0; s < ns; s++) {
+          const uint8_t *src = spans[s].view->base + spans[s].view->nodes[me].values_offset;
+          memcpy(v + s * w, src + (size_t)spans[s].start * w, w);
+        }
+      }
+#undef GATHER_W
+    }
+  } else {
+    uint64_t total = 0;
+    for (size_t s = 0; s < ns; s++) {
+      const layout_node_t *src = &spans[s].view->nodes[me];
+      const int32_t *off = (const int32_t *)(const void *)(spans[s].view->base + src->offsets_offset);
+      total += (uint64_t)(off[spans[s].start + 1] - off[spans[s].start]);
+    }
+    if (total > INT32_MAX) return LARDER_ELIMIT;
+    int32_t *o = (int32_t *)(void *)take(g, (uint64_t)(len + 1) * 4, &nd.offsets_offset);
+    nd.offsets_length = (uint64_t)(len + 1) * 4;
+    uint8_t *v = take(g, total, &nd.values_offset);
+    nd.values_length = total;
+    if (o) {
+      int32_t cur = 0;
+      o[0] = 0;
+      for (size_t s = 0; s < ns; s++) {
+        if (s + GATHER_AHEAD / 2 < ns) {
+          /* The sizing pass brought the offsets in; fetch the values they
+           * point at, first and last line. */
+          const span_t *p = &spans[s + GATHER_AHEAD / 2];
+          const layout_node_t *pn = &p->view->nodes[me];
+          const int32_t *po = (const int32_t *)(const void *)(p->view->base + pn->offsets_offset);
+          const uint8_t *pv = p->view->base + pn->values_offset;
+          __builtin_prefetch(pv + po[p->start]);
+          __builtin_prefetch(pv + po[p->start + 1] - 1);
+        }
+        const layout_node_t *src = &spans[s].view->nodes[me];
+        const uint8_t *base = spans[s].view->base;
+        const int32_t *off = (const int32_t *)(const void *)(base + src->offsets_offset);
+        int32_t a = off[spans[s].start], b = off[spans[s].start + 1];
+        if (b > a) memcpy(v + cur, base + src->values_offset + a, (size_t)(b - a));
+        cur += b - a;
+        o[s + 1] = cur;
+      }
+    }
+  }
+  if (g->fill) g->nodes[me] = nd;
+  return 1;
+}
+
 /* Spans are passed as a position in the scratch stack, not a pointer: a
  * list level pushes its children's spans, which may move the stack. */
 static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first, size_t ns) {
   const span_t *spans = (*g->scratch)->spans + first;
   int me = (*k)++;
+  int fast = gather_singletons(g, f, me, spans, ns);
+  if (fast) return fast < 0 ? fast : 0;
   layout_node_t nd;
   memset(&nd, 0, sizeof(nd));
   int64_t len = 0, nulls = 0;
@@ -520,4 +661,195 @@ int layout_gather(const pq_field_t *field, const layout_pick_t *picks, int64_t n
   gather_ctx g = {scratch, 1, base, dst, 0, nodes};
   int k = 0;
   return gather_node(&g, field, &k, 0, ns);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Row blocks                                                                */
+
+int layout_rowplan_make(const pq_field_t *schema, layout_rowplan_t **out) {
+  *out = NULL;
+  int nc = schema->num_children, n = 0, nullable = 0;
+  for (int c = 0; c < nc; c++) {
+    const pq_field_t *f = &schema->children[c];
+    size_t w = fixed_width(f);
+    if ((w > 0 && w <= 16) || f->type == LARDER_TYPE_BOOL || is_var(f)) {
+      n++;
+      nullable += f->nullable;
+    }
+  }
+  if (n == 0) return 0;
+  layout_rowplan_t *p = calloc(1, sizeof(*p));
+  if (p == NULL) return LARDER_ENOMEM;
+  p->packed = calloc((size_t)n, sizeof(*p->packed));
+  p->slot_of = calloc((size_t)nc, sizeof(int));
+  if (p->packed == NULL || p->slot_of == NULL) {
+    layout_rowplan_free(p);
+    return LARDER_ENOMEM;
+  }
+  p->null_bytes = (uint32_t)(nullable + 7) / 8;
+  uint32_t off = p->null_bytes;
+  int bit = 0;
+  for (int c = 0; c < nc; c++) {
+    const pq_field_t *f = &schema->children[c];
+    size_t w = fixed_width(f);
+    p->slot_of[c] = -1;
+    if (!((w > 0 && w <= 16) || f->type == LARDER_TYPE_BOOL || is_var(f))) continue;
+    int k = p->num_packed++;
+    p->slot_of[c] = k;
+    p->packed[k].column = c;
+    p->packed[k].is_var = is_var(f);
+    p->packed[k].width = f->type == LARDER_TYPE_BOOL ? 1 : is_var(f) ? 12 : (uint32_t)w;
+    p->packed[k].offset = off;
+    p->packed[k].nullbit = f->nullable ? bit++ : -1;
+    p->packed[k].is_bool = f->type == LARDER_TYPE_BOOL;
+    off += p->packed[k].width;
+  }
+  p->stride = off;
+  *out = p;
+  return 0;
+}
+
+void layout_rowplan_free(layout_rowplan_t *plan) {
+  if (plan == NULL) return;
+  free(plan->packed);
+  free(plan->slot_of);
+  free(plan);
+}
+
+uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views,
+                           int64_t rows) {
+  uint8_t *block = calloc((size_t)(rows ? rows : 1), plan->stride);
+  if (block == NULL) return NULL;
+  for (int k = 0; k < plan->num_packed; k++) {
+    const layout_view_t *v = &views[plan->packed[k].column];
+    const layout_node_t *nd = &v->nodes[0];
+    uint32_t w = plan->packed[k].width, off = plan->packed[k].offset;
+    const uint8_t *vals = v->base + nd->values_offset;
+    const uint8_t *bits = nd->null_count ? v->base + nd->validity_offset : NULL;
+    int64_t n = nd->length < rows ? nd->length : rows;
+    int is_bool = v->field->type == LARDER_TYPE_BOOL;
+    const int32_t *offs =
+        plan->packed[k].is_var ? (const int32_t *)(const void *)(v->base + nd->offsets_offset) : NULL;
+    for (int64_t r = 0; r < n; r++) {
+      uint8_t *row = block + (size_t)r * plan->stride;
+      if (is_bool) {
+        row[off] = (vals[r >> 3] >> (r & 7)) & 1;
+      } else if (offs) {
+        const uint8_t *ptr = vals + offs[r];
+        uint32_t len = (uint32_t)(offs[r + 1] - offs[r]);
+        memcpy(row + off, &ptr, 8);
+        memcpy(row + off + 8, &len, 4);
+      } else {
+        memcpy(row + off, vals + (size_t)r * w, w);
+      }
+      if (plan->packed[k].nullbit >= 0 && bits && !((bits[r >> 3] >> (r & 7)) & 1)) {
+        int b = plan->packed[k].nullbit;
+        row[b >> 3] |= (uint8_t)(1u << (b & 7));
+      }
+    }
+  }
+  return block;
+}
+
+int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
+                           int size_only, uint8_t *base, uint8_t *dst, layout_node_t *node) {
+  uint32_t w = plan->packed[p].width, off = plan->packed[p].offset, stride = plan->stride;
+  int nb = plan->packed[p].nullbit;
+  int is_bool = plan->packed[p].is_bool;
+  int64_t nulls = 0;
+  if (nb >= 0)
+    for (int64_t s = 0; s < n; s++) nulls += (tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1;
+  if (plan->packed[p].is_var) {
+    /* Offsets, then the values the row pointers point at. */
+    uint64_t total = 0;
+    for (int64_t s = 0; s < n; s++) {
+      uint32_t len;
+      memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
+      total += len;
+    }
+    if (total > INT32_MAX) return LARDER_ELIMIT;
+    uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) +
+                    align_up((uint64_t)(n + 1) * 4) + align_up(total);
+    if (size_only) return (int64_t)size;
+    memset(node, 0, sizeof(*node));
+    node->length = n;
+    node->null_count = nulls;
+    uint8_t *p8 = dst;
+    if (nulls) {
+      uint64_t vl = (uint64_t)(n + 7) / 8;
+      memset(p8, 0, align_up(vl));
+      for (int64_t s = 0; s < n; s++)
+        if (!((tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1))
+          p8[s >> 3] |= (uint8_t)(1u << (s & 7));
+      node->validity_offset = (uint64_t)(p8 - base);
+      node->validity_length = vl;
+      p8 += align_up(vl);
+    }
+    int32_t *o = (int32_t *)(void *)p8;
+    node->offsets_offset = (uint64_t)(p8 - base);
+    node->offsets_length = (uint64_t)(n + 1) * 4;
+    p8 += align_up((uint64_t)(n + 1) * 4);
+    node->values_offset = (uint64_t)(p8 - base);
+    node->values_length = total;
+    int32_t cur = 0;
+    o[0] = 0;
+    for (int64_t s = 0; s < n; s++) {
+      if (s + GATHER_AHEAD < n) {
+        const uint8_t *ahead;
+        uint32_t alen;
+        memcpy(&ahead, tmp + (size_t)(s + GATHER_AHEAD) * stride + off, 8);
+        memcpy(&alen, tmp + (size_t)(s + GATHER_AHEAD) * stride + off + 8, 4);
+        for (uint32_t line = 0; line < alen; line += 64) __builtin_prefetch(ahead + line);
+        if (alen) __builtin_prefetch(ahead + alen - 1);
+      }
+      const uint8_t *ptr;
+      uint32_t len;
+      memcpy(&ptr, tmp + (size_t)s * stride + off, 8);
+      memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
+      memcpy(p8 + cur, ptr, len);
+      cur += (int32_t)len;
+      o[s + 1] = cur;
+    }
+    memset((uint8_t *)o + (n + 1) * 4, 0, align_up((uint64_t)(n + 1) * 4) - (uint64_t)(n + 1) * 4);
+    memset(p8 + total, 0, align_up(total) - total);
+    return (int64_t)size;
+  }
+  /* BOOL is packed as one byte per row; its Arrow form is a bitmap. */
+  uint64_t vbytes = is_bool ? (uint64_t)(n + 7) / 8 : (uint64_t)n * w;
+  uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) + align_up(vbytes);
+  if (size_only) return (int64_t)size;
+  memset(node, 0, sizeof(*node));
+  node->length = n;
+  node->null_count = nulls;
+  uint8_t *p8 = dst;
+  if (nulls) {
+    uint64_t vl = (uint64_t)(n + 7) / 8;
+    memset(p8, 0, align_up(vl));
+    for (int64_t s = 0; s < n; s++)
+      if (!((tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1))
+        p8[s >> 3] |= (uint8_t)(1u << (s & 7));
+    node->validity_offset = (uint64_t)(p8 - base);
+    node->validity_length = vl;
+    p8 += align_up(vl);
+  }
+  node->values_offset = (uint64_t)(p8 - base);
+  node->values_length = vbytes;
+  const uint8_t *src = tmp + off;
+  if (is_bool) {
+    memset(p8, 0, (size_t)vbytes);
+    for (int64_t s = 0; s < n; s++)
+      if (src[(size_t)s * stride]) p8[s >> 3] |= (uint8_t)(1u << (s & 7));
+  } else switch (w) {
+    case 4:
+      for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * 4, src + (size_t)s * stride, 4);
+      break;
+    case 8:
+      for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * 8, src + (size_t)s * stride, 8);
+      break;
+    default:
+      for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * w, src + (size_t)s * stride, w);
+      break;
+  }
+  memset(p8 + vbytes, 0, align_up(vbytes) - vbytes);
+  return (int64_t)size;
 }

@@ -115,4 +115,53 @@ int layout_gather(const pq_field_t *field, const layout_pick_t *picks,
                   int64_t n, layout_scratch_t **scratch, uint8_t *base,
                   uint8_t *dst, layout_node_t *nodes);
 
+/* ------------------------------------------------------------------------ */
+/* Row blocks: the small fixed-width columns of a unit, row by row           */
+
+/*
+ * Gathering a shuffled batch reads one row from each column of a random
+ * unit: for a dozen small columns that is a dozen cache misses per sample,
+ * each to fetch a few bytes.  A row block keeps a unit's top-level
+ * fixed-width columns (up to 16 bytes wide, and BOOL) interleaved row by
+ * row, with a bitmask of their nulls first, so one sample costs one or two
+ * misses whatever the number of such columns.  BINARY and STRING columns
+ * get a pointer to their value and its length, so only the value's own
+ * bytes remain to be fetched.  It is built once per unit load, from the
+ * unit's column blobs, and lives only in memory (it holds pointers).
+ */
+typedef struct layout_rowplan {
+  int num_packed;
+  uint32_t stride;     /* bytes per row */
+  uint32_t null_bytes; /* bytes of null bitmask at the start of each row */
+  struct {
+    int column;        /* index among the schema's top-level columns */
+    uint32_t offset;   /* of the value in the row */
+    uint32_t width;    /* bytes; 1 for BOOL (0 or 1) */
+    int nullbit;       /* bit in the mask, -1 when not nullable */
+    int is_bool;       /* stored as a byte, served as a bitmap */
+    int is_var;        /* a pointer and a length (12 bytes) */
+  } *packed;
+  int *slot_of;        /* per top-level column: its index in packed, or -1 */
+} layout_rowplan_t;
+
+/* Plans the row block for a schema (a STRUCT of columns).  Returns 0 or
+ * LARDER_ENOMEM; *out is NULL when no column qualifies. */
+int layout_rowplan_make(const pq_field_t *schema, layout_rowplan_t **out);
+void layout_rowplan_free(layout_rowplan_t *plan);
+
+/* Builds the row block of a unit of `rows` rows from its column views
+ * (views[c] for every top-level column).  Returns a malloc'd block of
+ * rows * stride bytes, or NULL when out of memory. */
+uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views,
+                           int64_t rows);
+
+/*
+ * Writes the packed column plan->packed[p] of n samples, whose rows were
+ * first copied one after another into tmp (n * stride bytes), into the
+ * arena: validity (when any is null) and values, with node records as
+ * layout_gather does.  size_only: just return the bytes it needs.
+ */
+int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
+                           int size_only, uint8_t *base, uint8_t *dst, layout_node_t *node);
+
 #endif /* LARDER_LAYOUT_H */

@@ -5,6 +5,7 @@
  *   larderd [--config PATH] [--key=value ...] [--help] [--help-config]
  *           [--version]
  */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,13 @@ int main(int argc, char **argv) {
     }
   }
   log_set_level(srv->cfg.log_level);
+  /* Units and cache values are megabytes each and come and go constantly.
+   * glibc would map and unmap each one, paying page faults on every reuse;
+   * keep freed memory in the heap instead (bounded by the peak, which
+   * memory_limit bounds). */
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  mallopt(M_TOP_PAD, 64 << 20);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   srv->workers = srv->cfg.workers ? (int)srv->cfg.workers : (int)(cores > 0 ? cores : 2);
   /* libuv sizes its thread pool from the environment on first use. */

@@ -9,6 +9,7 @@
  * written in one atomic batch.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,11 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int server_run(server_t *srv) {
+  /* Bug fix (tests: daemon_resume): libuv writes with write(2), so a client
+   * that closed its end while a Batch frame was being written killed the
+   * whole daemon with SIGPIPE.  Ignore it: the write fails with EPIPE and
+   * only that connection closes. */
+  signal(SIGPIPE, SIG_IGN);
   srv->loop = uv_default_loop();
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);

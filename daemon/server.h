@@ -65,6 +65,7 @@ struct unit {
   store_value_t **cached; /* per column, when read from the cache */
   uint8_t **blobs;        /* per column, when decoded */
   layout_view_t *views;   /* per column, READY */
+  uint8_t *rowblock;      /* the row block of the small columns, or NULL */
   uint64_t bytes;
   int from_cache;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
@@ -107,6 +108,10 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...)
 uint32_t stream_id(const stream_t *s);
 /* The stream of connection c with this id, or NULL. */
 stream_t *stream_find(conn_t *c, uint32_t id);
+/* For the admin stats: the stream's counters, and the next stream of its
+ * connection (NULL at the end). */
+const stats_stream_t *stream_stats(const stream_t *s);
+stream_t *stream_next_in_conn(const stream_t *s);
 
 /* ------------------------------------------------------------------------ */
 /* Connections (conn.c)                                                      */

@@ -34,6 +34,9 @@
  * All entries of one store_put (the columns of a unit and their index
  * records) go in one atomic WriteBatch: after a kill -9 at any moment the
  * database reopens with each unit either wholly present or wholly absent.
+ * Unless sync_writes is set, writes skip RocksDB's WAL (each value is then
+ * written once, not twice); a crash loses the units written since the last
+ * memtable flush, never part of one, and store_close flushes.
  *
  * Capacity and admission
  * ----------------------

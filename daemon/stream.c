@@ -51,6 +51,7 @@ typedef struct sent {
 
 typedef struct pin {
   unit_t *u;
+  uint32_t index;
 } pin_t;
 
 struct stream {
@@ -81,6 +82,9 @@ struct stream {
   int num_pins, cap_pins;
   pin_t *old_pins;          /* the span before it, kept until the next one */
   int num_old_pins, cap_old_pins;
+  unit_t **pinned;          /* by unit index: a pinned unit, or NULL */
+  uint64_t *stamp;          /* by unit index: the last batch that saw it */
+  unit_t **lookup;          /* by unit index: scratch for planning */
 
   arena_t *arena;
   uint32_t window, prefetch;
@@ -95,6 +99,9 @@ struct stream {
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
+
+const stats_stream_t *stream_stats(const stream_t *s) { return &s->st; }
+stream_t *stream_next_in_conn(const stream_t *s) { return s->next_in_conn; }
 
 stream_t *stream_find(conn_t *c, uint32_t id) {
   for (stream_t *s = c->streams; s; s = s->next_in_conn)
@@ -123,17 +130,25 @@ static void pbatch_free(stream_t *s, pbatch_t *b) {
   free(b);
 }
 
+static void unpin(stream_t *s, pin_t *p) {
+  if (s->pinned && s->pinned[p->index] == p->u) {
+    /* Still mapped unless a newer pin of the same unit replaced it. */
+    s->pinned[p->index] = NULL;
+  }
+  units_release(s->srv, p->u);
+}
+
 static void release_pins(stream_t *s) {
-  for (int i = 0; i < s->num_pins; i++) units_release(s->srv, s->pins[i].u);
+  for (int i = 0; i < s->num_pins; i++) unpin(s, &s->pins[i]);
   s->num_pins = 0;
-  for (int i = 0; i < s->num_old_pins; i++) units_release(s->srv, s->old_pins[i].u);
+  for (int i = 0; i < s->num_old_pins; i++) unpin(s, &s->old_pins[i]);
   s->num_old_pins = 0;
 }
 
 /* Moves the current pins to the old generation, releasing the old one: the
  * span the planner is in stays pinned while the next one loads. */
 static void rotate_pins(stream_t *s) {
-  for (int i = 0; i < s->num_old_pins; i++) units_release(s->srv, s->old_pins[i].u);
+  for (int i = 0; i < s->num_old_pins; i++) unpin(s, &s->old_pins[i]);
   pin_t *p = s->old_pins;
   int cap = s->cap_old_pins;
   s->old_pins = s->pins;
@@ -153,6 +168,9 @@ static void stream_destroy(stream_t *s) {
   release_pins(s);
   free(s->pins);
   free(s->old_pins);
+  free(s->pinned);
+  free(s->stamp);
+  free(s->lookup);
   free(s->sent);
   shuffle_epoch_close(s->plan_ep);
   shuffle_epoch_close(s->pin_ep);
@@ -246,7 +264,10 @@ static void advance_pins(stream_t *s) {
   for (int i = 0; i < n; i++) {
     unit_t *u = units_acquire(s->srv, s->ds, idx[i]);
     if (u == NULL) break;
-    s->pins[s->num_pins++].u = u;
+    s->pins[s->num_pins].u = u;
+    s->pins[s->num_pins].index = idx[i];
+    s->num_pins++;
+    if (s->pinned) s->pinned[idx[i]] = u;
   }
   free(idx);
   s->pin_batch = last;
@@ -259,10 +280,6 @@ static void advance_pins(stream_t *s) {
 /* ------------------------------------------------------------------------ */
 /* Planning                                                                  */
 
-static int cmp_unit_index(const void *a, const void *b) {
-  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int plan_one(stream_t *s) {
   if (s->plan_ep == NULL) {
@@ -281,29 +298,31 @@ static int plan_one(stream_t *s) {
   if (b->samples == NULL || b->sample_unit == NULL || idx == NULL) goto fail;
   rc = shuffle_epoch_batch(s->plan_ep, b->index, b->samples);
   if (rc < 0) goto fail;
-  for (int i = 0; i < b->n; i++) idx[i] = b->samples[i].unit;
-  qsort(idx, (size_t)b->n, sizeof(uint32_t), cmp_unit_index);
+  /* Distinct units, in order of first use, found with a per-unit stamp
+   * (no sort); each gets one reference for the batch, taken directly when
+   * the stream already pins it. */
+  uint64_t mark = s->next_seq + 1;
   int nd = 0;
-  for (int i = 0; i < b->n; i++)
-    if (nd == 0 || idx[nd - 1] != idx[i]) idx[nd++] = idx[i];
+  for (int i = 0; i < b->n; i++) {
+    uint32_t u = b->samples[i].unit;
+    if (s->stamp[u] != mark) {
+      s->stamp[u] = mark;
+      idx[nd++] = u;
+    }
+  }
   b->units = calloc((size_t)nd, sizeof(unit_t *));
   rc = LARDER_ENOMEM;
   if (b->units == NULL) goto fail;
   for (int i = 0; i < nd; i++) {
-    b->units[i] = units_acquire(s->srv, s->ds, idx[i]);
-    if (b->units[i] == NULL) goto fail;
+    unit_t *u = s->pinned[idx[i]];
+    if (u != NULL) u->refs++;
+    else u = units_acquire(s->srv, s->ds, idx[i]);
+    if (u == NULL) goto fail;
+    b->units[i] = u;
     b->num_units++;
+    s->lookup[idx[i]] = u;
   }
-  for (int i = 0; i < b->n; i++) {
-    uint32_t key = b->samples[i].unit;
-    int lo = 0, hi = nd - 1;
-    while (lo < hi) {
-      int mid = (lo + hi) / 2;
-      if (idx[mid] < key) lo = mid + 1;
-      else hi = mid;
-    }
-    b->sample_unit[i] = b->units[lo];
-  }
+  for (int i = 0; i < b->n; i++) b->sample_unit[i] = s->lookup[b->samples[i].unit];
   free(idx);
   b->seq = s->next_seq++;
   b->state = PB_WAITING;
@@ -337,12 +356,36 @@ static void assemble_work(uv_work_t *w) {
   layout_pick_t *picks = malloc((size_t)b->n * sizeof(layout_pick_t));
   int64_t *sizes = malloc((size_t)(nc ? nc : 1) * sizeof(int64_t));
   layout_scratch_t *scratch = NULL;
+  uint8_t *tmp = NULL;
   if (picks == NULL || sizes == NULL) {
     b->error = LARDER_ENOMEM;
     goto out;
   }
+  /* The small fixed-width columns come from the units' row blocks: copy
+   * each sample's row once (one or two cache misses), then split it into
+   * columns from memory that is already in cache. */
+  const layout_rowplan_t *rp = s->ds->rowplan;
+  if (rp) {
+    tmp = malloc((size_t)b->n * rp->stride + 1);
+    if (tmp == NULL) {
+      b->error = LARDER_ENOMEM;
+      goto out;
+    }
+    for (int i = 0; i < b->n; i++) {
+      if (i + 16 < b->n)
+        __builtin_prefetch(b->sample_unit[i + 16]->rowblock +
+                           (size_t)b->samples[i + 16].row * rp->stride);
+      memcpy(tmp + (size_t)i * rp->stride,
+             b->sample_unit[i]->rowblock + (size_t)b->samples[i].row * rp->stride, rp->stride);
+    }
+  }
   uint64_t total = 0;
   for (int c = 0; c < nc; c++) {
+    if (rp && rp->slot_of[c] >= 0) {
+      sizes[c] = layout_rows_column(rp, rp->slot_of[c], tmp, b->n, 1, NULL, NULL, NULL);
+      total += (uint64_t)sizes[c];
+      continue;
+    }
     for (int i = 0; i < b->n; i++) {
       picks[i].view = &b->sample_unit[i]->views[c];
       picks[i].row = b->samples[i].row;
@@ -376,6 +419,12 @@ static void assemble_work(uv_work_t *w) {
   uint8_t *dst = base + off;
   int node = 0;
   for (int c = 0; c < nc; c++) {
+    if (rp && rp->slot_of[c] >= 0) {
+      layout_rows_column(rp, rp->slot_of[c], tmp, b->n, 0, base, dst, b->nodes + node);
+      dst += sizes[c];
+      node += 1;
+      continue;
+    }
     for (int i = 0; i < b->n; i++) {
       picks[i].view = &b->sample_unit[i]->views[c];
       picks[i].row = b->samples[i].row;
@@ -394,6 +443,7 @@ static void assemble_work(uv_work_t *w) {
   }
 out:
   layout_scratch_free(scratch);
+  free(tmp);
   free(picks);
   free(sizes);
   b->assemble_ns = util_now_ns() - t0;
@@ -728,7 +778,10 @@ static void open_done(uv_work_t *w, int status) {
   for (int i = 0; i < s->ds->schema->num_children; i++)
     s->num_nodes += layout_num_nodes(&s->ds->schema->children[i]);
   uint64_t *rows = malloc((size_t)s->ds->num_units * sizeof(uint64_t));
-  int rc = rows ? 0 : LARDER_ENOMEM;
+  s->pinned = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
+  s->stamp = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
+  s->lookup = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
+  int rc = rows && s->pinned && s->stamp && s->lookup ? 0 : LARDER_ENOMEM;
   if (rc == 0) {
     for (uint32_t i = 0; i < s->ds->num_units; i++) rows[i] = s->ds->units[i].rows;
     rc = shuffle_plan_create(rows, s->ds->num_units, &s->params, &s->plan);

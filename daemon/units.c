@@ -63,6 +63,8 @@ static void unit_free_data(unit_t *u) {
   free(u->cached);
   free(u->blobs);
   free(u->views);
+  free(u->rowblock);
+  u->rowblock = NULL;
   u->cached = NULL;
   u->blobs = NULL;
   u->views = NULL;
@@ -217,6 +219,17 @@ static int decode_run(server_t *srv, unit_t *u) {
   return 0;
 }
 
+static void build_rows(unit_t *u) {
+  const layout_rowplan_t *plan = u->ds->rowplan;
+  if (plan == NULL || u->error) return;
+  u->rowblock = layout_rows_build(plan, u->views, (int64_t)u->rows);
+  if (u->rowblock == NULL) {
+    unit_fail(u, LARDER_ENOMEM, "out of memory building a unit's row block");
+    return;
+  }
+  u->bytes += (uint64_t)(int64_t)u->rows * plan->stride;
+}
+
 static void load_work(uv_work_t *w) {
   unit_t *u = w->data;
   server_t *srv = u->srv;
@@ -244,6 +257,7 @@ static void load_work(uv_work_t *w) {
   if (all) {
     for (int c = 0; c < nc; c++) u->bytes += store_value_size(u->cached[c]);
     u->from_cache = 1;
+    build_rows(u);
     return;
   }
   for (int c = 0; c < nc; c++) {
@@ -261,6 +275,7 @@ static void load_work(uv_work_t *w) {
       return;
     }
   }
+  build_rows(u);
 }
 
 static void load_done(uv_work_t *w, int status) {
