@@ -300,6 +300,15 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     goto fail;
   }
   ds->num_units = (uint32_t)nu;
+  for (uint32_t i = 0; i < ds->num_files; i++) {
+    ds->files[i].first_rg = ds->num_rgs;
+    ds->num_rgs += (uint32_t)pq_file_meta(ds->files[i].pq)->num_row_groups;
+  }
+  ds->rg_busy = calloc((size_t)ds->num_rgs + 1, sizeof(int));
+  if (ds->rg_busy == NULL) {
+    rc = LARDER_ENOMEM;
+    goto fail;
+  }
   if (layout_rowplan_make(ds->schema, &ds->rowplan) != 0) {
     rc = LARDER_ENOMEM;
     goto fail;
@@ -336,6 +345,7 @@ void dataset_free(dataset_t *ds) {
   free(ds->units);
   free(ds->column_hash);
   layout_rowplan_free(ds->rowplan);
+  free(ds->rg_busy);
   free(ds);
 }
 

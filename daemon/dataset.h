@@ -38,6 +38,7 @@ typedef struct dataset_file {
   pq_file *pq;
   pq_projection *proj;
   uint32_t first_unit, num_units;
+  uint32_t first_rg;       /* index of its row group 0 in dataset.rg_busy */
 } dataset_file_t;
 
 typedef struct dataset_unit {
@@ -71,6 +72,10 @@ typedef struct dataset {
   int num_columns;
   uint64_t *column_hash;   /* layout_field_hash of each column */
   layout_rowplan_t *rowplan; /* row blocks of the small columns, or NULL */
+  /* Per row group: set while a worker decodes it, so that two loads never
+   * decode the same pages (atomic; the only mutable part of a dataset). */
+  int *rg_busy;
+  uint32_t num_rgs;
 } dataset_t;
 
 /*

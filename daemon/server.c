@@ -162,6 +162,7 @@ static void on_tick(uv_timer_t *t) {
     return;
   }
   units_trim(srv);
+  units_retry(srv);
 }
 
 int server_run(server_t *srv) {

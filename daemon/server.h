@@ -68,6 +68,8 @@ struct unit {
   uint8_t *rowblock;      /* the row block of the small columns, or NULL */
   uint64_t bytes;
   int from_cache;
+  int retry;              /* its row group was being decoded: try again */
+  unit_t *retry_next;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
 
   stream_t **waiters;     /* streams to tell when it is READY or FAILED */
@@ -89,6 +91,8 @@ void units_unwait(unit_t *u, stream_t *s);
 /* Frees idle units until the pool fits memory_limit. */
 void units_trim(server_t *srv);
 void units_init(server_t *srv);
+/* Queues again the loads that waited for a row group (the tick calls it). */
+void units_retry(server_t *srv);
 void units_shutdown(server_t *srv);
 
 /* ------------------------------------------------------------------------ */
@@ -178,6 +182,7 @@ struct server {
   unit_t *lru_head, *lru_tail;
   uint64_t unit_bytes;
   int loads_in_flight;
+  unit_t *retry_head;     /* loads waiting for their row group's decode */
   int tasks_in_flight;    /* every uv_queue_work not yet completed */
 };
 

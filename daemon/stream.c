@@ -609,9 +609,9 @@ static void stream_pump(stream_t *s) {
         units_wait(u, s);
       }
     }
-    /* Two assemblies at once keep both cores busy without letting one
-     * stream monopolize the pool. */
-    if (ready && assembling < 2) {
+    /* As many assemblies at once as there are workers keeps them busy;
+     * more would only queue behind other streams' work. */
+    if (ready && assembling < s->srv->workers) {
       int rc = start_assembly(s, b);
       if (rc) {
         stream_fail(s, rc, "cannot start assembling a batch");

@@ -120,21 +120,40 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   uint64_t usizes[64];
   *admitted = 0;
   if (nc > 64 || srv->store == NULL) return;
+  /* Bug fix (tests: daemon_cache_shared_columns): offer only the columns
+   * the cache lacks.  Columns are cached per column, and another job's
+   * projection may have cached some of them already; offering those too
+   * made store_reserve refuse the whole unit (it never admits a key it
+   * holds), so a job whose projection overlapped a cached one never got
+   * its own columns cached and decoded every epoch. */
+  int n = 0;
+  int col[64];
   for (int c = 0; c < nc; c++) {
-    dataset_column_key(ds, k, c, &keys[c]);
-    usizes[c] = sizes[c];
+    store_key_t key;
+    dataset_column_key(ds, k, c, &key);
+    if (store_contains(srv->store, &key)) continue;
+    col[n] = c;
+    keys[n] = key;
+    usizes[n] = sizes[c];
+    n++;
+  }
+  if (n == 0) {
+    *admitted = 1;
+    return;
   }
   const dataset_unit_t *du = &ds->units[k];
   uint64_t object_id = ds->files[du->file].object_id;
-  if (!store_reserve(srv->store, object_id, keys, usizes, nc, du->priority)) return;
-  for (int c = 0; c < nc; c++) {
-    entries[c].key = keys[c];
-    entries[c].data = blobs[c];
-    entries[c].size = sizes[c];
+  /* Bug fix: store_reserve returns 1, 0, or a negative code; a negative
+   * code (EINVAL, ENOMEM) means nothing was reserved either. */
+  if (store_reserve(srv->store, object_id, keys, usizes, n, du->priority) <= 0) return;
+  for (int i = 0; i < n; i++) {
+    entries[i].key = keys[i];
+    entries[i].data = blobs[col[i]];
+    entries[i].size = sizes[col[i]];
   }
-  int rc = store_put(srv->store, object_id, du->priority, entries, nc);
+  int rc = store_put(srv->store, object_id, du->priority, entries, n);
   if (rc) {
-    store_unreserve(srv->store, keys, nc);
+    store_unreserve(srv->store, keys, n);
     if (rc != LARDER_ENOSPC)
       log_warn("cache write of %s failed: %s", ds->files[du->file].path, larder_strerror(rc));
     return;
@@ -142,9 +161,12 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   *admitted = 1;
 }
 
-static int decode_run(server_t *srv, unit_t *u) {
+/* Decodes units [start, ...) of u's row group: u's own columns are kept in
+ * u; the others go to the cache while it admits them and does not hold
+ * them yet. */
+static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   dataset_t *ds = u->ds;
-  const dataset_unit_t *du = &ds->units[u->index];
+  const dataset_unit_t *du = &ds->units[start];
   const dataset_file_t *f = &ds->files[du->file];
   int nc = ds->num_columns;
   char msg[600];
@@ -179,9 +201,9 @@ static int decode_run(server_t *srv, unit_t *u) {
     if (s < 0) rc = (int)s;
   }
   uint32_t end = f->first_unit + f->num_units;
-  for (uint32_t k = u->index; rc == 0 && k < end && ds->units[k].rg == du->rg; k++) {
-    if (k != u->index && (k - u->index >= DECODE_RUN_MAX || srv->store == NULL ||
-                          cached_already(srv->store, ds, k)))
+  for (uint32_t k = start; rc == 0 && k < end && ds->units[k].rg == du->rg; k++) {
+    if (k > u->index && (k - u->index >= DECODE_RUN_MAX || srv->store == NULL ||
+                         cached_already(srv->store, ds, k)))
       break;
     int64_t got = pq_reader_next(r, ds->units[k].rows, &batch, &err);
     if (got < 0) {
@@ -209,8 +231,7 @@ static int decode_run(server_t *srv, unit_t *u) {
     }
     for (int c = 0; c < nc; c++) free(blobs[c]);
     /* Decoding ahead only pays when the cache keeps what it decodes. */
-    if (k != u->index && !admitted) break;
-    if (k == u->index && !admitted) break;
+    if (k >= u->index && !admitted) break;
   }
   pq_batch_free(&batch);
   pq_reader_close(r);
@@ -232,6 +253,7 @@ static void build_rows(unit_t *u) {
 
 static void load_work(uv_work_t *w) {
   unit_t *u = w->data;
+  u->retry = 0;
   server_t *srv = u->srv;
   dataset_t *ds = u->ds;
   int nc = ds->num_columns;
@@ -264,8 +286,41 @@ static void load_work(uv_work_t *w) {
     if (u->cached[c]) store_value_free(u->cached[c]);
     u->cached[c] = NULL;
   }
+  /* One decode per row group at a time: another worker may be decoding this
+   * unit's row group right now, and will have cached it when it is done. */
+  const dataset_unit_t *du = &ds->units[u->index];
+  int *busy = &ds->rg_busy[ds->files[du->file].first_rg + du->rg];
+  if (__atomic_exchange_n(busy, 1, __ATOMIC_ACQUIRE) != 0) {
+    u->retry = 1;
+    return;
+  }
+  if (srv->store && cached_already(srv->store, ds, u->index)) {
+    /* The decode that just finished cached it: read it instead. */
+    __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
+    load_work(w);
+    return;
+  }
+  /* On a cold cache with room, start at the row group's first unit that is
+   * not cached: the pages are decoded once and every unit of the row group
+   * lands in the cache, in whatever order the shuffle asks for them. */
+  uint32_t start = u->index;
+  if (srv->store) {
+    uint32_t first = ds->files[du->file].first_unit;
+    uint32_t k0 = u->index;
+    while (k0 > first && ds->units[k0 - 1].rg == du->rg) k0--;
+    while (k0 < u->index && cached_already(srv->store, ds, k0)) k0++;
+    uint64_t need = 0;
+    for (uint32_t k = k0; k < ds->num_units && ds->units[k].rg == du->rg; k++)
+      need += ds->units[k].est_bytes;
+    store_stats_t st;
+    store_stats_get(srv->store, &st);
+    if (!st.admission_disabled && st.used_bytes + st.reserved_bytes + need <= st.capacity_bytes)
+      start = k0;
+  }
   uint64_t t1 = util_now_ns();
-  if (decode_run(srv, u) != 0) return;
+  int drc = decode_run(srv, u, start);
+  __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
+  if (drc != 0) return;
   u->decode_ns = util_now_ns() - t1;
   for (int c = 0; c < nc; c++) {
     size_t size = (size_t)((const layout_blob_header_t *)(const void *)u->blobs[c])->total_size;
@@ -278,11 +333,35 @@ static void load_work(uv_work_t *w) {
   build_rows(u);
 }
 
+static int queue_load(server_t *srv, unit_t *u);
+
+void units_retry(server_t *srv) {
+  unit_t *list = srv->retry_head;
+  srv->retry_head = NULL;
+  while (list) {
+    unit_t *u = list;
+    list = u->retry_next;
+    u->retry_next = NULL;
+    if (queue_load(srv, u) != 0) {
+      u->retry_next = srv->retry_head;
+      srv->retry_head = u;
+    }
+  }
+}
+
 static void load_done(uv_work_t *w, int status) {
   unit_t *u = w->data;
   server_t *srv = u->srv;
   server_task_end(srv);
   srv->loads_in_flight--;
+  if (u->retry && status != UV_ECANCELED && !srv->shutting_down) {
+    /* Its row group is being decoded by another load, which will cache
+     * it; wait for that load to finish. */
+    u->retry_next = srv->retry_head;
+    srv->retry_head = u;
+    return;
+  }
+  if (srv->retry_head) units_retry(srv);
   if (status == UV_ECANCELED && u->error == 0) unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
   if (u->error) {
     u->state = UNIT_FAILED;
@@ -365,18 +444,25 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
   u->hnext = srv->unit_table[h % srv->unit_buckets];
   srv->unit_table[h % srv->unit_buckets] = u;
   srv->unit_count++;
-  u->work.data = u;
-  srv->loads_in_flight++;
-  server_task_begin(srv);
-  if (uv_queue_work(srv->loop, &u->work, load_work, load_done) != 0) {
-    server_task_end(srv);
-    srv->loads_in_flight--;
+  if (queue_load(srv, u) != 0) {
     unit_fail(u, LARDER_ENOMEM, "cannot queue the load");
     u->state = UNIT_FAILED;
     u->ds = NULL;
     ds->refs--;
   }
   return u;
+}
+
+static int queue_load(server_t *srv, unit_t *u) {
+  u->work.data = u;
+  srv->loads_in_flight++;
+  server_task_begin(srv);
+  if (uv_queue_work(srv->loop, &u->work, load_work, load_done) != 0) {
+    server_task_end(srv);
+    srv->loads_in_flight--;
+    return LARDER_ENOMEM;
+  }
+  return 0;
 }
 
 void units_release(server_t *srv, unit_t *u) {
@@ -414,6 +500,14 @@ void units_unwait(unit_t *u, stream_t *s) {
 }
 
 void units_shutdown(server_t *srv) {
+  /* Loads that waited for a row group when the loop stopped. */
+  while (srv->retry_head) {
+    unit_t *u = srv->retry_head;
+    srv->retry_head = u->retry_next;
+    if (u->ds && --u->ds->refs == 0) dataset_free(u->ds);
+    u->ds = NULL;
+    unit_destroy(srv, u);
+  }
   while (srv->lru_head) {
     unit_t *u = srv->lru_head;
     lru_remove(srv, u);

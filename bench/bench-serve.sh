@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# bench-serve.sh BUILD_DIR: what `make bench-serve` runs.
+#
+# Serves the ~1M-row training dataset of bench-decode (bench/work, generated
+# by bench/gen-dataset.mjs) through a real larderd and prints, from one run:
+#   - the cold (decode-bound) delivery rate, cache empty;
+#   - the warm delivery rate to one client and to two clients at once, in GB/s
+#     of batch bytes and rows/s, beside this machine's single-core memcpy
+#     bandwidth measured in the same run;
+#   - the stall fraction of a simulated trainer whose compute per batch
+#     exceeds the daemon's cost to produce one;
+#   - the daemon's RSS after each of 10 epochs.
+# Batch bytes reach the client through the shared-memory arena: the client
+# reads them in place (zero copies), and with --touch reads each cache line.
+#
+# Environment: BENCH_FILE (default zstd-v1.parquet), BENCH_BATCH (1024).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/release}
+client=$build/bin/serve-client
+work=bench/work
+file=$work/${BENCH_FILE:-zstd-v1.parquet}
+batch=${BENCH_BATCH:-1024}
+
+if [ ! -f "$file" ]; then
+  echo "bench-serve: generating the dataset (bench/gen-dataset.mjs)"
+  if [ ! -d bench/node_modules/@duckdb ]; then (cd bench && npm ci --no-audit --no-fund --loglevel=error); fi
+  node bench/gen-dataset.mjs "$work" >/dev/null
+fi
+
+tmp=$(mktemp -d /tmp/larder-bench-serve.XXXXXX)
+daemon_pid=
+cleanup() {
+  if [ -n "$daemon_pid" ]; then kill -TERM "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+"$build/bin/larderd" --socket="$tmp/sock" --cache_dir="$tmp/cache" --cache_capacity=16G \
+  --memory_limit=4G --log_level=warning 2>"$tmp/daemon.log" &
+daemon_pid=$!
+for _ in $(seq 100); do [ -S "$tmp/sock" ] && break; sleep 0.05; done
+
+field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+mean_of() { # JSON lines on stdin, key: mean over epochs >= $2
+  python3 -c "
+import json,sys
+rows=[json.loads(l) for l in sys.stdin if l.startswith('{')]
+sel=[r for r in rows if r['epoch']>=int(sys.argv[2])]
+print(sum(r[sys.argv[1]] for r in sel)/len(sel))" "$1" "$2"
+}
+
+memcpy=$(field "$("$client" memcpy)" memcpy_gbps)
+echo "bench-serve: $(basename "$file"), batches of $batch rows, $(nproc) cores"
+
+cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch")
+cold_gbps=$(echo "$cold" | mean_of gbps 0)
+cold_rows=$(echo "$cold" | mean_of rows_per_s 0)
+
+warm1=$("$client" run "$tmp/sock" "$file" --epochs 4 --batch-size "$batch" --seed 1)
+warm1_gbps=$(echo "$warm1" | mean_of gbps 1)
+warm1_rows=$(echo "$warm1" | mean_of rows_per_s 1)
+warm1_sec=$(echo "$warm1" | mean_of seconds 1)
+batches=$(echo "$warm1" | mean_of batches 1)
+touch1=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 1 --touch)
+touch1_gbps=$(echo "$touch1" | mean_of gbps 1)
+
+"$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 2 >"$tmp/c1" &
+p1=$!
+"$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 3 >"$tmp/c2" &
+p2=$!
+wait $p1 $p2
+warm2_gbps=$(python3 -c "
+import json
+a=[json.loads(l) for l in open('$tmp/c1') if l.startswith('{')][1:]
+b=[json.loads(l) for l in open('$tmp/c2') if l.startswith('{')][1:]
+print(sum(x['bytes'] for x in a+b)/max(sum(x['seconds'] for x in a),sum(x['seconds'] for x in b))/1e9)")
+
+# A trainer that computes twice as long per batch as the daemon needs to
+# make one, alone on the daemon: its stall fraction should be near zero.
+cost_us=$(python3 -c "print($warm1_sec/$batches*1e6)")
+compute_us=$(python3 -c "print(round(2*$cost_us))")
+sim=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 4 --compute-us "$compute_us")
+stall=$(echo "$sim" | mean_of stall 1)
+
+rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" --seed 5 --daemon-pid "$daemon_pid")
+
+python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
+  "$warm2_gbps" "$cost_us" "$compute_us" "$stall" <<PY
+import json, sys
+memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, compute, stall = map(float, sys.argv[1:])
+print(f"  single-core memcpy          {memcpy:8.2f} GB/s")
+print(f"  cold (decode-bound)         {cold:8.2f} GB/s  {cold_rows/1e6:6.2f} M rows/s  {cold/memcpy:5.2f} x memcpy")
+print(f"  warm, 1 client              {w1:8.2f} GB/s  {w1_rows/1e6:6.2f} M rows/s  {w1/memcpy:5.2f} x memcpy  (goal >= 0.50)")
+print(f"  warm, 1 client reading all  {t1:8.2f} GB/s                    {t1/memcpy:5.2f} x memcpy")
+print(f"  warm, 2 clients (total)     {w2:8.2f} GB/s                    {w2/memcpy:5.2f} x memcpy")
+print(f"  copies of batch bytes between daemon and client: 0 (shared-memory arena, read in place)")
+print(f"  daemon cost per batch {cost:.0f} us; simulated trainer computing {compute:.0f} us/batch: stall {100*stall:.2f}% (goal < 1%)")
+rss = [json.loads(l)["daemon_rss_kb"] for l in """$rss""".splitlines() if l.startswith("{")]
+print("  daemon RSS after each of 10 epochs (MiB): " + " ".join(f"{r/1024:.0f}" for r in rss))
+if rss:
+    print(f"  RSS spread over epochs 2-10: {(max(rss[1:])-min(rss[1:]))/1024:.0f} MiB of {max(rss)/1024:.0f} MiB")
+PY

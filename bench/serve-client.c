@@ -1,0 +1,165 @@
+/*
+ * serve-client.c: the client side of `make bench-serve`.
+ *
+ *   serve-client memcpy
+ *       prints the single-core memcpy bandwidth of 256 MiB copies (GB/s)
+ *   serve-client run SOCKET SOURCE [--epochs N] [--batch-size N]
+ *       [--compute-us N] [--seed N] [--rank R --world-size W]
+ *       [--daemon-pid PID] [--touch]
+ *       consumes a stream and prints one JSON line per epoch: seconds, rows,
+ *       batch bytes, GB/s, rows/s, the stall fraction, and the daemon's RSS
+ *       at the end of the epoch.
+ *
+ * The client reads batches where they lie, in the shared arena: with
+ * --touch it reads every cache line once (as a copy to the GPU would),
+ * without it it only looks at the descriptors.  --compute-us simulates the
+ * model's work per batch with a busy wait.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "larder.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double memcpy_gbps(void) {
+  size_t n = 256u << 20;
+  uint8_t *a = malloc(n), *b = malloc(n);
+  if (a == NULL || b == NULL) return 0;
+  memset(a, 1, n);
+  memset(b, 2, n);
+  double best = 0;
+  for (int i = 0; i < 5; i++) {
+    double t = now_s();
+    memcpy(b, a, n);
+    t = now_s() - t;
+    double g = (double)n / t / 1e9;
+    if (g > best) best = g;
+    a[i] = b[n - 1 - (size_t)i]; /* keep the copies observable */
+  }
+  free(a);
+  free(b);
+  return best;
+}
+
+static uint64_t rss_kb(int pid) {
+  if (pid <= 0) return 0;
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  uint64_t kb = 0;
+  while (fgets(line, sizeof(line), f))
+    if (strncmp(line, "VmRSS:", 6) == 0) kb = strtoull(line + 6, NULL, 10);
+  fclose(f);
+  return kb;
+}
+
+static uint64_t touch(const larder_array_t *a) {
+  uint64_t h = 0;
+  const uint8_t *v = larder_array_values(a);
+  uint64_t n = larder_array_values_size(a);
+  for (uint64_t i = 0; i + 8 <= n; i += 64) {
+    uint64_t x;
+    memcpy(&x, v + i, 8);
+    h += x;
+  }
+  for (int i = 0; i < larder_array_num_children(a); i++) h += touch(larder_array_child(a, i));
+  return h;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "memcpy") == 0) {
+    printf("{\"memcpy_gbps\":%.3f}\n", memcpy_gbps());
+    return 0;
+  }
+  if (argc < 4 || strcmp(argv[1], "run") != 0) {
+    fprintf(stderr, "usage: serve-client memcpy | run SOCKET SOURCE [options]\n");
+    return 2;
+  }
+  const char *sock = argv[2];
+  const char *src = argv[3];
+  larder_stream_options_t o;
+  larder_stream_options_init(&o);
+  o.batch_size = 1024;
+  o.epochs = 1;
+  o.window = 8;
+  int pid = 0, do_touch = 0;
+  double compute_us = 0;
+  for (int i = 4; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "0";
+    if (!strcmp(a, "--epochs")) o.epochs = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--batch-size")) o.batch_size = (uint32_t)atoi(v), i++;
+    else if (!strcmp(a, "--compute-us")) compute_us = atof(v), i++;
+    else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--rank")) o.rank = atoi(v), i++;
+    else if (!strcmp(a, "--world-size")) o.world_size = atoi(v), i++;
+    else if (!strcmp(a, "--daemon-pid")) pid = atoi(v), i++;
+    else if (!strcmp(a, "--touch")) do_touch = 1;
+  }
+  const char *sources[1] = {src};
+  o.sources = sources;
+  o.num_sources = 1;
+  larder_client_t *c;
+  int rc = larder_client_connect(sock, &c);
+  if (rc) {
+    fprintf(stderr, "serve-client: %s\n", larder_strerror(rc));
+    return 1;
+  }
+  larder_stream_t *s;
+  rc = larder_stream_open(c, &o, &s);
+  if (rc) {
+    fprintf(stderr, "serve-client: %s\n", larder_client_last_error(c));
+    return 1;
+  }
+  uint64_t epoch = o.start_epoch, rows = 0, bytes = 0, batches = 0, sum = 0;
+  uint64_t w0 = 0, c0 = 0;
+  double t0 = now_s();
+  for (;;) {
+    larder_batch_t *b;
+    rc = larder_stream_next(s, -1, &b);
+    if ((rc == LARDER_EEOF || (rc == 0 && larder_batch_epoch(b) != epoch)) && batches) {
+      double secs = now_s() - t0;
+      uint64_t w, cp;
+      larder_stream_stall(s, &w, &cp);
+      printf("{\"epoch\":%" PRIu64 ",\"seconds\":%.4f,\"batches\":%" PRIu64 ",\"rows\":%" PRIu64
+             ",\"bytes\":%" PRIu64 ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,"
+             "\"daemon_rss_kb\":%" PRIu64 "}\n",
+             epoch, secs, batches, rows, bytes, (double)bytes / secs / 1e9, (double)rows / secs,
+             (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1), rss_kb(pid));
+      fflush(stdout);
+      w0 = w;
+      c0 = cp;
+      rows = bytes = batches = 0;
+      t0 = now_s();
+    }
+    if (rc == LARDER_EEOF) break;
+    if (rc) {
+      fprintf(stderr, "serve-client: %s\n", larder_client_last_error(c));
+      return 1;
+    }
+    epoch = larder_batch_epoch(b);
+    if (do_touch)
+      for (int i = 0; i < larder_batch_num_columns(b); i++) sum += touch(larder_batch_column(b, i));
+    rows += (uint64_t)larder_batch_num_rows(b);
+    bytes += larder_batch_bytes(b);
+    batches++;
+    larder_batch_release(b);
+    if (compute_us > 0) {
+      double end = now_s() + compute_us / 1e6;
+      while (now_s() < end) {
+      }
+    }
+  }
+  if (sum == 42) printf("#\n");
+  larder_stream_close(s);
+  larder_client_close(c);
+  return 0;
+}
