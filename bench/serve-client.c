@@ -13,7 +13,9 @@
  * The client reads batches where they lie, in the shared arena: with
  * --touch it reads every cache line once (as a copy to the GPU would),
  * without it it only looks at the descriptors.  --compute-us simulates the
- * model's work per batch with a busy wait.
+ * model's step per batch the way a GPU trainer spends it: asleep, waiting
+ * for the GPU, its CPU free (a busy wait would instead take one of the
+ * daemon's cores on a small machine).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -153,9 +155,9 @@ int main(int argc, char **argv) {
     batches++;
     larder_batch_release(b);
     if (compute_us > 0) {
-      double end = now_s() + compute_us / 1e6;
-      while (now_s() < end) {
-      }
+      struct timespec ts = {(time_t)(compute_us / 1e6),
+                            (long)((compute_us - (double)(time_t)(compute_us / 1e6) * 1e6) * 1e3)};
+      nanosleep(&ts, NULL);
     }
   }
   if (sum == 42) printf("#\n");

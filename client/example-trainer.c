@@ -7,9 +7,10 @@
  *                   [--compute-ms X] [--columns a,b] [--seed N]
  *                   [--rank R --world-size W] SOURCE...
  *
- * --compute-ms simulates the model's work per batch (a busy wait), so that
- * the stall fraction means what it means on a GPU: 0% when data is always
- * ready, 100% when the trainer does nothing but wait.
+ * --compute-ms simulates the model's step per batch, so that the stall
+ * fraction means what it means on a GPU: 0% when data is always ready, 100%
+ * when the trainer does nothing but wait.  Like a trainer waiting on its
+ * GPU, it sleeps through the step and leaves the CPU free.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +25,9 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void busy_wait(double seconds) {
-  double end = now_s() + seconds;
-  while (now_s() < end) {
-  }
+static void step(double seconds) {
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  nanosleep(&ts, NULL);
 }
 
 /* Touches every byte of the batch once, as a real trainer's copy to the GPU
@@ -137,7 +137,7 @@ int main(int argc, char **argv) {
     rows += (uint64_t)larder_batch_num_rows(b);
     bytes += larder_batch_bytes(b);
     larder_batch_release(b);
-    if (compute_ms > 0) busy_wait(compute_ms / 1000.0);
+    if (compute_ms > 0) step(compute_ms / 1000.0);
   }
   printf("checksum %016llx\n", (unsigned long long)sum);
   larder_stream_close(s);

@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <systemd/sd-daemon.h>
+
 #include "log.h"
 #include "server.h"
 #include "util.h"
@@ -112,6 +114,7 @@ static void begin_shutdown(server_t *srv, const char *why) {
   if (srv->shutting_down) return;
   srv->shutting_down = 1;
   log_notice("%s: shutting down", why);
+  sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
@@ -161,6 +164,12 @@ static void on_tick(uv_timer_t *t) {
     if (srv->tasks_in_flight == 0 && srv->conns == NULL) finish_shutdown(srv);
     return;
   }
+  /* systemctl status shows this line (a no-op outside systemd). */
+  uint64_t bytes = STATS_GET(&srv->stats, batch_bytes);
+  sd_notifyf(0, "STATUS=%llu clients, %llu streams, %.1f GB delivered, %.0f MiB of units in memory",
+             (unsigned long long)STATS_GET(&srv->stats, clients),
+             (unsigned long long)STATS_GET(&srv->stats, streams), (double)bytes / 1e9,
+             (double)srv->unit_bytes / 1048576.0);
   units_trim(srv);
   units_retry(srv);
 }
@@ -195,6 +204,7 @@ int server_run(server_t *srv) {
   uv_timer_start(&srv->tick, on_tick, 1000, 1000);
   log_notice("larderd %s ready (%d workers, cache %s)", LARDERD_VERSION, srv->workers,
              srv->cfg.cache_dir);
+  sd_notifyf(0, "READY=1\nSTATUS=ready: %d workers, cache %s", srv->workers, srv->cfg.cache_dir);
   uv_run(srv->loop, UV_RUN_DEFAULT);
   units_shutdown(srv);
   int close_rc = uv_loop_close(srv->loop);
