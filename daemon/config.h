@@ -56,6 +56,38 @@
   XX(verify_crc, BOOL, "true", 1, "verify Parquet page CRCs when present")    \
   XX(max_chunk_decoded_bytes, SIZE, "2G", 1,                                   \
      "ceiling on decoded bytes per Parquet column chunk (bomb guard)")         \
+  XX(fetch_inflight_per_host, U64, "16", 1, "remote requests in flight to one host")   \
+  XX(fetch_inflight_bytes, SIZE, "512M", 1,                                    \
+     "bytes of remote ranges in flight, all hosts (the read-ahead bound)")     \
+  XX(fetch_retries, U64, "8", 1,                                               \
+     "retries of a remote request (5xx, 429, resets, stalls) before giving up") \
+  XX(fetch_retry_base_ms, U64, "100", 1,                                       \
+     "first retry delay in ms; it doubles each retry, with jitter")            \
+  XX(fetch_connect_timeout, U64, "10", 1, "seconds to connect to a remote")    \
+  XX(fetch_low_speed_bytes, U64, "1024", 1,                                    \
+     "a transfer slower than this many bytes/s ...")                           \
+  XX(fetch_low_speed_time, U64, "30", 1,                                       \
+     "... for this many seconds is a stall, retried")                          \
+  XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
+     "column chunks closer than this are read with one range request")         \
+  XX(footer_guess, SIZE, "64K", 1,                                             \
+     "bytes read from the end of a remote object to find its footer")          \
+  XX(revalidate, U64, "0", 1,                                                  \
+     "seconds between checks that remote objects are unchanged, at epoch "     \
+     "starts (0: shards are immutable, never re-checked)")                     \
+  XX(tls_verify, BOOL, "true", 0, "verify TLS certificates of https:// sources") \
+  XX(ca_file, STR, "", 0, "CA bundle for TLS (empty: the system's)")           \
+  XX(s3_region, STR, "us-east-1", 0, "S3 region (SigV4 signing)")             \
+  XX(s3_endpoint, STR, "", 0,                                                  \
+     "S3-compatible endpoint such as http://minio:9000 (empty: AWS)")           \
+  XX(s3_path_style, BOOL, "false", 0,                                          \
+     "address buckets in the path (MinIO, Ceph) instead of the host name")     \
+  XX(s3_profile, STR, "", 0,                                                   \
+     "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default)")         \
+  XX(s3_access_key, STR, "", 0,                                                \
+     "S3 access key (empty: $AWS_ACCESS_KEY_ID or the profile)")               \
+  XX(s3_secret_key, STR, "", 0, "S3 secret key (never logged)")                \
+  XX(s3_session_token, STR, "", 0, "S3 session token (never logged)")          \
   XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")
 
 typedef struct config {

@@ -125,11 +125,34 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
   return rc;
 }
 
+static const remote_object_t *find_remote(const dataset_options_t *opts, const char *url) {
+  for (size_t i = 0; i < opts->num_remote; i++)
+    if (strcmp(opts->remote[i].url, url) == 0) return &opts->remote[i];
+  return NULL;
+}
+
+static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *const *columns,
+                       size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
+  f->remote = 1;
+  f->size = o->size;
+  snprintf(f->etag, sizeof(f->etag), "%s", o->etag);
+  snprintf(f->identity, sizeof(f->identity), "size=%llu;etag=%s", (unsigned long long)o->size,
+           o->etag[0] ? o->etag : o->last_modified);
+  f->object_id = util_hash64(f->path, strlen(f->path), util_hash64(f->identity, strlen(f->identity), 0));
+  pq_error perr = {0, ""};
+  int rc = pq_file_parse(o->footer, o->footer_len, o->size, &opts->pq, f->path, &f->pq, &perr);
+  if (rc == 0) rc = pq_projection_create(f->pq, columns, ncols, &f->proj, &perr);
+  if (rc) snprintf(err, errlen, "%s", perr.msg);
+  return rc;
+}
+
 static int open_file(dataset_file_t *f, const char *path, const char *const *columns,
                      size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
   memset(f, 0, sizeof(*f));
   f->path = strdup(path);
   if (f->path == NULL) return LARDER_ENOMEM;
+  const remote_object_t *ro = remote_is_url(path) ? find_remote(opts, path) : NULL;
+  if (ro) return open_remote(f, ro, columns, ncols, opts, err, errlen);
   struct stat st;
   if (stat(path, &st) != 0) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
@@ -217,14 +240,17 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     if (sources[i] == NULL || sources[i][0] == '\0') {
       snprintf(err, errlen, "empty source");
       rc = LARDER_EINVAL;
-    } else if (strstr(sources[i], "://") != NULL) {
-      snprintf(err, errlen, "%s: remote sources are not supported by this build",
-               sources[i]);
-      rc = LARDER_EUNSUPPORTED;
+    } else if (remote_is_url(sources[i])) {
+      /* Resolved beforehand on the loop; added below. */
     } else {
       rc = expand_local(sources[i], opts, &files, err, errlen);
     }
   }
+  if (rc) {
+    strlist_free(&files);
+    return rc;
+  }
+  for (size_t i = 0; i < opts->num_remote && rc == 0; i++) rc = strlist_add(&files, opts->remote[i].url);
   if (rc) {
     strlist_free(&files);
     return rc;

@@ -27,6 +27,7 @@
 
 #include "layout.h"
 #include "parquet.h"
+#include "remote.h"
 #include "store.h"
 
 typedef struct dataset_file {
@@ -39,6 +40,8 @@ typedef struct dataset_file {
   pq_projection *proj;
   uint32_t first_unit, num_units;
   uint32_t first_rg;       /* index of its row group 0 in dataset.rg_busy */
+  int remote;              /* path is a URL */
+  char etag[128];          /* remote: the ETag its footer came with */
 } dataset_file_t;
 
 typedef struct dataset_unit {
@@ -57,6 +60,9 @@ typedef struct dataset_options {
   /* Local paths must resolve inside one of these roots (NULL-terminated;
    * NULL = anywhere).  Symlinks and ".." are resolved first. */
   const char *const *allowed_roots;
+  /* The remote sources, already resolved (remote.h). */
+  const remote_object_t *remote;
+  size_t num_remote;
 } dataset_options_t;
 
 typedef struct dataset {

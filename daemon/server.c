@@ -103,6 +103,10 @@ static void on_tick(uv_timer_t *t);
 
 static void finish_shutdown(server_t *srv) {
   /* Called from the tick once no task is in flight and no client is left. */
+  if (srv->fetch) {
+    fetch_destroy(srv->fetch, NULL, NULL);
+    srv->fetch = NULL;
+  }
   uv_timer_stop(&srv->tick);
   uv_close((uv_handle_t *)&srv->tick, NULL);
   uv_close((uv_handle_t *)&srv->sig_term, NULL);
@@ -147,6 +151,10 @@ static void reload(server_t *srv) {
   config_free(&next);
   log_set_level(srv->cfg.log_level);
   if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
+  if (srv->fetch)
+    fetch_set_limits(srv->fetch, (uint32_t)srv->cfg.fetch_inflight_per_host,
+                     srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,
+                     (uint32_t)srv->cfg.fetch_retry_base_ms);
   units_trim(srv);
   if (restart[0]) log_notice("reloaded; these keys changed but need a restart: %s", restart);
   else log_notice("reloaded the configuration");
@@ -174,6 +182,30 @@ static void on_tick(uv_timer_t *t) {
   units_retry(srv);
 }
 
+static int start_fetcher(server_t *srv) {
+  fetch_options_t fo;
+  fetch_options_init(&fo);
+  const config_t *c = &srv->cfg;
+  fo.max_inflight_per_host = (uint32_t)c->fetch_inflight_per_host;
+  fo.max_inflight_bytes = c->fetch_inflight_bytes;
+  fo.max_retries = (uint32_t)c->fetch_retries;
+  fo.retry_base_ms = (uint32_t)c->fetch_retry_base_ms;
+  fo.connect_timeout_s = (uint32_t)c->fetch_connect_timeout;
+  fo.low_speed_bytes = (uint32_t)c->fetch_low_speed_bytes;
+  fo.low_speed_time_s = (uint32_t)c->fetch_low_speed_time;
+  fo.tls_verify = c->tls_verify;
+  fo.ca_file = c->ca_file && *c->ca_file ? c->ca_file : NULL;
+  fo.s3_region = c->s3_region && *c->s3_region ? c->s3_region : "us-east-1";
+  fo.s3_endpoint = c->s3_endpoint && *c->s3_endpoint ? c->s3_endpoint : getenv("AWS_ENDPOINT_URL");
+  fo.s3_path_style = c->s3_path_style;
+  fo.s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
+  fo.s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
+  fo.s3_session_token = c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
+  fo.stats = &srv->stats;
+  fetch_load_credentials(&fo, c->s3_profile, srv->cred_owned, 4);
+  return fetch_create(srv->loop, &fo, &srv->fetch);
+}
+
 int server_run(server_t *srv) {
   /* Bug fix (tests: daemon_resume): libuv writes with write(2), so a client
    * that closed its end while a Batch frame was being written killed the
@@ -184,6 +216,7 @@ int server_run(server_t *srv) {
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);
   units_init(srv);
+  if (start_fetcher(srv) != 0) log_warn("remote sources are unavailable: cannot start libcurl");
   uv_timer_init(srv->loop, &srv->tick);
   srv->tick.data = srv;
   uv_signal_init(srv->loop, &srv->sig_term);
@@ -207,6 +240,7 @@ int server_run(server_t *srv) {
   sd_notifyf(0, "READY=1\nSTATUS=ready: %d workers, cache %s", srv->workers, srv->cfg.cache_dir);
   uv_run(srv->loop, UV_RUN_DEFAULT);
   units_shutdown(srv);
+  for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
   int close_rc = uv_loop_close(srv->loop);
   if (close_rc) log_warn("event loop closed with handles open");
   return 0;

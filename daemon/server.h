@@ -29,6 +29,7 @@
 #include "arena.h"
 #include "config.h"
 #include "dataset.h"
+#include "fetch.h"
 #include "layout.h"
 #include "shuffle.h"
 #include "stats.h"
@@ -38,6 +39,7 @@ typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct stream stream_t;
 typedef struct unit unit_t;
+typedef struct rgbuf rgbuf_t;
 
 #define LARDERD_VERSION "0.1.0"
 
@@ -69,6 +71,8 @@ struct unit {
   uint64_t bytes;
   int from_cache;
   int retry;              /* its row group was being decoded: try again */
+  int need_fetch;         /* remote and not cached: its row group's bytes */
+  rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */
   unit_t *retry_next;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
 
@@ -183,6 +187,13 @@ struct server {
   uint64_t unit_bytes;
   int loads_in_flight;
   unit_t *retry_head;     /* loads waiting for their row group's decode */
+
+  /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
+  fetch_t *fetch;
+  char *cred_owned[4];
+  rgbuf_t **rgbuf_table;
+  size_t rgbuf_buckets;
+  rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
   int tasks_in_flight;    /* every uv_queue_work not yet completed */
 };
 

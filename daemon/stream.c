@@ -40,6 +40,7 @@ typedef struct pbatch {
   layout_node_t *nodes;
   int num_nodes;
   uint64_t assemble_ns;
+  uint64_t release_mark;    /* s->releases when its assembly started */
   uv_work_t work;
 } pbatch_t;
 
@@ -93,6 +94,7 @@ struct stream {
   uint64_t next_seq;
   sent_t *sent;
   int num_sent, cap_sent;
+  uint64_t releases;        /* Release frames processed (see PB_NOROOM) */
 
   stats_stream_t st;
   uint64_t opened_ns;
@@ -467,9 +469,14 @@ static void assemble_done(uv_work_t *w, int status) {
     return;
   }
   if (b->error == LARDER_EAGAIN) {
-    /* The arena is full of unreleased batches: retry after a release. */
+    /* The arena is full of unreleased batches: retry after a release (at
+     * once if one came while this assembly ran).  Bug fix (tests:
+     * daemon_robust_stalled_client): the pump used to retry such a batch
+     * right away, so a stream whose client held its arena full kept a
+     * worker spinning through failed assemblies until the client released
+     * something. */
     b->error = 0;
-    b->state = PB_NOROOM;
+    b->state = s->releases != b->release_mark ? PB_WAITING : PB_NOROOM;
     stream_pump(s);
     return;
   }
@@ -478,13 +485,8 @@ static void assemble_done(uv_work_t *w, int status) {
     return;
   }
   b->state = PB_READY;
-  /* The batch's bytes are in the arena; its units are no longer needed. */
-  for (int i = 0; i < b->num_units; i++) units_release(s->srv, b->units[i]);
-  free(b->units);
-  b->units = NULL;
-  b->num_units = 0;
-  free(b->sample_unit);
-  b->sample_unit = NULL;
+  /* The batch keeps its units until it is sent (pbatch_free): the pump may
+   * have to assemble it again (see the end of stream_pump). */
   stream_pump(s);
 }
 
@@ -495,6 +497,7 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
     b->num_nodes = s->num_nodes;
   }
   b->state = PB_ASSEMBLING;
+  b->release_mark = s->releases;
   b->work.data = b;
   s->tasks++;
   server_task_begin(s->srv);
@@ -580,6 +583,7 @@ static void send_end(stream_t *s) {
 /* ------------------------------------------------------------------------ */
 
 static void stream_pump(stream_t *s) {
+again:
   if (s->closed || s->srv->shutting_down) return;
   advance_pins(s);
   while (!s->exhausted && s->q_len < (int)s->prefetch) {
@@ -593,10 +597,17 @@ static void stream_pump(stream_t *s) {
    * Waiting on a unit that is still loading re-runs this pump when the load
    * ends. */
   int assembling = 0;
+  pbatch_t *noroom = NULL;
   for (pbatch_t *b = s->q_head; b; b = b->next) {
     if (b->state == PB_ASSEMBLING) assembling++;
-    if (b->state != PB_WAITING && b->state != PB_NOROOM) continue;
-    if (b->state == PB_NOROOM && b != s->q_head) continue;
+    /* A batch that found the arena full waits for a release, and no later
+     * batch may take the room before it (bug fix, tests:
+     * daemon_arena_small). */
+    if (b->state == PB_NOROOM) {
+      noroom = b;
+      break;
+    }
+    if (b->state != PB_WAITING) continue;
     int ready = 1;
     for (int i = 0; i < b->num_units; i++) {
       unit_t *u = b->units[i];
@@ -633,6 +644,25 @@ static void stream_pump(stream_t *s) {
     pbatch_free(s, b);
     if (s->closed) return;
   }
+  if (noroom != NULL && s->num_sent == 0) {
+    /* Bug fix (tests: daemon_arena_small): batches are assembled out of
+     * order, so later batches may fill the arena before an earlier one
+     * gets its room.  They cannot be sent before it, and with nothing held
+     * by the client no release will ever come: a deadlock (formerly a
+     * livelock of retries).  Once no assembly is in flight, give their
+     * room back and assemble them again after it. */
+    int busy = 0;
+    for (pbatch_t *b = s->q_head; b; b = b->next) busy |= b->state == PB_ASSEMBLING;
+    if (!busy) {
+      for (pbatch_t *b = noroom->next; b; b = b->next) {
+        if (b->state != PB_READY) continue;
+        arena_release(s->arena, (uint64_t)b->arena_off);
+        b->state = PB_WAITING;
+      }
+      noroom->state = PB_WAITING;
+      goto again;
+    }
+  }
   if (s->exhausted && s->q_head == NULL && !s->end_sent) send_end(s);
 }
 
@@ -645,8 +675,10 @@ void stream_release(stream_t *s, const Larder__Release *rel) {
     s->sent[i] = s->sent[--s->num_sent];
     STATS_ADD(&s->st, wait_ns, rel->wait_ns);
     STATS_ADD(&s->st, compute_ns, rel->compute_ns);
-    /* A batch that found the arena full can try again now. */
-    if (s->q_head && s->q_head->state == PB_NOROOM) s->q_head->state = PB_WAITING;
+    /* Batches that found the arena full can try again now. */
+    s->releases++;
+    for (pbatch_t *b = s->q_head; b; b = b->next)
+      if (b->state == PB_NOROOM) b->state = PB_WAITING;
     stream_pump(s);
     return;
   }
@@ -671,7 +703,9 @@ typedef struct open_req {
   dataset_options_t dopts;
   dataset_t *ds;
   int rc;
-  char err[600];
+  char err[1024];
+  remote_object_t *remote;
+  size_t num_remote;
 } open_req_t;
 
 static void open_work(uv_work_t *w) {
@@ -682,6 +716,7 @@ static void open_work(uv_work_t *w) {
 }
 
 static void free_open_req(open_req_t *o) {
+  remote_objects_free(o->remote, o->num_remote);
   for (size_t i = 0; i < o->num_sources; i++) free(o->sources[i]);
   for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
   free(o->sources);
@@ -882,6 +917,41 @@ static char **copy_strings(char **v, size_t n) {
   return out;
 }
 
+static void queue_open(open_req_t *o) {
+  server_t *srv = o->srv;
+  o->work.data = o;
+  server_task_begin(srv);
+  if (uv_queue_work(srv->loop, &o->work, open_work, open_done) != 0) {
+    server_task_end(srv);
+    conn_t *c = find_conn(srv, o->conn_id);
+    if (c) conn_send_error(c, LARDER_ENOMEM, 0, o->request_id, "cannot queue the request");
+    free_open_req(o);
+  }
+}
+
+static void on_resolved(int status, const char *message, remote_object_t *objects, size_t count,
+                        void *arg) {
+  open_req_t *o = arg;
+  server_task_end(o->srv);
+  conn_t *c = find_conn(o->srv, o->conn_id);
+  if (c == NULL || o->srv->shutting_down) {
+    remote_objects_free(objects, count);
+    free_open_req(o);
+    return;
+  }
+  if (status) {
+    conn_send_error(c, status, 0, o->request_id, "%s", message ? message : larder_strerror(status));
+    remote_objects_free(objects, count);
+    free_open_req(o);
+    return;
+  }
+  o->remote = objects;
+  o->num_remote = count;
+  o->dopts.remote = objects;
+  o->dopts.num_remote = count;
+  queue_open(o);
+}
+
 void stream_open(conn_t *c, const Larder__OpenStream *req) {
   server_t *srv = c->srv;
   if (c->num_streams >= (int)srv->cfg.max_streams_per_client) {
@@ -933,11 +1003,25 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->dopts.pq.verify_crc = srv->cfg.verify_crc;
   o->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
   o->dopts.allowed_roots = NULL;
-  o->work.data = o;
-  server_task_begin(srv);
-  if (uv_queue_work(srv->loop, &o->work, open_work, open_done) != 0) {
-    server_task_end(srv);
-    free_open_req(o);
-    conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "cannot queue the request");
+  int remote = 0;
+  for (size_t i = 0; i < o->num_sources; i++) remote |= remote_is_url(o->sources[i]);
+  if (remote) {
+    /* Listings and footers first, on the loop; then the dataset. */
+    if (srv->fetch == NULL) {
+      conn_send_error(c, LARDER_EUNSUPPORTED, 0, req->request_id,
+                      "remote sources are unavailable: the daemon could not start libcurl");
+      free_open_req(o);
+      return;
+    }
+    server_task_begin(srv);
+    int rc = remote_resolve(srv->fetch, (const char *const *)o->sources, o->num_sources,
+                            (uint32_t)srv->cfg.footer_guess, (uint32_t)64 << 20, on_resolved, o);
+    if (rc) {
+      server_task_end(srv);
+      conn_send_error(c, rc, 0, req->request_id, "cannot resolve the remote sources");
+      free_open_req(o);
+    }
+    return;
   }
+  queue_open(o);
 }

@@ -83,12 +83,276 @@ static void unit_destroy(server_t *srv, unit_t *u) {
   free(u);
 }
 
+void units_trim_rgbufs(server_t *srv);
+
 void units_trim(server_t *srv) {
+  units_trim_rgbufs(srv);
   while (srv->unit_bytes > srv->cfg.memory_limit && srv->lru_head) {
     unit_t *u = srv->lru_head;
     lru_remove(srv, u);
     unit_destroy(srv, u);
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Row-group buffers: the fetched bytes of a remote row group                */
+
+/*
+ * A remote unit that is not cached decodes from its row group's projected
+ * column chunks, fetched with range requests (chunks closer than
+ * fetch_merge_gap share one request).  Every unit of every stream that needs
+ * the same row group of the same object with the same columns shares one
+ * buffer, so concurrent ranks fetch each byte once.  Buffers nobody uses
+ * stay in memory (within memory_limit) for the row group's other units.
+ */
+enum { RB_FETCHING = 0, RB_READY = 1, RB_FAILED = 2 };
+
+struct rgbuf {
+  uint64_t hash;
+  uint64_t object_id;
+  uint32_t rg;
+  uint64_t columns_hash;
+  int refs;
+  int state;
+  int error;
+  char *message;
+  int num_ranges;
+  pq_range_t *ranges;
+  uint8_t **data;
+  fetch_req_t **reqs;
+  int pending;
+  uint64_t bytes;
+  uint64_t fetch_ns;
+  char etag[128];
+  unit_t **waiters;
+  int num_waiters, cap_waiters;
+  server_t *srv;
+  rgbuf_t *hnext;
+  rgbuf_t *lru_prev, *lru_next;
+};
+
+static int queue_load(server_t *srv, unit_t *u);
+
+static void rb_lru_remove(server_t *srv, rgbuf_t *b) {
+  if (b->lru_prev) b->lru_prev->lru_next = b->lru_next;
+  else if (srv->rgbuf_lru_head == b) srv->rgbuf_lru_head = b->lru_next;
+  if (b->lru_next) b->lru_next->lru_prev = b->lru_prev;
+  else if (srv->rgbuf_lru_tail == b) srv->rgbuf_lru_tail = b->lru_prev;
+  b->lru_prev = b->lru_next = NULL;
+}
+
+static void rb_destroy(server_t *srv, rgbuf_t *b) {
+  rgbuf_t **pp = &srv->rgbuf_table[b->hash % srv->rgbuf_buckets];
+  while (*pp && *pp != b) pp = &(*pp)->hnext;
+  if (*pp) *pp = b->hnext;
+  for (int i = 0; i < b->num_ranges; i++) {
+    if (b->reqs && b->reqs[i]) fetch_cancel(b->reqs[i]);
+    if (b->data) free(b->data[i]);
+  }
+  srv->unit_bytes -= b->bytes;
+  STATS_SUB(&srv->stats, memory_bytes, b->bytes);
+  free(b->ranges);
+  free(b->data);
+  free(b->reqs);
+  free(b->waiters);
+  free(b->message);
+  free(b);
+}
+
+static void rb_release(server_t *srv, rgbuf_t *b) {
+  if (--b->refs > 0) return;
+  if (b->state == RB_READY) {
+    b->lru_prev = srv->rgbuf_lru_tail;
+    if (srv->rgbuf_lru_tail) srv->rgbuf_lru_tail->lru_next = b;
+    else srv->rgbuf_lru_head = b;
+    srv->rgbuf_lru_tail = b;
+  } else if (b->state == RB_FAILED) {
+    rb_destroy(srv, b);
+  }
+}
+
+static void rb_done(rgbuf_t *b) {
+  server_t *srv = b->srv;
+  b->state = b->error ? RB_FAILED : RB_READY;
+  if (b->state == RB_READY) {
+    srv->unit_bytes += b->bytes;
+    STATS_ADD(&srv->stats, memory_bytes, b->bytes);
+  }
+  /* Each waiting unit holds a reference; hand the buffer on or fail it. */
+  int n = b->num_waiters;
+  unit_t **ws = b->waiters;
+  b->waiters = NULL;
+  b->num_waiters = b->cap_waiters = 0;
+  for (int i = 0; i < n; i++) {
+    unit_t *u = ws[i];
+    if (b->state == RB_FAILED) {
+      u->error = b->error;
+      free(u->message);
+      u->message = strdup(b->message ? b->message : larder_strerror(b->error));
+      u->fetch_ns = b->fetch_ns;
+      u->rgbuf = NULL;
+      rb_release(srv, b);
+      /* The load runs once more only to report the failure (load_work
+       * returns at once on an error), through load_done. */
+      u->need_fetch = 0;
+      u->retry = 0;
+      queue_load(srv, u);
+    } else {
+      u->rgbuf = b;
+      u->fetch_ns = b->fetch_ns;
+      if (queue_load(srv, u) != 0) {
+        u->rgbuf = NULL;
+        rb_release(srv, b);
+      }
+    }
+  }
+  free(ws);
+}
+
+static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
+  rgbuf_t *b = arg;
+  int i = 0;
+  while (i < b->num_ranges && b->reqs[i] != req) i++;
+  if (i < b->num_ranges) {
+    b->reqs[i] = NULL;
+    if (res->status) {
+      if (!b->error) {
+        b->error = res->status;
+        b->message = strdup(res->message ? res->message : larder_strerror(res->status));
+      }
+    } else if (b->etag[0] && res->etag[0] && strcmp(b->etag, res->etag) != 0) {
+      /* The object changed after the stream opened: never decode a mix. */
+      if (!b->error) {
+        b->error = LARDER_EIO;
+        char m[600];
+        snprintf(m, sizeof(m), "object changed since the stream opened (ETag %s, now %s); "
+                 "reopen the stream", b->etag, res->etag);
+        b->message = strdup(m);
+      }
+    } else {
+      uint64_t len;
+      b->data[i] = fetch_req_steal(req, &len);
+      b->bytes += len;
+      if (res->fetch_ns > b->fetch_ns) b->fetch_ns = res->fetch_ns;
+    }
+  }
+  fetch_req_free(req);
+  if (--b->pending == 0) rb_done(b);
+}
+
+static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index) {
+  const dataset_unit_t *du = &ds->units[unit_index];
+  const dataset_file_t *f = &ds->files[du->file];
+  uint64_t ch = columns_hash_of(ds);
+  uint64_t key[3] = {f->object_id, du->rg, ch};
+  uint64_t h = util_hash64(key, sizeof(key), 0x726762ull);
+  if (srv->rgbuf_table == NULL) {
+    srv->rgbuf_buckets = 1024;
+    srv->rgbuf_table = calloc(srv->rgbuf_buckets, sizeof(rgbuf_t *));
+    if (srv->rgbuf_table == NULL) return NULL;
+  }
+  for (rgbuf_t *b = srv->rgbuf_table[h % srv->rgbuf_buckets]; b; b = b->hnext) {
+    if (b->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch) {
+      if (b->refs == 0 && b->state == RB_READY) rb_lru_remove(srv, b);
+      b->refs++;
+      return b;
+    }
+  }
+  rgbuf_t *b = calloc(1, sizeof(*b));
+  if (b == NULL) return NULL;
+  b->hash = h;
+  b->object_id = f->object_id;
+  b->rg = du->rg;
+  b->columns_hash = ch;
+  b->refs = 1;
+  b->srv = srv;
+  snprintf(b->etag, sizeof(b->etag), "%s", f->etag);
+  b->hnext = srv->rgbuf_table[h % srv->rgbuf_buckets];
+  srv->rgbuf_table[h % srv->rgbuf_buckets] = b;
+  pq_range_t *ranges = NULL;
+  pq_error err = {0, ""};
+  int n = pq_projection_ranges(f->pq, f->proj, (int)du->rg, &ranges, &err);
+  if (n < 0 || srv->fetch == NULL) {
+    b->error = n < 0 ? n : LARDER_EUNSUPPORTED;
+    b->message = strdup(n < 0 ? err.msg : "remote sources are not configured");
+    b->state = RB_FAILED;
+    free(ranges);
+    return b;
+  }
+  /* Merge chunks separated by small gaps into one request each. */
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (m > 0 && ranges[i].offset <= ranges[m - 1].offset + ranges[m - 1].length +
+                                         srv->cfg.fetch_merge_gap) {
+      uint64_t end = ranges[i].offset + ranges[i].length;
+      ranges[m - 1].length = end - ranges[m - 1].offset;
+    } else {
+      ranges[m++] = ranges[i];
+    }
+  }
+  b->num_ranges = m;
+  b->ranges = ranges;
+  b->data = calloc((size_t)(m ? m : 1), sizeof(uint8_t *));
+  b->reqs = calloc((size_t)(m ? m : 1), sizeof(fetch_req_t *));
+  if (b->data == NULL || b->reqs == NULL) {
+    b->error = LARDER_ENOMEM;
+    b->state = RB_FAILED;
+    return b;
+  }
+  b->state = RB_FETCHING;
+  b->pending = m;
+  for (int i = 0; i < m; i++) {
+    fetch_range_t r = {ranges[i].offset, ranges[i].length, 0};
+    b->reqs[i] = fetch_get(srv->fetch, f->path, &r, on_range, b);
+    if (b->reqs[i] == NULL) {
+      b->error = LARDER_ENOMEM;
+      b->pending--;
+    }
+  }
+  if (b->pending == 0) rb_done(b);
+  return b;
+}
+
+static int rb_wait(rgbuf_t *b, unit_t *u) {
+  if (b->num_waiters == b->cap_waiters) {
+    int cap = b->cap_waiters ? b->cap_waiters * 2 : 4;
+    unit_t **w = realloc(b->waiters, (size_t)cap * sizeof(*w));
+    if (w == NULL) return LARDER_ENOMEM;
+    b->waiters = w;
+    b->cap_waiters = cap;
+  }
+  b->waiters[b->num_waiters++] = u;
+  return 0;
+}
+
+void units_trim_rgbufs(server_t *srv) {
+  while (srv->unit_bytes > srv->cfg.memory_limit && srv->rgbuf_lru_head) {
+    rgbuf_t *b = srv->rgbuf_lru_head;
+    rb_lru_remove(srv, b);
+    rb_destroy(srv, b);
+  }
+}
+
+/* A pq_source over a row-group buffer: reads are served from the fetched
+ * ranges, which cover every byte the projection's reader asks for. */
+static const uint8_t *rb_map(const pq_source *src, uint64_t off, size_t len) {
+  const rgbuf_t *b = src->ctx;
+  int lo = 0, hi = b->num_ranges - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    const pq_range_t *r = &b->ranges[mid];
+    if (off < r->offset) hi = mid - 1;
+    else if (off >= r->offset + r->length) lo = mid + 1;
+    else return len <= r->offset + r->length - off ? b->data[mid] + (off - r->offset) : NULL;
+  }
+  return NULL;
+}
+
+static int rb_read(const pq_source *src, uint64_t off, size_t len, void *buf) {
+  const uint8_t *p = rb_map(src, off, len);
+  if (p == NULL) return LARDER_ECORRUPT;
+  memcpy(buf, p, len);
+  return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -172,15 +436,26 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   char msg[600];
   pq_source src;
   pq_error err = {0, ""};
-  int rc = pq_source_open_file(&src, f->path, &err);
-  if (rc) return unit_fail(u, rc, err.msg);
-  struct stat st;
-  if (fstat((int)src.fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
-      (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns) {
-    pq_source_close_file(&src);
-    snprintf(msg, sizeof(msg), "%s: the file changed since the stream opened; reopen the stream",
-             f->path);
-    return unit_fail(u, LARDER_EIO, msg);
+  int rc;
+  if (f->remote) {
+    memset(&src, 0, sizeof(src));
+    src.fd = -1;
+    src.read = rb_read;
+    src.map = rb_map;
+    src.ctx = u->rgbuf;
+    src.size = f->size;
+    snprintf(src.name, sizeof(src.name), "%s", f->path);
+  } else {
+    rc = pq_source_open_file(&src, f->path, &err);
+    if (rc) return unit_fail(u, rc, err.msg);
+    struct stat st;
+    if (fstat((int)src.fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
+        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns) {
+      pq_source_close_file(&src);
+      snprintf(msg, sizeof(msg), "%s: the file changed since the stream opened; reopen the stream",
+               f->path);
+      return unit_fail(u, LARDER_EIO, msg);
+    }
   }
   pq_options opts;
   pq_options_init(&opts);
@@ -192,7 +467,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   uint8_t *blobs[64];
   size_t sizes[64];
   if (nc > 64) {
-    pq_source_close_file(&src);
+    if (!f->remote) pq_source_close_file(&src);
     return unit_fail(u, LARDER_EUNSUPPORTED, "more than 64 top-level columns in one stream");
   }
   rc = pq_reader_open(f->pq, &src, f->proj, (int)du->rg, &opts, &r, &err);
@@ -235,7 +510,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   }
   pq_batch_free(&batch);
   pq_reader_close(r);
-  pq_source_close_file(&src);
+  if (!f->remote) pq_source_close_file(&src);
   if (rc) return unit_fail(u, rc, err.msg[0] ? err.msg : larder_strerror(rc));
   return 0;
 }
@@ -253,7 +528,9 @@ static void build_rows(unit_t *u) {
 
 static void load_work(uv_work_t *w) {
   unit_t *u = w->data;
+  if (u->error) return; /* only here to report a failed fetch */
   u->retry = 0;
+  u->need_fetch = 0;
   server_t *srv = u->srv;
   dataset_t *ds = u->ds;
   int nc = ds->num_columns;
@@ -286,9 +563,15 @@ static void load_work(uv_work_t *w) {
     if (u->cached[c]) store_value_free(u->cached[c]);
     u->cached[c] = NULL;
   }
+  const dataset_unit_t *du = &ds->units[u->index];
+  if (u->error) return; /* its row group's fetch failed */
+  if (ds->files[du->file].remote && u->rgbuf == NULL) {
+    /* The bytes must be fetched first, on the loop (load_done does it). */
+    u->need_fetch = 1;
+    return;
+  }
   /* One decode per row group at a time: another worker may be decoding this
    * unit's row group right now, and will have cached it when it is done. */
-  const dataset_unit_t *du = &ds->units[u->index];
   int *busy = &ds->rg_busy[ds->files[du->file].first_rg + du->rg];
   if (__atomic_exchange_n(busy, 1, __ATOMIC_ACQUIRE) != 0) {
     u->retry = 1;
@@ -362,6 +645,30 @@ static void load_done(uv_work_t *w, int status) {
     return;
   }
   if (srv->retry_head) units_retry(srv);
+  if (u->need_fetch && status != UV_ECANCELED && !srv->shutting_down) {
+    rgbuf_t *b = rb_acquire(srv, u->ds, u->index);
+    if (b == NULL) {
+      unit_fail(u, LARDER_ENOMEM, "out of memory");
+    } else if (b->state == RB_FETCHING) {
+      if (rb_wait(b, u) == 0) return; /* rb_done queues the load again */
+      rb_release(srv, b);
+      unit_fail(u, LARDER_ENOMEM, "out of memory");
+    } else if (b->state == RB_FAILED) {
+      unit_fail(u, b->error, b->message ? b->message : larder_strerror(b->error));
+      rb_release(srv, b);
+    } else {
+      u->rgbuf = b;
+      u->fetch_ns = 0;
+      if (queue_load(srv, u) == 0) return;
+      u->rgbuf = NULL;
+      rb_release(srv, b);
+      unit_fail(u, LARDER_ENOMEM, "cannot queue the load");
+    }
+  }
+  if (u->rgbuf) {
+    rb_release(srv, u->rgbuf);
+    u->rgbuf = NULL;
+  }
   if (status == UV_ECANCELED && u->error == 0) unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
   if (u->error) {
     u->state = UNIT_FAILED;
@@ -515,4 +822,11 @@ void units_shutdown(server_t *srv) {
   }
   free(srv->unit_table);
   srv->unit_table = NULL;
+  while (srv->rgbuf_lru_head) {
+    rgbuf_t *b = srv->rgbuf_lru_head;
+    rb_lru_remove(srv, b);
+    rb_destroy(srv, b);
+  }
+  free(srv->rgbuf_table);
+  srv->rgbuf_table = NULL;
 }

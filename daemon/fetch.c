@@ -1,0 +1,1198 @@
+/*
+ * fetch.c: HTTP(S) and S3 range requests with libcurl's multi interface
+ * inside the libuv loop.
+ *
+ * The integration follows curl's multi-socket pattern: libcurl tells us
+ * which sockets to watch (socket_cb) and when to wake it (timer_cb); each
+ * watched socket gets a uv_poll_t (a poll_ctx, freed only in its close
+ * callback) and the fetcher owns one uv_timer_t.  After every
+ * curl_multi_socket_action the finished transfers are drained with
+ * curl_multi_info_read.
+ *
+ * Each request owns a uv_timer_t for its retry backoff, so a request's
+ * memory is freed in that timer's close callback and nowhere else.
+ */
+#include <ctype.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../client/larder.h"
+#include "fetch.h"
+#include "log.h"
+#include "util.h"
+
+enum { RQ_QUEUED, RQ_RUNNING, RQ_BACKOFF, RQ_DONE };
+
+/* Objects whose server ignored Range, kept whole so they are read once. */
+typedef struct whole_obj {
+  struct whole_obj *next;
+  char *url;
+  uint8_t *data;
+  uint64_t size;
+  char etag[128];
+} whole_obj_t;
+
+typedef struct host_slot {
+  struct host_slot *next;
+  char name[256];
+  uint32_t inflight;
+} host_slot_t;
+
+struct fetch {
+  uv_loop_t *loop;
+  CURLM *multi;
+  uv_timer_t timer;
+  fetch_options_t opts;
+  char aws_sigv4[128];
+  char userpwd[512];
+  fetch_req_t *q_head, *q_tail; /* queued, in ask order */
+  host_slot_t *hosts;
+  uint64_t inflight_bytes;
+  int running;
+  whole_obj_t *wholes;
+  int closing;
+  int handles_open; /* uv handles not yet closed (timer + polls + reqs) */
+  void (*done)(void *);
+  void *done_arg;
+  uint64_t rng;
+};
+
+struct fetch_req {
+  fetch_t *f;
+  fetch_req_t *next; /* queue link */
+  char *url;
+  char *real_url;
+  fetch_range_t range;
+  int ranged;
+  fetch_cb cb;
+  void *arg;
+  CURL *easy;
+  struct curl_slist *headers;
+  host_slot_t *host;
+  uint64_t charged; /* bytes counted in inflight_bytes */
+  uint8_t *buf;
+  uint64_t len, cap;
+  uint64_t expect;  /* bytes the range asks for (0: unknown) */
+  int overflow;
+  long http_status;
+  char content_range[128];
+  char etag[128];
+  char last_modified[64];
+  int64_t content_length;
+  int attempts;
+  uint64_t start_ns;
+  uv_timer_t backoff;
+  int state;
+  int cancelled;
+  int freed;
+  fetch_result_t res;
+  char msg[1024];
+  /* Listing requests keep their own continuation. */
+  void *list_ctx;
+};
+
+static uint64_t rnd(fetch_t *f) {
+  f->rng += 0x9e3779b97f4a7c15ull;
+  uint64_t z = f->rng;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void fetch_options_init(fetch_options_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->max_inflight_per_host = 16;
+  o->max_inflight_bytes = 512ull << 20;
+  o->max_retries = 8;
+  o->retry_base_ms = 100;
+  o->retry_max_ms = 10000;
+  o->connect_timeout_s = 10;
+  o->low_speed_bytes = 1024;
+  o->low_speed_time_s = 30;
+  o->tls_verify = 1;
+  o->s3_region = "us-east-1";
+}
+
+void fetch_redact(const char *url, char *buf, size_t size) {
+  /* Drop userinfo (user:password@) and the query string, which may carry
+   * presigned credentials. */
+  const char *scheme = strstr(url, "://");
+  const char *start = scheme ? scheme + 3 : url;
+  const char *at = strchr(start, '@');
+  const char *slash = strchr(start, '/');
+  size_t n = 0;
+  if (scheme) n = (size_t)snprintf(buf, size, "%.*s", (int)(start - url), url);
+  if (n >= size) return;
+  const char *rest = at && (slash == NULL || at < slash) ? at + 1 : start;
+  const char *q = strchr(rest, '?');
+  snprintf(buf + n, size - n, "%.*s%s", (int)(q ? (size_t)(q - rest) : strlen(rest)), rest,
+           q ? "?..." : "");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Credentials                                                               */
+
+static char *dup_trim(const char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  size_t n = strlen(s);
+  while (n && isspace((unsigned char)s[n - 1])) n--;
+  char *d = malloc(n + 1);
+  if (d) {
+    memcpy(d, s, n);
+    d[n] = '\0';
+  }
+  return d;
+}
+
+void fetch_load_credentials(fetch_options_t *o, const char *profile, char **owned,
+                            int max_owned) {
+  int k = 0;
+  for (int i = 0; i < max_owned; i++) owned[i] = NULL;
+  if (o->s3_access_key == NULL && getenv("AWS_ACCESS_KEY_ID") && getenv("AWS_SECRET_ACCESS_KEY")) {
+    o->s3_access_key = getenv("AWS_ACCESS_KEY_ID");
+    o->s3_secret_key = getenv("AWS_SECRET_ACCESS_KEY");
+    if (o->s3_session_token == NULL) o->s3_session_token = getenv("AWS_SESSION_TOKEN");
+  }
+  if (o->s3_access_key) return;
+  const char *path = getenv("AWS_SHARED_CREDENTIALS_FILE");
+  char buf[1024];
+  if (path == NULL) {
+    const char *home = getenv("HOME");
+    if (home == NULL) return;
+    snprintf(buf, sizeof(buf), "%s/.aws/credentials", home);
+    path = buf;
+  }
+  if (profile == NULL || *profile == '\0') profile = getenv("AWS_PROFILE");
+  if (profile == NULL || *profile == '\0') profile = "default";
+  FILE *fp = fopen(path, "r");
+  if (fp == NULL) return;
+  char line[1024];
+  int in = 0;
+  while (fgets(line, sizeof(line), fp) && k + 3 <= max_owned) {
+    char *p = line;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == '[') {
+      char *e = strchr(p, ']');
+      if (e) *e = '\0';
+      char *name = dup_trim(p + 1);
+      in = name && strcmp(name, profile) == 0;
+      free(name);
+      continue;
+    }
+    if (!in || *p == '#' || *p == ';') continue;
+    char *eq = strchr(p, '=');
+    if (eq == NULL) continue;
+    *eq = '\0';
+    char *key = dup_trim(p), *val = dup_trim(eq + 1);
+    if (key && val) {
+      if (strcmp(key, "aws_access_key_id") == 0 && o->s3_access_key == NULL) {
+        o->s3_access_key = owned[k++] = val;
+        val = NULL;
+      } else if (strcmp(key, "aws_secret_access_key") == 0 && o->s3_secret_key == NULL) {
+        o->s3_secret_key = owned[k++] = val;
+        val = NULL;
+      } else if (strcmp(key, "aws_session_token") == 0 && o->s3_session_token == NULL) {
+        o->s3_session_token = owned[k++] = val;
+        val = NULL;
+      }
+    }
+    free(key);
+    free(val);
+  }
+  fclose(fp);
+}
+
+/* ------------------------------------------------------------------------ */
+/* URLs                                                                      */
+
+/* Turns s3://bucket/key into the HTTP URL of the configured endpoint. */
+static char *resolve_url(fetch_t *f, const char *url, const char *query) {
+  char *out = NULL;
+  if (strncmp(url, "s3://", 5) == 0) {
+    const char *bucket = url + 5;
+    const char *slash = strchr(bucket, '/');
+    size_t blen = slash ? (size_t)(slash - bucket) : strlen(bucket);
+    const char *key = slash ? slash + 1 : "";
+    /* Keys are sent as written: S3 keys of training shards are plain path
+     * characters; escape anything else. */
+    char *ekey = curl_easy_escape(NULL, key, 0);
+    if (ekey == NULL) return NULL;
+    /* curl_easy_escape escapes '/', which S3 keys use as a separator. */
+    size_t el = strlen(ekey);
+    char *k2 = malloc(el + 1);
+    if (k2 == NULL) {
+      curl_free(ekey);
+      return NULL;
+    }
+    size_t j = 0;
+    for (size_t i = 0; i < el; i++) {
+      if (ekey[i] == '%' && i + 2 < el && ekey[i + 1] == '2' && (ekey[i + 2] == 'F' || ekey[i + 2] == 'f')) {
+        k2[j++] = '/';
+        i += 2;
+      } else {
+        k2[j++] = ekey[i];
+      }
+    }
+    k2[j] = '\0';
+    curl_free(ekey);
+    const char *ep = f->opts.s3_endpoint;
+    size_t n = strlen(k2) + blen + 256 + (ep ? strlen(ep) : 0) + (query ? strlen(query) : 0);
+    out = malloc(n);
+    if (out) {
+      if (ep && f->opts.s3_path_style) {
+        snprintf(out, n, "%s/%.*s/%s%s%s", ep, (int)blen, bucket, k2, query ? "?" : "",
+                 query ? query : "");
+      } else if (ep) {
+        /* Virtual-hosted on a custom endpoint: the bucket joins the host. */
+        const char *hs = strstr(ep, "://");
+        const char *host = hs ? hs + 3 : ep;
+        snprintf(out, n, "%.*s%.*s.%s/%s%s%s", (int)(host - ep), ep, (int)blen, bucket, host, k2,
+                 query ? "?" : "", query ? query : "");
+      } else if (f->opts.s3_path_style) {
+        snprintf(out, n, "https://s3.%s.amazonaws.com/%.*s/%s%s%s", f->opts.s3_region, (int)blen,
+                 bucket, k2, query ? "?" : "", query ? query : "");
+      } else {
+        snprintf(out, n, "https://%.*s.s3.%s.amazonaws.com/%s%s%s", (int)blen, bucket,
+                 f->opts.s3_region, k2, query ? "?" : "", query ? query : "");
+      }
+    }
+    free(k2);
+    return out;
+  }
+  return strdup(url);
+}
+
+static void host_of(const char *url, char *host, size_t size) {
+  const char *s = strstr(url, "://");
+  s = s ? s + 3 : url;
+  const char *at = strchr(s, '@');
+  const char *slash = strchr(s, '/');
+  if (at && (slash == NULL || at < slash)) s = at + 1;
+  size_t n = strcspn(s, "/?");
+  snprintf(host, size, "%.*s", (int)n, s);
+}
+
+static host_slot_t *host_slot(fetch_t *f, const char *name) {
+  for (host_slot_t *h = f->hosts; h; h = h->next)
+    if (strcmp(h->name, name) == 0) return h;
+  host_slot_t *h = calloc(1, sizeof(*h));
+  if (h == NULL) return NULL;
+  snprintf(h->name, sizeof(h->name), "%s", name);
+  h->next = f->hosts;
+  f->hosts = h;
+  return h;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Socket and timer callbacks (the curl multi + libuv pattern)              */
+
+typedef struct poll_ctx {
+  uv_poll_t poll;
+  curl_socket_t fd;
+  fetch_t *f;
+} poll_ctx_t;
+
+static void drain(fetch_t *f);
+
+static void on_poll_close(uv_handle_t *h) {
+  poll_ctx_t *ctx = h->data;
+  fetch_t *f = ctx->f;
+  free(ctx);
+  f->handles_open--;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+  poll_ctx_t *ctx = h->data;
+  fetch_t *f = ctx->f;
+  int flags = 0;
+  if (status < 0) flags = CURL_CSELECT_ERR;
+  if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
+  if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
+  curl_multi_socket_action(f->multi, ctx->fd, flags, &f->running);
+  drain(f);
+}
+
+static int socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp) {
+  (void)easy;
+  fetch_t *f = userp;
+  poll_ctx_t *ctx = socketp;
+  if (what == CURL_POLL_REMOVE) {
+    if (ctx) {
+      uv_poll_stop(&ctx->poll);
+      curl_multi_assign(f->multi, s, NULL);
+      uv_close((uv_handle_t *)&ctx->poll, on_poll_close);
+    }
+    return 0;
+  }
+  if (ctx == NULL) {
+    ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL) return -1;
+    ctx->fd = s;
+    ctx->f = f;
+    if (uv_poll_init_socket(f->loop, &ctx->poll, s) != 0) {
+      free(ctx);
+      return -1;
+    }
+    ctx->poll.data = ctx;
+    f->handles_open++;
+    curl_multi_assign(f->multi, s, ctx);
+  }
+  int events = 0;
+  if (what & CURL_POLL_IN) events |= UV_READABLE;
+  if (what & CURL_POLL_OUT) events |= UV_WRITABLE;
+  uv_poll_start(&ctx->poll, events, on_poll);
+  return 0;
+}
+
+static void on_timeout(uv_timer_t *t) {
+  fetch_t *f = t->data;
+  curl_multi_socket_action(f->multi, CURL_SOCKET_TIMEOUT, 0, &f->running);
+  drain(f);
+}
+
+static int timer_cb(CURLM *multi, long timeout_ms, void *userp) {
+  (void)multi;
+  fetch_t *f = userp;
+  if (timeout_ms < 0) uv_timer_stop(&f->timer);
+  else uv_timer_start(&f->timer, on_timeout, (uint64_t)timeout_ms, 0);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Transfers                                                                 */
+
+static size_t on_data(char *p, size_t size, size_t nmemb, void *userp) {
+  fetch_req_t *r = userp;
+  size_t n = size * nmemb;
+  if (r->len + n > r->cap) {
+    /* Ranged answers have an exact size; only a whole-object answer grows,
+     * and never past the size the server announced (plus slack). */
+    uint64_t limit = r->expect && r->http_status == 206 ? r->expect : (uint64_t)1 << 40;
+    if (r->content_length >= 0 && (uint64_t)r->content_length < limit) limit = (uint64_t)r->content_length;
+    if (r->len + n > limit) {
+      r->overflow = 1;
+      return 0;
+    }
+    uint64_t cap = r->cap ? r->cap : 65536;
+    while (cap < r->len + n) cap *= 2;
+    if (cap > limit && limit >= r->len + n) cap = limit;
+    uint8_t *b = realloc(r->buf, cap ? cap : 1);
+    if (b == NULL) return 0;
+    r->buf = b;
+    r->cap = cap;
+  }
+  memcpy(r->buf + r->len, p, n);
+  r->len += n;
+  return n;
+}
+
+static void header_value(const char *line, size_t n, char *out, size_t size) {
+  const char *colon = memchr(line, ':', n);
+  if (colon == NULL) return;
+  const char *v = colon + 1;
+  const char *end = line + n;
+  while (v < end && isspace((unsigned char)*v)) v++;
+  while (end > v && isspace((unsigned char)end[-1])) end--;
+  snprintf(out, size, "%.*s", (int)(end - v), v);
+}
+
+static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
+  fetch_req_t *r = userp;
+  size_t n = size * nmemb;
+  if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) {
+    /* A new response (after a redirect or 100-continue): start over. */
+    r->content_range[0] = r->etag[0] = r->last_modified[0] = '\0';
+    r->content_length = -1;
+    const char *sp = memchr(p, ' ', n);
+    r->http_status = sp ? strtol(sp + 1, NULL, 10) : 0;
+    if (r->http_status == 200 && r->len == 0 && r->buf && r->cap && r->expect) {
+      /* The buffer was sized for a range; a whole object may come. */
+    }
+  } else if (n > 14 && strncasecmp(p, "content-range:", 14) == 0) {
+    header_value(p, n, r->content_range, sizeof(r->content_range));
+  } else if (n > 5 && strncasecmp(p, "etag:", 5) == 0) {
+    header_value(p, n, r->etag, sizeof(r->etag));
+  } else if (n > 14 && strncasecmp(p, "last-modified:", 14) == 0) {
+    header_value(p, n, r->last_modified, sizeof(r->last_modified));
+  } else if (n > 15 && strncasecmp(p, "content-length:", 15) == 0) {
+    char v[32] = "";
+    header_value(p, n, v, sizeof(v));
+    r->content_length = strtoll(v, NULL, 10);
+  }
+  return n;
+}
+
+static void release_slot(fetch_req_t *r) {
+  fetch_t *f = r->f;
+  if (r->host && r->state == RQ_RUNNING) r->host->inflight--;
+  f->inflight_bytes -= r->charged;
+  r->charged = 0;
+}
+
+static void start_queued(fetch_t *f);
+
+static int setup_easy(fetch_req_t *r) {
+  fetch_t *f = r->f;
+  if (r->easy == NULL) {
+    r->easy = curl_easy_init();
+    if (r->easy == NULL) return LARDER_ENOMEM;
+  } else {
+    curl_easy_reset(r->easy);
+  }
+  curl_slist_free_all(r->headers);
+  r->headers = NULL;
+  CURL *e = r->easy;
+  curl_easy_setopt(e, CURLOPT_URL, r->real_url);
+  curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, (long)f->opts.connect_timeout_s);
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, (long)f->opts.low_speed_bytes);
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)f->opts.low_speed_time_s);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, f->opts.tls_verify ? 1L : 0L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, f->opts.tls_verify ? 2L : 0L);
+  if (f->opts.ca_file && *f->opts.ca_file) curl_easy_setopt(e, CURLOPT_CAINFO, f->opts.ca_file);
+  curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, NULL);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "larderd/0.1");
+  char rangebuf[96];
+  if (r->range.suffix) {
+    snprintf(rangebuf, sizeof(rangebuf), "Range: bytes=-%llu", (unsigned long long)r->range.suffix);
+    r->headers = curl_slist_append(r->headers, rangebuf);
+  } else if (r->ranged) {
+    snprintf(rangebuf, sizeof(rangebuf), "Range: bytes=%llu-%llu",
+             (unsigned long long)r->range.offset,
+             (unsigned long long)(r->range.offset + r->range.length - 1));
+    r->headers = curl_slist_append(r->headers, rangebuf);
+  }
+  if (strncmp(r->url, "s3://", 5) == 0) {
+    if (f->opts.s3_access_key == NULL || f->opts.s3_secret_key == NULL) {
+      snprintf(r->msg, sizeof(r->msg),
+               "%s: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the "
+               "daemon's s3_access_key, or a profile in ~/.aws/credentials)",
+               r->url);
+      return LARDER_EACCES;
+    }
+    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, f->aws_sigv4);
+    curl_easy_setopt(e, CURLOPT_USERPWD, f->userpwd);
+    if (f->opts.s3_session_token && *f->opts.s3_session_token) {
+      char tok[4096];
+      snprintf(tok, sizeof(tok), "x-amz-security-token: %s", f->opts.s3_session_token);
+      r->headers = curl_slist_append(r->headers, tok);
+    }
+    /* S3 wants the payload hash in a header; a GET has an empty body. */
+    r->headers = curl_slist_append(
+        r->headers,
+        "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  }
+  if (r->headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
+  return 0;
+}
+
+static void finish(fetch_req_t *r, int status);
+
+static void start_one(fetch_req_t *r) {
+  fetch_t *f = r->f;
+  r->len = 0;
+  r->overflow = 0;
+  r->http_status = 0;
+  r->content_length = -1;
+  r->attempts++;
+  int rc = setup_easy(r);
+  if (rc) {
+    finish(r, rc);
+    return;
+  }
+  r->state = RQ_RUNNING;
+  if (r->host) r->host->inflight++;
+  if (curl_multi_add_handle(f->multi, r->easy) != CURLM_OK) {
+    snprintf(r->msg, sizeof(r->msg), "cannot start a transfer");
+    finish(r, LARDER_ENOMEM);
+    return;
+  }
+  if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_inflight, 1);
+}
+
+static void start_queued(fetch_t *f) {
+  fetch_req_t **pp = &f->q_head;
+  fetch_req_t *prev = NULL;
+  while (*pp && !f->closing) {
+    fetch_req_t *r = *pp;
+    uint64_t need = r->ranged && !r->range.suffix ? r->range.length : 65536;
+    int host_ok = r->host == NULL || r->host->inflight < r->f->opts.max_inflight_per_host;
+    /* The bytes limit never blocks the only transfer: one request larger
+     * than the limit still goes, alone. */
+    int bytes_ok = f->inflight_bytes == 0 || f->inflight_bytes + need <= f->opts.max_inflight_bytes;
+    if (!bytes_ok) break; /* keep the ask order for bytes */
+    if (!host_ok) {
+      prev = r;
+      pp = &r->next;
+      continue;
+    }
+    *pp = r->next;
+    if (f->q_tail == r) f->q_tail = prev;
+    r->next = NULL;
+    r->charged = need;
+    f->inflight_bytes += need;
+    start_one(r);
+  }
+}
+
+static void on_backoff(uv_timer_t *t) {
+  fetch_req_t *r = t->data;
+  if (r->cancelled || r->f->closing) {
+    finish(r, LARDER_ESHUTDOWN);
+    return;
+  }
+  /* Back in the queue, at its head: it was asked for before the rest. */
+  r->state = RQ_QUEUED;
+  r->next = r->f->q_head;
+  r->f->q_head = r;
+  if (r->f->q_tail == NULL) r->f->q_tail = r;
+  start_queued(r->f);
+}
+
+/* Parses "bytes a-b/total". */
+static int parse_content_range(const char *s, uint64_t *a, uint64_t *b, uint64_t *total) {
+  unsigned long long x, y;
+  char t[32];
+  if (sscanf(s, "bytes %llu-%llu/%31s", &x, &y, t) != 3) return -1;
+  *a = x;
+  *b = y;
+  *total = t[0] == '*' ? 0 : strtoull(t, NULL, 10);
+  return 0;
+}
+
+/* Finds S3's <Code>...</Code> in an error body. */
+static void s3_code(const fetch_req_t *r, char *code, size_t size) {
+  code[0] = '\0';
+  if (r->buf == NULL || r->len == 0) return;
+  const char *b = (const char *)r->buf;
+  size_t n = r->len < 4096 ? (size_t)r->len : 4096;
+  const char *open = memmem(b, n, "<Code>", 6);
+  if (open == NULL) return;
+  open += 6;
+  const char *close = memmem(open, n - (size_t)(open - b), "</Code>", 7);
+  if (close == NULL) return;
+  snprintf(code, size, "%.*s", (int)(close - open), open);
+}
+
+static whole_obj_t *find_whole(fetch_t *f, const char *url) {
+  for (whole_obj_t *w = f->wholes; w; w = w->next)
+    if (strcmp(w->url, url) == 0) return w;
+  return NULL;
+}
+
+/* Serves r from an object kept whole, if there is one. */
+static int serve_from_whole(fetch_req_t *r) {
+  whole_obj_t *w = find_whole(r->f, r->url);
+  if (w == NULL) return 0;
+  uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
+                 : r->ranged     ? r->range.offset
+                                 : 0;
+  uint64_t len = r->range.suffix ? w->size - off : r->ranged ? r->range.length : w->size;
+  if (off > w->size || len > w->size - off) {
+    snprintf(r->msg, sizeof(r->msg), "range %llu+%llu is outside the object (%llu bytes)",
+             (unsigned long long)off, (unsigned long long)len, (unsigned long long)w->size);
+    finish(r, LARDER_ECORRUPT);
+    return 1;
+  }
+  free(r->buf);
+  r->buf = malloc(len ? len : 1);
+  if (r->buf == NULL) {
+    finish(r, LARDER_ENOMEM);
+    return 1;
+  }
+  memcpy(r->buf, w->data + off, len);
+  r->len = r->cap = len;
+  r->res.object_size = w->size;
+  snprintf(r->res.etag, sizeof(r->res.etag), "%s", w->etag);
+  r->res.whole_object = 1;
+  finish(r, 0);
+  return 1;
+}
+
+/* Decides what a finished transfer means: done, retry, or fail. */
+static void completed(fetch_req_t *r, CURLcode cc) {
+  fetch_t *f = r->f;
+  char where[400];
+  fetch_redact(r->url, where, sizeof(where));
+  if (f->opts.stats) STATS_SUB(f->opts.stats, fetch_inflight, 1);
+  release_slot(r);
+  curl_multi_remove_handle(f->multi, r->easy);
+  int retry = 0, code = 0;
+  if (cc != CURLE_OK) {
+    switch (cc) {
+      case CURLE_COULDNT_RESOLVE_HOST:
+      case CURLE_COULDNT_CONNECT:
+      case CURLE_OPERATION_TIMEDOUT:
+      case CURLE_RECV_ERROR:
+      case CURLE_SEND_ERROR:
+      case CURLE_PARTIAL_FILE:
+      case CURLE_GOT_NOTHING:
+      case CURLE_HTTP2:
+      case CURLE_HTTP2_STREAM:
+      case CURLE_SSL_CONNECT_ERROR:
+        retry = 1;
+        code = LARDER_EREMOTE;
+        snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, curl_easy_strerror(cc),
+                 cc == CURLE_OPERATION_TIMEDOUT ? " (stalled or timed out)" : "");
+        break;
+      case CURLE_WRITE_ERROR:
+        code = r->overflow ? LARDER_ECORRUPT : LARDER_ENOMEM;
+        retry = r->overflow;
+        snprintf(r->msg, sizeof(r->msg), "%s: the server sent more bytes than the range asked for",
+                 where);
+        break;
+      case CURLE_PEER_FAILED_VERIFICATION:
+      case CURLE_SSL_CACERT_BADFILE:
+        code = LARDER_EACCES;
+        snprintf(r->msg, sizeof(r->msg), "%s: TLS verification failed: %s", where,
+                 curl_easy_strerror(cc));
+        break;
+      default:
+        code = LARDER_EREMOTE;
+        snprintf(r->msg, sizeof(r->msg), "%s: %s", where, curl_easy_strerror(cc));
+        break;
+    }
+  } else {
+    long st = 0;
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &st);
+    r->http_status = st;
+    char s3[64];
+    s3_code(r, s3, sizeof(s3));
+    if (st == 206) {
+      uint64_t a, b, total;
+      uint64_t want_a = r->range.offset, want_b = r->range.offset + r->range.length - 1;
+      if (parse_content_range(r->content_range, &a, &b, &total) != 0) {
+        code = LARDER_ECORRUPT;
+        retry = 1;
+        snprintf(r->msg, sizeof(r->msg), "%s: 206 without a valid Content-Range ('%s')", where,
+                 r->content_range);
+      } else {
+        if (r->range.suffix) {
+          want_b = total ? total - 1 : b;
+          want_a = r->range.suffix >= want_b + 1 ? 0 : want_b + 1 - r->range.suffix;
+        }
+        if (a != want_a || b != want_b || (total && b >= total)) {
+          code = LARDER_ECORRUPT;
+          retry = 1;
+          snprintf(r->msg, sizeof(r->msg),
+                   "%s: asked for bytes %llu-%llu, the server answered %s", where,
+                   (unsigned long long)want_a, (unsigned long long)want_b, r->content_range);
+        } else if (r->len != b - a + 1) {
+          code = LARDER_EREMOTE;
+          retry = 1;
+          snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %llu bytes", where,
+                   (unsigned long long)r->len, (unsigned long long)(b - a + 1));
+        } else {
+          r->res.object_size = total;
+        }
+      }
+    } else if (st == 200) {
+      /* The whole object: if a range was asked, the server ignores Range;
+       * keep the object so it is downloaded only once. */
+      if (r->content_length >= 0 && r->len != (uint64_t)r->content_length) {
+        code = LARDER_EREMOTE;
+        retry = 1;
+        snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %lld bytes", where,
+                 (unsigned long long)r->len, (long long)r->content_length);
+      } else {
+        r->res.object_size = r->len;
+        if (r->ranged || r->range.suffix) {
+          whole_obj_t *w = calloc(1, sizeof(*w));
+          if (w) {
+            w->url = strdup(r->url);
+            w->data = r->buf;
+            w->size = r->len;
+            snprintf(w->etag, sizeof(w->etag), "%s", r->etag);
+            w->next = f->wholes;
+            f->wholes = w;
+            r->buf = NULL;
+            r->len = r->cap = 0;
+            snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
+            snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
+            log_notice("%s ignores Range requests: read the whole object once", where);
+            if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_bytes, w->size);
+            if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
+            serve_from_whole(r);
+            return;
+          }
+        }
+      }
+    } else if (st == 403 || st == 401) {
+      code = LARDER_EACCES;
+      snprintf(r->msg, sizeof(r->msg), "access denied for %s (HTTP %ld%s%s): check credentials",
+               where, st, s3[0] ? ", " : "", s3);
+    } else if (st == 404) {
+      code = LARDER_ENOENT;
+      snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? ", " : "",
+               s3);
+    } else if (st == 416) {
+      code = LARDER_ECORRUPT;
+      snprintf(r->msg, sizeof(r->msg), "%s: range not satisfiable (HTTP 416): the object is "
+               "shorter than its footer says", where);
+    } else if (st == 429 || st >= 500) {
+      code = LARDER_EREMOTE;
+      retry = 1;
+      snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld%s%s", where, st, s3[0] ? " " : "", s3);
+    } else if (st == 400 && strstr(s3, "Signature")) {
+      code = LARDER_EACCES;
+      snprintf(r->msg, sizeof(r->msg), "access denied for %s (%s): check credentials", where, s3);
+    } else {
+      code = LARDER_EREMOTE;
+      snprintf(r->msg, sizeof(r->msg), "%s: unexpected HTTP %ld%s%s", where, st, s3[0] ? " " : "",
+               s3);
+    }
+  }
+  if (code == 0) {
+    snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
+    snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
+    if (f->opts.stats) {
+      STATS_ADD(f->opts.stats, fetch_bytes, r->len);
+      STATS_ADD(f->opts.stats, fetch_requests, 1);
+    }
+    finish(r, 0);
+    return;
+  }
+  if (retry && !r->cancelled && (uint32_t)r->attempts <= f->opts.max_retries) {
+    if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_retries, 1);
+    uint64_t delay = (uint64_t)f->opts.retry_base_ms << (r->attempts > 16 ? 16 : r->attempts - 1);
+    if (delay > f->opts.retry_max_ms) delay = f->opts.retry_max_ms;
+    /* Full jitter in [delay/2, delay): retries from many ranks spread out. */
+    delay = delay / 2 + rnd(f) % (delay / 2 + 1);
+    log_debug("%s; retry %d in %llu ms", r->msg, r->attempts, (unsigned long long)delay);
+    r->state = RQ_BACKOFF;
+    uv_timer_start(&r->backoff, on_backoff, delay, 0);
+    start_queued(f);
+    return;
+  }
+  if (retry) {
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%.900s; gave up after %d attempts", r->msg, r->attempts);
+    snprintf(r->msg, sizeof(r->msg), "%s", tmp);
+  }
+  if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_errors, 1);
+  finish(r, code);
+  start_queued(f);
+}
+
+static void on_req_close(uv_handle_t *h) {
+  fetch_req_t *r = h->data;
+  fetch_t *f = r->f;
+  if (r->easy) curl_easy_cleanup(r->easy);
+  curl_slist_free_all(r->headers);
+  free(r->buf);
+  free(r->url);
+  free(r->real_url);
+  free(r);
+  f->handles_open--;
+  if (f->closing && f->handles_open == 0 && f->done) {
+    void (*done)(void *) = f->done;
+    void *arg = f->done_arg;
+    curl_multi_cleanup(f->multi);
+    while (f->wholes) {
+      whole_obj_t *w = f->wholes;
+      f->wholes = w->next;
+      free(w->url);
+      free(w->data);
+      free(w);
+    }
+    while (f->hosts) {
+      host_slot_t *hs = f->hosts;
+      f->hosts = hs->next;
+      free(hs);
+    }
+    free(f);
+    done(arg);
+  }
+}
+
+static void finish(fetch_req_t *r, int status) {
+  r->state = RQ_DONE;
+  r->res.status = status;
+  r->res.message = status ? r->msg : NULL;
+  r->res.data = r->buf;
+  r->res.length = r->len;
+  r->res.attempts = r->attempts;
+  r->res.fetch_ns = util_now_ns() - r->start_ns;
+  if (r->f->opts.stats && status == 0) STATS_ADD(r->f->opts.stats, fetch_ns, r->res.fetch_ns);
+  if (r->cancelled) {
+    fetch_req_free(r);
+    return;
+  }
+  if (r->cb) r->cb(r, &r->res, r->arg);
+}
+
+static void drain(fetch_t *f) {
+  CURLMsg *m;
+  int left;
+  while ((m = curl_multi_info_read(f->multi, &left)) != NULL) {
+    if (m->msg != CURLMSG_DONE) continue;
+    fetch_req_t *r = NULL;
+    curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+    if (r) completed(r, m->data.result);
+  }
+  start_queued(f);
+}
+
+/* ------------------------------------------------------------------------ */
+
+int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out) {
+  static int global_init;
+  if (!global_init) {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return LARDER_EIO;
+    global_init = 1;
+  }
+  fetch_t *f = calloc(1, sizeof(*f));
+  if (f == NULL) return LARDER_ENOMEM;
+  f->loop = loop;
+  f->opts = *opts;
+  f->rng = util_now_ns();
+  f->multi = curl_multi_init();
+  if (f->multi == NULL) {
+    free(f);
+    return LARDER_ENOMEM;
+  }
+  snprintf(f->aws_sigv4, sizeof(f->aws_sigv4), "aws:amz:%s:s3",
+           opts->s3_region && *opts->s3_region ? opts->s3_region : "us-east-1");
+  if (opts->s3_access_key && opts->s3_secret_key)
+    snprintf(f->userpwd, sizeof(f->userpwd), "%s:%s", opts->s3_access_key, opts->s3_secret_key);
+  curl_multi_setopt(f->multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
+  curl_multi_setopt(f->multi, CURLMOPT_SOCKETDATA, f);
+  curl_multi_setopt(f->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+  curl_multi_setopt(f->multi, CURLMOPT_TIMERDATA, f);
+  curl_multi_setopt(f->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)opts->max_inflight_per_host);
+  uv_timer_init(loop, &f->timer);
+  f->timer.data = f;
+  f->handles_open = 1;
+  *out = f;
+  return 0;
+}
+
+static void on_fetch_timer_close(uv_handle_t *h) {
+  fetch_t *f = h->data;
+  f->handles_open--;
+  if (f->handles_open == 0 && f->done) {
+    void (*done)(void *) = f->done;
+    void *arg = f->done_arg;
+    curl_multi_cleanup(f->multi);
+    while (f->wholes) {
+      whole_obj_t *w = f->wholes;
+      f->wholes = w->next;
+      free(w->url);
+      free(w->data);
+      free(w);
+    }
+    while (f->hosts) {
+      host_slot_t *hs = f->hosts;
+      f->hosts = hs->next;
+      free(hs);
+    }
+    free(f);
+    done(arg);
+  }
+}
+
+static void noop_done(void *arg) { (void)arg; }
+
+void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
+  f->closing = 1;
+  f->done = done ? done : noop_done;
+  f->done_arg = arg;
+  /* Queued requests never started: they end now. */
+  while (f->q_head) {
+    fetch_req_t *r = f->q_head;
+    f->q_head = r->next;
+    snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
+    finish(r, LARDER_ESHUTDOWN);
+  }
+  f->q_tail = NULL;
+  uv_timer_stop(&f->timer);
+  uv_close((uv_handle_t *)&f->timer, on_fetch_timer_close);
+}
+
+void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,
+                      uint32_t retry_base_ms) {
+  f->opts.max_inflight_per_host = per_host ? per_host : 1;
+  f->opts.max_inflight_bytes = bytes ? bytes : 1;
+  f->opts.max_retries = retries;
+  f->opts.retry_base_ms = retry_base_ms ? retry_base_ms : 1;
+  curl_multi_setopt(f->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)f->opts.max_inflight_per_host);
+  start_queued(f);
+}
+
+fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, fetch_cb cb,
+                       void *arg) {
+  fetch_req_t *r = calloc(1, sizeof(*r));
+  if (r == NULL) return NULL;
+  r->f = f;
+  r->url = strdup(url);
+  r->real_url = resolve_url(f, url, NULL);
+  if (r->url == NULL || r->real_url == NULL) {
+    free(r->url);
+    free(r->real_url);
+    free(r);
+    return NULL;
+  }
+  if (range) {
+    r->range = *range;
+    r->ranged = range->suffix == 0;
+    r->expect = range->suffix ? 0 : range->length;
+  }
+  r->cb = cb;
+  r->arg = arg;
+  r->start_ns = util_now_ns();
+  r->content_length = -1;
+  char host[256];
+  host_of(r->real_url, host, sizeof(host));
+  r->host = host_slot(f, host);
+  uv_timer_init(f->loop, &r->backoff);
+  r->backoff.data = r;
+  f->handles_open++;
+  if (r->ranged && r->range.length == 0) {
+    r->state = RQ_DONE;
+    finish(r, 0);
+    return r;
+  }
+  if (f->closing) {
+    snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
+    finish(r, LARDER_ESHUTDOWN);
+    return r;
+  }
+  if (serve_from_whole(r)) return r;
+  r->state = RQ_QUEUED;
+  if (f->q_tail) f->q_tail->next = r;
+  else f->q_head = r;
+  f->q_tail = r;
+  start_queued(f);
+  return r;
+}
+
+void fetch_req_free(fetch_req_t *r) {
+  if (r == NULL || r->freed) return;
+  if (r->state != RQ_DONE) {
+    /* Still running: let it finish, then free. */
+    r->cancelled = 1;
+    r->cb = NULL;
+    if (r->state == RQ_QUEUED) {
+      fetch_t *f = r->f;
+      fetch_req_t **pp = &f->q_head, *prev = NULL;
+      while (*pp && *pp != r) {
+        prev = *pp;
+        pp = &(*pp)->next;
+      }
+      if (*pp) {
+        *pp = r->next;
+        if (f->q_tail == r) f->q_tail = prev;
+      }
+      r->state = RQ_DONE;
+    } else {
+      return;
+    }
+  }
+  r->freed = 1;
+  uv_timer_stop(&r->backoff);
+  uv_close((uv_handle_t *)&r->backoff, on_req_close);
+}
+
+void fetch_cancel(fetch_req_t *r) { fetch_req_free(r); }
+
+uint8_t *fetch_req_steal(fetch_req_t *r, uint64_t *length) {
+  uint8_t *b = r->buf;
+  *length = r->len;
+  r->buf = NULL;
+  r->len = r->cap = 0;
+  r->res.data = NULL;
+  return b;
+}
+
+/* ------------------------------------------------------------------------ */
+/* ListObjectsV2                                                             */
+
+typedef struct list_ctx {
+  fetch_t *f;
+  char *bucket;
+  char *prefix;
+  char *pattern;
+  fetch_list_cb cb;
+  void *arg;
+  fetch_object_t *objs;
+  size_t n, cap;
+  char token[1024];
+  int pages;
+} list_ctx_t;
+
+static void list_next(list_ctx_t *lc);
+
+static void list_free(list_ctx_t *lc, int free_objs) {
+  if (free_objs) {
+    for (size_t i = 0; i < lc->n; i++) free(lc->objs[i].url);
+    free(lc->objs);
+  }
+  free(lc->bucket);
+  free(lc->prefix);
+  free(lc->pattern);
+  free(lc);
+}
+
+/* Returns the text between <tag> and </tag> starting at *p, advancing it. */
+static int xml_next(const char **p, const char *end, const char *tag, char *out, size_t size) {
+  char open[64], close[64];
+  snprintf(open, sizeof(open), "<%s>", tag);
+  snprintf(close, sizeof(close), "</%s>", tag);
+  const char *a = memmem(*p, (size_t)(end - *p), open, strlen(open));
+  if (a == NULL) return 0;
+  a += strlen(open);
+  const char *b = memmem(a, (size_t)(end - a), close, strlen(close));
+  if (b == NULL) return 0;
+  /* Unescape the few XML entities S3 uses. */
+  size_t k = 0;
+  for (const char *c = a; c < b && k + 1 < size; c++) {
+    if (*c == '&') {
+      if (!strncmp(c, "&amp;", 5)) out[k++] = '&', c += 4;
+      else if (!strncmp(c, "&lt;", 4)) out[k++] = '<', c += 3;
+      else if (!strncmp(c, "&gt;", 4)) out[k++] = '>', c += 3;
+      else if (!strncmp(c, "&quot;", 6)) out[k++] = '"', c += 5;
+      else if (!strncmp(c, "&apos;", 6)) out[k++] = '\'', c += 5;
+      else out[k++] = *c;
+    } else {
+      out[k++] = *c;
+    }
+  }
+  out[k] = '\0';
+  *p = b + strlen(close);
+  return 1;
+}
+
+static int cmp_obj(const void *a, const void *b) {
+  return strcmp(((const fetch_object_t *)a)->url, ((const fetch_object_t *)b)->url);
+}
+
+static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
+  list_ctx_t *lc = arg;
+  if (res->status != 0) {
+    lc->cb(res->status, res->message, NULL, 0, lc->arg);
+    fetch_req_free(req);
+    list_free(lc, 1);
+    return;
+  }
+  const char *p = (const char *)res->data, *end = p + res->length;
+  for (;;) {
+    const char *c = memmem(p, (size_t)(end - p), "<Contents>", 10);
+    if (c == NULL) break;
+    const char *ce = memmem(c, (size_t)(end - c), "</Contents>", 11);
+    if (ce == NULL) break;
+    char key[1024] = "", size[32] = "", etag[160] = "";
+    const char *q = c;
+    xml_next(&q, ce, "Key", key, sizeof(key));
+    q = c;
+    xml_next(&q, ce, "Size", size, sizeof(size));
+    q = c;
+    xml_next(&q, ce, "ETag", etag, sizeof(etag));
+    p = ce + 11;
+    if (lc->pattern && fnmatch(lc->pattern, key, FNM_PATHNAME) != 0) continue;
+    if (key[0] == '\0' || key[strlen(key) - 1] == '/') continue;
+    if (lc->n == lc->cap) {
+      size_t cap = lc->cap ? lc->cap * 2 : 64;
+      fetch_object_t *o = realloc(lc->objs, cap * sizeof(*o));
+      if (o == NULL) break;
+      lc->objs = o;
+      lc->cap = cap;
+    }
+    fetch_object_t *o = &lc->objs[lc->n];
+    size_t ul = strlen(lc->bucket) + strlen(key) + 8;
+    o->url = malloc(ul);
+    if (o->url == NULL) break;
+    snprintf(o->url, ul, "s3://%s/%s", lc->bucket, key);
+    o->size = strtoull(size, NULL, 10);
+    snprintf(o->etag, sizeof(o->etag), "%s", etag);
+    lc->n++;
+  }
+  const char *q = (const char *)res->data;
+  char truncated[16] = "";
+  xml_next(&q, end, "IsTruncated", truncated, sizeof(truncated));
+  q = (const char *)res->data;
+  lc->token[0] = '\0';
+  xml_next(&q, end, "NextContinuationToken", lc->token, sizeof(lc->token));
+  fetch_req_free(req);
+  if (strcmp(truncated, "true") == 0 && lc->token[0] && lc->pages < 100000) {
+    list_next(lc);
+    return;
+  }
+  qsort(lc->objs, lc->n, sizeof(*lc->objs), cmp_obj);
+  lc->cb(0, NULL, lc->objs, lc->n, lc->arg);
+  list_free(lc, 0);
+}
+
+static void list_next(list_ctx_t *lc) {
+  lc->pages++;
+  char *ep = curl_easy_escape(NULL, lc->prefix, 0);
+  char *et = lc->token[0] ? curl_easy_escape(NULL, lc->token, 0) : NULL;
+  char query[4096];
+  snprintf(query, sizeof(query), "list-type=2&max-keys=1000&prefix=%s%s%s", ep ? ep : "",
+           et ? "&continuation-token=" : "", et ? et : "");
+  curl_free(ep);
+  curl_free(et);
+  char bucket_url[1100];
+  snprintf(bucket_url, sizeof(bucket_url), "s3://%s/", lc->bucket);
+  fetch_req_t *r = calloc(1, sizeof(*r));
+  if (r == NULL) {
+    lc->cb(LARDER_ENOMEM, "out of memory", NULL, 0, lc->arg);
+    list_free(lc, 1);
+    return;
+  }
+  fetch_t *f = lc->f;
+  r->f = f;
+  r->url = strdup(bucket_url);
+  r->real_url = resolve_url(f, bucket_url, query);
+  r->cb = list_page;
+  r->arg = lc;
+  r->start_ns = util_now_ns();
+  r->content_length = -1;
+  char host[256];
+  host_of(r->real_url ? r->real_url : "", host, sizeof(host));
+  r->host = host_slot(f, host);
+  uv_timer_init(f->loop, &r->backoff);
+  r->backoff.data = r;
+  f->handles_open++;
+  if (r->url == NULL || r->real_url == NULL) {
+    finish(r, LARDER_ENOMEM);
+    return;
+  }
+  r->state = RQ_QUEUED;
+  if (f->q_tail) f->q_tail->next = r;
+  else f->q_head = r;
+  f->q_tail = r;
+  start_queued(f);
+}
+
+int fetch_list(fetch_t *f, const char *s3_prefix, const char *pattern, fetch_list_cb cb,
+               void *arg) {
+  if (strncmp(s3_prefix, "s3://", 5) != 0) return LARDER_EINVAL;
+  list_ctx_t *lc = calloc(1, sizeof(*lc));
+  if (lc == NULL) return LARDER_ENOMEM;
+  const char *b = s3_prefix + 5;
+  const char *slash = strchr(b, '/');
+  lc->f = f;
+  lc->bucket = slash ? strndup(b, (size_t)(slash - b)) : strdup(b);
+  lc->prefix = strdup(slash ? slash + 1 : "");
+  lc->pattern = pattern ? strdup(pattern) : NULL;
+  lc->cb = cb;
+  lc->arg = arg;
+  if (lc->bucket == NULL || lc->prefix == NULL || (pattern && lc->pattern == NULL)) {
+    list_free(lc, 1);
+    return LARDER_ENOMEM;
+  }
+  list_next(lc);
+  return 0;
+}

@@ -1,0 +1,143 @@
+/*
+ * fetch.h: remote objects over HTTP(S) and S3 (prefix fetch_).
+ *
+ * Conventions
+ * -----------
+ * - One fetcher per daemon, driven by libcurl's multi interface inside the
+ *   libuv loop (CURLMOPT_SOCKETFUNCTION with one uv_poll_t per socket,
+ *   CURLMOPT_TIMERFUNCTION with one uv_timer_t): no thread per request and
+ *   no blocking call on the loop.  Every function here is called on the
+ *   loop thread, and every callback runs there.
+ * - A request fetches one byte range of one object into memory it owns.
+ *   Requests queue in the order they are made and start as the limits allow
+ *   (requests in flight per host, bytes in flight), so the order in which
+ *   the daemon asks is the order in which bytes arrive: asking in the order
+ *   batches will consume them makes the prefetch clairvoyant.
+ * - Failures: HTTP 5xx, 429 and S3 SlowDown, connection resets, timeouts,
+ *   low-speed stalls and short reads are retried with exponential backoff
+ *   and jitter, up to max_retries.  403, 404, 416 and signature errors are
+ *   final.  Every ranged response's Content-Range is checked against what
+ *   was asked: bytes for another range are never delivered.  A server that
+ *   ignores Range (200 with the whole object) is read once: the object is
+ *   kept whole and later ranges are cut from it.
+ * - Errors are negative larder_errno_t with a message that names the URL,
+ *   the status and the cause, and never contains credentials.  CURLcode and
+ *   HTTP statuses are converted here, once.
+ */
+#ifndef LARDER_FETCH_H
+#define LARDER_FETCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "stats.h"
+
+typedef struct fetch fetch_t;
+typedef struct fetch_req fetch_req_t;
+
+typedef struct fetch_options {
+  uint32_t max_inflight_per_host; /* concurrent requests to one host */
+  uint64_t max_inflight_bytes;    /* bytes of ranges in flight, all hosts */
+  uint32_t max_retries;
+  uint32_t retry_base_ms;         /* first backoff; doubles, with jitter */
+  uint32_t retry_max_ms;
+  uint32_t connect_timeout_s;
+  uint32_t low_speed_bytes;       /* a transfer slower than this ... */
+  uint32_t low_speed_time_s;      /* ... for this long is a stall, retried */
+  int tls_verify;
+  const char *ca_file;            /* NULL: the system's */
+  /* S3 */
+  const char *s3_region;
+  const char *s3_endpoint;        /* "http://host:port"; NULL: AWS */
+  int s3_path_style;              /* bucket in the path, not the host name */
+  const char *s3_access_key;
+  const char *s3_secret_key;
+  const char *s3_session_token;
+  stats_global_t *stats;          /* fetch_* counters, may be NULL */
+} fetch_options_t;
+
+void fetch_options_init(fetch_options_t *opts);
+
+/* Changes the limits at run time (SIGHUP). */
+void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,
+                      uint32_t retry_base_ms);
+
+/*
+ * Fills the S3 credentials from the environment (AWS_ACCESS_KEY_ID,
+ * AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), then, for what is still missing,
+ * from profile (NULL: $AWS_PROFILE or "default") in ~/.aws/credentials (or
+ * $AWS_SHARED_CREDENTIALS_FILE).  Keys already set (from the daemon's
+ * config) win.  The strings are malloc'd into *owned (free with free()).
+ */
+void fetch_load_credentials(fetch_options_t *opts, const char *profile, char **owned, int max_owned);
+
+/* Creates the fetcher on loop.  Returns 0 or LARDER_ENOMEM / LARDER_EIO. */
+int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out);
+/* Cancels everything (callbacks run with LARDER_ESHUTDOWN) and frees the
+ * fetcher once its handles are closed; done(arg) is called then. */
+void fetch_destroy(fetch_t *f, void (*done)(void *arg), void *arg);
+
+/* What a finished request hands back. */
+typedef struct fetch_result {
+  int status;             /* 0 or a negative code */
+  const char *message;    /* the error, when status < 0 */
+  uint8_t *data;          /* the bytes (owned by the request) */
+  uint64_t length;
+  uint64_t object_size;   /* from Content-Range or Content-Length */
+  char etag[128];
+  char last_modified[64];
+  int whole_object;       /* the server ignored Range */
+  uint64_t fetch_ns;      /* time from start to completion, retries included */
+  int attempts;
+} fetch_result_t;
+
+typedef void (*fetch_cb)(fetch_req_t *req, const fetch_result_t *res, void *arg);
+
+/* A byte range; suffix > 0 asks for the last `suffix` bytes instead. */
+typedef struct fetch_range {
+  uint64_t offset, length;
+  uint64_t suffix;
+} fetch_range_t;
+
+/*
+ * Queues a GET of range (NULL: the whole object) of url (http://, https://
+ * or s3://).  cb runs once, on the loop thread, with the result; the
+ * request and its data live until fetch_req_free.  Returns the request or
+ * NULL when out of memory.
+ */
+fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, fetch_cb cb,
+                       void *arg);
+
+/* Detaches the callback of a request that is no longer wanted (it still
+ * completes, or is dropped from the queue) and frees it once it is done. */
+void fetch_cancel(fetch_req_t *req);
+/* Frees a finished request and its data. */
+void fetch_req_free(fetch_req_t *req);
+/* Takes the data out of a finished request (the caller frees it). */
+uint8_t *fetch_req_steal(fetch_req_t *req, uint64_t *length);
+
+/* ------------------------------------------------------------------------ */
+/* S3 listing                                                                */
+
+typedef struct fetch_object {
+  char *url;      /* s3://bucket/key */
+  uint64_t size;
+  char etag[128];
+} fetch_object_t;
+
+typedef void (*fetch_list_cb)(int status, const char *message, fetch_object_t *objects,
+                              size_t count, void *arg);
+
+/*
+ * Lists s3://bucket/prefix with ListObjectsV2, following continuation
+ * tokens, keeping keys that match pattern (fnmatch; NULL = all).  cb gets
+ * the objects sorted by URL (the caller frees each url and the array).
+ */
+int fetch_list(fetch_t *f, const char *s3_prefix, const char *pattern, fetch_list_cb cb,
+               void *arg);
+
+/* Writes url without credentials or query secrets into buf. */
+void fetch_redact(const char *url, char *buf, size_t size);
+
+#endif /* LARDER_FETCH_H */
