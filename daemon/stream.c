@@ -31,6 +31,7 @@ typedef struct pbatch {
   shuffle_sample_t *samples;
   unit_t **sample_unit;     /* per sample */
   unit_t **units;           /* distinct, each holding one reference */
+  uint32_t *unit_index;     /* their indices in the stream's dataset */
   int num_units;
   int state;
   int error;
@@ -86,6 +87,8 @@ struct stream {
   unit_t **pinned;          /* by unit index: a pinned unit, or NULL */
   uint64_t *stamp;          /* by unit index: the last batch that saw it */
   unit_t **lookup;          /* by unit index: scratch for planning */
+  uint64_t *counted;        /* by unit index: epoch + 1 its stage times were
+                               added to this stream's stats */
 
   arena_t *arena;
   uint32_t window, prefetch;
@@ -98,6 +101,8 @@ struct stream {
 
   stats_stream_t st;
   uint64_t opened_ns;
+  int validating;           /* revalidation requests outstanding */
+  uint64_t validated_ns;    /* last revalidation */
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
@@ -126,6 +131,7 @@ static void pbatch_free(stream_t *s, pbatch_t *b) {
     units_release(s->srv, b->units[i]);
   }
   free(b->units);
+  free(b->unit_index);
   free(b->sample_unit);
   free(b->samples);
   free(b->nodes);
@@ -173,6 +179,7 @@ static void stream_destroy(stream_t *s) {
   free(s->pinned);
   free(s->stamp);
   free(s->lookup);
+  free(s->counted);
   free(s->sent);
   shuffle_epoch_close(s->plan_ep);
   shuffle_epoch_close(s->pin_ep);
@@ -283,6 +290,73 @@ static void advance_pins(stream_t *s) {
 /* Planning                                                                  */
 
 
+/* ------------------------------------------------------------------------ */
+/* Revalidation of remote objects at epoch starts                            */
+
+typedef struct reval {
+  stream_t *s;
+  uint32_t file;
+} reval_t;
+
+static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *arg) {
+  reval_t *rv = arg;
+  stream_t *s = rv->s;
+  dataset_file_t *f = &s->ds->files[rv->file];
+  s->validating--;
+  s->tasks--;
+  int changed = res->status == 0 &&
+                ((res->object_size && res->object_size != f->size) ||
+                 (res->etag[0] && f->etag[0] && strcmp(res->etag, f->etag) != 0));
+  if (changed && s->srv->store) {
+    /* Its cached units are of the old version: drop them all. */
+    uint64_t n = 0, bytes = 0;
+    store_evict(s->srv->store, NULL, f->object_id, 0, &n, &bytes);
+  }
+  fetch_req_free(req);
+  free(rv);
+  if (s->closed) {
+    stream_maybe_free(s);
+    return;
+  }
+  if (changed) {
+    char where[400];
+    fetch_redact(f->path, where, sizeof(where));
+    stream_fail(s, LARDER_EIO,
+                "%s changed since the stream opened (size %llu, ETag %s; now %llu, %s): its "
+                "cached data was dropped; reopen the stream to read the new version",
+                where, (unsigned long long)f->size, f->etag, (unsigned long long)res->object_size,
+                res->etag);
+    return;
+  }
+  if (s->validating == 0) stream_pump(s);
+}
+
+/* At the start of an epoch, and at most every `revalidate` seconds, checks
+ * that no remote object changed (size and ETag of its tail); planning of
+ * the epoch waits for the answers, so a changed object is never served. */
+static void start_revalidation(stream_t *s) {
+  server_t *srv = s->srv;
+  if (srv->cfg.revalidate == 0 || srv->fetch == NULL) return;
+  uint64_t now = util_now_ns();
+  if (now - s->validated_ns < srv->cfg.revalidate * 1000000000ull) return;
+  s->validated_ns = now;
+  for (uint32_t i = 0; i < s->ds->num_files; i++) {
+    if (!s->ds->files[i].remote) continue;
+    reval_t *rv = malloc(sizeof(*rv));
+    if (rv == NULL) continue;
+    rv->s = s;
+    rv->file = i;
+    fetch_range_t r = {0, 0, 8};
+    s->validating++;
+    s->tasks++;
+    if (fetch_get(srv->fetch, s->ds->files[i].path, &r, on_revalidated, rv) == NULL) {
+      s->validating--;
+      s->tasks--;
+      free(rv);
+    }
+  }
+}
+
 static int plan_one(stream_t *s) {
   if (s->plan_ep == NULL) {
     if (shuffle_epoch_open(s->plan, s->plan_epoch, &s->plan_ep) != 0) return LARDER_ENOMEM;
@@ -313,14 +387,16 @@ static int plan_one(stream_t *s) {
     }
   }
   b->units = calloc((size_t)nd, sizeof(unit_t *));
+  b->unit_index = malloc((size_t)(nd ? nd : 1) * sizeof(uint32_t));
   rc = LARDER_ENOMEM;
-  if (b->units == NULL) goto fail;
+  if (b->units == NULL || b->unit_index == NULL) goto fail;
   for (int i = 0; i < nd; i++) {
     unit_t *u = s->pinned[idx[i]];
     if (u != NULL) u->refs++;
     else u = units_acquire(s->srv, s->ds, idx[i]);
     if (u == NULL) goto fail;
     b->units[i] = u;
+    b->unit_index[i] = idx[i];
     b->num_units++;
     s->lookup[idx[i]] = u;
   }
@@ -338,6 +414,7 @@ static int plan_one(stream_t *s) {
     shuffle_epoch_close(s->plan_ep);
     s->plan_ep = NULL;
     if (s->epochs && s->plan_epoch >= s->epochs) s->exhausted = 1;
+    else start_revalidation(s);
   }
   return 0;
 fail:
@@ -490,7 +567,24 @@ static void assemble_done(uv_work_t *w, int status) {
   stream_pump(s);
 }
 
+/* Adds the stage times of the batch's units to the stream's stats, once per
+ * unit and epoch: what this stream's data cost to fetch, decode or read. */
+static void count_stages(stream_t *s, const pbatch_t *b) {
+  for (int i = 0; i < b->num_units; i++) {
+    const unit_t *u = b->units[i];
+    uint32_t idx = b->unit_index[i];
+    if (idx >= s->ds->num_units || s->counted[idx] == b->epoch + 1) continue;
+    s->counted[idx] = b->epoch + 1;
+    STATS_ADD(&s->st, fetch_ns, u->fetch_ns);
+    STATS_ADD(&s->st, decode_ns, u->decode_ns);
+    STATS_ADD(&s->st, cache_read_ns, u->cache_read_ns);
+    if (u->from_cache) STATS_ADD(&s->st, cache_hit_bytes, u->bytes);
+    else STATS_ADD(&s->st, cache_miss_bytes, u->bytes);
+  }
+}
+
 static int start_assembly(stream_t *s, pbatch_t *b) {
+  count_stages(s, b);
   if (b->nodes == NULL) {
     b->nodes = calloc((size_t)s->num_nodes, sizeof(layout_node_t));
     if (b->nodes == NULL) return LARDER_ENOMEM;
@@ -586,7 +680,7 @@ static void stream_pump(stream_t *s) {
 again:
   if (s->closed || s->srv->shutting_down) return;
   advance_pins(s);
-  while (!s->exhausted && s->q_len < (int)s->prefetch) {
+  while (!s->exhausted && s->validating == 0 && s->q_len < (int)s->prefetch) {
     int rc = plan_one(s);
     if (rc) {
       stream_fail(s, rc, "cannot plan the next batch: %s", larder_strerror(rc));
@@ -795,6 +889,7 @@ static void open_done(uv_work_t *w, int status) {
   s->id = ++c->next_stream_id;
   s->request_id = o->request_id;
   s->opened_ns = util_now_ns();
+  s->validated_ns = s->opened_ns;
   STATS_ADD(&srv->stats, streams, 1);
   s->params.seed = p->seed;
   s->params.shuffle = p->shuffle;
@@ -816,7 +911,8 @@ static void open_done(uv_work_t *w, int status) {
   s->pinned = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
   s->stamp = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
   s->lookup = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
-  int rc = rows && s->pinned && s->stamp && s->lookup ? 0 : LARDER_ENOMEM;
+  s->counted = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
+  int rc = rows && s->pinned && s->stamp && s->lookup && s->counted ? 0 : LARDER_ENOMEM;
   if (rc == 0) {
     for (uint32_t i = 0; i < s->ds->num_units; i++) rows[i] = s->ds->units[i].rows;
     rc = shuffle_plan_create(rows, s->ds->num_units, &s->params, &s->plan);
