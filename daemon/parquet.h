@@ -85,6 +85,12 @@ typedef struct pq_source {
    */
   const uint8_t *(*map)(const struct pq_source *src, uint64_t off,
                         size_t len);
+  /*
+   * Optional.  Says that [off, off + len) will be read soon: a mapped file
+   * fills its page tables for the range in one call, instead of taking a
+   * page fault for every 4 KiB the decoder touches.
+   */
+  void (*will_read)(const struct pq_source *src, uint64_t off, uint64_t len);
   void *ctx;     /* the callbacks' own state */
   intptr_t fd;   /* file sources: the descriptor */
   /* Set when map() returns memory that can fault (a mapped file that may be

@@ -44,6 +44,7 @@ struct pq_leaf {
 
   /* The chunk's bytes. */
   uint64_t pos, end;
+  uint64_t advised;  /* how far will_read was called */
   pq_buf_t io;
   uint64_t io_off;
   pq_buf_t page;
@@ -150,6 +151,7 @@ int pq_leaf_open(const struct pq_file *file, const pq_source *src,
   L->max_rep = (uint16_t)L->node->rep_level;
   L->pos = L->cc->range_offset;
   L->end = L->cc->range_offset + L->cc->range_length;
+  L->advised = 0;
   if (L->end > src->size) {
     int rc = leaf_fail(L, err, LARDER_ECORRUPT,
                        "chunk ends at byte %llu, past the object's %llu bytes",
@@ -168,6 +170,7 @@ int pq_leaf_reset(pq_leaf *L, int rg, pq_error *err) {
   L->cc = &L->file->meta.row_groups[rg].columns[leaf_index];
   L->pos = L->cc->range_offset;
   L->end = L->cc->range_offset + L->cc->range_length;
+  L->advised = 0;
   L->io.len = 0;
   L->io_off = 0;
   L->charged = 0;
@@ -229,6 +232,15 @@ static const uint8_t *chunk_bytes(pq_leaf *L, uint64_t off, size_t len,
     return NULL;
   }
   if (L->src->map) {
+    if (L->src->will_read && off + len > L->advised) {
+      /* Populate a few MiB ahead at a time: one system call instead of a
+       * page fault per page, without committing to the whole chunk. */
+      uint64_t from = off > L->advised ? off : L->advised;
+      uint64_t to = off + len + (4u << 20);
+      if (to > L->end) to = L->end;
+      if (to > from) L->src->will_read(L->src, from, to - from);
+      L->advised = to;
+    }
     const uint8_t *p = L->src->map(L->src, off, len);
     if (p) return p;
   }

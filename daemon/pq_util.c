@@ -175,6 +175,20 @@ static const uint8_t *file_map(const pq_source *src, uint64_t off, size_t len) {
   return (const uint8_t *)src->ctx + off;
 }
 
+static void file_will_read(const pq_source *src, uint64_t off, uint64_t len) {
+  if (src->ctx == NULL || off >= src->size) return;
+  if (len > src->size - off) len = src->size - off;
+  long page = sysconf(_SC_PAGESIZE);
+  uint64_t start = off & ~(uint64_t)(page - 1);
+  uint8_t *base = (uint8_t *)src->ctx + start;
+  size_t n = (size_t)(off + len - start);
+#ifdef MADV_POPULATE_READ
+  /* Older kernels (before 5.14) reject it; read-ahead is the fallback. */
+  if (madvise(base, n, MADV_POPULATE_READ) == 0) return;
+#endif
+  madvise(base, n, MADV_WILLNEED);
+}
+
 int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
   memset(src, 0, sizeof(*src));
   src->fd = -1;
@@ -198,6 +212,7 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
     if (base != MAP_FAILED) {
       src->ctx = base;
       src->map = file_map;
+      src->will_read = file_will_read;
       src->may_fault = 1;
     }
   }
@@ -211,6 +226,7 @@ void pq_source_close_file(pq_source *src) {
   }
   src->ctx = NULL;
   src->map = NULL;
+  src->will_read = NULL;
   src->fd = -1;
   src->read = NULL;
 }
