@@ -303,9 +303,16 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   f.msg_case = LARDER__FRAME__MSG_HELLO;
   f.hello = &hello;
   int rc = send_frame(c, &f);
-  Larder__Frame *r = rc ? NULL : wait_reply(c, 0, 10000, &rc);
+  /* Bug fix (tests: daemon_reload_keeps_flags, flaky): a daemon refusing
+   * the connection (max_clients, shutting down) writes its Error and
+   * closes at once, sometimes before the Hello goes out; the Hello's send
+   * then failed and connect returned ECLOSED without reading the Error that
+   * said why.  Read what the daemon sent either way. */
+  int send_rc = rc;
+  Larder__Frame *r = wait_reply(c, 0, send_rc ? 2000 : 10000, &rc);
   if (r == NULL) {
     larder_client_close(c);
+    if (send_rc && (rc == 0 || rc == LARDER_ETIMEDOUT)) return send_rc;
     return rc ? rc : LARDER_EPROTO;
   }
   if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
@@ -522,7 +529,12 @@ void larder_stream_close(larder_stream_t *s) {
   larder_stream_t **pp = &c->streams;
   while (*pp && *pp != s) pp = &(*pp)->next;
   if (*pp) *pp = s->next;
-  if (!c->broken && !s->ended && !s->error) {
+  /* Bug fix (tests: daemon_many_streams, daemon_reload_keeps_flags): a
+   * stream read to its end was never closed on the daemon's side, which
+   * keeps it (and its arena) until told, so a client opening a stream per
+   * epoch on one connection ran into max_streams_per_client.  Only a
+   * stream the daemon ended with an error is gone there already. */
+  if (!c->broken && !s->error) {
     Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
     cs.stream_id = s->id;
     Larder__Frame f = LARDER__FRAME__INIT;
@@ -586,7 +598,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     pthread_mutex_unlock(&s->lock);
   }
   uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
-  int rc = 0;
+  int rc = 0, polled = 0;
   for (;;) {
     if (s->q_head) {
       queued_t *q = s->q_head;
@@ -668,6 +680,20 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     }
     uint64_t now = now_ns();
     if (now >= deadline) {
+      /* Bug fix (tests: daemon_client_patterns): with a zero timeout this
+       * returned before reading the socket at all, so the documented event
+       * loop (wait on larder_stream_fd, then call with a zero timeout) never
+       * got a batch and spun on a readable descriptor.  Read what is there
+       * once, without waiting, before giving up. */
+      if (!polled) {
+        polled = 1;
+        int r = pump(c, 0);
+        if (r && r != LARDER_ETIMEDOUT) {
+          rc = s->error ? s->error : r;
+          break;
+        }
+        continue;
+      }
       rc = LARDER_ETIMEDOUT;
       break;
     }

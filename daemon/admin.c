@@ -77,7 +77,7 @@ static void stats_json(server_t *srv, sbuf *b) {
   }
   /* Per stream: what it delivered and the stall its trainer reported
    * (wait_ns: blocked in larder_stream_next; compute_ns: between calls). */
-  sb_printf(b, ",\"streams\":[");
+  sb_printf(b, ",\"per_stream\":[");
   int first = 1;
   for (conn_t *c = srv->conns; c; c = c->next) {
     for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {

@@ -17,10 +17,18 @@
 #define F_SEAL_FUTURE_WRITE 0x0010
 #endif
 
+/*
+ * Bug fix (tests: daemon_arena_small, daemon_robust_chaos): the arena was a
+ * ring that reclaimed space only in allocation order, so a client keeping
+ * one old batch (well within its window) blocked the reuse of everything
+ * allocated after it: once the ring came round to that batch, the stream
+ * stalled for good.  Live regions are now kept sorted by offset and a new
+ * batch goes into the first free gap that fits, searching from where the
+ * last allocation ended (next fit, so the arena is still used round-robin
+ * when batches come back in order).
+ */
 typedef struct region {
-  uint64_t offset, end; /* end includes any gap skipped before a wrap */
-  uint64_t len;
-  int released;
+  uint64_t offset, len;
 } region;
 
 struct arena {
@@ -28,9 +36,9 @@ struct arena {
   uint8_t *base;
   uint64_t size;
   pthread_mutex_t lock;
-  region *ring; /* live regions in allocation order */
-  size_t cap, head, count;
-  uint64_t tail; /* where the next allocation goes */
+  region *regs; /* live regions, sorted by offset */
+  size_t cap, count;
+  uint64_t next; /* where the last allocation ended */
   uint64_t used;
 };
 
@@ -69,7 +77,7 @@ void arena_destroy(arena_t *a) {
   munmap(a->base, a->size);
   close(a->fd);
   pthread_mutex_destroy(&a->lock);
-  free(a->ring);
+  free(a->regs);
   free(a);
 }
 
@@ -84,55 +92,46 @@ uint64_t arena_used(arena_t *a) {
   return u;
 }
 
-static region *ring_at(arena_t *a, size_t i) { return &a->ring[(a->head + i) % a->cap]; }
+/* Gap g lies between regions g - 1 and g (gap 0 before the first, gap
+ * count after the last). */
+static uint64_t gap_start(const arena_t *a, size_t g) { return g ? a->regs[g - 1].offset + a->regs[g - 1].len : 0; }
+static uint64_t gap_end(const arena_t *a, size_t g) { return g < a->count ? a->regs[g].offset : a->size; }
 
 int64_t arena_alloc(arena_t *a, uint64_t len) {
   len = (len + LAYOUT_ALIGN - 1) & ~(uint64_t)(LAYOUT_ALIGN - 1);
   if (len == 0) len = LAYOUT_ALIGN;
   if (len > a->size) return LARDER_ELIMIT;
   pthread_mutex_lock(&a->lock);
-  int64_t rc = LARDER_EAGAIN;
   if (a->count == a->cap) {
     size_t cap = a->cap ? a->cap * 2 : 16;
-    region *r = malloc(cap * sizeof(*r));
+    region *r = realloc(a->regs, cap * sizeof(*r));
     if (r == NULL) {
       pthread_mutex_unlock(&a->lock);
       return LARDER_ENOMEM;
     }
-    for (size_t i = 0; i < a->count; i++) r[i] = *ring_at(a, i);
-    free(a->ring);
-    a->ring = r;
+    a->regs = r;
     a->cap = cap;
-    a->head = 0;
   }
-  uint64_t start;
-  if (a->count == 0) {
-    a->tail = 0;
-    start = 0;
-  } else {
-    uint64_t head_off = ring_at(a, 0)->offset;
-    if (a->tail > head_off) {
-      /* Free space: [tail, size) and then [0, head_off). */
-      if (a->size - a->tail >= len) start = a->tail;
-      else if (head_off >= len) {
-        /* Wrap: the skipped end joins the last region. */
-        ring_at(a, a->count - 1)->end = a->size;
-        start = 0;
-      } else goto out;
-    } else {
-      if (head_off - a->tail >= len) start = a->tail;
-      else goto out;
-    }
+  if (a->count == 0) a->next = 0;
+  /* The gap that holds a->next, then the following ones, wrapping round
+   * to the start of that gap last. */
+  size_t n = a->count, p = 0;
+  while (p < n && a->regs[p].offset < a->next) p++;
+  int64_t rc = LARDER_EAGAIN;
+  for (size_t i = 0; i <= n + 1; i++) {
+    size_t g = (p + i) % (n + 1);
+    uint64_t start = gap_start(a, g), end = gap_end(a, g);
+    if (i == 0 && a->next > start) start = a->next;
+    if (end < start || end - start < len) continue;
+    memmove(&a->regs[g + 1], &a->regs[g], (n - g) * sizeof(region));
+    a->regs[g].offset = start;
+    a->regs[g].len = len;
+    a->count++;
+    a->next = start + len;
+    a->used += len;
+    rc = (int64_t)start;
+    break;
   }
-  region *r = ring_at(a, a->count++);
-  r->offset = start;
-  r->end = start + len;
-  r->len = len;
-  r->released = 0;
-  a->tail = start + len;
-  a->used += len;
-  rc = (int64_t)start;
-out:
   pthread_mutex_unlock(&a->lock);
   return rc;
 }
@@ -140,22 +139,17 @@ out:
 int arena_release(arena_t *a, uint64_t offset) {
   pthread_mutex_lock(&a->lock);
   int rc = LARDER_EINVAL;
-  for (size_t i = 0; i < a->count; i++) {
-    region *r = ring_at(a, i);
-    if (r->offset == offset && !r->released) {
-      r->released = 1;
-      rc = 0;
-      break;
-    }
+  size_t lo = 0, hi = a->count;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (a->regs[mid].offset < offset) lo = mid + 1;
+    else hi = mid;
   }
-  while (a->count > 0 && ring_at(a, 0)->released) {
-    a->used -= ring_at(a, 0)->len;
-    a->head = (a->head + 1) % a->cap;
+  if (lo < a->count && a->regs[lo].offset == offset) {
+    a->used -= a->regs[lo].len;
+    memmove(&a->regs[lo], &a->regs[lo + 1], (a->count - lo - 1) * sizeof(region));
     a->count--;
-  }
-  if (a->count == 0) {
-    a->used = 0;
-    a->tail = 0;
+    rc = 0;
   }
   pthread_mutex_unlock(&a->lock);
   return rc;

@@ -75,9 +75,16 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
   conn_close(c);
 }
 
-/* Closes after the queued writes (an Error frame, say) have gone out. */
+/* Closes after the queued writes (an Error frame, say) have gone out.
+ * Bug fix (tests: daemon_robust_forbidden_message): the connection now
+ * drains.  Frames the client sent after the fatal one (in the same read)
+ * used to be dispatched still, opening streams and answering a Hello on a
+ * connection already rejected; and a frame queued after uv_shutdown failed
+ * with EPIPE, which closed the connection at once and dropped the Error
+ * frame still in the write queue. */
 void conn_shutdown(conn_t *c) {
-  if (c->closing) return;
+  if (c->closing || c->draining) return;
+  c->draining = 1;
   while (c->streams) stream_close(c->streams);
   uv_read_stop((uv_stream_t *)&c->pipe);
   uv_shutdown_t *req = malloc(sizeof(*req));
@@ -181,7 +188,7 @@ static void flush_pending(conn_t *c) {
 }
 
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
-  if (c->closing) return LARDER_ECLOSED;
+  if (c->closing || c->draining) return LARDER_ECLOSED;
   size_t len;
   uint8_t *buf = wire_encode(frame, &len);
   if (buf == NULL) {
@@ -240,6 +247,7 @@ static void protocol_error(conn_t *c, int code, const char *what) {
 void admin_handle(conn_t *c, const Larder__AdminRequest *req);
 
 static void dispatch(conn_t *c, Larder__Frame *f) {
+  if (c->draining) return;
   if (!c->hello_done) {
     if (f->msg_case != LARDER__FRAME__MSG_HELLO) {
       protocol_error(c, LARDER_EPROTO, "protocol error: the first message must be Hello");
@@ -321,7 +329,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   c->rlen += (size_t)nread;
   size_t off = 0;
-  while (!c->closing) {
+  while (!c->closing && !c->draining) {
     int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
     if (n < 0) {
       protocol_error(c, LARDER_EPROTO, "protocol error: frame longer than max_frame");

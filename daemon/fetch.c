@@ -1115,7 +1115,7 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     if (o->url == NULL) break;
     snprintf(o->url, ul, "s3://%s/%s", lc->bucket, key);
     o->size = strtoull(size, NULL, 10);
-    snprintf(o->etag, sizeof(o->etag), "%s", etag);
+    snprintf(o->etag, sizeof(o->etag), "%.127s", etag);
     lc->n++;
   }
   const char *q = (const char *)res->data;

@@ -117,6 +117,7 @@ static void finish_shutdown(server_t *srv) {
 static void begin_shutdown(server_t *srv, const char *why) {
   if (srv->shutting_down) return;
   srv->shutting_down = 1;
+  srv->shutdown_ns = util_now_ns();
   log_notice("%s: shutting down", why);
   sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
   if (srv->listening) {
@@ -135,6 +136,47 @@ static void begin_shutdown(server_t *srv, const char *why) {
   uv_timer_start(&srv->tick, on_tick, 10, 10);
 }
 
+/*
+ * Bug fix (tests: daemon_reload_keeps_flags): a reload rebuilt the
+ * configuration from the defaults and the file alone, so every setting
+ * given as a command-line flag reverted (a --memory_limit=1G became 8G
+ * again) and flags of restart-only keys (--socket, --cache_dir) were
+ * reported as changed.  The flags are applied again on top of the file,
+ * as main.c does at startup; they are read back from /proc/self/cmdline.
+ */
+static void reapply_flags(config_t *next) {
+  FILE *f = fopen("/proc/self/cmdline", "r");
+  if (f == NULL) return;
+  char buf[65536];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *argv[512];
+  int argc = 0;
+  for (size_t i = 0; i < n && argc < 512; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--config") == 0) {
+      i++;
+      continue;
+    }
+    if (strncmp(a, "--config=", 9) == 0 || strncmp(a, "--", 2) != 0) continue;
+    const char *eq = strchr(a, '=');
+    char key[128], err[512];
+    const char *value;
+    if (eq) {
+      snprintf(key, sizeof(key), "%.*s", (int)(eq - a - 2), a + 2);
+      value = eq + 1;
+    } else if (i + 1 < argc) {
+      snprintf(key, sizeof(key), "%s", a + 2);
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    if (config_set(next, key, value, err, sizeof(err)) != 0) log_warn("reload: %s", err);
+  }
+}
+
 static void reload(server_t *srv) {
   config_t next;
   char err[512];
@@ -146,6 +188,7 @@ static void reload(server_t *srv) {
       return;
     }
   }
+  reapply_flags(&next);
   char restart[512];
   config_apply_live(&srv->cfg, &next, restart, sizeof(restart));
   config_free(&next);
@@ -166,9 +209,24 @@ static void on_signal(uv_signal_t *h, int signum) {
   else begin_shutdown(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
+/* Bug fix (tests: daemon_robust_sigterm_streams): a connection closes
+ * on shutdown once its queued frames are written, and a client that never
+ * reads never lets them be written, so one such client kept the daemon
+ * from ever exiting.  After this grace period the remaining connections
+ * are closed without flushing. */
+#define SHUTDOWN_GRACE_NS (5ull * 1000000000ull)
+
 static void on_tick(uv_timer_t *t) {
   server_t *srv = t->data;
   if (srv->shutting_down) {
+    if (srv->conns && util_now_ns() - srv->shutdown_ns > SHUTDOWN_GRACE_NS) {
+      for (conn_t *c = srv->conns; c; c = c->next)
+        if (!c->closing) {
+          log_notice("client pid %d did not read its last frames; closing its connection",
+                     (int)c->pid);
+          conn_close(c);
+        }
+    }
     if (srv->tasks_in_flight == 0 && srv->conns == NULL) finish_shutdown(srv);
     return;
   }

@@ -133,6 +133,7 @@ struct conn {
   gid_t gid;
   int hello_done;
   int closing;
+  int draining;           /* conn_shutdown: nothing more is read or sent */
   char name[64];
   uint8_t *rbuf;
   size_t rlen, rcap;
@@ -175,6 +176,7 @@ struct server {
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t tick;
   int shutting_down;
+  uint64_t shutdown_ns;   /* when SIGTERM came (server.c's grace period) */
   int listening;
 
   conn_t *conns;

@@ -738,16 +738,17 @@ again:
     pbatch_free(s, b);
     if (s->closed) return;
   }
-  if (noroom != NULL && s->num_sent == 0) {
+  if (noroom != NULL) {
     /* Bug fix (tests: daemon_arena_small): batches are assembled out of
      * order, so later batches may fill the arena before an earlier one
-     * gets its room.  They cannot be sent before it, and with nothing held
-     * by the client no release will ever come: a deadlock (formerly a
-     * livelock of retries).  Once no assembly is in flight, give their
-     * room back and assemble them again after it. */
-    int busy = 0;
+     * gets its room.  They cannot be sent before it, and the client, which
+     * may keep what it holds, need not release anything: a deadlock
+     * (formerly a livelock of retries).  Once no assembly is in flight,
+     * give their room back and assemble them again after it. */
+    int busy = 0, later = 0;
     for (pbatch_t *b = s->q_head; b; b = b->next) busy |= b->state == PB_ASSEMBLING;
-    if (!busy) {
+    for (pbatch_t *b = noroom->next; b; b = b->next) later |= b->state == PB_READY;
+    if (!busy && later) {
       for (pbatch_t *b = noroom->next; b; b = b->next) {
         if (b->state != PB_READY) continue;
         arena_release(s->arena, (uint64_t)b->arena_off);
@@ -850,7 +851,7 @@ static void field_proto_free(Larder__Field *p) {
 
 static conn_t *find_conn(server_t *srv, uint64_t id) {
   for (conn_t *c = srv->conns; c; c = c->next)
-    if (c->id == id && !c->closing) return c;
+    if (c->id == id && !c->closing && !c->draining) return c;
   return NULL;
 }
 

@@ -3,3 +3,4 @@
 #include "test-list-parquet.h"
 #include "test-list-shuffle.h"
 #include "test-list-store.h"
+#include "test-list-daemon.h"

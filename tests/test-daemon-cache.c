@@ -1,0 +1,449 @@
+/*
+ * test-daemon-cache.c: the decoded-data cache, end to end: the hit ratio a
+ * cache of half the dataset keeps, warm restarts, kill -9 while the cache
+ * fills, column entries shared between projections, and changed files.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon-harness.h"
+
+#define ARENA (8u << 20)
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static const char *std_source[1];
+static char std_dir[1024];
+
+static void std_setup(void) {
+  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
+  std_source[0] = std_dir;
+}
+
+static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
+  dh_opts(o, std_source, batch_size, 99, epochs);
+  o->unit_rows = DH_STD_UNIT_ROWS;
+  o->shuffle_window = 8;
+  o->arena_bytes = ARENA;
+}
+
+/*
+ * Hit-ratio floor: with cache_capacity f = 1/2 of the dataset's decoded
+ * bytes (and a memory pool too small to hide the cache), every epoch after
+ * the first serves at least 0.95 f of its bytes from the cache.
+ */
+TEST_IMPL(daemon_cache_hit_ratio) {
+  std_setup();
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  /* The dataset's decoded bytes: what a cache that admits everything holds
+   * after one epoch. */
+  dh_daemon big;
+  static const char *const fb[] = {"--memory_limit=1", NULL};
+  dh_init(&big, "big", fb);
+  dh_start(&big);
+  dh_run r0 = {0};
+  ASSERT_OK(dh_collect(big.socket, &o, 0, &r0));
+  char *json = dh_admin(&big, "stats");
+  uint64_t total = dh_json_u64(json, "cache.used_bytes");
+  uint64_t entries = dh_json_u64(json, "cache.entries");
+  ASSERT_EQ(entries, DH_STD_UNITS * DH_NUM_COLS);
+  free(json);
+  dh_stop(&big);
+  ASSERT_GT(total, 0);
+
+  dh_daemon d;
+  char cap[64];
+  snprintf(cap, sizeof(cap), "--cache_capacity=%llu", (unsigned long long)(total / 2));
+  const char *const fl[] = {"--memory_limit=1", cap, NULL};
+  dh_init(&d, "half", fl);
+  dh_start(&d);
+  const double f = 0.5;
+  uint64_t prev_hit = 0, prev_miss = 0;
+  for (uint64_t e = 0; e < 4; e++) {
+    larder_stream_options_t eo = o;
+    eo.start_epoch = e;
+    eo.epochs = e + 1;
+    dh_run r = {0};
+    ASSERT_OK(dh_collect(d.socket, &eo, 0, &r));
+    ASSERT_EQ(r.n, r0.n);
+    if (e == 0) dh_expect_same(&r0, &r);
+    dh_run_free(&r);
+    json = dh_admin(&d, "stats");
+    uint64_t hit = dh_json_u64(json, "cache_hit_bytes");
+    uint64_t miss = dh_json_u64(json, "cache_miss_bytes");
+    uint64_t used = dh_json_u64(json, "cache.used_bytes");
+    uint64_t capacity = dh_json_u64(json, "cache.capacity_bytes");
+    free(json);
+    double ratio = (double)(hit - prev_hit) / (double)((hit - prev_hit) + (miss - prev_miss));
+    fprintf(stderr, "epoch %" PRIu64 ": hit %.3f of %" PRIu64 " bytes (cache %" PRIu64 " / %" PRIu64
+            ")\n",
+            e, ratio, (hit - prev_hit) + (miss - prev_miss), used, capacity);
+    /* The cache never holds more than its capacity plus one unit. */
+    ASSERT_LE(used, capacity + total / DH_STD_UNITS * 2);
+    if (e > 0) ASSERT_DOUBLE_GE(ratio, 0.95 * f);
+    prev_hit = hit;
+    prev_miss = miss;
+  }
+  dh_run_free(&r0);
+  dh_stop(&d);
+  return 0;
+}
+
+/* The second run of a job after a restart starts warm: nothing decoded,
+ * the same bytes. */
+TEST_IMPL(daemon_cache_restart_warm) {
+  std_setup();
+  larder_stream_options_t o;
+  std_opts(&o, 100, 2);
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  dh_run a = {0}, b = {0};
+  a.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &a));
+  ASSERT_GT(dh_stat(&d, "units_decoded"), 0);
+  dh_stop(&d);
+  dh_start(&d);
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &b));
+  dh_expect_same(&a, &b);
+  char *json = dh_admin(&d, "stats");
+  ASSERT_EQ(dh_json_u64(json, "units_decoded"), 0);
+  ASSERT_GE(dh_json_u64(json, "units_from_cache"), DH_STD_UNITS);
+  ASSERT_EQ(dh_json_u64(json, "cache.checksum_failures"), 0);
+  free(json);
+  dh_stop(&d);
+  dh_run_free(&a);
+  dh_run_free(&b);
+  return 0;
+}
+
+/* A client streaming job `o` until the daemon dies, checking each batch
+ * against the clean run. */
+typedef struct kill_reader {
+  pthread_t th;
+  const char *socket;
+  larder_stream_options_t o;
+  const dh_run *clean;
+  volatile int got;
+  int bad;
+} kill_reader;
+
+static void *kill_reader_main(void *p) {
+  kill_reader *k = p;
+  larder_client_t *c;
+  if (larder_client_connect(k->socket, &c)) return NULL;
+  larder_stream_t *s;
+  if (larder_stream_open(c, &k->o, &s) == 0) {
+    larder_batch_t *b;
+    while (larder_stream_next(s, 60000 * dh_slow(), &b) == 0) {
+      /* Batches that arrive are whole and right, even as the daemon dies. */
+      if ((size_t)k->got >= k->clean->n || dh_batch_hash(b) != k->clean->b[k->got].hash) k->bad = 1;
+      k->got++;
+      larder_batch_release(b);
+    }
+    larder_stream_close(s);
+  }
+  larder_client_close(c);
+  return NULL;
+}
+
+/*
+ * kill -9 while the cache fills: the daemon is killed mid-epoch at several
+ * moments (right after the opens, a few milliseconds later, after some
+ * batches), with two clients streaming (two jobs: all columns, and two
+ * columns with another seed), and restarted on the same cache each time.
+ * Every restart serves byte-identical batches; at the end, every batch is
+ * identical to a clean run, the cache fills and serves the rest, and any
+ * entry found damaged was dropped, never served.
+ */
+TEST_IMPL(daemon_cache_kill9) {
+  char dir[1024];
+  ASSERT_EQ(dh_mid_dataset(dir, sizeof(dir)), DH_MID_ROWS);
+  const char *src[1] = {dir};
+  static const char *const cols[] = {"name", "id"};
+  larder_stream_options_t o[2];
+  for (int j = 0; j < 2; j++) {
+    dh_opts(&o[j], src, 200, 3 + (uint64_t)j, 1);
+    o[j].unit_rows = 512;
+    o[j].shuffle_window = 5;
+    o[j].arena_bytes = 8u << 20;
+  }
+  o[1].columns = cols;
+  o[1].num_columns = 2;
+  dh_run clean[2] = {{0}, {0}};
+  {
+    dh_daemon c;
+    dh_init(&c, "clean", NULL);
+    dh_start(&c);
+    for (int j = 0; j < 2; j++) ASSERT_OK(dh_collect(c.socket, &o[j], 0, &clean[j]));
+    dh_stop(&c);
+  }
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--memory_limit=1M", NULL};
+  dh_init(&d, "d", fl);
+  /* Kill moments: milliseconds after the opens, or batches read first. */
+  static const int after_ms[] = {0, 1, 2, 4, 7, 12, 0, 0, 0};
+  static const int after_batches[] = {0, 0, 0, 0, 0, 0, 1, 10, 100};
+  uint64_t checksum_failures = 0;
+  for (size_t k = 0; k < sizeof(after_ms) / sizeof(after_ms[0]); k++) {
+    dh_start(&d);
+    if (k > 0) {
+      /* What the killed daemon left serves identically (a prefix). */
+      dh_run r = {0};
+      ASSERT_OK(dh_collect(d.socket, &o[k % 2], 20, &r));
+      for (size_t i = 0; i < r.n; i++) ASSERT_EQ(r.b[i].hash, clean[k % 2].b[i].hash);
+      dh_run_free(&r);
+      checksum_failures += dh_stat(&d, "cache.checksum_failures");
+    }
+    kill_reader rd[2];
+    memset(rd, 0, sizeof(rd));
+    for (int j = 0; j < 2; j++) {
+      rd[j].socket = d.socket;
+      rd[j].o = o[j];
+      rd[j].clean = &clean[j];
+      ASSERT_OK(pthread_create(&rd[j].th, NULL, kill_reader_main, &rd[j]));
+    }
+    if (after_batches[k]) {
+      double deadline = now_ms() + 30000.0 * dh_slow();
+      while (rd[0].got < after_batches[k] && now_ms() < deadline) usleep(500);
+    } else {
+      while (rd[0].got == 0 && rd[1].got == 0 && after_ms[k] == 0 && dh_stat(&d, "streams") < 2)
+        usleep(200);
+      usleep((useconds_t)after_ms[k] * 1000);
+    }
+    dh_kill(&d);
+    for (int j = 0; j < 2; j++) {
+      pthread_join(rd[j].th, NULL);
+      ASSERT_EQ(rd[j].bad, 0);
+    }
+    fprintf(stderr, "killed after %d ms / %d batches: the clients had %d and %d batches\n",
+            after_ms[k], after_batches[k], rd[0].got, rd[1].got);
+  }
+  dh_start(&d);
+  for (int k = 0; k < 2; k++) {
+    for (int j = 0; j < 2; j++) {
+      dh_run r = {0};
+      r.check_rows = 1;
+      ASSERT_OK(dh_collect(d.socket, &o[j], 0, &r));
+      dh_expect_same(&clean[j], &r);
+      dh_run_free(&r);
+    }
+  }
+  char *json = dh_admin(&d, "stats");
+  checksum_failures += dh_json_u64(json, "cache.checksum_failures");
+  ASSERT_EQ(dh_json_u64(json, "unit_errors"), 0);
+  ASSERT_EQ(dh_json_u64(json, "stream_errors"), 0);
+  ASSERT_GT(dh_json_u64(json, "units_from_cache"), 0);
+  free(json);
+  fprintf(stderr, "checksum failures after the kills: %" PRIu64 "\n", checksum_failures);
+  dh_stop(&d);
+  /* Once more on the cache the clean runs left: all from the cache. */
+  dh_start(&d);
+  for (int j = 0; j < 2; j++) {
+    dh_run r = {0};
+    ASSERT_OK(dh_collect(d.socket, &o[j], 0, &r));
+    dh_expect_same(&clean[j], &r);
+    dh_run_free(&r);
+  }
+  json = dh_admin(&d, "stats");
+  ASSERT_EQ(dh_json_u64(json, "units_decoded"), 0);
+  ASSERT_EQ(dh_json_u64(json, "cache.checksum_failures"), 0);
+  free(json);
+  dh_stop(&d);
+  dh_run_free(&clean[0]);
+  dh_run_free(&clean[1]);
+  return 0;
+}
+
+/*
+ * Two jobs projecting different columns share the cache entries of the
+ * columns they have in common: the second job adds only its own columns'
+ * entries, and a third job on a subset of what is cached decodes nothing.
+ */
+TEST_IMPL(daemon_cache_shared_columns) {
+  std_setup();
+  dh_daemon d;
+  /* A tiny memory pool, so that nothing is shared through memory. */
+  static const char *const fl[] = {"--memory_limit=1", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  static const char *const cols_a[] = {"id", "label", "x"};
+  static const char *const cols_b[] = {"id", "name"};
+  static const char *const cols_c[] = {"label", "id"};
+  static const char *const cols_d[] = {"name", "x", "id"};
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  o.columns = cols_a;
+  o.num_columns = 3;
+  dh_run ra = {0};
+  ra.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &ra));
+  char *json = dh_admin(&d, "stats");
+  uint64_t e_a = dh_json_u64(json, "cache.entries");
+  uint64_t dec_a = dh_json_u64(json, "units_decoded");
+  free(json);
+  ASSERT_EQ(e_a, DH_STD_UNITS * 3);
+
+  o.columns = cols_b;
+  o.num_columns = 2;
+  dh_run rb = {0};
+  rb.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &rb));
+  json = dh_admin(&d, "stats");
+  uint64_t e_b = dh_json_u64(json, "cache.entries");
+  free(json);
+  /* Only "name" was new. */
+  ASSERT_EQ(e_b, DH_STD_UNITS * 4);
+
+  /* Subsets and recombinations of cached columns decode nothing. */
+  uint64_t dec_before = dh_stat(&d, "units_decoded");
+  ASSERT_GE(dec_before, dec_a);
+  o.columns = cols_c;
+  o.num_columns = 2;
+  dh_run rc_ = {0};
+  rc_.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &rc_));
+  o.columns = cols_d;
+  o.num_columns = 3;
+  dh_run rd = {0};
+  rd.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &rd));
+  json = dh_admin(&d, "stats");
+  ASSERT_EQ(dh_json_u64(json, "units_decoded"), dec_before);
+  ASSERT_EQ(dh_json_u64(json, "cache.entries"), DH_STD_UNITS * 4);
+  free(json);
+  /* The same samples in the same order whatever the projection. */
+  ASSERT_EQ(ra.n, rb.n);
+  for (size_t i = 0; i < ra.n; i++) {
+    ASSERT_MEM_EQ(ra.b[i].ids, rb.b[i].ids, (size_t)ra.b[i].rows * 8);
+    ASSERT_MEM_EQ(ra.b[i].ids, rc_.b[i].ids, (size_t)ra.b[i].rows * 8);
+    ASSERT_MEM_EQ(ra.b[i].ids, rd.b[i].ids, (size_t)ra.b[i].rows * 8);
+  }
+  dh_run_free(&ra);
+  dh_run_free(&rb);
+  dh_run_free(&rc_);
+  dh_run_free(&rd);
+  dh_stop(&d);
+  return 0;
+}
+
+static int changed_variant(int64_t id) { return id >= 1000000 ? 1 : 0; }
+
+/*
+ * A changed file is never served stale: after a file is rewritten with
+ * other content (and mtime), a new stream sees only the new rows, from a
+ * warm daemon and after a restart; a stream opened before the change
+ * either serves the old rows it already had or fails naming the file.
+ */
+TEST_IMPL(daemon_cache_changed_file) {
+  std_setup();
+  char dir[1024];
+  snprintf(dir, sizeof(dir), "%s/data", test_tmpdir());
+  ASSERT_OK(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dir, std_dir, dir));
+  const char *src[1] = {dir};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 64, 5, 1);
+  o.unit_rows = DH_STD_UNIT_ROWS;
+  o.shuffle_window = 4;
+  o.arena_bytes = ARENA;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  dh_run before = {0};
+  before.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &before));
+
+  /* A stream opened before the change, paused after one batch, with a
+   * small window so that most of its units are not loaded yet; on a second
+   * daemon without cache or memory to spare, so that it must read the file
+   * again. */
+  dh_daemon d2;
+  static const char *const fl2[] = {"--cache_capacity=0", "--memory_limit=1", NULL};
+  dh_init(&d2, "d2", fl2);
+  dh_start(&d2);
+  larder_stream_options_t so = o;
+  so.window = 1;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d2.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &so, &s));
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+  larder_batch_release(b);
+
+  /* Rewrite file 0: ids from 1000000, variant 1, a later mtime. */
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/part-000.parquet", dir);
+  struct stat st0;
+  ASSERT_OK(stat(path, &st0));
+  dh_spec spec = dh_std_spec;
+  spec.id_base = 1000000;
+  spec.variant = 1;
+  dh_write_file(&spec, 0, path);
+  struct timespec ts[2] = {st0.st_mtim, st0.st_mtim};
+  ts[0].tv_sec += 10;
+  ts[1].tv_sec += 10;
+  ASSERT_OK(utimensat(AT_FDCWD, path, ts, 0));
+
+  /* The old stream: old rows only, or an error naming the file. */
+  int rc;
+  uint64_t old_batches = 1;
+  while ((rc = larder_stream_next(s, 60000 * dh_slow(), &b)) == 0) {
+    int64_t ids[64];
+    int64_t n = dh_batch_ids(b, ids, 64);
+    for (int64_t i = 0; i < n; i++) {
+      ASSERT_LT(ids[i], DH_STD_ROWS);
+      dh_expect_row(b, i, 0);
+    }
+    larder_batch_release(b);
+    old_batches++;
+  }
+  fprintf(stderr, "the old stream ended with %s after %" PRIu64 " batches: %s\n",
+          larder_err_name(rc), old_batches, larder_client_last_error(c));
+  ASSERT(rc != LARDER_EEOF);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "part-000.parquet");
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "changed");
+  larder_stream_close(s);
+  larder_client_close(c);
+  /* A new stream on that daemon sees the new file. */
+  dh_run after2 = {0};
+  after2.check_rows = 1;
+  after2.variant_of = changed_variant;
+  ASSERT_OK(dh_collect(d2.socket, &o, 0, &after2));
+  ASSERT_EQ(after2.n, before.n);
+  dh_run_free(&after2);
+  dh_stop(&d2);
+
+  for (int pass = 0; pass < 2; pass++) {
+    dh_run after = {0};
+    after.check_rows = 1;
+    after.variant_of = changed_variant;
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &after));
+    ASSERT_EQ(after.n, before.n);
+    size_t fresh = 0;
+    for (size_t i = 0; i < after.n; i++)
+      for (int64_t j = 0; j < after.b[i].rows; j++) {
+        int64_t id = after.b[i].ids[j];
+        /* File 0's old ids (0 .. 2499) must never come back. */
+        ASSERT(id >= 2500);
+        fresh += id >= 1000000;
+      }
+    ASSERT_GE(fresh, 2500);
+    dh_run_free(&after);
+    if (pass == 0) {
+      dh_stop(&d);
+      dh_start(&d);
+    }
+  }
+  dh_run_free(&before);
+  dh_stop(&d);
+  return 0;
+}

@@ -1,0 +1,1453 @@
+/*
+ * test-daemon-robust.c: hostile and failing clients.  Each test runs a
+ * well-behaved client streaming in the background (its batches compared
+ * byte for byte with a reference run) while the bad client misbehaves,
+ * again and again; then it checks that only the bad client failed, with a
+ * clear error, that the daemon's sockets, memfds and RSS came back to
+ * their baseline, and that the daemon still exits 0 on SIGTERM with a log
+ * free of sanitizer reports (a leak fails the ASan flavour).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon-harness.h"
+#include "pqwrite.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The fixture: a daemon, a reference run, a background client               */
+
+typedef struct bg_client {
+  pthread_t th;
+  const char *socket;
+  larder_stream_options_t o;
+  const dh_run *ref;
+  volatile int stop;
+  volatile int runs;
+  volatile int failed;
+  char err[1200];
+} bg_client;
+
+typedef struct fixture {
+  dh_daemon d;
+  char dir[1024];
+  const char *src[1];
+  larder_stream_options_t o;
+  dh_run ref;
+  int sockets0, fds0;
+  long rss0;
+  bg_client bg;
+  uint64_t protocol_errors0, stream_errors0;
+} fixture;
+
+static void *bg_main(void *p) {
+  bg_client *b = p;
+  while (!b->stop || b->runs == 0) {
+    dh_run r = {0};
+    r.check_rows = 1;
+    if (dh_collect(b->socket, &b->o, 0, &r) != 0) {
+      snprintf(b->err, sizeof(b->err), "the good client failed: %s (%s)", r.err,
+               larder_err_name(r.rc));
+      b->failed = 1;
+      dh_run_free(&r);
+      return NULL;
+    }
+    int same = r.n == b->ref->n;
+    for (size_t i = 0; same && i < r.n; i++) same = r.b[i].hash == b->ref->b[i].hash;
+    dh_run_free(&r);
+    if (!same) {
+      snprintf(b->err, sizeof(b->err), "the good client's batches differ from the reference");
+      b->failed = 1;
+      return NULL;
+    }
+    b->runs++;
+  }
+  return NULL;
+}
+
+/* The daemon's socket count once it has stayed the same for 100 ms. */
+static int quiet_sockets(pid_t pid) {
+  int a = dh_fd_kind_count(pid, "socket:");
+  for (int i = 0; i < 200; i++) {
+    usleep(100000);
+    int b = dh_fd_kind_count(pid, "socket:");
+    if (a == b) return b;
+    a = b;
+  }
+  return a;
+}
+
+static void fx_start(fixture *f, const char *const *flags, int background) {
+  memset(f, 0, sizeof(*f));
+  ASSERT_EQ(dh_std_dataset(f->dir, sizeof(f->dir)), DH_STD_ROWS);
+  f->src[0] = f->dir;
+  dh_opts(&f->o, f->src, 64, 31, 2);
+  f->o.unit_rows = DH_STD_UNIT_ROWS;
+  f->o.shuffle_window = 8;
+  f->o.arena_bytes = 1u << 20;
+  dh_init(&f->d, "d", flags);
+  dh_start(&f->d);
+  ASSERT_OK(dh_collect(f->d.socket, &f->o, 0, &f->ref));
+  /* Baselines, once the reference client has gone. */
+  /* The daemon's own sockets (the listener, and whatever its libraries
+   * keep), once the reference client's connection is gone. */
+  f->sockets0 = quiet_sockets(f->d.pid);
+  ASSERT_EQ(dh_memfd_count(f->d.pid), 0);
+  f->fds0 = dh_fd_count(f->d.pid);
+  f->rss0 = dh_rss_kb(f->d.pid);
+  f->protocol_errors0 = dh_stat(&f->d, "protocol_errors");
+  f->stream_errors0 = dh_stat(&f->d, "stream_errors");
+  if (background) {
+    f->bg.socket = f->d.socket;
+    f->bg.o = f->o;
+    f->bg.ref = &f->ref;
+    ASSERT_OK(pthread_create(&f->bg.th, NULL, bg_main, &f->bg));
+  }
+}
+
+/* Waits until the daemon holds no more sockets and memfds than at the
+ * start (plus `sockets` still-open ones), and fails otherwise. */
+static void fx_expect_baseline(fixture *f, int sockets, int memfds) {
+  double deadline = now_ms() + 10000.0 * dh_slow();
+  int s, m;
+  for (;;) {
+    s = dh_fd_kind_count(f->d.pid, "socket:");
+    m = dh_memfd_count(f->d.pid);
+    if ((s <= f->sockets0 + sockets && m <= memfds) || now_ms() > deadline) break;
+    usleep(5000);
+  }
+  if (s > f->sockets0 + sockets || m > memfds) {
+    dh_print_log(&f->d);
+    ASSERT_FAIL_("the daemon holds %d sockets (baseline %d + %d) and %d memfds (expected %d)", s,
+                 f->sockets0, sockets, m, memfds);
+  }
+}
+
+static void fx_finish(fixture *f, long rss_slack_kb) {
+  if (f->bg.socket) {
+    f->bg.stop = 1;
+    pthread_join(f->bg.th, NULL);
+    if (f->bg.failed) {
+      dh_print_log(&f->d);
+      ASSERT_FAIL_("%s", f->bg.err);
+    }
+    ASSERT_GE(f->bg.runs, 1);
+  }
+  ASSERT(dh_alive(&f->d));
+  fx_expect_baseline(f, 0, 0);
+  int fds = dh_fd_count(f->d.pid);
+  /* RocksDB may open a file or two of its own meanwhile. */
+  ASSERT_LE(fds, f->fds0 + 4);
+  long rss = dh_rss_kb(f->d.pid);
+  long slack = rss_slack_kb * dh_slow();
+  if (!dh_asan() && rss > f->rss0 + slack)
+    ASSERT_FAIL_("the daemon's RSS grew from %ld kB to %ld kB", f->rss0, rss);
+  fprintf(stderr, "baseline: %d fds, %ld kB; now %d fds, %ld kB; good client ran %d times\n",
+          f->fds0, f->rss0, fds, rss, f->bg.runs);
+  dh_stop(&f->d);
+  dh_run_free(&f->ref);
+}
+
+/* A raw connection that has said Hello. */
+static int hello_conn(fixture *f) {
+  int fd = dh_raw_connect(f->d.socket);
+  Larder__Frame *r = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
+  ASSERT_NOT_NULL(r);
+  ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_HELLO_REPLY);
+  wire_free(r);
+  return fd;
+}
+
+/* Sends bytes and expects one Error frame with code, then the end of the
+ * connection. */
+static void expect_error_close(fixture *f, int fd, const void *bytes, size_t len, int code,
+                               const char *what) {
+  if (len) ASSERT_OK(dh_raw_write(fd, bytes, len));
+  int got = 0;
+  int closed = dh_raw_wait_closed(fd, 10000 * dh_slow(), &got);
+  if (!closed || got != code) {
+    dh_print_log(&f->d);
+    ASSERT_FAIL_("%s: closed %d, error %s (expected %s)", what, closed, larder_err_name(got),
+                 larder_err_name(code));
+  }
+  close(fd);
+}
+
+static void put_len(uint8_t *p, uint32_t n) {
+  p[0] = (uint8_t)n;
+  p[1] = (uint8_t)(n >> 8);
+  p[2] = (uint8_t)(n >> 16);
+  p[3] = (uint8_t)(n >> 24);
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Malformed frames: bytes that are no protobuf, an empty frame, a
+ * truncated message, a frame of unknown fields only; before and after the
+ * handshake. */
+TEST_IMPL(daemon_robust_malformed_frame) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  /* A valid OpenStream frame, to cut short. */
+  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
+  os.request_id = 3;
+  char *srcs[1] = {f.dir};
+  os.n_sources = 1;
+  os.sources = srcs;
+  os.batch_size = 64;
+  Larder__Frame of = LARDER__FRAME__INIT;
+  of.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  of.open_stream = &os;
+  size_t olen;
+  uint8_t *open_frame = wire_encode(&of, &olen);
+  ASSERT_NOT_NULL(open_frame);
+  int rounds = 12;
+  for (int round = 0; round < rounds; round++) {
+    int after_hello = round % 2;
+    uint8_t buf[256];
+    /* 1. Bytes that do not decode. */
+    int fd = after_hello ? hello_conn(&f) : dh_raw_connect(f.d.socket);
+    put_len(buf, 10);
+    memset(buf + 4, 0xff, 10);
+    expect_error_close(&f, fd, buf, 14, LARDER_EPROTO, "garbage protobuf");
+    /* 2. An empty frame: no message set. */
+    fd = after_hello ? hello_conn(&f) : dh_raw_connect(f.d.socket);
+    put_len(buf, 0);
+    expect_error_close(&f, fd, buf, 4, LARDER_EPROTO, "empty frame");
+    /* 3. A truncated message: its length says so. */
+    fd = after_hello ? hello_conn(&f) : dh_raw_connect(f.d.socket);
+    uint8_t *cut = malloc(olen);
+    memcpy(cut, open_frame, olen);
+    put_len(cut, (uint32_t)(olen - 4 - 7));
+    expect_error_close(&f, fd, cut, olen - 7, LARDER_EPROTO, "truncated message");
+    free(cut);
+    /* 4. Only an unknown field (number 99, varint). */
+    fd = after_hello ? hello_conn(&f) : dh_raw_connect(f.d.socket);
+    put_len(buf, 3);
+    buf[4] = (uint8_t)((99 << 3) & 0x7f) | 0x80;
+    buf[5] = (uint8_t)(99 >> 4);
+    buf[6] = 1;
+    expect_error_close(&f, fd, buf, 7, LARDER_EPROTO, "unknown field only");
+    /* 5. Garbage right after a valid frame in the same write. */
+    fd = after_hello ? hello_conn(&f) : dh_raw_connect(f.d.socket);
+    uint8_t *two = malloc(olen + 14);
+    if (after_hello) {
+      memcpy(two, open_frame, olen);
+      put_len(two + olen, 10);
+      memset(two + olen + 4, 0xfe, 10);
+      ASSERT_OK(dh_raw_write(fd, two, olen + 14));
+      int code = 0;
+      ASSERT(dh_raw_wait_closed(fd, 20000 * dh_slow(), &code));
+      ASSERT_EQ(code, LARDER_EPROTO);
+      close(fd);
+    } else {
+      close(fd);
+    }
+    free(two);
+  }
+  free(open_frame);
+  /* Each bad connection counted, none of the good client's. */
+  uint64_t pe = dh_stat(&f.d, "protocol_errors") - f.protocol_errors0;
+  ASSERT_GE(pe, (uint64_t)rounds * 4);
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* Length prefixes over max_frame (16 MiB): rejected before anything is
+ * allocated for them; a large frame within the limit that never completes
+ * costs nothing once its client goes. */
+TEST_IMPL(daemon_robust_oversized_frame) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  static const uint32_t lens[] = {0xffffffffu, (16u << 20) + 1, 0x7fffffffu, 0x80000000u};
+  for (int round = 0; round < 5; round++) {
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+      uint8_t buf[4];
+      put_len(buf, lens[i]);
+      int fd = round % 2 ? hello_conn(&f) : dh_raw_connect(f.d.socket);
+      expect_error_close(&f, fd, buf, 4, LARDER_EPROTO, "oversized length");
+    }
+  }
+  /* 16 MiB announced, 2 MiB sent, then the client goes away. */
+  for (int round = 0; round < 3; round++) {
+    int fd = hello_conn(&f);
+    uint8_t *buf = calloc(1, 2u << 20);
+    put_len(buf, 16u << 20);
+    ASSERT_OK(dh_raw_write(fd, buf, 2u << 20));
+    free(buf);
+    usleep(20000);
+    close(fd);
+  }
+  char *json = dh_admin(&f.d, "stats");
+  ASSERT_NOT_NULL(json);
+  ASSERT_GE(dh_json_u64(json, "protocol_errors") - f.protocol_errors0, 20);
+  free(json);
+  fx_finish(&f, 60000);
+  return 0;
+}
+
+static void send_msg(int fd, Larder__Frame *fr) { ASSERT_OK(dh_raw_send(fd, fr)); }
+
+/* Messages a client may not send (a Batch, replies, EndOfStream, Error, a
+ * second Hello) close that connection with EPROTO. */
+TEST_IMPL(daemon_robust_forbidden_message) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  for (int round = 0; round < 5; round++) {
+    for (int kind = 0; kind < 7; kind++) {
+      int fd = hello_conn(&f);
+      Larder__Frame fr = LARDER__FRAME__INIT;
+      Larder__Batch b = LARDER__BATCH__INIT;
+      Larder__HelloReply hr = LARDER__HELLO_REPLY__INIT;
+      Larder__OpenStreamReply osr = LARDER__OPEN_STREAM_REPLY__INIT;
+      Larder__EndOfStream eos = LARDER__END_OF_STREAM__INIT;
+      Larder__Error er = LARDER__ERROR__INIT;
+      Larder__AdminReply ar = LARDER__ADMIN_REPLY__INIT;
+      Larder__Hello h = LARDER__HELLO__INIT;
+      Larder__ArrayDesc ad = LARDER__ARRAY_DESC__INIT;
+      Larder__ArrayDesc *ads[1] = {&ad};
+      switch (kind) {
+        case 0:
+          /* A Batch pointing far outside any arena. */
+          b.stream_id = 1;
+          b.num_rows = 1u << 30;
+          b.arena_offset = 1ull << 40;
+          b.arena_length = 1ull << 40;
+          ad.values_offset = 1ull << 50;
+          ad.values_length = 1ull << 50;
+          b.n_arrays = 1;
+          b.arrays = ads;
+          fr.msg_case = LARDER__FRAME__MSG_BATCH;
+          fr.batch = &b;
+          break;
+        case 1:
+          fr.msg_case = LARDER__FRAME__MSG_HELLO_REPLY;
+          fr.hello_reply = &hr;
+          break;
+        case 2:
+          fr.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
+          fr.open_stream_reply = &osr;
+          break;
+        case 3:
+          eos.stream_id = 1;
+          fr.msg_case = LARDER__FRAME__MSG_END_OF_STREAM;
+          fr.end_of_stream = &eos;
+          break;
+        case 4:
+          er.code = LARDER_EIO;
+          er.message = (char *)"I am the daemon now";
+          fr.msg_case = LARDER__FRAME__MSG_ERROR;
+          fr.error = &er;
+          break;
+        case 5:
+          fr.msg_case = LARDER__FRAME__MSG_ADMIN_REPLY;
+          fr.admin_reply = &ar;
+          break;
+        default:
+          h.protocol_version = WIRE_PROTOCOL_VERSION;
+          fr.msg_case = LARDER__FRAME__MSG_HELLO;
+          fr.hello = &h;
+          break;
+      }
+      send_msg(fd, &fr);
+      expect_error_close(&f, fd, NULL, 0, LARDER_EPROTO, "forbidden message");
+    }
+  }
+  ASSERT_GE(dh_stat(&f.d, "protocol_errors") - f.protocol_errors0, 35);
+
+  /* Frames that follow a fatal one in the same write are not acted on:
+   * after a rejected Hello, a good Hello gets no HelloReply; after a
+   * forbidden message, a second one does not cut the first Error short;
+   * and an OpenStream behind a forbidden message opens nothing. */
+  for (int round = 0; round < 10; round++) {
+    Larder__Frame fr = LARDER__FRAME__INIT;
+    Larder__Hello h = LARDER__HELLO__INIT;
+    fr.msg_case = LARDER__FRAME__MSG_HELLO;
+    fr.hello = &h;
+    size_t l1, l2;
+    h.protocol_version = 999;
+    uint8_t *bad = wire_encode(&fr, &l1);
+    h.protocol_version = WIRE_PROTOCOL_VERSION;
+    uint8_t *good = wire_encode(&fr, &l2);
+    uint8_t *both = malloc(l1 + l2);
+    memcpy(both, bad, l1);
+    memcpy(both + l1, good, l2);
+    int fd = dh_raw_connect(f.d.socket);
+    ASSERT_OK(dh_raw_write(fd, both, l1 + l2));
+    int errors = 0, replies = 0;
+    for (;;) {
+      int rc;
+      Larder__Frame *r = dh_raw_recv(fd, 10000 * dh_slow(), NULL, NULL, &rc);
+      if (r == NULL) {
+        ASSERT_EQ(rc, LARDER_ECLOSED);
+        break;
+      }
+      if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
+        ASSERT_EQ(r->error->code, LARDER_EVERSION);
+        errors++;
+      }
+      if (r->msg_case == LARDER__FRAME__MSG_HELLO_REPLY) replies++;
+      wire_free(r);
+    }
+    close(fd);
+    ASSERT_EQ(errors, 1);
+    ASSERT_EQ(replies, 0);
+    free(bad);
+    free(good);
+    free(both);
+
+    /* [EndOfStream][EndOfStream][OpenStream] after a good Hello. */
+    fd = hello_conn(&f);
+    Larder__EndOfStream eos = LARDER__END_OF_STREAM__INIT;
+    Larder__Frame fe = LARDER__FRAME__INIT;
+    fe.msg_case = LARDER__FRAME__MSG_END_OF_STREAM;
+    fe.end_of_stream = &eos;
+    size_t le, lo;
+    uint8_t *e = wire_encode(&fe, &le);
+    Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
+    char *srcs[1] = {f.dir};
+    os.request_id = 9;
+    os.n_sources = 1;
+    os.sources = srcs;
+    os.batch_size = 0; /* answered at once with EINVAL, if it were read */
+    os.world_size = 1;
+    Larder__Frame fo = LARDER__FRAME__INIT;
+    fo.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+    fo.open_stream = &os;
+    uint8_t *op = wire_encode(&fo, &lo);
+    uint8_t *three = malloc(2 * le + lo);
+    memcpy(three, e, le);
+    memcpy(three + le, e, le);
+    memcpy(three + 2 * le, op, lo);
+    ASSERT_OK(dh_raw_write(fd, three, 2 * le + lo));
+    errors = 0;
+    int others = 0;
+    for (;;) {
+      int rc;
+      Larder__Frame *r = dh_raw_recv(fd, 10000 * dh_slow(), NULL, NULL, &rc);
+      if (r == NULL) break;
+      if (r->msg_case == LARDER__FRAME__MSG_ERROR) errors++;
+      else others++;
+      wire_free(r);
+    }
+    close(fd);
+    ASSERT_EQ(errors, 1);
+    ASSERT_EQ(others, 0);
+    free(e);
+    free(op);
+    free(three);
+  }
+  /* A client that does not read while it sends: its replies back up in
+   * the daemon's write queue; a forbidden message and then an admin
+   * request must still end with the Error frame, after the replies. */
+  for (int round = 0; round < 3; round++) {
+    int fd = hello_conn(&f);
+    Larder__AdminRequest ar = LARDER__ADMIN_REQUEST__INIT;
+    ar.command = (char *)"stats";
+    ar.json = 1;
+    Larder__Frame fa = LARDER__FRAME__INIT;
+    fa.msg_case = LARDER__FRAME__MSG_ADMIN_REQUEST;
+    fa.admin_request = &ar;
+    for (int i = 0; i < 600; i++) {
+      ar.request_id = (uint32_t)i + 1;
+      send_msg(fd, &fa);
+    }
+    Larder__EndOfStream eos = LARDER__END_OF_STREAM__INIT;
+    Larder__Frame fe = LARDER__FRAME__INIT;
+    fe.msg_case = LARDER__FRAME__MSG_END_OF_STREAM;
+    fe.end_of_stream = &eos;
+    size_t le, la;
+    uint8_t *e = wire_encode(&fe, &le);
+    ar.request_id = 9999;
+    uint8_t *a = wire_encode(&fa, &la);
+    uint8_t *both = malloc(le + la);
+    memcpy(both, e, le);
+    memcpy(both + le, a, la);
+    ASSERT_OK(dh_raw_write(fd, both, le + la));
+    free(e);
+    free(a);
+    free(both);
+    usleep(100000);
+    int replies = 0, errors = 0, last_error = 0, end = 0;
+    for (;;) {
+      int rc;
+      Larder__Frame *r = dh_raw_recv(fd, 10000 * dh_slow(), NULL, NULL, &rc);
+      if (r == NULL) {
+        end = rc;
+        break;
+      }
+      last_error = r->msg_case == LARDER__FRAME__MSG_ERROR;
+      if (last_error) {
+        ASSERT_EQ(r->error->code, LARDER_EPROTO);
+        errors++;
+      } else {
+        ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_ADMIN_REPLY);
+        ASSERT(r->admin_reply->request_id != 9999);
+        replies++;
+      }
+      wire_free(r);
+    }
+    close(fd);
+    if (errors != 1 || !last_error) dh_print_log(&f.d);
+    if (errors != 1 || !last_error)
+      ASSERT_FAIL_("%d replies, then %d errors (the last frame %s an Error), then %s", replies,
+                   errors, last_error ? "was" : "was not", larder_err_name(end));
+    ASSERT_EQ(replies, 600);
+  }
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* Garbage instead of a handshake: random bytes, an HTTP request, a valid
+ * frame other than Hello.  Random bytes whose first four happen to
+ * announce a short frame leave the daemon waiting; closing frees it. */
+TEST_IMPL(daemon_robust_garbage_handshake) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  int errors = 0;
+  for (int round = 0; round < 40; round++) {
+    size_t n = 1 + (size_t)(round * 97 % 4096);
+    uint8_t *buf = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      buf[i] = (uint8_t)x;
+    }
+    if (round % 4 == 3 && n >= 4) buf[3] = 0; /* a plausible short length */
+    int fd = dh_raw_connect(f.d.socket);
+    ASSERT_OK(dh_raw_write(fd, buf, n));
+    free(buf);
+    int code = 0;
+    if (dh_raw_wait_closed(fd, 100, &code)) {
+      ASSERT_EQ(code, LARDER_EPROTO);
+      errors++;
+    }
+    close(fd);
+  }
+  ASSERT_GT(errors, 10);
+  static const char http[] = "GET / HTTP/1.1\r\nHost: larder\r\n\r\n";
+  int fd = dh_raw_connect(f.d.socket);
+  expect_error_close(&f, fd, http, sizeof(http) - 1, LARDER_EPROTO, "HTTP request");
+  /* A valid frame, but not Hello, first. */
+  fd = dh_raw_connect(f.d.socket);
+  Larder__AdminRequest ar = LARDER__ADMIN_REQUEST__INIT;
+  ar.command = (char *)"stats";
+  Larder__Frame fr = LARDER__FRAME__INIT;
+  fr.msg_case = LARDER__FRAME__MSG_ADMIN_REQUEST;
+  fr.admin_request = &ar;
+  send_msg(fd, &fr);
+  expect_error_close(&f, fd, NULL, 0, LARDER_EPROTO, "AdminRequest before Hello");
+  /* A client that connects and says nothing, then goes. */
+  for (int i = 0; i < 10; i++) close(dh_raw_connect(f.d.socket));
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* A Hello with another protocol version gets EVERSION and the connection
+ * closes. */
+TEST_IMPL(daemon_robust_wrong_version) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  static const uint32_t versions[] = {0, 2, 999, 0xffffffffu};
+  for (int round = 0; round < 5; round++) {
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+      int fd = dh_raw_connect(f.d.socket);
+      Larder__Hello h = LARDER__HELLO__INIT;
+      h.protocol_version = versions[i];
+      h.client_name = (char *)"future-client/9";
+      Larder__Frame fr = LARDER__FRAME__INIT;
+      fr.msg_case = LARDER__FRAME__MSG_HELLO;
+      fr.hello = &h;
+      send_msg(fd, &fr);
+      expect_error_close(&f, fd, NULL, 0, LARDER_EVERSION, "wrong version");
+    }
+  }
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* One good client alone, timed. */
+static double timed_run(fixture *f, int epochs) {
+  larder_stream_options_t o = f->o;
+  o.epochs = (uint64_t)epochs;
+  dh_run r = {0};
+  double t0 = now_ms();
+  ASSERT_OK(dh_collect(f->d.socket, &o, 0, &r));
+  double t = now_ms() - t0;
+  for (size_t i = 0; i < r.n && i < f->ref.n; i++) ASSERT_EQ(r.b[i].hash, f->ref.b[i].hash);
+  dh_run_free(&r);
+  return t;
+}
+
+/*
+ * Clients that open streams and never read: a raw one that never reads its
+ * socket at all, and liblarder ones that hold their window of batches and
+ * stop.  Others continue at full speed; the stalled ones cost nothing once
+ * they go.
+ */
+TEST_IMPL(daemon_robust_stalled_client) {
+  fixture f;
+  fx_start(&f, NULL, 0);
+  double alone = timed_run(&f, 4);
+  alone = timed_run(&f, 4); /* warm */
+  int raw[4];
+  larder_client_t *lc[4];
+  larder_stream_t *ls[4];
+  larder_batch_t *held[4][2];
+  for (int i = 0; i < 4; i++) {
+    raw[i] = hello_conn(&f);
+    larder_stream_options_t o = f.o;
+    o.epochs = 0; /* unbounded */
+    o.window = 8;
+    o.seed = (uint64_t)i;
+    Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
+    req.request_id = 1;
+    char *srcs[1] = {f.dir};
+    req.n_sources = 1;
+    req.sources = srcs;
+    req.batch_size = 64;
+    req.unit_rows = DH_STD_UNIT_ROWS;
+    req.window = 8;
+    req.arena_bytes = 1u << 20;
+    req.world_size = 1;
+    Larder__Frame fr = LARDER__FRAME__INIT;
+    fr.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+    fr.open_stream = &req;
+    send_msg(raw[i], &fr); /* and never read a byte */
+    ASSERT_OK(larder_client_connect(f.d.socket, &lc[i]));
+    /* Half of them with a window their arena cannot hold: the daemon
+     * fills the arena and must then wait, not spin. */
+    o.window = i % 2 ? 2 : 16;
+    o.arena_bytes = i % 2 ? 1u << 20 : 16u << 10;
+    ASSERT_OK(larder_stream_open(lc[i], &o, &ls[i]));
+    for (int k = 0; k < 2; k++) ASSERT_OK(larder_stream_next(ls[i], 60000 * dh_slow(), &held[i][k]));
+  }
+  /* The stalled streams: the liblarder ones get nothing more. */
+  larder_batch_t *none;
+  ASSERT_EQ(larder_stream_next(ls[1], 300, &none), LARDER_ETIMEDOUT);
+  /* With every stream stalled, the daemon idles. */
+  double cpu0 = dh_cpu_ms(f.d.pid);
+  usleep(1000000);
+  double cpu = dh_cpu_ms(f.d.pid) - cpu0;
+  fprintf(stderr, "daemon CPU while every stream is stalled: %.0f ms in 1 s\n", cpu);
+  ASSERT_DOUBLE_LE(cpu, 100.0);
+  double with = timed_run(&f, 4);
+  fprintf(stderr, "a good client alone: %.0f ms; beside 8 stalled ones: %.0f ms\n", alone, with);
+  ASSERT_DOUBLE_LE(with, alone * 3 + 500.0 * dh_slow());
+  /* The stalled streams' arenas (the timed client's may linger a moment). */
+  fx_expect_baseline(&f, 8, 8);
+  ASSERT_EQ(dh_memfd_count(f.d.pid), 8);
+  for (int i = 0; i < 4; i++) {
+    close(raw[i]);
+    for (int k = 0; k < 2; k++) larder_batch_release(held[i][k]);
+    larder_stream_close(ls[i]);
+    larder_client_close(lc[i]);
+  }
+  fx_finish(&f, 60000);
+  return 0;
+}
+
+/*
+ * A client SIGKILLed mid-epoch while it holds batches: its connection,
+ * streams and arenas are freed; the daemon and the good client carry on.
+ */
+TEST_IMPL(daemon_robust_killed_client) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  for (int round = 0; round < 6; round++) {
+    int pipefd[2];
+    ASSERT_OK(pipe(pipefd));
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+      close(pipefd[0]);
+      larder_client_t *c;
+      if (larder_client_connect(f.d.socket, &c)) _exit(1);
+      larder_stream_t *s[2];
+      larder_stream_options_t o = f.o;
+      o.epochs = 0;
+      o.window = 3;
+      for (int i = 0; i < 2; i++) {
+        o.seed = (uint64_t)(round * 2 + i);
+        if (larder_stream_open(c, &o, &s[i])) _exit(2);
+        larder_batch_t *b;
+        for (int k = 0; k < 2 + round * 5; k++) {
+          if (larder_stream_next(s[i], 60000, &b)) _exit(3);
+          if (k >= 2) larder_batch_release(b); /* hold the first two */
+        }
+      }
+      if (write(pipefd[1], "x", 1) != 1) _exit(4);
+      for (;;) pause();
+    }
+    close(pipefd[1]);
+    char x;
+    if (read(pipefd[0], &x, 1) != 1) {
+      int st;
+      waitpid(pid, &st, 0);
+      ASSERT_FAIL_("the client child exited early (status 0x%x)", st);
+    }
+    close(pipefd[0]);
+    /* Two arenas of the child's (and one of the good client's, maybe). */
+    ASSERT_GE(dh_memfd_count(f.d.pid), 2);
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    ASSERT(WIFSIGNALED(status));
+    /* The child's arenas go; the good client holds at most one. */
+    fx_expect_baseline(&f, 1, 1);
+  }
+  fx_finish(&f, 60000);
+  return 0;
+}
+
+/* A stream on a missing file (or an empty directory, or a glob matching
+ * nothing) fails to open with ENOENT naming it; the same client then opens
+ * a good stream. */
+TEST_IMPL(daemon_robust_missing_file) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  char missing[1200], emptydir[1200], glob[1200];
+  snprintf(missing, sizeof(missing), "%s/no-such-file.parquet", test_tmpdir());
+  snprintf(emptydir, sizeof(emptydir), "%s/empty", test_tmpdir());
+  snprintf(glob, sizeof(glob), "%s/nothing-*.parquet", test_tmpdir());
+  mkdir(emptydir, 0755);
+  const char *cases[3] = {missing, emptydir, glob};
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(f.d.socket, &c));
+  for (int round = 0; round < 5; round++) {
+    for (int i = 0; i < 3; i++) {
+      larder_stream_options_t o = f.o;
+      const char *src[2] = {f.dir, cases[i]};
+      o.sources = src;
+      o.num_sources = 2;
+      larder_stream_t *s;
+      int rc = larder_stream_open(c, &o, &s);
+      ASSERT_EQ(rc, LARDER_ENOENT);
+      ASSERT_STR_CONTAINS(larder_client_last_error(c), cases[i]);
+    }
+  }
+  /* An empty source is EINVAL. */
+  {
+    larder_stream_options_t o = f.o;
+    const char *src[1] = {""};
+    o.sources = src;
+    larder_stream_t *s;
+    ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+  }
+  /* The same client is fine. */
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &f.o, &s));
+  for (size_t k = 0; k < f.ref.n; k++) {
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    ASSERT_EQ(dh_batch_hash(b), f.ref.b[k].hash);
+    larder_batch_release(b);
+  }
+  larder_batch_t *b;
+  ASSERT_EQ(larder_stream_next(s, 60000 * dh_slow(), &b), LARDER_EEOF);
+  larder_stream_close(s);
+  larder_client_close(c);
+  ASSERT_EQ(dh_stat(&f.d, "stream_errors"), f.stream_errors0);
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+static void copy_file(const char *from, const char *to, size_t keep) {
+  size_t len;
+  uint8_t *p = test_read_file(from, &len);
+  ASSERT_NOT_NULL(p);
+  if (keep > len) keep = len;
+  FILE *out = fopen(to, "wb");
+  ASSERT_NOT_NULL(out);
+  ASSERT_EQ(fwrite(p, 1, keep, out), keep);
+  fclose(out);
+  free(p);
+}
+
+/*
+ * Corrupt and truncated Parquet files: a truncated file and a file that is
+ * no Parquet at all fail the open naming the file; a file whose footer is
+ * fine but whose pages are damaged fails the stream when it gets there,
+ * with an error naming the file (the page CRCs catch it), and never serves
+ * the damaged rows.
+ */
+TEST_IMPL(daemon_robust_corrupt_file) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  char dir[1200];
+  snprintf(dir, sizeof(dir), "%s/bad", test_tmpdir());
+  ASSERT_OK(test_system("mkdir -p '%s' && cp '%s'/part-001.parquet '%s'/part-003.parquet '%s'/",
+                        dir, f.dir, f.dir, dir));
+  char good0[1200], trunc[1200], notpq[1200], damaged[1300];
+  snprintf(good0, sizeof(good0), "%s/part-000.parquet", f.dir);
+  snprintf(trunc, sizeof(trunc), "%s/truncated.parquet", test_tmpdir());
+  snprintf(notpq, sizeof(notpq), "%s/text.parquet", test_tmpdir());
+  snprintf(damaged, sizeof(damaged), "%s/part-002.parquet", dir);
+  struct stat st;
+  ASSERT_OK(stat(good0, &st));
+  copy_file(good0, trunc, (size_t)st.st_size / 2);
+  FILE *t = fopen(notpq, "w");
+  fputs("id,label\n1,2\n", t);
+  fclose(t);
+  /* Damage the middle of the pages of one file of the dataset. */
+  copy_file(good0, damaged, (size_t)st.st_size);
+  {
+    size_t len;
+    uint8_t *p = test_read_file(damaged, &len);
+    for (size_t i = len / 4; i < len / 4 + 64; i++) p[i] ^= 0x5a;
+    for (size_t i = len / 2; i < len / 2 + 64; i++) p[i] ^= 0xa5;
+    FILE *out = fopen(damaged, "wb");
+    ASSERT_EQ(fwrite(p, 1, len, out), len);
+    fclose(out);
+    free(p);
+  }
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(f.d.socket, &c));
+  for (int round = 0; round < 3; round++) {
+    const char *bad[2] = {trunc, notpq};
+    for (int i = 0; i < 2; i++) {
+      larder_stream_options_t o = f.o;
+      const char *src[2] = {f.dir, bad[i]};
+      o.sources = src;
+      o.num_sources = 2;
+      larder_stream_t *s;
+      int rc = larder_stream_open(c, &o, &s);
+      ASSERT(rc < 0);
+      ASSERT_STR_CONTAINS(larder_client_last_error(c), bad[i]);
+    }
+    /* The damaged file: the open succeeds (its footer is intact); the
+     * stream fails when it reaches the damaged pages. */
+    larder_stream_options_t o = f.o;
+    const char *src[1] = {dir};
+    o.sources = src;
+    o.epochs = 1;
+    o.seed = (uint64_t)round;
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    int rc;
+    larder_batch_t *b;
+    uint64_t n = 0;
+    while ((rc = larder_stream_next(s, 60000 * dh_slow(), &b)) == 0) {
+      /* What it serves before that is right. */
+      for (int64_t i = 0; i < larder_batch_num_rows(b); i++) dh_expect_row(b, i, 0);
+      larder_batch_release(b);
+      n++;
+    }
+    ASSERT(rc != LARDER_EEOF && rc != LARDER_ETIMEDOUT);
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "part-002.parquet");
+    fprintf(stderr, "damaged file: %s after %" PRIu64 " batches: %s\n", larder_err_name(rc), n,
+            larder_client_last_error(c));
+    larder_stream_close(s);
+  }
+  /* Files whose columns differ cannot make one dataset: the error names
+   * the odd file and the column. */
+  {
+    char odd[1200];
+    snprintf(odd, sizeof(odd), "%s/odd.parquet", test_tmpdir());
+    pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
+                         pqw_leaf("label", PQ_DOUBLE, PQ_REQUIRED)};
+    pqw_file pf;
+    pqw_file_init(&pf, sch, 3);
+    int64_t ids[3] = {1, 2, 3};
+    double labels[3] = {0.5, 1.5, 2.5};
+    pqw_values v[2];
+    memset(v, 0, sizeof(v));
+    v[0].physical = PQ_INT64, v[0].fixed = ids, v[0].count = 3;
+    v[1].physical = PQ_DOUBLE, v[1].fixed = labels, v[1].count = 3;
+    pqw_chunk_opts co;
+    memset(&co, 0, sizeof(co));
+    pqw_chunk ch[2];
+    for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
+    pqw_file_add_row_group(&pf, 3, ch, 2);
+    for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
+    size_t len;
+    uint8_t *data = pqw_file_finish(&pf, &len);
+    FILE *out = fopen(odd, "wb");
+    ASSERT_EQ(fwrite(data, 1, len, out), len);
+    fclose(out);
+    free(data);
+    static const char *const cols[] = {"id", "label"};
+    larder_stream_options_t o = f.o;
+    const char *src[2] = {f.dir, odd};
+    o.sources = src;
+    o.num_sources = 2;
+    o.columns = cols;
+    o.num_columns = 2;
+    larder_stream_t *s;
+    int rc = larder_stream_open(c, &o, &s);
+    ASSERT(rc < 0);
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "odd.parquet");
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "label");
+  }
+  /* The client still works. */
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &f.o, &s));
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+  ASSERT_EQ(dh_batch_hash(b), f.ref.b[0].hash);
+  larder_batch_release(b);
+  larder_stream_close(s);
+  larder_client_close(c);
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* Reads frames until a Batch comes; returns it (the caller frees). */
+static Larder__Frame *next_batch_frame(int fd) {
+  for (;;) {
+    int rc;
+    Larder__Frame *fr = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
+    ASSERT_NOT_NULL(fr);
+    if (fr->msg_case == LARDER__FRAME__MSG_BATCH) return fr;
+    wire_free(fr);
+  }
+}
+
+static void send_release(int fd, uint32_t stream, uint64_t seq) {
+  Larder__Release rel = LARDER__RELEASE__INIT;
+  rel.stream_id = stream;
+  rel.seq = seq;
+  Larder__Frame fr = LARDER__FRAME__INIT;
+  fr.msg_case = LARDER__FRAME__MSG_RELEASE;
+  fr.release = &rel;
+  send_msg(fd, &fr);
+}
+
+/* An admin request on the connection still gets its answer. */
+static void expect_conn_works(int fd) {
+  Larder__AdminRequest ar = LARDER__ADMIN_REQUEST__INIT;
+  ar.request_id = 42;
+  ar.command = (char *)"stats";
+  ar.json = 1;
+  Larder__Frame fr = LARDER__FRAME__INIT;
+  fr.msg_case = LARDER__FRAME__MSG_ADMIN_REQUEST;
+  fr.admin_request = &ar;
+  send_msg(fd, &fr);
+  for (;;) {
+    int rc;
+    Larder__Frame *r = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
+    if (r == NULL) ASSERT_FAIL_("the connection ended (%s)", larder_err_name(rc));
+    int done = r->msg_case == LARDER__FRAME__MSG_ADMIN_REPLY && r->admin_reply->request_id == 42;
+    wire_free(r);
+    if (done) return;
+  }
+}
+
+/*
+ * Releases of batches never sent (a future seq, a seq released twice)
+ * fail that stream with EPROTO; releases for streams the connection does
+ * not own (another connection's, or none) are ignored; the connection
+ * itself keeps working.
+ */
+TEST_IMPL(daemon_robust_bad_release) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  for (int round = 0; round < 5; round++) {
+    int fd = hello_conn(&f);
+    int arena = -1;
+    Larder__Frame *r = dh_raw_open(fd, 1, &f.o, &arena);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
+    uint32_t sid = r->open_stream_reply->stream_id;
+    wire_free(r);
+    ASSERT(arena >= 0);
+    close(arena);
+    Larder__Frame *b = next_batch_frame(fd);
+    ASSERT_EQ(b->batch->seq, 0);
+    wire_free(b);
+    /* Another stream id: ignored. */
+    send_release(fd, sid + 100, 0);
+    if (round % 2 == 0) {
+      send_release(fd, sid, 0);
+      send_release(fd, sid, 0); /* twice */
+    } else {
+      send_release(fd, sid, 12345); /* never sent */
+    }
+    /* One Error for the stream, and the connection stays. */
+    for (;;) {
+      int rc;
+      Larder__Frame *e = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
+      ASSERT_NOT_NULL(e);
+      if (e->msg_case == LARDER__FRAME__MSG_ERROR) {
+        ASSERT_EQ(e->error->code, LARDER_EPROTO);
+        ASSERT_EQ(e->error->stream_id, sid);
+        ASSERT_STR_CONTAINS(e->error->message, "release");
+        wire_free(e);
+        break;
+      }
+      wire_free(e);
+    }
+    expect_conn_works(fd);
+    /* The stream is gone: more releases for it are harmless. */
+    send_release(fd, sid, 1);
+    expect_conn_works(fd);
+    /* Releases aimed at the good client's stream (id 1 on its own
+     * connection) from this connection touch nothing. */
+    send_release(fd, 1, 0);
+    send_release(fd, 1, 1);
+    expect_conn_works(fd);
+    close(fd);
+  }
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+typedef struct term_client {
+  pthread_t th;
+  const char *socket;
+  larder_stream_options_t o;
+  int hold;              /* keep every batch (window of them) */
+  volatile int started;  /* batches received */
+  int rc;
+  char err[1024];
+} term_client;
+
+static void *term_main(void *p) {
+  term_client *t = p;
+  larder_client_t *c;
+  t->rc = larder_client_connect(t->socket, &c);
+  if (t->rc) return NULL;
+  larder_stream_t *s;
+  t->rc = larder_stream_open(c, &t->o, &s);
+  if (t->rc) {
+    larder_client_close(c);
+    return NULL;
+  }
+  larder_batch_t *held[16];
+  int nh = 0;
+  for (;;) {
+    larder_batch_t *b;
+    int rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    if (rc) {
+      t->rc = rc;
+      snprintf(t->err, sizeof(t->err), "%s", larder_client_last_error(c));
+      break;
+    }
+    for (int64_t i = 0; i < larder_batch_num_rows(b); i += 7) dh_expect_row(b, i, 0);
+    t->started++;
+    if (t->hold && nh < 16) held[nh++] = b;
+    else larder_batch_release(b);
+  }
+  /* Batches held across the shutdown are still readable. */
+  for (int i = 0; i < nh; i++) {
+    dh_expect_row(held[i], 0, 0);
+    larder_batch_release(held[i]);
+  }
+  larder_stream_close(s);
+  larder_client_close(c);
+  return NULL;
+}
+
+/*
+ * SIGTERM with streams open: every streaming client gets LARDER_ESHUTDOWN
+ * with a clear message (batches it holds stay readable), an idle client
+ * and a stalled raw one do not hold the shutdown up, the daemon exits 0,
+ * and the cache reopens cleanly and serves the same bytes.
+ */
+TEST_IMPL(daemon_robust_sigterm_streams) {
+  fixture f;
+  fx_start(&f, NULL, 0);
+  term_client t[4];
+  memset(t, 0, sizeof(t));
+  for (int i = 0; i < 4; i++) {
+    t[i].socket = f.d.socket;
+    t[i].o = f.o;
+    t[i].o.epochs = 0; /* unbounded */
+    t[i].o.seed = (uint64_t)i;
+    t[i].o.window = 4;
+    t[i].hold = i == 3;
+    ASSERT_OK(pthread_create(&t[i].th, NULL, term_main, &t[i]));
+  }
+  larder_client_t *idle;
+  ASSERT_OK(larder_client_connect(f.d.socket, &idle));
+  /* A client that asks and never reads: its answers fill its socket and
+   * back up in the daemon, which must not wait for them forever. */
+  int deaf = hello_conn(&f);
+  {
+    Larder__AdminRequest ar = LARDER__ADMIN_REQUEST__INIT;
+    ar.command = (char *)"stats";
+    ar.json = 1;
+    Larder__Frame fa = LARDER__FRAME__INIT;
+    fa.msg_case = LARDER__FRAME__MSG_ADMIN_REQUEST;
+    fa.admin_request = &ar;
+    for (int i = 0; i < 600; i++) {
+      ar.request_id = (uint32_t)i + 1;
+      send_msg(deaf, &fa);
+    }
+  }
+  int raw = hello_conn(&f);
+  {
+    int arena;
+    Larder__Frame *r = dh_raw_open(raw, 1, &f.o, &arena);
+    ASSERT_NOT_NULL(r);
+    wire_free(r);
+    if (arena >= 0) close(arena);
+  }
+  double deadline = now_ms() + 30000.0 * dh_slow();
+  for (int i = 0; i < 4; i++)
+    while (t[i].started < 4 && now_ms() < deadline) usleep(2000);
+  for (int i = 0; i < 4; i++) ASSERT_GE(t[i].started, 4);
+  dh_stop(&f.d); /* SIGTERM: exit 0, clean log */
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i].th, NULL);
+    if (t[i].rc != LARDER_ESHUTDOWN)
+      ASSERT_FAIL_("client %d ended with %s: %s", i, larder_err_name(t[i].rc), t[i].err);
+    ASSERT_STR_CONTAINS(t[i].err, "shutting down");
+  }
+  larder_client_close(idle);
+  close(raw);
+  close(deaf);
+  /* The cache reopens cleanly and serves the same bytes. */
+  dh_start(&f.d);
+  dh_run r = {0};
+  ASSERT_OK(dh_collect(f.d.socket, &f.o, 0, &r));
+  dh_expect_same(&f.ref, &r);
+  dh_run_free(&r);
+  char *json = dh_admin(&f.d, "stats");
+  ASSERT_EQ(dh_json_u64(json, "units_decoded"), 0);
+  ASSERT_EQ(dh_json_u64(json, "cache.checksum_failures"), 0);
+  free(json);
+  /* A new connection during shutdown is refused cleanly, too: connect
+   * right after the signal. */
+  larder_client_t *late = NULL;
+  kill(f.d.pid, SIGTERM);
+  int rc = larder_client_connect(f.d.socket, &late);
+  ASSERT(rc == 0 || rc == LARDER_ECONNECT || rc == LARDER_ESHUTDOWN || rc == LARDER_ECLOSED);
+  if (rc == 0) larder_client_close(late);
+  int status = dh_stop_status(&f.d, 30000 * dh_slow());
+  ASSERT(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  dh_check_log(&f.d);
+  dh_run_free(&f.ref);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Chaos                                                                     */
+
+#define CHAOS_JOBS 3
+
+typedef struct chaos_ctx {
+  const char *socket;
+  const char *dir;
+  larder_stream_options_t o[CHAOS_JOBS];
+  dh_run ref[CHAOS_JOBS];
+  double deadline;
+} chaos_ctx;
+
+typedef struct chaos_thread {
+  pthread_t th;
+  chaos_ctx *cx;
+  int id;
+  uint64_t rng;
+  int ops[9];
+  int failed;
+  char err[1200];
+} chaos_thread;
+
+static uint64_t rnd(chaos_thread *t, uint64_t n) {
+  t->rng ^= t->rng << 13, t->rng ^= t->rng >> 7, t->rng ^= t->rng << 17;
+  return n ? t->rng % n : 0;
+}
+
+#define CHAOS_CHECK(t, cond, ...)                                 \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      snprintf((t)->err, sizeof((t)->err), __VA_ARGS__);          \
+      (t)->failed = 1;                                            \
+      return;                                                     \
+    }                                                             \
+  } while (0)
+
+/* Opens job j from batch `from` on client c (or a new client) and checks
+ * up to `count` batches; abandons the stream in one of several ways. */
+static void chaos_partial(chaos_thread *t, int j, uint64_t from, uint64_t count, int style) {
+  const dh_run *ref = &t->cx->ref[j];
+  larder_stream_options_t o = t->cx->o[j];
+  o.start_epoch = from / ref->batches_per_epoch;
+  o.start_batch = from % ref->batches_per_epoch;
+  larder_client_t *c;
+  int rc = larder_client_connect(t->cx->socket, &c);
+  CHAOS_CHECK(t, rc == 0, "connect: %s", larder_strerror(rc));
+  larder_stream_t *s;
+  rc = larder_stream_open(c, &o, &s);
+  CHAOS_CHECK(t, rc == 0, "open: %s", larder_client_last_error(c));
+  larder_batch_t *held[2] = {NULL, NULL};
+  uint64_t k = 0;
+  for (; k < count; k++) {
+    larder_batch_t *b;
+    rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    if (rc == LARDER_EEOF) break;
+    CHAOS_CHECK(t, rc == 0, "job %d from %" PRIu64 ": batch %" PRIu64 ": %s", j, from, k,
+                larder_client_last_error(c));
+    CHAOS_CHECK(t, from + k < ref->n && dh_batch_hash(b) == ref->b[from + k].hash,
+                "job %d from %" PRIu64 ": batch %" PRIu64 " differs", j, from, k);
+    /* Hold up to two (fewer than the window, or the next never comes). */
+    if (style == 2 && k < 2 && k + 1 < o.window) held[k] = b;
+    else larder_batch_release(b);
+  }
+  if (k == count || rc == LARDER_EEOF)
+    CHAOS_CHECK(t, rc != LARDER_EEOF || from + k == ref->n, "job %d: early end at %" PRIu64, j,
+                from + k);
+  switch (style) {
+    case 0: /* the polite way */
+      larder_stream_close(s);
+      larder_client_close(c);
+      break;
+    case 1: /* the client goes without closing its stream */
+      larder_client_close(c);
+      break;
+    case 2: /* close while holding batches, release them afterwards */
+      larder_stream_close(s);
+      for (int i = 0; i < 2; i++)
+        if (held[i]) larder_batch_release(held[i]);
+      larder_client_close(c);
+      break;
+    default: /* close the stream, then a new one on the same client */
+      larder_stream_close(s);
+      rc = larder_stream_open(c, &t->cx->o[j], &s);
+      CHAOS_CHECK(t, rc == 0, "reopen: %s", larder_client_last_error(c));
+      larder_stream_close(s);
+      larder_client_close(c);
+      break;
+  }
+}
+
+static void chaos_two_streams(chaos_thread *t) {
+  int a = (int)rnd(t, CHAOS_JOBS), b = (a + 1) % CHAOS_JOBS;
+  larder_client_t *c;
+  int rc = larder_client_connect(t->cx->socket, &c);
+  CHAOS_CHECK(t, rc == 0, "connect");
+  larder_stream_t *s[2];
+  rc = larder_stream_open(c, &t->cx->o[a], &s[0]);
+  CHAOS_CHECK(t, rc == 0, "open: %s", larder_client_last_error(c));
+  rc = larder_stream_open(c, &t->cx->o[b], &s[1]);
+  CHAOS_CHECK(t, rc == 0, "open: %s", larder_client_last_error(c));
+  const dh_run *ref[2] = {&t->cx->ref[a], &t->cx->ref[b]};
+  size_t pos[2] = {0, 0};
+  int live = 2, done[2] = {0, 0};
+  while (live) {
+    for (int i = 0; i < 2; i++) {
+      if (done[i]) continue;
+      larder_batch_t *bt;
+      rc = larder_stream_next(s[i], 60000 * dh_slow(), &bt);
+      if (rc == LARDER_EEOF) {
+        CHAOS_CHECK(t, pos[i] == ref[i]->n, "two streams: early end");
+        done[i] = 1;
+        live--;
+        continue;
+      }
+      CHAOS_CHECK(t, rc == 0, "two streams: %s", larder_client_last_error(c));
+      CHAOS_CHECK(t, pos[i] < ref[i]->n && dh_batch_hash(bt) == ref[i]->b[pos[i]].hash,
+                  "two streams: batch %zu differs", pos[i]);
+      pos[i]++;
+      larder_batch_release(bt);
+    }
+  }
+  larder_stream_close(s[0]);
+  larder_stream_close(s[1]);
+  larder_client_close(c);
+}
+
+static void *chaos_main(void *p) {
+  chaos_thread *t = p;
+  /* LARDER_CHAOS_OPS: a bit mask of the operations to run (debugging). */
+  const char *mask_env = getenv("LARDER_CHAOS_OPS");
+  unsigned mask = mask_env ? (unsigned)strtoul(mask_env, NULL, 0) : 0x1ffu;
+  while (!t->failed && now_ms() < t->cx->deadline) {
+    int op = (int)rnd(t, 9);
+    if (!(mask & (1u << op))) continue;
+    int j = (int)rnd(t, CHAOS_JOBS);
+    const dh_run *ref = &t->cx->ref[j];
+    t->ops[op]++;
+    switch (op) {
+      case 0: /* a whole job */
+        chaos_partial(t, j, 0, ref->n + 1, 0);
+        break;
+      case 1: /* a bit of a job, abandoned in some way */
+      case 2:
+        chaos_partial(t, j, 0, rnd(t, 40), (int)rnd(t, 4));
+        break;
+      case 3: /* resume somewhere, read on */
+        chaos_partial(t, j, rnd(t, ref->n), 30 + rnd(t, 60), (int)rnd(t, 4));
+        break;
+      case 4:
+        chaos_two_streams(t);
+        break;
+      case 5: { /* open and close at once, before anything is ready */
+        larder_client_t *c;
+        if (larder_client_connect(t->cx->socket, &c) == 0) {
+          larder_stream_t *s;
+          if (larder_stream_open(c, &t->cx->o[j], &s) == 0 && rnd(t, 2)) larder_stream_close(s);
+          larder_client_close(c);
+        }
+        break;
+      }
+      case 6: { /* garbage */
+        int fd = dh_raw_connect(t->cx->socket);
+        uint8_t junk[64];
+        for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (uint8_t)rnd(t, 256);
+        dh_raw_write(fd, junk, 1 + rnd(t, sizeof(junk)));
+        close(fd);
+        break;
+      }
+      case 8: { /* a client killed while it streams and holds batches */
+        int pfd[2];
+        if (pipe(pfd) != 0) break;
+        pid_t pid = fork();
+        if (pid == 0) {
+          close(pfd[0]);
+          larder_client_t *c;
+          larder_stream_t *s;
+          larder_batch_t *b;
+          if (larder_client_connect(t->cx->socket, &c) == 0 &&
+              larder_stream_open(c, &t->cx->o[j], &s) == 0 &&
+              larder_stream_next(s, 60000, &b) == 0) {
+            if (write(pfd[1], "x", 1) != 1) _exit(1);
+            for (;;) {
+              if (t->cx->o[j].window > 1 && larder_stream_next(s, 60000, &b) == 0) {
+                larder_batch_release(b);
+                continue;
+              }
+              pause();
+            }
+          }
+          _exit(2);
+        }
+        close(pfd[1]);
+        char ch;
+        if (pid > 0) {
+          if (read(pfd[0], &ch, 1) == 1) usleep((useconds_t)rnd(t, 3000));
+          kill(pid, SIGKILL);
+          waitpid(pid, NULL, 0);
+        }
+        close(pfd[0]);
+        break;
+      }
+      default: { /* a missing file */
+        larder_client_t *c;
+        if (larder_client_connect(t->cx->socket, &c) == 0) {
+          larder_stream_options_t o = t->cx->o[j];
+          const char *src[1] = {"/nonexistent/larder/chaos.parquet"};
+          o.sources = src;
+          larder_stream_t *s;
+          int rc = larder_stream_open(c, &o, &s);
+          larder_client_close(c);
+          if (rc != LARDER_ENOENT) {
+            snprintf(t->err, sizeof(t->err), "missing file: %s", larder_err_name(rc));
+            t->failed = 1;
+          }
+        }
+        break;
+      }
+    }
+  }
+  return NULL;
+}
+
+/*
+ * Chaos: several threads, each its own clients, run whole jobs, partial
+ * jobs abandoned in every way (closing, vanishing, holding batches),
+ * resumed jobs, two streams on one client, instant open-and-close,
+ * garbage and missing files, all at once against a daemon with a small
+ * memory pool and a cache of half the data, so units are evicted,
+ * reloaded, cached and refused all the time.  Every batch served must be
+ * the reference's, and afterwards the daemon holds nothing of theirs.
+ */
+TEST_IMPL(daemon_robust_chaos) {
+  char dir[1024];
+  ASSERT_EQ(dh_mid_dataset(dir, sizeof(dir)), DH_MID_ROWS);
+  const char *src[1] = {dir};
+  chaos_ctx cx;
+  memset(&cx, 0, sizeof(cx));
+  cx.dir = dir;
+  for (int j = 0; j < CHAOS_JOBS; j++) {
+    dh_opts(&cx.o[j], src, 128 + 64 * (uint32_t)j, 100 + (uint64_t)j, 2);
+    cx.o[j].unit_rows = 512;
+    cx.o[j].shuffle_window = 6 + (uint32_t)j * 5;
+    cx.o[j].arena_bytes = j == 1 ? 256u << 10 : 4u << 20;
+    cx.o[j].window = 1 + (uint32_t)j * 3;
+    cx.o[j].rank = j == 2 ? 1 : 0;
+    cx.o[j].world_size = j == 2 ? 2 : 1;
+  }
+  /* References from a quiet daemon with default settings. */
+  {
+    dh_daemon r;
+    dh_init(&r, "ref", NULL);
+    dh_start(&r);
+    for (int j = 0; j < CHAOS_JOBS; j++) ASSERT_OK(dh_collect(r.socket, &cx.o[j], 0, &cx.ref[j]));
+    char *json = dh_admin(&r, "stats");
+    uint64_t total = dh_json_u64(json, "cache.used_bytes");
+    free(json);
+    dh_stop(&r);
+    /* The chaos daemon: half the cache, a tiny memory pool. */
+    char cap[64];
+    snprintf(cap, sizeof(cap), "--cache_capacity=%llu", (unsigned long long)total / 2);
+    const char *const fl[] = {"--workers=3", "--memory_limit=1M", "--prefetch_batches=4", cap,
+                              NULL};
+    fixture f;
+    memset(&f, 0, sizeof(f));
+    dh_init(&f.d, "d", fl);
+    dh_start(&f.d);
+    cx.socket = f.d.socket;
+    f.sockets0 = quiet_sockets(f.d.pid);
+    f.fds0 = dh_fd_count(f.d.pid);
+    cx.deadline = now_ms() + 4000.0 * dh_slow();
+    chaos_thread th[5];
+    memset(th, 0, sizeof(th));
+    for (int i = 0; i < 5; i++) {
+      th[i].cx = &cx;
+      th[i].id = i;
+      th[i].rng = 0x243f6a8885a308d3ull * (uint64_t)(i + 1);
+      ASSERT_OK(pthread_create(&th[i].th, NULL, chaos_main, &th[i]));
+    }
+    for (int i = 0; i < 5; i++) pthread_join(th[i].th, NULL);
+    int ops[9] = {0};
+    for (int i = 0; i < 5; i++) {
+      if (th[i].failed) {
+        dh_print_log(&f.d);
+        ASSERT_FAIL_("chaos thread %d: %s", i, th[i].err);
+      }
+      for (int k = 0; k < 9; k++) ops[k] += th[i].ops[k];
+    }
+    fprintf(stderr, "chaos: %d whole, %d partial, %d resumed, %d two-stream, %d open-close, "
+            "%d garbage, %d missing, %d killed\n", ops[0], ops[1] + ops[2], ops[3], ops[4], ops[5],
+            ops[6], ops[7], ops[8]);
+    ASSERT(dh_alive(&f.d));
+    fx_expect_baseline(&f, 0, 0);
+    /* And it still serves every job exactly. */
+    for (int j = 0; j < CHAOS_JOBS; j++) {
+      dh_run r2 = {0};
+      r2.check_rows = j == 0;
+      ASSERT_OK(dh_collect(f.d.socket, &cx.o[j], 0, &r2));
+      dh_expect_same(&cx.ref[j], &r2);
+      dh_run_free(&r2);
+    }
+    char *js = dh_admin(&f.d, "stats");
+    ASSERT_EQ(dh_json_u64(js, "unit_errors"), 0);
+    ASSERT_EQ(dh_json_u64(js, "streams"), 0);
+    ASSERT_EQ(dh_json_u64(js, "cache.checksum_failures"), 0);
+    free(js);
+    dh_stop(&f.d);
+  }
+  for (int j = 0; j < CHAOS_JOBS; j++) dh_run_free(&cx.ref[j]);
+  return 0;
+}
