@@ -68,7 +68,8 @@ struct unit {
   uint8_t **blobs;        /* per column, when decoded */
   layout_view_t *views;   /* per column, READY */
   uint8_t *rowblock;      /* the row block of the small columns, or NULL */
-  uint64_t bytes;
+  uint64_t bytes;          /* in memory, row block included */
+  uint64_t data_bytes;     /* of its column blobs: what the cache holds */
   int from_cache;
   int retry;              /* its row group was being decoded: try again */
   int need_fetch;         /* remote and not cached: its row group's bytes */

@@ -578,8 +578,9 @@ static void count_stages(stream_t *s, const pbatch_t *b) {
     STATS_ADD(&s->st, fetch_ns, u->fetch_ns);
     STATS_ADD(&s->st, decode_ns, u->decode_ns);
     STATS_ADD(&s->st, cache_read_ns, u->cache_read_ns);
-    if (u->from_cache) STATS_ADD(&s->st, cache_hit_bytes, u->bytes);
-    else STATS_ADD(&s->st, cache_miss_bytes, u->bytes);
+    uint64_t db = u->data_bytes ? u->data_bytes : u->bytes;
+    if (u->from_cache) STATS_ADD(&s->st, cache_hit_bytes, db);
+    else STATS_ADD(&s->st, cache_miss_bytes, db);
   }
 }
 

@@ -523,6 +523,7 @@ static void build_rows(unit_t *u) {
     unit_fail(u, LARDER_ENOMEM, "out of memory building a unit's row block");
     return;
   }
+  u->data_bytes = u->bytes;
   u->bytes += (uint64_t)(int64_t)u->rows * plan->stride;
 }
 
@@ -682,11 +683,11 @@ static void load_done(uv_work_t *w, int status) {
     STATS_ADD(&srv->stats, memory_bytes, u->bytes);
     if (u->from_cache) {
       STATS_ADD(&srv->stats, units_from_cache, 1);
-      STATS_ADD(&srv->stats, cache_hit_bytes, u->bytes);
+      STATS_ADD(&srv->stats, cache_hit_bytes, u->data_bytes ? u->data_bytes : u->bytes);
       STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
     } else {
       STATS_ADD(&srv->stats, units_decoded, 1);
-      STATS_ADD(&srv->stats, cache_miss_bytes, u->bytes);
+      STATS_ADD(&srv->stats, cache_miss_bytes, u->data_bytes ? u->data_bytes : u->bytes);
       STATS_ADD(&srv->stats, decode_ns, u->decode_ns);
       STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
     }
