@@ -213,7 +213,10 @@ static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
       u->row_start = a;
       u->rows = (uint32_t)(b - a);
       u->est_bytes = bytes * (b - a) / rows;
-      uint64_t ident[3] = {f->object_id, (uint64_t)g, a};
+      /* Every unit of a row group shares its priority, so the cache keeps or
+       * drops row groups whole: a row group that is not cached costs one
+       * fetch per epoch, never one per unit. */
+      uint64_t ident[2] = {f->object_id, (uint64_t)g};
       u->priority = util_hash64(ident, sizeof(ident), 0x9e3779b97f4a7c15ull);
       ds->total_rows += b - a;
       ds->est_bytes += u->est_bytes;

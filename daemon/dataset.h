@@ -50,7 +50,8 @@ typedef struct dataset_unit {
   uint64_t row_start;      /* within the row group */
   uint32_t rows;
   uint64_t est_bytes;      /* decoded bytes, estimated from the footer */
-  uint64_t priority;       /* cache priority: a hash of the unit's identity */
+  uint64_t priority;       /* cache priority: a hash of its row group's
+                              identity, shared by the row group's units */
 } dataset_unit_t;
 
 typedef struct dataset_options {
