@@ -1138,9 +1138,11 @@ static void list_next(list_ctx_t *lc) {
   lc->pages++;
   char *ep = curl_easy_escape(NULL, lc->prefix, 0);
   char *et = lc->token[0] ? curl_easy_escape(NULL, lc->token, 0) : NULL;
+  /* Parameters in sorted order: libcurl 7.88 signs the query as written,
+   * and S3 verifies it sorted. */
   char query[4096];
-  snprintf(query, sizeof(query), "list-type=2&max-keys=1000&prefix=%s%s%s", ep ? ep : "",
-           et ? "&continuation-token=" : "", et ? et : "");
+  snprintf(query, sizeof(query), "%s%s%slist-type=2&max-keys=1000&prefix=%s",
+           et ? "continuation-token=" : "", et ? et : "", et ? "&" : "", ep ? ep : "");
   curl_free(ep);
   curl_free(et);
   char bucket_url[1100];
