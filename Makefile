@@ -53,7 +53,7 @@ COMMON_SRCS := client/error.c
 # unit tests.
 DAEMON_LIB_SRCS := $(filter-out daemon/main.c $(PQ_SRCS),$(sort $(wildcard daemon/*.c)))
 CLIENT_SRCS := client/larder.c client/wire.c client/error.c
-CTL_SRCS := client/larderctl.c client/ctl_parquet.c
+CTL_SRCS := client/larderctl.c client/ctl_parquet.c client/ctl_daemon.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
 TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c
 
@@ -188,8 +188,9 @@ fuzz: fuzz-build
 # Lint
 
 LINT_SRCS := $(PQ_SRCS) $(COMMON_SRCS) $(CTL_SRCS)
-lint:
-	clang-tidy --quiet $(LINT_SRCS) -- -std=c11 -D_GNU_SOURCE
+# (client/ctl_daemon.c includes the generated protobuf header.)
+lint: $(PROTO_H)
+	clang-tidy --quiet $(LINT_SRCS) -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Iclient
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
 	  --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ $(LINT_SRCS)
 

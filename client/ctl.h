@@ -8,6 +8,7 @@
 #ifndef LARDER_CTL_H
 #define LARDER_CTL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../daemon/parquet.h"
@@ -15,9 +16,23 @@
 int ctl_sb_puts(pq_strbuf_t *sb, const char *s);
 int ctl_sb_printf(pq_strbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Global options (larderctl.c): --socket (NULL: $LARDER_SOCKET, else the
+ * default socket). */
+extern const char *ctl_socket;
+const char *ctl_socket_path(void);
+
+/* Commands that talk to the daemon (ctl_daemon.c). */
+int ctl_cmd_status(int json);
+int ctl_cmd_stats(int json, int watch, double interval, long count);
+/* One request whose whole answer is printed (clients, ls, evict, verify,
+ * reload, config). */
+int ctl_cmd_simple(const char *command, char **args, size_t nargs, int json, int dry_run);
+int ctl_cmd_prefetch(char **args, size_t nargs, int json);
+int ctl_inspect_remote(const char *url, int json);
+int ctl_cat_remote(const char *url, const char *columns, int64_t offset, int64_t limit,
+                   int no_verify_crc, uint64_t max_chunk);
+
 /* Local Parquet tools (ctl_parquet.c). */
-void ctl_inspect_json(pq_strbuf_t *sb, const pq_file *f);
-void ctl_inspect_human(pq_strbuf_t *sb, const pq_file *f);
 int ctl_cmd_inspect_local(const char *path, int json);
 int ctl_cat_local(const char *path, const char *columns, int64_t offset, int64_t limit,
                   const pq_options *opts);

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "../client/larder.h"
+#include "acl.h"
 #include "config.h"
 #include "log.h"
 
@@ -135,8 +136,26 @@ int config_defaults(config_t *cfg) {
   return 0;
 }
 
+/* Appends one allow line (the only key that may repeat). */
+static int add_allow(config_t *cfg, const char *value, char *err, size_t errlen) {
+  int rc = acl_rule_check(value, err, errlen);
+  if (rc) return rc;
+  char **v = realloc(cfg->allow, (cfg->num_allow + 1) * sizeof(char *));
+  if (v == NULL) return LARDER_ENOMEM;
+  cfg->allow = v;
+  if ((v[cfg->num_allow] = strdup(value)) == NULL) return LARDER_ENOMEM;
+  cfg->num_allow++;
+  return 0;
+}
+
+int config_is_secret(const char *key) {
+  return strcmp(key, "s3_secret_key") == 0 || strcmp(key, "s3_session_token") == 0 ||
+         strcmp(key, "s3_access_key") == 0;
+}
+
 int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen) {
+  if (strcmp(key, "allow") == 0) return add_allow(cfg, value, err, errlen);
   const key_info *k = find_key(key);
   if (k == NULL) {
     snprintf(err, errlen, "unknown setting '%s'", key);
@@ -193,10 +212,47 @@ int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
   return 0;
 }
 
+static int same_allow(const config_t *a, const config_t *b) {
+  if (a->num_allow != b->num_allow) return 0;
+  for (size_t i = 0; i < a->num_allow; i++)
+    if (strcmp(a->allow[i], b->allow[i]) != 0) return 0;
+  return 1;
+}
+
+static void list_add(char *buf, size_t len, size_t *used, const char *name) {
+  if (buf == NULL || *used + strlen(name) + 3 >= len) return;
+  *used += (size_t)snprintf(buf + *used, len - *used, "%s%s", *used ? ", " : "", name);
+}
+
 void config_apply_live(config_t *cur, const config_t *next, char *restart,
                        size_t restart_len) {
-  size_t used = 0;
+  config_apply_live_report(cur, next, restart, restart_len, NULL, 0);
+}
+
+void config_apply_live_report(config_t *cur, const config_t *next, char *restart,
+                              size_t restart_len, char *changed, size_t changed_len) {
+  size_t used = 0, cused = 0;
   restart[0] = '\0';
+  if (changed) changed[0] = '\0';
+  if (!same_allow(cur, next)) {
+    /* The allowlist is live: copy it whole, or keep the old one. */
+    char **v = next->num_allow ? calloc(next->num_allow, sizeof(char *)) : NULL;
+    size_t k = 0;
+    if (v || next->num_allow == 0) {
+      for (; k < next->num_allow; k++)
+        if ((v[k] = strdup(next->allow[k])) == NULL) break;
+    }
+    if ((v || next->num_allow == 0) && k == next->num_allow) {
+      for (size_t i = 0; i < cur->num_allow; i++) free(cur->allow[i]);
+      free(cur->allow);
+      cur->allow = v;
+      cur->num_allow = k;
+      list_add(changed, changed_len, &cused, "allow");
+    } else if (v) {
+      for (size_t i = 0; i < k; i++) free(v[i]);
+      free(v);
+    }
+  }
   for (size_t i = 0; i < NUM_KEYS; i++) {
     const key_info *k = &keys[i];
     const char *a = (const char *)cur + k->offset, *b = (const char *)next + k->offset;
@@ -210,6 +266,7 @@ void config_apply_live(config_t *cur, const config_t *next, char *restart,
       same = memcmp(a, b, sizeof(int)) == 0;
     }
     if (same) continue;
+    if (k->live) list_add(changed, changed_len, &cused, k->name);
     if (k->live) {
       if (k->type == T_STR) {
         char **slot = (char **)(void *)((char *)cur + k->offset);
@@ -237,6 +294,54 @@ void config_free(config_t *cfg) {
   }
   free(cfg->path);
   cfg->path = NULL;
+  for (size_t i = 0; i < cfg->num_allow; i++) free(cfg->allow[i]);
+  free(cfg->allow);
+  cfg->allow = NULL;
+  cfg->num_allow = 0;
+}
+
+void config_each(const config_t *cfg, void (*fn)(const char *key, const char *value, int live,
+                                                 void *arg),
+                 void *arg) {
+  static const char *const levels[] = {"emerg", "alert", "crit",   "err",
+                                       "warning", "notice", "info", "debug"};
+  for (size_t i = 0; i < NUM_KEYS; i++) {
+    const key_info *k = &keys[i];
+    const char *field = (const char *)cfg + k->offset;
+    char buf[64];
+    const char *v = buf;
+    switch (k->type) {
+      case T_STR:
+        v = *(char *const *)(const void *)field;
+        if (v == NULL) v = "";
+        if (config_is_secret(k->name) && *v) v = "(set)";
+        break;
+      case T_SIZE:
+      case T_U64: {
+        uint64_t n;
+        memcpy(&n, field, sizeof(n));
+        if (strcmp(k->name, "socket_mode") == 0) snprintf(buf, sizeof(buf), "0%llo", (unsigned long long)n);
+        else snprintf(buf, sizeof(buf), "%llu", (unsigned long long)n);
+        break;
+      }
+      case T_BOOL: {
+        int b;
+        memcpy(&b, field, sizeof(b));
+        v = b ? "true" : "false";
+        break;
+      }
+      case T_LEVEL: {
+        int l;
+        memcpy(&l, field, sizeof(l));
+        v = l >= 0 && l < 8 ? levels[l] : "?";
+        break;
+      }
+      default:
+        v = "";
+    }
+    fn(k->name, v, k->live, arg);
+  }
+  for (size_t i = 0; i < cfg->num_allow; i++) fn("allow", cfg->allow[i], 1, arg);
 }
 
 void config_print_reference(FILE *out) {
@@ -249,4 +354,17 @@ void config_print_reference(FILE *out) {
     fprintf(out, "\n# %s%s\n%s = %s\n", keys[i].doc, keys[i].live ? " [live]" : "",
             keys[i].name, keys[i].def);
   }
+  fputs("\n# The allowlist of remote sources: one `allow` line per URL prefix (the key\n"
+        "# may repeat; on the command line, one --allow=... flag per rule), each\n"
+        "# optionally limited to owners: uid=N, user=NAME, gid=N, group=NAME\n"
+        "# (alternatives), checked against the client's SO_PEERCRED credentials and\n"
+        "# supplementary groups.  Stream opens, prefetch, inspect and cat of a URL\n"
+        "# outside it fail with \"not allowed: URL is outside the configured sources\".\n"
+        "# With no allow line every URL is allowed: anyone who can reach the socket\n"
+        "# can then make the daemon fetch with its S3 credentials, so production\n"
+        "# configurations should list their sources. [live]\n"
+        "# allow = s3://training-data/imagenet/\n"
+        "# allow = s3://team-a/ uid=1000 group=trainers\n"
+        "# allow = https://datasets.example.com/public/\n",
+        out);
 }

@@ -13,6 +13,9 @@
  *   `--key=value` flags.
  * - Sizes accept K, M, G and T suffixes (powers of 1024); durations are
  *   seconds.
+ * - `allow` is the one key that may repeat: each line adds a rule to the
+ *   allowlist (acl.h documents the syntax); on the command line, every
+ *   --allow=... flag adds one.
  * - Errors: config_load returns a negative code and a message naming the
  *   file, line and key.  Only the loop thread touches a config_t.
  */
@@ -88,7 +91,38 @@
      "S3 access key (empty: $AWS_ACCESS_KEY_ID or the profile)")               \
   XX(s3_secret_key, STR, "", 0, "S3 secret key (never logged)")                \
   XX(s3_session_token, STR, "", 0, "S3 session token (never logged)")          \
-  XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")
+  XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")      \
+  XX(log_file, STR, "", 0,                                                     \
+     "append the log to this file instead of stderr (reopened on SIGHUP, for " \
+     "logrotate; empty: stderr)")                                              \
+  XX(daemonize, BOOL, "false", 0,                                              \
+     "detach from the terminal (double fork, setsid, working directory /) "    \
+     "once the socket listens; without log_file the log goes to /dev/null")    \
+  XX(pid_file, STR, "", 0,                                                     \
+     "write the daemon's pid to this file once it listens, remove it at exit " \
+     "(empty: none)")                                                          \
+  XX(local_roots, STR, "", 1,                                                  \
+     "directories local sources must lie in, separated by ':' or ','; "       \
+     "symlinks and .. are resolved first (empty: anywhere; production "       \
+     "configs should set it)")                                                 \
+  XX(admin_group, STR, "", 1,                                                  \
+     "group (name or gid) whose members may run larderctl evict, prefetch, "   \
+     "verify, reload and config, besides root (empty: root only)")             \
+  XX(max_arena_bytes_per_client, SIZE, "8G", 1,                                \
+     "shared-memory arena bytes of all the streams of one connection")         \
+  XX(max_pending_per_client, U64, "16", 1,                                     \
+     "stream opens and admin jobs (prefetch, cat, ...) one connection may "    \
+     "have in progress at once")                                               \
+  XX(max_clients_per_uid, U64, "256", 1,                                       \
+     "connections one user may hold at once (0: no limit)")                    \
+  XX(metrics_listen, STR, "", 0,                                               \
+     "serve Prometheus metrics over HTTP on this address, such as "            \
+     "127.0.0.1:9464 or [::1]:9464, at /metrics (empty: off)")                 \
+  XX(metrics_textfile, STR, "", 1,                                             \
+     "write Prometheus metrics to this file for node_exporter's textfile "     \
+     "collector, such as /var/lib/prometheus/node-exporter/larder.prom "       \
+     "(empty: off)")                                                           \
+  XX(metrics_interval, U64, "15", 1, "seconds between writes of metrics_textfile")
 
 typedef struct config {
 #define CONFIG_FIELD_STR char *
@@ -100,6 +134,11 @@ typedef struct config {
   CONFIG_KEYS(CONFIG_DECLARE_)
 #undef CONFIG_DECLARE_
   char *path; /* the file it came from, or NULL */
+  /* The allowlist: one "allow = PREFIX [uid=..] [gid=..]" line each, in
+   * order (repeatable, so not in CONFIG_KEYS; acl.h parses them).  None:
+   * every URL is allowed. */
+  char **allow;
+  size_t num_allow;
 } config_t;
 
 /* Fills cfg with the defaults.  Returns 0 or LARDER_ENOMEM. */
@@ -116,9 +155,22 @@ int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen);
 
 /* Copies the live keys of next into cur and lists (comma-separated, into
- * restart) the keys that changed but need a restart. */
+ * restart) the keys that changed but need a restart; with changed != NULL,
+ * also the live keys that changed (secrets by name only).  The allowlist
+ * is live. */
 void config_apply_live(config_t *cur, const config_t *next, char *restart,
                        size_t restart_len);
+void config_apply_live_report(config_t *cur, const config_t *next, char *restart,
+                              size_t restart_len, char *changed, size_t changed_len);
+
+/* Calls fn for every key with its current value as text (secret keys that
+ * are set show as "(set)"), then once per allow line (key "allow"). */
+void config_each(const config_t *cfg, void (*fn)(const char *key, const char *value, int live,
+                                                 void *arg),
+                 void *arg);
+
+/* Whether a key holds a secret that is never logged or shown. */
+int config_is_secret(const char *key);
 
 void config_free(config_t *cfg);
 

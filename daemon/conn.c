@@ -50,6 +50,7 @@ static void on_close(uv_handle_t *h) {
     free(p);
   }
   free(c->rbuf);
+  free(c->groups); /* larder ACL: SO_PEERGROUPS */
   STATS_SUB(&srv->stats, clients, 1);
   free(c);
 }
@@ -63,6 +64,7 @@ void conn_close(conn_t *c) {
   if (c->closing) return;
   c->closing = 1;
   while (c->streams) stream_close(c->streams);
+  admin_conn_closed(c); /* its admin jobs (prefetch, cat) stop */
   uv_read_stop((uv_stream_t *)&c->pipe);
   uv_timer_stop(&c->fd_timer);
   uv_close((uv_handle_t *)&c->fd_timer, on_timer_close);
@@ -86,6 +88,7 @@ void conn_shutdown(conn_t *c) {
   if (c->closing || c->draining) return;
   c->draining = 1;
   while (c->streams) stream_close(c->streams);
+  admin_conn_closed(c);
   uv_read_stop((uv_stream_t *)&c->pipe);
   uv_shutdown_t *req = malloc(sizeof(*req));
   if (req == NULL || uv_shutdown(req, (uv_stream_t *)&c->pipe, on_shutdown) != 0) {
@@ -244,8 +247,6 @@ static void protocol_error(conn_t *c, int code, const char *what) {
 
 /* ------------------------------------------------------------------------ */
 
-void admin_handle(conn_t *c, const Larder__AdminRequest *req);
-
 static void dispatch(conn_t *c, Larder__Frame *f) {
   if (c->draining) return;
   if (!c->hello_done) {
@@ -378,6 +379,32 @@ void conn_accept(server_t *srv, uv_stream_t *listener) {
     c->pid = cred.pid;
     c->uid = cred.uid;
     c->gid = cred.gid;
+    /* larder ACL: the peer's supplementary groups, for group= allow rules
+     * and admin_group (as the kernel saw them at connect time). */
+    gid_t groups[256];
+    socklen_t glen = sizeof(groups);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0 && glen > 0) {
+      c->groups = malloc(glen);
+      if (c->groups) {
+        memcpy(c->groups, groups, glen);
+        c->num_groups = (int)(glen / sizeof(gid_t));
+      }
+    }
+  } else {
+    /* Without credentials nothing can be checked: treat it as nobody. */
+    c->uid = c->gid = (uid_t)-2;
+  }
+  /* larder per-client limits: connections per user. */
+  uint64_t same_uid = 0;
+  for (conn_t *o = srv->conns; o; o = o->next)
+    if (o->uid == c->uid && !o->closing && !o->draining) same_uid++;
+  if (srv->cfg.max_clients_per_uid && same_uid > srv->cfg.max_clients_per_uid &&
+      !srv->shutting_down) {
+    conn_send_error(c, LARDER_ELIMIT, 0, 0,
+                    "too many connections from uid %u (max_clients_per_uid %llu)",
+                    (unsigned)c->uid, (unsigned long long)srv->cfg.max_clients_per_uid);
+    conn_shutdown(c);
+    return;
   }
   if (STATS_GET(&srv->stats, clients) > srv->cfg.max_clients || srv->shutting_down) {
     conn_send_error(c, srv->shutting_down ? LARDER_ESHUTDOWN : LARDER_ELIMIT, 0, 0,

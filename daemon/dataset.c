@@ -58,11 +58,34 @@ static int inside_roots(const char *path, const char *const *roots) {
   return 0;
 }
 
+/* larder ACL: whether the directory a pattern starts from (the part
+ * before its first wildcard) lies inside the roots, so that glob never
+ * walks (and errors never name) what lies outside them.  A directory that
+ * does not resolve is left to glob, which then finds nothing. */
+static int glob_base_inside(const char *src, const char *const *roots) {
+  if (roots == NULL) return 1;
+  char dir[PATH_MAX], real[PATH_MAX];
+  size_t n = strcspn(src, "*?[");
+  if (n >= sizeof(dir)) return 0;
+  memcpy(dir, src, n);
+  dir[n] = '\0';
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL) snprintf(dir, sizeof(dir), ".");
+  else if (slash == dir) dir[1] = '\0';
+  else *slash = '\0';
+  if (realpath(dir, real) == NULL) return 1;
+  return inside_roots(real, roots);
+}
+
 /* Expands one local source into files. */
 static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
                         char *err, size_t errlen) {
   strlist found = {0};
   int rc = 0;
+  if (has_glob(src) && !glob_base_inside(src, opts->allowed_roots)) {
+    snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
+    return LARDER_EACCES;
+  }
   if (has_glob(src)) {
     glob_t g;
     int grc = glob(src, GLOB_NOSORT, NULL, &g);
@@ -107,7 +130,8 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
       break;
     }
     if (!inside_roots(real, opts->allowed_roots)) {
-      snprintf(err, errlen, "not allowed: %s is outside the configured sources", found.v[i]);
+      /* larder ACL: name the source, not what it led to outside. */
+      snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
       rc = LARDER_EACCES;
       break;
     }

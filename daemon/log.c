@@ -1,6 +1,8 @@
 /*
  * log.c: priority-prefixed lines on stderr.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,4 +42,25 @@ void log_msg(int level, const char *fmt, ...) {
   line[len++] = '\n';
   ssize_t w = write(2, line, len);
   (void)w;
+}
+
+static char log_path[4096];
+
+int log_open_file(const char *path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  if (fd < 0) return -errno;
+  if (dup2(fd, 2) < 0 || dup2(fd, 1) < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  close(fd);
+  if (path != log_path) snprintf(log_path, sizeof(log_path), "%s", path);
+  return 0;
+}
+
+void log_reopen(void) {
+  if (log_path[0] == '\0') return;
+  int rc = log_open_file(log_path);
+  if (rc) log_msg(LOG_WARNING_, "cannot reopen the log file %s: %s", log_path, strerror(-rc));
 }

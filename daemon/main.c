@@ -4,11 +4,24 @@
  *
  *   larderd [--config PATH] [--key=value ...] [--help] [--help-config]
  *           [--version]
+ *
+ * The foreground is the default (systemd runs it so, and so do the
+ * tests).  --daemonize (or daemonize = true) detaches without systemd: a
+ * double fork and setsid, working directory /, stdin from /dev/null,
+ * stdout and stderr to log_file (else /dev/null once the socket listens;
+ * until then startup errors still reach the terminal).  The command
+ * returns once the daemon listens, with status 0, or 1 when it failed to
+ * start.  pid_file is written once the socket listens and removed at exit.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -20,11 +33,146 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: larderd [--config PATH] [--KEY=VALUE ...]\n"
+          "       larderd --daemonize --pid_file=PATH --log_file=PATH [...]\n"
           "\n"
           "Serves shuffled training batches from Parquet shards to trainers on this\n"
           "host.  Settings come from %s (or --config) and\n"
-          "--KEY=VALUE flags; `larderd --help-config` lists every key.\n",
+          "--KEY=VALUE flags; `larderd --help-config` lists every key.  It runs in the\n"
+          "foreground unless --daemonize (or daemonize = true) is given.\n",
           DEFAULT_CONFIG);
+}
+
+/* --daemonize: the write end of the pipe the first process waits on. */
+static int ready_fd = -1;
+static char pid_path[PATH_MAX];
+static int log_to_null; /* --daemonize without log_file */
+
+/* Makes a relative path absolute (the daemon's working directory becomes
+ * /).  Returns 0 or -1 (out of memory). */
+static int absolutize(char **slot) {
+  char *p = *slot;
+  if (p == NULL || *p == '\0' || *p == '/') return 0;
+  char cwd[PATH_MAX];
+  if (getcwd(cwd, sizeof(cwd)) == NULL) return 0;
+  size_t n = strlen(cwd) + strlen(p) + 2;
+  char *abs = malloc(n);
+  if (abs == NULL) return -1;
+  snprintf(abs, n, "%s/%s", cwd, p);
+  free(p);
+  *slot = abs;
+  return 0;
+}
+
+static int write_pid_file(const char *path) {
+  char tmp[PATH_MAX + 8];
+  snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -errno;
+  char buf[32];
+  int n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+  int ok = write(fd, buf, (size_t)n) == n;
+  if (close(fd) != 0) ok = 0;
+  if (!ok || rename(tmp, path) != 0) {
+    int e = errno ? errno : EIO;
+    unlink(tmp);
+    return -e;
+  }
+  return 0;
+}
+
+/* Removes the pid file if it still names this process. */
+static void remove_pid_file(void) {
+  if (pid_path[0] == '\0') return;
+  FILE *f = fopen(pid_path, "r");
+  int pid = 0;
+  if (f) {
+    if (fscanf(f, "%d", &pid) != 1) pid = 0;
+    fclose(f);
+  }
+  if (pid == (int)getpid()) unlink(pid_path);
+}
+
+static void on_ready(server_t *srv) {
+  if (srv->cfg.pid_file && *srv->cfg.pid_file) {
+    int rc = write_pid_file(srv->cfg.pid_file);
+    if (rc) log_err("cannot write the pid file %s: %s", srv->cfg.pid_file, strerror(-rc));
+    else snprintf(pid_path, sizeof(pid_path), "%s", srv->cfg.pid_file);
+  }
+  if (ready_fd >= 0) {
+    if (log_to_null) {
+      int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+    }
+    char one = '1';
+    if (write(ready_fd, &one, 1) != 1) {
+      /* The first process is gone; nothing to tell. */
+    }
+    close(ready_fd);
+    ready_fd = -1;
+  }
+}
+
+/*
+ * The double fork.  The first process waits until the daemon says it is
+ * ready (or exits) and returns that as its status; the second, a session
+ * leader, forks the daemon and exits, so the daemon is no session leader
+ * and can never take a controlling terminal.
+ */
+static int daemonize(const char *log_file) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    fprintf(stderr, "larderd: pipe: %s\n", strerror(errno));
+    return -1;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "larderd: fork: %s\n", strerror(errno));
+    return -1;
+  }
+  if (pid > 0) {
+    close(p[1]);
+    char c = 0;
+    ssize_t n;
+    do n = read(p[0], &c, 1);
+    while (n < 0 && errno == EINTR);
+    int st;
+    waitpid(pid, &st, 0); /* the middle process exits at once */
+    if (n == 1 && c == '1') _exit(0);
+    if (log_file && *log_file)
+      fprintf(stderr, "larderd: the daemon failed to start; see %s\n", log_file);
+    else
+      fprintf(stderr, "larderd: the daemon failed to start\n");
+    _exit(1);
+  }
+  close(p[0]);
+  if (setsid() < 0) _exit(1);
+  pid = fork();
+  if (pid < 0) _exit(1);
+  if (pid > 0) _exit(0);
+  ready_fd = p[1];
+  if (chdir("/") != 0) {
+    /* / always exists */
+  }
+  int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (fd >= 0) {
+    dup2(fd, 0);
+    close(fd);
+  }
+  if (log_file && *log_file) {
+    int rc = log_open_file(log_file);
+    if (rc) {
+      fprintf(stderr, "larderd: cannot open the log file %s: %s\n", log_file, strerror(-rc));
+      _exit(1);
+    }
+  } else {
+    log_to_null = 1;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -94,6 +242,25 @@ int main(int argc, char **argv) {
     }
   }
   log_set_level(srv->cfg.log_level);
+  if (srv->cfg.daemonize) {
+    /* The working directory becomes /: relative paths must not change
+     * their meaning. */
+    if (absolutize(&srv->cfg.socket) || absolutize(&srv->cfg.cache_dir) ||
+        absolutize(&srv->cfg.pid_file) || absolutize(&srv->cfg.log_file) ||
+        absolutize(&srv->cfg.metrics_textfile) || absolutize(&srv->config_path)) {
+      fprintf(stderr, "larderd: out of memory\n");
+      return 1;
+    }
+    if (daemonize(srv->cfg.log_file) != 0) return 1;
+  } else if (srv->cfg.log_file && *srv->cfg.log_file) {
+    int rc = log_open_file(srv->cfg.log_file);
+    if (rc) {
+      fprintf(stderr, "larderd: cannot open the log file %s: %s\n", srv->cfg.log_file,
+              strerror(-rc));
+      return 2;
+    }
+  }
+  srv->on_ready = on_ready;
   /* Units and cache values are megabytes each and come and go constantly.
    * glibc would map and unmap each one, paying page faults on every reuse;
    * keep freed memory in the heap instead (bounded by the peak, which
@@ -120,6 +287,7 @@ int main(int argc, char **argv) {
   }
   int status = server_run(srv);
   store_close(srv->store);
+  remove_pid_file();
   log_notice("stopped");
   config_free(&srv->cfg);
   free(srv->config_path);

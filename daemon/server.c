@@ -22,6 +22,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "server.h"
 #include "util.h"
 
@@ -120,6 +121,8 @@ static void begin_shutdown(server_t *srv, const char *why) {
   srv->shutdown_ns = util_now_ns();
   log_notice("%s: shutting down", why);
   sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
+  admin_shutdown(srv);  /* prefetch and cat jobs end */
+  metrics_stop(srv);    /* the HTTP endpoint closes; the textfile stays */
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
@@ -177,21 +180,52 @@ static void reapply_flags(config_t *next) {
   }
 }
 
-static void reload(server_t *srv) {
+int server_apply_access(server_t *srv, char *err, size_t errlen) {
+  acl_t *a;
+  int rc = acl_create((const char *const *)srv->cfg.allow, srv->cfg.num_allow,
+                      srv->cfg.admin_group, &a, err, errlen);
+  if (rc) return rc;
+  acl_free(srv->acl);
+  srv->acl = a;
+  return 0;
+}
+
+int server_reload(server_t *srv, char *summary, size_t len) {
   config_t next;
   char err[512];
-  if (config_defaults(&next) != 0) return;
+  summary[0] = '\0';
+  if (config_defaults(&next) != 0) {
+    snprintf(summary, len, "out of memory");
+    return LARDER_ENOMEM;
+  }
   if (srv->config_path) {
     if (config_load_file(&next, srv->config_path, 0, err, sizeof(err)) != 0) {
       log_err("reload: %s; keeping the current configuration", err);
+      snprintf(summary, len, "%s; keeping the current configuration", err);
       config_free(&next);
-      return;
+      return LARDER_EINVAL;
     }
   }
   reapply_flags(&next);
-  char restart[512];
-  config_apply_live(&srv->cfg, &next, restart, sizeof(restart));
+  /* larder ACL: check the new rules before anything changes. */
+  acl_t *check;
+  if (acl_create((const char *const *)next.allow, next.num_allow, next.admin_group, &check, err,
+                 sizeof(err)) != 0) {
+    log_err("reload: %s; keeping the current configuration", err);
+    snprintf(summary, len, "%s; keeping the current configuration", err);
+    config_free(&next);
+    return LARDER_EINVAL;
+  }
+  acl_free(check);
+  log_reopen();
+  char restart[512], changed[1024];
+  config_apply_live_report(&srv->cfg, &next, restart, sizeof(restart), changed, sizeof(changed));
   config_free(&next);
+  if (server_apply_access(srv, err, sizeof(err)) != 0) log_err("reload: %s", err);
+  metrics_config_changed(srv);
+  snprintf(summary, len, "reloaded %s; changed: %s%s%s", srv->config_path ? srv->config_path : "(no file)",
+           changed[0] ? changed : "nothing", restart[0] ? "; these keys changed but need a restart: " : "",
+           restart);
   log_set_level(srv->cfg.log_level);
   if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
   if (srv->fetch)
@@ -201,12 +235,18 @@ static void reload(server_t *srv) {
   units_trim(srv);
   if (restart[0]) log_notice("reloaded; these keys changed but need a restart: %s", restart);
   else log_notice("reloaded the configuration");
+  if (changed[0]) log_info("reload changed: %s", changed);
+  return 0;
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
   server_t *srv = h->data;
-  if (signum == SIGHUP) reload(srv);
-  else begin_shutdown(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (signum == SIGHUP) {
+    char summary[2048];
+    server_reload(srv, summary, sizeof(summary));
+  } else {
+    begin_shutdown(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  }
 }
 
 /* Bug fix (tests: daemon_robust_sigterm_streams): a connection closes
@@ -238,6 +278,7 @@ static void on_tick(uv_timer_t *t) {
              (double)srv->unit_bytes / 1048576.0);
   units_trim(srv);
   units_retry(srv);
+  admin_tick(srv); /* rate samples for larderctl stats */
 }
 
 static int start_fetcher(server_t *srv) {
@@ -284,20 +325,41 @@ int server_run(server_t *srv) {
   uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
   uv_signal_start(&srv->sig_int, on_signal, SIGINT);
   uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
-  int rc = listen_socket(srv);
-  if (rc) {
+  char aerr[512];
+  int rc = server_apply_access(srv, aerr, sizeof(aerr));
+  if (rc) log_err("%s", aerr);
+  if (rc == 0) {
+    rc = listen_socket(srv);
+    if (rc) uv_close((uv_handle_t *)&srv->listener, NULL);
+  }
+  if (rc == 0 && (rc = metrics_start(srv, aerr, sizeof(aerr))) != 0) {
+    log_err("%s", aerr);
     uv_close((uv_handle_t *)&srv->listener, NULL);
+    srv->listening = 0;
+    if (activated_fd() < 0 && srv->cfg.socket) unlink(srv->cfg.socket);
+  }
+  if (rc) {
+    metrics_stop(srv);
     finish_shutdown(srv);
     uv_run(srv->loop, UV_RUN_DEFAULT);
     units_shutdown(srv);
+    admin_shutdown(srv);
+    acl_free(srv->acl);
+    srv->acl = NULL;
+    for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
     return 1;
   }
   uv_timer_start(&srv->tick, on_tick, 1000, 1000);
   log_notice("larderd %s ready (%d workers, cache %s)", LARDERD_VERSION, srv->workers,
              srv->cfg.cache_dir);
   sd_notifyf(0, "READY=1\nSTATUS=ready: %d workers, cache %s", srv->workers, srv->cfg.cache_dir);
+  if (srv->on_ready) srv->on_ready(srv);
   uv_run(srv->loop, UV_RUN_DEFAULT);
   units_shutdown(srv);
+  admin_shutdown(srv);
+  metrics_stop(srv);
+  acl_free(srv->acl);
+  srv->acl = NULL;
   for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
   int close_rc = uv_loop_close(srv->loop);
   if (close_rc) log_warn("event loop closed with handles open");

@@ -26,6 +26,7 @@
 
 #include "../client/larder.h"
 #include "../client/wire.h"
+#include "acl.h"
 #include "arena.h"
 #include "config.h"
 #include "dataset.h"
@@ -122,6 +123,18 @@ stream_t *stream_find(conn_t *c, uint32_t id);
 const stats_stream_t *stream_stats(const stream_t *s);
 stream_t *stream_next_in_conn(const stream_t *s);
 
+/* For the admin commands and metrics: what a stream reads. */
+typedef struct stream_info {
+  uint32_t id;
+  uint32_t rank, world_size;
+  const char *dataset;        /* admin_sources_label of its sources */
+  uint64_t num_files, num_units, total_rows;
+  uint64_t batches_per_epoch, epochs;
+  uint64_t arena_bytes;
+  uint64_t opened_ns;
+} stream_info_t;
+void stream_info(const stream_t *s, stream_info_t *out);
+
 /* ------------------------------------------------------------------------ */
 /* Connections (conn.c)                                                      */
 
@@ -148,7 +161,21 @@ struct conn {
   int fd_timer_active;
   conn_t *next, *prev;
   uint64_t connected_ns;
+  /* Access control and per-client limits (acl.h, stream.c, admin.c). */
+  gid_t *groups;          /* supplementary groups, from SO_PEERGROUPS */
+  int num_groups;
+  uint64_t arena_bytes;   /* arenas of its open streams */
+  int pending_requests;   /* stream opens and admin jobs in progress */
+  int is_admin_conn;      /* has sent an admin request */
 };
+
+/* The peer's credentials as the ACL sees them. */
+static inline void conn_peer(const conn_t *c, acl_peer_t *p) {
+  p->uid = c->uid;
+  p->gid = c->gid;
+  p->groups = c->groups;
+  p->num_groups = c->num_groups;
+}
 
 void conn_accept(server_t *srv, uv_stream_t *listener);
 /* Queues a frame; with fd >= 0 the descriptor travels with its first byte.
@@ -198,10 +225,56 @@ struct server {
   size_t rgbuf_buckets;
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
   int tasks_in_flight;    /* every uv_queue_work not yet completed */
+
+  /* Access control (acl.h): rebuilt from cfg at start and on reload. */
+  acl_t *acl;
+  void *admin;            /* admin.c: rate samples, prefetch jobs */
+  void *metrics;          /* metrics.c: the HTTP endpoint, the textfile */
+  /* main.c: called once the socket listens (pid file, --daemonize). */
+  void (*on_ready)(server_t *srv);
 };
+
+/* ------------------------------------------------------------------------ */
+/* Administration (admin.c)                                                  */
+
+/* Answers one AdminRequest (larderctl). */
+void admin_handle(conn_t *c, const Larder__AdminRequest *req);
+/* The connection is closing: its jobs (prefetch, cat) stop. */
+void admin_conn_closed(conn_t *c);
+/* Every second (the tick): samples for the rates in stats. */
+void admin_tick(server_t *srv);
+/* Shutdown: ends every job and frees admin.c's state. */
+void admin_shutdown(server_t *srv);
+/* Records the dataset's files in the cache's object index (names and
+ * identities for ls and evict).  Any thread (a worker, after dataset_open). */
+void admin_register_objects(server_t *srv, const dataset_t *ds);
+/* What stats, clients and metrics show of a dataset: its first source
+ * (a URL without credentials or query string: fetch_redact) and "(+N
+ * more)".  malloc'd; NULL when out of memory. */
+char *admin_sources_label(char *const *sources, size_t n);
+
+/* Rates over the last few seconds, for stats and metrics (admin.c). */
+typedef struct admin_rates {
+  double window_s;        /* seconds the rates cover (0: no sample yet) */
+  double fetch_bytes_per_s, batch_bytes_per_s, batches_per_s;
+  double fetch_ns, decode_ns, cache_read_ns, assemble_ns; /* in the window */
+  double wait_ns, compute_ns;                            /* all streams */
+} admin_rates_t;
+void admin_global_rates(server_t *srv, admin_rates_t *out);
+/* One stream's batches/s, bytes/s and stall fraction over the window. */
+void admin_stream_rates(server_t *srv, const conn_t *c, const stream_t *s, double *batches_per_s,
+                        double *bytes_per_s, double *stall);
 
 /* Runs the daemon until SIGTERM or SIGINT.  Returns the exit status. */
 int server_run(server_t *srv);
+
+/* Rebuilds srv->acl from srv->cfg (allow lines, admin_group).  Returns 0 or a
+ * code with a message (the old rules are then kept). */
+int server_apply_access(server_t *srv, char *err, size_t errlen);
+/* Reloads the configuration (SIGHUP, larderctl reload); writes what
+ * happened into summary.  Returns 0 or a negative code (the file is
+ * broken: the current configuration stays). */
+int server_reload(server_t *srv, char *summary, size_t len);
 
 /* Counts a thread-pool task in and out, so shutdown can wait for them. */
 void server_task_begin(server_t *srv);

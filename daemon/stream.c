@@ -100,6 +100,7 @@ struct stream {
   uint64_t releases;        /* Release frames processed (see PB_NOROOM) */
 
   stats_stream_t st;
+  char *label;              /* larder admin: its sources, for stats */
   uint64_t opened_ns;
   int validating;           /* revalidation requests outstanding */
   uint64_t validated_ns;    /* last revalidation */
@@ -109,6 +110,24 @@ uint32_t stream_id(const stream_t *s) { return s->id; }
 
 const stats_stream_t *stream_stats(const stream_t *s) { return &s->st; }
 stream_t *stream_next_in_conn(const stream_t *s) { return s->next_in_conn; }
+
+/* larder admin: what the stream reads, for stats, clients and metrics. */
+void stream_info(const stream_t *s, stream_info_t *out) {
+  memset(out, 0, sizeof(*out));
+  out->id = s->id;
+  out->rank = s->params.rank;
+  out->world_size = s->params.world_size;
+  out->dataset = s->label ? s->label : "";
+  if (s->ds) {
+    out->num_files = s->ds->num_files;
+    out->num_units = s->ds->num_units;
+    out->total_rows = s->ds->total_rows;
+  }
+  out->batches_per_epoch = s->batches_per_epoch;
+  out->epochs = s->epochs;
+  out->arena_bytes = s->arena ? arena_size(s->arena) : 0;
+  out->opened_ns = s->opened_ns;
+}
 
 stream_t *stream_find(conn_t *c, uint32_t id) {
   for (stream_t *s = c->streams; s; s = s->next_in_conn)
@@ -187,6 +206,7 @@ static void stream_destroy(stream_t *s) {
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
   arena_destroy(s->arena);
   STATS_SUB(&s->srv->stats, streams, 1);
+  free(s->label);
   free(s);
 }
 
@@ -200,6 +220,8 @@ static void unlink_from_conn(stream_t *s) {
   while (*pp && *pp != s) pp = &(*pp)->next_in_conn;
   if (*pp) *pp = s->next_in_conn;
   s->conn->num_streams--;
+  /* larder per-client limits: its arena no longer counts for the client. */
+  if (s->arena) s->conn->arena_bytes -= arena_size(s->arena);
   s->conn = NULL;
 }
 
@@ -802,6 +824,7 @@ typedef struct open_req {
   char err[1024];
   remote_object_t *remote;
   size_t num_remote;
+  char **roots;      /* larder ACL: local_roots, split (NULL: anywhere) */
 } open_req_t;
 
 static void open_work(uv_work_t *w) {
@@ -809,9 +832,16 @@ static void open_work(uv_work_t *w) {
   o->rc = dataset_open((const char *const *)o->sources, o->num_sources,
                        (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
                        sizeof(o->err));
+  if (o->rc == 0) admin_register_objects(o->srv, o->ds); /* larder admin: names for ls, evict */
 }
 
+static conn_t *find_conn(server_t *srv, uint64_t id);
+
 static void free_open_req(open_req_t *o) {
+  /* larder per-client limits: the open is no longer pending. */
+  conn_t *c = find_conn(o->srv, o->conn_id);
+  if (c && c->pending_requests > 0) c->pending_requests--;
+  free(o->roots);
   remote_objects_free(o->remote, o->num_remote);
   for (size_t i = 0; i < o->num_sources; i++) free(o->sources[i]);
   for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
@@ -941,6 +971,18 @@ static void open_done(uv_work_t *w, int status) {
     free_open_req(o);
     return;
   }
+  /* larder per-client limits: the arenas of all of a client's streams. */
+  if (c->arena_bytes + arena_bytes > srv->cfg.max_arena_bytes_per_client) {
+    conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
+                    "this client's streams already hold %llu bytes of arenas; another %llu "
+                    "would exceed max_arena_bytes_per_client (%llu)",
+                    (unsigned long long)c->arena_bytes, (unsigned long long)arena_bytes,
+                    (unsigned long long)srv->cfg.max_arena_bytes_per_client);
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
   char name[64];
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
   rc = arena_create(arena_bytes, name, &s->arena);
@@ -975,6 +1017,10 @@ static void open_done(uv_work_t *w, int status) {
   s->next_in_conn = c->streams;
   c->streams = s;
   c->num_streams++;
+  c->arena_bytes += arena_size(s->arena); /* larder per-client limits */
+  /* larder admin: the sources as the client named them (URLs redacted),
+   * for stats and metrics. */
+  s->label = admin_sources_label(o->sources, o->num_sources);
   STATS_ADD(&srv->stats, streams_opened, 1);
 
   Larder__OpenStreamReply reply = LARDER__OPEN_STREAM_REPLY__INIT;
@@ -1058,6 +1104,33 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     c->num_streams);
     return;
   }
+  /* larder per-client limits: opens in progress (each resolves listings
+   * and footers, and holds a worker while it reads them). */
+  if (c->pending_requests >= (int)srv->cfg.max_pending_per_client) {
+    conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
+                    "this client has %d requests in progress, the limit "
+                    "(max_pending_per_client)",
+                    c->pending_requests);
+    return;
+  }
+  /* larder ACL: remote sources must be inside the allowlist. */
+  {
+    acl_peer_t peer;
+    conn_peer(c, &peer);
+    char why[2200];
+    for (size_t i = 0; i < req->n_sources; i++) {
+      if (req->sources[i] == NULL || !remote_is_url(req->sources[i])) continue;
+      int rc = acl_check_url(srv->acl, &peer, req->sources[i], why, sizeof(why));
+      if (rc) {
+        char red[600];
+        fetch_redact(req->sources[i], red, sizeof(red)); /* never log query secrets */
+        log_notice("client pid %d uid %u: stream source %s refused: outside the allowlist",
+                   (int)c->pid, (unsigned)c->uid, red);
+        conn_send_error(c, rc, 0, req->request_id, "%s", why);
+        return;
+      }
+    }
+  }
   if (req->batch_size == 0 || req->batch_size > (1u << 24)) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "batch_size %u is out of range",
                     req->batch_size);
@@ -1080,6 +1153,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->srv = srv;
   o->conn = c;
   o->conn_id = c->id;
+  c->pending_requests++; /* free_open_req takes it back */
   o->request_id = req->request_id;
   o->params = *req;
   o->params.sources = NULL;
@@ -1100,7 +1174,18 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   pq_options_init(&o->dopts.pq);
   o->dopts.pq.verify_crc = srv->cfg.verify_crc;
   o->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
-  o->dopts.allowed_roots = NULL;
+  {
+    /* larder ACL: local paths stay inside local_roots (a copy: a reload
+     * may change the key while the open runs on a worker). */
+    int oom = 0;
+    o->roots = acl_split_roots(srv->cfg.local_roots, &oom);
+    if (oom) {
+      free_open_req(o);
+      conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
+      return;
+    }
+    o->dopts.allowed_roots = (const char *const *)o->roots;
+  }
   int remote = 0;
   for (size_t i = 0; i < o->num_sources; i++) remote |= remote_is_url(o->sources[i]);
   if (remote) {

@@ -1,0 +1,16 @@
+/* larderctl against a running daemon (test-ctl.c) and access control under
+ * other users (test-acl.c). */
+TEST_ENTRY(acl_rules, 30000)
+TEST_ENTRY(acl_allowlist_uids, 120000)
+TEST_ENTRY(acl_admin_uids, 120000)
+TEST_ENTRY(acl_local_roots, 60000)
+TEST_ENTRY(acl_client_limits, 60000)
+TEST_ENTRY(ctl_usage, 60000)
+TEST_ENTRY(ctl_status_stats, 120000)
+TEST_ENTRY(ctl_evict_while_streaming, 120000)
+TEST_ENTRY(ctl_prefetch_progress, 300000)
+TEST_ENTRY(ctl_reload_sighup, 60000)
+TEST_ENTRY(ctl_metrics_scrape, 60000)
+TEST_ENTRY(ctl_remote_inspect_cat, 120000)
+TEST_ENTRY(ctl_daemonize, 60000)
+TEST_ENTRY(ctl_systemd_verify, 600000)
