@@ -45,6 +45,9 @@
      "decoded bytes per shuffle unit at most, estimated from the footer")      \
   XX(shuffle_window_bytes, SIZE, "512M", 0,                                    \
      "decoded bytes whose rows are shuffled together, by default")             \
+  XX(shuffle_row_groups, BOOL, "true", 0,                                      \
+     "shuffle row groups, keeping each one's units together (a cold remote "  \
+     "epoch then streams in fetch order); false shuffles units singly")        \
   XX(prefetch_batches, U64, "8", 1,                                            \
      "batches prepared ahead of each stream")                                  \
   XX(arena_bytes, SIZE, "256M", 1,                                             \
@@ -70,6 +73,8 @@
      "... for this many seconds is a stall, retried")                          \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
      "column chunks closer than this are read with one range request")         \
+  XX(fetch_part_bytes, SIZE, "4M", 1,                                          \
+     "longest single range request; longer ranges are fetched in parts")       \
   XX(footer_guess, SIZE, "64K", 1,                                             \
      "bytes read from the end of a remote object to find its footer")          \
   XX(revalidate, U64, "0", 1,                                                  \

@@ -74,6 +74,8 @@ struct unit {
   int retry;              /* its row group was being decoded: try again */
   int need_fetch;         /* remote and not cached: its row group's bytes */
   rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */
+  rgbuf_t *waiting_rgbuf; /* the row group fetch it waits for, or NULL */
+  int ahead;              /* loaded for read-ahead: no stream waits yet */
   unit_t *retry_next;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
 
@@ -88,6 +90,18 @@ struct unit {
 /* Returns the unit (refs + 1), starting its load if it is not in memory.
  * NULL when out of memory. */
 unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index);
+/*
+ * Read-ahead of a remote unit's row group into the cache, for a unit that
+ * streams will need later (stream.c walks the coming batches).  Starts the
+ * fetch (queued behind every fetch a trainer waits for) and the decode into
+ * the cache, and holds nothing: the decoded units land in the cache and in
+ * the idle pool.  Returns 1 when it started a fetch, 0 when there is nothing
+ * to do (a local file, cached already, in memory or being fetched, no
+ * cache, or the cache would not keep the row group), or -1 when the bytes
+ * being fetched already reach fetch_inflight_bytes (stop for now).  Loop
+ * thread.
+ */
+int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index);
 /* Drops a reference; idle READY units stay cached until memory is needed. */
 void units_release(server_t *srv, unit_t *u);
 /* Asks to be told (stream_units_changed) when u leaves LOADING. */
@@ -115,6 +129,8 @@ void stream_units_changed(stream_t *s);
 void stream_fail(stream_t *s, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 uint32_t stream_id(const stream_t *s);
+/* Lets every stream's read-ahead go on (a fetch finished; units.c). */
+void stream_read_ahead_all(server_t *srv);
 /* The stream of connection c with this id, or NULL. */
 stream_t *stream_find(conn_t *c, uint32_t id);
 /* For the admin stats: the stream's counters, and the next stream of its
@@ -197,6 +213,9 @@ struct server {
   rgbuf_t **rgbuf_table;
   size_t rgbuf_buckets;
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
+  uint64_t rgbuf_fetching_bytes; /* asked for and not yet arrived */
+  int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
+  int in_read_ahead;      /* stream_read_ahead_all is running */
   int tasks_in_flight;    /* every uv_queue_work not yet completed */
 };
 

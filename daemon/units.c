@@ -86,12 +86,17 @@ static void unit_destroy(server_t *srv, unit_t *u) {
 void units_trim_rgbufs(server_t *srv);
 
 void units_trim(server_t *srv) {
-  units_trim_rgbufs(srv);
+  /* Idle units go first: their batches have been assembled, and any unit
+   * is cheaper to read back from the cache than an idle row-group buffer
+   * is to fetch again, which the rest of its row group's units (in the same
+   * or the next window, as the shuffle keeps row groups together) still
+   * decode from when the cache does not keep them. */
   while (srv->unit_bytes > srv->cfg.memory_limit && srv->lru_head) {
     unit_t *u = srv->lru_head;
     lru_remove(srv, u);
     unit_destroy(srv, u);
   }
+  units_trim_rgbufs(srv);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -107,6 +112,19 @@ void units_trim(server_t *srv) {
  */
 enum { RB_FETCHING = 0, RB_READY = 1, RB_FAILED = 2 };
 
+/* One range request.  A merged range longer than fetch_part_bytes is asked
+ * for in parts, so that requests stay short: the fetch queue then reorders
+ * within a fraction of a second when a trainer starts waiting for a row
+ * group, instead of sharing the link with long read-ahead transfers. */
+typedef struct rb_part {
+  struct rgbuf *b;
+  int range;               /* index in ranges */
+  uint64_t offset, length;
+  fetch_req_t *req;        /* while it runs */
+  int done;                /* its callback ran (maybe inside fetch_get) */
+  uint8_t *data;
+} rb_part_t;
+
 struct rgbuf {
   uint64_t hash;
   uint64_t object_id;
@@ -118,9 +136,12 @@ struct rgbuf {
   char *message;
   int num_ranges;
   pq_range_t *ranges;
-  uint8_t **data;
-  fetch_req_t **reqs;
-  int pending;
+  uint8_t **data;          /* per range, once every part has arrived */
+  rb_part_t *parts;        /* the requests: each range cut into parts */
+  int num_parts;
+  int pending;             /* parts not yet arrived */
+  int ahead;               /* fetched for read-ahead; nobody waits yet */
+  uint64_t charged;        /* bytes counted in srv->rgbuf_fetching_bytes */
   uint64_t bytes;
   uint64_t fetch_ns;
   char etag[128];
@@ -145,15 +166,20 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
   rgbuf_t **pp = &srv->rgbuf_table[b->hash % srv->rgbuf_buckets];
   while (*pp && *pp != b) pp = &(*pp)->hnext;
   if (*pp) *pp = b->hnext;
-  for (int i = 0; i < b->num_ranges; i++) {
-    if (b->reqs && b->reqs[i]) fetch_cancel(b->reqs[i]);
-    if (b->data) free(b->data[i]);
+  for (int i = 0; i < b->num_parts; i++) {
+    if (b->parts[i].req) fetch_cancel(b->parts[i].req);
+    free(b->parts[i].data);
   }
-  srv->unit_bytes -= b->bytes;
-  STATS_SUB(&srv->stats, memory_bytes, b->bytes);
+  for (int i = 0; i < b->num_ranges; i++)
+    if (b->data) free(b->data[i]);
+  srv->rgbuf_fetching_bytes -= b->charged;
+  if (b->state == RB_READY) {
+    srv->unit_bytes -= b->bytes;
+    STATS_SUB(&srv->stats, memory_bytes, b->bytes);
+  }
   free(b->ranges);
   free(b->data);
-  free(b->reqs);
+  free(b->parts);
   free(b->waiters);
   free(b->message);
   free(b);
@@ -171,8 +197,49 @@ static void rb_release(server_t *srv, rgbuf_t *b) {
   }
 }
 
+/* Joins each range's parts into one buffer, as the Parquet reader reads a
+ * column chunk from one contiguous range. */
+static void rb_assemble(rgbuf_t *b) {
+  for (int r = 0; r < b->num_ranges && !b->error; r++)
+    if (b->ranges[r].length == 0 && (b->data[r] = calloc(1, 1)) == NULL) b->error = LARDER_ENOMEM;
+  for (int p = 0; p < b->num_parts && !b->error;) {
+    int r = b->parts[p].range;
+    int q = p;
+    while (q < b->num_parts && b->parts[q].range == r) q++;
+    if (q - p == 1) {
+      b->data[r] = b->parts[p].data;
+      b->parts[p].data = NULL;
+    } else {
+      b->data[r] = malloc(b->ranges[r].length ? b->ranges[r].length : 1);
+      if (b->data[r] == NULL) {
+        b->error = LARDER_ENOMEM;
+        b->message = strdup("out of memory joining a row group's parts");
+        break;
+      }
+      for (int i = p; i < q; i++) {
+        memcpy(b->data[r] + (b->parts[i].offset - b->ranges[r].offset), b->parts[i].data,
+               b->parts[i].length);
+        free(b->parts[i].data);
+        b->parts[i].data = NULL;
+      }
+    }
+    p = q;
+  }
+}
+
 static void rb_done(rgbuf_t *b) {
   server_t *srv = b->srv;
+  srv->rgbuf_fetching_bytes -= b->charged;
+  int freed = b->charged > 0;
+  b->charged = 0;
+  if (!b->error) rb_assemble(b);
+  if (b->error) {
+    b->bytes = 0;
+    for (int i = 0; i < b->num_parts; i++) {
+      free(b->parts[i].data);
+      b->parts[i].data = NULL;
+    }
+  }
   b->state = b->error ? RB_FAILED : RB_READY;
   if (b->state == RB_READY) {
     srv->unit_bytes += b->bytes;
@@ -185,6 +252,7 @@ static void rb_done(rgbuf_t *b) {
   b->num_waiters = b->cap_waiters = 0;
   for (int i = 0; i < n; i++) {
     unit_t *u = ws[i];
+    u->waiting_rgbuf = NULL;
     if (b->state == RB_FAILED) {
       u->error = b->error;
       free(u->message);
@@ -207,14 +275,24 @@ static void rb_done(rgbuf_t *b) {
     }
   }
   free(ws);
+  /* Room in the read-ahead budget: the streams may ask for more. */
+  if (freed && !srv->in_read_ahead) {
+    srv->in_read_ahead = 1;
+    stream_read_ahead_all(srv);
+    srv->in_read_ahead = 0;
+  }
 }
 
+/* A part's callback.  fetch_get may call it before it returns (a part
+ * served from a whole-object download, a shutdown), so the part is found
+ * through arg, never through the request pointer. */
 static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
-  rgbuf_t *b = arg;
-  int i = 0;
-  while (i < b->num_ranges && b->reqs[i] != req) i++;
-  if (i < b->num_ranges) {
-    b->reqs[i] = NULL;
+  rb_part_t *part = arg;
+  rgbuf_t *b = part->b;
+  int i = (int)(part - b->parts);
+  {
+    part->req = NULL;
+    part->done = 1;
     if (res->status) {
       if (!b->error) {
         b->error = res->status;
@@ -231,32 +309,60 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
       }
     } else {
       uint64_t len;
-      b->data[i] = fetch_req_steal(req, &len);
+      b->parts[i].data = fetch_req_steal(req, &len);
       b->bytes += len;
       if (res->fetch_ns > b->fetch_ns) b->fetch_ns = res->fetch_ns;
+      if (len != b->parts[i].length && !b->error) {
+        /* fetch.c checks lengths; this guards the join below all the same. */
+        b->error = LARDER_EIO;
+        b->message = strdup("a range request returned a different length than asked");
+      }
     }
   }
   fetch_req_free(req);
   if (--b->pending == 0) rb_done(b);
 }
 
-static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index) {
+/* Moves a read-ahead buffer's queued requests ahead of other read-ahead:
+ * a trainer now waits for it. */
+static void rb_promote(rgbuf_t *b) {
+  if (!b->ahead) return;
+  b->ahead = 0;
+  for (int i = 0; i < b->num_parts; i++)
+    if (b->parts[i].req) fetch_promote(b->parts[i].req);
+}
+
+/* The buffer of unit_index's row group, or NULL. */
+static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index, uint64_t *hash) {
   const dataset_unit_t *du = &ds->units[unit_index];
   const dataset_file_t *f = &ds->files[du->file];
   uint64_t ch = columns_hash_of(ds);
   uint64_t key[3] = {f->object_id, du->rg, ch};
   uint64_t h = util_hash64(key, sizeof(key), 0x726762ull);
+  if (hash) *hash = h;
+  if (srv->rgbuf_table == NULL) return NULL;
+  for (rgbuf_t *b = srv->rgbuf_table[h % srv->rgbuf_buckets]; b; b = b->hnext)
+    if (b->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch)
+      return b;
+  return NULL;
+}
+
+static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead) {
+  const dataset_unit_t *du = &ds->units[unit_index];
+  const dataset_file_t *f = &ds->files[du->file];
+  uint64_t ch = columns_hash_of(ds);
+  uint64_t h;
+  rgbuf_t *found = rb_find(srv, ds, unit_index, &h);
+  if (found) {
+    if (found->refs == 0 && found->state == RB_READY) rb_lru_remove(srv, found);
+    found->refs++;
+    if (!ahead) rb_promote(found);
+    return found;
+  }
   if (srv->rgbuf_table == NULL) {
     srv->rgbuf_buckets = 1024;
     srv->rgbuf_table = calloc(srv->rgbuf_buckets, sizeof(rgbuf_t *));
     if (srv->rgbuf_table == NULL) return NULL;
-  }
-  for (rgbuf_t *b = srv->rgbuf_table[h % srv->rgbuf_buckets]; b; b = b->hnext) {
-    if (b->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch) {
-      if (b->refs == 0 && b->state == RB_READY) rb_lru_remove(srv, b);
-      b->refs++;
-      return b;
-    }
   }
   rgbuf_t *b = calloc(1, sizeof(*b));
   if (b == NULL) return NULL;
@@ -292,24 +398,51 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index) {
   }
   b->num_ranges = m;
   b->ranges = ranges;
+  uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
+  int np = 0;
+  for (int i = 0; i < m; i++) np += (int)((ranges[i].length + part - 1) / part);
   b->data = calloc((size_t)(m ? m : 1), sizeof(uint8_t *));
-  b->reqs = calloc((size_t)(m ? m : 1), sizeof(fetch_req_t *));
-  if (b->data == NULL || b->reqs == NULL) {
+  b->parts = calloc((size_t)(np ? np : 1), sizeof(rb_part_t));
+  if (b->data == NULL || b->parts == NULL) {
     b->error = LARDER_ENOMEM;
+    b->message = strdup("out of memory");
     b->state = RB_FAILED;
     return b;
   }
+  for (int i = 0; i < m; i++)
+    for (uint64_t off = 0; off < ranges[i].length;) {
+      uint64_t len = ranges[i].length - off < part ? ranges[i].length - off : part;
+      b->parts[b->num_parts++] = (rb_part_t){b, i, ranges[i].offset + off, len, NULL, 0, NULL};
+      off += len;
+    }
   b->state = RB_FETCHING;
-  b->pending = m;
-  for (int i = 0; i < m; i++) {
-    fetch_range_t r = {ranges[i].offset, ranges[i].length, 0};
-    b->reqs[i] = fetch_get(srv->fetch, f->path, &r, on_range, b);
-    if (b->reqs[i] == NULL) {
-      b->error = LARDER_ENOMEM;
+  b->ahead = ahead;
+  b->pending = b->num_parts;
+  for (int i = 0; i < b->num_parts; i++) b->charged += b->parts[i].length;
+  srv->rgbuf_fetching_bytes += b->charged;
+  if (b->num_parts == 0) {
+    rb_done(b);
+    return b;
+  }
+  /* Hold a reference while asking: a part that completes inside fetch_get
+   * must not see the buffer finish before every part has been asked for. */
+  b->pending++;
+  for (int i = 0; i < b->num_parts; i++) {
+    rb_part_t *pt = &b->parts[i];
+    fetch_range_t r = {pt->offset, pt->length, 0, ahead};
+    fetch_req_t *req = fetch_get(srv->fetch, f->path, &r, on_range, pt);
+    if (req == NULL) {
+      if (!b->error) {
+        b->error = LARDER_ENOMEM;
+        b->message = strdup("out of memory");
+      }
+      pt->done = 1;
       b->pending--;
+    } else if (!pt->done) {
+      pt->req = req;
     }
   }
-  if (b->pending == 0) rb_done(b);
+  if (--b->pending == 0) rb_done(b);
   return b;
 }
 
@@ -647,7 +780,8 @@ static void load_done(uv_work_t *w, int status) {
   }
   if (srv->retry_head) units_retry(srv);
   if (u->need_fetch && status != UV_ECANCELED && !srv->shutting_down) {
-    rgbuf_t *b = rb_acquire(srv, u->ds, u->index);
+    rgbuf_t *b = rb_acquire(srv, u->ds, u->index, u->ahead);
+    if (b && b->state == RB_FETCHING) u->waiting_rgbuf = b;
     if (b == NULL) {
       unit_fail(u, LARDER_ENOMEM, "out of memory");
     } else if (b->state == RB_FETCHING) {
@@ -723,6 +857,11 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
       if (u->refs == 0) lru_remove(srv, u);
       if (u->state == UNIT_LOADING) STATS_ADD(&srv->stats, unit_shared, 1);
       u->refs++;
+      if (u->ahead && !srv->acquiring_ahead) {
+        /* A stream needs what read-ahead started: its fetch goes first. */
+        u->ahead = 0;
+        if (u->waiting_rgbuf) rb_promote(u->waiting_rgbuf);
+      }
       return u;
     }
   }
@@ -745,6 +884,7 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
   u->num_columns = ds->num_columns;
   u->refs = 1;
   u->state = UNIT_LOADING;
+  u->ahead = srv->acquiring_ahead;
   u->ds = ds;
   ds->refs++;
   u->index = index;
@@ -759,6 +899,42 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
     ds->refs--;
   }
   return u;
+}
+
+/* Whether unit index is in the pool (in any state). */
+static int unit_in_pool(server_t *srv, const dataset_t *ds, uint32_t index) {
+  const dataset_unit_t *du = &ds->units[index];
+  uint64_t oid = ds->files[du->file].object_id;
+  uint64_t ch = columns_hash_of(ds);
+  uint64_t h = unit_hash(oid, du->rg, du->row_start, du->rows, ch);
+  for (unit_t *u = srv->unit_table[h % srv->unit_buckets]; u; u = u->hnext)
+    if (u->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
+        u->rows == du->rows && u->columns_hash == ch)
+      return u->state != UNIT_FAILED;
+  return 0;
+}
+
+int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index) {
+  const dataset_unit_t *du = &ds->units[index];
+  const dataset_file_t *f = &ds->files[du->file];
+  if (!f->remote || srv->store == NULL || srv->fetch == NULL || srv->shutting_down) return 0;
+  if (rb_find(srv, ds, index, NULL) != NULL || unit_in_pool(srv, ds, index) ||
+      cached_already(srv->store, ds, index))
+    return 0;
+  if (srv->rgbuf_fetching_bytes >= srv->cfg.fetch_inflight_bytes) return -1;
+  /* Fetch ahead only what the cache will keep: a row group it would turn
+   * away (or keep by evicting something still to be read) is fetched when a
+   * trainer needs it, once, instead of twice. */
+  uint64_t need = 0;
+  for (uint32_t k = f->first_unit; k < f->first_unit + f->num_units; k++)
+    if (ds->units[k].rg == du->rg) need += ds->units[k].est_bytes;
+  if (!store_would_admit(srv->store, need, du->priority)) return 0;
+  srv->acquiring_ahead = 1;
+  unit_t *u = units_acquire(srv, ds, index);
+  srv->acquiring_ahead = 0;
+  if (u == NULL) return 0;
+  units_release(srv, u);
+  return 1;
 }
 
 static int queue_load(server_t *srv, unit_t *u) {
