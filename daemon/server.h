@@ -75,6 +75,8 @@ struct unit {
   int need_fetch;         /* remote and not cached: its row group's bytes */
   rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */
   rgbuf_t *waiting_rgbuf; /* the row group fetch it waits for, or NULL */
+  uint32_t run_units;     /* units its decode left no need to decode again
+                             (itself, and those it put in the cache) */
   int ahead;              /* loaded for read-ahead: no stream waits yet */
   unit_t *retry_next;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
@@ -91,17 +93,22 @@ struct unit {
  * NULL when out of memory. */
 unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index);
 /*
- * Read-ahead of a remote unit's row group into the cache, for a unit that
- * streams will need later (stream.c walks the coming batches).  Starts the
- * fetch (queued behind every fetch a trainer waits for) and the decode into
- * the cache, and holds nothing: the decoded units land in the cache and in
- * the idle pool.  Returns 1 when it started a fetch, 0 when there is nothing
- * to do (a local file, cached already, in memory or being fetched, no
- * cache, or the cache would not keep the row group), or -1 when the bytes
- * being fetched already reach fetch_inflight_bytes (stop for now).  Loop
- * thread.
+ * Read-ahead of a remote unit's row group, for a unit that streams will
+ * need later (stream.c walks the coming batches).  Starts the fetch (queued
+ * behind every fetch a trainer waits for) and holds nothing.  into_cache
+ * (the cache will keep the row group): the row group is then decoded into
+ * the cache, its units landing in the idle pool; else only its bytes are
+ * kept, in memory, for the units' loads, within a quarter of memory_limit.
+ * Returns 1 when it started a fetch, 0 when there is nothing to do (a local
+ * file, cached already, in memory or being fetched, no cache, or the cache
+ * would not keep it after all), or -1 when a budget is spent (bytes being
+ * fetched reach fetch_inflight_bytes, or bytes read ahead into memory reach
+ * memory_limit / 4): stop for now.  Loop thread.
  */
-int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index);
+int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cache);
+/* Lets go of row groups read ahead into memory that no unit used within a
+ * minute (their stream closed or moved on).  The tick calls it. */
+void units_expire_read_ahead(server_t *srv);
 /* Drops a reference; idle READY units stay cached until memory is needed. */
 void units_release(server_t *srv, unit_t *u);
 /* Asks to be told (stream_units_changed) when u leaves LOADING. */
@@ -214,6 +221,8 @@ struct server {
   size_t rgbuf_buckets;
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
   uint64_t rgbuf_fetching_bytes; /* asked for and not yet arrived */
+  uint64_t rgbuf_ahead_bytes;    /* read ahead into memory, not used yet */
+  uint64_t rgbuf_held_bytes;     /* held until their units have decoded */
   int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
   int in_read_ahead;      /* stream_read_ahead_all is running */
   int tasks_in_flight;    /* every uv_queue_work not yet completed */

@@ -393,7 +393,7 @@ static void advance_read_ahead(stream_t *s) {
   for (;;) {
     while (s->ra_i < s->ra_n) {
       uint32_t k = s->ra_units[s->ra_i];
-      if (s->ds->units[k].priority <= resident && units_read_ahead(s->srv, s->ds, k) < 0) return;
+      if (units_read_ahead(s->srv, s->ds, k, s->ds->units[k].priority <= resident) < 0) return;
       s->ra_i++;
     }
     if (s->epochs && s->ra_epoch >= s->epochs) return;

@@ -141,6 +141,14 @@ struct rgbuf {
   int num_parts;
   int pending;             /* parts not yet arrived */
   int ahead;               /* fetched for read-ahead; nobody waits yet */
+  uint64_t mem_ahead;      /* bytes counted in srv->rgbuf_ahead_bytes: read
+                              ahead for a row group the cache will not keep,
+                              and not used yet */
+  int held;                /* held (one reference) until every unit of the
+                              row group has decoded from it, or a minute */
+  uint32_t units_left;     /* units of the row group not yet decoded */
+  uint64_t held_ns;        /* when the hold began */
+  uint64_t held_bytes;     /* counted in srv->rgbuf_held_bytes */
   uint64_t charged;        /* bytes counted in srv->rgbuf_fetching_bytes */
   uint64_t bytes;
   uint64_t fetch_ns;
@@ -153,6 +161,7 @@ struct rgbuf {
 };
 
 static int queue_load(server_t *srv, unit_t *u);
+static int cached_already(store_t *st, const dataset_t *ds, uint32_t k);
 
 static void rb_lru_remove(server_t *srv, rgbuf_t *b) {
   if (b->lru_prev) b->lru_prev->lru_next = b->lru_next;
@@ -173,6 +182,7 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
   for (int i = 0; i < b->num_ranges; i++)
     if (b->data) free(b->data[i]);
   srv->rgbuf_fetching_bytes -= b->charged;
+  srv->rgbuf_ahead_bytes -= b->mem_ahead;
   if (b->state == RB_READY) {
     srv->unit_bytes -= b->bytes;
     STATS_SUB(&srv->stats, memory_bytes, b->bytes);
@@ -192,6 +202,7 @@ static void rb_release(server_t *srv, rgbuf_t *b) {
     if (srv->rgbuf_lru_tail) srv->rgbuf_lru_tail->lru_next = b;
     else srv->rgbuf_lru_head = b;
     srv->rgbuf_lru_tail = b;
+    b->lru_next = NULL;
   } else if (b->state == RB_FAILED) {
     rb_destroy(srv, b);
   }
@@ -275,6 +286,11 @@ static void rb_done(rgbuf_t *b) {
     }
   }
   free(ws);
+  if (b->refs == 0) {
+    /* Read ahead with no unit waiting: idle now, or gone if it failed. */
+    b->refs = 1;
+    rb_release(srv, b);
+  }
   /* Room in the read-ahead budget: the streams may ask for more. */
   if (freed && !srv->in_read_ahead) {
     srv->in_read_ahead = 1;
@@ -325,7 +341,21 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
 
 /* Moves a read-ahead buffer's queued requests ahead of other read-ahead:
  * a trainer now waits for it. */
+static void rb_unhold(rgbuf_t *b) {
+  server_t *srv = b->srv;
+  srv->rgbuf_ahead_bytes -= b->mem_ahead;
+  b->mem_ahead = 0;
+  if (!b->held) return;
+  b->held = 0;
+  srv->rgbuf_held_bytes -= b->held_bytes;
+  b->held_bytes = 0;
+  rb_release(srv, b);
+}
+
 static void rb_promote(rgbuf_t *b) {
+  /* Used now: no longer read-ahead waiting for its first use. */
+  b->srv->rgbuf_ahead_bytes -= b->mem_ahead;
+  b->mem_ahead = 0;
   if (!b->ahead) return;
   b->ahead = 0;
   for (int i = 0; i < b->num_parts; i++)
@@ -347,7 +377,8 @@ static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index,
   return NULL;
 }
 
-static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead) {
+static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead,
+                           int hold) {
   const dataset_unit_t *du = &ds->units[unit_index];
   const dataset_file_t *f = &ds->files[du->file];
   uint64_t ch = columns_hash_of(ds);
@@ -420,6 +451,21 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->pending = b->num_parts;
   for (int i = 0; i < b->num_parts; i++) b->charged += b->parts[i].length;
   srv->rgbuf_fetching_bytes += b->charged;
+  /* A buffer read ahead for a row group that the cache will not keep is
+   * held until each unit of the row group has decoded from it (they share
+   * a window or two, as the shuffle keeps them together): trimming it
+   * before its first use, or between two of its units, would fetch it
+   * again within the epoch.  Holds take at most a quarter of memory_limit
+   * (units_read_ahead stops there). */
+  for (uint32_t k = f->first_unit; k < f->first_unit + f->num_units; k++)
+    b->units_left += ds->units[k].rg == du->rg && !(srv->store && cached_already(srv->store, ds, k));
+  if (hold) {
+    b->held = 1;
+    b->held_ns = util_now_ns();
+    b->held_bytes = b->charged;
+    srv->rgbuf_held_bytes += b->held_bytes;
+    b->refs++;
+  }
   if (b->num_parts == 0) {
     rb_done(b);
     return b;
@@ -630,6 +676,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     }
     int admitted = 0;
     if (rc == 0) offer_to_cache(srv, ds, k, blobs, sizes, &admitted);
+    if (rc == 0 && (admitted || k == u->index)) u->run_units++;
     if (rc == 0 && k == u->index) {
       for (int c = 0; c < nc; c++) {
         u->blobs[c] = blobs[c];
@@ -780,7 +827,7 @@ static void load_done(uv_work_t *w, int status) {
   }
   if (srv->retry_head) units_retry(srv);
   if (u->need_fetch && status != UV_ECANCELED && !srv->shutting_down) {
-    rgbuf_t *b = rb_acquire(srv, u->ds, u->index, u->ahead);
+    rgbuf_t *b = rb_acquire(srv, u->ds, u->index, u->ahead, 0);
     if (b && b->state == RB_FETCHING) u->waiting_rgbuf = b;
     if (b == NULL) {
       unit_fail(u, LARDER_ENOMEM, "out of memory");
@@ -801,8 +848,13 @@ static void load_done(uv_work_t *w, int status) {
     }
   }
   if (u->rgbuf) {
-    rb_release(srv, u->rgbuf);
+    rgbuf_t *b = u->rgbuf;
     u->rgbuf = NULL;
+    if (!u->error) {
+      b->units_left -= u->run_units < b->units_left ? u->run_units : b->units_left;
+      if (b->units_left == 0) rb_unhold(b); /* u's reference keeps it */
+    }
+    rb_release(srv, b);
   }
   if (status == UV_ECANCELED && u->error == 0) unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
   if (u->error) {
@@ -914,7 +966,7 @@ static int unit_in_pool(server_t *srv, const dataset_t *ds, uint32_t index) {
   return 0;
 }
 
-int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index) {
+int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cache) {
   const dataset_unit_t *du = &ds->units[index];
   const dataset_file_t *f = &ds->files[du->file];
   if (!f->remote || srv->store == NULL || srv->fetch == NULL || srv->shutting_down) return 0;
@@ -922,9 +974,26 @@ int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index) {
       cached_already(srv->store, ds, index))
     return 0;
   if (srv->rgbuf_fetching_bytes >= srv->cfg.fetch_inflight_bytes) return -1;
-  /* Fetch ahead only what the cache will keep: a row group it would turn
-   * away (or keep by evicting something still to be read) is fetched when a
-   * trainer needs it, once, instead of twice. */
+  if (!into_cache) {
+    /* A row group the cache will not keep is fetched every epoch: fetch
+     * its bytes (not decoded) a little ahead, within a quarter of
+     * memory_limit, so that its units decode without waiting when their
+     * batches come. */
+    if (srv->rgbuf_held_bytes >= srv->cfg.memory_limit / 4) return -1;
+    rgbuf_t *b = rb_acquire(srv, ds, index, 1, 1);
+    if (b == NULL) return 0;
+    /* Its hold (rb_acquire) keeps it until its units have decoded from it,
+     * or a minute (units_expire_read_ahead). */
+    if (b->state == RB_FETCHING) {
+      b->mem_ahead = b->charged;
+      srv->rgbuf_ahead_bytes += b->mem_ahead;
+    }
+    rb_release(srv, b);
+    return 1;
+  }
+  /* Into the cache goes only what it will keep: a row group it would turn
+   * away (or keep by evicting something still to be read) takes the path
+   * above instead, so that it is fetched once per epoch, not twice. */
   uint64_t need = 0;
   for (uint32_t k = f->first_unit; k < f->first_unit + f->num_units; k++)
     if (ds->units[k].rg == du->rg) need += ds->units[k].est_bytes;
@@ -983,7 +1052,27 @@ void units_unwait(unit_t *u, stream_t *s) {
     }
 }
 
+/* Ends the holds of read-ahead buffers older than max_age_ns (all of them
+ * for 0). */
+static void rb_unhold_all(server_t *srv, uint64_t max_age_ns) {
+  if (srv->rgbuf_table == NULL) return;
+  uint64_t now = util_now_ns();
+  for (size_t i = 0; i < srv->rgbuf_buckets; i++) {
+    rgbuf_t *b = srv->rgbuf_table[i];
+    while (b) {
+      /* rb_unhold may destroy b (a failed one), unlinking it from this
+       * chain: step first. */
+      rgbuf_t *next = b->hnext;
+      if (b->held && (max_age_ns == 0 || now - b->held_ns > max_age_ns)) rb_unhold(b);
+      b = next;
+    }
+  }
+}
+
+void units_expire_read_ahead(server_t *srv) { rb_unhold_all(srv, 60ull * 1000000000ull); }
+
 void units_shutdown(server_t *srv) {
+  rb_unhold_all(srv, 0);
   /* Loads that waited for a row group when the loop stopped. */
   while (srv->retry_head) {
     unit_t *u = srv->retry_head;
