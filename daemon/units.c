@@ -432,8 +432,8 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
   int np = 0;
   for (int i = 0; i < m; i++) np += (int)((ranges[i].length + part - 1) / part);
-  b->data = calloc((size_t)(m ? m : 1), sizeof(uint8_t *));
-  b->parts = calloc((size_t)(np ? np : 1), sizeof(rb_part_t));
+  b->data = calloc((size_t)(m > 0 ? m : 1), sizeof(uint8_t *));
+  b->parts = calloc((size_t)(np > 0 ? np : 1), sizeof(rb_part_t));
   if (b->data == NULL || b->parts == NULL) {
     b->error = LARDER_ENOMEM;
     b->message = strdup("out of memory");
