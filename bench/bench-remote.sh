@@ -19,6 +19,11 @@
 # Remote bytes are counted by the proxy (every body byte it sent), and each
 # request is attributed to the epoch in which it completed.
 #
+# The runs above use shuffle_row_groups=true, the setting for remote data
+# (a row group's units stay in one window, so a cold epoch consumes row
+# groups in the order they arrive); a last cold epoch with the default
+# (units mixed singly) shows what it costs without.
+#
 # Environment: BENCH_RATE (100000000), BENCH_COMPUTE_US (2500), BENCH_WINDOW
 # (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
 # small part of a real one).
@@ -89,7 +94,7 @@ stop_daemon() {
 }
 
 # Cache holding the dataset.
-start_daemon full --cache_capacity=16G --memory_limit=1G
+start_daemon full --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
 m=$(mark)
 "$client" run "$tmp/full.sock" "${urls[@]}" --epochs 3 --batch-size 1024 --seed 7 \
   --compute-us "$compute_us" >"$tmp/full.jsonl"
@@ -100,12 +105,21 @@ stop_daemon
 # Cache holding half of it (half of the decoded bytes one epoch serves).
 epoch_bytes=$(head -1 "$tmp/full.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['bytes'])")
 half=$((epoch_bytes / 2))
-start_daemon half --cache_capacity="$half" --memory_limit=128M
+start_daemon half --cache_capacity="$half" --memory_limit=128M --shuffle_row_groups=true
 m=$(mark)
 "$client" run "$tmp/half.sock" "${urls[@]}" --epochs 6 --batch-size 1024 --seed 7 \
   --compute-us "$compute_us" >"$tmp/half.jsonl"
 sleep 0.2
 cut_log "$m" half.requests
+stop_daemon
+
+# The default shuffle (units mixed singly), cold, one epoch.
+start_daemon unit --cache_capacity=16G --memory_limit=1G
+m=$(mark)
+"$client" run "$tmp/unit.sock" "${urls[@]}" --epochs 1 --batch-size 1024 --seed 7 \
+  --compute-us "$compute_us" >"$tmp/unit.jsonl"
+sleep 0.2
+cut_log "$m" unit.requests
 stop_daemon
 
 python3 - "$tmp" "$shards" "$rate" "$compute_us" "$window" "$half" <<'PY'
@@ -174,4 +188,9 @@ print(f"  cache of half the dataset ({mb(half):.0f} MB), memory_limit 128M: remo
       + " ".join(f"{mb(b):.0f}" for b in half_bytes)
       + f"; epochs 2-{len(half_bytes)}: {ratio:.2f} of the dataset (goal <= 0.55)")
 print(f"    stall per epoch: " + " ".join(f"{100 * e['stall']:.1f}%" for e in half_eps))
+unit = epochs(f'{tmp}/unit.jsonl')
+u_rate, _ = span_rate(requests(f'{tmp}/unit.requests'))
+print(f"  default shuffle (units mixed singly; shuffle_row_groups off), cold epoch 1: first batch after "
+      f"{unit[0]['first_batch_s']:.2f} s, {unit[0]['seconds']:.2f} s, stall {100 * unit[0]['stall']:.1f}%, "
+      f"remote {mb(u_rate):.1f} MB/s ({u_rate / curl_rate:.2f} x curl)")
 PY

@@ -45,9 +45,10 @@
      "decoded bytes per shuffle unit at most, estimated from the footer")      \
   XX(shuffle_window_bytes, SIZE, "512M", 0,                                    \
      "decoded bytes whose rows are shuffled together, by default")             \
-  XX(shuffle_row_groups, BOOL, "true", 0,                                      \
-     "shuffle row groups, keeping each one's units together (a cold remote "  \
-     "epoch then streams in fetch order); false shuffles units singly")        \
+  XX(shuffle_row_groups, BOOL, "false", 0,                                     \
+     "keep each row group's units together in the shuffle: a cold remote "     \
+     "epoch then streams at the network's rate, but each window mixes fewer "  \
+     "places (no good for files sorted by label)")                             \
   XX(prefetch_batches, U64, "8", 1,                                            \
      "batches prepared ahead of each stream")                                  \
   XX(arena_bytes, SIZE, "256M", 1,                                             \

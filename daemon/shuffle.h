@@ -25,8 +25,9 @@
  *    rejection, so they are unbiased.
  * 2. Unit order: for epoch e, the units are permuted with Fisher-Yates using
  *    stream (seed, e, UNITS, 0).  A blocked plan permutes blocks of
- *    consecutive units instead (the daemon's blocks are row groups), each
- *    block's units staying together in an order of their own.
+ *    consecutive units instead (the daemon's blocks are row groups when
+ *    shuffle_row_groups is on), each block's units staying together in an
+ *    order of their own.
  * 3. Windows: the permuted units are taken window_units at a time.  Within a
  *    window, all rows of its units are permuted together with Fisher-Yates
  *    using stream (seed, e, WINDOW, w).  The epoch's order is the
@@ -88,11 +89,12 @@ void shuffle_plan_free(shuffle_plan_t *plan);
  * order (each count >= 1, summing to num_units; else LARDER_EINVAL).  An
  * epoch's unit order then permutes the blocks and keeps each block's units
  * together (in a random order of their own), and the windows are cut from
- * that order as usual.  The daemon makes each row group a block: a remote
- * row group is fetched whole, so keeping its units in one window lets the
- * first epoch consume data in the order it arrives (a window needs about
- * window-bytes of fetches, not window_units whole row groups), at the price
- * of mixing fewer distinct places per window.  Without shuffle the blocks
+ * that order as usual.  With shuffle_row_groups the daemon makes each row
+ * group a block: a remote row group is fetched whole, so keeping its units
+ * in one window lets a cold epoch consume data in the order it arrives (a
+ * window needs about its own bytes of fetches, not window_units whole row
+ * groups), at the price of mixing fewer distinct places per window
+ * (bench/label-mix.c measures how many fewer).  Without shuffle the blocks
  * change nothing.  Any thread.
  */
 int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,

@@ -57,8 +57,8 @@ static int64_t *oracle_ids(const dh_spec *spec, const larder_stream_options_t *o
   p.rank = (uint32_t)(o->rank > 0 ? o->rank : 0);
   p.drop_last = o->drop_last;
   shuffle_plan_t *plan;
-  /* The daemon's default: each row group's units shuffled as one block. */
-  ASSERT_OK(dataset_shuffle_plan(ds, &p, 1, &plan));
+  /* The daemon's default: units shuffled singly (shuffle_row_groups off). */
+  ASSERT_OK(dataset_shuffle_plan(ds, &p, 0, &plan));
   uint64_t bpe = shuffle_batches_per_epoch(plan);
   int64_t *ids = malloc((size_t)(bpe * o->epochs * o->batch_size + 1) * 8);
   shuffle_sample_t *smp = malloc(o->batch_size * sizeof(shuffle_sample_t));
