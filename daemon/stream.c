@@ -372,6 +372,10 @@ static uint64_t resident_priority(const stream_t *s) {
 static void advance_read_ahead(stream_t *s) {
   if (!s->remote || s->closed || s->srv->shutting_down || s->batches_per_epoch == 0) return;
   uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
+  /* Up to one epoch past planning; with revalidation on, not past this
+   * epoch, whose end checks the objects before anything more is read. */
+  uint64_t horizon = s->srv->cfg.revalidate > 0 ? linear(s, s->plan_epoch + 1, 0)
+                                                 : plan_pos + s->batches_per_epoch;
   uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
   if (linear(s, s->ra_epoch, s->ra_batch) < pin_pos) {
     /* Behind the pins (the start, or a trainer faster than the network):
@@ -397,7 +401,7 @@ static void advance_read_ahead(stream_t *s) {
       s->ra_i++;
     }
     if (s->epochs && s->ra_epoch >= s->epochs) return;
-    if (linear(s, s->ra_epoch, s->ra_batch) >= plan_pos + s->batches_per_epoch) return;
+    if (linear(s, s->ra_epoch, s->ra_batch) >= horizon) return;
     if (s->ra_ep == NULL || s->ra_batch == 0) {
       shuffle_epoch_close(s->ra_ep);
       s->ra_ep = NULL;

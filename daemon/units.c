@@ -256,7 +256,11 @@ static void rb_done(rgbuf_t *b) {
     srv->unit_bytes += b->bytes;
     STATS_ADD(&srv->stats, memory_bytes, b->bytes);
   }
-  /* Each waiting unit holds a reference; hand the buffer on or fail it. */
+  /* Each waiting unit holds a reference; hand the buffer on or fail it.
+   * Hold one more meanwhile: the last waiter's release must not free the
+   * buffer under this loop, and one read ahead with no waiter at all
+   * becomes idle (or, failed, goes away) through the release below. */
+  b->refs++;
   int n = b->num_waiters;
   unit_t **ws = b->waiters;
   b->waiters = NULL;
@@ -286,11 +290,7 @@ static void rb_done(rgbuf_t *b) {
     }
   }
   free(ws);
-  if (b->refs == 0) {
-    /* Read ahead with no unit waiting: idle now, or gone if it failed. */
-    b->refs = 1;
-    rb_release(srv, b);
-  }
+  rb_release(srv, b);
   /* Room in the read-ahead budget: the streams may ask for more. */
   if (freed && !srv->in_read_ahead) {
     srv->in_read_ahead = 1;
@@ -475,7 +475,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->pending++;
   for (int i = 0; i < b->num_parts; i++) {
     rb_part_t *pt = &b->parts[i];
-    fetch_range_t r = {pt->offset, pt->length, 0, ahead};
+    fetch_range_t r = {.offset = pt->offset, .length = pt->length, .ahead = ahead};
     fetch_req_t *req = fetch_get(srv->fetch, f->path, &r, on_range, pt);
     if (req == NULL) {
       if (!b->error) {
