@@ -72,7 +72,7 @@ LABEL_MIX := $(B)/bin/label-mix
 SERVE_CLIENT := $(B)/bin/serve-client
 
 .PHONY: all deps test check check-unit check-compat check-config demo lint fuzz fuzz-build \
-        bench bench-decode bench-serve clean
+        bench bench-decode bench-serve bench-remote clean
 
 all: $(LARDERD) $(LARDERCTL) $(LIBLARDER_SO) $(LIBLARDER_A) $(EXAMPLE_TRAINER) \
      $(RUN_TESTS) $(BENCH_DECODE)
@@ -197,7 +197,14 @@ lint: $(PROTO_H)
 # ---------------------------------------------------------------------------
 # Benchmarks
 
-bench: bench-decode bench-serve bench-shuffle
+bench: bench-decode bench-serve bench-shuffle bench-remote
+
+# Remote shards from nginx behind a bandwidth cap (tests/remote): epoch-1
+# throughput against curl, time to first batch, stalls, remote bytes.
+.PHONY: bench-remote
+bench-remote: deps
+	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/bin/serve-client
+	bench/bench-remote.sh build/release
 
 bench-serve: deps
 	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/bin/serve-client

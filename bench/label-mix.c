@@ -140,8 +140,9 @@ typedef struct result {
 } result_t;
 
 /* One epoch of rank `rank` of `world`; TV over this rank's batches. */
-static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units,
-                     uint32_t world, uint32_t rank, result_t *res) {
+static int run_epoch_blocked(const dataset_t *d, int shuffle, uint32_t window_units,
+                             uint32_t world, uint32_t rank, uint32_t block_units,
+                             result_t *res) {
   shuffle_params_t p;
   memset(&p, 0, sizeof(p));
   p.seed = 1;
@@ -152,7 +153,14 @@ static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units,
   p.rank = rank;
   p.drop_last = 1;
   shuffle_plan_t *plan;
-  int rc = shuffle_plan_create(d->rows, d->units, &p, &plan);
+  uint32_t nb = 0, *blocks = NULL;
+  if (block_units > 0) {
+    blocks = xmalloc(((size_t)d->units / block_units + 1) * sizeof(*blocks));
+    for (uint32_t u = 0; u < d->units; u += block_units)
+      blocks[nb++] = d->units - u < block_units ? d->units - u : block_units;
+  }
+  int rc = shuffle_plan_create_blocked(d->rows, d->units, blocks, nb, &p, &plan);
+  free(blocks);
   if (rc < 0) return rc;
   shuffle_sample_t *s = xmalloc(BATCH * sizeof(*s));
   double t0 = now_s();
@@ -183,6 +191,11 @@ static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units,
   res->secs = secs;
   res->samples = batches * BATCH;
   return 0;
+}
+
+static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units,
+                     uint32_t world, uint32_t rank, result_t *res) {
+  return run_epoch_blocked(d, shuffle, window_units, world, rank, 0, res);
 }
 
 /* The mean TV expected when every unit holds one label: a batch of B rows
@@ -278,6 +291,27 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof(name), "%u", alt[ai].window);
     row(&d, name, alt[ai].window, uni, 1);
     dataset_free(&d);
+  }
+
+  /* The daemon's default: a row group's units stay together (its blocks;
+   * shuffle_row_groups).  Units of 4096 rows, row groups of 8 or 30 units
+   * (32768 and 122880 rows, DuckDB's default), against single units. */
+  printf("\n%" PRIu64 " rows in units of 4096 rows: single units against row-group blocks\n",
+         biggest);
+  printf("%8s %12s %8s %8s %6s\n", "window", "block units", "mean TV", "uniform", "ratio");
+  {
+    dataset_t b;
+    dataset_init(&b, biggest, 4096);
+    static const uint32_t bw[] = {64, 128, 512};
+    static const uint32_t bb[] = {0, 8, 30};
+    for (size_t wi = 0; wi < sizeof(bw) / sizeof(bw[0]); wi++)
+      for (size_t bi = 0; bi < sizeof(bb) / sizeof(bb[0]); bi++) {
+        result_t r;
+        if (run_epoch_blocked(&b, 1, bw[wi], 1, 0, bb[bi], &r) < 0) exit(1);
+        printf("%8u %12u %8.4f %8.4f %6.2f\n", bw[wi], bb[bi] ? bb[bi] : 1, r.tv, uni,
+               r.tv / uni);
+      }
+    dataset_free(&b);
   }
 
   /* One rank of eight: every rank still builds every window. */

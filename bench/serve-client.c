@@ -3,12 +3,15 @@
  *
  *   serve-client memcpy
  *       prints the single-core memcpy bandwidth of 256 MiB copies (GB/s)
- *   serve-client run SOCKET SOURCE [--epochs N] [--batch-size N]
+ *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
- *       [--daemon-pid PID] [--touch]
+ *       [--daemon-pid PID] [--touch] [--start-epoch N]
  *       consumes a stream and prints one JSON line per epoch: seconds, rows,
  *       batch bytes, GB/s, rows/s, the stall fraction, and the daemon's RSS
- *       at the end of the epoch.
+ *       at the end of the epoch; the first line also has the time from
+ *       opening the stream to holding its first batch (first_batch_s), and
+ *       each line the wall-clock time the epoch ended (end_unix), to match
+ *       against a server's request log.
  *
  * The client reads batches where they lie, in the shared arena: with
  * --touch it reads every cache line once (as a copy to the GPU would),
@@ -28,6 +31,12 @@
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double unix_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
@@ -87,7 +96,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *sock = argv[2];
-  const char *src = argv[3];
+  const char *sources[256];
+  int num_sources = 0;
   larder_stream_options_t o;
   larder_stream_options_init(&o);
   o.batch_size = 1024;
@@ -95,20 +105,22 @@ int main(int argc, char **argv) {
   o.window = 8;
   int pid = 0, do_touch = 0;
   double compute_us = 0;
-  for (int i = 4; i < argc; i++) {
+  for (int i = 3; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "0";
-    if (!strcmp(a, "--epochs")) o.epochs = strtoull(v, NULL, 10), i++;
+    if (strncmp(a, "--", 2) != 0) {
+      if (num_sources < 256) sources[num_sources++] = a;
+    } else if (!strcmp(a, "--epochs")) o.epochs = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--batch-size")) o.batch_size = (uint32_t)atoi(v), i++;
     else if (!strcmp(a, "--compute-us")) compute_us = atof(v), i++;
     else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--start-epoch")) o.start_epoch = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--rank")) o.rank = atoi(v), i++;
     else if (!strcmp(a, "--world-size")) o.world_size = atoi(v), i++;
     else if (!strcmp(a, "--daemon-pid")) pid = atoi(v), i++;
     else if (!strcmp(a, "--touch")) do_touch = 1;
   }
-  const char *sources[1] = {src};
   o.sources = sources;
-  o.num_sources = 1;
+  o.num_sources = (size_t)num_sources;
   larder_client_t *c;
   int rc = larder_client_connect(sock, &c);
   if (rc) {
@@ -116,6 +128,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   larder_stream_t *s;
+  double t_open = now_s(); /* the time to the first batch includes reading the footers */
   rc = larder_stream_open(c, &o, &s);
   if (rc) {
     fprintf(stderr, "serve-client: %s\n", larder_client_last_error(c));
@@ -123,7 +136,8 @@ int main(int argc, char **argv) {
   }
   uint64_t epoch = o.start_epoch, rows = 0, bytes = 0, batches = 0, sum = 0;
   uint64_t w0 = 0, c0 = 0;
-  double t0 = now_s();
+  double t0 = now_s(), first_batch_s = -1;
+  int got_first = 0;
   for (;;) {
     larder_batch_t *b;
     rc = larder_stream_next(s, -1, &b);
@@ -131,11 +145,14 @@ int main(int argc, char **argv) {
       double secs = now_s() - t0;
       uint64_t w, cp;
       larder_stream_stall(s, &w, &cp);
-      printf("{\"epoch\":%" PRIu64 ",\"seconds\":%.4f,\"batches\":%" PRIu64 ",\"rows\":%" PRIu64
+      if (first_batch_s >= 0) printf("{\"first_batch_s\":%.4f,", first_batch_s);
+      else printf("{");
+      printf("\"epoch\":%" PRIu64 ",\"seconds\":%.4f,\"batches\":%" PRIu64 ",\"rows\":%" PRIu64
              ",\"bytes\":%" PRIu64 ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,"
-             "\"daemon_rss_kb\":%" PRIu64 "}\n",
+             "\"daemon_rss_kb\":%" PRIu64 ",\"end_unix\":%.6f}\n",
              epoch, secs, batches, rows, bytes, (double)bytes / secs / 1e9, (double)rows / secs,
-             (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1), rss_kb(pid));
+             (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1), rss_kb(pid), unix_now_s());
+      first_batch_s = -1;
       fflush(stdout);
       w0 = w;
       c0 = cp;
@@ -146,6 +163,10 @@ int main(int argc, char **argv) {
     if (rc) {
       fprintf(stderr, "serve-client: %s\n", larder_client_last_error(c));
       return 1;
+    }
+    if (!got_first) {
+      first_batch_s = now_s() - t_open;
+      got_first = 1;
     }
     epoch = larder_batch_epoch(b);
     if (do_touch)

@@ -48,6 +48,10 @@
      "decoded bytes per shuffle unit at most, estimated from the footer")      \
   XX(shuffle_window_bytes, SIZE, "512M", 0,                                    \
      "decoded bytes whose rows are shuffled together, by default")             \
+  XX(shuffle_row_groups, BOOL, "false", 0,                                     \
+     "keep each row group's units together in the shuffle: a cold remote "     \
+     "epoch then streams at the network's rate, but each window mixes fewer "  \
+     "places (no good for files sorted by label)")                             \
   XX(prefetch_batches, U64, "8", 1,                                            \
      "batches prepared ahead of each stream")                                  \
   XX(arena_bytes, SIZE, "256M", 1,                                             \
@@ -73,6 +77,8 @@
      "... for this many seconds is a stall, retried")                          \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
      "column chunks closer than this are read with one range request")         \
+  XX(fetch_part_bytes, SIZE, "4M", 1,                                          \
+     "longest single range request; longer ranges are fetched in parts")       \
   XX(footer_guess, SIZE, "64K", 1,                                             \
      "bytes read from the end of a remote object to find its footer")          \
   XX(revalidate, U64, "0", 1,                                                  \

@@ -416,6 +416,29 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
   key->len = 34;
 }
 
+int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
+                         int row_group_blocks, shuffle_plan_t **out) {
+  uint64_t *rows = malloc((size_t)ds->num_units * sizeof(*rows));
+  uint32_t *blocks = row_group_blocks ? malloc((size_t)ds->num_units * sizeof(*blocks)) : NULL;
+  if (rows == NULL || (row_group_blocks && blocks == NULL)) {
+    free(rows);
+    free(blocks);
+    return LARDER_ENOMEM;
+  }
+  uint32_t nb = 0;
+  for (uint32_t i = 0; i < ds->num_units; i++) {
+    const dataset_unit_t *u = &ds->units[i];
+    rows[i] = u->rows;
+    if (blocks == NULL) continue;
+    if (i > 0 && u->file == u[-1].file && u->rg == u[-1].rg) blocks[nb - 1]++;
+    else blocks[nb++] = 1;
+  }
+  int rc = shuffle_plan_create_blocked(rows, ds->num_units, blocks, nb, params, out);
+  free(rows);
+  free(blocks);
+  return rc;
+}
+
 uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
   uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 1;
   if (avg == 0) avg = 1;

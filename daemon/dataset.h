@@ -28,6 +28,7 @@
 #include "layout.h"
 #include "parquet.h"
 #include "remote.h"
+#include "shuffle.h"
 #include "store.h"
 
 typedef struct dataset_file {
@@ -100,6 +101,12 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
 
 /* The shuffle window in units for a window of window_bytes decoded bytes
  * (deterministic: from the footer estimates), at least 1. */
+/* Makes the shuffle plan of a stream over ds: each row group's units form
+ * one block when row_group_blocks (shuffle.h), else every unit stands alone.
+ * Returns 0 or a shuffle_plan_create error.  Any thread. */
+int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
+                         int row_group_blocks, shuffle_plan_t **out);
+
 uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes);
 
 #endif /* LARDER_DATASET_H */

@@ -53,6 +53,7 @@ struct fetch {
   fetch_req_t *q_head, *q_tail; /* queued, in ask order */
   host_slot_t *hosts;
   uint64_t inflight_bytes;
+  uint32_t demand_running; /* running requests that a trainer waits for */
   int running;
   whole_obj_t *wholes;
   int closing;
@@ -69,6 +70,8 @@ struct fetch_req {
   char *real_url;
   fetch_range_t range;
   int ranged;
+  int ahead;        /* read-ahead: queued behind the demand requests */
+  int demand_slot;  /* counted in demand_running */
   fetch_cb cb;
   void *arg;
   CURL *easy;
@@ -430,6 +433,8 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
 static void release_slot(fetch_req_t *r) {
   fetch_t *f = r->f;
   if (r->host && r->state == RQ_RUNNING) r->host->inflight--;
+  if (r->demand_slot) f->demand_running--;
+  r->demand_slot = 0;
   f->inflight_bytes -= r->charged;
   r->charged = 0;
 }
@@ -509,17 +514,60 @@ static void start_one(fetch_req_t *r) {
   r->attempts++;
   int rc = setup_easy(r);
   if (rc) {
+    release_slot(r); /* its bytes and demand slot; no host slot yet */
     finish(r, rc);
     return;
   }
   r->state = RQ_RUNNING;
   if (r->host) r->host->inflight++;
   if (curl_multi_add_handle(f->multi, r->easy) != CURLM_OK) {
+    release_slot(r);
     snprintf(r->msg, sizeof(r->msg), "cannot start a transfer");
     finish(r, LARDER_ENOMEM);
     return;
   }
   if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_inflight, 1);
+}
+
+/* Queues r in ask order within its class: demand requests before every
+ * read-ahead request, so that a trainer waiting for a row group never waits
+ * behind the prefetch of later ones. */
+static void enqueue(fetch_t *f, fetch_req_t *r) {
+  r->state = RQ_QUEUED;
+  r->next = NULL;
+  if (!r->ahead) {
+    fetch_req_t **pp = &f->q_head;
+    while (*pp && !(*pp)->ahead) pp = &(*pp)->next;
+    r->next = *pp;
+    *pp = r;
+    if (r->next == NULL) f->q_tail = r;
+    return;
+  }
+  if (f->q_tail) f->q_tail->next = r;
+  else f->q_head = r;
+  f->q_tail = r;
+}
+
+/* Takes a queued request out of the queue. */
+static void dequeue(fetch_t *f, fetch_req_t *r) {
+  fetch_req_t **pp = &f->q_head, *prev = NULL;
+  while (*pp && *pp != r) {
+    prev = *pp;
+    pp = &(*pp)->next;
+  }
+  if (*pp == NULL) return;
+  *pp = r->next;
+  if (f->q_tail == r) f->q_tail = prev;
+  r->next = NULL;
+}
+
+void fetch_promote(fetch_req_t *r) {
+  if (r == NULL || !r->ahead) return;
+  r->ahead = 0;
+  if (r->state != RQ_QUEUED) return;
+  dequeue(r->f, r);
+  enqueue(r->f, r);
+  start_queued(r->f);
 }
 
 static void start_queued(fetch_t *f) {
@@ -538,11 +586,19 @@ static void start_queued(fetch_t *f) {
       pp = &r->next;
       continue;
     }
+    /* While a trainer waits for some request, read-ahead starts nothing
+     * new: the link is the trainer's until its data is in.  (Read-ahead
+     * already running goes on; parts are short.) */
+    if (r->ahead && f->demand_running > 0) break;
     *pp = r->next;
     if (f->q_tail == r) f->q_tail = prev;
     r->next = NULL;
     r->charged = need;
     f->inflight_bytes += need;
+    if (!r->ahead) {
+      r->demand_slot = 1;
+      f->demand_running++;
+    }
     start_one(r);
   }
 }
@@ -553,12 +609,16 @@ static void on_backoff(uv_timer_t *t) {
     finish(r, LARDER_ESHUTDOWN);
     return;
   }
-  /* Back in the queue, at its head: it was asked for before the rest. */
+  /* Back in the queue, at the head of its class: it was asked for before
+   * the rest of them. */
+  fetch_t *f = r->f;
   r->state = RQ_QUEUED;
-  r->next = r->f->q_head;
-  r->f->q_head = r;
-  if (r->f->q_tail == NULL) r->f->q_tail = r;
-  start_queued(r->f);
+  fetch_req_t **pp = &f->q_head;
+  while (r->ahead && *pp && !(*pp)->ahead) pp = &(*pp)->next;
+  r->next = *pp;
+  *pp = r;
+  if (r->next == NULL) f->q_tail = r;
+  start_queued(f);
 }
 
 /* Parses "bytes a-b/total". */
@@ -946,6 +1006,7 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
   }
   if (range) {
     r->range = *range;
+    r->ahead = range->ahead != 0;
     r->ranged = range->suffix == 0;
     r->expect = range->suffix ? 0 : range->length;
   }
@@ -970,10 +1031,7 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
     return r;
   }
   if (serve_from_whole(r)) return r;
-  r->state = RQ_QUEUED;
-  if (f->q_tail) f->q_tail->next = r;
-  else f->q_head = r;
-  f->q_tail = r;
+  enqueue(f, r);
   start_queued(f);
   return r;
 }
@@ -985,16 +1043,7 @@ void fetch_req_free(fetch_req_t *r) {
     r->cancelled = 1;
     r->cb = NULL;
     if (r->state == RQ_QUEUED) {
-      fetch_t *f = r->f;
-      fetch_req_t **pp = &f->q_head, *prev = NULL;
-      while (*pp && *pp != r) {
-        prev = *pp;
-        pp = &(*pp)->next;
-      }
-      if (*pp) {
-        *pp = r->next;
-        if (f->q_tail == r) f->q_tail = prev;
-      }
+      dequeue(r->f, r);
       r->state = RQ_DONE;
     } else {
       return;
@@ -1171,10 +1220,7 @@ static void list_next(list_ctx_t *lc) {
     finish(r, LARDER_ENOMEM);
     return;
   }
-  r->state = RQ_QUEUED;
-  if (f->q_tail) f->q_tail->next = r;
-  else f->q_head = r;
-  f->q_tail = r;
+  enqueue(f, r);
   start_queued(f);
 }
 

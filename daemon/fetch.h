@@ -94,10 +94,13 @@ typedef struct fetch_result {
 
 typedef void (*fetch_cb)(fetch_req_t *req, const fetch_result_t *res, void *arg);
 
-/* A byte range; suffix > 0 asks for the last `suffix` bytes instead. */
+/* A byte range; suffix > 0 asks for the last `suffix` bytes instead.
+ * ahead marks read-ahead: such requests wait in the queue behind every
+ * request that a trainer is waiting for (fetch_promote moves one forward). */
 typedef struct fetch_range {
   uint64_t offset, length;
   uint64_t suffix;
+  int ahead;
 } fetch_range_t;
 
 /*
@@ -108,6 +111,11 @@ typedef struct fetch_range {
  */
 fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, fetch_cb cb,
                        void *arg);
+
+/* Makes a queued read-ahead request an ordinary one: a trainer now waits
+ * for it.  Does nothing to a request that is running or done.  Loop
+ * thread. */
+void fetch_promote(fetch_req_t *req);
 
 /* Detaches the callback of a request that is no longer wanted (it still
  * completes, or is dropped from the queue) and frees it once it is done. */

@@ -276,6 +276,7 @@ static void on_tick(uv_timer_t *t) {
              (unsigned long long)STATS_GET(&srv->stats, clients),
              (unsigned long long)STATS_GET(&srv->stats, streams), (double)bytes / 1e9,
              (double)srv->unit_bytes / 1048576.0);
+  units_expire_read_ahead(srv);
   units_trim(srv);
   units_retry(srv);
   admin_tick(srv); /* rate samples for larderctl stats */

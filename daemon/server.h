@@ -75,6 +75,10 @@ struct unit {
   int retry;              /* its row group was being decoded: try again */
   int need_fetch;         /* remote and not cached: its row group's bytes */
   rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */
+  rgbuf_t *waiting_rgbuf; /* the row group fetch it waits for, or NULL */
+  uint32_t run_units;     /* units its decode left no need to decode again
+                             (itself, and those it put in the cache) */
+  int ahead;              /* loaded for read-ahead: no stream waits yet */
   unit_t *retry_next;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
 
@@ -89,6 +93,23 @@ struct unit {
 /* Returns the unit (refs + 1), starting its load if it is not in memory.
  * NULL when out of memory. */
 unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index);
+/*
+ * Read-ahead of a remote unit's row group, for a unit that streams will
+ * need later (stream.c walks the coming batches).  Starts the fetch (queued
+ * behind every fetch a trainer waits for) and holds nothing.  into_cache
+ * (the cache will keep the row group): the row group is then decoded into
+ * the cache, its units landing in the idle pool; else only its bytes are
+ * kept, in memory, for the units' loads, within a quarter of memory_limit.
+ * Returns 1 when it started a fetch, 0 when there is nothing to do (a local
+ * file, cached already, in memory or being fetched, no cache, or the cache
+ * would not keep it after all), or -1 when a budget is spent (bytes being
+ * fetched reach fetch_inflight_bytes, or bytes read ahead into memory reach
+ * memory_limit / 4): stop for now.  Loop thread.
+ */
+int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cache);
+/* Lets go of row groups read ahead into memory that no unit used within a
+ * minute (their stream closed or moved on).  The tick calls it. */
+void units_expire_read_ahead(server_t *srv);
 /* Drops a reference; idle READY units stay cached until memory is needed. */
 void units_release(server_t *srv, unit_t *u);
 /* Asks to be told (stream_units_changed) when u leaves LOADING. */
@@ -116,6 +137,8 @@ void stream_units_changed(stream_t *s);
 void stream_fail(stream_t *s, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 uint32_t stream_id(const stream_t *s);
+/* Lets every stream's read-ahead go on (a fetch finished; units.c). */
+void stream_read_ahead_all(server_t *srv);
 /* The stream of connection c with this id, or NULL. */
 stream_t *stream_find(conn_t *c, uint32_t id);
 /* For the admin stats: the stream's counters, and the next stream of its
@@ -224,6 +247,11 @@ struct server {
   rgbuf_t **rgbuf_table;
   size_t rgbuf_buckets;
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
+  uint64_t rgbuf_fetching_bytes; /* asked for and not yet arrived */
+  uint64_t rgbuf_ahead_bytes;    /* read ahead into memory, not used yet */
+  uint64_t rgbuf_held_bytes;     /* held until their units have decoded */
+  int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
+  int in_read_ahead;      /* stream_read_ahead_all is running */
   int tasks_in_flight;    /* every uv_queue_work not yet completed */
 
   /* Access control (acl.h): rebuilt from cfg at start and on reload. */

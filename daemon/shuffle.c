@@ -20,7 +20,8 @@
  *   with GAMMA = 0x9e3779b97f4a7c15 and all arithmetic mod 2^64.  mix64 is a
  *   bijection, so each step keeps every bit of what came before, and the
  *   GAMMA offsets keep a key of zeros away from the fixed point mix64(0) = 0.
- *   Purposes: UNITS = 1 (index 0), WINDOW = 2 (index = window number).
+ *   Purposes: UNITS = 1 (index 0), WINDOW = 2 (index = window number),
+ *   BLOCK = 3 (index = block number in dataset order).
  * - bounded(s, n) for 1 <= n < 2^64 is Lemire's "nearly divisionless"
  *   method: x = next(s); m = x * n as a 128-bit product; while the low 64
  *   bits of m are below (2^64 - n) mod n, draw again; the result is the high
@@ -29,6 +30,12 @@
  *   1: j = bounded(s, i + 1); swap a[i] and a[j].
  * - Unit order of epoch e: Fisher-Yates over the num_units unit indices with
  *   stream (seed, e, UNITS, 0).  Zero-row units take part like any other.
+ * - Blocked plans (shuffle_plan_create_blocked): Fisher-Yates over the
+ *   num_blocks block indices with stream (seed, e, UNITS, 0); the unit order
+ *   is the blocks' units in that block order, the units of block b (its
+ *   unit indices, ascending) permuted by Fisher-Yates with stream
+ *   (seed, e, BLOCK, b).  Blocks of one unit each give exactly the unblocked
+ *   order, since a one-element shuffle draws nothing.
  * - Window w holds permuted units [w*W, min((w+1)*W, num_units)).  Its rows
  *   are numbered 0 .. R-1 in the order: its units in permuted order, the rows
  *   of each unit in ascending order.  Its row order is Fisher-Yates over
@@ -78,6 +85,7 @@
 #define GAMMA UINT64_C(0x9e3779b97f4a7c15)
 #define PURPOSE_UNITS 1
 #define PURPOSE_WINDOW 2
+#define PURPOSE_BLOCK 3
 #define NO_WINDOW UINT64_MAX
 
 struct shuffle_plan {
@@ -87,6 +95,8 @@ struct shuffle_plan {
   uint64_t global_batch; /* G = world_size * batch_size */
   uint64_t batches;      /* per epoch, for every rank */
   uint64_t *start;       /* num_units + 1 prefix sums, dataset order */
+  uint32_t num_blocks;   /* 0: unblocked */
+  uint32_t *block_first; /* num_blocks + 1: first unit of each block */
   int packed;            /* windows hold (unit in window, row) pairs */
   unsigned row_bits;     /* bits of the row in a packed entry */
 };
@@ -225,8 +235,22 @@ static int window_too_big(const uint64_t *unit_rows, uint32_t n, uint32_t w,
 
 int shuffle_plan_create(const uint64_t *unit_rows, uint32_t num_units,
                         const shuffle_params_t *params, shuffle_plan_t **out) {
+  return shuffle_plan_create_blocked(unit_rows, num_units, NULL, 0, params, out);
+}
+
+int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
+                                const uint32_t *block_units, uint32_t num_blocks,
+                                const shuffle_params_t *params, shuffle_plan_t **out) {
   if (out == NULL) return LARDER_EINVAL;
   *out = NULL;
+  if (block_units != NULL) {
+    uint64_t sum = 0;
+    for (uint32_t b = 0; b < num_blocks; b++) {
+      if (block_units[b] == 0) return LARDER_EINVAL;
+      sum += block_units[b];
+    }
+    if (sum != num_units) return LARDER_EINVAL;
+  }
   if (unit_rows == NULL || params == NULL || num_units == 0 ||
       params->batch_size == 0 || params->batch_size > INT_MAX ||
       params->world_size == 0 || params->rank >= params->world_size ||
@@ -253,6 +277,21 @@ int shuffle_plan_create(const uint64_t *unit_rows, uint32_t num_units,
   if (plan->start == NULL) {
     free(plan);
     return LARDER_ENOMEM;
+  }
+  if (block_units != NULL && params->shuffle) {
+    plan->block_first = malloc(((size_t)num_blocks + 1) * sizeof(*plan->block_first));
+    if (plan->block_first == NULL) {
+      free(plan->start);
+      free(plan);
+      return LARDER_ENOMEM;
+    }
+    uint32_t first = 0;
+    for (uint32_t b = 0; b < num_blocks; b++) {
+      plan->block_first[b] = first;
+      first += block_units[b];
+    }
+    plan->block_first[num_blocks] = first;
+    plan->num_blocks = num_blocks;
   }
   plan->params = *params;
   plan->params.shuffle = params->shuffle != 0;
@@ -282,6 +321,7 @@ int shuffle_plan_create(const uint64_t *unit_rows, uint32_t num_units,
 void shuffle_plan_free(shuffle_plan_t *plan) {
   if (plan == NULL) return;
   free(plan->start);
+  free(plan->block_first);
   free(plan);
 }
 
@@ -324,9 +364,32 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
     free(ep);
     return LARDER_ENOMEM;
   }
-  for (uint32_t i = 0; i < u; i++) ep->order[i] = i;
-  fisher_yates(ep->order, u,
-               stream_state(plan->params.seed, epoch, PURPOSE_UNITS, 0));
+  if (plan->num_blocks == 0) {
+    for (uint32_t i = 0; i < u; i++) ep->order[i] = i;
+    fisher_yates(ep->order, u,
+                 stream_state(plan->params.seed, epoch, PURPOSE_UNITS, 0));
+  } else {
+    uint32_t nb = plan->num_blocks;
+    uint32_t *blocks = malloc((size_t)nb * sizeof(*blocks));
+    if (blocks == NULL) {
+      free(ep->order);
+      free(ep->start);
+      free(ep);
+      return LARDER_ENOMEM;
+    }
+    for (uint32_t b = 0; b < nb; b++) blocks[b] = b;
+    fisher_yates(blocks, nb, stream_state(plan->params.seed, epoch, PURPOSE_UNITS, 0));
+    uint32_t pos = 0;
+    for (uint32_t k = 0; k < nb; k++) {
+      uint32_t b = blocks[k];
+      uint32_t first = plan->block_first[b], len = plan->block_first[b + 1] - first;
+      for (uint32_t i = 0; i < len; i++) ep->order[pos + i] = first + i;
+      fisher_yates(ep->order + pos, len,
+                   stream_state(plan->params.seed, epoch, PURPOSE_BLOCK, b));
+      pos += len;
+    }
+    free(blocks);
+  }
   uint64_t acc = 0;
   for (uint32_t i = 0; i < u; i++) {
     ep->start[i] = acc;

@@ -24,7 +24,10 @@
  *    reproducible stream.  Bounded draws use Lemire's multiply-shift with
  *    rejection, so they are unbiased.
  * 2. Unit order: for epoch e, the units are permuted with Fisher-Yates using
- *    stream (seed, e, UNITS, 0).
+ *    stream (seed, e, UNITS, 0).  A blocked plan permutes blocks of
+ *    consecutive units instead (the daemon's blocks are row groups when
+ *    shuffle_row_groups is on), each block's units staying together in an
+ *    order of their own.
  * 3. Windows: the permuted units are taken window_units at a time.  Within a
  *    window, all rows of its units are permuted together with Fisher-Yates
  *    using stream (seed, e, WINDOW, w).  The epoch's order is the
@@ -79,6 +82,24 @@ typedef struct shuffle_plan shuffle_plan_t;
 int shuffle_plan_create(const uint64_t *unit_rows, uint32_t num_units,
                         const shuffle_params_t *params, shuffle_plan_t **out);
 void shuffle_plan_free(shuffle_plan_t *plan);
+
+/*
+ * Like shuffle_plan_create, with the units grouped into num_blocks blocks of
+ * consecutive units: block b is the next block_units[b] units in dataset
+ * order (each count >= 1, summing to num_units; else LARDER_EINVAL).  An
+ * epoch's unit order then permutes the blocks and keeps each block's units
+ * together (in a random order of their own), and the windows are cut from
+ * that order as usual.  With shuffle_row_groups the daemon makes each row
+ * group a block: a remote row group is fetched whole, so keeping its units
+ * in one window lets a cold epoch consume data in the order it arrives (a
+ * window needs about its own bytes of fetches, not window_units whole row
+ * groups), at the price of mixing fewer distinct places per window
+ * (bench/label-mix.c measures how many fewer).  Without shuffle the blocks
+ * change nothing.  Any thread.
+ */
+int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
+                                const uint32_t *block_units, uint32_t num_blocks,
+                                const shuffle_params_t *params, shuffle_plan_t **out);
 
 /* Total samples N, and the batches every rank gets per epoch. */
 uint64_t shuffle_num_samples(const shuffle_plan_t *plan);

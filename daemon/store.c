@@ -1907,6 +1907,17 @@ int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
   return rc;
 }
 
+int store_would_admit(store_t *st, uint64_t bytes, uint64_t priority) {
+  if (st == NULL) return 0;
+  int64_t now = wall_now(st);
+  pthread_mutex_lock(&st->mu);
+  int admit = !st->writes_off && !st->low_space && bytes <= st->capacity;
+  if (admit && st->used + st->reserved + bytes > st->capacity)
+    admit = can_free(st, st->used + st->reserved + bytes - st->capacity, priority, now);
+  pthread_mutex_unlock(&st->mu);
+  return admit;
+}
+
 void store_unreserve(store_t *st, const store_key_t *keys, int n) {
   if (st == NULL || keys == NULL) return;
   pthread_mutex_lock(&st->mu);

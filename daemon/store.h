@@ -136,6 +136,10 @@ void store_value_free(store_value_t *v);
 int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
                   const uint64_t *sizes, int n, uint64_t priority);
 void store_unreserve(store_t *st, const store_key_t *keys, int n);
+/* Whether store_reserve would now admit `bytes` at this priority (room, or
+ * idle or worse entries to evict), without reserving or evicting anything.
+ * Any thread. */
+int store_would_admit(store_t *st, uint64_t bytes, uint64_t priority);
 
 typedef struct store_entry {
   store_key_t key;

@@ -99,6 +99,18 @@ struct stream {
   int num_sent, cap_sent;
   uint64_t releases;        /* Release frames processed (see PB_NOROOM) */
 
+  /* Read-ahead of remote row groups into the cache, beyond the pins: a
+   * cursor of its own over the coming batches, and the units of the last
+   * stretch it listed that it has not offered yet. */
+  int remote;               /* the dataset has remote files */
+  uint64_t *rg_prio;        /* its row groups' cache priorities, ascending */
+  uint64_t *rg_prio_bytes;  /* bytes of the row groups up to each, summed */
+  uint32_t num_rg_prio;
+  shuffle_epoch_t *ra_ep;
+  uint64_t ra_epoch, ra_batch;
+  uint32_t *ra_units;
+  int ra_n, ra_i;
+
   stats_stream_t st;
   char *label;              /* larder admin: its sources, for stats */
   uint64_t opened_ns;
@@ -202,6 +214,10 @@ static void stream_destroy(stream_t *s) {
   free(s->sent);
   shuffle_epoch_close(s->plan_ep);
   shuffle_epoch_close(s->pin_ep);
+  shuffle_epoch_close(s->ra_ep);
+  free(s->ra_units);
+  free(s->rg_prio);
+  free(s->rg_prio_bytes);
   shuffle_plan_free(s->plan);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
   arena_destroy(s->arena);
@@ -306,6 +322,131 @@ static void advance_pins(stream_t *s) {
     s->pin_epoch++;
     s->pin_batch = 0;
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Read-ahead                                                                */
+
+/*
+ * Offers the row groups of the batches past the pins to units_read_ahead,
+ * in the order the batches will need them, up to one epoch past the
+ * batch being planned (the next epoch's order is known too).  The fetcher
+ * then works through the epoch in consumption order while the trainer
+ * consumes it, bounded by fetch_inflight_bytes of fetches outstanding and
+ * by what the cache will keep; pins alone look only a window ahead, which
+ * leaves the network idle between windows.  Stops when the budget is spent;
+ * stream_read_ahead_all resumes it as fetches complete.
+ */
+typedef struct prio_bytes {
+  uint64_t prio, bytes;
+} prio_bytes_t;
+
+static int cmp_prio(const void *a, const void *b) {
+  uint64_t x = ((const prio_bytes_t *)a)->prio, y = ((const prio_bytes_t *)b)->prio;
+  return (x > y) - (x < y);
+}
+
+/* Sorts the dataset's row groups by cache priority, once. */
+static int build_rg_prio(stream_t *s) {
+  const dataset_t *ds = s->ds;
+  prio_bytes_t *v = malloc(((size_t)ds->num_units + 1) * sizeof(*v));
+  if (v == NULL) return LARDER_ENOMEM;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < ds->num_units; i++) {
+    const dataset_unit_t *u = &ds->units[i];
+    if (n > 0 && i > 0 && u->file == u[-1].file && u->rg == u[-1].rg) v[n - 1].bytes += u->est_bytes;
+    else v[n++] = (prio_bytes_t){u->priority, u->est_bytes};
+  }
+  qsort(v, n, sizeof(*v), cmp_prio);
+  s->rg_prio = malloc(((size_t)n + 1) * sizeof(uint64_t));
+  s->rg_prio_bytes = malloc(((size_t)n + 1) * sizeof(uint64_t));
+  if (s->rg_prio == NULL || s->rg_prio_bytes == NULL) {
+    free(v);
+    return LARDER_ENOMEM;
+  }
+  uint64_t acc = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    acc += v[i].bytes;
+    s->rg_prio[i] = v[i].prio;
+    s->rg_prio_bytes[i] = acc;
+  }
+  s->num_rg_prio = n;
+  free(v);
+  return 0;
+}
+
+/* The worst priority among the row groups that the cache keeps for good
+ * when it holds the best of this dataset up to its capacity: the cache
+ * keeps the lowest priorities (store.c), so read-ahead into the cache of a
+ * row group above this would be evicted again, maybe before its use. */
+static uint64_t resident_priority(const stream_t *s) {
+  uint64_t cap = s->srv->cfg.cache_capacity;
+  if (s->num_rg_prio == 0 || s->rg_prio_bytes[s->num_rg_prio - 1] <= cap) return UINT64_MAX;
+  uint32_t lo = 0, hi = s->num_rg_prio; /* first index whose running sum exceeds cap */
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (s->rg_prio_bytes[mid] <= cap) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo == 0 ? 0 : s->rg_prio[lo - 1];
+}
+
+static void advance_read_ahead(stream_t *s) {
+  if (!s->remote || s->closed || s->srv->shutting_down || s->batches_per_epoch == 0) return;
+  uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
+  /* Up to one epoch past planning; with revalidation on, not past this
+   * epoch, whose end checks the objects before anything more is read. */
+  uint64_t horizon = s->srv->cfg.revalidate > 0 ? linear(s, s->plan_epoch + 1, 0)
+                                                 : plan_pos + s->batches_per_epoch;
+  uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
+  if (linear(s, s->ra_epoch, s->ra_batch) < pin_pos) {
+    /* Behind the pins (the start, or a trainer faster than the network):
+     * the pins have asked for those units already. */
+    s->ra_epoch = s->pin_epoch;
+    s->ra_batch = s->pin_batch;
+    s->ra_n = s->ra_i = 0;
+    shuffle_epoch_close(s->ra_ep);
+    s->ra_ep = NULL;
+  }
+  if (s->ra_units == NULL) {
+    s->ra_units = malloc((size_t)s->ds->num_units * sizeof(uint32_t));
+    if (s->ra_units == NULL || build_rg_prio(s) != 0) {
+      s->remote = 0; /* out of memory: no read-ahead for this stream */
+      return;
+    }
+  }
+  uint64_t resident = resident_priority(s);
+  for (;;) {
+    while (s->ra_i < s->ra_n) {
+      uint32_t k = s->ra_units[s->ra_i];
+      if (units_read_ahead(s->srv, s->ds, k, s->ds->units[k].priority <= resident) < 0) return;
+      s->ra_i++;
+    }
+    if (s->epochs && s->ra_epoch >= s->epochs) return;
+    if (linear(s, s->ra_epoch, s->ra_batch) >= horizon) return;
+    if (s->ra_ep == NULL || s->ra_batch == 0) {
+      shuffle_epoch_close(s->ra_ep);
+      s->ra_ep = NULL;
+      if (shuffle_epoch_open(s->plan, s->ra_epoch, &s->ra_ep) != 0) return;
+    }
+    uint64_t first = s->ra_batch;
+    uint64_t last = first + 64;
+    if (last > s->batches_per_epoch) last = s->batches_per_epoch;
+    int n = shuffle_epoch_units(s->ra_ep, first, last, s->ra_units, s->ds->num_units);
+    if (n < 0) return;
+    s->ra_n = n;
+    s->ra_i = 0;
+    s->ra_batch = last;
+    if (s->ra_batch >= s->batches_per_epoch) {
+      s->ra_epoch++;
+      s->ra_batch = 0;
+    }
+  }
+}
+
+void stream_read_ahead_all(server_t *srv) {
+  for (conn_t *c = srv->conns; c; c = c->next)
+    for (stream_t *s = c->streams; s; s = s->next_in_conn) advance_read_ahead(s);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -703,6 +844,7 @@ static void stream_pump(stream_t *s) {
 again:
   if (s->closed || s->srv->shutting_down) return;
   advance_pins(s);
+  advance_read_ahead(s);
   while (!s->exhausted && s->validating == 0 && s->q_len < (int)s->prefetch) {
     int rc = plan_one(s);
     if (rc) {
@@ -939,17 +1081,13 @@ static void open_done(uv_work_t *w, int status) {
   s->num_nodes = 0;
   for (int i = 0; i < s->ds->schema->num_children; i++)
     s->num_nodes += layout_num_nodes(&s->ds->schema->children[i]);
-  uint64_t *rows = malloc((size_t)s->ds->num_units * sizeof(uint64_t));
   s->pinned = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
   s->stamp = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
   s->lookup = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
   s->counted = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
-  int rc = rows && s->pinned && s->stamp && s->lookup && s->counted ? 0 : LARDER_ENOMEM;
-  if (rc == 0) {
-    for (uint32_t i = 0; i < s->ds->num_units; i++) rows[i] = s->ds->units[i].rows;
-    rc = shuffle_plan_create(rows, s->ds->num_units, &s->params, &s->plan);
-  }
-  free(rows);
+  int rc = s->pinned && s->stamp && s->lookup && s->counted ? 0 : LARDER_ENOMEM;
+  if (rc == 0)
+    rc = dataset_shuffle_plan(s->ds, &s->params, srv->cfg.shuffle_row_groups, &s->plan);
   if (rc) {
     conn_send_error(c, rc, 0, o->request_id,
                     "invalid stream settings (batch_size %u, rank %u of %u)", p->batch_size,
@@ -1005,6 +1143,9 @@ static void open_done(uv_work_t *w, int status) {
   s->exhausted = s->batches_per_epoch == 0 || (s->epochs && s->plan_epoch >= s->epochs);
   s->pin_epoch = s->plan_epoch;
   s->pin_batch = s->plan_batch;
+  s->ra_epoch = s->plan_epoch;
+  s->ra_batch = s->plan_batch;
+  for (uint32_t i = 0; i < s->ds->num_files; i++) s->remote |= s->ds->files[i].remote;
   {
     /* A window's worth of batches: the span the pins cover. */
     uint64_t g = (uint64_t)s->params.batch_size * s->params.world_size;

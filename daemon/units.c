@@ -86,12 +86,17 @@ static void unit_destroy(server_t *srv, unit_t *u) {
 void units_trim_rgbufs(server_t *srv);
 
 void units_trim(server_t *srv) {
-  units_trim_rgbufs(srv);
+  /* Idle units go first: their batches have been assembled, and any unit
+   * is cheaper to read back from the cache than an idle row-group buffer
+   * is to fetch again, which the rest of its row group's units (in the same
+   * or the next window, as the shuffle keeps row groups together) still
+   * decode from when the cache does not keep them. */
   while (srv->unit_bytes > srv->cfg.memory_limit && srv->lru_head) {
     unit_t *u = srv->lru_head;
     lru_remove(srv, u);
     unit_destroy(srv, u);
   }
+  units_trim_rgbufs(srv);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -107,6 +112,19 @@ void units_trim(server_t *srv) {
  */
 enum { RB_FETCHING = 0, RB_READY = 1, RB_FAILED = 2 };
 
+/* One range request.  A merged range longer than fetch_part_bytes is asked
+ * for in parts, so that requests stay short: the fetch queue then reorders
+ * within a fraction of a second when a trainer starts waiting for a row
+ * group, instead of sharing the link with long read-ahead transfers. */
+typedef struct rb_part {
+  struct rgbuf *b;
+  int range;               /* index in ranges */
+  uint64_t offset, length;
+  fetch_req_t *req;        /* while it runs */
+  int done;                /* its callback ran (maybe inside fetch_get) */
+  uint8_t *data;
+} rb_part_t;
+
 struct rgbuf {
   uint64_t hash;
   uint64_t object_id;
@@ -118,9 +136,20 @@ struct rgbuf {
   char *message;
   int num_ranges;
   pq_range_t *ranges;
-  uint8_t **data;
-  fetch_req_t **reqs;
-  int pending;
+  uint8_t **data;          /* per range, once every part has arrived */
+  rb_part_t *parts;        /* the requests: each range cut into parts */
+  int num_parts;
+  int pending;             /* parts not yet arrived */
+  int ahead;               /* fetched for read-ahead; nobody waits yet */
+  uint64_t mem_ahead;      /* bytes counted in srv->rgbuf_ahead_bytes: read
+                              ahead for a row group the cache will not keep,
+                              and not used yet */
+  int held;                /* held (one reference) until every unit of the
+                              row group has decoded from it, or a minute */
+  uint32_t units_left;     /* units of the row group not yet decoded */
+  uint64_t held_ns;        /* when the hold began */
+  uint64_t held_bytes;     /* counted in srv->rgbuf_held_bytes */
+  uint64_t charged;        /* bytes counted in srv->rgbuf_fetching_bytes */
   uint64_t bytes;
   uint64_t fetch_ns;
   char etag[128];
@@ -132,6 +161,7 @@ struct rgbuf {
 };
 
 static int queue_load(server_t *srv, unit_t *u);
+static int cached_already(store_t *st, const dataset_t *ds, uint32_t k);
 
 static void rb_lru_remove(server_t *srv, rgbuf_t *b) {
   if (b->lru_prev) b->lru_prev->lru_next = b->lru_next;
@@ -145,15 +175,21 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
   rgbuf_t **pp = &srv->rgbuf_table[b->hash % srv->rgbuf_buckets];
   while (*pp && *pp != b) pp = &(*pp)->hnext;
   if (*pp) *pp = b->hnext;
-  for (int i = 0; i < b->num_ranges; i++) {
-    if (b->reqs && b->reqs[i]) fetch_cancel(b->reqs[i]);
-    if (b->data) free(b->data[i]);
+  for (int i = 0; i < b->num_parts; i++) {
+    if (b->parts[i].req) fetch_cancel(b->parts[i].req);
+    free(b->parts[i].data);
   }
-  srv->unit_bytes -= b->bytes;
-  STATS_SUB(&srv->stats, memory_bytes, b->bytes);
+  for (int i = 0; i < b->num_ranges; i++)
+    if (b->data) free(b->data[i]);
+  srv->rgbuf_fetching_bytes -= b->charged;
+  srv->rgbuf_ahead_bytes -= b->mem_ahead;
+  if (b->state == RB_READY) {
+    srv->unit_bytes -= b->bytes;
+    STATS_SUB(&srv->stats, memory_bytes, b->bytes);
+  }
   free(b->ranges);
   free(b->data);
-  free(b->reqs);
+  free(b->parts);
   free(b->waiters);
   free(b->message);
   free(b);
@@ -166,25 +202,72 @@ static void rb_release(server_t *srv, rgbuf_t *b) {
     if (srv->rgbuf_lru_tail) srv->rgbuf_lru_tail->lru_next = b;
     else srv->rgbuf_lru_head = b;
     srv->rgbuf_lru_tail = b;
+    b->lru_next = NULL;
   } else if (b->state == RB_FAILED) {
     rb_destroy(srv, b);
   }
 }
 
+/* Joins each range's parts into one buffer, as the Parquet reader reads a
+ * column chunk from one contiguous range. */
+static void rb_assemble(rgbuf_t *b) {
+  for (int r = 0; r < b->num_ranges && !b->error; r++)
+    if (b->ranges[r].length == 0 && (b->data[r] = calloc(1, 1)) == NULL) b->error = LARDER_ENOMEM;
+  for (int p = 0; p < b->num_parts && !b->error;) {
+    int r = b->parts[p].range;
+    int q = p;
+    while (q < b->num_parts && b->parts[q].range == r) q++;
+    if (q - p == 1) {
+      b->data[r] = b->parts[p].data;
+      b->parts[p].data = NULL;
+    } else {
+      b->data[r] = malloc(b->ranges[r].length ? b->ranges[r].length : 1);
+      if (b->data[r] == NULL) {
+        b->error = LARDER_ENOMEM;
+        b->message = strdup("out of memory joining a row group's parts");
+        break;
+      }
+      for (int i = p; i < q; i++) {
+        memcpy(b->data[r] + (b->parts[i].offset - b->ranges[r].offset), b->parts[i].data,
+               b->parts[i].length);
+        free(b->parts[i].data);
+        b->parts[i].data = NULL;
+      }
+    }
+    p = q;
+  }
+}
+
 static void rb_done(rgbuf_t *b) {
   server_t *srv = b->srv;
+  srv->rgbuf_fetching_bytes -= b->charged;
+  int freed = b->charged > 0;
+  b->charged = 0;
+  if (!b->error) rb_assemble(b);
+  if (b->error) {
+    b->bytes = 0;
+    for (int i = 0; i < b->num_parts; i++) {
+      free(b->parts[i].data);
+      b->parts[i].data = NULL;
+    }
+  }
   b->state = b->error ? RB_FAILED : RB_READY;
   if (b->state == RB_READY) {
     srv->unit_bytes += b->bytes;
     STATS_ADD(&srv->stats, memory_bytes, b->bytes);
   }
-  /* Each waiting unit holds a reference; hand the buffer on or fail it. */
+  /* Each waiting unit holds a reference; hand the buffer on or fail it.
+   * Hold one more meanwhile: the last waiter's release must not free the
+   * buffer under this loop, and one read ahead with no waiter at all
+   * becomes idle (or, failed, goes away) through the release below. */
+  b->refs++;
   int n = b->num_waiters;
   unit_t **ws = b->waiters;
   b->waiters = NULL;
   b->num_waiters = b->cap_waiters = 0;
   for (int i = 0; i < n; i++) {
     unit_t *u = ws[i];
+    u->waiting_rgbuf = NULL;
     if (b->state == RB_FAILED) {
       u->error = b->error;
       free(u->message);
@@ -207,14 +290,25 @@ static void rb_done(rgbuf_t *b) {
     }
   }
   free(ws);
+  rb_release(srv, b);
+  /* Room in the read-ahead budget: the streams may ask for more. */
+  if (freed && !srv->in_read_ahead) {
+    srv->in_read_ahead = 1;
+    stream_read_ahead_all(srv);
+    srv->in_read_ahead = 0;
+  }
 }
 
+/* A part's callback.  fetch_get may call it before it returns (a part
+ * served from a whole-object download, a shutdown), so the part is found
+ * through arg, never through the request pointer. */
 static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
-  rgbuf_t *b = arg;
-  int i = 0;
-  while (i < b->num_ranges && b->reqs[i] != req) i++;
-  if (i < b->num_ranges) {
-    b->reqs[i] = NULL;
+  rb_part_t *part = arg;
+  rgbuf_t *b = part->b;
+  int i = (int)(part - b->parts);
+  {
+    part->req = NULL;
+    part->done = 1;
     if (res->status) {
       if (!b->error) {
         b->error = res->status;
@@ -231,32 +325,75 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
       }
     } else {
       uint64_t len;
-      b->data[i] = fetch_req_steal(req, &len);
+      b->parts[i].data = fetch_req_steal(req, &len);
       b->bytes += len;
       if (res->fetch_ns > b->fetch_ns) b->fetch_ns = res->fetch_ns;
+      if (len != b->parts[i].length && !b->error) {
+        /* fetch.c checks lengths; this guards the join below all the same. */
+        b->error = LARDER_EIO;
+        b->message = strdup("a range request returned a different length than asked");
+      }
     }
   }
   fetch_req_free(req);
   if (--b->pending == 0) rb_done(b);
 }
 
-static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index) {
+/* Moves a read-ahead buffer's queued requests ahead of other read-ahead:
+ * a trainer now waits for it. */
+static void rb_unhold(rgbuf_t *b) {
+  server_t *srv = b->srv;
+  srv->rgbuf_ahead_bytes -= b->mem_ahead;
+  b->mem_ahead = 0;
+  if (!b->held) return;
+  b->held = 0;
+  srv->rgbuf_held_bytes -= b->held_bytes;
+  b->held_bytes = 0;
+  rb_release(srv, b);
+}
+
+static void rb_promote(rgbuf_t *b) {
+  /* Used now: no longer read-ahead waiting for its first use. */
+  b->srv->rgbuf_ahead_bytes -= b->mem_ahead;
+  b->mem_ahead = 0;
+  if (!b->ahead) return;
+  b->ahead = 0;
+  for (int i = 0; i < b->num_parts; i++)
+    if (b->parts[i].req) fetch_promote(b->parts[i].req);
+}
+
+/* The buffer of unit_index's row group, or NULL. */
+static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index, uint64_t *hash) {
   const dataset_unit_t *du = &ds->units[unit_index];
   const dataset_file_t *f = &ds->files[du->file];
   uint64_t ch = columns_hash_of(ds);
   uint64_t key[3] = {f->object_id, du->rg, ch};
   uint64_t h = util_hash64(key, sizeof(key), 0x726762ull);
+  if (hash) *hash = h;
+  if (srv->rgbuf_table == NULL) return NULL;
+  for (rgbuf_t *b = srv->rgbuf_table[h % srv->rgbuf_buckets]; b; b = b->hnext)
+    if (b->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch)
+      return b;
+  return NULL;
+}
+
+static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead,
+                           int hold) {
+  const dataset_unit_t *du = &ds->units[unit_index];
+  const dataset_file_t *f = &ds->files[du->file];
+  uint64_t ch = columns_hash_of(ds);
+  uint64_t h;
+  rgbuf_t *found = rb_find(srv, ds, unit_index, &h);
+  if (found) {
+    if (found->refs == 0 && found->state == RB_READY) rb_lru_remove(srv, found);
+    found->refs++;
+    if (!ahead) rb_promote(found);
+    return found;
+  }
   if (srv->rgbuf_table == NULL) {
     srv->rgbuf_buckets = 1024;
     srv->rgbuf_table = calloc(srv->rgbuf_buckets, sizeof(rgbuf_t *));
     if (srv->rgbuf_table == NULL) return NULL;
-  }
-  for (rgbuf_t *b = srv->rgbuf_table[h % srv->rgbuf_buckets]; b; b = b->hnext) {
-    if (b->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch) {
-      if (b->refs == 0 && b->state == RB_READY) rb_lru_remove(srv, b);
-      b->refs++;
-      return b;
-    }
   }
   rgbuf_t *b = calloc(1, sizeof(*b));
   if (b == NULL) return NULL;
@@ -292,24 +429,66 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index) {
   }
   b->num_ranges = m;
   b->ranges = ranges;
-  b->data = calloc((size_t)(m ? m : 1), sizeof(uint8_t *));
-  b->reqs = calloc((size_t)(m ? m : 1), sizeof(fetch_req_t *));
-  if (b->data == NULL || b->reqs == NULL) {
+  uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
+  int np = 0;
+  for (int i = 0; i < m; i++) np += (int)((ranges[i].length + part - 1) / part);
+  b->data = calloc((size_t)(m > 0 ? m : 1), sizeof(uint8_t *));
+  b->parts = calloc((size_t)(np > 0 ? np : 1), sizeof(rb_part_t));
+  if (b->data == NULL || b->parts == NULL) {
     b->error = LARDER_ENOMEM;
+    b->message = strdup("out of memory");
     b->state = RB_FAILED;
     return b;
   }
+  for (int i = 0; i < m; i++)
+    for (uint64_t off = 0; off < ranges[i].length;) {
+      uint64_t len = ranges[i].length - off < part ? ranges[i].length - off : part;
+      b->parts[b->num_parts++] = (rb_part_t){b, i, ranges[i].offset + off, len, NULL, 0, NULL};
+      off += len;
+    }
   b->state = RB_FETCHING;
-  b->pending = m;
-  for (int i = 0; i < m; i++) {
-    fetch_range_t r = {ranges[i].offset, ranges[i].length, 0};
-    b->reqs[i] = fetch_get(srv->fetch, f->path, &r, on_range, b);
-    if (b->reqs[i] == NULL) {
-      b->error = LARDER_ENOMEM;
+  b->ahead = ahead;
+  b->pending = b->num_parts;
+  for (int i = 0; i < b->num_parts; i++) b->charged += b->parts[i].length;
+  srv->rgbuf_fetching_bytes += b->charged;
+  /* A buffer read ahead for a row group that the cache will not keep is
+   * held until each unit of the row group has decoded from it (they share
+   * a window or two, as the shuffle keeps them together): trimming it
+   * before its first use, or between two of its units, would fetch it
+   * again within the epoch.  Holds take at most a quarter of memory_limit
+   * (units_read_ahead stops there). */
+  for (uint32_t k = f->first_unit; k < f->first_unit + f->num_units; k++)
+    b->units_left += ds->units[k].rg == du->rg && !(srv->store && cached_already(srv->store, ds, k));
+  if (hold) {
+    b->held = 1;
+    b->held_ns = util_now_ns();
+    b->held_bytes = b->charged;
+    srv->rgbuf_held_bytes += b->held_bytes;
+    b->refs++;
+  }
+  if (b->num_parts == 0) {
+    rb_done(b);
+    return b;
+  }
+  /* Hold a reference while asking: a part that completes inside fetch_get
+   * must not see the buffer finish before every part has been asked for. */
+  b->pending++;
+  for (int i = 0; i < b->num_parts; i++) {
+    rb_part_t *pt = &b->parts[i];
+    fetch_range_t r = {.offset = pt->offset, .length = pt->length, .ahead = ahead};
+    fetch_req_t *req = fetch_get(srv->fetch, f->path, &r, on_range, pt);
+    if (req == NULL) {
+      if (!b->error) {
+        b->error = LARDER_ENOMEM;
+        b->message = strdup("out of memory");
+      }
+      pt->done = 1;
       b->pending--;
+    } else if (!pt->done) {
+      pt->req = req;
     }
   }
-  if (b->pending == 0) rb_done(b);
+  if (--b->pending == 0) rb_done(b);
   return b;
 }
 
@@ -497,6 +676,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     }
     int admitted = 0;
     if (rc == 0) offer_to_cache(srv, ds, k, blobs, sizes, &admitted);
+    if (rc == 0 && (admitted || k == u->index)) u->run_units++;
     if (rc == 0 && k == u->index) {
       for (int c = 0; c < nc; c++) {
         u->blobs[c] = blobs[c];
@@ -647,7 +827,8 @@ static void load_done(uv_work_t *w, int status) {
   }
   if (srv->retry_head) units_retry(srv);
   if (u->need_fetch && status != UV_ECANCELED && !srv->shutting_down) {
-    rgbuf_t *b = rb_acquire(srv, u->ds, u->index);
+    rgbuf_t *b = rb_acquire(srv, u->ds, u->index, u->ahead, 0);
+    if (b && b->state == RB_FETCHING) u->waiting_rgbuf = b;
     if (b == NULL) {
       unit_fail(u, LARDER_ENOMEM, "out of memory");
     } else if (b->state == RB_FETCHING) {
@@ -667,8 +848,13 @@ static void load_done(uv_work_t *w, int status) {
     }
   }
   if (u->rgbuf) {
-    rb_release(srv, u->rgbuf);
+    rgbuf_t *b = u->rgbuf;
     u->rgbuf = NULL;
+    if (!u->error) {
+      b->units_left -= u->run_units < b->units_left ? u->run_units : b->units_left;
+      if (b->units_left == 0) rb_unhold(b); /* u's reference keeps it */
+    }
+    rb_release(srv, b);
   }
   if (status == UV_ECANCELED && u->error == 0) unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
   if (u->error) {
@@ -723,6 +909,11 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
       if (u->refs == 0) lru_remove(srv, u);
       if (u->state == UNIT_LOADING) STATS_ADD(&srv->stats, unit_shared, 1);
       u->refs++;
+      if (u->ahead && !srv->acquiring_ahead) {
+        /* A stream needs what read-ahead started: its fetch goes first. */
+        u->ahead = 0;
+        if (u->waiting_rgbuf) rb_promote(u->waiting_rgbuf);
+      }
       return u;
     }
   }
@@ -745,6 +936,7 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
   u->num_columns = ds->num_columns;
   u->refs = 1;
   u->state = UNIT_LOADING;
+  u->ahead = srv->acquiring_ahead;
   u->ds = ds;
   ds->refs++;
   u->index = index;
@@ -759,6 +951,59 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
     ds->refs--;
   }
   return u;
+}
+
+/* Whether unit index is in the pool (in any state). */
+static int unit_in_pool(server_t *srv, const dataset_t *ds, uint32_t index) {
+  const dataset_unit_t *du = &ds->units[index];
+  uint64_t oid = ds->files[du->file].object_id;
+  uint64_t ch = columns_hash_of(ds);
+  uint64_t h = unit_hash(oid, du->rg, du->row_start, du->rows, ch);
+  for (unit_t *u = srv->unit_table[h % srv->unit_buckets]; u; u = u->hnext)
+    if (u->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
+        u->rows == du->rows && u->columns_hash == ch)
+      return u->state != UNIT_FAILED;
+  return 0;
+}
+
+int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cache) {
+  const dataset_unit_t *du = &ds->units[index];
+  const dataset_file_t *f = &ds->files[du->file];
+  if (!f->remote || srv->store == NULL || srv->fetch == NULL || srv->shutting_down) return 0;
+  if (rb_find(srv, ds, index, NULL) != NULL || unit_in_pool(srv, ds, index) ||
+      cached_already(srv->store, ds, index))
+    return 0;
+  if (srv->rgbuf_fetching_bytes >= srv->cfg.fetch_inflight_bytes) return -1;
+  if (!into_cache) {
+    /* A row group the cache will not keep is fetched every epoch: fetch
+     * its bytes (not decoded) a little ahead, within a quarter of
+     * memory_limit, so that its units decode without waiting when their
+     * batches come. */
+    if (srv->rgbuf_held_bytes >= srv->cfg.memory_limit / 4) return -1;
+    rgbuf_t *b = rb_acquire(srv, ds, index, 1, 1);
+    if (b == NULL) return 0;
+    /* Its hold (rb_acquire) keeps it until its units have decoded from it,
+     * or a minute (units_expire_read_ahead). */
+    if (b->state == RB_FETCHING) {
+      b->mem_ahead = b->charged;
+      srv->rgbuf_ahead_bytes += b->mem_ahead;
+    }
+    rb_release(srv, b);
+    return 1;
+  }
+  /* Into the cache goes only what it will keep: a row group it would turn
+   * away (or keep by evicting something still to be read) takes the path
+   * above instead, so that it is fetched once per epoch, not twice. */
+  uint64_t need = 0;
+  for (uint32_t k = f->first_unit; k < f->first_unit + f->num_units; k++)
+    if (ds->units[k].rg == du->rg) need += ds->units[k].est_bytes;
+  if (!store_would_admit(srv->store, need, du->priority)) return 0;
+  srv->acquiring_ahead = 1;
+  unit_t *u = units_acquire(srv, ds, index);
+  srv->acquiring_ahead = 0;
+  if (u == NULL) return 0;
+  units_release(srv, u);
+  return 1;
 }
 
 static int queue_load(server_t *srv, unit_t *u) {
@@ -807,7 +1052,27 @@ void units_unwait(unit_t *u, stream_t *s) {
     }
 }
 
+/* Ends the holds of read-ahead buffers older than max_age_ns (all of them
+ * for 0). */
+static void rb_unhold_all(server_t *srv, uint64_t max_age_ns) {
+  if (srv->rgbuf_table == NULL) return;
+  uint64_t now = util_now_ns();
+  for (size_t i = 0; i < srv->rgbuf_buckets; i++) {
+    rgbuf_t *b = srv->rgbuf_table[i];
+    while (b) {
+      /* rb_unhold may destroy b (a failed one), unlinking it from this
+       * chain: step first. */
+      rgbuf_t *next = b->hnext;
+      if (b->held && (max_age_ns == 0 || now - b->held_ns > max_age_ns)) rb_unhold(b);
+      b = next;
+    }
+  }
+}
+
+void units_expire_read_ahead(server_t *srv) { rb_unhold_all(srv, 60ull * 1000000000ull); }
+
 void units_shutdown(server_t *srv) {
+  rb_unhold_all(srv, 0);
   /* Loads that waited for a row group when the loop stopped. */
   while (srv->retry_head) {
     unit_t *u = srv->retry_head;

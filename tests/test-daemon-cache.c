@@ -35,9 +35,13 @@ static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t e
 }
 
 /*
- * Hit-ratio floor: with cache_capacity f = 1/2 of the dataset's decoded
- * bytes (and a memory pool too small to hide the cache), every epoch after
- * the first serves at least 0.95 f of its bytes from the cache.
+ * Hit floor: with cache_capacity f = 1/2 of the dataset's decoded bytes
+ * (and a memory pool too small to hide the cache), every epoch after the
+ * first reads at least 0.95 f of the dataset's bytes from the cache.  (Not
+ * of the bytes it loads: with no memory to speak of, a unit pinned ahead
+ * is dropped and loaded again when its batch comes, and which units that
+ * happens to depends on the epoch's order, cached or not: the loads of an
+ * epoch vary from 1.0 to 1.1 times the dataset.)
  */
 TEST_IMPL(daemon_cache_hit_ratio) {
   std_setup();
@@ -67,7 +71,7 @@ TEST_IMPL(daemon_cache_hit_ratio) {
   dh_start(&d);
   const double f = 0.5;
   uint64_t prev_hit = 0, prev_miss = 0;
-  for (uint64_t e = 0; e < 4; e++) {
+  for (uint64_t e = 0; e < 6; e++) {
     larder_stream_options_t eo = o;
     eo.start_epoch = e;
     eo.epochs = e + 1;
@@ -88,7 +92,7 @@ TEST_IMPL(daemon_cache_hit_ratio) {
             e, ratio, (hit - prev_hit) + (miss - prev_miss), used, capacity);
     /* The cache never holds more than its capacity plus one unit. */
     ASSERT_LE(used, capacity + total / DH_STD_UNITS * 2);
-    if (e > 0) ASSERT_DOUBLE_GE(ratio, 0.95 * f);
+    if (e > 0) ASSERT_DOUBLE_GE((double)(hit - prev_hit), 0.95 * f * (double)total);
     prev_hit = hit;
     prev_miss = miss;
   }

@@ -47,9 +47,6 @@ static int64_t *oracle_ids(const dh_spec *spec, const larder_stream_options_t *o
   int rc = dataset_open(o->sources, o->num_sources, o->columns, o->columns ? o->num_columns : 0,
                         &dopts, &ds, err, sizeof(err));
   if (rc) ASSERT_FAIL_("dataset_open: %s", err);
-  uint64_t *rows = malloc(ds->num_units * sizeof(uint64_t));
-  ASSERT_NOT_NULL(rows);
-  for (uint32_t i = 0; i < ds->num_units; i++) rows[i] = ds->units[i].rows;
   shuffle_params_t p;
   memset(&p, 0, sizeof(p));
   p.seed = o->seed;
@@ -60,8 +57,8 @@ static int64_t *oracle_ids(const dh_spec *spec, const larder_stream_options_t *o
   p.rank = (uint32_t)(o->rank > 0 ? o->rank : 0);
   p.drop_last = o->drop_last;
   shuffle_plan_t *plan;
-  ASSERT_OK(shuffle_plan_create(rows, ds->num_units, &p, &plan));
-  free(rows);
+  /* The daemon's default: units shuffled singly (shuffle_row_groups off). */
+  ASSERT_OK(dataset_shuffle_plan(ds, &p, 0, &plan));
   uint64_t bpe = shuffle_batches_per_epoch(plan);
   int64_t *ids = malloc((size_t)(bpe * o->epochs * o->batch_size + 1) * 8);
   shuffle_sample_t *smp = malloc(o->batch_size * sizeof(shuffle_sample_t));

@@ -1,5 +1,6 @@
 TEST_ENTRY(shuffle_reference, 20000)
 TEST_ENTRY(shuffle_golden, 5000)
+TEST_ENTRY(shuffle_blocked, 20000)
 TEST_ENTRY(shuffle_sparse_units, 20000)
 TEST_ENTRY(shuffle_determinism, 20000)
 TEST_ENTRY(shuffle_exactly_once, 20000)

@@ -215,6 +215,74 @@ static uint64_t *reference_order(dataset d, uint64_t seed,
   return order;
 }
 
+/* reference_order for a blocked plan: the blocks permuted (purpose 1), each
+ * block's units permuted on their own (purpose 3, index = block), then the
+ * windows as in the unblocked order. */
+static uint64_t *reference_order_blocked(dataset d, const uint32_t *block_units,
+                                         uint32_t num_blocks, uint64_t seed,
+                                         uint32_t window_units, uint64_t epoch) {
+  uint64_t n = dataset_rows(d);
+  uint64_t *prefix = dataset_prefix(d);
+  uint64_t *first = malloc(((size_t)num_blocks + 1) * sizeof(*first));
+  uint64_t *blocks = malloc((size_t)num_blocks * sizeof(*blocks));
+  uint64_t *units = malloc((size_t)d.units * sizeof(*units));
+  uint64_t *inner = malloc((size_t)d.units * sizeof(*inner));
+  uint64_t *rows = malloc((size_t)n * sizeof(*rows));
+  uint64_t *perm = malloc((size_t)n * sizeof(*perm));
+  uint64_t *order = malloc((size_t)n * sizeof(*order));
+  ASSERT(first && blocks && units && inner && rows && perm && order);
+  first[0] = 0;
+  for (uint32_t b = 0; b < num_blocks; b++) first[b + 1] = first[b] + block_units[b];
+  ASSERT_UINT_EQ(first[num_blocks], d.units);
+  ref_permute(blocks, num_blocks, seed, epoch, 1, 0);
+  uint64_t u = 0;
+  for (uint32_t k = 0; k < num_blocks; k++) {
+    uint64_t b = blocks[k], len = first[b + 1] - first[b];
+    ref_permute(inner, len, seed, epoch, 3, b);
+    for (uint64_t i = 0; i < len; i++) units[u++] = first[b] + inner[i];
+  }
+  uint64_t pos = 0;
+  for (uint64_t w = 0; w * window_units < d.units; w++) {
+    uint64_t r = 0;
+    for (uint64_t i = w * window_units; i < (w + 1) * window_units && i < d.units; i++)
+      for (uint64_t k = 0; k < d.rows[units[i]]; k++) rows[r++] = prefix[units[i]] + k;
+    if (r == 0) continue;
+    ref_permute(perm, r, seed, epoch, 2, w);
+    for (uint64_t q = 0; q < r; q++) order[pos++] = rows[perm[q]];
+  }
+  ASSERT_UINT_EQ(pos, n);
+  free(prefix);
+  free(first);
+  free(blocks);
+  free(units);
+  free(inner);
+  free(rows);
+  free(perm);
+  return order;
+}
+
+/* epoch_order for a blocked plan. */
+static uint64_t *epoch_order_blocked(dataset d, const uint32_t *block_units,
+                                     uint32_t num_blocks, uint64_t seed,
+                                     uint32_t window_units, uint64_t epoch) {
+  uint64_t n = dataset_rows(d);
+  shuffle_params_t p = params_of(seed, window_units, (uint32_t)n, 1, 0, 1);
+  shuffle_plan_t *plan = NULL;
+  ASSERT_OK(shuffle_plan_create_blocked(d.rows, d.units, block_units, num_blocks, &p, &plan));
+  shuffle_epoch_t *ep = open_epoch(plan, epoch);
+  shuffle_sample_t *s = alloc_samples(n);
+  ASSERT_EQ(shuffle_epoch_batch(ep, 0, s), (int64_t)n);
+  uint64_t *prefix = dataset_prefix(d);
+  uint64_t *order = calloc((size_t)n, sizeof(*order));
+  ASSERT_NOT_NULL(order);
+  to_index(d, prefix, s, n, order);
+  free(prefix);
+  free(s);
+  shuffle_epoch_close(ep);
+  shuffle_plan_free(plan);
+  return order;
+}
+
 /* A dataset with units of all sizes, zero-row units included. */
 static const uint64_t kMixed[] = {37, 0, 120, 5, 64, 0, 0, 1, 300, 77, 2,
                                   150, 0, 9, 64, 64, 31, 200, 0, 18, 3, 99};
@@ -244,6 +312,62 @@ TEST_IMPL(shuffle_reference) {
         free(got);
         free(want);
       }
+  return 0;
+}
+
+/* Blocked plans (the daemon's row groups): the defined order; blocks of one
+ * unit give exactly the unblocked order; with windows of one unit, a
+ * block's units are consumed one after another; bad block lists fail. */
+TEST_IMPL(shuffle_blocked) {
+  const dataset d = kMixedSet; /* 22 units */
+  static const uint32_t blocks[] = {3, 1, 5, 2, 4, 1, 6};
+  const uint32_t nb = sizeof(blocks) / sizeof(blocks[0]);
+  uint32_t ones[22];
+  for (int i = 0; i < 22; i++) ones[i] = 1;
+  uint64_t n = dataset_rows(d);
+  const uint32_t windows[] = {1, 3, 4, 22};
+  for (size_t w = 0; w < sizeof(windows) / sizeof(windows[0]); w++)
+    for (uint64_t e = 0; e < 3; e++) {
+      uint64_t *got = epoch_order_blocked(d, blocks, nb, 99 + w, windows[w], e);
+      uint64_t *want = reference_order_blocked(d, blocks, nb, 99 + w, windows[w], e);
+      assert_permutation(got, n);
+      ASSERT_MEM_EQ(got, want, (size_t)n * sizeof(*got));
+      free(got);
+      free(want);
+      got = epoch_order_blocked(d, ones, 22, 7, windows[w], e);
+      want = epoch_order(d, 7, 1, windows[w], e);
+      ASSERT_MEM_EQ(got, want, (size_t)n * sizeof(*got));
+      free(got);
+      free(want);
+    }
+  /* Windows of one unit: the units, in consumption order, come block by
+   * block, so each block's units are one contiguous run. */
+  {
+    uint64_t *prefix = dataset_prefix(d);
+    uint64_t *got = epoch_order_blocked(d, blocks, nb, 5, 1, 0);
+    int block_of[22], b = 0, seen_block[7] = {0}, last = -1;
+    for (uint32_t k = 0, u = 0; k < nb; k++)
+      for (uint32_t i = 0; i < blocks[k]; i++) block_of[u++] = (int)k;
+    for (uint64_t i = 0; i < n; i++) {
+      int unit = 0;
+      while (prefix[unit + 1] <= got[i]) unit++;
+      b = block_of[unit];
+      if (b != last) {
+        ASSERT_EQ(seen_block[b], 0); /* a block never comes back */
+        seen_block[b] = 1;
+        last = b;
+      }
+    }
+    free(got);
+    free(prefix);
+  }
+  shuffle_params_t p = params_of(1, 4, 8, 1, 0, 1);
+  shuffle_plan_t *plan = NULL;
+  static const uint32_t short_sum[] = {3, 1};
+  static const uint32_t zero_block[] = {3, 0, 19};
+  ASSERT_EQ(shuffle_plan_create_blocked(d.rows, d.units, short_sum, 2, &p, &plan), LARDER_EINVAL);
+  ASSERT_EQ(shuffle_plan_create_blocked(d.rows, d.units, zero_block, 3, &p, &plan), LARDER_EINVAL);
+  ASSERT_NULL(plan);
   return 0;
 }
 

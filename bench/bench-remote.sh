@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# bench-remote.sh BUILD_DIR: what `make bench-remote` runs.
+#
+# Serves the ~1M-row benchmark table, split into 8 ZSTD shards with row
+# groups of 32768 rows (bench/gen-shards.mjs), from nginx on loopback behind
+# tests/remote/faultproxy.mjs capping the total bandwidth at BENCH_RATE bytes/s
+# (default 100 MB/s).  In the same run it measures:
+#   - plain curl downloading every shard through the same proxy: the
+#     network's rate, the peer for the ratios below;
+#   - a simulated trainer (bench/serve-client, sleeping BENCH_COMPUTE_US per
+#     batch of 1024 rows, as a GPU step leaves the CPU free) on a cold larderd
+#     with a cache that holds the dataset, for 3 epochs: the epoch-1 remote
+#     throughput against curl's, the time to the first batch, the epoch-1
+#     stall fraction beside the bound the network sets, and the stall and
+#     remote bytes of epochs 2 and 3;
+#   - the same trainer for 6 epochs on a cold larderd whose cache holds half
+#     of the dataset, and memory_limit far below the dataset: the remote
+#     bytes of epochs 2-6 against the dataset's size.
+# Remote bytes are counted by the proxy (every body byte it sent), and each
+# request is attributed to the epoch in which it completed.
+#
+# The runs above use shuffle_row_groups=true, the setting for remote data
+# (a row group's units stay in one window, so a cold epoch consumes row
+# groups in the order they arrive); a last cold epoch with the default
+# (units mixed singly) shows what it costs without.
+#
+# Environment: BENCH_RATE (100000000), BENCH_COMPUTE_US (2500), BENCH_WINDOW
+# (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
+# small part of a real one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/release}
+client=$build/bin/serve-client
+rate=${BENCH_RATE:-100000000}
+compute_us=${BENCH_COMPUTE_US:-2500}
+window=${BENCH_WINDOW:-32M}
+work=bench/work
+shards=$work/shards
+
+if [ ! -f "$work/zstd-v1.parquet" ]; then
+  echo "bench-remote: generating the dataset (bench/gen-dataset.mjs)"
+  if [ ! -d bench/node_modules/@duckdb ]; then (cd bench && npm ci --no-audit --no-fund --loglevel=error); fi
+  node bench/gen-dataset.mjs "$work" >/dev/null
+fi
+node bench/gen-shards.mjs "$work/zstd-v1.parquet" "$shards" >/dev/null
+if [ ! -d tests/node_modules/s3rver ]; then (cd tests && npm ci --no-audit --no-fund --loglevel=error); fi
+
+tmp=$(mktemp -d /tmp/larder-bench-remote.XXXXXX)
+daemon_pid=
+proxy_pid=
+cleanup() {
+  if [ -n "$daemon_pid" ]; then kill -TERM "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
+  if [ -n "$proxy_pid" ]; then kill -TERM "$proxy_pid" 2>/dev/null || true; wait "$proxy_pid" 2>/dev/null || true; fi
+  tests/remote/nginx.sh stop "$tmp/ng" >/dev/null 2>&1 || true
+  if [ -z "${BENCH_KEEP:-}" ]; then rm -rf "$tmp"; else echo "bench-remote: kept $tmp"; fi
+}
+trap cleanup EXIT
+
+json_field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
+
+ng=$(tests/remote/nginx.sh start "$tmp/ng" "$shards" --watch-pid $$)
+ng_port=$(json_field "$ng" port)
+node tests/remote/faultproxy.mjs --upstream "http://127.0.0.1:$ng_port" --rate "$rate" \
+  --log "$tmp/proxy.log" --watch-pid $$ >"$tmp/proxy.json" 2>"$tmp/proxy.err" &
+proxy_pid=$!
+for _ in $(seq 100); do [ -s "$tmp/proxy.json" ] && break; sleep 0.05; done
+port=$(json_field "$(head -1 "$tmp/proxy.json")" port)
+urls=()
+for f in "$shards"/part-*.parquet; do urls+=("http://127.0.0.1:$port/$(basename "$f")"); done
+
+# The peer: curl, one connection, every shard in turn.
+curl_args=()
+for u in "${urls[@]}"; do curl_args+=(-o /dev/null "$u"); done
+# Each phase's requests are the log lines it added (the proxy appends).
+mark() { stat -c %s "$tmp/proxy.log" 2>/dev/null || echo 0; }
+cut_log() { tail -c +$(($1 + 1)) "$tmp/proxy.log" >"$tmp/$2"; }
+m=$(mark)
+curl -sf "${curl_args[@]}"
+sleep 0.2
+cut_log "$m" curl.requests
+
+start_daemon() { # name, flags...
+  local name=$1
+  shift
+  "$build/bin/larderd" --socket="$tmp/$name.sock" --cache_dir="$tmp/$name-cache" \
+    --shuffle_window_bytes="$window" --log_level=notice "$@" 2>"$tmp/$name.log" &
+  daemon_pid=$!
+  for _ in $(seq 200); do [ -S "$tmp/$name.sock" ] && break; sleep 0.05; done
+}
+stop_daemon() {
+  kill -TERM "$daemon_pid"
+  wait "$daemon_pid" || true
+  daemon_pid=
+}
+
+# Cache holding the dataset.
+start_daemon full --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
+m=$(mark)
+"$client" run "$tmp/full.sock" "${urls[@]}" --epochs 3 --batch-size 1024 --seed 7 \
+  --compute-us "$compute_us" >"$tmp/full.jsonl"
+sleep 0.2
+cut_log "$m" full.requests
+stop_daemon
+
+# Cache holding half of it (half of the decoded bytes one epoch serves).
+epoch_bytes=$(head -1 "$tmp/full.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['bytes'])")
+half=$((epoch_bytes / 2))
+start_daemon half --cache_capacity="$half" --memory_limit=128M --shuffle_row_groups=true
+m=$(mark)
+"$client" run "$tmp/half.sock" "${urls[@]}" --epochs 6 --batch-size 1024 --seed 7 \
+  --compute-us "$compute_us" >"$tmp/half.jsonl"
+sleep 0.2
+cut_log "$m" half.requests
+stop_daemon
+
+# The default shuffle (units mixed singly), cold, one epoch.
+start_daemon unit --cache_capacity=16G --memory_limit=1G
+m=$(mark)
+"$client" run "$tmp/unit.sock" "${urls[@]}" --epochs 1 --batch-size 1024 --seed 7 \
+  --compute-us "$compute_us" >"$tmp/unit.jsonl"
+sleep 0.2
+cut_log "$m" unit.requests
+stop_daemon
+
+python3 - "$tmp" "$shards" "$rate" "$compute_us" "$window" "$half" <<'PY'
+import datetime, json, os, sys
+tmp, shards, rate, compute_us, window, half = sys.argv[1:]
+rate, compute_us, half = float(rate), float(compute_us), int(half)
+dataset = sum(os.path.getsize(os.path.join(shards, f)) for f in os.listdir(shards) if f.endswith('.parquet'))
+
+def requests(path):
+    out = []
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            print("bad log line:", repr(line[:300]), file=sys.stderr)
+            continue
+        if 'ms' not in r or 'bytes' not in r:
+            continue
+        end = datetime.datetime.fromisoformat(r['t'].replace('Z', '+00:00')).timestamp()
+        out.append((end - r['ms'] / 1000, end, r['bytes']))
+    return out
+
+def span_rate(reqs):
+    start = min(r[0] for r in reqs)
+    end = max(r[1] for r in reqs)
+    return sum(r[2] for r in reqs) / (end - start), end - start
+
+def epochs(path):
+    return [json.loads(l) for l in open(path) if l.startswith('{')]
+
+def per_epoch_bytes(reqs, eps):
+    out = [0] * len(eps)
+    for _, end, n in reqs:
+        k = next((i for i, e in enumerate(eps) if end <= e['end_unix']), len(eps) - 1)
+        out[k] += n
+    return out
+
+curl_rate, curl_secs = span_rate(requests(f'{tmp}/curl.requests'))
+full = epochs(f'{tmp}/full.jsonl')
+full_reqs = requests(f'{tmp}/full.requests')
+full_bytes = per_epoch_bytes(full_reqs, full)
+e1_reqs = [r for r in full_reqs if r[1] <= full[0]['end_unix']]
+e1_rate, e1_secs = span_rate(e1_reqs)
+net_secs = full_bytes[0] / curl_rate
+compute_secs = full[0]['batches'] * compute_us / 1e6
+bound = max(0.0, net_secs - compute_secs) / max(net_secs, compute_secs)
+half_eps = epochs(f'{tmp}/half.jsonl')
+half_bytes = per_epoch_bytes(requests(f'{tmp}/half.requests'), half_eps)
+
+mb = lambda n: n / 1e6
+print(f"bench-remote: {mb(dataset):.0f} MB in 8 shards ({full[0]['rows']} rows), nginx behind a "
+      f"{mb(rate):.0f} MB/s cap; trainer computes {compute_us / 1000:.1f} ms per batch of 1024 rows; "
+      f"shuffle window {window}")
+print(f"  curl, every shard in turn         {mb(curl_rate):7.1f} MB/s  ({curl_secs:.2f} s)")
+print(f"  larder epoch 1, remote throughput {mb(e1_rate):7.1f} MB/s  {e1_rate / curl_rate:5.2f} x curl  (goal >= 0.90)")
+print(f"  time to first batch               {full[0]['first_batch_s']:7.2f} s")
+print(f"  epoch 1: {full[0]['seconds']:.2f} s, stall {100 * full[0]['stall']:5.1f}%; the network's bound "
+      f"{100 * bound:5.1f}% ({mb(full_bytes[0]):.0f} MB at curl's rate = {net_secs:.2f} s against "
+      f"{compute_secs:.2f} s of compute)  (goal: within 5 points)")
+for k in (1, 2):
+    print(f"  epoch {k + 1}: {full[k]['seconds']:.2f} s, stall {100 * full[k]['stall']:5.2f}% (goal < 1%), "
+          f"remote bytes {full_bytes[k]} (goal 0)")
+steady = half_bytes[1:]
+ratio = sum(steady) / len(steady) / dataset
+print(f"  cache of half the dataset ({mb(half):.0f} MB), memory_limit 128M: remote MB per epoch "
+      + " ".join(f"{mb(b):.0f}" for b in half_bytes)
+      + f"; epochs 2-{len(half_bytes)}: {ratio:.2f} of the dataset (goal <= 0.55)")
+print(f"    stall per epoch: " + " ".join(f"{100 * e['stall']:.1f}%" for e in half_eps))
+unit = epochs(f'{tmp}/unit.jsonl')
+u_rate, _ = span_rate(requests(f'{tmp}/unit.requests'))
+print(f"  default shuffle (units mixed singly; shuffle_row_groups off), cold epoch 1: first batch after "
+      f"{unit[0]['first_batch_s']:.2f} s, {unit[0]['seconds']:.2f} s, stall {100 * unit[0]['stall']:.1f}%, "
+      f"remote {mb(u_rate):.1f} MB/s ({u_rate / curl_rate:.2f} x curl)")
+PY
