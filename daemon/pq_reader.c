@@ -113,7 +113,7 @@ static void array_free(pq_array_t *a) {
   pq_buf_free(&a->validity);
   pq_buf_free(&a->offsets);
   pq_buf_free(&a->values);
-  for (int i = 0; i < a->num_children; i++) array_free(&a->children[i]);
+  for (int i = 0; a->children != NULL && i < a->num_children; i++) array_free(&a->children[i]);
   free(a->children);
   memset(a, 0, sizeof(*a));
 }
@@ -133,7 +133,7 @@ static int array_init(pq_array_t *a, const pq_field_t *f) {
 void pq_batch_init(pq_batch_t *b) { memset(b, 0, sizeof(*b)); }
 
 void pq_batch_free(pq_batch_t *b) {
-  for (int i = 0; i < b->num_columns; i++) array_free(&b->columns[i]);
+  for (int i = 0; b->columns != NULL && i < b->num_columns; i++) array_free(&b->columns[i]);
   free(b->columns);
   memset(b, 0, sizeof(*b));
 }

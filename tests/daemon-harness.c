@@ -943,6 +943,90 @@ void dh_opts(larder_stream_options_t *o, const char *const *source, uint32_t bat
   o->world_size = 1;
 }
 
+pid_t dh_spawn_holder(const char *socket, const larder_stream_options_t *o, int streams,
+                      uint64_t seed_step, int reads, int hold, int drain, int *ready_fd) {
+  int pfd[2];
+  ASSERT_OK(pipe(pfd));
+  char a[20][128];
+  int n = 0;
+  snprintf(a[n++], 128, "--hold-client");
+  snprintf(a[n++], 128, "%d", pfd[1]);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->batch_size);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->seed);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->epochs);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->unit_rows);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->shuffle_window);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->arena_bytes);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)o->window);
+  snprintf(a[n++], 128, "%d", o->rank);
+  snprintf(a[n++], 128, "%d", o->world_size);
+  snprintf(a[n++], 128, "%d", streams);
+  snprintf(a[n++], 128, "%llu", (unsigned long long)seed_step);
+  snprintf(a[n++], 128, "%d", reads);
+  snprintf(a[n++], 128, "%d", hold);
+  snprintf(a[n++], 128, "%d", drain);
+  char *argv[24];
+  argv[0] = (char *)"run-tests";
+  for (int i = 0; i < n; i++) argv[i + 1] = a[i];
+  argv[n + 1] = (char *)socket;
+  argv[n + 2] = (char *)o->sources[0];
+  argv[n + 3] = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    /* Only async-signal-safe calls until exec. */
+    close(pfd[0]);
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  close(pfd[1]);
+  *ready_fd = pfd[0];
+  return pid;
+}
+
+int dh_holder_main(int argc, char **argv) {
+  if (argc != 17) return 100;
+  int fd = atoi(argv[0]);
+  larder_stream_options_t o;
+  const char *src[1] = {argv[16]};
+  dh_opts(&o, src, (uint32_t)strtoul(argv[1], NULL, 10), strtoull(argv[2], NULL, 10),
+          strtoull(argv[3], NULL, 10));
+  o.unit_rows = (uint32_t)strtoul(argv[4], NULL, 10);
+  o.shuffle_window = (uint32_t)strtoul(argv[5], NULL, 10);
+  o.arena_bytes = strtoull(argv[6], NULL, 10);
+  o.window = (uint32_t)strtoul(argv[7], NULL, 10);
+  o.rank = atoi(argv[8]);
+  o.world_size = atoi(argv[9]);
+  int streams = atoi(argv[10]);
+  uint64_t seed_step = strtoull(argv[11], NULL, 10);
+  int reads = atoi(argv[12]), hold = atoi(argv[13]), drain = atoi(argv[14]);
+  const char *socket = argv[15];
+  larder_client_t *c;
+  if (larder_client_connect(socket, &c)) return 1;
+  larder_stream_t *s[8];
+  if (streams < 1 || streams > 8) return 2;
+  uint64_t seed0 = o.seed;
+  for (int i = 0; i < streams; i++) {
+    o.seed = seed0 + (uint64_t)i * seed_step;
+    if (larder_stream_open(c, &o, &s[i])) return 3;
+    larder_batch_t *b;
+    for (int k = 0; k < reads; k++) {
+      if (larder_stream_next(s[i], 60000, &b)) return 4;
+      if (k >= hold) larder_batch_release(b);
+    }
+  }
+  if (write(fd, "x", 1) != 1) return 5;
+  for (;;) {
+    larder_batch_t *b;
+    if (drain && larder_stream_next(s[0], 60000, &b) == 0) {
+      larder_batch_release(b);
+      continue;
+    }
+    pause();
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Raw protocol                                                              */
 

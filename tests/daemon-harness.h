@@ -210,6 +210,21 @@ void dh_expect_same(const dh_run *a, const dh_run *b);
 void dh_opts(larder_stream_options_t *o, const char *const *source, uint32_t batch_size,
              uint64_t seed, uint64_t epochs);
 
+/*
+ * A client in a child process that opens `streams` streams (stream i with
+ * seed o->seed + i * seed_step), reads `reads` batches from each, keeps the
+ * first `hold` of them and releases the rest, then writes one byte to the
+ * pipe it returns in *ready_fd and waits to be killed; with drain, it keeps
+ * reading and releasing after that instead.  The child is this test binary
+ * run again (fork and exec: a forked copy of a process whose other threads
+ * hold the allocator's lock, as ASan's does, would deadlock in malloc).
+ * o must name one source.  Returns the child's pid.
+ */
+pid_t dh_spawn_holder(const char *socket, const larder_stream_options_t *o, int streams,
+                      uint64_t seed_step, int reads, int hold, int drain, int *ready_fd);
+/* The child's side: run-tests --hold-client ARGS (runner.c). */
+int dh_holder_main(int argc, char **argv);
+
 /* ------------------------------------------------------------------------ */
 /* Raw protocol                                                              */
 

@@ -151,6 +151,9 @@ static int run_in_child(const test_entry *t) {
   return 128 + WTERMSIG(status);
 }
 
+/* daemon-harness.c: the child of dh_spawn_holder. */
+int dh_holder_main(int argc, char **argv);
+
 static int matches(const char *name, int argc, char **argv) {
   if (argc <= 1) return 1;
   for (int i = 1; i < argc; i++)
@@ -164,6 +167,7 @@ int main(int argc, char **argv) {
     for (const test_entry *t = tests; t->name; t++) printf("%s\n", t->name);
     return 0;
   }
+  if (argc >= 2 && strcmp(argv[1], "--hold-client") == 0) return dh_holder_main(argc - 2, argv + 2);
   if (argc == 3 && strcmp(argv[1], "--one") == 0) {
     for (const test_entry *t = tests; t->name; t++)
       if (strcmp(t->name, argv[2]) == 0) {

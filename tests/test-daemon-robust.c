@@ -671,39 +671,20 @@ TEST_IMPL(daemon_robust_killed_client) {
   fixture f;
   fx_start(&f, NULL, 1);
   for (int round = 0; round < 6; round++) {
-    int pipefd[2];
-    ASSERT_OK(pipe(pipefd));
-    fflush(NULL);
-    pid_t pid = fork();
-    ASSERT(pid >= 0);
-    if (pid == 0) {
-      close(pipefd[0]);
-      larder_client_t *c;
-      if (larder_client_connect(f.d.socket, &c)) _exit(1);
-      larder_stream_t *s[2];
-      larder_stream_options_t o = f.o;
-      o.epochs = 0;
-      o.window = 3;
-      for (int i = 0; i < 2; i++) {
-        o.seed = (uint64_t)(round * 2 + i);
-        if (larder_stream_open(c, &o, &s[i])) _exit(2);
-        larder_batch_t *b;
-        for (int k = 0; k < 2 + round * 5; k++) {
-          if (larder_stream_next(s[i], 60000, &b)) _exit(3);
-          if (k >= 2) larder_batch_release(b); /* hold the first two */
-        }
-      }
-      if (write(pipefd[1], "x", 1) != 1) _exit(4);
-      for (;;) pause();
-    }
-    close(pipefd[1]);
+    larder_stream_options_t o = f.o;
+    o.epochs = 0;
+    o.window = 3;
+    o.seed = (uint64_t)round * 2;
+    int ready;
+    /* Two streams, 2 + round * 5 batches each, holding the first two. */
+    pid_t pid = dh_spawn_holder(f.d.socket, &o, 2, 1, 2 + round * 5, 2, 0, &ready);
     char x;
-    if (read(pipefd[0], &x, 1) != 1) {
+    if (read(ready, &x, 1) != 1) {
       int st;
       waitpid(pid, &st, 0);
       ASSERT_FAIL_("the client child exited early (status 0x%x)", st);
     }
-    close(pipefd[0]);
+    close(ready);
     /* Two arenas of the child's (and one of the good client's, maybe). */
     ASSERT_GE(dh_memfd_count(f.d.pid), 2);
     kill(pid, SIGKILL);
@@ -1310,36 +1291,14 @@ static void *chaos_main(void *p) {
         break;
       }
       case 8: { /* a client killed while it streams and holds batches */
-        int pfd[2];
-        if (pipe(pfd) != 0) break;
-        pid_t pid = fork();
-        if (pid == 0) {
-          close(pfd[0]);
-          larder_client_t *c;
-          larder_stream_t *s;
-          larder_batch_t *b;
-          if (larder_client_connect(t->cx->socket, &c) == 0 &&
-              larder_stream_open(c, &t->cx->o[j], &s) == 0 &&
-              larder_stream_next(s, 60000, &b) == 0) {
-            if (write(pfd[1], "x", 1) != 1) _exit(1);
-            for (;;) {
-              if (t->cx->o[j].window > 1 && larder_stream_next(s, 60000, &b) == 0) {
-                larder_batch_release(b);
-                continue;
-              }
-              pause();
-            }
-          }
-          _exit(2);
-        }
-        close(pfd[1]);
+        int ready;
+        pid_t pid = dh_spawn_holder(t->cx->socket, &t->cx->o[j], 1, 0, 1, 1,
+                                    t->cx->o[j].window > 1, &ready);
         char ch;
-        if (pid > 0) {
-          if (read(pfd[0], &ch, 1) == 1) usleep((useconds_t)rnd(t, 3000));
-          kill(pid, SIGKILL);
-          waitpid(pid, NULL, 0);
-        }
-        close(pfd[0]);
+        if (read(ready, &ch, 1) == 1) usleep((useconds_t)rnd(t, 3000));
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        close(ready);
         break;
       }
       default: { /* a missing file */
