@@ -4,3 +4,4 @@
 #include "test-list-shuffle.h"
 #include "test-list-store.h"
 #include "test-list-daemon.h"
+#include "test-list-remote.h"

@@ -1,0 +1,3 @@
+/* Remote sources (test-remote-*.c): each starts loopback servers from
+ * tests/remote (nginx, the S3 front, the fault proxy) and a real larderd. */
+TEST_ENTRY(remote_http_order, 120000)
