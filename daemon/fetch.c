@@ -26,7 +26,10 @@
 #include "log.h"
 #include "util.h"
 
-enum { RQ_QUEUED, RQ_RUNNING, RQ_BACKOFF, RQ_DONE };
+/* RQ_DEFERRED: the result is known when fetch_get is called (an object
+ * kept whole, an empty range, shutdown); it is delivered from the request's
+ * timer on the next loop iteration, never from inside fetch_get. */
+enum { RQ_QUEUED, RQ_RUNNING, RQ_BACKOFF, RQ_DEFERRED, RQ_DONE };
 
 /* Objects whose server ignored Range, kept whole so they are read once. */
 typedef struct whole_obj {
@@ -88,10 +91,12 @@ struct fetch_req {
   uint64_t start_ns;
   uv_timer_t backoff;
   int state;
+  int deferred_status; /* RQ_DEFERRED: the status to finish with */
   int cancelled;
   int freed;
   fetch_result_t res;
   char msg[1024];
+  char errbuf[CURL_ERROR_SIZE]; /* libcurl's detail on the last failure */
   /* Listing requests keep their own continuation. */
   void *list_ctx;
 };
@@ -449,6 +454,8 @@ static int setup_easy(fetch_req_t *r) {
   CURL *e = r->easy;
   curl_easy_setopt(e, CURLOPT_URL, r->real_url);
   curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+  r->errbuf[0] = '\0';
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
@@ -592,8 +599,26 @@ static whole_obj_t *find_whole(fetch_t *f, const char *url) {
   return NULL;
 }
 
+static void on_deferred(uv_timer_t *t) {
+  fetch_req_t *r = t->data;
+  finish(r, r->deferred_status);
+}
+
+/* Ends r with status on the next loop iteration. */
+static void finish_deferred(fetch_req_t *r, int status) {
+  r->state = RQ_DEFERRED;
+  r->deferred_status = status;
+  uv_timer_start(&r->backoff, on_deferred, 0, 0);
+}
+
+/* Ends r now (from a transfer's completion) or deferred (from fetch_get). */
+static void end_req(fetch_req_t *r, int status, int deferred) {
+  if (deferred) finish_deferred(r, status);
+  else finish(r, status);
+}
+
 /* Serves r from an object kept whole, if there is one. */
-static int serve_from_whole(fetch_req_t *r) {
+static int serve_from_whole(fetch_req_t *r, int deferred) {
   whole_obj_t *w = find_whole(r->f, r->url);
   if (w == NULL) return 0;
   uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
@@ -603,13 +628,13 @@ static int serve_from_whole(fetch_req_t *r) {
   if (off > w->size || len > w->size - off) {
     snprintf(r->msg, sizeof(r->msg), "range %llu+%llu is outside the object (%llu bytes)",
              (unsigned long long)off, (unsigned long long)len, (unsigned long long)w->size);
-    finish(r, LARDER_ECORRUPT);
+    end_req(r, LARDER_ECORRUPT, deferred);
     return 1;
   }
   free(r->buf);
   r->buf = malloc(len ? len : 1);
   if (r->buf == NULL) {
-    finish(r, LARDER_ENOMEM);
+    end_req(r, LARDER_ENOMEM, deferred);
     return 1;
   }
   memcpy(r->buf, w->data + off, len);
@@ -617,7 +642,7 @@ static int serve_from_whole(fetch_req_t *r) {
   r->res.object_size = w->size;
   snprintf(r->res.etag, sizeof(r->res.etag), "%s", w->etag);
   r->res.whole_object = 1;
-  finish(r, 0);
+  end_req(r, 0, deferred);
   return 1;
 }
 
@@ -630,6 +655,10 @@ static void completed(fetch_req_t *r, CURLcode cc) {
   release_slot(r);
   curl_multi_remove_handle(f->multi, r->easy);
   int retry = 0, code = 0;
+  /* libcurl's error buffer says more than curl_easy_strerror (which
+   * certificate check failed, which host did not answer); it never holds
+   * credentials. */
+  const char *why = r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc);
   if (cc != CURLE_OK) {
     switch (cc) {
       case CURLE_COULDNT_RESOLVE_HOST:
@@ -644,7 +673,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
       case CURLE_SSL_CONNECT_ERROR:
         retry = 1;
         code = LARDER_EREMOTE;
-        snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, curl_easy_strerror(cc),
+        snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, why,
                  cc == CURLE_OPERATION_TIMEDOUT ? " (stalled or timed out)" : "");
         break;
       case CURLE_WRITE_ERROR:
@@ -656,12 +685,11 @@ static void completed(fetch_req_t *r, CURLcode cc) {
       case CURLE_PEER_FAILED_VERIFICATION:
       case CURLE_SSL_CACERT_BADFILE:
         code = LARDER_EACCES;
-        snprintf(r->msg, sizeof(r->msg), "%s: TLS verification failed: %s", where,
-                 curl_easy_strerror(cc));
+        snprintf(r->msg, sizeof(r->msg), "%s: TLS verification failed: %s", where, why);
         break;
       default:
         code = LARDER_EREMOTE;
-        snprintf(r->msg, sizeof(r->msg), "%s: %s", where, curl_easy_strerror(cc));
+        snprintf(r->msg, sizeof(r->msg), "%s: %s", where, why);
         break;
     }
   } else {
@@ -724,7 +752,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
             log_notice("%s ignores Range requests: read the whole object once", where);
             if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_bytes, w->size);
             if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
-            serve_from_whole(r);
+            serve_from_whole(r, 0);
             return;
           }
         }
@@ -959,17 +987,21 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
   uv_timer_init(f->loop, &r->backoff);
   r->backoff.data = r;
   f->handles_open++;
+  /* Bug fix (tests: remote_http_no_range): these used to call back from
+   * inside fetch_get, before the caller had even stored the request it
+   * returns; units.c then missed the data of ranges cut from an object kept
+   * whole and later cancelled a freed request.  Callbacks now always run
+   * from the loop, after fetch_get has returned. */
   if (r->ranged && r->range.length == 0) {
-    r->state = RQ_DONE;
-    finish(r, 0);
+    finish_deferred(r, 0);
     return r;
   }
   if (f->closing) {
     snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
-    finish(r, LARDER_ESHUTDOWN);
+    finish_deferred(r, LARDER_ESHUTDOWN);
     return r;
   }
-  if (serve_from_whole(r)) return r;
+  if (serve_from_whole(r, 1)) return r;
   r->state = RQ_QUEUED;
   if (f->q_tail) f->q_tail->next = r;
   else f->q_head = r;
@@ -984,7 +1016,11 @@ void fetch_req_free(fetch_req_t *r) {
     /* Still running: let it finish, then free. */
     r->cancelled = 1;
     r->cb = NULL;
-    if (r->state == RQ_QUEUED) {
+    if (r->state == RQ_BACKOFF || r->state == RQ_DEFERRED) {
+      /* Only its timer is pending: no need to wait out a backoff (up to
+       * retry_max_ms) before freeing it. */
+      r->state = RQ_DONE;
+    } else if (r->state == RQ_QUEUED) {
       fetch_t *f = r->f;
       fetch_req_t **pp = &f->q_head, *prev = NULL;
       while (*pp && *pp != r) {
