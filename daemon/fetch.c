@@ -739,6 +739,16 @@ static void completed(fetch_req_t *r, CURLcode cc) {
         if (r->ranged || r->range.suffix) {
           whole_obj_t *w = calloc(1, sizeof(*w));
           if (w) {
+            /* A fresh read replaces an older copy. */
+            for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
+              if (strcmp((*pp)->url, r->url) != 0) continue;
+              whole_obj_t *old = *pp;
+              *pp = old->next;
+              free(old->url);
+              free(old->data);
+              free(old);
+              break;
+            }
             w->url = strdup(r->url);
             w->data = r->buf;
             w->size = r->len;
@@ -1001,7 +1011,10 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
     finish_deferred(r, LARDER_ESHUTDOWN);
     return r;
   }
-  if (serve_from_whole(r, 1)) return r;
+  /* Bug fix (tests: remote_revalidate): a revalidation used to be answered
+   * from the object kept whole, so a changed object on a server that
+   * ignores Range was never noticed. */
+  if (!r->range.fresh && serve_from_whole(r, 1)) return r;
   r->state = RQ_QUEUED;
   if (f->q_tail) f->q_tail->next = r;
   else f->q_head = r;

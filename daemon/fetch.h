@@ -94,16 +94,20 @@ typedef struct fetch_result {
 
 typedef void (*fetch_cb)(fetch_req_t *req, const fetch_result_t *res, void *arg);
 
-/* A byte range; suffix > 0 asks for the last `suffix` bytes instead. */
+/* A byte range; suffix > 0 asks for the last `suffix` bytes instead.
+ * fresh: ask the server even when the object is kept whole (revalidation);
+ * a whole object in the answer replaces the one kept. */
 typedef struct fetch_range {
   uint64_t offset, length;
   uint64_t suffix;
+  int fresh;
 } fetch_range_t;
 
 /*
  * Queues a GET of range (NULL: the whole object) of url (http://, https://
- * or s3://).  cb runs once, on the loop thread, with the result; the
- * request and its data live until fetch_req_free.  Returns the request or
+ * or s3://).  cb runs once, on the loop thread, with the result, and never
+ * from inside fetch_get; the request and its data live until
+ * fetch_req_free.  Returns the request or
  * NULL when out of memory.
  */
 fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, fetch_cb cb,

@@ -124,6 +124,7 @@ struct rgbuf {
   uint64_t bytes;
   uint64_t fetch_ns;
   char etag[128];
+  char where[400];     /* the object's URL, redacted, for messages */
   unit_t **waiters;
   int num_waiters, cap_waiters;
   server_t *srv;
@@ -224,9 +225,9 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
       /* The object changed after the stream opened: never decode a mix. */
       if (!b->error) {
         b->error = LARDER_EIO;
-        char m[600];
-        snprintf(m, sizeof(m), "object changed since the stream opened (ETag %s, now %s); "
-                 "reopen the stream", b->etag, res->etag);
+        char m[1024];
+        snprintf(m, sizeof(m), "%s changed since the stream opened (ETag %s, now %s); "
+                 "reopen the stream", b->where, b->etag, res->etag);
         b->message = strdup(m);
       }
     } else {
@@ -267,6 +268,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index) {
   b->refs = 1;
   b->srv = srv;
   snprintf(b->etag, sizeof(b->etag), "%s", f->etag);
+  fetch_redact(f->path, b->where, sizeof(b->where));
   b->hnext = srv->rgbuf_table[h % srv->rgbuf_buckets];
   srv->rgbuf_table[h % srv->rgbuf_buckets] = b;
   pq_range_t *ranges = NULL;

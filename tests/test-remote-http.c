@@ -225,9 +225,12 @@ static path_count count_path(const rh_log *log, const char *name) {
 /* A local run of the standard dataset with the options of the remote one
  * (the reference batches). */
 static void local_reference(const char *dir, uint64_t epochs, dh_run *out) {
+  static int runs;
+  char name[32];
+  snprintf(name, sizeof(name), "ref%d", runs++);
   dh_daemon d;
   static const char *const fl[] = {"--workers=2", NULL};
-  dh_init(&d, "ref", fl);
+  dh_init(&d, name, fl);
   dh_start(&d);
   const char *src[1] = {dir};
   larder_stream_options_t o;
@@ -443,5 +446,144 @@ TEST_IMPL(remote_mixed) {
   rh_files_free(names, nn);
   dh_run_free(&ref);
   dh_run_free(&r);
+  return 0;
+}
+
+/* The ids of file 1 of the standard dataset carry variant 1 once it is
+ * replaced. */
+static int variant_file1(int64_t id) { return id >= 2500 && id < 5000 ? 1 : 0; }
+
+/* Replaces file 1 of the standard dataset in root by its variant-1 version
+ * (same ids, other values), atomically, with another mtime (nginx's ETag
+ * is mtime and size). */
+static void replace_file1(const char *root) {
+  dh_spec v = dh_std_spec;
+  v.variant = 1;
+  char tmp[PATH_MAX + 32], dst[PATH_MAX + 32];
+  snprintf(tmp, sizeof(tmp), "%s/.part-001.tmp", root);
+  snprintf(dst, sizeof(dst), "%s/part-001.parquet", root);
+  dh_write_file(&v, 1, tmp);
+  ASSERT_EQ(test_system("touch -d '2001-02-03 04:05:06' '%s' && mv '%s' '%s'", tmp, tmp, dst), 0);
+}
+
+/*
+ * One revalidation scenario on its own copy of the dataset: a job warms the
+ * cache with epoch 0; a two-epoch job reads part of epoch 0, file 1 is
+ * replaced (same name), and it reads on.
+ * - revalidate > 0: the check at the start of epoch 1 (at least revalidate
+ *   seconds after the open) sees the new ETag: the stream ends with an
+ *   error naming the URL and saying it changed, every batch before it is
+ *   of the old data, the old version's cache entries are dropped, and
+ *   reopening at epoch 1 serves the new data (the batches of a local run
+ *   on the new files).
+ * - revalidate = 0 (the default: immutable shards): nothing is fetched
+ *   after the open and both epochs are the old data.
+ */
+static void revalidation_case(const char *name, int no_range, int revalidate) {
+  char dir[1024], root[PATH_MAX], sub[PATH_MAX];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  snprintf(root, sizeof(root), "%s/%s-root", test_tmpdir(), name);
+  rh_copy_dir(dir, root);
+  dh_run old_ref = {0};
+  local_reference(root, 2, &old_ref);
+  rs_server ng;
+  snprintf(sub, sizeof(sub), "%s-ng", name);
+  static const char *const nx[] = {"--no-range", NULL};
+  rh_nginx(&ng, sub, root, no_range ? nx : NULL);
+  char log_path[PATH_MAX];
+  rh_nginx_log(sub, log_path, sizeof(log_path));
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(ng.url, root, urls, RH_MAX_FILES);
+  dh_daemon d;
+  char rv[64];
+  snprintf(rv, sizeof(rv), "--revalidate=%d", revalidate);
+  const char *const fl[] = {"--workers=2", rv, NULL};
+  snprintf(sub, sizeof(sub), "%s-d", name);
+  dh_init(&d, sub, fl);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
+  dh_run warm = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &warm));
+  uint64_t entries = dh_stat(&d, "cache.entries");
+  ASSERT_EQ(entries, DH_STD_UNITS * DH_NUM_COLS);
+
+  o.epochs = 2;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  double opened = rh_now_ms();
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  uint64_t bpe = larder_stream_batches_per_epoch(s);
+  dh_run got = {0};
+  got.variant_of = variant_file1;
+  larder_batch_t *b;
+  for (int i = 0; i < 5; i++) {
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    larder_batch_release(b);
+  }
+  int lines_before = rh_wait_lines(log_path, 0, 0);
+  /* The check runs at most every `revalidate` seconds: let that pass. */
+  while (rh_now_ms() - opened < revalidate * 1000.0 + 200) usleep(20000);
+  replace_file1(root);
+  int rc = 0;
+  uint64_t n = 5;
+  for (;;) {
+    rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    if (rc) break;
+    /* Every batch delivered is the old data, in the old order. */
+    ASSERT_LT(n, old_ref.n);
+    ASSERT_UINT_EQ(dh_batch_hash(b), old_ref.b[n].hash);
+    n++;
+    larder_batch_release(b);
+  }
+  char err[1024];
+  snprintf(err, sizeof(err), "%s", larder_client_last_error(c));
+  larder_stream_close(s);
+  larder_client_close(c);
+  if (revalidate == 0) {
+    ASSERT_EQ(rc, LARDER_EEOF);
+    ASSERT_EQ(n, 2 * bpe);
+    /* Not one request after the open's footers. */
+    ASSERT_EQ(rh_wait_lines(log_path, 0, 0), lines_before);
+  } else {
+    fprintf(stderr, "%s: stream ended after %" PRIu64 " batches: %s\n", name, n, err);
+    ASSERT_NE(rc, LARDER_EEOF);
+    ASSERT_GE(n, bpe); /* epoch 0 came whole, from the cache */
+    ASSERT_STR_CONTAINS(err, "/part-001.parquet");
+    ASSERT_STR_CONTAINS(err, "changed");
+    /* The old version's entries are gone (20 units of 6 columns). */
+    ASSERT_EQ(dh_stat(&d, "cache.entries"), entries - 20 * DH_NUM_COLS);
+    /* Reopened at epoch 1: the new data, as a local run on the new files
+     * serves it. */
+    dh_run new_ref = {0}, reopened = {0};
+    local_reference(root, 2, &new_ref);
+    reopened.variant_of = variant_file1;
+    reopened.check_rows = 1;
+    larder_stream_options_t ro = o;
+    ro.start_epoch = 1;
+    ASSERT_OK(dh_collect(d.socket, &ro, 0, &reopened));
+    ASSERT_EQ(reopened.n, bpe);
+    for (size_t i = 0; i < reopened.n; i++) {
+      ASSERT_UINT_EQ(reopened.b[i].hash, new_ref.b[bpe + i].hash);
+      ASSERT_UINT_EQ(reopened.b[i].epoch, 1);
+    }
+    dh_run_free(&new_ref);
+    dh_run_free(&reopened);
+  }
+  dh_stop(&d);
+  rh_stop(&ng);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  dh_run_free(&old_ref);
+  dh_run_free(&warm);
+  dh_run_free(&got);
+}
+
+TEST_IMPL(remote_revalidate) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  revalidation_case("immutable", 0, 0);
+  revalidation_case("range", 0, 1);
+  revalidation_case("norange", 1, 1);
   return 0;
 }
