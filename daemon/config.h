@@ -82,6 +82,8 @@
      "S3-compatible endpoint such as http://minio:9000 (empty: AWS)")           \
   XX(s3_path_style, BOOL, "false", 0,                                          \
      "address buckets in the path (MinIO, Ceph) instead of the host name")     \
+  XX(s3_list_max_keys, U64, "1000", 0,                                         \
+     "keys per ListObjectsV2 page when listing s3:// prefixes (1 to 1000)")    \
   XX(s3_profile, STR, "", 0,                                                   \
      "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default)")         \
   XX(s3_access_key, STR, "", 0,                                                \

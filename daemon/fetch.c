@@ -121,6 +121,7 @@ void fetch_options_init(fetch_options_t *o) {
   o->low_speed_time_s = 30;
   o->tls_verify = 1;
   o->s3_region = "us-east-1";
+  o->s3_list_max_keys = 1000;
 }
 
 void fetch_redact(const char *url, char *buf, size_t size) {
@@ -178,7 +179,11 @@ void fetch_load_credentials(fetch_options_t *o, const char *profile, char **owne
   if (fp == NULL) return;
   char line[1024];
   int in = 0;
-  while (fgets(line, sizeof(line), fp) && k + 3 <= max_owned) {
+  /* Bug fix (tests: remote_s3_credentials): the loop used to stop once
+   * fewer than three owned slots were left, so with the daemon's four a
+   * profile's aws_session_token, read after its two keys, was never
+   * loaded.  Each value checks for a slot as it is stored instead. */
+  while (fgets(line, sizeof(line), fp)) {
     char *p = line;
     while (isspace((unsigned char)*p)) p++;
     if (*p == '[') {
@@ -194,7 +199,7 @@ void fetch_load_credentials(fetch_options_t *o, const char *profile, char **owne
     if (eq == NULL) continue;
     *eq = '\0';
     char *key = dup_trim(p), *val = dup_trim(eq + 1);
-    if (key && val) {
+    if (key && val && k < max_owned) {
       if (strcmp(key, "aws_access_key_id") == 0 && o->s3_access_key == NULL) {
         o->s3_access_key = owned[k++] = val;
         val = NULL;
@@ -506,6 +511,7 @@ static int setup_easy(fetch_req_t *r) {
 }
 
 static void finish(fetch_req_t *r, int status);
+static void finish_deferred(fetch_req_t *r, int status);
 
 static void start_one(fetch_req_t *r) {
   fetch_t *f = r->f;
@@ -514,16 +520,22 @@ static void start_one(fetch_req_t *r) {
   r->http_status = 0;
   r->content_length = -1;
   r->attempts++;
+  /* A request that cannot start gives its slot back and ends from the
+   * loop: start_queued is walking the queue, which the callback may change
+   * (bug fix, tests: remote_s3_errors: without credentials the bytes it was
+   * charged stayed counted in flight forever). */
   int rc = setup_easy(r);
   if (rc) {
-    finish(r, rc);
+    release_slot(r);
+    finish_deferred(r, rc);
     return;
   }
   r->state = RQ_RUNNING;
   if (r->host) r->host->inflight++;
   if (curl_multi_add_handle(f->multi, r->easy) != CURLM_OK) {
     snprintf(r->msg, sizeof(r->msg), "cannot start a transfer");
-    finish(r, LARDER_ENOMEM);
+    release_slot(r);
+    finish_deferred(r, LARDER_ENOMEM);
     return;
   }
   if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_inflight, 1);
@@ -769,23 +781,28 @@ static void completed(fetch_req_t *r, CURLcode cc) {
       }
     } else if (st == 403 || st == 401) {
       code = LARDER_EACCES;
-      snprintf(r->msg, sizeof(r->msg), "access denied for %s (HTTP %ld%s%s): check credentials",
-               where, st, s3[0] ? ", " : "", s3);
+      snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP %ld%s%s)",
+               where, st, s3[0] ? " " : "", s3);
     } else if (st == 404) {
       code = LARDER_ENOENT;
-      snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? ", " : "",
+      snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? " " : "",
                s3);
     } else if (st == 416) {
       code = LARDER_ECORRUPT;
-      snprintf(r->msg, sizeof(r->msg), "%s: range not satisfiable (HTTP 416): the object is "
-               "shorter than its footer says", where);
+      if (r->range.suffix)
+        snprintf(r->msg, sizeof(r->msg), "%s: not a Parquet file: the object is empty (HTTP 416)",
+                 where);
+      else
+        snprintf(r->msg, sizeof(r->msg), "%s: range not satisfiable (HTTP 416): the object is "
+                 "shorter than its footer says", where);
     } else if (st == 429 || st >= 500) {
       code = LARDER_EREMOTE;
       retry = 1;
       snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld%s%s", where, st, s3[0] ? " " : "", s3);
     } else if (st == 400 && strstr(s3, "Signature")) {
       code = LARDER_EACCES;
-      snprintf(r->msg, sizeof(r->msg), "access denied for %s (%s): check credentials", where, s3);
+      snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP 400 %s)",
+               where, s3);
     } else {
       code = LARDER_EREMOTE;
       snprintf(r->msg, sizeof(r->msg), "%s: unexpected HTTP %ld%s%s", where, st, s3[0] ? " " : "",
@@ -1151,6 +1168,12 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     p = ce + 11;
     if (lc->pattern && fnmatch(lc->pattern, key, FNM_PATHNAME) != 0) continue;
     if (key[0] == '\0' || key[strlen(key) - 1] == '/') continue;
+    /* Bug fix (tests: remote_s3_listing): a prefix means its Parquet
+     * objects, as a local directory means its *.parquet files; markers such
+     * as _SUCCESS, which every Spark or Hive job writes beside its shards,
+     * failed the whole dataset.  A glob matches what it says. */
+    size_t kl = strlen(key);
+    if (lc->pattern == NULL && (kl < 8 || strcmp(key + kl - 8, ".parquet") != 0)) continue;
     if (lc->n == lc->cap) {
       size_t cap = lc->cap ? lc->cap * 2 : 64;
       fetch_object_t *o = realloc(lc->objs, cap * sizeof(*o));
@@ -1190,8 +1213,10 @@ static void list_next(list_ctx_t *lc) {
   /* Parameters in sorted order: libcurl 7.88 signs the query as written,
    * and S3 verifies it sorted. */
   char query[4096];
-  snprintf(query, sizeof(query), "%s%s%slist-type=2&max-keys=1000&prefix=%s",
-           et ? "continuation-token=" : "", et ? et : "", et ? "&" : "", ep ? ep : "");
+  uint32_t max_keys = lc->f->opts.s3_list_max_keys;
+  if (max_keys == 0 || max_keys > 1000) max_keys = 1000;
+  snprintf(query, sizeof(query), "%s%s%slist-type=2&max-keys=%u&prefix=%s",
+           et ? "continuation-token=" : "", et ? et : "", et ? "&" : "", max_keys, ep ? ep : "");
   curl_free(ep);
   curl_free(et);
   char bucket_url[1100];
@@ -1204,7 +1229,10 @@ static void list_next(list_ctx_t *lc) {
   }
   fetch_t *f = lc->f;
   r->f = f;
-  r->url = strdup(bucket_url);
+  /* Messages name what is listed (s3://bucket/prefix), not the bucket. */
+  size_t ul = strlen(lc->bucket) + strlen(lc->prefix) + 8;
+  r->url = malloc(ul);
+  if (r->url) snprintf(r->url, ul, "s3://%s/%s", lc->bucket, lc->prefix);
   r->real_url = resolve_url(f, bucket_url, query);
   r->cb = list_page;
   r->arg = lc;

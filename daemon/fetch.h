@@ -51,6 +51,7 @@ typedef struct fetch_options {
   const char *s3_region;
   const char *s3_endpoint;        /* "http://host:port"; NULL: AWS */
   int s3_path_style;              /* bucket in the path, not the host name */
+  uint32_t s3_list_max_keys;      /* ListObjectsV2 page size (1..1000) */
   const char *s3_access_key;
   const char *s3_secret_key;
   const char *s3_session_token;

@@ -256,6 +256,7 @@ static int start_fetcher(server_t *srv) {
   fo.s3_region = c->s3_region && *c->s3_region ? c->s3_region : "us-east-1";
   fo.s3_endpoint = c->s3_endpoint && *c->s3_endpoint ? c->s3_endpoint : getenv("AWS_ENDPOINT_URL");
   fo.s3_path_style = c->s3_path_style;
+  fo.s3_list_max_keys = (uint32_t)c->s3_list_max_keys;
   fo.s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
   fo.s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
   fo.s3_session_token = c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
