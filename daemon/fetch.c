@@ -320,7 +320,11 @@ static void on_poll(uv_poll_t *h, int status, int events) {
   poll_ctx_t *ctx = h->data;
   fetch_t *f = ctx->f;
   int flags = 0;
-  if (status < 0) flags = CURL_CSELECT_ERR;
+  /* On a socket error (a reset, most often) let libcurl read and write the
+   * socket itself: it then fails the transfer with the real cause
+   * ("Connection reset by peer") instead of the "select/poll returned
+   * error" that CURL_CSELECT_ERR gives, which named no cause. */
+  if (status < 0) flags = CURL_CSELECT_IN | CURL_CSELECT_OUT;
   if (events & UV_READABLE) flags |= CURL_CSELECT_IN;
   if (events & UV_WRITABLE) flags |= CURL_CSELECT_OUT;
   curl_multi_socket_action(f->multi, ctx->fd, flags, &f->running);
