@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../daemon/parquet.h"
 #include "remote-harness.h"
 
 double rh_now_ms(void) {
@@ -127,6 +128,59 @@ int rh_urls(const char *base, const char *dir, char **urls, int max) {
   }
   rh_files_free(names, n);
   return n;
+}
+
+int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap,
+              char out[][64], int max, uint64_t *bytes) {
+  pq_source src;
+  pq_error err = {0, ""};
+  ASSERT_OK(pq_source_open_file(&src, path, &err));
+  pq_options po;
+  pq_options_init(&po);
+  pq_file *f = NULL;
+  ASSERT_OK(pq_file_open(&src, &po, &f, &err));
+  pq_projection *proj = NULL;
+  ASSERT_OK(pq_projection_create(f, cols, ncols, &proj, &err));
+  int n = 0;
+  for (int g = 0; g < pq_file_meta(f)->num_row_groups; g++) {
+    pq_range_t *r = NULL;
+    int k = pq_projection_ranges(f, proj, g, &r, &err);
+    ASSERT_GE(k, 0);
+    int m = 0;
+    for (int i = 0; i < k; i++) {
+      if (m > 0 && r[i].offset <= r[m - 1].offset + r[m - 1].length + gap)
+        r[m - 1].length = r[i].offset + r[i].length - r[m - 1].offset;
+      else
+        r[m++] = r[i];
+    }
+    for (int i = 0; i < m; i++) {
+      if (bytes) *bytes += r[i].length;
+      if (out) {
+        ASSERT_LT(n, max);
+        snprintf(out[n], 64, "bytes=%llu-%llu", (unsigned long long)r[i].offset,
+                 (unsigned long long)(r[i].offset + r[i].length - 1));
+      }
+      n++;
+    }
+    free(r);
+  }
+  pq_projection_free(proj);
+  pq_file_close(f);
+  pq_source_close_file(&src);
+  return n;
+}
+
+uint64_t rh_projected_bytes(const char *dir, const char *const *cols, size_t ncols, uint64_t gap) {
+  char *names[RH_MAX_FILES];
+  int n = rh_files(dir, names, RH_MAX_FILES);
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+    rh_ranges(path, cols, ncols, gap, NULL, 0, &total);
+  }
+  rh_files_free(names, n);
+  return total;
 }
 
 void rh_copy_dir(const char *src, const char *dst) {

@@ -54,6 +54,16 @@ void rh_files_free(char **names, int n);
  * slash).  Fills urls (malloc'd strings) and returns the count. */
 int rh_urls(const char *base, const char *dir, char **urls, int max);
 
+/* The Range headers the daemon should send for the projected columns
+ * (cols/ncols; NULL/0 = all) of every row group of the local file at path,
+ * chunks closer than gap merged as units.c does: "bytes=a-b" strings into
+ * out (at most max; NULL to only count).  Returns the number of ranges and
+ * adds their bytes to *bytes when not NULL. */
+int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap,
+              char out[][64], int max, uint64_t *bytes);
+/* The bytes of the projected ranges of every *.parquet file of dir. */
+uint64_t rh_projected_bytes(const char *dir, const char *const *cols, size_t ncols, uint64_t gap);
+
 /* A copy of the dataset directory src at dst (a fresh directory). */
 void rh_copy_dir(const char *src, const char *dst);
 

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../daemon/parquet.h"
 #include "remote-harness.h"
 
 #define ARENA (8u << 20)
@@ -23,45 +22,6 @@ static void std_opts(larder_stream_options_t *o, const char *const *src, size_t 
   o->unit_rows = DH_STD_UNIT_ROWS;
   o->shuffle_window = 8;
   o->arena_bytes = ARENA;
-}
-
-/* The Range headers the daemon should send for the projected columns of
- * every row group of the local file at path, with chunks closer than gap
- * merged (as units.c does): "bytes=a-b" strings appended to out. */
-static int expected_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap,
-                           char out[][64], int max) {
-  pq_source src;
-  pq_error err = {0, ""};
-  ASSERT_OK(pq_source_open_file(&src, path, &err));
-  pq_options po;
-  pq_options_init(&po);
-  pq_file *f = NULL;
-  ASSERT_OK(pq_file_open(&src, &po, &f, &err));
-  pq_projection *proj = NULL;
-  ASSERT_OK(pq_projection_create(f, cols, ncols, &proj, &err));
-  int n = 0;
-  for (int g = 0; g < pq_file_meta(f)->num_row_groups; g++) {
-    pq_range_t *r = NULL;
-    int k = pq_projection_ranges(f, proj, g, &r, &err);
-    ASSERT_GE(k, 0);
-    int m = 0;
-    for (int i = 0; i < k; i++) {
-      if (m > 0 && r[i].offset <= r[m - 1].offset + r[m - 1].length + gap)
-        r[m - 1].length = r[i].offset + r[i].length - r[m - 1].offset;
-      else
-        r[m++] = r[i];
-    }
-    for (int i = 0; i < m; i++) {
-      ASSERT_LT(n, max);
-      snprintf(out[n++], 64, "bytes=%llu-%llu", (unsigned long long)r[i].offset,
-               (unsigned long long)(r[i].offset + r[i].length - 1));
-    }
-    free(r);
-  }
-  pq_projection_free(proj);
-  pq_file_close(f);
-  pq_source_close_file(&src);
-  return n;
 }
 
 /* Asserts that the requests for /name in the access log are: one suffix
@@ -170,9 +130,9 @@ TEST_IMPL(remote_http_order) {
   for (int i = 0; i < nn; i++) {
     char path[PATH_MAX];
     snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
-    int n = expected_ranges(path, NULL, 0, 1u << 20, want, 256);
-    int n1 = expected_ranges(path, cols, 2, 1u << 20, want + n, 256 - n);
-    int n0 = expected_ranges(path, cols, 2, 0, want + n + n1, 256 - n - n1);
+    int n = rh_ranges(path, NULL, 0, 1u << 20, want, 256, NULL);
+    int n1 = rh_ranges(path, cols, 2, 1u << 20, want + n, 256 - n, NULL);
+    int n0 = rh_ranges(path, cols, 2, 0, want + n + n1, 256 - n - n1, NULL);
     /* Each row group: one range for all columns, one for the merged
      * projection, two for the unmerged one. */
     ASSERT_EQ(n1, n);
