@@ -68,6 +68,8 @@
      "a transfer slower than this many bytes/s ...")                           \
   XX(fetch_low_speed_time, U64, "30", 1,                                       \
      "... for this many seconds is a stall, retried")                          \
+  XX(fetch_whole_bytes, SIZE, "1G", 0,                                         \
+     "objects of servers that ignore Range, kept whole in memory (LRU)")      \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
      "column chunks closer than this are read with one range request")         \
   XX(footer_guess, SIZE, "64K", 1,                                             \

@@ -57,7 +57,8 @@ struct fetch {
   host_slot_t *hosts;
   uint64_t inflight_bytes;
   int running;
-  whole_obj_t *wholes;
+  whole_obj_t *wholes;          /* most recently used first */
+  uint64_t whole_bytes;
   int closing;
   int handles_open; /* uv handles not yet closed (timer + polls + reqs) */
   void (*done)(void *);
@@ -122,6 +123,7 @@ void fetch_options_init(fetch_options_t *o) {
   o->tls_verify = 1;
   o->s3_region = "us-east-1";
   o->s3_list_max_keys = 1000;
+  o->max_whole_bytes = 1ull << 30;
 }
 
 void fetch_redact(const char *url, char *buf, size_t size) {
@@ -609,10 +611,52 @@ static void s3_code(const fetch_req_t *r, char *code, size_t size) {
   snprintf(code, size, "%.*s", (int)(close - open), open);
 }
 
+/* The object kept whole for url, moved to the front (most recently used). */
 static whole_obj_t *find_whole(fetch_t *f, const char *url) {
-  for (whole_obj_t *w = f->wholes; w; w = w->next)
-    if (strcmp(w->url, url) == 0) return w;
+  for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
+    whole_obj_t *w = *pp;
+    if (strcmp(w->url, url) != 0) continue;
+    *pp = w->next;
+    w->next = f->wholes;
+    f->wholes = w;
+    return w;
+  }
   return NULL;
+}
+
+static void whole_free(fetch_t *f, whole_obj_t *w) {
+  f->whole_bytes -= w->size;
+  free(w->url);
+  free(w->data);
+  free(w);
+}
+
+/*
+ * Keeps w (the answer of a server that ignores Range) at the front,
+ * replacing an older copy of the same object (a fresh read), then drops the
+ * least recently used objects beyond max_whole_bytes (bug fix, tests:
+ * remote_http_no_range: every object of such a server was kept for the
+ * daemon's lifetime, so a dataset larger than memory could not be read
+ * from one).  The newest object always stays, whatever its size.
+ */
+static void whole_keep(fetch_t *f, whole_obj_t *w) {
+  for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
+    if (strcmp((*pp)->url, w->url) != 0) continue;
+    whole_obj_t *old = *pp;
+    *pp = old->next;
+    whole_free(f, old);
+    break;
+  }
+  w->next = f->wholes;
+  f->wholes = w;
+  f->whole_bytes += w->size;
+  while (f->whole_bytes > f->opts.max_whole_bytes && f->wholes->next) {
+    whole_obj_t **pp = &f->wholes->next;
+    while ((*pp)->next) pp = &(*pp)->next;
+    whole_obj_t *last = *pp;
+    *pp = NULL;
+    whole_free(f, last);
+  }
 }
 
 static void on_deferred(uv_timer_t *t) {
@@ -754,23 +798,16 @@ static void completed(fetch_req_t *r, CURLcode cc) {
         r->res.object_size = r->len;
         if (r->ranged || r->range.suffix) {
           whole_obj_t *w = calloc(1, sizeof(*w));
+          if (w) w->url = strdup(r->url);
+          if (w && w->url == NULL) {
+            free(w);
+            w = NULL;
+          }
           if (w) {
-            /* A fresh read replaces an older copy. */
-            for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
-              if (strcmp((*pp)->url, r->url) != 0) continue;
-              whole_obj_t *old = *pp;
-              *pp = old->next;
-              free(old->url);
-              free(old->data);
-              free(old);
-              break;
-            }
-            w->url = strdup(r->url);
             w->data = r->buf;
             w->size = r->len;
             snprintf(w->etag, sizeof(w->etag), "%s", r->etag);
-            w->next = f->wholes;
-            f->wholes = w;
+            whole_keep(f, w);
             r->buf = NULL;
             r->len = r->cap = 0;
             snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
@@ -862,9 +899,7 @@ static void on_req_close(uv_handle_t *h) {
     while (f->wholes) {
       whole_obj_t *w = f->wholes;
       f->wholes = w->next;
-      free(w->url);
-      free(w->data);
-      free(w);
+      whole_free(f, w);
     }
     while (f->hosts) {
       host_slot_t *hs = f->hosts;
@@ -948,9 +983,7 @@ static void on_fetch_timer_close(uv_handle_t *h) {
     while (f->wholes) {
       whole_obj_t *w = f->wholes;
       f->wholes = w->next;
-      free(w->url);
-      free(w->data);
-      free(w);
+      whole_free(f, w);
     }
     while (f->hosts) {
       host_slot_t *hs = f->hosts;

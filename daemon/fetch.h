@@ -19,7 +19,8 @@
  *   final.  Every ranged response's Content-Range is checked against what
  *   was asked: bytes for another range are never delivered.  A server that
  *   ignores Range (200 with the whole object) is read once: the object is
- *   kept whole and later ranges are cut from it.
+ *   kept whole and later ranges are cut from it (up to max_whole_bytes of
+ *   such objects, least recently used dropped first).
  * - Errors are negative larder_errno_t with a message that names the URL,
  *   the status and the cause, and never contains credentials.  CURLcode and
  *   HTTP statuses are converted here, once.
@@ -45,6 +46,7 @@ typedef struct fetch_options {
   uint32_t connect_timeout_s;
   uint32_t low_speed_bytes;       /* a transfer slower than this ... */
   uint32_t low_speed_time_s;      /* ... for this long is a stall, retried */
+  uint64_t max_whole_bytes;       /* objects kept whole (Range ignored), LRU */
   int tls_verify;
   const char *ca_file;            /* NULL: the system's */
   /* S3 */

@@ -251,6 +251,7 @@ static int start_fetcher(server_t *srv) {
   fo.connect_timeout_s = (uint32_t)c->fetch_connect_timeout;
   fo.low_speed_bytes = (uint32_t)c->fetch_low_speed_bytes;
   fo.low_speed_time_s = (uint32_t)c->fetch_low_speed_time;
+  fo.max_whole_bytes = c->fetch_whole_bytes;
   fo.tls_verify = c->tls_verify;
   fo.ca_file = c->ca_file && *c->ca_file ? c->ca_file : NULL;
   fo.s3_region = c->s3_region && *c->s3_region ? c->s3_region : "us-east-1";

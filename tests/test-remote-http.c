@@ -264,9 +264,32 @@ TEST_IMPL(remote_http_no_range) {
   ASSERT_EQ(lg.n, nn);
   rh_files_free(names, nn);
   rh_log_free(&lg);
+
+  /* With room for one object kept whole (fetch_whole_bytes below two
+   * files), objects are dropped and downloaded again as needed: more
+   * downloads, the same batches. */
+  rh_nginx(&ng, "ng2", dir, nx);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  nf = rh_urls(ng.url, dir, urls, RH_MAX_FILES);
+  dh_daemon s;
+  static const char *const fs[] = {"--workers=2", "--fetch_whole_bytes=100K", NULL};
+  dh_init(&s, "small", fs);
+  dh_start(&s);
+  std_opts(&o, (const char *const *)urls, (size_t)nf, 2);
+  dh_run r2 = {0};
+  ASSERT_OK(dh_collect(s.socket, &o, 0, &r2));
+  dh_expect_same(&ref, &r2);
+  dh_stop(&s);
+  rh_stop(&ng);
+  rh_nginx_log("ng2", log_path, sizeof(log_path));
+  rh_log_read(&lg, log_path);
+  fprintf(stderr, "%d whole downloads with room for one object\n", lg.n);
+  ASSERT_GT(lg.n, nn);
+  rh_log_free(&lg);
   for (int i = 0; i < nf; i++) free(urls[i]);
   dh_run_free(&ref);
   dh_run_free(&r);
+  dh_run_free(&r2);
   dh_run_free(&p);
   return 0;
 }
