@@ -222,8 +222,9 @@ static void write_profile(const char *home, const char *token) {
  * --s3_access_key/--s3_secret_key flags; the same keys in the config file;
  * a named profile of ~/.aws/credentials (HOME of the daemon) chosen with
  * s3_profile and with AWS_PROFILE; the environment with AWS_SESSION_TOKEN;
- * the config's s3_session_token; a profile's aws_session_token.  Virtual-
- * hosted addressing (data.s3.localhost) for half of them.  Neither the
+ * the config's s3_session_token; a profile's aws_session_token; a store in
+ * another region (s3_region, signed for eu-west-1).  Virtual-hosted
+ * addressing (data.s3.localhost) for half of them.  Neither the
  * secret nor the token ever shows in the log (debug level) or the stats.
  */
 TEST_IMPL(remote_s3_credentials) {
@@ -245,6 +246,18 @@ TEST_IMPL(remote_s3_credentials) {
     const char *flags[] = {"--bucket", "data", tok[0], tok[1], NULL};
     ASSERT_OK(rs_start_s3front(&s3t, dir, flags));
   }
+  /* A third front signing in another region. */
+  rs_server s3r;
+  static const char *const region[] = {"--region", "eu-west-1", NULL};
+  rh_s3(&s3r, "s3r", region);
+  {
+    char out[PATH_MAX];
+    snprintf(out, sizeof(out), "%s/s3put-r.out", test_tmpdir());
+    ASSERT_EQ(test_system("node tests/remote/s3put.mjs --endpoint %s --region eu-west-1 "
+                          "--bucket data --prefix std/ '%s'/*.parquet > '%s'",
+                          s3r.url, std_dir, out),
+              0);
+  }
   static const char *const secrets[] = {SECRET, TOKEN, NULL};
   char home[PATH_MAX + 16];
   write_profile("home", NULL);
@@ -252,17 +265,18 @@ TEST_IMPL(remote_s3_credentials) {
 
   struct {
     const char *name;
-    int token, virt;
+    int token, virt; /* token: 1 = the front that wants one, 2 = eu-west-1 */
   } cases[] = {
       {"flags", 0, 0}, {"file", 0, 1}, {"profile", 0, 0}, {"aws-profile", 0, 1},
       {"env-token", 1, 0}, {"config-token", 1, 1}, {"profile-token", 1, 0},
+      {"region", 2, 1},
   };
   for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
     clear_aws_env();
     dh_daemon d;
     static const char *const fl[] = {"--workers=2", "--log_level=debug", NULL};
     dh_init(&d, cases[k].name, fl);
-    const rs_server *front = cases[k].token ? &s3t : &s3;
+    const rs_server *front = cases[k].token == 2 ? &s3r : cases[k].token ? &s3t : &s3;
     s3_flags(&d, front, cases[k].virt);
     const char *n = cases[k].name;
     /* HOME without credentials, unless the case uses a profile. */
@@ -286,6 +300,10 @@ TEST_IMPL(remote_s3_credentials) {
       setenv("AWS_ACCESS_KEY_ID", KEY, 1);
       setenv("AWS_SECRET_ACCESS_KEY", SECRET, 1);
       setenv("AWS_SESSION_TOKEN", TOKEN, 1);
+    } else if (strcmp(n, "region") == 0) {
+      dh_flag(&d, "--s3_access_key=" KEY);
+      dh_flag(&d, "--s3_secret_key=" SECRET);
+      dh_flag(&d, "--s3_region=eu-west-1");
     } else if (strcmp(n, "profile-token") == 0) {
       snprintf(home, sizeof(home), "%s/home-token", test_tmpdir());
       dh_flag(&d, "--s3_profile=larder");
@@ -299,11 +317,14 @@ TEST_IMPL(remote_s3_credentials) {
   clear_aws_env();
   rh_stop(&s3);
   rh_stop(&s3t);
+  rh_stop(&s3r);
   /* Every request carried a valid signature (and the token where one was
    * required). */
   ASSERT_EQ(front_requests("s3", NULL, NULL, 403), 0);
   ASSERT_EQ(front_requests("s3t", NULL, NULL, 403), 0);
   ASSERT_EQ(front_requests("s3t", NULL, NULL, 400), 0);
+  ASSERT_EQ(front_requests("s3r", NULL, NULL, 403), 0);
+  ASSERT_EQ(front_requests("s3r", NULL, NULL, 400), 0);
   dh_run_free(&ref);
   return 0;
 }
@@ -350,6 +371,7 @@ TEST_IMPL(remote_s3_errors) {
   ASSERT_STR_CONTAINS(r.err, "access denied for s3://data/std/part-00");
   ASSERT_STR_CONTAINS(r.err, ".parquet: check credentials");
   ASSERT_STR_CONTAINS(r.err, "SignatureDoesNotMatch");
+  ASSERT_NULL(strstr(r.err, "not-the-SECRET-42"));
   dh_run_free(&r);
   char *st = rs_stats(&s3);
   ASSERT_NOT_NULL(st);
@@ -382,6 +404,8 @@ TEST_IMPL(remote_s3_errors) {
   ASSERT_NE(dh_collect(t.socket, &o, 0, &r), 0);
   fprintf(stderr, "unknown token: %s\n", r.err);
   ASSERT_STR_CONTAINS(r.err, "access denied for s3://data/std/missing.parquet: check credentials");
+  ASSERT_NULL(strstr(r.err, "bogus-TOKEN-77"));
+  ASSERT_NULL(strstr(r.err, SECRET));
   dh_run_free(&r);
   static const char *const tokens[] = {"bogus-TOKEN-77", SECRET, NULL};
   expect_no_secrets(&t, tokens);
