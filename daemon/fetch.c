@@ -1238,7 +1238,9 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     list_next(lc);
     return;
   }
-  qsort(lc->objs, lc->n, sizeof(*lc->objs), cmp_obj);
+  /* Bug fix (tests: remote_s3_errors under UBSan): an empty listing has no
+   * array, and qsort must not be given NULL even for no elements. */
+  if (lc->n > 1) qsort(lc->objs, lc->n, sizeof(*lc->objs), cmp_obj);
   lc->cb(0, NULL, lc->objs, lc->n, lc->arg);
   list_free(lc, 0);
 }
