@@ -57,6 +57,7 @@ struct fetch {
   host_slot_t *hosts;
   uint64_t inflight_bytes;
   int running;
+  fetch_req_t *live;            /* every request not finished yet */
   whole_obj_t *wholes;          /* most recently used first */
   uint64_t whole_bytes;
   int closing;
@@ -69,6 +70,8 @@ struct fetch {
 struct fetch_req {
   fetch_t *f;
   fetch_req_t *next; /* queue link */
+  fetch_req_t *live_prev, *live_next; /* fetch_t.live: not finished yet */
+  int live;
   char *url;
   char *real_url;
   fetch_range_t range;
@@ -108,6 +111,23 @@ static uint64_t rnd(fetch_t *f) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+static void live_link(fetch_t *f, fetch_req_t *r) {
+  r->live = 1;
+  r->live_prev = NULL;
+  r->live_next = f->live;
+  if (f->live) f->live->live_prev = r;
+  f->live = r;
+}
+
+static void live_unlink(fetch_t *f, fetch_req_t *r) {
+  if (!r->live) return;
+  r->live = 0;
+  if (r->live_prev) r->live_prev->live_next = r->live_next;
+  else f->live = r->live_next;
+  if (r->live_next) r->live_next->live_prev = r->live_prev;
+  r->live_prev = r->live_next = NULL;
 }
 
 void fetch_options_init(fetch_options_t *o) {
@@ -300,6 +320,35 @@ static host_slot_t *host_slot(fetch_t *f, const char *name) {
   return h;
 }
 
+static void whole_free(fetch_t *f, whole_obj_t *w);
+
+/*
+ * Frees the fetcher once it is being destroyed and its last uv handle (the
+ * timer, a request's timer or a socket's poll) has closed.  Bug fix (tests:
+ * remote_faults_shutdown): only the timers' close callbacks checked, so
+ * when a poll closed last (transfers cut at shutdown close their sockets
+ * after the requests end) the fetcher, libcurl's multi handle and its
+ * connections leaked.
+ */
+static void maybe_done(fetch_t *f) {
+  if (!f->closing || f->handles_open != 0 || f->done == NULL) return;
+  void (*done)(void *) = f->done;
+  void *arg = f->done_arg;
+  curl_multi_cleanup(f->multi);
+  while (f->wholes) {
+    whole_obj_t *w = f->wholes;
+    f->wholes = w->next;
+    whole_free(f, w);
+  }
+  while (f->hosts) {
+    host_slot_t *hs = f->hosts;
+    f->hosts = hs->next;
+    free(hs);
+  }
+  free(f);
+  done(arg);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Socket and timer callbacks (the curl multi + libuv pattern)              */
 
@@ -316,6 +365,7 @@ static void on_poll_close(uv_handle_t *h) {
   fetch_t *f = ctx->f;
   free(ctx);
   f->handles_open--;
+  maybe_done(f);
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
@@ -575,6 +625,7 @@ static void start_queued(fetch_t *f) {
 static void on_backoff(uv_timer_t *t) {
   fetch_req_t *r = t->data;
   if (r->cancelled || r->f->closing) {
+    snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
     finish(r, LARDER_ESHUTDOWN);
     return;
   }
@@ -860,7 +911,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
     finish(r, 0);
     return;
   }
-  if (retry && !r->cancelled && (uint32_t)r->attempts <= f->opts.max_retries) {
+  if (retry && !r->cancelled && !f->closing && (uint32_t)r->attempts <= f->opts.max_retries) {
     if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_retries, 1);
     uint64_t delay = (uint64_t)f->opts.retry_base_ms << (r->attempts > 16 ? 16 : r->attempts - 1);
     if (delay > f->opts.retry_max_ms) delay = f->opts.retry_max_ms;
@@ -892,26 +943,11 @@ static void on_req_close(uv_handle_t *h) {
   free(r->real_url);
   free(r);
   f->handles_open--;
-  if (f->closing && f->handles_open == 0 && f->done) {
-    void (*done)(void *) = f->done;
-    void *arg = f->done_arg;
-    curl_multi_cleanup(f->multi);
-    while (f->wholes) {
-      whole_obj_t *w = f->wholes;
-      f->wholes = w->next;
-      whole_free(f, w);
-    }
-    while (f->hosts) {
-      host_slot_t *hs = f->hosts;
-      f->hosts = hs->next;
-      free(hs);
-    }
-    free(f);
-    done(arg);
-  }
+  maybe_done(f);
 }
 
 static void finish(fetch_req_t *r, int status) {
+  live_unlink(r->f, r);
   r->state = RQ_DONE;
   r->res.status = status;
   r->res.message = status ? r->msg : NULL;
@@ -976,23 +1012,7 @@ int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out) {
 static void on_fetch_timer_close(uv_handle_t *h) {
   fetch_t *f = h->data;
   f->handles_open--;
-  if (f->handles_open == 0 && f->done) {
-    void (*done)(void *) = f->done;
-    void *arg = f->done_arg;
-    curl_multi_cleanup(f->multi);
-    while (f->wholes) {
-      whole_obj_t *w = f->wholes;
-      f->wholes = w->next;
-      whole_free(f, w);
-    }
-    while (f->hosts) {
-      host_slot_t *hs = f->hosts;
-      f->hosts = hs->next;
-      free(hs);
-    }
-    free(f);
-    done(arg);
-  }
+  maybe_done(f);
 }
 
 static void noop_done(void *arg) { (void)arg; }
@@ -1009,6 +1029,26 @@ void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
     finish(r, LARDER_ESHUTDOWN);
   }
   f->q_tail = NULL;
+  /* Bug fix (tests: remote_faults_shutdown): transfers in flight and
+   * requests waiting out a backoff used to run on, so a server that stalled
+   * held the daemon's exit for the whole low-speed time (30 s by default),
+   * and a backoff for up to retry_max_ms.  They end now too; callbacks may
+   * end or start others (those end from the loop), so start over from the
+   * head each time.  Deferred ones end on the next iteration anyway. */
+  for (;;) {
+    fetch_req_t *r = f->live;
+    while (r && r->state != RQ_RUNNING && r->state != RQ_BACKOFF) r = r->live_next;
+    if (r == NULL) break;
+    if (r->state == RQ_RUNNING) {
+      if (f->opts.stats) STATS_SUB(f->opts.stats, fetch_inflight, 1);
+      release_slot(r);
+      curl_multi_remove_handle(f->multi, r->easy);
+    } else {
+      uv_timer_stop(&r->backoff);
+    }
+    snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
+    finish(r, LARDER_ESHUTDOWN);
+  }
   uv_timer_stop(&f->timer);
   uv_close((uv_handle_t *)&f->timer, on_fetch_timer_close);
 }
@@ -1051,6 +1091,7 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
   uv_timer_init(f->loop, &r->backoff);
   r->backoff.data = r;
   f->handles_open++;
+  live_link(f, r);
   /* Bug fix (tests: remote_http_no_range): these used to call back from
    * inside fetch_get, before the caller had even stored the request it
    * returns; units.c then missed the data of ranges cut from an object kept
@@ -1103,6 +1144,7 @@ void fetch_req_free(fetch_req_t *r) {
       return;
     }
   }
+  live_unlink(r->f, r);
   r->freed = 1;
   uv_timer_stop(&r->backoff);
   uv_close((uv_handle_t *)&r->backoff, on_req_close);
@@ -1283,8 +1325,10 @@ static void list_next(list_ctx_t *lc) {
   uv_timer_init(f->loop, &r->backoff);
   r->backoff.data = r;
   f->handles_open++;
+  live_link(f, r);
   if (r->url == NULL || r->real_url == NULL) {
-    finish(r, LARDER_ENOMEM);
+    snprintf(r->msg, sizeof(r->msg), "out of memory");
+    finish_deferred(r, LARDER_ENOMEM);
     return;
   }
   r->state = RQ_QUEUED;

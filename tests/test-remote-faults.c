@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "remote-harness.h"
@@ -397,5 +398,79 @@ TEST_IMPL(remote_faults_permanent) {
     free(direct[i]);
   }
   dh_run_free(&ref);
+  return 0;
+}
+
+/*
+ * SIGTERM while remote reads hang (a stall of a minute, longer than the
+ * low-speed limit and the test) and others wait in backoff: the daemon
+ * still exits promptly and cleanly (status 0, no sanitizer report), and the
+ * client gets an error rather than a hang.
+ */
+TEST_IMPL(remote_faults_shutdown) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
+  rs_server ng, fp;
+  rh_nginx(&ng, "ng", std_dir, NULL);
+  char fpdir[PATH_MAX];
+  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
+  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(fp.url, std_dir, urls, RH_MAX_FILES);
+  /* After the footers: part-000 and part-001 stall, part-002 answers 503
+   * (backoff), the rest is fine. */
+  ASSERT_OK(rs_control(&fp, "{\"add\":["
+                            "{\"type\":\"stall\",\"seconds\":60,\"path\":\"/part-000.parquet\","
+                            "\"skip\":1,\"count\":-1},"
+                            "{\"type\":\"stall\",\"seconds\":60,\"after_bytes\":100,"
+                            "\"path\":\"/part-001.parquet\",\"skip\":1,\"count\":-1},"
+                            "{\"type\":\"status\",\"status\":503,\"path\":\"/part-002.parquet\","
+                            "\"skip\":1,\"count\":-1}]}"));
+  static const char *const flags[] = {"--workers=2", "--fetch_retry_base_ms=2000",
+                                      "--fetch_low_speed_time=30", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", flags);
+  dh_start(&d);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_options_t o;
+  std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  /* Wait until both stalls hold a request and a 503 was answered. */
+  double deadline = rh_now_ms() + 30000.0 * dh_slow();
+  for (;;) {
+    char *st = rs_stats(&fp);
+    ASSERT_NOT_NULL(st);
+    int64_t stalls = rs_json_int(st, "faults.stall", 0), e503 = rs_json_int(st, "by_status.503", 0);
+    free(st);
+    if (stalls >= 2 && e503 >= 1) break;
+    ASSERT(rh_now_ms() < deadline);
+    usleep(20000);
+  }
+  double t0 = rh_now_ms();
+  int status = dh_stop_status(&d, 20000 * dh_slow());
+  double ms = rh_now_ms() - t0;
+  fprintf(stderr, "stopped in %.0f ms (status 0x%x)\n", ms, status);
+  if (status == -1) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("%s", "larderd did not exit within 20 s of SIGTERM with stalled fetches");
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("larderd exited with status 0x%x after SIGTERM", status);
+  }
+  dh_check_log(&d);
+  ASSERT_LT(ms, 10000.0 * dh_slow());
+  larder_batch_t *b;
+  int rc = larder_stream_next(s, 10000, &b);
+  ASSERT_NE(rc, 0);
+  ASSERT_NE(rc, LARDER_ETIMEDOUT);
+  larder_stream_close(s);
+  larder_client_close(c);
+  rh_stop(&fp);
+  rh_stop(&ng);
+  for (int i = 0; i < nf; i++) free(urls[i]);
   return 0;
 }
