@@ -463,7 +463,7 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   if (rc) {
     store_unreserve(srv->store, keys, n);
     if (rc != LARDER_ENOSPC)
-      log_warn("cache write of %s failed: %s", ds->files[du->file].path, larder_strerror(rc));
+      log_warn("cache write of %s failed: %s", ds->files[du->file].name, larder_strerror(rc));
     else
       note_refusal(srv);
     return;
@@ -491,7 +491,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     src.map = rb_map;
     src.ctx = u->rgbuf;
     src.size = f->size;
-    snprintf(src.name, sizeof(src.name), "%s", f->path);
+    snprintf(src.name, sizeof(src.name), "%s", f->name);
   } else {
     rc = pq_source_open_file(&src, f->path, &err);
     if (rc) return unit_fail(u, rc, err.msg);
@@ -534,7 +534,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     }
     if (got != ds->units[k].rows) {
       rc = pq_error_set(&err, LARDER_ECORRUPT, "%s: row group %u has fewer rows than declared",
-                        f->path, du->rg);
+                        f->name, du->rg);
       break;
     }
     memset(blobs, 0, sizeof(blobs));

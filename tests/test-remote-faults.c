@@ -223,8 +223,11 @@ TEST_IMPL(remote_faults_wrong_bytes) {
   char fpdir[PATH_MAX];
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
-  char *urls[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, std_dir, urls, RH_MAX_FILES);
+  /* The URLs carry a user and password (nginx ignores them), which no
+   * error may show. */
+  char *urls[RH_MAX_FILES], base[128];
+  snprintf(base, sizeof(base), "http://larder:pw-SECRET-9@127.0.0.1:%d", fp.port);
+  int nf = rh_urls(base, std_dir, urls, RH_MAX_FILES);
   static const struct {
     const char *rule, *type, *expect[2];
   } cases[] = {
@@ -268,6 +271,13 @@ TEST_IMPL(remote_faults_wrong_bytes) {
             larder_client_last_error(c));
     ASSERT_NE(rc, LARDER_EEOF);
     for (int j = 0; j < 2; j++) ASSERT_STR_CONTAINS(larder_client_last_error(c), cases[k].expect[j]);
+    ASSERT_NULL(strstr(larder_client_last_error(c), "pw-SECRET-9"));
+    char *log = dh_read_log(&d);
+    if (strstr(log, "pw-SECRET-9")) {
+      dh_print_log(&d);
+      ASSERT_FAIL_("case %zu: the log shows the URL's password", k);
+    }
+    free(log);
     larder_client_close(c);
     char *st = rs_stats(&fp);
     char key[64];
