@@ -254,6 +254,9 @@ static void advance_pins(stream_t *s) {
   uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
   if (pin_pos > plan_pos + s->pin_span / 2) return;
   if (s->epochs && s->pin_epoch >= s->epochs) return;
+  /* A changed object ends the stream at this epoch's end: loading what
+   * comes after would only fetch the new version to throw it away. */
+  if (s->stale_msg) return;
   rotate_pins(s);
   uint64_t first = s->pin_batch;
   uint64_t last = first + s->pin_span;
