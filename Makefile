@@ -55,7 +55,7 @@ DAEMON_LIB_SRCS := $(filter-out daemon/main.c $(PQ_SRCS),$(sort $(wildcard daemo
 CLIENT_SRCS := client/larder.c client/wire.c client/error.c
 CTL_SRCS := client/larderctl.c client/ctl_parquet.c client/ctl_daemon.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
-TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c
+TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c tests/remote-harness.c tests/remote/rs.c
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 PROTO_O := $(B)/obj/gen/larder.pb-c.o

@@ -75,6 +75,8 @@
      "a transfer slower than this many bytes/s ...")                           \
   XX(fetch_low_speed_time, U64, "30", 1,                                       \
      "... for this many seconds is a stall, retried")                          \
+  XX(fetch_whole_bytes, SIZE, "1G", 0,                                         \
+     "objects of servers that ignore Range, kept whole in memory (LRU)")      \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
      "column chunks closer than this are read with one range request")         \
   XX(fetch_part_bytes, SIZE, "4M", 1,                                          \
@@ -91,6 +93,8 @@
      "S3-compatible endpoint such as http://minio:9000 (empty: AWS)")           \
   XX(s3_path_style, BOOL, "false", 0,                                          \
      "address buckets in the path (MinIO, Ceph) instead of the host name")     \
+  XX(s3_list_max_keys, U64, "1000", 0,                                         \
+     "keys per ListObjectsV2 page when listing s3:// prefixes (1 to 1000)")    \
   XX(s3_profile, STR, "", 0,                                                   \
      "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default)")         \
   XX(s3_access_key, STR, "", 0,                                                \

@@ -164,7 +164,7 @@ static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *
            o->etag[0] ? o->etag : o->last_modified);
   f->object_id = util_hash64(f->path, strlen(f->path), util_hash64(f->identity, strlen(f->identity), 0));
   pq_error perr = {0, ""};
-  int rc = pq_file_parse(o->footer, o->footer_len, o->size, &opts->pq, f->path, &f->pq, &perr);
+  int rc = pq_file_parse(o->footer, o->footer_len, o->size, &opts->pq, f->name, &f->pq, &perr);
   if (rc == 0) rc = pq_projection_create(f->pq, columns, ncols, &f->proj, &perr);
   if (rc) snprintf(err, errlen, "%s", perr.msg);
   return rc;
@@ -175,6 +175,17 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
   memset(f, 0, sizeof(*f));
   f->path = strdup(path);
   if (f->path == NULL) return LARDER_ENOMEM;
+  /* Bug fix (tests: remote_faults_wrong_bytes): messages named remote
+   * files by their URL as given, user:password@ and presigned query
+   * included (decode errors, through the footer's name). */
+  if (remote_is_url(path)) {
+    char buf[2048];
+    fetch_redact(path, buf, sizeof(buf));
+    f->name = strdup(buf);
+  } else {
+    f->name = strdup(path);
+  }
+  if (f->name == NULL) return LARDER_ENOMEM;
   const remote_object_t *ro = remote_is_url(path) ? find_remote(opts, path) : NULL;
   if (ro) return open_remote(f, ro, columns, ncols, opts, err, errlen);
   struct stat st;
@@ -339,7 +350,7 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
       snprintf(err, errlen,
                "%s: its columns differ from %s's (column '%s': %s vs %s); a dataset's "
                "files must share the projected schema",
-               ds->files[i].path, ds->files[0].path,
+               ds->files[i].name, ds->files[0].name,
                c > 0 && c <= ds->num_columns ? ds->schema->children[c - 1].name : "?", b, a);
       rc = LARDER_EINVAL;
       goto fail;
@@ -393,6 +404,7 @@ void dataset_free(dataset_t *ds) {
     pq_projection_free(ds->files[i].proj);
     pq_file_close(ds->files[i].pq);
     free(ds->files[i].path);
+    free(ds->files[i].name);
   }
   free(ds->files);
   free(ds->units);

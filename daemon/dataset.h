@@ -33,6 +33,8 @@
 
 typedef struct dataset_file {
   char *path;              /* as opened (absolute path or URL) */
+  char *name;              /* for messages: the path, or the URL without
+                              credentials or query (fetch_redact) */
   uint64_t size;
   int64_t mtime_ns;        /* local files */
   char identity[160];      /* "size=N;mtime=T" or "size=N;etag=E" */

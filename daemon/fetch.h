@@ -19,7 +19,8 @@
  *   final.  Every ranged response's Content-Range is checked against what
  *   was asked: bytes for another range are never delivered.  A server that
  *   ignores Range (200 with the whole object) is read once: the object is
- *   kept whole and later ranges are cut from it.
+ *   kept whole and later ranges are cut from it (up to max_whole_bytes of
+ *   such objects, least recently used dropped first).
  * - Errors are negative larder_errno_t with a message that names the URL,
  *   the status and the cause, and never contains credentials.  CURLcode and
  *   HTTP statuses are converted here, once.
@@ -45,12 +46,14 @@ typedef struct fetch_options {
   uint32_t connect_timeout_s;
   uint32_t low_speed_bytes;       /* a transfer slower than this ... */
   uint32_t low_speed_time_s;      /* ... for this long is a stall, retried */
+  uint64_t max_whole_bytes;       /* objects kept whole (Range ignored), LRU */
   int tls_verify;
   const char *ca_file;            /* NULL: the system's */
   /* S3 */
   const char *s3_region;
   const char *s3_endpoint;        /* "http://host:port"; NULL: AWS */
   int s3_path_style;              /* bucket in the path, not the host name */
+  uint32_t s3_list_max_keys;      /* ListObjectsV2 page size (1..1000) */
   const char *s3_access_key;
   const char *s3_secret_key;
   const char *s3_session_token;
@@ -95,18 +98,22 @@ typedef struct fetch_result {
 typedef void (*fetch_cb)(fetch_req_t *req, const fetch_result_t *res, void *arg);
 
 /* A byte range; suffix > 0 asks for the last `suffix` bytes instead.
+ * fresh: ask the server even when the object is kept whole (revalidation);
+ * a whole object in the answer replaces the one kept.
  * ahead marks read-ahead: such requests wait in the queue behind every
  * request that a trainer is waiting for (fetch_promote moves one forward). */
 typedef struct fetch_range {
   uint64_t offset, length;
   uint64_t suffix;
+  int fresh;
   int ahead;
 } fetch_range_t;
 
 /*
  * Queues a GET of range (NULL: the whole object) of url (http://, https://
- * or s3://).  cb runs once, on the loop thread, with the result; the
- * request and its data live until fetch_req_free.  Returns the request or
+ * or s3://).  cb runs once, on the loop thread, with the result, and never
+ * from inside fetch_get; the request and its data live until
+ * fetch_req_free.  Returns the request or
  * NULL when out of memory.
  */
 fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, fetch_cb cb,

@@ -91,8 +91,10 @@ static void on_footer_rest(fetch_req_t *req, const fetch_result_t *res, void *ar
   if (res->status) {
     fail(rc, res->status, res->message);
   } else if (res->length != o->footer_len) {
-    char m[600];
-    snprintf(m, sizeof(m), "%s: short footer read", o->url);
+    char m[700];
+    char where[600];
+    fetch_redact(o->url, where, sizeof(where));
+    snprintf(m, sizeof(m), "%s: short footer read", where);
     fail(rc, LARDER_EREMOTE, m);
   } else {
     o->footer = fetch_req_steal(req, &(uint64_t){0});
@@ -107,7 +109,10 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   footer_req_t *fr = arg;
   resolve_ctx_t *rc = fr->rc;
   remote_object_t *o = &rc->objs[fr->index];
-  char msg[1024];
+  char msg[1024], where[600];
+  /* Messages name the object without credentials or query (bug fix, tests:
+   * remote_faults_wrong_bytes). */
+  fetch_redact(o->url, where, sizeof(where));
   if (res->status) {
     fail(rc, res->status, res->message);
     goto done;
@@ -116,7 +121,7 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   snprintf(o->last_modified, sizeof(o->last_modified), "%s", res->last_modified);
   if (res->object_size) o->size = res->object_size;
   if (o->size < 12 || res->length < 8) {
-    snprintf(msg, sizeof(msg), "%s: not a Parquet file: %llu bytes is too short", o->url,
+    snprintf(msg, sizeof(msg), "%s: not a Parquet file: %llu bytes is too short", where,
              (unsigned long long)o->size);
     fail(rc, LARDER_ECORRUPT, msg);
     goto done;
@@ -126,7 +131,7 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   po.max_footer_bytes = rc->max_footer;
   uint32_t flen = 0;
   pq_error perr = {0, ""};
-  int prc = pq_footer_length(res->data + res->length - 8, o->size, &po, &flen, o->url, &perr);
+  int prc = pq_footer_length(res->data + res->length - 8, o->size, &po, &flen, where, &perr);
   if (prc) {
     fail(rc, prc, perr.msg);
     goto done;
@@ -231,8 +236,9 @@ int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t fo
     if (!remote_is_url(s)) continue;
     if (strncmp(s, "s3://", 5) != 0 && strncmp(s, "http://", 7) != 0 &&
         strncmp(s, "https://", 8) != 0) {
-      char m[1100];
-      snprintf(m, sizeof(m), "%s: unsupported URL scheme (use http://, https:// or s3://)", s);
+      char m[1100], where[600];
+      fetch_redact(s, where, sizeof(where));
+      snprintf(m, sizeof(m), "%s: unsupported URL scheme (use http://, https:// or s3://)", where);
       fail(rc, LARDER_EUNSUPPORTED, m);
       continue;
     }
@@ -261,8 +267,10 @@ int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t fo
         fail(rc, LARDER_ENOMEM, "out of memory");
       }
     } else if (glob) {
-      char m[1100];
-      snprintf(m, sizeof(m), "%s: wildcards work only in s3:// sources (HTTP has no listing)", s);
+      char m[1100], where[600];
+      fetch_redact(s, where, sizeof(where));
+      snprintf(m, sizeof(m), "%s: wildcards work only in s3:// sources (HTTP has no listing)",
+               where);
       fail(rc, LARDER_EINVAL, m);
     } else if (add_object(rc, s, 0, NULL) < 0) {
       fail(rc, LARDER_ENOMEM, "out of memory");

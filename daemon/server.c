@@ -293,11 +293,13 @@ static int start_fetcher(server_t *srv) {
   fo.connect_timeout_s = (uint32_t)c->fetch_connect_timeout;
   fo.low_speed_bytes = (uint32_t)c->fetch_low_speed_bytes;
   fo.low_speed_time_s = (uint32_t)c->fetch_low_speed_time;
+  fo.max_whole_bytes = c->fetch_whole_bytes;
   fo.tls_verify = c->tls_verify;
   fo.ca_file = c->ca_file && *c->ca_file ? c->ca_file : NULL;
   fo.s3_region = c->s3_region && *c->s3_region ? c->s3_region : "us-east-1";
   fo.s3_endpoint = c->s3_endpoint && *c->s3_endpoint ? c->s3_endpoint : getenv("AWS_ENDPOINT_URL");
   fo.s3_path_style = c->s3_path_style;
+  fo.s3_list_max_keys = (uint32_t)c->s3_list_max_keys;
   fo.s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
   fo.s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
   fo.s3_session_token = c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;

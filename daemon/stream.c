@@ -116,6 +116,9 @@ struct stream {
   uint64_t opened_ns;
   int validating;           /* revalidation requests outstanding */
   uint64_t validated_ns;    /* last revalidation */
+  char *stale_msg;          /* a remote object changed: the error the stream
+                               ends with once the epoch before is sent */
+  uint8_t *stale;           /* by file: changed (cached data to drop) */
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
@@ -219,6 +222,8 @@ static void stream_destroy(stream_t *s) {
   free(s->rg_prio);
   free(s->rg_prio_bytes);
   shuffle_plan_free(s->plan);
+  free(s->stale_msg);
+  free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
   arena_destroy(s->arena);
   STATS_SUB(&s->srv->stats, streams, 1);
@@ -287,6 +292,9 @@ static void advance_pins(stream_t *s) {
   uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
   if (pin_pos > plan_pos + s->pin_span / 2) return;
   if (s->epochs && s->pin_epoch >= s->epochs) return;
+  /* A changed object ends the stream at this epoch's end: loading what
+   * comes after would only fetch the new version to throw it away. */
+  if (s->stale_msg) return;
   rotate_pins(s);
   uint64_t first = s->pin_batch;
   uint64_t last = first + s->pin_span;
@@ -393,6 +401,8 @@ static uint64_t resident_priority(const stream_t *s) {
 
 static void advance_read_ahead(stream_t *s) {
   if (!s->remote || s->closed || s->srv->shutting_down || s->batches_per_epoch == 0) return;
+  /* A changed object ends the stream at this epoch's end (advance_pins). */
+  if (s->stale_msg) return;
   uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
   /* Up to one epoch past planning; with revalidation on, not past this
    * epoch, whose end checks the objects before anything more is read. */
@@ -470,10 +480,27 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   int changed = res->status == 0 &&
                 ((res->object_size && res->object_size != f->size) ||
                  (res->etag[0] && f->etag[0] && strcmp(res->etag, f->etag) != 0));
-  if (changed && s->srv->store) {
-    /* Its cached units are of the old version: drop them all. */
-    uint64_t n = 0, bytes = 0;
-    store_evict(s->srv->store, NULL, f->object_id, 0, &n, &bytes);
+  if (changed && !s->closed) {
+    /* Bug fix (tests: remote_revalidate): the stream used to fail at once,
+     * although the check runs when planning reaches the next epoch, up to
+     * prefetch_batches before the client does: the end of the epoch before,
+     * all of it old and consistent data, was lost, and a client resuming at
+     * its position read the rest of that epoch from the new version.  Now
+     * the planned batches are sent first, and the stream ends exactly at the
+     * epoch boundary (stream_pump). */
+    if (s->stale == NULL) s->stale = calloc(s->ds->num_files, 1);
+    if (s->stale) s->stale[rv->file] = 1;
+    if (s->stale_msg == NULL) {
+      char where[400], m[1024];
+      fetch_redact(f->path, where, sizeof(where));
+      snprintf(m, sizeof(m),
+               "%s changed since the stream opened (size %llu, ETag %s; now %llu, %s): its "
+               "cached data was dropped; reopen the stream at epoch %llu to read the new "
+               "version",
+               where, (unsigned long long)f->size, f->etag, (unsigned long long)res->object_size,
+               res->etag, (unsigned long long)s->plan_epoch);
+      s->stale_msg = strdup(m);
+    }
   }
   fetch_req_free(req);
   free(rv);
@@ -481,17 +508,19 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
     stream_maybe_free(s);
     return;
   }
-  if (changed) {
-    char where[400];
-    fetch_redact(f->path, where, sizeof(where));
-    stream_fail(s, LARDER_EIO,
-                "%s changed since the stream opened (size %llu, ETag %s; now %llu, %s): its "
-                "cached data was dropped; reopen the stream to read the new version",
-                where, (unsigned long long)f->size, f->etag, (unsigned long long)res->object_size,
-                res->etag);
-    return;
-  }
   if (s->validating == 0) stream_pump(s);
+}
+
+/* Ends a stream whose remote objects changed, once every batch of the
+ * epoch before the change is sent: their cached units are of the old
+ * version, so they are dropped now. */
+static void fail_stale(stream_t *s) {
+  for (uint32_t i = 0; s->stale && i < s->ds->num_files; i++) {
+    if (!s->stale[i] || s->srv->store == NULL) continue;
+    uint64_t n = 0, bytes = 0;
+    store_evict(s->srv->store, NULL, s->ds->files[i].object_id, 0, &n, &bytes);
+  }
+  stream_fail(s, LARDER_EIO, "%s", s->stale_msg ? s->stale_msg : "a remote object changed");
 }
 
 /* At the start of an epoch, and at most every `revalidate` seconds, checks
@@ -509,7 +538,7 @@ static void start_revalidation(stream_t *s) {
     if (rv == NULL) continue;
     rv->s = s;
     rv->file = i;
-    fetch_range_t r = {0, 0, 8};
+    fetch_range_t r = {0, 0, 8, 1};
     s->validating++;
     s->tasks++;
     if (fetch_get(srv->fetch, s->ds->files[i].path, &r, on_revalidated, rv) == NULL) {
@@ -845,7 +874,8 @@ again:
   if (s->closed || s->srv->shutting_down) return;
   advance_pins(s);
   advance_read_ahead(s);
-  while (!s->exhausted && s->validating == 0 && s->q_len < (int)s->prefetch) {
+  while (!s->exhausted && s->validating == 0 && s->stale_msg == NULL &&
+         s->q_len < (int)s->prefetch) {
     int rc = plan_one(s);
     if (rc) {
       stream_fail(s, rc, "cannot plan the next batch: %s", larder_strerror(rc));
@@ -922,6 +952,10 @@ again:
       noroom->state = PB_WAITING;
       goto again;
     }
+  }
+  if (s->stale_msg && s->validating == 0 && s->q_head == NULL) {
+    fail_stale(s);
+    return;
   }
   if (s->exhausted && s->q_head == NULL && !s->end_sent) send_end(s);
 }

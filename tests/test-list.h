@@ -5,3 +5,4 @@
 #include "test-list-store.h"
 #include "test-list-daemon.h"
 #include "test-list-ctl.h"
+#include "test-list-remote.h"

@@ -1,0 +1,358 @@
+/*
+ * test-remote-cache.c: remote bytes and the cache: ranks and jobs that read
+ * the same data at the same time share each fetch; with a cache and a
+ * memory pool smaller than the dataset the read-ahead fetches no more than
+ * it uses; a cache directory that fills up stops admission, with a
+ * warning, while the streams go on from the network and what was cached
+ * stays readable.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include "remote-harness.h"
+
+#define ARENA (8u << 20)
+
+/* A (path, range) request count over an nginx access log: how many times
+ * each distinct column range was fetched, and the bytes of the ranged
+ * (non-suffix) answers. */
+typedef struct range_use {
+  int distinct, max_repeat;
+  int64_t bytes;
+} range_use;
+
+static range_use column_ranges(const char *log_path) {
+  rh_log lg;
+  rh_log_read(&lg, log_path);
+  range_use u = {0, 0, 0};
+  char (*seen)[600] = calloc((size_t)lg.n + 1, 600);
+  int *count = calloc((size_t)lg.n + 1, sizeof(int));
+  ASSERT(seen && count);
+  for (int i = 0; i < lg.n; i++) {
+    char req[512], range[64], key[600];
+    rh_field(lg.lines[i], "request", req, sizeof(req));
+    rh_field(lg.lines[i], "range", range, sizeof(range));
+    if (range[0] == '\0' || strncmp(range, "bytes=-", 7) == 0) continue;
+    u.bytes += rh_field_int(lg.lines[i], "body_bytes_sent", 0);
+    snprintf(key, sizeof(key), "%s %s", req, range);
+    int k = 0;
+    while (k < u.distinct && strcmp(seen[k], key) != 0) k++;
+    if (k == u.distinct) snprintf(seen[u.distinct++], 600, "%s", key);
+    if (++count[k] > u.max_repeat) u.max_repeat = count[k];
+  }
+  free(seen);
+  free(count);
+  rh_log_free(&lg);
+  return u;
+}
+
+/*
+ * Two ranks of one job and two ranks of a second job (another seed) start
+ * together on the same remote files, served slowly (40 ms added to every
+ * request by the proxy, so that they all wait on the same fetches): every
+ * column range is fetched once, and the remote bytes are the dataset's
+ * projected bytes, not four times them.  Each stream's batches equal the
+ * same stream read locally.
+ */
+TEST_IMPL(remote_shared_fetch) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  rs_server ng, fp;
+  rh_nginx(&ng, "ng", dir, NULL);
+  char fpdir[PATH_MAX];
+  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
+  static const char *const lat[] = {"--latency-ms", "40", NULL};
+  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, lat));
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  larder_stream_options_t lo[4], ro[4];
+  const char *lsrc[1] = {dir};
+  for (int i = 0; i < 4; i++) {
+    dh_opts(&lo[i], lsrc, 50, i < 2 ? 1 : 2, 1);
+    lo[i].unit_rows = DH_STD_UNIT_ROWS;
+    lo[i].shuffle_window = 8;
+    lo[i].arena_bytes = ARENA;
+    lo[i].world_size = 2;
+    lo[i].rank = i % 2;
+    ro[i] = lo[i];
+    ro[i].sources = (const char *const *)urls;
+    ro[i].num_sources = (size_t)nf;
+  }
+  dh_run ref[4], got[4];
+  memset(ref, 0, sizeof(ref));
+  memset(got, 0, sizeof(got));
+  {
+    dh_daemon l;
+    static const char *const fl[] = {"--workers=2", NULL};
+    dh_init(&l, "local", fl);
+    dh_start(&l);
+    for (int i = 0; i < 4; i++) ASSERT_OK(dh_collect(l.socket, &lo[i], 0, &ref[i]));
+    dh_stop(&l);
+  }
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  dh_collect_many(d.socket, ro, 4, got);
+  for (int i = 0; i < 4; i++) {
+    if (got[i].rc) ASSERT_FAIL_("stream %d: %s", i, got[i].err);
+    dh_expect_same(&ref[i], &got[i]);
+  }
+  uint64_t fetched = dh_stat(&d, "fetch_bytes");
+  uint64_t shared = dh_stat(&d, "unit_shared");
+  dh_stop(&d);
+  rh_stop(&fp);
+  rh_stop(&ng);
+  char log_path[PATH_MAX];
+  rh_nginx_log("ng", log_path, sizeof(log_path));
+  range_use u = column_ranges(log_path);
+  uint64_t projected = rh_projected_bytes(dir, NULL, 0, 1u << 20);
+  fprintf(stderr, "%d column ranges, fetched at most %d times each; %" PRId64
+          " column bytes for %" PRIu64 " projected (%" PRIu64 " in all with footers); "
+          "%" PRIu64 " unit loads shared\n",
+          u.distinct, u.max_repeat, u.bytes, projected, fetched, shared);
+  ASSERT_EQ(u.max_repeat, 1);
+  ASSERT_EQ(u.bytes, (int64_t)projected);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  for (int i = 0; i < 4; i++) {
+    dh_run_free(&ref[i]);
+    dh_run_free(&got[i]);
+  }
+  return 0;
+}
+
+/*
+ * Bounded read-ahead: a cache of half the dataset's decoded bytes and a
+ * memory pool of 2.5 MiB (below one epoch's 3.4 MiB of decoded units, above
+ * the stream's pinned working set).  Over three epochs the remote bytes of
+ * each epoch stay within 1.1 times the dataset's projected bytes (nothing
+ * fetched is dropped before it is used and fetched again), the epochs after
+ * the first fetch at most about what the cache cannot hold (here nothing:
+ * the uncached row groups' fetched bytes, 0.5 MiB, stay in the pool while
+ * idle decoded units make room), and the batches equal a local run's.
+ * With a pool below the pinned working set plus those bytes, row groups are
+ * fetched again (about twice the dataset at 1.5 MiB here).
+ */
+TEST_IMPL(remote_bounded_fetch) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_mid_dataset(dir, sizeof(dir)), DH_MID_ROWS);
+  const char *lsrc[1] = {dir};
+  larder_stream_options_t o;
+  dh_opts(&o, lsrc, 200, 3, 1);
+  o.unit_rows = 512;
+  o.shuffle_window = 10;
+  o.arena_bytes = ARENA;
+  /* The dataset's decoded bytes, and the reference batches. */
+  dh_run ref[3];
+  memset(ref, 0, sizeof(ref));
+  uint64_t total;
+  {
+    dh_daemon l;
+    static const char *const fl[] = {"--workers=2", NULL};
+    dh_init(&l, "local", fl);
+    dh_start(&l);
+    for (uint64_t e = 0; e < 3; e++) {
+      larder_stream_options_t eo = o;
+      eo.start_epoch = e;
+      eo.epochs = e + 1;
+      ASSERT_OK(dh_collect(l.socket, &eo, 0, &ref[e]));
+    }
+    total = dh_stat(&l, "cache.used_bytes");
+    dh_stop(&l);
+  }
+  rs_server ng;
+  rh_nginx(&ng, "ng", dir, NULL);
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(ng.url, dir, urls, RH_MAX_FILES);
+  dh_daemon d;
+  char cap[64];
+  snprintf(cap, sizeof(cap), "--cache_capacity=%llu", (unsigned long long)(total / 2));
+  const char *const fl[] = {"--workers=2", "--memory_limit=2560K", cap, NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  uint64_t projected = rh_projected_bytes(dir, NULL, 0, 1u << 20);
+  uint64_t prev = 0;
+  for (uint64_t e = 0; e < 3; e++) {
+    larder_stream_options_t eo = o;
+    eo.sources = (const char *const *)urls;
+    eo.num_sources = (size_t)nf;
+    eo.start_epoch = e;
+    eo.epochs = e + 1;
+    dh_run r = {0};
+    if (dh_collect(d.socket, &eo, 0, &r) != 0) {
+      dh_print_log(&d);
+      ASSERT_FAIL_("epoch %" PRIu64 ": %s", e, r.err);
+    }
+    dh_expect_same(&ref[e], &r);
+    dh_run_free(&r);
+    char *json = dh_admin(&d, "stats");
+    uint64_t used = dh_json_u64(json, "cache.used_bytes");
+    free(json);
+    /* Column bytes from the access log (footer reads, one per file and
+     * open, are not part of the projection). */
+    char log_path[PATH_MAX];
+    rh_nginx_log("ng", log_path, sizeof(log_path));
+    rh_wait_lines(log_path, 1, 1000);
+    range_use u = column_ranges(log_path);
+    uint64_t fetched = (uint64_t)u.bytes;
+    double ratio = (double)(fetched - prev) / (double)projected;
+    fprintf(stderr, "epoch %" PRIu64 ": %" PRIu64 " column bytes fetched, %.3f of the projected %"
+            PRIu64 "; cache %" PRIu64 " of %" PRIu64 "\n",
+            e, fetched - prev, ratio, projected, used, total);
+    ASSERT_DOUBLE_LE(ratio, 1.1);
+    /* After the first epoch, the cache holds about half: about half is
+     * fetched again. */
+    if (e > 0) ASSERT_DOUBLE_LE(ratio, 0.65);
+    prev = fetched;
+  }
+  dh_stop(&d);
+  rh_stop(&ng);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  for (int e = 0; e < 3; e++) dh_run_free(&ref[e]);
+  return 0;
+}
+
+/* Fills the filesystem of dir until fewer than keep bytes are free. */
+static void fill_until(const char *dir, uint64_t keep) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/filler", dir);
+  ASSERT_EQ(test_system("avail=$(df -B1 --output=avail '%s' | tail -1); "
+                        "n=$(( (avail - %llu) / 1048576 )); "
+                        "[ $n -le 0 ] || dd if=/dev/zero of='%s' bs=1M count=$n status=none",
+                        dir, (unsigned long long)keep, path),
+            0);
+}
+
+/*
+ * Disk full: the cache directory is a 128 MiB tmpfs (a private mount
+ * namespace, so it goes with the test; skipped without the privilege).
+ * The standard dataset is read from nginx and cached; then the tmpfs is
+ * filled until less than the cache's free-space floor is left, and a larger
+ * remote dataset is read: the daemon stops admitting (stats say
+ * admission_disabled, the log warns once), serves right batches from the
+ * network, and the standard dataset is still served from the cache, every
+ * entry intact.
+ */
+TEST_IMPL(remote_disk_full) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  char std[1024], mid[1024];
+  ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
+  ASSERT_EQ(dh_mid_dataset(mid, sizeof(mid)), DH_MID_ROWS);
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", NULL};
+  /* No unit stays in memory once used: a second read must come from the
+   * cache (or the network). */
+  static const char *const fld[] = {"--workers=2", "--memory_limit=1", NULL};
+  dh_init(&d, "d", fld);
+  ASSERT_EQ(test_system("mkdir -p '%s'", d.cache), 0);
+  if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", d.cache, "tmpfs", 0, "size=128m") != 0) {
+    fprintf(stderr, "cannot mount a tmpfs here (%s): skipped (needs root or CAP_SYS_ADMIN)\n",
+            strerror(errno));
+    return TEST_SKIP;
+  }
+  /* Both datasets from one nginx: the root holds them side by side. */
+  char root[PATH_MAX];
+  snprintf(root, sizeof(root), "%s/root", test_tmpdir());
+  ASSERT_EQ(test_system("mkdir -p '%s' && ln -s \"$(realpath '%s')\" '%s/std' && "
+                        "ln -s \"$(realpath '%s')\" '%s/mid'",
+                        root, std, root, mid, root),
+            0);
+  rs_server ng;
+  rh_nginx(&ng, "ng", root, NULL);
+  char base[128], *su[RH_MAX_FILES], *mu[RH_MAX_FILES];
+  snprintf(base, sizeof(base), "%s/std", ng.url);
+  int ns = rh_urls(base, std, su, RH_MAX_FILES);
+  snprintf(base, sizeof(base), "%s/mid", ng.url);
+  int nm = rh_urls(base, mid, mu, RH_MAX_FILES);
+
+  larder_stream_options_t so, mo;
+  const char *ls[1] = {std}, *lm[1] = {mid};
+  dh_opts(&so, ls, 100, 4, 1);
+  so.unit_rows = DH_STD_UNIT_ROWS;
+  so.arena_bytes = ARENA;
+  dh_opts(&mo, lm, 200, 4, 1);
+  mo.unit_rows = 512;
+  mo.arena_bytes = ARENA;
+  dh_run sref = {0}, mref = {0};
+  {
+    dh_daemon l;
+    dh_init(&l, "local", fl);
+    dh_start(&l);
+    ASSERT_OK(dh_collect(l.socket, &so, 0, &sref));
+    ASSERT_OK(dh_collect(l.socket, &mo, 0, &mref));
+    dh_stop(&l);
+  }
+  so.sources = (const char *const *)su;
+  so.num_sources = (size_t)ns;
+  mo.sources = (const char *const *)mu;
+  mo.num_sources = (size_t)nm;
+
+  dh_start(&d);
+  dh_run r = {0};
+  char *json;
+  if (dh_collect(d.socket, &so, 0, &r) != 0) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("the first stream failed: %s", r.err);
+  }
+  dh_expect_same(&sref, &r);
+  dh_run_free(&r);
+  ASSERT_EQ(dh_stat(&d, "cache.entries"), DH_STD_UNITS * DH_NUM_COLS);
+  json = dh_admin(&d, "stats");
+  ASSERT(strstr(json, "\"admission_disabled\":false") != NULL);
+  free(json);
+  /* Leave 60 MiB: enough to keep reading and to reopen, below the free
+   * space the cache keeps (32 MiB on a small filesystem, plus a 64 MiB
+   * memtable's worth for its flush). */
+  fill_until(d.cache, 60u << 20);
+  uint64_t fetched = dh_stat(&d, "fetch_bytes");
+  if (dh_collect(d.socket, &mo, 0, &r) != 0) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("the stream on a full disk failed: %s", r.err);
+  }
+  dh_expect_same(&mref, &r);
+  dh_run_free(&r);
+  json = dh_admin(&d, "stats");
+  fprintf(stderr, "after the full disk: %s\n", strstr(json, "\"cache\""));
+  ASSERT(strstr(json, "\"admission_disabled\":true") != NULL);
+  ASSERT_EQ(dh_json_u64(json, "cache.entries"), DH_STD_UNITS * DH_NUM_COLS);
+  ASSERT_GT(dh_json_u64(json, "fetch_bytes"), fetched);
+  free(json);
+  char *log = dh_read_log(&d);
+  ASSERT_STR_CONTAINS(log, "no space");
+  free(log);
+  /* What was cached is still there, and still served from the cache. */
+  uint64_t from_cache = dh_stat(&d, "units_from_cache");
+  fetched = dh_stat(&d, "fetch_bytes");
+  ASSERT_OK(dh_collect(d.socket, &so, 0, &r));
+  dh_expect_same(&sref, &r);
+  dh_run_free(&r);
+  ASSERT_GE(dh_stat(&d, "units_from_cache") - from_cache, DH_STD_UNITS);
+  ASSERT_EQ(dh_stat(&d, "cache.checksum_failures"), 0);
+  /* And after a restart on the full disk. */
+  dh_stop(&d);
+  dh_start(&d);
+  ASSERT_OK(dh_collect(d.socket, &so, 0, &r));
+  dh_expect_same(&sref, &r);
+  dh_run_free(&r);
+  ASSERT_GE(dh_stat(&d, "units_from_cache"), DH_STD_UNITS);
+  ASSERT_EQ(dh_stat(&d, "units_decoded"), 0);
+  dh_stop(&d);
+  rh_stop(&ng);
+  for (int i = 0; i < ns; i++) free(su[i]);
+  for (int i = 0; i < nm; i++) free(mu[i]);
+  dh_run_free(&sref);
+  dh_run_free(&mref);
+  return 0;
+}
