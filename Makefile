@@ -156,9 +156,9 @@ check-config: $(LARDERD)
 	  && echo "config/larderd.conf.example matches larderd --help-config"
 
 # The daemon's integration tests (test-daemon*.c) run the larderd of the
-# same flavour.
-check-unit: $(RUN_TESTS) $(LARDERD)
-	LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) $(RUN_TESTS)
+# same flavour, and the CLI tests its larderctl.
+check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL)
+	LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) LARDERCTL_BIN=$(LARDERCTL) $(RUN_TESTS)
 
 TEST_WORK ?= tests/work
 check-compat: $(LARDERCTL)
