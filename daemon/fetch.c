@@ -93,6 +93,7 @@ struct fetch_req {
   char content_range[128];
   char etag[128];
   char last_modified[64];
+  char location[512]; /* a redirect's target, without its query string */
   int64_t content_length;
   int attempts;
   uint64_t start_ns;
@@ -488,6 +489,11 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
     header_value(p, n, r->etag, sizeof(r->etag));
   } else if (n > 14 && strncasecmp(p, "last-modified:", 14) == 0) {
     header_value(p, n, r->last_modified, sizeof(r->last_modified));
+  } else if (n > 9 && strncasecmp(p, "location:", 9) == 0) {
+    header_value(p, n, r->location, sizeof(r->location));
+    /* A presigned target carries its credentials in the query. */
+    char *q = strchr(r->location, '?');
+    if (q) snprintf(q, sizeof(r->location) - (size_t)(q - r->location), "?...");
   } else if (n > 15 && strncasecmp(p, "content-length:", 15) == 0) {
     char v[32] = "";
     header_value(p, n, v, sizeof(v));
@@ -527,8 +533,12 @@ static int setup_easy(fetch_req_t *r) {
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+  /* Redirects are not followed: the allowlist names the hosts the daemon may
+   * read for its clients, and a redirect would take it anywhere (another
+   * host, a metadata endpoint, file://).  A 3xx fails with the target named,
+   * so the operator can list the final URL instead. */
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, (long)f->opts.connect_timeout_s);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, (long)f->opts.low_speed_bytes);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)f->opts.low_speed_time_s);
@@ -579,6 +589,7 @@ static void start_one(fetch_req_t *r) {
   r->len = 0;
   r->overflow = 0;
   r->http_status = 0;
+  r->location[0] = '\0';
   r->content_length = -1;
   r->attempts++;
   /* A request that cannot start gives its slot back and ends from the
@@ -937,6 +948,12 @@ static void completed(fetch_req_t *r, CURLcode cc) {
       code = LARDER_ENOENT;
       snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? " " : "",
                s3);
+    } else if (st >= 300 && st < 400) {
+      code = LARDER_EREMOTE;
+      snprintf(r->msg, sizeof(r->msg),
+               "%.500s: redirected (HTTP %ld) to %.300s; larderd does not follow redirects, so that "
+               "the allowlist covers every host it reads: use the final URL as the source",
+               where, st, r->location[0] ? r->location : "(no Location header)");
     } else if (st == 416) {
       code = LARDER_ECORRUPT;
       if (r->range.suffix)

@@ -362,6 +362,12 @@ TEST_IMPL(remote_faults_permanent) {
               "\"count\":-1}",
        {"/part-000.parquet", "gave up after 4 attempts", "reset"}},
       {"dead", NULL, {"http://127.0.0.1:", "onnect", "gave up after 4 attempts"}},
+      /* Not followed (the allowlist would not cover the target), not retried. */
+      {"redirect",
+       "{\"type\":\"status\",\"status\":302,\"path\":\"/part-001.parquet\",\"count\":-1,"
+       "\"location\":\"http://169.254.169.254/latest/meta-data?X-Amz-Signature=secret\"}",
+       {"redirected (HTTP 302) to http://169.254.169.254/latest/meta-data?...",
+        "/part-001.parquet", "does not follow redirects"}},
   };
   for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
     char ctl[1024];
@@ -387,6 +393,8 @@ TEST_IMPL(remote_faults_permanent) {
     fprintf(stderr, "%-12s %6.0f ms, %zu batches: %s\n", cases[k].name, ms, r.n, r.err);
     ASSERT_NE(rc, 0);
     for (int j = 0; j < 3; j++) ASSERT_STR_CONTAINS(r.err, cases[k].expect[j]);
+    /* A presigned redirect target's query is not repeated to the client. */
+    ASSERT_NULL(strstr(r.err, "X-Amz-Signature"));
     /* Four attempts with backoff (and, for the stall, a second each). */
     ASSERT_LT(ms, 30000.0 * dh_slow());
     pthread_join(th, NULL);

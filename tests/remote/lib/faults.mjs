@@ -518,6 +518,8 @@ export function s3ErrorXml(code, message, extra = {}) {
 export function statusFaultResponse(rule, style) {
   const headers = {};
   if (rule.retry_after !== undefined) headers['retry-after'] = String(rule.retry_after);
+  // A redirect: {"type":"status","status":302,"location":"http://..."}.
+  if (rule.location !== undefined) headers.location = String(rule.location);
   let body;
   if (rule.body !== undefined) {
     body = String(rule.body);
