@@ -71,7 +71,7 @@ BENCH_DECODE := $(B)/bin/bench-decode
 LABEL_MIX := $(B)/bin/label-mix
 SERVE_CLIENT := $(B)/bin/serve-client
 
-.PHONY: all deps test check check-unit check-compat check-config demo lint fuzz fuzz-build \
+.PHONY: all deps test check check-unit check-compat check-config check-readme demo lint fuzz fuzz-build \
         bench bench-decode bench-serve bench-remote clean
 
 all: $(LARDERD) $(LARDERCTL) $(LIBLARDER_SO) $(LIBLARDER_A) $(EXAMPLE_TRAINER) \
@@ -145,6 +145,7 @@ test: deps
 	$(MAKE) --no-print-directory V=asan check
 	$(MAKE) --no-print-directory V=ubsan check
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60
+	$(MAKE) --no-print-directory check-readme
 	@echo "make test: all suites passed"
 
 check: check-unit check-compat check-config
@@ -161,6 +162,10 @@ check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL)
 	LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) LARDERCTL_BIN=$(LARDERCTL) $(RUN_TESTS)
 
 TEST_WORK ?= tests/work
+# The README's two commands as written, from a clean clone of HEAD.
+check-readme:
+	tests/readme.sh $(TEST_WORK)/readme
+
 check-compat: $(LARDERCTL)
 	tests/compat.sh $(LARDERCTL) $(TEST_WORK)/compat-$(V)
 
@@ -223,7 +228,8 @@ bench-shuffle:
 # ---------------------------------------------------------------------------
 
 demo: deps
-	$(MAKE) --no-print-directory V=release build/release/bin/larderctl
+	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/bin/larderctl \
+	  build/release/bin/example-trainer
 	scripts/demo.sh build/release
 
 # ---------------------------------------------------------------------------

@@ -175,27 +175,13 @@ static int daemonize(const char *log_file) {
   return 0;
 }
 
-int main(int argc, char **argv) {
-  server_t *srv = calloc(1, sizeof(*srv));
-  if (srv == NULL || config_defaults(&srv->cfg) != 0) {
-    fprintf(stderr, "larderd: out of memory\n");
-    return 1;
-  }
+/* Everything between parsing the command line and the end of serving; main
+ * owns srv and frees it whatever this returns, so every early exit here
+ * (a bad flag, a cache that will not open) leaks nothing. */
+static int larderd_run(server_t *srv, int argc, char **argv) {
   const char *config_path = NULL;
   int explicit_config = 0;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      usage(stdout);
-      return 0;
-    }
-    if (strcmp(argv[i], "--help-config") == 0) {
-      config_print_reference(stdout);
-      return 0;
-    }
-    if (strcmp(argv[i], "--version") == 0) {
-      printf("larderd %s\n", LARDERD_VERSION);
-      return 0;
-    }
     if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
       config_path = argv[++i];
       explicit_config = 1;
@@ -289,6 +275,32 @@ int main(int argc, char **argv) {
   store_close(srv->store);
   remove_pid_file();
   log_notice("stopped");
+  return status;
+}
+
+int main(int argc, char **argv) {
+  /* The informational flags answer before anything is allocated. */
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if (strcmp(argv[i], "--help-config") == 0) {
+      config_print_reference(stdout);
+      return 0;
+    }
+    if (strcmp(argv[i], "--version") == 0) {
+      printf("larderd %s\n", LARDERD_VERSION);
+      return 0;
+    }
+  }
+  server_t *srv = calloc(1, sizeof(*srv));
+  if (srv == NULL || config_defaults(&srv->cfg) != 0) {
+    fprintf(stderr, "larderd: out of memory\n");
+    free(srv);
+    return 1;
+  }
+  int status = larderd_run(srv, argc, argv);
   config_free(&srv->cfg);
   free(srv->config_path);
   free(srv);
