@@ -41,9 +41,11 @@ grep -q '^== larderctl stats' "$work/demo.log" || fail "make demo did not print 
 # Three epochs, each reported with its stall fraction.
 epochs=$(grep -ciE '^epoch [0-9]+.*stall' "$work/demo.log" || true)
 [ "$epochs" -ge 3 ] || { cat "$work/demo.log" >&2; fail "make demo showed $epochs epochs, not 3"; }
-grep -qE 'cache +[0-9.]+ [KMGT]?i?B' "$work/demo.log" \
-  || grep -q '"used_bytes"' "$work/demo.log" \
-  || { tail -30 "$work/demo.log" >&2; fail "larderctl stats shows no cache usage"; }
+# The cache holds the dataset, and the warm epochs were served from it.
+grep -qE '^ +used +[1-9][0-9.]* [KMGT]iB of' "$work/demo.log" \
+  || { tail -30 "$work/demo.log" >&2; fail "larderctl stats shows an empty cache"; }
+grep -qE '^ +hit ratio +[1-9][0-9.]*%' "$work/demo.log" \
+  || { tail -30 "$work/demo.log" >&2; fail "larderctl stats shows no cache hits"; }
 sed -n '/^== example trainer/,$p' "$work/demo.log"
 
 # 4. make test, as written: its plan (a dry run).
