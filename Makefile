@@ -192,8 +192,10 @@ fuzz: fuzz-build
 # ---------------------------------------------------------------------------
 # Lint
 
-LINT_SRCS := $(PQ_SRCS) $(COMMON_SRCS) $(CTL_SRCS)
-# (client/ctl_daemon.c includes the generated protobuf header.)
+# Every C source of the daemon and the clients.  (Several include the
+# generated protobuf header, hence the dependency on it.)
+LINT_SRCS := $(sort $(PQ_SRCS) $(DAEMON_LIB_SRCS) daemon/main.c $(CLIENT_SRCS) $(CTL_SRCS) \
+               client/example-trainer.c)
 lint: $(PROTO_H)
 	clang-tidy --quiet $(LINT_SRCS) -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Iclient
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \

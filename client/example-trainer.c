@@ -56,6 +56,9 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    /* argv[i] is not NULL for i < argc (C11 5.1.2.2.1), which the analyzer
+     * does not know. */
+    /* NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker) */
     if (!strcmp(a, "--socket") && v) socket = argv[++i];
     else if (!strcmp(a, "--batch-size") && v) o.batch_size = (uint32_t)atoi(argv[++i]);
     else if (!strcmp(a, "--epochs") && v) o.epochs = (uint64_t)atoll(argv[++i]);

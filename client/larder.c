@@ -404,10 +404,12 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.request_id = ++c->next_request_id;
+  /* protobuf-c's generated fields are not const, but packing only reads
+   * them: casting the caller's const vectors is safe. */
   req.n_sources = opts->num_sources;
-  req.sources = (char **)(uintptr_t)opts->sources;
+  req.sources = (char **)opts->sources;
   req.n_columns = opts->columns ? opts->num_columns : 0;
-  req.columns = (char **)(uintptr_t)opts->columns;
+  req.columns = (char **)opts->columns;
   req.batch_size = opts->batch_size;
   req.seed = opts->seed;
   req.shuffle = opts->shuffle;

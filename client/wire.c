@@ -41,7 +41,8 @@ void wire_free(Larder__Frame *frame) {
 }
 
 int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass) {
-  struct iovec iov = {(void *)(uintptr_t)buf, len};
+  /* iov_base is not const, but sendmsg only reads it. */
+  struct iovec iov = {(void *)buf, len};
   struct msghdr msg;
   memset(&msg, 0, sizeof(msg));
   msg.msg_iov = &iov;

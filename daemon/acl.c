@@ -90,6 +90,9 @@ static int canon_url(const char *url, char *out, size_t outlen, size_t *auth_end
     }
     out[i] = (char)tolower((unsigned char)url[i]);
   }
+  /* out is terminated below, when the rest of the URL is copied with its
+   * NUL. */
+  /* NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
   memcpy(out + slen, "://", 3);
   int is_s3 = slen == 2 && strncasecmp(url, "s3", 2) == 0;
   const char *a = sep + 3;

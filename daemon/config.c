@@ -15,18 +15,19 @@
 
 enum { T_STR, T_SIZE, T_U64, T_BOOL, T_LEVEL };
 
+/* Pointers first, then the ints: no padding inside the entries. */
 typedef struct key_info {
   const char *name;
-  int type;
   const char *def;
-  int live;
   const char *doc;
   size_t offset;
+  int type;
+  int live;
 } key_info;
 
 static const key_info keys[] = {
 #define CONFIG_INFO_(name, type, def, live, doc) \
-  {#name, T_##type, def, live, doc, offsetof(config_t, name)},
+  {#name, def, doc, offsetof(config_t, name), T_##type, live},
     CONFIG_KEYS(CONFIG_INFO_)
 #undef CONFIG_INFO_
 };

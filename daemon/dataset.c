@@ -293,8 +293,10 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     strlist_free(&files);
     return rc;
   }
-  /* Sorted, without duplicates: the order is part of the dataset's identity. */
-  qsort(files.v, files.n, sizeof(char *), cmp_str);
+  /* Sorted, without duplicates: the order is part of the dataset's identity.
+   * With no files (remote sources that listed nothing) files.v is NULL,
+   * which qsort must not be given even for no elements. */
+  if (files.n > 1) qsort(files.v, files.n, sizeof(char *), cmp_str);
   size_t m = 0;
   for (size_t i = 0; i < files.n; i++) {
     if (m && strcmp(files.v[m - 1], files.v[i]) == 0) {
@@ -417,6 +419,8 @@ void dataset_free(dataset_t *ds) {
 void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key) {
   const dataset_unit_t *unit = &ds->units[u];
   const dataset_file_t *f = &ds->files[unit->file];
+  /* key->bytes is only written: the caller's key need not be initialized. */
+  /* cppcheck-suppress ctuuninitvar */
   uint8_t *p = key->bytes;
   p[0] = 'u';
   p[1] = 1; /* key format version */

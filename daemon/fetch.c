@@ -901,7 +901,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
           code = LARDER_EREMOTE;
           retry = 1;
           snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %llu bytes", where,
-                   (unsigned long long)r->len, (unsigned long long)(b - a + 1));
+                   (unsigned long long)r->len, (unsigned long long)b - a + 1);
         } else {
           r->res.object_size = total;
         }

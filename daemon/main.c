@@ -199,6 +199,9 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   if (srv->cfg.path) srv->config_path = strdup(srv->cfg.path);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    /* argv[i] is not NULL for i < argc (C11 5.1.2.2.1), which the analyzer
+     * does not know. */
+    /* NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker) */
     if (strcmp(a, "--config") == 0) {
       i++;
       continue;

@@ -578,7 +578,7 @@ static int plan_one(stream_t *s) {
       idx[nd++] = u;
     }
   }
-  b->units = calloc((size_t)nd, sizeof(unit_t *));
+  b->units = calloc((size_t)(nd ? nd : 1), sizeof(unit_t *));
   b->unit_index = malloc((size_t)(nd ? nd : 1) * sizeof(uint32_t));
   rc = LARDER_ENOMEM;
   if (b->units == NULL || b->unit_index == NULL) goto fail;
@@ -810,7 +810,7 @@ static int send_batch(stream_t *s, pbatch_t *b) {
   msg.arena_offset = (uint64_t)b->arena_off;
   msg.arena_length = b->arena_len;
   Larder__ArrayDesc *descs = calloc((size_t)b->num_nodes, sizeof(*descs));
-  Larder__ArrayDesc **ptrs = calloc((size_t)b->num_nodes, sizeof(*ptrs));
+  Larder__ArrayDesc **ptrs = calloc((size_t)b->num_nodes, sizeof(Larder__ArrayDesc *));
   if (descs == NULL || ptrs == NULL) {
     free(descs);
     free(ptrs);

@@ -503,7 +503,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
 static int rb_wait(rgbuf_t *b, unit_t *u) {
   if (b->num_waiters == b->cap_waiters) {
     int cap = b->cap_waiters ? b->cap_waiters * 2 : 4;
-    unit_t **w = realloc(b->waiters, (size_t)cap * sizeof(*w));
+    unit_t **w = realloc(b->waiters, (size_t)cap * sizeof(unit_t *));
     if (w == NULL) return LARDER_ENOMEM;
     b->waiters = w;
     b->cap_waiters = cap;
@@ -1072,7 +1072,7 @@ int units_wait(unit_t *u, stream_t *s) {
     if (u->waiters[i] == s) return 0;
   if (u->num_waiters == u->cap_waiters) {
     int cap = u->cap_waiters ? u->cap_waiters * 2 : 4;
-    stream_t **w = realloc(u->waiters, (size_t)cap * sizeof(*w));
+    stream_t **w = realloc(u->waiters, (size_t)cap * sizeof(stream_t *));
     if (w == NULL) return LARDER_ENOMEM;
     u->waiters = w;
     u->cap_waiters = cap;
