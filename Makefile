@@ -145,6 +145,7 @@ test: deps
 	$(MAKE) --no-print-directory V=asan check
 	$(MAKE) --no-print-directory V=ubsan check
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory check-readme
 	@echo "make test: all suites passed"
 
