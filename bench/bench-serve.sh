@@ -61,6 +61,14 @@ warm1_gbps=$(echo "$warm1" | mean_of gbps 1)
 warm1_rows=$(echo "$warm1" | mean_of rows_per_s 1)
 warm1_sec=$(echo "$warm1" | mean_of seconds 1)
 batches=$(echo "$warm1" | mean_of batches 1)
+# The ideal shuffled gather on one core: rows of the dataset's mean size,
+# each contiguous, copied in random order out of a shuffle window's worth of
+# memory (512 MiB, the default shuffle_window_bytes).
+row_bytes=$(echo "$warm1" | python3 -c "
+import json,sys
+r=[json.loads(l) for l in sys.stdin if l.startswith('{')][-1]
+print(max(1, round(r['bytes']/r['rows'])))")
+gather=$(field "$("$client" gather "$row_bytes" $((512 << 20)) "$batch")" gather_gbps)
 touch1=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 1 --touch)
 touch1_gbps=$(echo "$touch1" | mean_of gbps 1)
 
@@ -85,12 +93,13 @@ stall=$(echo "$sim" | mean_of stall 1)
 rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" --seed 5 --daemon-pid "$daemon_pid")
 
 python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
-  "$warm2_gbps" "$cost_us" "$compute_us" "$stall" <<PY
+  "$warm2_gbps" "$cost_us" "$compute_us" "$stall" "$gather" "$row_bytes" <<PY
 import json, sys
-memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, compute, stall = map(float, sys.argv[1:])
+memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, compute, stall, gather, row_bytes = map(float, sys.argv[1:])
 print(f"  single-core memcpy          {memcpy:8.2f} GB/s")
+print(f"  single-core ideal gather    {gather:8.2f} GB/s  (rows of {row_bytes:.0f} B, each contiguous, in random order from 512 MiB)")
 print(f"  cold (decode-bound)         {cold:8.2f} GB/s  {cold_rows/1e6:6.2f} M rows/s  {cold/memcpy:5.2f} x memcpy")
-print(f"  warm, 1 client              {w1:8.2f} GB/s  {w1_rows/1e6:6.2f} M rows/s  {w1/memcpy:5.2f} x memcpy  (goal >= 0.50)")
+print(f"  warm, 1 client              {w1:8.2f} GB/s  {w1_rows/1e6:6.2f} M rows/s  {w1/memcpy:5.2f} x memcpy  (goal >= 0.50), {w1/gather:.2f} x ideal gather")
 print(f"  warm, 1 client reading all  {t1:8.2f} GB/s                    {t1/memcpy:5.2f} x memcpy")
 print(f"  warm, 2 clients (total)     {w2:8.2f} GB/s                    {w2/memcpy:5.2f} x memcpy")
 print(f"  copies of batch bytes between daemon and client: 0 (shared-memory arena, read in place)")

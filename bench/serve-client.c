@@ -3,6 +3,12 @@
  *
  *   serve-client memcpy
  *       prints the single-core memcpy bandwidth of 256 MiB copies (GB/s)
+ *   serve-client gather ROW_BYTES WINDOW_BYTES BATCH_ROWS
+ *       prints the single-core bandwidth of the ideal shuffled gather: rows
+ *       of ROW_BYTES, each stored contiguously in a WINDOW_BYTES buffer,
+ *       copied in a random order into batches of BATCH_ROWS rows (GB/s);
+ *       the physical limit of serving shuffled rows from memory on one core,
+ *       which no columnar layout can beat (its rows are spread over columns)
  *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
  *       [--daemon-pid PID] [--touch] [--start-epoch N]
@@ -60,6 +66,55 @@ static double memcpy_gbps(void) {
   return best;
 }
 
+static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_rows) {
+  if (row_bytes == 0 || batch_rows == 0 || window_bytes < row_bytes) return 0;
+  size_t rows = window_bytes / row_bytes;
+  uint8_t *win = malloc(rows * row_bytes);
+  uint8_t *out = malloc(batch_rows * row_bytes);
+  uint32_t *order = malloc(rows * sizeof(uint32_t));
+  if (win == NULL || out == NULL || order == NULL) {
+    free(win);
+    free(out);
+    free(order);
+    return 0;
+  }
+  memset(win, 3, rows * row_bytes);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < rows; i++) order[i] = (uint32_t)i;
+  for (size_t i = rows - 1; i > 0; i--) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    size_t j = (size_t)(x % (i + 1));
+    uint32_t t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  double best = 0;
+  uint64_t sink = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    double t = now_s();
+    for (size_t i = 0; i < rows; i++) {
+      /* Prefetch ahead, as the daemon's gather does: the copy is bound by
+       * memory latency, and this keeps several misses in flight. */
+      if (i + 16 < rows) {
+        const uint8_t *a = win + (size_t)order[i + 16] * row_bytes;
+        for (size_t l = 0; l < row_bytes; l += 64) __builtin_prefetch(a + l);
+      }
+      memcpy(out + (i % batch_rows) * row_bytes, win + (size_t)order[i] * row_bytes, row_bytes);
+      if (i % batch_rows == batch_rows - 1) sink += out[i % row_bytes];
+    }
+    t = now_s() - t;
+    double g = (double)(rows * row_bytes) / t / 1e9;
+    if (g > best) best = g;
+  }
+  if (sink == 42) fprintf(stderr, " "); /* keep the copies observable */
+  free(win);
+  free(out);
+  free(order);
+  return best;
+}
+
 static uint64_t rss_kb(int pid) {
   if (pid <= 0) return 0;
   char path[64], line[256];
@@ -91,8 +146,14 @@ int main(int argc, char **argv) {
     printf("{\"memcpy_gbps\":%.3f}\n", memcpy_gbps());
     return 0;
   }
+  if (argc >= 5 && strcmp(argv[1], "gather") == 0) {
+    printf("{\"gather_gbps\":%.3f}\n",
+           gather_gbps(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                       strtoull(argv[4], NULL, 10)));
+    return 0;
+  }
   if (argc < 4 || strcmp(argv[1], "run") != 0) {
-    fprintf(stderr, "usage: serve-client memcpy | run SOCKET SOURCE [options]\n");
+    fprintf(stderr, "usage: serve-client memcpy | gather ROW_BYTES WINDOW_BYTES BATCH_ROWS | run SOCKET SOURCE [options]\n");
     return 2;
   }
   const char *sock = argv[2];
