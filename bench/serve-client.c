@@ -11,7 +11,7 @@
  *       which no columnar layout can beat (its rows are spread over columns)
  *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
- *       [--daemon-pid PID] [--touch] [--start-epoch N]
+ *       [--daemon-pid PID] [--touch] [--start-epoch N] [--columns a,b]
  *       consumes a stream and prints one JSON line per epoch: seconds, rows,
  *       batch bytes, GB/s, rows/s, the stall fraction, and the daemon's RSS
  *       at the end of the epoch; the first line also has the time from
@@ -174,6 +174,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--batch-size")) o.batch_size = (uint32_t)atoi(v), i++;
     else if (!strcmp(a, "--compute-us")) compute_us = atof(v), i++;
     else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--columns")) {
+      /* Comma-separated dotted paths (the arguments outlive the stream). */
+      static const char *cols[64];
+      size_t nc = 0;
+      for (char *t = strtok(argv[++i], ","); t && nc < 64; t = strtok(NULL, ",")) cols[nc++] = t;
+      o.columns = cols;
+      o.num_columns = nc;
+    }
     else if (!strcmp(a, "--start-epoch")) o.start_epoch = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--rank")) o.rank = atoi(v), i++;
     else if (!strcmp(a, "--world-size")) o.world_size = atoi(v), i++;

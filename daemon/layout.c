@@ -501,7 +501,16 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
   layout_node_t nd;
   memset(&nd, 0, sizeof(nd));
   int64_t len = 0, nulls = 0;
+  /* Offsets of shuffled samples are random reads: start the misses of the
+   * coming spans now, so that the sizing pass below finds them in cache. */
+  int has_offsets = is_var(f) || is_list(f);
   for (size_t s = 0; s < ns; s++) {
+    if (has_offsets && s + GATHER_AHEAD < ns) {
+      const span_t *a = &spans[s + GATHER_AHEAD];
+      const int32_t *ao = (const int32_t *)(const void *)node_buf(a->view, me, 1);
+      __builtin_prefetch(ao + a->start);
+      __builtin_prefetch(ao + a->start + a->count);
+    }
     len += spans[s].count;
     nulls += count_nulls(spans[s].view, me, spans[s].start, spans[s].count);
   }
@@ -541,8 +550,18 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
     nd.values_length = (uint64_t)len * w;
     if (v) {
       uint8_t *o = v;
+      /* Each span is a random read (a list's elements, say): prefetch the
+       * first and last line of the span GATHER_AHEAD ahead. */
+#define GATHER_SPAN_PREFETCH(s)                                                      \
+  if ((s) + GATHER_AHEAD < ns) {                                                     \
+    const span_t *a = &spans[(s) + GATHER_AHEAD];                                    \
+    const uint8_t *p = node_buf(a->view, me, 2) + (size_t)a->start * w;              \
+    __builtin_prefetch(p);                                                           \
+    __builtin_prefetch(p + (size_t)a->count * w - 1);                                \
+  }
       if (w == 4) {
         for (size_t s = 0; s < ns; s++) {
+          GATHER_SPAN_PREFETCH(s)
           const uint8_t *src = node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * 4;
           if (spans[s].count == 1) memcpy(o, src, 4);
           else memcpy(o, src, (size_t)spans[s].count * 4);
@@ -550,6 +569,7 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
         }
       } else if (w == 8) {
         for (size_t s = 0; s < ns; s++) {
+          GATHER_SPAN_PREFETCH(s)
           const uint8_t *src = node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * 8;
           if (spans[s].count == 1) memcpy(o, src, 8);
           else memcpy(o, src, (size_t)spans[s].count * 8);
@@ -557,11 +577,13 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
         }
       } else {
         for (size_t s = 0; s < ns; s++) {
+          GATHER_SPAN_PREFETCH(s)
           memcpy(o, node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * w,
                  (size_t)spans[s].count * w);
           o += (size_t)spans[s].count * w;
         }
       }
+#undef GATHER_SPAN_PREFETCH
     }
   } else if (is_var(f) || is_list(f)) {
     /* Offsets, then either the bytes or the child's rows. */
@@ -590,6 +612,13 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
       nd.values_length = total;
       if (v) {
         for (size_t s = 0; s < ns; s++) {
+          if (s + GATHER_AHEAD < ns) {
+            const span_t *p = &spans[s + GATHER_AHEAD];
+            const int32_t *po = (const int32_t *)(const void *)node_buf(p->view, me, 1);
+            const uint8_t *pv = node_buf(p->view, me, 2);
+            __builtin_prefetch(pv + po[p->start]);
+            __builtin_prefetch(pv + po[p->start + p->count] - 1);
+          }
           const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
           int32_t a = off[spans[s].start], b = off[spans[s].start + spans[s].count];
           memcpy(v, node_buf(spans[s].view, me, 2) + a, (size_t)(b - a));
@@ -754,14 +783,26 @@ uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *vi
   return block;
 }
 
+void layout_rows_count_nulls(const layout_rowplan_t *plan, const uint8_t *tmp, int64_t n,
+                             int64_t *nulls_by_bit) {
+  uint32_t nbytes = plan->null_bytes, stride = plan->stride;
+  memset(nulls_by_bit, 0, (size_t)nbytes * 8 * sizeof(int64_t));
+  for (int64_t s = 0; s < n; s++) {
+    const uint8_t *mask = tmp + (size_t)s * stride;
+    for (uint32_t j = 0; j < nbytes; j++) {
+      /* Nulls are rare in training data: most masks are all zero. */
+      for (unsigned m = mask[j]; m; m &= m - 1) nulls_by_bit[j * 8 + (unsigned)__builtin_ctz(m)]++;
+    }
+  }
+}
+
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
-                           int size_only, uint8_t *base, uint8_t *dst, layout_node_t *node) {
+                           const int64_t *nulls_by_bit, int size_only, uint8_t *base,
+                           uint8_t *dst, layout_node_t *node) {
   uint32_t w = plan->packed[p].width, off = plan->packed[p].offset, stride = plan->stride;
   int nb = plan->packed[p].nullbit;
   int is_bool = plan->packed[p].is_bool;
-  int64_t nulls = 0;
-  if (nb >= 0)
-    for (int64_t s = 0; s < n; s++) nulls += (tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1;
+  int64_t nulls = nb >= 0 ? nulls_by_bit[nb] : 0;
   if (plan->packed[p].is_var) {
     /* Offsets, then the values the row pointers point at. */
     uint64_t total = 0;

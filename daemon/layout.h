@@ -156,12 +156,23 @@ uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *vi
                            int64_t rows);
 
 /*
+ * Counts the nulls of every nullable packed column of n samples in tmp in
+ * one pass over the rows: nulls_by_bit[b] for null bit b (plan->null_bytes
+ * * 8 entries, zeroed here).  A pass per column would read tmp once per
+ * column, twice per batch.
+ */
+void layout_rows_count_nulls(const layout_rowplan_t *plan, const uint8_t *tmp, int64_t n,
+                             int64_t *nulls_by_bit);
+
+/*
  * Writes the packed column plan->packed[p] of n samples, whose rows were
  * first copied one after another into tmp (n * stride bytes), into the
  * arena: validity (when any is null) and values, with node records as
- * layout_gather does.  size_only: just return the bytes it needs.
+ * layout_gather does.  nulls_by_bit: from layout_rows_count_nulls.
+ * size_only: just return the bytes it needs.
  */
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
-                           int size_only, uint8_t *base, uint8_t *dst, layout_node_t *node);
+                           const int64_t *nulls_by_bit, int size_only, uint8_t *base,
+                           uint8_t *dst, layout_node_t *node);
 
 #endif /* LARDER_LAYOUT_H */

@@ -628,6 +628,7 @@ static void assemble_work(uv_work_t *w) {
   int64_t *sizes = malloc((size_t)(nc ? nc : 1) * sizeof(int64_t));
   layout_scratch_t *scratch = NULL;
   uint8_t *tmp = NULL;
+  int64_t *nulls_by_bit = NULL;
   if (picks == NULL || sizes == NULL) {
     b->error = LARDER_ENOMEM;
     goto out;
@@ -638,22 +639,30 @@ static void assemble_work(uv_work_t *w) {
   const layout_rowplan_t *rp = s->ds->rowplan;
   if (rp) {
     tmp = malloc((size_t)b->n * rp->stride + 1);
-    if (tmp == NULL) {
+    nulls_by_bit = malloc((size_t)(rp->null_bytes ? rp->null_bytes : 1) * 8 * sizeof(int64_t));
+    if (tmp == NULL || nulls_by_bit == NULL) {
       b->error = LARDER_ENOMEM;
       goto out;
     }
+    size_t stride = rp->stride;
     for (int i = 0; i < b->n; i++) {
-      if (i + 16 < b->n)
-        __builtin_prefetch(b->sample_unit[i + 16]->rowblock +
-                           (size_t)b->samples[i + 16].row * rp->stride);
-      memcpy(tmp + (size_t)i * rp->stride,
-             b->sample_unit[i]->rowblock + (size_t)b->samples[i].row * rp->stride, rp->stride);
+      if (i + 16 < b->n) {
+        /* A row may straddle two cache lines: fetch both. */
+        const uint8_t *ahead =
+            b->sample_unit[i + 16]->rowblock + (size_t)b->samples[i + 16].row * stride;
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + stride - 1);
+      }
+      memcpy(tmp + (size_t)i * stride,
+             b->sample_unit[i]->rowblock + (size_t)b->samples[i].row * stride, stride);
     }
+    layout_rows_count_nulls(rp, tmp, b->n, nulls_by_bit);
   }
   uint64_t total = 0;
   for (int c = 0; c < nc; c++) {
     if (rp && rp->slot_of[c] >= 0) {
-      sizes[c] = layout_rows_column(rp, rp->slot_of[c], tmp, b->n, 1, NULL, NULL, NULL);
+      sizes[c] =
+          layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 1, NULL, NULL, NULL);
       total += (uint64_t)sizes[c];
       continue;
     }
@@ -691,7 +700,8 @@ static void assemble_work(uv_work_t *w) {
   int node = 0;
   for (int c = 0; c < nc; c++) {
     if (rp && rp->slot_of[c] >= 0) {
-      layout_rows_column(rp, rp->slot_of[c], tmp, b->n, 0, base, dst, b->nodes + node);
+      layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 0, base, dst,
+                         b->nodes + node);
       dst += sizes[c];
       node += 1;
       continue;
@@ -715,6 +725,7 @@ static void assemble_work(uv_work_t *w) {
 out:
   layout_scratch_free(scratch);
   free(tmp);
+  free(nulls_by_bit);
   free(picks);
   free(sizes);
   b->assemble_ns = util_now_ns() - t0;
