@@ -8,11 +8,11 @@
  *   against new writable mappings (F_SEAL_FUTURE_WRITE), so a client can
  *   neither shrink it under the daemon (which would turn our writes into
  *   SIGBUS) nor write into it.
- * - Batches are allocated next fit, each LAYOUT_ALIGN-aligned: in the
- *   first free gap that fits, from where the last allocation ended, so the
- *   arena is used round-robin.  A region is reused once its batch was
- *   released; releases may come in any order, and a batch the client keeps
- *   blocks only its own region.
+ * - Batches are allocated first fit, each LAYOUT_ALIGN-aligned: in the
+ *   lowest free gap that fits, so only the pages of the batches in flight
+ *   are ever touched.  A region is reused once its batch was released;
+ *   releases may come in any order, and a batch the client keeps blocks
+ *   only its own region.
  * - Threading: arena_alloc and arena_release take the arena's mutex, so the
  *   loop and worker threads may call them; create and destroy are the
  *   loop's.
