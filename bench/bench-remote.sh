@@ -26,7 +26,8 @@
 #
 # Environment: BENCH_RATE (100000000), BENCH_COMPUTE_US (2500), BENCH_WINDOW
 # (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
-# small part of a real one).
+# small part of a real one), BENCH_DAEMON_FLAGS (more larderd flags for every
+# run, such as --fetch_inflight_per_host=4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -83,7 +84,8 @@ start_daemon() { # name, flags...
   local name=$1
   shift
   "$build/bin/larderd" --socket="$tmp/$name.sock" --cache_dir="$tmp/$name-cache" \
-    --shuffle_window_bytes="$window" --log_level=notice "$@" 2>"$tmp/$name.log" &
+    --shuffle_window_bytes="$window" --log_level=notice "$@" ${BENCH_DAEMON_FLAGS:-} \
+    2>"$tmp/$name.log" &
   daemon_pid=$!
   for _ in $(seq 200); do [ -S "$tmp/$name.sock" ] && break; sleep 0.05; done
 }
