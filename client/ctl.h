@@ -13,8 +13,6 @@
 
 #include "../daemon/parquet.h"
 
-int ctl_sb_puts(pq_strbuf_t *sb, const char *s);
-int ctl_sb_printf(pq_strbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Global options (larderctl.c): --socket (NULL: $LARDER_SOCKET, else the
  * default socket). */

@@ -31,7 +31,7 @@ int ctl_cmd_inspect_local(const char *path, int json) {
   pq_strbuf_t sb = {0};
   if (json) {
     pq_inspect_json(&sb, f);
-    ctl_sb_puts(&sb, "\n");
+    pq_strbuf_puts(&sb, "\n");
   } else {
     pq_inspect_human(&sb, f);
   }
@@ -113,7 +113,7 @@ int ctl_cat_local(const char *path, const char *columns, int64_t offset, int64_t
       if (got == 0) break;
       for (int64_t i = 0; i < got; i++) {
         sb.len = 0;
-        if (pq_json_append_row(&sb, &batch, i) || ctl_sb_puts(&sb, "\n")) {
+        if (pq_json_append_row(&sb, &batch, i) || pq_strbuf_puts(&sb, "\n")) {
           pq_reader_close(r);
           pq_error_set(&err, LARDER_ENOMEM, "out of memory");
           goto fail;

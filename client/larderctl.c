@@ -12,39 +12,6 @@
 
 #include "ctl.h"
 
-int ctl_sb_puts(pq_strbuf_t *sb, const char *s) {
-  size_t n = strlen(s);
-  if (sb->len + n + 1 > sb->cap) {
-    size_t cap = sb->cap ? sb->cap : 256;
-    while (cap < sb->len + n + 1) cap *= 2;
-    char *p = realloc(sb->data, cap);
-    if (p == NULL) return LARDER_ENOMEM;
-    sb->data = p;
-    sb->cap = cap;
-  }
-  memcpy(sb->data + sb->len, s, n + 1);
-  sb->len += n;
-  return 0;
-}
-
-int ctl_sb_printf(pq_strbuf_t *sb, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char small[256];
-  int n = vsnprintf(small, sizeof(small), fmt, ap);
-  va_end(ap);
-  if (n < 0) return LARDER_EINVAL;
-  if ((size_t)n < sizeof(small)) return ctl_sb_puts(sb, small);
-  char *big = malloc((size_t)n + 1);
-  if (big == NULL) return LARDER_ENOMEM;
-  va_start(ap, fmt);
-  vsnprintf(big, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  int rc = ctl_sb_puts(sb, big);
-  free(big);
-  return rc;
-}
-
 const char *ctl_socket;
 
 static void usage(FILE *out) {

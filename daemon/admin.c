@@ -52,28 +52,15 @@
 /* ------------------------------------------------------------------------ */
 /* Text buffers                                                              */
 
+/* A pq_strbuf_t that remembers running out of memory, so that a reply is
+ * built with unchecked appends and its status checked once at the end. */
 typedef struct sbuf {
-  char *p;
-  size_t len, cap;
+  pq_strbuf_t s;
   int oom;
 } sbuf;
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL) {
-      b->oom = 1;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
+  if (!b->oom && pq_strbuf_append(&b->s, s, n) != 0) b->oom = 1;
 }
 
 static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
@@ -619,8 +606,8 @@ static void cmd_status(conn_t *c, const Larder__AdminRequest *req) {
       sb_printf(&b, "  metrics     %s (every %" PRIu64 " s)\n", srv->cfg.metrics_textfile,
                 srv->cfg.metrics_interval);
   }
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.p);
-  free(b.p);
+  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+  free(b.s.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -865,8 +852,8 @@ static void cmd_stats(conn_t *c, const Larder__AdminRequest *req) {
   sbuf b = {0};
   if (req->json) stats_json(c->srv, &b);
   else stats_human(c->srv, &b);
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.p);
-  free(b.p);
+  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+  free(b.s.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -941,12 +928,12 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
   }
   if (req->json) sb_puts(&b, "]}");
   else if (n == 0) {
-    free(b.p);
+    free(b.s.data);
     memset(&b, 0, sizeof(b));
     sb_puts(&b, "no client is connected\n");
   }
-  reply(self, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.p);
-  free(b.p);
+  reply(self, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+  free(b.s.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1045,7 +1032,7 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
   } else {
     char a[32], n[32];
     if (shown == 0) {
-      free(b.p);
+      free(b.s.data);
       memset(&b, 0, sizeof(b));
       sb_printf(&b, "the cache holds nothing%s%s\n", prefix ? " under " : "", prefix ? prefix : "");
     } else {
@@ -1055,8 +1042,8 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
     }
   }
   free(l.v);
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.p);
-  free(b.p);
+  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+  free(b.s.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1096,8 +1083,8 @@ static void cmd_config(conn_t *c, const Larder__AdminRequest *req) {
   }
   config_each(&srv->cfg, dump_key, &d);
   if (req->json) sb_puts(&b, "]}");
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.p);
-  free(b.p);
+  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+  free(b.s.data);
 }
 
 static void cmd_reload(conn_t *c, const Larder__AdminRequest *req) {
@@ -1115,8 +1102,8 @@ static void cmd_reload(conn_t *c, const Larder__AdminRequest *req) {
   } else {
     sb_printf(&b, "%s\n", summary);
   }
-  reply(c, req->request_id, 0, b.p);
-  free(b.p);
+  reply(c, req->request_id, 0, b.s.data);
+  free(b.s.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1301,12 +1288,12 @@ char *admin_sources_label(char *const *sources, size_t n) {
     sb_puts(&b, red);
   }
   if (n > 1) sb_printf(&b, " (+%zu more)", n - 1);
-  if (b.p == NULL && !b.oom) return strdup("");
+  if (b.s.data == NULL && !b.oom) return strdup("");
   if (b.oom) {
-    free(b.p);
+    free(b.s.data);
     return NULL;
   }
-  return b.p;
+  return b.s.data;
 }
 
 void admin_register_objects(server_t *srv, const dataset_t *ds) {
@@ -1416,8 +1403,8 @@ static void evict_after(job_t *j) {
               j->dry_run ? "would free" : "freed", fmt_bytes(a, sizeof(a), (double)e->bytes),
               fmt_count(n, sizeof(n), e->entries), e->num_ids, e->num_ids == 1 ? "" : "s", e->what,
               j->dry_run ? "; nothing was evicted (--dry-run)" : "");
-  job_finish(j, b.oom ? LARDER_ENOMEM : 0, b.p);
-  free(b.p);
+  job_finish(j, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+  free(b.s.data);
 }
 
 static void evict_destroy(job_t *j) { free(((evict_job_t *)j)->ids); }
@@ -1527,8 +1514,8 @@ static void verify_after(job_t *j) {
               "checked %s cached values: %" PRIu64 " had a bad checksum and were dropped "
               "(they are rebuilt when next needed)\n",
               fmt_count(n, sizeof(n), v->checked), v->bad);
-  job_finish(j, 0, b.p);
-  free(b.p);
+  job_finish(j, 0, b.s.data);
+  free(b.s.data);
 }
 
 static void cmd_verify(conn_t *c, const Larder__AdminRequest *req) {
@@ -1645,15 +1632,15 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
     log_notice("admin prefetch %s: %" PRIu64 " units cached now, %" PRIu64
                " already, %" PRIu64 " not admitted, %" PRIu64 " failed, in %.1f s",
                p->label, p->cached_units, p->before_units, p->not_admitted, p->failed, elapsed);
-    job_finish(&p->j, b.oom ? LARDER_ENOMEM : 0, b.p);
+    job_finish(&p->j, b.oom ? LARDER_ENOMEM : 0, b.s.data);
   } else {
     conn_t *c = job_conn(&p->j);
     /* Progress is periodic: skip a frame rather than queue behind a slow
      * reader. */
     if (c && uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) < (1u << 20))
-      reply_frame(c, p->j.request_id, 0, b.p ? b.p : "", b.len, 1);
+      reply_frame(c, p->j.request_id, 0, b.s.data ? b.s.data : "", b.s.len, 1);
   }
-  free(b.p);
+  free(b.s.data);
 }
 
 /* Starts the next uncached unit of row group r; 1 when one started. */
@@ -2094,20 +2081,6 @@ static void rj_destroy(job_t *j) {
   free(r->url);
 }
 
-static int psb_newline(pq_strbuf_t *sb) {
-  /* A buffer with no data has no capacity either; testing both says so to
-   * the analyzer, which loses track of it across pq_json_append_row. */
-  if (sb->data == NULL || sb->len + 2 > sb->cap) {
-    size_t cap = sb->cap ? sb->cap * 2 : 4096;
-    char *p = realloc(sb->data, cap);
-    if (p == NULL) return LARDER_ENOMEM;
-    sb->data = p;
-    sb->cap = cap;
-  }
-  sb->data[sb->len++] = '\n';
-  sb->data[sb->len] = '\0';
-  return 0;
-}
 
 /* Worker: decodes and renders rows of the current row group until about
  * CAT_CHUNK bytes of text are ready, the row group ends or the limit is
@@ -2146,7 +2119,7 @@ static void rj_render_work(job_t *j) {
     size_t before = r->out.len;
     int64_t first = r->batch_pos;
     while (r->batch_pos < r->batch_rows && r->out.len < CAT_CHUNK && r->left > 0) {
-      if (pq_json_append_row(&r->out, &r->batch, r->batch_pos) || psb_newline(&r->out)) {
+      if (pq_json_append_row(&r->out, &r->batch, r->batch_pos) || pq_strbuf_puts(&r->out, "\n")) {
         r->rc = pq_error_set(&r->perr, LARDER_ENOMEM, "out of memory");
         return;
       }

@@ -446,6 +446,14 @@ typedef struct pq_strbuf {
 
 void pq_strbuf_free(pq_strbuf_t *sb);
 
+/* Appending to a string buffer, which stays NUL-terminated: n bytes of s, a
+ * C string, or printf-style text.  Each returns 0, LARDER_ENOMEM (the buffer
+ * is unchanged), or LARDER_EINVAL for a format vsnprintf rejects.  Shared
+ * by the CLI, the inspector and the daemon's admin replies. */
+int pq_strbuf_append(pq_strbuf_t *sb, const char *s, size_t n);
+int pq_strbuf_puts(pq_strbuf_t *sb, const char *s);
+int pq_strbuf_printf(pq_strbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /*
  * Appends row `row` of batch as one JSON object (no newline), keys in schema
  * order, in larderctl cat's format (see README).  Returns 0 or LARDER_ENOMEM.

@@ -12,46 +12,12 @@
 #include "parquet.h"
 #include "pq_inspect.h"
 
-static int sb_puts(pq_strbuf_t *sb, const char *s) {
-  size_t n = strlen(s);
-  if (sb->len + n + 1 > sb->cap) {
-    size_t cap = sb->cap ? sb->cap : 256;
-    while (cap < sb->len + n + 1) cap *= 2;
-    char *p = realloc(sb->data, cap);
-    if (p == NULL) return LARDER_ENOMEM;
-    sb->data = p;
-    sb->cap = cap;
-  }
-  memcpy(sb->data + sb->len, s, n + 1);
-  sb->len += n;
-  return 0;
-}
-
-static int sb_printf(pq_strbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sb_printf(pq_strbuf_t *sb, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char small[256];
-  int n = vsnprintf(small, sizeof(small), fmt, ap);
-  va_end(ap);
-  if (n < 0) return LARDER_EINVAL;
-  if ((size_t)n < sizeof(small)) return sb_puts(sb, small);
-  char *big = malloc((size_t)n + 1);
-  if (big == NULL) return LARDER_ENOMEM;
-  va_start(ap, fmt);
-  vsnprintf(big, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  int rc = sb_puts(sb, big);
-  free(big);
-  return rc;
-}
-
 /* ------------------------------------------------------------------------ */
 /* inspect                                                                   */
 
 static void json_str(pq_strbuf_t *sb, const char *s) {
   if (s == NULL) {
-    sb_puts(sb, "null");
+    pq_strbuf_puts(sb, "null");
     return;
   }
   pq_json_append_string(sb, (const uint8_t *)s, strlen(s));
@@ -63,35 +29,35 @@ static const char *unit_short(larder_time_unit_t u) {
 }
 
 static void json_field(pq_strbuf_t *sb, const pq_field_t *f) {
-  sb_puts(sb, "{\"name\":");
+  pq_strbuf_puts(sb, "{\"name\":");
   json_str(sb, f->name);
-  sb_printf(sb, ",\"type\":\"%s\",\"nullable\":%s", larder_type_name(f->type),
+  pq_strbuf_printf(sb, ",\"type\":\"%s\",\"nullable\":%s", larder_type_name(f->type),
                 f->nullable ? "true" : "false");
   if (f->type == LARDER_TYPE_TIME32 || f->type == LARDER_TYPE_TIME64 ||
       f->type == LARDER_TYPE_TIMESTAMP)
-    sb_printf(sb, ",\"unit\":\"%s\"", unit_short(f->unit));
-  if (f->type == LARDER_TYPE_TIMESTAMP) sb_printf(sb, ",\"utc\":%s", f->utc ? "true" : "false");
-  if (f->from_int96) sb_puts(sb, ",\"int96\":true");
+    pq_strbuf_printf(sb, ",\"unit\":\"%s\"", unit_short(f->unit));
+  if (f->type == LARDER_TYPE_TIMESTAMP) pq_strbuf_printf(sb, ",\"utc\":%s", f->utc ? "true" : "false");
+  if (f->from_int96) pq_strbuf_puts(sb, ",\"int96\":true");
   if (f->type == LARDER_TYPE_DECIMAL128 || f->type == LARDER_TYPE_DECIMAL256)
-    sb_printf(sb, ",\"precision\":%d,\"scale\":%d", f->precision, f->scale);
-  if (f->type == LARDER_TYPE_FIXED_BINARY) sb_printf(sb, ",\"byte_width\":%d", f->byte_width);
+    pq_strbuf_printf(sb, ",\"precision\":%d,\"scale\":%d", f->precision, f->scale);
+  if (f->type == LARDER_TYPE_FIXED_BINARY) pq_strbuf_printf(sb, ",\"byte_width\":%d", f->byte_width);
   if (f->node && f->num_children == 0) {
     char lt[64];
     pq_logical_format(&f->node->logical, lt, sizeof(lt));
     if (lt[0]) {
-      sb_puts(sb, ",\"logical\":");
+      pq_strbuf_puts(sb, ",\"logical\":");
       json_str(sb, lt);
     }
   }
   if (f->num_children) {
-    sb_puts(sb, ",\"children\":[");
+    pq_strbuf_puts(sb, ",\"children\":[");
     for (int i = 0; i < f->num_children; i++) {
-      if (i) sb_puts(sb, ",");
+      if (i) pq_strbuf_puts(sb, ",");
       json_field(sb, &f->children[i]);
     }
-    sb_puts(sb, "]");
+    pq_strbuf_puts(sb, "]");
   }
-  sb_puts(sb, "}");
+  pq_strbuf_puts(sb, "}");
 }
 
 static const char *converted_name(int c) {
@@ -105,28 +71,28 @@ static const char *converted_name(int c) {
 }
 
 static void json_node(pq_strbuf_t *sb, const pq_schema_node_t *n) {
-  sb_puts(sb, "{\"name\":");
+  pq_strbuf_puts(sb, "{\"name\":");
   json_str(sb, n->name);
-  sb_printf(sb, ",\"repetition\":\"%s\",\"physical\":", pq_repetition_name(n->repetition));
-  if (n->physical == PQ_PHYSICAL_NONE) sb_puts(sb, "null");
-  else sb_printf(sb, "\"%s\"", pq_physical_name(n->physical));
-  if (n->physical == PQ_FIXED_LEN_BYTE_ARRAY) sb_printf(sb, ",\"type_length\":%d", n->type_length);
+  pq_strbuf_printf(sb, ",\"repetition\":\"%s\",\"physical\":", pq_repetition_name(n->repetition));
+  if (n->physical == PQ_PHYSICAL_NONE) pq_strbuf_puts(sb, "null");
+  else pq_strbuf_printf(sb, "\"%s\"", pq_physical_name(n->physical));
+  if (n->physical == PQ_FIXED_LEN_BYTE_ARRAY) pq_strbuf_printf(sb, ",\"type_length\":%d", n->type_length);
   char lt[64];
   pq_logical_format(&n->logical, lt, sizeof(lt));
-  sb_puts(sb, ",\"logical\":");
+  pq_strbuf_puts(sb, ",\"logical\":");
   json_str(sb, lt[0] ? lt : NULL);
-  sb_puts(sb, ",\"converted\":");
+  pq_strbuf_puts(sb, ",\"converted\":");
   json_str(sb, converted_name(n->converted));
-  if (n->field_id >= 0) sb_printf(sb, ",\"field_id\":%d", n->field_id);
+  if (n->field_id >= 0) pq_strbuf_printf(sb, ",\"field_id\":%d", n->field_id);
   if (n->physical == PQ_PHYSICAL_NONE) {
-    sb_puts(sb, ",\"children\":[");
+    pq_strbuf_puts(sb, ",\"children\":[");
     for (int i = 0; i < n->num_children; i++) {
-      if (i) sb_puts(sb, ",");
+      if (i) pq_strbuf_puts(sb, ",");
       json_node(sb, &n->children[i]);
     }
-    sb_puts(sb, "]");
+    pq_strbuf_puts(sb, "]");
   }
-  sb_puts(sb, "}");
+  pq_strbuf_puts(sb, "}");
 }
 
 static void encodings_list(uint32_t mask, char *buf, size_t size, int json) {
@@ -141,32 +107,32 @@ static void encodings_list(uint32_t mask, char *buf, size_t size, int json) {
 
 void pq_inspect_json(pq_strbuf_t *sb, const pq_file *f) {
   const pq_file_meta_t *m = pq_file_meta(f);
-  sb_puts(sb, "{\"file\":");
+  pq_strbuf_puts(sb, "{\"file\":");
   json_str(sb, pq_file_name(f));
-  sb_printf(sb, ",\"size\":%" PRIu64 ",\"version\":%d,\"created_by\":", m->file_size, m->version);
+  pq_strbuf_printf(sb, ",\"size\":%" PRIu64 ",\"version\":%d,\"created_by\":", m->file_size, m->version);
   json_str(sb, m->created_by);
-  sb_printf(sb, ",\"num_rows\":%" PRId64 ",\"key_value_metadata\":[", m->num_rows);
+  pq_strbuf_printf(sb, ",\"num_rows\":%" PRId64 ",\"key_value_metadata\":[", m->num_rows);
   for (int i = 0; i < m->num_kv; i++) {
-    sb_puts(sb, i ? ",{\"key\":" : "{\"key\":");
+    pq_strbuf_puts(sb, i ? ",{\"key\":" : "{\"key\":");
     json_str(sb, m->kv[i].key);
-    sb_puts(sb, ",\"value\":");
+    pq_strbuf_puts(sb, ",\"value\":");
     json_str(sb, m->kv[i].value);
-    sb_puts(sb, "}");
+    pq_strbuf_puts(sb, "}");
   }
-  sb_puts(sb, "],\"schema\":[");
+  pq_strbuf_puts(sb, "],\"schema\":[");
   for (int i = 0; i < m->root->num_children; i++) {
-    if (i) sb_puts(sb, ",");
+    if (i) pq_strbuf_puts(sb, ",");
     json_node(sb, &m->root->children[i]);
   }
-  sb_puts(sb, "],\"fields\":[");
+  pq_strbuf_puts(sb, "],\"fields\":[");
   for (int i = 0; i < m->schema->num_children; i++) {
-    if (i) sb_puts(sb, ",");
+    if (i) pq_strbuf_puts(sb, ",");
     json_field(sb, &m->schema->children[i]);
   }
-  sb_puts(sb, "],\"row_groups\":[");
+  pq_strbuf_puts(sb, "],\"row_groups\":[");
   for (int g = 0; g < m->num_row_groups; g++) {
     const pq_row_group_t *rg = &m->row_groups[g];
-    sb_printf(sb,
+    pq_strbuf_printf(sb,
                   "%s{\"index\":%d,\"num_rows\":%" PRId64 ",\"total_byte_size\":%" PRId64
                   ",\"compressed_size\":%" PRId64 ",\"columns\":[",
                   g ? "," : "", g, rg->num_rows, rg->total_byte_size, rg->total_compressed_size);
@@ -174,9 +140,9 @@ void pq_inspect_json(pq_strbuf_t *sb, const pq_file *f) {
       const pq_column_chunk_t *cc = &rg->columns[c];
       char enc[512];
       encodings_list(cc->encodings, enc, sizeof(enc), 1);
-      sb_puts(sb, c ? ",{\"path\":" : "{\"path\":");
+      pq_strbuf_puts(sb, c ? ",{\"path\":" : "{\"path\":");
       json_str(sb, m->leaves[c]->path);
-      sb_printf(sb,
+      pq_strbuf_printf(sb,
                     ",\"physical\":\"%s\",\"codec\":\"%s\",\"encodings\":[%s],"
                     "\"compressed_size\":%" PRId64 ",\"uncompressed_size\":%" PRId64
                     ",\"num_values\":%" PRId64 ",\"offset\":%" PRIu64 "}",
@@ -184,32 +150,32 @@ void pq_inspect_json(pq_strbuf_t *sb, const pq_file *f) {
                     cc->total_compressed_size, cc->total_uncompressed_size, cc->num_values,
                     cc->range_offset);
     }
-    sb_puts(sb, "]}");
+    pq_strbuf_puts(sb, "]}");
   }
-  sb_puts(sb, "]}");
+  pq_strbuf_puts(sb, "]}");
 }
 
 static void human_node(pq_strbuf_t *sb, const pq_schema_node_t *n, int depth) {
   char lt[64];
   pq_logical_format(&n->logical, lt, sizeof(lt));
-  sb_printf(sb, "%*s%s %s %s", depth * 2 + 2, "", pq_repetition_name(n->repetition),
+  pq_strbuf_printf(sb, "%*s%s %s %s", depth * 2 + 2, "", pq_repetition_name(n->repetition),
                 n->physical == PQ_PHYSICAL_NONE ? "group" : pq_physical_name(n->physical),
                 n->name);
-  if (n->physical == PQ_FIXED_LEN_BYTE_ARRAY) sb_printf(sb, " (length %d)", n->type_length);
-  if (lt[0]) sb_printf(sb, " (%s)", lt);
-  sb_puts(sb, "\n");
+  if (n->physical == PQ_FIXED_LEN_BYTE_ARRAY) pq_strbuf_printf(sb, " (length %d)", n->type_length);
+  if (lt[0]) pq_strbuf_printf(sb, " (%s)", lt);
+  pq_strbuf_puts(sb, "\n");
   for (int i = 0; i < n->num_children; i++) human_node(sb, &n->children[i], depth + 1);
 }
 
 static void human_field(pq_strbuf_t *sb, const pq_field_t *f, int depth) {
-  sb_printf(sb, "%*s%s: %s", depth * 2 + 2, "", f->name, larder_type_name(f->type));
+  pq_strbuf_printf(sb, "%*s%s: %s", depth * 2 + 2, "", f->name, larder_type_name(f->type));
   if (f->type == LARDER_TYPE_TIMESTAMP || f->type == LARDER_TYPE_TIME32 ||
       f->type == LARDER_TYPE_TIME64)
-    sb_printf(sb, "[%s%s]", unit_short(f->unit), f->type == LARDER_TYPE_TIMESTAMP && f->utc ? ", UTC" : "");
+    pq_strbuf_printf(sb, "[%s%s]", unit_short(f->unit), f->type == LARDER_TYPE_TIMESTAMP && f->utc ? ", UTC" : "");
   if (f->type == LARDER_TYPE_DECIMAL128 || f->type == LARDER_TYPE_DECIMAL256)
-    sb_printf(sb, "(%d,%d)", f->precision, f->scale);
-  if (f->type == LARDER_TYPE_FIXED_BINARY) sb_printf(sb, "[%d]", f->byte_width);
-  sb_puts(sb, f->nullable ? "\n" : " not null\n");
+    pq_strbuf_printf(sb, "(%d,%d)", f->precision, f->scale);
+  if (f->type == LARDER_TYPE_FIXED_BINARY) pq_strbuf_printf(sb, "[%d]", f->byte_width);
+  pq_strbuf_puts(sb, f->nullable ? "\n" : " not null\n");
   for (int i = 0; i < f->num_children; i++) human_field(sb, &f->children[i], depth + 1);
 }
 
@@ -227,32 +193,32 @@ void pq_inspect_human(pq_strbuf_t *sb, const pq_file *f) {
   const pq_file_meta_t *m = pq_file_meta(f);
   char sz[32];
   human_bytes(sz, sizeof(sz), (double)m->file_size);
-  sb_printf(sb, "file:        %s (%s)\n", pq_file_name(f), sz);
-  sb_printf(sb, "created by:  %s\n", m->created_by ? m->created_by : "(unknown)");
-  sb_printf(sb, "rows:        %" PRId64 " in %d row group%s\n", m->num_rows,
+  pq_strbuf_printf(sb, "file:        %s (%s)\n", pq_file_name(f), sz);
+  pq_strbuf_printf(sb, "created by:  %s\n", m->created_by ? m->created_by : "(unknown)");
+  pq_strbuf_printf(sb, "rows:        %" PRId64 " in %d row group%s\n", m->num_rows,
                 m->num_row_groups, m->num_row_groups == 1 ? "" : "s");
-  sb_printf(sb, "version:     %d\n", m->version);
+  pq_strbuf_printf(sb, "version:     %d\n", m->version);
   if (m->num_kv) {
-    sb_puts(sb, "metadata:\n");
+    pq_strbuf_puts(sb, "metadata:\n");
     for (int i = 0; i < m->num_kv; i++) {
       const char *v = m->kv[i].value ? m->kv[i].value : "";
       size_t len = strlen(v);
-      sb_printf(sb, "  %s = %.*s%s\n", m->kv[i].key, (int)(len > 72 ? 72 : len), v,
+      pq_strbuf_printf(sb, "  %s = %.*s%s\n", m->kv[i].key, (int)(len > 72 ? 72 : len), v,
                     len > 72 ? "..." : "");
     }
   }
-  sb_puts(sb, "schema (Parquet):\n");
+  pq_strbuf_puts(sb, "schema (Parquet):\n");
   for (int i = 0; i < m->root->num_children; i++) human_node(sb, &m->root->children[i], 0);
-  sb_puts(sb, "schema (served as):\n");
+  pq_strbuf_puts(sb, "schema (served as):\n");
   for (int i = 0; i < m->schema->num_children; i++) human_field(sb, &m->schema->children[i], 0);
   for (int g = 0; g < m->num_row_groups; g++) {
     const pq_row_group_t *rg = &m->row_groups[g];
     char a[32], b[32];
     human_bytes(a, sizeof(a), (double)rg->total_byte_size);
     human_bytes(b, sizeof(b), (double)rg->total_compressed_size);
-    sb_printf(sb, "row group %d: %" PRId64 " rows, %s uncompressed, %s compressed\n", g,
+    pq_strbuf_printf(sb, "row group %d: %" PRId64 " rows, %s uncompressed, %s compressed\n", g,
                   rg->num_rows, a, b);
-    sb_printf(sb, "  %-32s %-8s %-12s %12s %12s  %s\n", "column", "type", "codec",
+    pq_strbuf_printf(sb, "  %-32s %-8s %-12s %12s %12s  %s\n", "column", "type", "codec",
                   "compressed", "uncompressed", "encodings");
     for (int c = 0; c < m->num_leaves; c++) {
       const pq_column_chunk_t *cc = &rg->columns[c];
@@ -260,7 +226,7 @@ void pq_inspect_human(pq_strbuf_t *sb, const pq_file *f) {
       encodings_list(cc->encodings, enc, sizeof(enc), 0);
       human_bytes(a, sizeof(a), (double)cc->total_compressed_size);
       human_bytes(b, sizeof(b), (double)cc->total_uncompressed_size);
-      sb_printf(sb, "  %-32s %-8s %-12s %12s %12s  %s\n", m->leaves[c]->path,
+      pq_strbuf_printf(sb, "  %-32s %-8s %-12s %12s %12s  %s\n", m->leaves[c]->path,
                     m->leaves[c]->physical == PQ_FIXED_LEN_BYTE_ARRAY ? "FLBA"
                     : m->leaves[c]->physical == PQ_BYTE_ARRAY ? "BINARY"
                                                              : pq_physical_name(m->leaves[c]->physical),

@@ -32,7 +32,7 @@ static int sb_reserve(pq_strbuf_t *sb, size_t extra) {
   return 0;
 }
 
-static int sb_put(pq_strbuf_t *sb, const char *s, size_t n) {
+int pq_strbuf_append(pq_strbuf_t *sb, const char *s, size_t n) {
   if (sb_reserve(sb, n)) return LARDER_ENOMEM;
   memcpy(sb->data + sb->len, s, n);
   sb->len += n;
@@ -40,18 +40,16 @@ static int sb_put(pq_strbuf_t *sb, const char *s, size_t n) {
   return 0;
 }
 
-static int sb_puts(pq_strbuf_t *sb, const char *s) { return sb_put(sb, s, strlen(s)); }
+int pq_strbuf_puts(pq_strbuf_t *sb, const char *s) { return pq_strbuf_append(sb, s, strlen(s)); }
 
-static int sb_printf(pq_strbuf_t *sb, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int sb_printf(pq_strbuf_t *sb, const char *fmt, ...) {
+int pq_strbuf_printf(pq_strbuf_t *sb, const char *fmt, ...) {
   char buf[128];
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
   if (n < 0) return LARDER_EINVAL;
-  if ((size_t)n < sizeof(buf)) return sb_put(sb, buf, (size_t)n);
+  if ((size_t)n < sizeof(buf)) return pq_strbuf_append(sb, buf, (size_t)n);
   if (sb_reserve(sb, (size_t)n)) return LARDER_ENOMEM;
   va_start(ap, fmt);
   vsnprintf(sb->data + sb->len, (size_t)n + 1, fmt, ap);
@@ -71,21 +69,21 @@ int pq_json_append_string(pq_strbuf_t *sb, const uint8_t *s, size_t n) {
     if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
       size_t j = i;
       while (j < n && s[j] >= 0x20 && s[j] < 0x80 && s[j] != '"' && s[j] != '\\') j++;
-      if (sb_put(sb, (const char *)s + i, j - i)) return LARDER_ENOMEM;
+      if (pq_strbuf_append(sb, (const char *)s + i, j - i)) return LARDER_ENOMEM;
       i = j;
       continue;
     }
     if (c < 0x80) {
       int rc;
       switch (c) {
-        case '"': rc = sb_puts(sb, "\\\""); break;
-        case '\\': rc = sb_puts(sb, "\\\\"); break;
-        case '\n': rc = sb_puts(sb, "\\n"); break;
-        case '\r': rc = sb_puts(sb, "\\r"); break;
-        case '\t': rc = sb_puts(sb, "\\t"); break;
-        case '\b': rc = sb_puts(sb, "\\b"); break;
-        case '\f': rc = sb_puts(sb, "\\f"); break;
-        default: rc = sb_printf(sb, "\\u%04x", c); break;
+        case '"': rc = pq_strbuf_puts(sb, "\\\""); break;
+        case '\\': rc = pq_strbuf_puts(sb, "\\\\"); break;
+        case '\n': rc = pq_strbuf_puts(sb, "\\n"); break;
+        case '\r': rc = pq_strbuf_puts(sb, "\\r"); break;
+        case '\t': rc = pq_strbuf_puts(sb, "\\t"); break;
+        case '\b': rc = pq_strbuf_puts(sb, "\\b"); break;
+        case '\f': rc = pq_strbuf_puts(sb, "\\f"); break;
+        default: rc = pq_strbuf_printf(sb, "\\u%04x", c); break;
       }
       if (rc) return rc;
       i++;
@@ -104,14 +102,14 @@ int pq_json_append_string(pq_strbuf_t *sb, const uint8_t *s, size_t n) {
       ok = cp >= 0x10000 && cp <= 0x10ffff;
     }
     if (ok) {
-      if (sb_put(sb, (const char *)s + i, len)) return LARDER_ENOMEM;
+      if (pq_strbuf_append(sb, (const char *)s + i, len)) return LARDER_ENOMEM;
       i += len;
     } else {
-      if (sb_puts(sb, "\xef\xbf\xbd")) return LARDER_ENOMEM;
+      if (pq_strbuf_puts(sb, "\xef\xbf\xbd")) return LARDER_ENOMEM;
       i++;
     }
   }
-  return sb_put(sb, "\"", 1);
+  return pq_strbuf_append(sb, "\"", 1);
 }
 
 static int put_base64(pq_strbuf_t *sb, const uint8_t *s, size_t n) {
@@ -186,8 +184,8 @@ static double round_to_half(double v) {
 }
 
 static int put_special(pq_strbuf_t *sb, double v) {
-  if (isnan(v)) return sb_puts(sb, "\"NaN\"");
-  return sb_puts(sb, v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
+  if (isnan(v)) return pq_strbuf_puts(sb, "\"NaN\"");
+  return pq_strbuf_puts(sb, v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
 }
 
 /* Prints the shortest decimal that reads back as the same value of the
@@ -225,10 +223,10 @@ static int put_float(pq_strbuf_t *sb, double v, int kind) {
       for (int i = 0; i < nd; i++) plain[n++] = digits[i];
       for (int i = nd - 1; i < exp10; i++) plain[n++] = '0';
       plain[n] = '\0';
-      return sb_puts(sb, plain);
+      return pq_strbuf_puts(sb, plain);
     }
   }
-  return sb_puts(sb, buf);
+  return pq_strbuf_puts(sb, buf);
 }
 
 /* Prints a little-endian two's complement integer of w bytes, scaled by
@@ -271,7 +269,7 @@ static int put_decimal(pq_strbuf_t *sb, const uint8_t *le, size_t w, int scale) 
     if (i == scale && scale > 0) out[o++] = '.';
   }
   out[o++] = '"';
-  return sb_put(sb, out, (size_t)o);
+  return pq_strbuf_append(sb, out, (size_t)o);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -331,7 +329,7 @@ static int put_timestamp(pq_strbuf_t *sb, int64_t v, larder_time_unit_t unit, in
     n += snprintf(buf + n, sizeof(buf) - (size_t)n, ".%0*lld", unit_digits[unit], (long long)frac);
   if (utc) buf[n++] = 'Z';
   buf[n++] = '"';
-  return sb_put(sb, buf, (size_t)n);
+  return pq_strbuf_append(sb, buf, (size_t)n);
 }
 
 static int put_time(pq_strbuf_t *sb, int64_t v, larder_time_unit_t unit) {
@@ -344,7 +342,7 @@ static int put_time(pq_strbuf_t *sb, int64_t v, larder_time_unit_t unit) {
   if (unit_digits[unit])
     n += snprintf(buf + n, sizeof(buf) - (size_t)n, ".%0*lld", unit_digits[unit], (long long)frac);
   buf[n++] = '"';
-  return sb_put(sb, buf, (size_t)n);
+  return pq_strbuf_append(sb, buf, (size_t)n);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -359,44 +357,44 @@ static int is_null(const pq_array_t *a, int64_t i) {
 
 static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
   const pq_field_t *f = a->field;
-  if (is_null(a, i)) return sb_puts(sb, "null");
+  if (is_null(a, i)) return pq_strbuf_puts(sb, "null");
   const uint8_t *v = a->values.data;
   const int32_t *off = (const int32_t *)(const void *)a->offsets.data;
   switch (f->type) {
-    case LARDER_TYPE_NULL: return sb_puts(sb, "null");
+    case LARDER_TYPE_NULL: return pq_strbuf_puts(sb, "null");
     case LARDER_TYPE_BOOL:
-      return sb_puts(sb, (v[i >> 3] >> (i & 7)) & 1 ? "true" : "false");
-    case LARDER_TYPE_INT8: return sb_printf(sb, "%d", (int8_t)v[i]);
-    case LARDER_TYPE_UINT8: return sb_printf(sb, "%u", v[i]);
+      return pq_strbuf_puts(sb, (v[i >> 3] >> (i & 7)) & 1 ? "true" : "false");
+    case LARDER_TYPE_INT8: return pq_strbuf_printf(sb, "%d", (int8_t)v[i]);
+    case LARDER_TYPE_UINT8: return pq_strbuf_printf(sb, "%u", v[i]);
     case LARDER_TYPE_INT16: {
       int16_t x;
       memcpy(&x, v + 2 * i, 2);
-      return sb_printf(sb, "%d", x);
+      return pq_strbuf_printf(sb, "%d", x);
     }
     case LARDER_TYPE_UINT16: {
       uint16_t x;
       memcpy(&x, v + 2 * i, 2);
-      return sb_printf(sb, "%u", x);
+      return pq_strbuf_printf(sb, "%u", x);
     }
     case LARDER_TYPE_INT32: {
       int32_t x;
       memcpy(&x, v + 4 * i, 4);
-      return sb_printf(sb, "%d", x);
+      return pq_strbuf_printf(sb, "%d", x);
     }
     case LARDER_TYPE_UINT32: {
       uint32_t x;
       memcpy(&x, v + 4 * i, 4);
-      return sb_printf(sb, "%u", x);
+      return pq_strbuf_printf(sb, "%u", x);
     }
     case LARDER_TYPE_INT64: {
       int64_t x;
       memcpy(&x, v + 8 * i, 8);
-      return sb_printf(sb, "%lld", (long long)x);
+      return pq_strbuf_printf(sb, "%lld", (long long)x);
     }
     case LARDER_TYPE_UINT64: {
       uint64_t x;
       memcpy(&x, v + 8 * i, 8);
-      return sb_printf(sb, "%llu", (unsigned long long)x);
+      return pq_strbuf_printf(sb, "%llu", (unsigned long long)x);
     }
     case LARDER_TYPE_FLOAT16: {
       uint16_t h;
@@ -420,7 +418,7 @@ static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
       buf[0] = '"';
       int n = put_date_part(buf + 1, sizeof(buf) - 2, x) + 1;
       buf[n++] = '"';
-      return sb_put(sb, buf, (size_t)n);
+      return pq_strbuf_append(sb, buf, (size_t)n);
     }
     case LARDER_TYPE_TIME32: {
       int32_t x;
@@ -449,49 +447,49 @@ static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
     case LARDER_TYPE_FIXED_BINARY:
       return put_base64(sb, v + (size_t)i * (size_t)f->byte_width, (size_t)f->byte_width);
     case LARDER_TYPE_STRUCT: {
-      if (sb_put(sb, "{", 1)) return LARDER_ENOMEM;
+      if (pq_strbuf_append(sb, "{", 1)) return LARDER_ENOMEM;
       for (int c = 0; c < a->num_children; c++) {
-        if (c && sb_put(sb, ",", 1)) return LARDER_ENOMEM;
+        if (c && pq_strbuf_append(sb, ",", 1)) return LARDER_ENOMEM;
         const char *name = a->children[c].field->name;
-        if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) || sb_put(sb, ":", 1) ||
+        if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) || pq_strbuf_append(sb, ":", 1) ||
             put_value(sb, &a->children[c], i))
           return LARDER_ENOMEM;
       }
-      return sb_put(sb, "}", 1);
+      return pq_strbuf_append(sb, "}", 1);
     }
     case LARDER_TYPE_LIST: {
-      if (sb_put(sb, "[", 1)) return LARDER_ENOMEM;
+      if (pq_strbuf_append(sb, "[", 1)) return LARDER_ENOMEM;
       for (int32_t k = off[i]; k < off[i + 1]; k++) {
-        if (k > off[i] && sb_put(sb, ",", 1)) return LARDER_ENOMEM;
+        if (k > off[i] && pq_strbuf_append(sb, ",", 1)) return LARDER_ENOMEM;
         if (put_value(sb, &a->children[0], k)) return LARDER_ENOMEM;
       }
-      return sb_put(sb, "]", 1);
+      return pq_strbuf_append(sb, "]", 1);
     }
     case LARDER_TYPE_MAP: {
       const pq_array_t *e = &a->children[0];
-      if (sb_put(sb, "[", 1)) return LARDER_ENOMEM;
+      if (pq_strbuf_append(sb, "[", 1)) return LARDER_ENOMEM;
       for (int32_t k = off[i]; k < off[i + 1]; k++) {
-        if (k > off[i] && sb_put(sb, ",", 1)) return LARDER_ENOMEM;
-        if (sb_puts(sb, "{\"key\":") || put_value(sb, &e->children[0], k) ||
-            sb_puts(sb, ",\"value\":") || put_value(sb, &e->children[1], k) ||
-            sb_put(sb, "}", 1))
+        if (k > off[i] && pq_strbuf_append(sb, ",", 1)) return LARDER_ENOMEM;
+        if (pq_strbuf_puts(sb, "{\"key\":") || put_value(sb, &e->children[0], k) ||
+            pq_strbuf_puts(sb, ",\"value\":") || put_value(sb, &e->children[1], k) ||
+            pq_strbuf_append(sb, "}", 1))
           return LARDER_ENOMEM;
       }
-      return sb_put(sb, "]", 1);
+      return pq_strbuf_append(sb, "]", 1);
     }
     default:
-      return sb_puts(sb, "null");
+      return pq_strbuf_puts(sb, "null");
   }
 }
 
 int pq_json_append_row(pq_strbuf_t *sb, const pq_batch_t *batch, int64_t row) {
-  if (sb_put(sb, "{", 1)) return LARDER_ENOMEM;
+  if (pq_strbuf_append(sb, "{", 1)) return LARDER_ENOMEM;
   for (int c = 0; c < batch->num_columns; c++) {
-    if (c && sb_put(sb, ",", 1)) return LARDER_ENOMEM;
+    if (c && pq_strbuf_append(sb, ",", 1)) return LARDER_ENOMEM;
     const char *name = batch->columns[c].field->name;
-    if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) || sb_put(sb, ":", 1) ||
+    if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) || pq_strbuf_append(sb, ":", 1) ||
         put_value(sb, &batch->columns[c], row))
       return LARDER_ENOMEM;
   }
-  return sb_put(sb, "}", 1);
+  return pq_strbuf_append(sb, "}", 1);
 }
