@@ -1711,19 +1711,14 @@ typedef struct pf_offer {
   int admitted;
 } pf_offer_t;
 
-static void pf_offer_work(uv_work_t *w) {
-  pf_offer_t *o = w->data;
-  prefetch_job_t *p = o->p;
-  store_t *st = p->j.srv->store;
-  const dataset_t *ds = p->ds;
+/* Writes the columns of o's unit that the cache lacks; returns whether the
+ * cache holds them all afterwards.  The arrays have a slot per column. */
+static int pf_offer_columns(pf_offer_t *o, store_t *st, store_key_t *keys, uint64_t *sizes,
+                            store_entry_t *entries) {
+  const dataset_t *ds = o->p->ds;
   const unit_t *u = o->u;
-  int nc = ds->num_columns;
-  if (nc > 64 || st == NULL) return;
-  store_key_t keys[64];
-  uint64_t sizes[64];
-  store_entry_t entries[64];
   int n = 0;
-  for (int c = 0; c < nc; c++) {
+  for (int c = 0; c < ds->num_columns; c++) {
     store_key_t key;
     dataset_column_key(ds, o->index, c, &key);
     if (store_contains(st, &key)) continue;
@@ -1736,7 +1731,7 @@ static void pf_offer_work(uv_work_t *w) {
       data = store_value_data(u->cached[c]);
       size = store_value_size(u->cached[c]);
     }
-    if (data == NULL) return;
+    if (data == NULL) return 0;
     keys[n] = key;
     sizes[n] = size;
     entries[n].key = key;
@@ -1744,18 +1739,29 @@ static void pf_offer_work(uv_work_t *w) {
     entries[n].size = (size_t)size;
     n++;
   }
-  if (n == 0) {
-    o->admitted = 1;
-    return;
-  }
+  if (n == 0) return 1;
   const dataset_unit_t *du = &ds->units[o->index];
   uint64_t object_id = ds->files[du->file].object_id;
-  if (store_reserve(st, object_id, keys, sizes, n, du->priority) <= 0) return;
+  if (store_reserve(st, object_id, keys, sizes, n, du->priority) <= 0) return 0;
   if (store_put(st, object_id, du->priority, entries, n) != 0) {
     store_unreserve(st, keys, n);
-    return;
+    return 0;
   }
-  o->admitted = 1;
+  return 1;
+}
+
+static void pf_offer_work(uv_work_t *w) {
+  pf_offer_t *o = w->data;
+  store_t *st = o->p->j.srv->store;
+  size_t nc = (size_t)o->p->ds->num_columns;
+  if (st == NULL) return;
+  store_key_t *keys = malloc((nc ? nc : 1) * sizeof(*keys));
+  uint64_t *sizes = malloc((nc ? nc : 1) * sizeof(*sizes));
+  store_entry_t *entries = malloc((nc ? nc : 1) * sizeof(*entries));
+  if (keys && sizes && entries) o->admitted = pf_offer_columns(o, st, keys, sizes, entries);
+  free(keys);
+  free(sizes);
+  free(entries);
 }
 
 static void pf_offer_done(uv_work_t *w, int status) {

@@ -698,42 +698,64 @@ int layout_gather(const pq_field_t *field, const layout_pick_t *picks, int64_t n
 /* ------------------------------------------------------------------------ */
 /* Row blocks                                                                */
 
+/* The element width of a LIST of fixed-width values that a row block can
+ * inline, or 0. */
+static uint32_t inline_list_width(const pq_field_t *f) {
+  if (f->type != LARDER_TYPE_LIST || f->num_children != 1) return 0;
+  const pq_field_t *e = &f->children[0];
+  if (e->num_children || e->type == LARDER_TYPE_BOOL) return 0;
+  return (uint32_t)fixed_width(e);
+}
+
+/* The slot kind of a top-level column, or -1 when it stays out of the row
+ * block. */
+static int slot_kind(const pq_field_t *f) {
+  size_t w = fixed_width(f);
+  if (w > 0 && w <= 16) return LAYOUT_SLOT_FIXED;
+  if (f->type == LARDER_TYPE_BOOL) return LAYOUT_SLOT_BOOL;
+  if (is_var(f)) return LAYOUT_SLOT_VAR;
+  if (inline_list_width(f)) return LAYOUT_SLOT_LIST;
+  return -1;
+}
+
 int layout_rowplan_make(const pq_field_t *schema, layout_rowplan_t **out) {
   *out = NULL;
-  int nc = schema->num_children, n = 0, nullable = 0;
-  for (int c = 0; c < nc; c++) {
-    const pq_field_t *f = &schema->children[c];
-    size_t w = fixed_width(f);
-    if ((w > 0 && w <= 16) || f->type == LARDER_TYPE_BOOL || is_var(f)) {
-      n++;
-      nullable += f->nullable;
-    }
-  }
-  if (n == 0) return 0;
+  int nc = schema->num_children;
   layout_rowplan_t *p = calloc(1, sizeof(*p));
   if (p == NULL) return LARDER_ENOMEM;
-  p->packed = calloc((size_t)n, sizeof(*p->packed));
-  p->slot_of = calloc((size_t)nc, sizeof(int));
+  p->packed = calloc((size_t)(nc ? nc : 1), sizeof(*p->packed));
+  p->slot_of = calloc((size_t)(nc ? nc : 1), sizeof(int));
   if (p->packed == NULL || p->slot_of == NULL) {
     layout_rowplan_free(p);
     return LARDER_ENOMEM;
   }
-  p->null_bytes = (uint32_t)(nullable + 7) / 8;
-  uint32_t off = p->null_bytes;
-  int bit = 0;
+  int nullable = 0;
   for (int c = 0; c < nc; c++) {
     const pq_field_t *f = &schema->children[c];
-    size_t w = fixed_width(f);
+    int kind = slot_kind(f);
     p->slot_of[c] = -1;
-    if (!((w > 0 && w <= 16) || f->type == LARDER_TYPE_BOOL || is_var(f))) continue;
+    /* inline_lists has a bit per slot. */
+    if (kind < 0 || (kind == LAYOUT_SLOT_LIST && p->num_packed >= 64)) continue;
     int k = p->num_packed++;
     p->slot_of[c] = k;
     p->packed[k].column = c;
-    p->packed[k].is_var = is_var(f);
-    p->packed[k].width = f->type == LARDER_TYPE_BOOL ? 1 : is_var(f) ? 12 : (uint32_t)w;
+    p->packed[k].kind = kind;
+    p->packed[k].width = kind == LAYOUT_SLOT_FIXED ? (uint32_t)fixed_width(f)
+                         : kind == LAYOUT_SLOT_BOOL ? 1
+                                                    : 12;
+    p->packed[k].elem_width = kind == LAYOUT_SLOT_LIST ? inline_list_width(f) : 0;
+    p->packed[k].nullbit = f->nullable ? nullable++ : -1;
+    p->has_inline |= kind == LAYOUT_SLOT_VAR || kind == LAYOUT_SLOT_LIST;
+  }
+  if (p->num_packed == 0) {
+    layout_rowplan_free(p);
+    return 0;
+  }
+  /* The null mask first, then the slots in column order. */
+  p->null_bytes = (uint32_t)(nullable + 7) / 8;
+  uint32_t off = p->null_bytes;
+  for (int k = 0; k < p->num_packed; k++) {
     p->packed[k].offset = off;
-    p->packed[k].nullbit = f->nullable ? bit++ : -1;
-    p->packed[k].is_bool = f->type == LARDER_TYPE_BOOL;
     off += p->packed[k].width;
   }
   p->stride = off;
@@ -748,39 +770,140 @@ void layout_rowplan_free(layout_rowplan_t *plan) {
   free(plan);
 }
 
-uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views,
-                           int64_t rows) {
-  uint8_t *block = calloc((size_t)(rows ? rows : 1), plan->stride);
-  if (block == NULL) return NULL;
-  for (int k = 0; k < plan->num_packed; k++) {
+void layout_rows_free(layout_rows_t *r) {
+  free(r->data);
+  free(r->start);
+  memset(r, 0, sizeof(*r));
+}
+
+/* Where a packed column's buffers lie in its view. */
+typedef struct slot_src {
+  const uint8_t *bits;   /* validity, or NULL */
+  const uint8_t *vals;   /* values (for a LIST: the elements') */
+  const int32_t *offs;   /* VAR and LIST */
+  int64_t length;
+  int inline_list;       /* LIST: inlined in this unit */
+} slot_src_t;
+
+/* The bytes row r keeps inline for slot k. */
+static uint64_t inline_bytes(const layout_rowplan_t *plan, const slot_src_t *src, int k,
+                             int64_t r) {
+  if (r >= src[k].length) return 0;
+  if (plan->packed[k].kind == LAYOUT_SLOT_VAR) {
+    uint64_t len = (uint64_t)(src[k].offs[r + 1] - src[k].offs[r]);
+    return len <= LAYOUT_INLINE_MAX ? len : 0;
+  }
+  if (plan->packed[k].kind == LAYOUT_SLOT_LIST && src[k].inline_list)
+    return (uint64_t)(src[k].offs[r + 1] - src[k].offs[r]) * plan->packed[k].elem_width;
+  return 0;
+}
+
+int layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views, int64_t rows,
+                      layout_rows_t *out) {
+  memset(out, 0, sizeof(*out));
+  int np = plan->num_packed;
+  slot_src_t *src = calloc((size_t)(np ? np : 1), sizeof(*src));
+  if (src == NULL) return LARDER_ENOMEM;
+  for (int k = 0; k < np; k++) {
     const layout_view_t *v = &views[plan->packed[k].column];
     const layout_node_t *nd = &v->nodes[0];
-    uint32_t w = plan->packed[k].width, off = plan->packed[k].offset;
-    const uint8_t *vals = v->base + nd->values_offset;
-    const uint8_t *bits = nd->null_count ? v->base + nd->validity_offset : NULL;
-    int64_t n = nd->length < rows ? nd->length : rows;
-    int is_bool = v->field->type == LARDER_TYPE_BOOL;
-    const int32_t *offs =
-        plan->packed[k].is_var ? (const int32_t *)(const void *)(v->base + nd->offsets_offset) : NULL;
-    for (int64_t r = 0; r < n; r++) {
-      uint8_t *row = block + (size_t)r * plan->stride;
-      if (is_bool) {
-        row[off] = (vals[r >> 3] >> (r & 7)) & 1;
-      } else if (offs) {
-        const uint8_t *ptr = vals + offs[r];
-        uint32_t len = (uint32_t)(offs[r + 1] - offs[r]);
-        memcpy(row + off, &ptr, 8);
-        memcpy(row + off + 8, &len, 4);
-      } else {
-        memcpy(row + off, vals + (size_t)r * w, w);
+    src[k].bits = nd->null_count ? v->base + nd->validity_offset : NULL;
+    src[k].length = nd->length < rows ? nd->length : rows;
+    int kind = plan->packed[k].kind;
+    if (kind == LAYOUT_SLOT_VAR || kind == LAYOUT_SLOT_LIST)
+      src[k].offs = (const int32_t *)(const void *)(v->base + nd->offsets_offset);
+    if (kind == LAYOUT_SLOT_LIST) {
+      /* Elements with nulls would need a bitmap per row, and long lists
+       * gain nothing from a second copy: those stay in the blob. */
+      const layout_node_t *el = &v->nodes[1];
+      src[k].vals = v->base + el->values_offset;
+      src[k].inline_list = el->null_count == 0 &&
+                           (uint64_t)el->length * plan->packed[k].elem_width <=
+                               (uint64_t)(rows ? rows : 1) * LAYOUT_INLINE_MAX;
+      if (src[k].inline_list) out->inline_lists |= 1ull << k;
+    } else {
+      src[k].vals = v->base + nd->values_offset;
+    }
+  }
+  /* Rows of about the same size (the common case: the same fields, values
+   * of similar length) get one stride, the longest row's, so that finding
+   * a row costs no lookup; rows that vary more are packed, with an index of
+   * their starts. */
+  uint64_t total = 0, longest = plan->stride;
+  out->stride = plan->stride;
+  if (plan->has_inline) {
+    out->start = malloc((size_t)(rows + 1) * sizeof(uint64_t));
+    if (out->start == NULL) goto nomem;
+    for (int64_t r = 0; r < rows; r++) {
+      uint64_t size = plan->stride;
+      for (int k = 0; k < np; k++) size += inline_bytes(plan, src, k, r);
+      size = (size + 7) & ~(uint64_t)7; /* rows start 8-byte aligned */
+      out->start[r] = total;
+      total += size;
+      if (size > longest) longest = size;
+    }
+    out->start[rows] = total;
+    if (longest <= UINT32_MAX && longest * (uint64_t)rows <= total + total / 4) {
+      free(out->start);
+      out->start = NULL;
+      out->stride = (uint32_t)longest;
+    }
+  }
+  if (out->start == NULL) total = (uint64_t)rows * out->stride;
+  out->data = calloc((size_t)(total ? total : 1), 1);
+  if (out->data == NULL) goto nomem;
+  out->bytes = total + (out->start ? (uint64_t)(rows + 1) * sizeof(uint64_t) : 0);
+  for (int64_t r = 0; r < rows; r++) {
+    uint8_t *row = out->data + (out->start ? out->start[r] : (uint64_t)r * out->stride);
+    uint64_t pos = plan->stride;
+    for (int k = 0; k < np; k++) {
+      const slot_src_t *sk = &src[k];
+      if (r >= sk->length) continue;
+      uint32_t off = plan->packed[k].offset;
+      switch (plan->packed[k].kind) {
+        case LAYOUT_SLOT_BOOL:
+          row[off] = (sk->vals[r >> 3] >> (r & 7)) & 1;
+          break;
+        case LAYOUT_SLOT_FIXED:
+          memcpy(row + off, sk->vals + (size_t)r * plan->packed[k].width, plan->packed[k].width);
+          break;
+        case LAYOUT_SLOT_VAR: {
+          const uint8_t *ptr = sk->vals + sk->offs[r];
+          uint32_t len = (uint32_t)(sk->offs[r + 1] - sk->offs[r]);
+          if (len <= LAYOUT_INLINE_MAX) {
+            memcpy(row + pos, ptr, len);
+            ptr = row + pos;
+            pos += len;
+          }
+          memcpy(row + off, &ptr, 8);
+          memcpy(row + off + 8, &len, 4);
+          break;
+        }
+        default: /* LAYOUT_SLOT_LIST */
+          if (sk->inline_list) {
+            uint32_t count = (uint32_t)(sk->offs[r + 1] - sk->offs[r]);
+            uint64_t bytes = (uint64_t)count * plan->packed[k].elem_width;
+            const uint8_t *ptr = row + pos;
+            memcpy(row + pos, sk->vals + (size_t)sk->offs[r] * plan->packed[k].elem_width,
+                   (size_t)bytes);
+            pos += bytes;
+            memcpy(row + off, &ptr, 8);
+            memcpy(row + off + 8, &count, 4);
+          }
+          break;
       }
-      if (plan->packed[k].nullbit >= 0 && bits && !((bits[r >> 3] >> (r & 7)) & 1)) {
+      if (plan->packed[k].nullbit >= 0 && sk->bits && !((sk->bits[r >> 3] >> (r & 7)) & 1)) {
         int b = plan->packed[k].nullbit;
         row[b >> 3] |= (uint8_t)(1u << (b & 7));
       }
     }
   }
-  return block;
+  free(src);
+  return 0;
+nomem:
+  free(src);
+  layout_rows_free(out);
+  return LARDER_ENOMEM;
 }
 
 void layout_rows_count_nulls(const layout_rowplan_t *plan, const uint8_t *tmp, int64_t n,
@@ -796,68 +919,85 @@ void layout_rows_count_nulls(const layout_rowplan_t *plan, const uint8_t *tmp, i
   }
 }
 
+int layout_rows_num_nodes(const layout_rowplan_t *plan, int p) {
+  return plan->packed[p].kind == LAYOUT_SLOT_LIST ? 2 : 1;
+}
+
+/* The validity bitmap of n samples from null bit nb of their rows in tmp,
+ * into p8 (padded to LAYOUT_ALIGN); returns the bytes taken. */
+static uint64_t rows_validity(const uint8_t *tmp, uint32_t stride, int nb, int64_t n,
+                              uint8_t *p8, uint8_t *base, layout_node_t *node) {
+  uint64_t vl = (uint64_t)(n + 7) / 8;
+  memset(p8, 0, align_up(vl));
+  for (int64_t s = 0; s < n; s++)
+    if (!((tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1))
+      p8[s >> 3] |= (uint8_t)(1u << (s & 7));
+  node->validity_offset = (uint64_t)(p8 - base);
+  node->validity_length = vl;
+  return align_up(vl);
+}
+
+/* Offsets, then the bytes (or elements of elem bytes) the rows' slots point
+ * at, for a VAR or LIST slot: node[0] gets the offsets, and values for VAR;
+ * a LIST's elements go to node[1]. */
+static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp,
+                               int64_t n, int64_t nulls, int size_only, uint8_t *base,
+                               uint8_t *dst, layout_node_t *node) {
+  uint32_t off = plan->packed[p].offset, stride = plan->stride;
+  int is_list = plan->packed[p].kind == LAYOUT_SLOT_LIST;
+  uint64_t elem = is_list ? plan->packed[p].elem_width : 1;
+  uint64_t total = 0;
+  for (int64_t s = 0; s < n; s++) {
+    uint32_t len;
+    memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
+    total += len;
+  }
+  if (total > INT32_MAX) return LARDER_ELIMIT;
+  uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) +
+                  align_up((uint64_t)(n + 1) * 4) + align_up(total * elem);
+  if (size_only) return (int64_t)size;
+  memset(node, 0, sizeof(*node) * (is_list ? 2 : 1));
+  node->length = n;
+  node->null_count = nulls;
+  uint8_t *p8 = dst;
+  if (nulls) p8 += rows_validity(tmp, stride, plan->packed[p].nullbit, n, p8, base, node);
+  int32_t *o = (int32_t *)(void *)p8;
+  node->offsets_offset = (uint64_t)(p8 - base);
+  node->offsets_length = (uint64_t)(n + 1) * 4;
+  p8 += align_up((uint64_t)(n + 1) * 4);
+  layout_node_t *vnode = node;
+  if (is_list) {
+    vnode = node + 1;
+    vnode->length = (int64_t)total;
+  }
+  /* An empty buffer has offset 0, as layout_gather leaves it. */
+  vnode->values_offset = total ? (uint64_t)(p8 - base) : 0;
+  vnode->values_length = total * elem;
+  int32_t cur = 0;
+  o[0] = 0;
+  for (int64_t s = 0; s < n; s++) {
+    const uint8_t *ptr;
+    uint32_t len;
+    memcpy(&ptr, tmp + (size_t)s * stride + off, 8);
+    memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
+    if (len) memcpy(p8 + (size_t)cur * elem, ptr, (size_t)(len * elem));
+    cur += (int32_t)len;
+    o[s + 1] = cur;
+  }
+  memset((uint8_t *)o + (n + 1) * 4, 0, align_up((uint64_t)(n + 1) * 4) - (uint64_t)(n + 1) * 4);
+  memset(p8 + total * elem, 0, align_up(total * elem) - total * elem);
+  return (int64_t)size;
+}
+
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
                            const int64_t *nulls_by_bit, int size_only, uint8_t *base,
                            uint8_t *dst, layout_node_t *node) {
   uint32_t w = plan->packed[p].width, off = plan->packed[p].offset, stride = plan->stride;
   int nb = plan->packed[p].nullbit;
-  int is_bool = plan->packed[p].is_bool;
+  int is_bool = plan->packed[p].kind == LAYOUT_SLOT_BOOL;
   int64_t nulls = nb >= 0 ? nulls_by_bit[nb] : 0;
-  if (plan->packed[p].is_var) {
-    /* Offsets, then the values the row pointers point at. */
-    uint64_t total = 0;
-    for (int64_t s = 0; s < n; s++) {
-      uint32_t len;
-      memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
-      total += len;
-    }
-    if (total > INT32_MAX) return LARDER_ELIMIT;
-    uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) +
-                    align_up((uint64_t)(n + 1) * 4) + align_up(total);
-    if (size_only) return (int64_t)size;
-    memset(node, 0, sizeof(*node));
-    node->length = n;
-    node->null_count = nulls;
-    uint8_t *p8 = dst;
-    if (nulls) {
-      uint64_t vl = (uint64_t)(n + 7) / 8;
-      memset(p8, 0, align_up(vl));
-      for (int64_t s = 0; s < n; s++)
-        if (!((tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1))
-          p8[s >> 3] |= (uint8_t)(1u << (s & 7));
-      node->validity_offset = (uint64_t)(p8 - base);
-      node->validity_length = vl;
-      p8 += align_up(vl);
-    }
-    int32_t *o = (int32_t *)(void *)p8;
-    node->offsets_offset = (uint64_t)(p8 - base);
-    node->offsets_length = (uint64_t)(n + 1) * 4;
-    p8 += align_up((uint64_t)(n + 1) * 4);
-    node->values_offset = (uint64_t)(p8 - base);
-    node->values_length = total;
-    int32_t cur = 0;
-    o[0] = 0;
-    for (int64_t s = 0; s < n; s++) {
-      if (s + GATHER_AHEAD < n) {
-        const uint8_t *ahead;
-        uint32_t alen;
-        memcpy(&ahead, tmp + (size_t)(s + GATHER_AHEAD) * stride + off, 8);
-        memcpy(&alen, tmp + (size_t)(s + GATHER_AHEAD) * stride + off + 8, 4);
-        for (uint32_t line = 0; line < alen; line += 64) __builtin_prefetch(ahead + line);
-        if (alen) __builtin_prefetch(ahead + alen - 1);
-      }
-      const uint8_t *ptr;
-      uint32_t len;
-      memcpy(&ptr, tmp + (size_t)s * stride + off, 8);
-      memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
-      memcpy(p8 + cur, ptr, len);
-      cur += (int32_t)len;
-      o[s + 1] = cur;
-    }
-    memset((uint8_t *)o + (n + 1) * 4, 0, align_up((uint64_t)(n + 1) * 4) - (uint64_t)(n + 1) * 4);
-    memset(p8 + total, 0, align_up(total) - total);
-    return (int64_t)size;
-  }
+  if (plan->packed[p].kind == LAYOUT_SLOT_VAR || plan->packed[p].kind == LAYOUT_SLOT_LIST)
+    return rows_var_column(plan, p, tmp, n, nulls, size_only, base, dst, node);
   /* BOOL is packed as one byte per row; its Arrow form is a bitmap. */
   uint64_t vbytes = is_bool ? (uint64_t)(n + 7) / 8 : (uint64_t)n * w;
   uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) + align_up(vbytes);
@@ -866,16 +1006,7 @@ int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *t
   node->length = n;
   node->null_count = nulls;
   uint8_t *p8 = dst;
-  if (nulls) {
-    uint64_t vl = (uint64_t)(n + 7) / 8;
-    memset(p8, 0, align_up(vl));
-    for (int64_t s = 0; s < n; s++)
-      if (!((tmp[(size_t)s * stride + (nb >> 3)] >> (nb & 7)) & 1))
-        p8[s >> 3] |= (uint8_t)(1u << (s & 7));
-    node->validity_offset = (uint64_t)(p8 - base);
-    node->validity_length = vl;
-    p8 += align_up(vl);
-  }
+  if (nulls) p8 += rows_validity(tmp, stride, nb, n, p8, base, node);
   node->values_offset = (uint64_t)(p8 - base);
   node->values_length = vbytes;
   const uint8_t *src = tmp + off;

@@ -120,26 +120,48 @@ int layout_gather(const pq_field_t *field, const layout_pick_t *picks,
 
 /*
  * Gathering a shuffled batch reads one row from each column of a random
- * unit: for a dozen small columns that is a dozen cache misses per sample,
- * each to fetch a few bytes.  A row block keeps a unit's top-level
- * fixed-width columns (up to 16 bytes wide, and BOOL) interleaved row by
- * row, with a bitmask of their nulls first, so one sample costs one or two
- * misses whatever the number of such columns.  BINARY and STRING columns
- * get a pointer to their value and its length, so only the value's own
- * bytes remain to be fetched.  It is built once per unit load, from the
- * unit's column blobs, and lives only in memory (it holds pointers).
+ * unit: for a dozen columns that is a dozen or more cache misses per sample
+ * (a variable-length value costs two: its offset, then its bytes), each to
+ * fetch a few bytes.  A row block keeps a unit's rows one after another,
+ * each in one piece:
+ *
+ *   fixed part (stride bytes): a bitmask of the nulls, then one slot per
+ *     packed column: the value of a fixed-width column (up to 16 bytes, and
+ *     BOOL as a byte), a pointer and a length for BINARY and STRING, and a
+ *     pointer, an element count and a count of null elements for a LIST of
+ *     fixed-width values;
+ *   inline part: the bytes of the row's variable-length values, each up to
+ *     LAYOUT_INLINE_MAX bytes, which the pointers point at.
+ *
+ * So a sample costs one run of consecutive cache lines, which the hardware
+ * and a prefetch a few rows ahead fetch together.  A longer value stays
+ * where it is in its column blob, and its slot points there: copying it is
+ * streaming, and a second copy would only cost memory.  A LIST column whose
+ * elements hold nulls or are long on average in a unit is not inlined in
+ * that unit (its rows say so in inline_lists), and batches that draw from
+ * it gather that column from its blob.  Row blocks are built once per unit
+ * load, from the unit's column blobs (which stay: the cache and the gather
+ * of other columns read them), count towards the unit's memory, and live
+ * only in memory (they hold pointers).
  */
+#define LAYOUT_INLINE_MAX 1024
+
+enum { LAYOUT_SLOT_FIXED, LAYOUT_SLOT_BOOL, LAYOUT_SLOT_VAR, LAYOUT_SLOT_LIST };
+
 typedef struct layout_rowplan {
   int num_packed;
-  uint32_t stride;     /* bytes per row */
+  uint32_t stride;     /* bytes of each row's fixed part */
   uint32_t null_bytes; /* bytes of null bitmask at the start of each row */
+  int has_inline;      /* some slot is VAR or LIST: rows vary in size */
   struct {
     int column;        /* index among the schema's top-level columns */
-    uint32_t offset;   /* of the value in the row */
-    uint32_t width;    /* bytes; 1 for BOOL (0 or 1) */
+    int kind;          /* LAYOUT_SLOT_* */
+    uint32_t offset;   /* of the slot in the row */
+    uint32_t width;    /* of the slot: the value's bytes (FIXED), 1 (BOOL),
+                          12 (VAR: pointer, length), 16 (LIST: pointer,
+                          elements, null elements) */
+    uint32_t elem_width; /* LIST: bytes per element */
     int nullbit;       /* bit in the mask, -1 when not nullable */
-    int is_bool;       /* stored as a byte, served as a bitmap */
-    int is_var;        /* a pointer and a length (12 bytes) */
   } *packed;
   int *slot_of;        /* per top-level column: its index in packed, or -1 */
 } layout_rowplan_t;
@@ -149,11 +171,33 @@ typedef struct layout_rowplan {
 int layout_rowplan_make(const pq_field_t *schema, layout_rowplan_t **out);
 void layout_rowplan_free(layout_rowplan_t *plan);
 
+/* A unit's row block. */
+typedef struct layout_rows {
+  uint8_t *data;          /* the rows, one after another */
+  uint64_t *start;        /* rows + 1 offsets of the rows in data, or NULL
+                             when every row takes stride bytes */
+  uint32_t stride;        /* bytes per row when start is NULL: the plan's
+                             stride, or the longest row's size */
+  uint64_t bytes;         /* memory held (data and start) */
+  uint64_t inline_lists;  /* bit p: LIST slot p is inlined in every row */
+} layout_rows_t;
+
 /* Builds the row block of a unit of `rows` rows from its column views
- * (views[c] for every top-level column).  Returns a malloc'd block of
- * rows * stride bytes, or NULL when out of memory. */
-uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views,
-                           int64_t rows);
+ * (views[c] for every top-level column), which must outlive it.  Returns 0
+ * or LARDER_ENOMEM; free with layout_rows_free. */
+int layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views, int64_t rows,
+                      layout_rows_t *out);
+void layout_rows_free(layout_rows_t *r);
+
+/* Row `row` of a row block: its first byte, and in *len its size. */
+static inline const uint8_t *layout_rows_row(const layout_rows_t *r, int64_t row, size_t *len) {
+  if (r->start == NULL) {
+    *len = r->stride;
+    return r->data + (size_t)row * r->stride;
+  }
+  *len = (size_t)(r->start[row + 1] - r->start[row]);
+  return r->data + r->start[row];
+}
 
 /*
  * Counts the nulls of every nullable packed column of n samples in tmp in
@@ -164,12 +208,18 @@ uint8_t *layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *vi
 void layout_rows_count_nulls(const layout_rowplan_t *plan, const uint8_t *tmp, int64_t n,
                              int64_t *nulls_by_bit);
 
+/* Arrays (nodes) that packed column plan->packed[p] makes in a batch. */
+int layout_rows_num_nodes(const layout_rowplan_t *plan, int p);
+
 /*
- * Writes the packed column plan->packed[p] of n samples, whose rows were
- * first copied one after another into tmp (n * stride bytes), into the
- * arena: validity (when any is null) and values, with node records as
- * layout_gather does.  nulls_by_bit: from layout_rows_count_nulls.
- * size_only: just return the bytes it needs.
+ * Writes the packed column plan->packed[p] of n samples, whose rows' fixed
+ * parts were first copied one after another into tmp (n * stride bytes),
+ * into the arena: validity (when any is null), offsets and values, with
+ * node records as layout_gather does (layout_rows_num_nodes of them).  The
+ * slots' pointers must still be valid (their units held).  nulls_by_bit:
+ * from layout_rows_count_nulls.  size_only: just return the bytes it needs.
+ * Returns the size, or LARDER_ELIMIT past 2 GiB of values or elements.
+ * A LIST slot requires every sample's unit to inline it (inline_lists).
  */
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
                            const int64_t *nulls_by_bit, int size_only, uint8_t *base,

@@ -68,7 +68,8 @@ struct unit {
   store_value_t **cached; /* per column, when read from the cache */
   uint8_t **blobs;        /* per column, when decoded */
   layout_view_t *views;   /* per column, READY */
-  uint8_t *rowblock;      /* the row block of the small columns, or NULL */
+  layout_rows_t rowblock; /* the row block (layout.h), when the dataset has a
+                             row plan */
   uint64_t bytes;          /* in memory, row block included */
   uint64_t data_bytes;     /* of its column blobs: what the cache holds */
   int from_cache;

@@ -618,6 +618,11 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* Assembly, on a worker thread                                              */
 
+/* Samples a row-block prefetch runs ahead, and the most bytes of a row it
+ * fetches (the rest of a long row streams in behind them). */
+#define ROW_AHEAD 20
+#define ROW_PREFETCH_MAX 1024
+
 static void assemble_work(uv_work_t *w) {
   pbatch_t *b = w->data;
   stream_t *s = b->s;
@@ -629,14 +634,20 @@ static void assemble_work(uv_work_t *w) {
   layout_scratch_t *scratch = NULL;
   uint8_t *tmp = NULL;
   int64_t *nulls_by_bit = NULL;
+  uint8_t *from_rows = NULL;
   if (picks == NULL || sizes == NULL) {
     b->error = LARDER_ENOMEM;
     goto out;
   }
-  /* The small fixed-width columns come from the units' row blocks: copy
-   * each sample's row once (one or two cache misses), then split it into
-   * columns from memory that is already in cache. */
+  /* The packed columns come from the units' row blocks: copy each sample's
+   * fixed part once, its inline values following it in the same lines,
+   * then split it into columns from memory that is already in cache. */
   const layout_rowplan_t *rp = s->ds->rowplan;
+  from_rows = calloc((size_t)(nc ? nc : 1), 1);
+  if (from_rows == NULL) {
+    b->error = LARDER_ENOMEM;
+    goto out;
+  }
   if (rp) {
     tmp = malloc((size_t)b->n * rp->stride + 1);
     nulls_by_bit = malloc((size_t)(rp->null_bytes ? rp->null_bytes : 1) * 8 * sizeof(int64_t));
@@ -644,25 +655,48 @@ static void assemble_work(uv_work_t *w) {
       b->error = LARDER_ENOMEM;
       goto out;
     }
+    /* A LIST slot comes from the rows only when every unit inlined it. */
+    uint64_t lists = ~0ull;
+    for (int i = 0; i < b->num_units; i++) lists &= b->units[i]->rowblock.inline_lists;
+    for (int c = 0; c < nc; c++) {
+      int p = rp->slot_of[c];
+      from_rows[c] = p >= 0 && (rp->packed[p].kind != LAYOUT_SLOT_LIST || ((lists >> p) & 1));
+    }
     size_t stride = rp->stride;
     for (int i = 0; i < b->n; i++) {
-      if (i + 16 < b->n) {
-        /* A row may straddle two cache lines: fetch both. */
-        const uint8_t *ahead =
-            b->sample_unit[i + 16]->rowblock + (size_t)b->samples[i + 16].row * stride;
-        __builtin_prefetch(ahead);
-        __builtin_prefetch(ahead + stride - 1);
+      /* Two steps ahead: a row's start, then (once that is in cache) the
+       * row's lines, so each sample's misses overlap those of the next
+       * dozen. */
+      if (i + 2 * ROW_AHEAD < b->n) {
+        const unit_t *u = b->sample_unit[i + 2 * ROW_AHEAD];
+        if (u->rowblock.start) __builtin_prefetch(u->rowblock.start + b->samples[i + 2 * ROW_AHEAD].row);
       }
-      memcpy(tmp + (size_t)i * stride,
-             b->sample_unit[i]->rowblock + (size_t)b->samples[i].row * stride, stride);
+      if (i + ROW_AHEAD < b->n) {
+        size_t len;
+        const uint8_t *ahead = layout_rows_row(&b->sample_unit[i + ROW_AHEAD]->rowblock,
+                                               b->samples[i + ROW_AHEAD].row, &len);
+        size_t lim = len < ROW_PREFETCH_MAX ? len : ROW_PREFETCH_MAX;
+        for (size_t at = 0; at < lim; at += 64) __builtin_prefetch(ahead + at);
+        __builtin_prefetch(ahead + lim - 1);
+      }
+      size_t len;
+      const uint8_t *row =
+          layout_rows_row(&b->sample_unit[i]->rowblock, b->samples[i].row, &len);
+      memcpy(tmp + (size_t)i * stride, row, stride);
     }
     layout_rows_count_nulls(rp, tmp, b->n, nulls_by_bit);
   }
   uint64_t total = 0;
   for (int c = 0; c < nc; c++) {
-    if (rp && rp->slot_of[c] >= 0) {
+    if (from_rows[c]) {
       sizes[c] =
           layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 1, NULL, NULL, NULL);
+      if (sizes[c] < 0) {
+        b->error = (int)sizes[c];
+        snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
+                 "more than 2 GiB of values in one batch");
+        goto out;
+      }
       total += (uint64_t)sizes[c];
       continue;
     }
@@ -699,11 +733,11 @@ static void assemble_work(uv_work_t *w) {
   uint8_t *dst = base + off;
   int node = 0;
   for (int c = 0; c < nc; c++) {
-    if (rp && rp->slot_of[c] >= 0) {
+    if (from_rows[c]) {
       layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 0, base, dst,
                          b->nodes + node);
       dst += sizes[c];
-      node += 1;
+      node += layout_rows_num_nodes(rp, rp->slot_of[c]);
       continue;
     }
     for (int i = 0; i < b->n; i++) {
@@ -724,6 +758,7 @@ static void assemble_work(uv_work_t *w) {
   }
 out:
   layout_scratch_free(scratch);
+  free(from_rows);
   free(tmp);
   free(nulls_by_bit);
   free(picks);
@@ -920,9 +955,12 @@ again:
         units_wait(u, s);
       }
     }
-    /* As many assemblies at once as there are workers keeps them busy;
-     * more would only queue behind other streams' work. */
-    if (ready && assembling < s->srv->workers) {
+    /* Twice as many assemblies as there are workers: a worker that
+     * finishes one finds the next queued instead of sleeping until the loop
+     * has handled the first (measured: about 1.2 times the delivery rate
+     * of one per worker on 2 cores).  More would only queue behind other
+     * streams' work. */
+    if (ready && assembling < 2 * s->srv->workers) {
       int rc = start_assembly(s, b);
       if (rc) {
         stream_fail(s, rc, "cannot start assembling a batch");

@@ -63,8 +63,7 @@ static void unit_free_data(unit_t *u) {
   free(u->cached);
   free(u->blobs);
   free(u->views);
-  free(u->rowblock);
-  u->rowblock = NULL;
+  layout_rows_free(&u->rowblock);
   u->cached = NULL;
   u->blobs = NULL;
   u->views = NULL;
@@ -589,11 +588,13 @@ static void note_admission(void) {
 static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8_t **blobs,
                            const size_t *sizes, int *admitted) {
   int nc = ds->num_columns;
-  store_entry_t entries[64];
-  store_key_t keys[64];
-  uint64_t usizes[64];
   *admitted = 0;
-  if (nc > 64 || srv->store == NULL) return;
+  if (srv->store == NULL) return;
+  store_entry_t *entries = malloc((size_t)(nc ? nc : 1) * sizeof(*entries));
+  store_key_t *keys = malloc((size_t)(nc ? nc : 1) * sizeof(*keys));
+  uint64_t *usizes = malloc((size_t)(nc ? nc : 1) * sizeof(*usizes));
+  int *col = malloc((size_t)(nc ? nc : 1) * sizeof(*col));
+  if (entries == NULL || keys == NULL || usizes == NULL || col == NULL) goto out;
   /* Bug fix (tests: daemon_cache_shared_columns): offer only the columns
    * the cache lacks.  Columns are cached per column, and another job's
    * projection may have cached some of them already; offering those too
@@ -601,7 +602,6 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
    * holds), so a job whose projection overlapped a cached one never got
    * its own columns cached and decoded every epoch. */
   int n = 0;
-  int col[64];
   for (int c = 0; c < nc; c++) {
     store_key_t key;
     dataset_column_key(ds, k, c, &key);
@@ -613,7 +613,7 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   }
   if (n == 0) {
     *admitted = 1;
-    return;
+    goto out;
   }
   const dataset_unit_t *du = &ds->units[k];
   uint64_t object_id = ds->files[du->file].object_id;
@@ -621,7 +621,7 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
    * code (EINVAL, ENOMEM) means nothing was reserved either. */
   if (store_reserve(srv->store, object_id, keys, usizes, n, du->priority) <= 0) {
     note_refusal(srv);
-    return;
+    goto out;
   }
   for (int i = 0; i < n; i++) {
     entries[i].key = keys[i];
@@ -635,10 +635,15 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
       log_warn("cache write of %s failed: %s", ds->files[du->file].name, larder_strerror(rc));
     else
       note_refusal(srv);
-    return;
+    goto out;
   }
   note_admission();
   *admitted = 1;
+out:
+  free(entries);
+  free(keys);
+  free(usizes);
+  free(col);
 }
 
 /* Decodes units [start, ...) of u's row group: u's own columns are kept in
@@ -680,11 +685,13 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   pq_reader *r = NULL;
   pq_batch_t batch;
   pq_batch_init(&batch);
-  uint8_t *blobs[64];
-  size_t sizes[64];
-  if (nc > 64) {
+  uint8_t **blobs = calloc((size_t)(nc ? nc : 1), sizeof(*blobs));
+  size_t *sizes = calloc((size_t)(nc ? nc : 1), sizeof(*sizes));
+  if (blobs == NULL || sizes == NULL) {
+    free(blobs);
+    free(sizes);
     if (!f->remote) pq_source_close_file(&src);
-    return unit_fail(u, LARDER_EUNSUPPORTED, "more than 64 top-level columns in one stream");
+    return unit_fail(u, LARDER_ENOMEM, "out of memory decoding a unit");
   }
   rc = pq_reader_open(f->pq, &src, f->proj, (int)du->rg, &opts, &r, &err);
   if (rc == 0 && du->row_start > 0) {
@@ -706,7 +713,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
                         f->name, du->rg);
       break;
     }
-    memset(blobs, 0, sizeof(blobs));
+    memset(blobs, 0, (size_t)nc * sizeof(*blobs));
     for (int c = 0; c < nc && rc == 0; c++) {
       rc = layout_serialize(&batch.columns[c], &blobs[c], &sizes[c]);
       if (rc) pq_error_set(&err, rc, "out of memory serializing a unit");
@@ -725,6 +732,8 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     /* Decoding ahead only pays when the cache keeps what it decodes. */
     if (k >= u->index && !admitted) break;
   }
+  free(blobs);
+  free(sizes);
   pq_batch_free(&batch);
   pq_reader_close(r);
   if (!f->remote) pq_source_close_file(&src);
@@ -735,13 +744,12 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
 static void build_rows(unit_t *u) {
   const layout_rowplan_t *plan = u->ds->rowplan;
   if (plan == NULL || u->error) return;
-  u->rowblock = layout_rows_build(plan, u->views, (int64_t)u->rows);
-  if (u->rowblock == NULL) {
+  if (layout_rows_build(plan, u->views, (int64_t)u->rows, &u->rowblock) != 0) {
     unit_fail(u, LARDER_ENOMEM, "out of memory building a unit's row block");
     return;
   }
   u->data_bytes = u->bytes;
-  u->bytes += (uint64_t)(int64_t)u->rows * plan->stride;
+  u->bytes += u->rowblock.bytes;
 }
 
 static void load_work(uv_work_t *w) {

@@ -1,0 +1,61 @@
+// Writes, with DuckDB, the files that test the daemon's row blocks
+// (daemon/layout.h): every kind of column a row block packs, and the cases
+// where it must not inline.
+// Usage: node tests/gen/rows-data.mjs OUTDIR
+//
+// OUTDIR/mixed.parquet, 6000 rows in row groups of 1000:
+//   id      BIGINT            the row number
+//   flag    BOOLEAN           NULL in every 13th row
+//   small   SMALLINT, tiny TINYINT, dec DECIMAL(30,4) (16 bytes), uid UUID
+//   name    VARCHAR           0 to 3000 characters: some rows past the
+//                             row block's inline limit (1024), some empty,
+//                             some NULL, so rows vary in size
+//   ints    INTEGER[]         NULL lists, empty lists, and NULL elements
+//                             only in rows 2000..2999 (their units cannot
+//                             inline the column)
+//   vec     DOUBLE[]          4 values, never NULL
+//   big     FLOAT[]           600 values in rows 4000..4999 (2400 bytes a
+//                             row: long on average, not inlined), 2 elsewhere
+//   tags    VARCHAR[]         a list of strings: never packed
+//   pt      STRUCT(x INT, y VARCHAR): never packed
+// OUTDIR/uniform.parquet, 3000 rows: fixed-size rows (id, a 64-byte blob,
+//   an 8-float list), the stride case.
+import { DuckDBInstance } from '@duckdb/node-api';
+import fs from 'node:fs';
+import path from 'node:path';
+
+const out = process.argv[2];
+if (!out) {
+  process.stderr.write('usage: rows-data.mjs OUTDIR\n');
+  process.exit(2);
+}
+fs.mkdirSync(out, { recursive: true });
+const db = await DuckDBInstance.create(':memory:');
+const c = await db.connect();
+await c.run('SET threads=1');
+await c.run(`COPY (
+  SELECT i::BIGINT AS id,
+         CASE WHEN i % 13 = 0 THEN NULL ELSE hash(i, 1) % 2 = 0 END AS flag,
+         ((hash(i, 2) % 60000)::INTEGER - 30000)::SMALLINT AS small,
+         ((hash(i, 3) % 250)::INTEGER - 125)::TINYINT AS tiny,
+         ((hash(i, 4) % 100000000000)::DECIMAL(30,4) / 7)::DECIMAL(30,4) AS dec,
+         md5(i::VARCHAR)::UUID AS uid,
+         CASE WHEN i % 17 = 0 THEN NULL
+              WHEN i % 19 = 0 THEN ''
+              ELSE repeat(chr(97 + (i % 26)::INTEGER), (hash(i, 5) % 3000)::INTEGER) || i::VARCHAR END AS name,
+         CASE WHEN i % 11 = 5 THEN NULL
+              ELSE [CASE WHEN i BETWEEN 2000 AND 2999 AND (i + k) % 3 = 0 THEN NULL
+                         ELSE (i * 10 + k)::INTEGER END FOR k IN range((i % 5)::BIGINT)] END AS ints,
+         [(i + k / 4.0)::DOUBLE FOR k IN range(4)] AS vec,
+         [(i * 1.5 + k)::FLOAT FOR k IN range(CASE WHEN i BETWEEN 4000 AND 4999 THEN 600 ELSE 2 END)] AS big,
+         ['t' || (i % 7)::VARCHAR, 'u' || (i % 3)::VARCHAR] AS tags,
+         {'x': (i % 100)::INTEGER, 'y': 'p' || i::VARCHAR} AS pt
+  FROM range(6000) t(i)
+) TO '${path.join(out, 'mixed.parquet')}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000)`);
+await c.run(`COPY (
+  SELECT i::BIGINT AS id,
+         from_hex(repeat(md5(i::VARCHAR), 4)) AS blob,
+         [(i + k)::FLOAT FOR k IN range(8)] AS emb
+  FROM range(3000) t(i)
+) TO '${path.join(out, 'uniform.parquet')}' (FORMAT parquet, COMPRESSION snappy, ROW_GROUP_SIZE 1000)`);
+console.log(out);
