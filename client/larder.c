@@ -69,6 +69,10 @@ struct larder_stream {
   uint64_t wait_ns, compute_ns, last_return_ns;
   uint64_t report_wait, report_compute; /* not yet sent with a release */
   pthread_mutex_t lock;                 /* refs and the report counters */
+  /* Under the client's send_lock: releases of this stream in c->held, and
+   * how many it may hold (half its window). */
+  int held_releases, hold_max;
+  uint64_t held_gen;                    /* c->flushes when counted */
 };
 
 struct larder_batch {
@@ -94,6 +98,15 @@ struct larder_client {
   uint32_t waiting_request;
   int broken;           /* the connection failed */
   char err[1024];
+  /* Under send_lock: Release frames not sent yet.  They go out together
+   * when a stream holds half its window of them, before the reading thread
+   * waits for the daemon, or ahead of any other frame; the daemon then
+   * sends the batches that replace them in one write too, and a trainer
+   * that keeps up reads several batches per system call. */
+  uint8_t *held;
+  size_t held_len, held_cap;
+  uint64_t flushes;
+  int reader_waiting;   /* a thread waits in pump: send releases at once */
 };
 
 static uint64_t now_ns(void) {
@@ -114,13 +127,9 @@ static int set_err(larder_client_t *c, int code, const char *fmt, ...) {
 
 const char *larder_client_last_error(const larder_client_t *c) { return c ? c->err : ""; }
 
-static int send_frame(larder_client_t *c, const Larder__Frame *f) {
-  size_t len;
-  uint8_t *buf = wire_encode(f, &len);
-  if (buf == NULL) return LARDER_ENOMEM;
-  pthread_mutex_lock(&c->send_lock);
+/* Sends len bytes; the caller holds send_lock. */
+static int send_all_locked(larder_client_t *c, const uint8_t *buf, size_t len) {
   size_t off = 0;
-  int rc = 0;
   while (off < len) {
     ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
     if (n < 0) {
@@ -130,14 +139,64 @@ static int send_frame(larder_client_t *c, const Larder__Frame *f) {
         poll(&p, 1, 1000);
         continue;
       }
-      rc = LARDER_ECLOSED;
-      break;
+      return LARDER_ECLOSED;
     }
     off += (size_t)n;
   }
+  return 0;
+}
+
+/* Sends the held releases; the caller holds send_lock. */
+static int flush_held_locked(larder_client_t *c) {
+  if (c->held_len == 0) return 0;
+  int rc = send_all_locked(c, c->held, c->held_len);
+  c->held_len = 0;
+  c->flushes++;
+  return rc;
+}
+
+static int send_frame(larder_client_t *c, const Larder__Frame *f) {
+  size_t len;
+  uint8_t *buf = wire_encode(f, &len);
+  if (buf == NULL) return LARDER_ENOMEM;
+  pthread_mutex_lock(&c->send_lock);
+  int rc = flush_held_locked(c);
+  if (rc == 0) rc = send_all_locked(c, buf, len);
   pthread_mutex_unlock(&c->send_lock);
   free(buf);
   return rc;
+}
+
+/* Queues a Release frame of s, sending what is held when s holds its share
+ * or a reader waits.  Any thread. */
+static void hold_release(larder_client_t *c, larder_stream_t *s, const Larder__Frame *f) {
+  size_t len;
+  uint8_t *buf = wire_encode(f, &len);
+  pthread_mutex_lock(&c->send_lock);
+  if (buf == NULL || c->held_len + len > c->held_cap) {
+    size_t cap = c->held_cap ? c->held_cap : 1024;
+    while (buf && cap < c->held_len + len) cap *= 2;
+    uint8_t *p = buf ? realloc(c->held, cap) : NULL;
+    if (p == NULL) {
+      /* Out of memory: send what is held, then this one directly. */
+      flush_held_locked(c);
+      if (buf) send_all_locked(c, buf, len);
+      pthread_mutex_unlock(&c->send_lock);
+      free(buf);
+      return;
+    }
+    c->held = p;
+    c->held_cap = cap;
+  }
+  memcpy(c->held + c->held_len, buf, len);
+  c->held_len += len;
+  if (s->held_gen != c->flushes) {
+    s->held_gen = c->flushes;
+    s->held_releases = 0;
+  }
+  if (c->reader_waiting || ++s->held_releases >= s->hold_max) flush_held_locked(c);
+  pthread_mutex_unlock(&c->send_lock);
+  free(buf);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -207,10 +266,6 @@ static void route(larder_client_t *c, Larder__Frame *f) {
  * LARDER_EPROTO when the connection is gone. */
 static int pump(larder_client_t *c, int timeout_ms) {
   if (c->broken) return c->broken < 0 ? c->broken : LARDER_ECLOSED;
-  struct pollfd p = {c->fd, POLLIN, 0};
-  int r = poll(&p, 1, timeout_ms);
-  if (r < 0) return errno == EINTR ? 0 : LARDER_EIO;
-  if (r == 0) return LARDER_ETIMEDOUT;
   if (c->rcap - c->rlen < 65536) {
     size_t cap = c->rcap ? c->rcap * 2 : 131072;
     uint8_t *b = realloc(c->rbuf, cap);
@@ -218,7 +273,26 @@ static int pump(larder_client_t *c, int timeout_ms) {
     c->rbuf = b;
     c->rcap = cap;
   }
-  int64_t n = wire_recvmsg(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, c->fds, 8, &c->num_fds);
+  /* Read first and wait only when nothing is there: a trainer that keeps
+   * up finds its next batches already in the socket, and saves a poll per
+   * read. */
+  int64_t n = wire_recvmsg(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, c->fds, 8, &c->num_fds, 1);
+  if (n == -EAGAIN) {
+    /* The daemon may be waiting for the releases held here. */
+    pthread_mutex_lock(&c->send_lock);
+    flush_held_locked(c);
+    c->reader_waiting = timeout_ms != 0;
+    pthread_mutex_unlock(&c->send_lock);
+    if (timeout_ms == 0) return LARDER_ETIMEDOUT;
+    struct pollfd p = {c->fd, POLLIN, 0};
+    int r = poll(&p, 1, timeout_ms);
+    pthread_mutex_lock(&c->send_lock);
+    c->reader_waiting = 0;
+    pthread_mutex_unlock(&c->send_lock);
+    if (r < 0) return errno == EINTR ? 0 : LARDER_EIO;
+    if (r == 0) return LARDER_ETIMEDOUT;
+    n = wire_recvmsg(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, c->fds, 8, &c->num_fds, 1);
+  }
   if (n == -EAGAIN || n == -EINTR) return 0;
   if (n <= 0) {
     c->broken = LARDER_ECLOSED;
@@ -335,6 +409,7 @@ void larder_client_close(larder_client_t *c) {
   for (int i = 0; i < c->num_fds; i++) close(c->fds[i]);
   wire_free(c->reply);
   free(c->rbuf);
+  free(c->held);
   pthread_mutex_destroy(&c->send_lock);
   free(c);
 }
@@ -470,6 +545,9 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   s->arena_size = rep->arena_bytes;
   s->pos_epoch = opts->start_epoch;
   s->pos_batch = opts->start_batch;
+  /* The daemon's window: what the options ask, 4 when they leave it 0. */
+  uint32_t window = opts->window ? opts->window : 4;
+  s->hold_max = window >= 4 ? (int)(window / 2) : 1;
   rc = copy_field(&s->schema, rep->schema, 0);
   wire_free(r);
   if (rc == 0) {
@@ -524,6 +602,15 @@ static void stream_unref(larder_stream_t *s) {
   free(s);
 }
 
+int larder_stream_flush(larder_stream_t *s) {
+  larder_client_t *c = s->client;
+  if (c == NULL || c->broken) return LARDER_ECLOSED;
+  pthread_mutex_lock(&c->send_lock);
+  int rc = flush_held_locked(c);
+  pthread_mutex_unlock(&c->send_lock);
+  return rc;
+}
+
 void larder_stream_close(larder_stream_t *s) {
   if (s == NULL || s->closed) return;
   larder_client_t *c = s->client;
@@ -560,20 +647,27 @@ void larder_stream_close(larder_stream_t *s) {
  * take the next free slots of nodes, contiguously, so they can be indexed. */
 static int build_arrays(larder_stream_t *s, const Larder__Batch *b, larder_array_t *nodes,
                         int *slot_next, const field_t *f, int *k, larder_array_t *out) {
-  if (*k >= (int)b->n_arrays) return LARDER_EPROTO;
-  const Larder__ArrayDesc *d = b->arrays[(*k)++];
+  if ((size_t)*k >= b->n_layout / LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS) return LARDER_EPROTO;
+  const uint64_t *d = b->layout + (size_t)(*k)++ * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
   uint64_t size = s->arena_size;
-  if ((d->validity_length && (d->validity_offset > size || d->validity_length > size - d->validity_offset)) ||
-      (d->offsets_length && (d->offsets_offset > size || d->offsets_length > size - d->offsets_offset)) ||
-      (d->values_length && (d->values_offset > size || d->values_length > size - d->values_offset)))
+  uint64_t vo = d[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET];
+  uint64_t vl = d[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH];
+  uint64_t oo = d[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_OFFSET];
+  uint64_t ol = d[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH];
+  uint64_t xo = d[LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET];
+  uint64_t xl = d[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH];
+  int64_t length = (int64_t)d[LARDER__ARRAY_FIELD__ARRAY_LENGTH];
+  int64_t nulls = (int64_t)d[LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT];
+  if ((vl && (vo > size || vl > size - vo)) || (ol && (oo > size || ol > size - oo)) ||
+      (xl && (xo > size || xl > size - xo)) || length < 0 || nulls < 0 || nulls > length)
     return LARDER_EPROTO;
   out->field = f;
-  out->length = d->length;
-  out->null_count = d->null_count;
-  out->validity = d->validity_length ? s->arena + d->validity_offset : NULL;
-  out->offsets = d->offsets_length ? (const int32_t *)(const void *)(s->arena + d->offsets_offset) : NULL;
-  out->values = d->values_length ? s->arena + d->values_offset : NULL;
-  out->values_size = d->values_length;
+  out->length = length;
+  out->null_count = nulls;
+  out->validity = vl ? s->arena + vo : NULL;
+  out->offsets = ol ? (const int32_t *)(const void *)(s->arena + oo) : NULL;
+  out->values = xl ? s->arena + xo : NULL;
+  out->values_size = xl;
   out->num_children = f->num_children;
   out->children = NULL;
   if (f->num_children) {
@@ -643,16 +737,21 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
       batch->nodes = nodes;
       batch->num_columns = s->schema.num_children;
       int k = 0;
-      int brc = (int)b->n_arrays == s->num_nodes ? 0 : LARDER_EPROTO;
+      int brc = b->n_layout == (size_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS
+                    ? 0
+                    : LARDER_EPROTO;
       /* The columns take the first slots, so they index directly. */
       int slot_next = batch->num_columns;
       for (int i = 0; brc == 0 && i < s->schema.num_children; i++)
         brc = build_arrays(s, b, nodes, &slot_next, &s->schema.children[i], &k, &nodes[i]);
       batch->columns = nodes;
       if (brc == 0)
-        for (size_t i = 0; i < b->n_arrays; i++)
-          batch->bytes += b->arrays[i]->validity_length + b->arrays[i]->offsets_length +
-                          b->arrays[i]->values_length;
+        for (int i = 0; i < s->num_nodes; i++) {
+          const uint64_t *d = b->layout + (size_t)i * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+          batch->bytes += d[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH] +
+                          d[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH] +
+                          d[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH];
+        }
       wire_free(f);
       if (brc) {
         free(nodes);
@@ -750,7 +849,7 @@ void larder_batch_release(larder_batch_t *b) {
     Larder__Frame f = LARDER__FRAME__INIT;
     f.msg_case = LARDER__FRAME__MSG_RELEASE;
     f.release = &rel;
-    send_frame(c, &f);
+    hold_release(c, s, &f);
   }
   free(b->nodes);
   free(b);

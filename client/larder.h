@@ -225,8 +225,21 @@ larder_type_t larder_stream_column_type(const larder_stream_t *stream, int i);
 
 /* Time the caller spent blocked in larder_stream_next, and between calls
  * (its own work), since the stream opened, in nanoseconds.  The stall
- * fraction is wait / (wait + compute). */
+ * fraction is wait / (wait + compute).  The daemon learns these figures
+ * with the releases. */
 void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint64_t *compute_ns);
+
+/*
+ * Sends the releases (and the stall figures they carry) that the library
+ * holds back.  It sends releases together, up to half the stream's window
+ * at a time, so that the daemon answers with several batches in one write
+ * and a trainer that keeps up reads them with one system call; it sends
+ * what it holds before larder_stream_next waits, before any other request,
+ * and at close, so no call needs this for progress.  Call it to make the
+ * daemon's per-stream stats current now.  Returns 0 or LARDER_ECLOSED.
+ * The thread that owns the stream.
+ */
+int larder_stream_flush(larder_stream_t *stream);
 
 /* Closes the stream; its unreleased batches stay valid until released. */
 void larder_stream_close(larder_stream_t *stream);
@@ -243,7 +256,8 @@ const larder_array_t *larder_batch_column_by_name(const larder_batch_t *batch, c
 /* Bytes of the batch's buffers in the arena. */
 uint64_t larder_batch_bytes(const larder_batch_t *batch);
 
-/* Gives the batch's arena region back to the daemon.  Any thread; once. */
+/* Gives the batch's arena region back to the daemon (see
+ * larder_stream_flush for when the release goes out).  Any thread; once. */
 void larder_batch_release(larder_batch_t *batch);
 
 const char *larder_array_name(const larder_array_t *a);

@@ -70,7 +70,7 @@ int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass) {
 }
 
 int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds,
-                     int *num_fds) {
+                     int *num_fds, int dontwait) {
   struct iovec iov = {buf, cap};
   struct msghdr msg;
   memset(&msg, 0, sizeof(msg));
@@ -84,7 +84,7 @@ int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds,
   msg.msg_controllen = sizeof(ctl.buf);
   ssize_t n;
   for (;;) {
-    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (dontwait ? MSG_DONTWAIT : 0));
     if (n >= 0) break;
     if (errno == EINTR) continue;
     return -errno;

@@ -19,7 +19,7 @@
 #include "larder.h"
 #include "larder.pb-c.h"
 
-#define WIRE_PROTOCOL_VERSION 1
+#define WIRE_PROTOCOL_VERSION 2
 #define WIRE_MAX_FRAME (16u << 20)
 #define WIRE_HEADER 4
 
@@ -47,11 +47,12 @@ void wire_free(Larder__Frame *frame);
 int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass);
 
 /*
- * Receives up to cap bytes.  Any descriptors that arrive are appended to
- * fds (up to max_fds; extras are closed) and *num_fds is updated.  Returns
- * the bytes read, 0 at end of stream, or a negative errno-style code.
+ * Receives up to cap bytes; with dontwait set, returns -EAGAIN at once when
+ * nothing is there.  Any descriptors that arrive are appended to fds (up to
+ * max_fds; extras are closed) and *num_fds is updated.  Returns the bytes
+ * read, 0 at end of stream, or a negative errno-style code.
  */
 int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds,
-                     int *num_fds);
+                     int *num_fds, int dontwait);
 
 #endif /* LARDER_WIRE_H */

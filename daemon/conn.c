@@ -50,6 +50,7 @@ static void on_close(uv_handle_t *h) {
     free(p);
   }
   free(c->rbuf);
+  free(c->cork);
   free(c->groups); /* larder ACL: SO_PEERGROUPS */
   STATS_SUB(&srv->stats, clients, 1);
   free(c);
@@ -84,8 +85,14 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
  * connection already rejected; and a frame queued after uv_shutdown failed
  * with EPIPE, which closed the connection at once and dropped the Error
  * frame still in the write queue. */
+static int flush_cork(conn_t *c);
+
 void conn_shutdown(conn_t *c) {
   if (c->closing || c->draining) return;
+  /* What was sent before (the Error frame, say) goes out first. */
+  c->corked = 0;
+  flush_cork(c);
+  if (c->closing) return;
   c->draining = 1;
   while (c->streams) stream_close(c->streams);
   admin_conn_closed(c);
@@ -190,6 +197,22 @@ static void flush_pending(conn_t *c) {
   }
 }
 
+/* Writes the frames collected while corked, in one write. */
+static int flush_cork(conn_t *c) {
+  if (c->cork_len == 0) return 0;
+  uint8_t *buf = c->cork;
+  size_t len = c->cork_len;
+  c->cork = NULL;
+  c->cork_len = c->cork_cap = 0;
+  if (c->closing || c->draining) {
+    free(buf);
+    return LARDER_ECLOSED;
+  }
+  int rc = queue_write(c, buf, len);
+  if (rc) conn_close(c);
+  return rc;
+}
+
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
   if (c->closing || c->draining) return LARDER_ECLOSED;
   size_t len;
@@ -197,6 +220,29 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
   if (buf == NULL) {
     conn_close(c);
     return LARDER_ENOMEM;
+  }
+  if (fd < 0 && c->pending == NULL && c->corked) {
+    if (c->cork_len + len > c->cork_cap) {
+      size_t cap = c->cork_cap ? c->cork_cap : 4096;
+      while (cap < c->cork_len + len) cap *= 2;
+      uint8_t *p = realloc(c->cork, cap);
+      if (p == NULL) {
+        free(buf);
+        conn_close(c);
+        return LARDER_ENOMEM;
+      }
+      c->cork = p;
+      c->cork_cap = cap;
+    }
+    memcpy(c->cork + c->cork_len, buf, len);
+    c->cork_len += len;
+    free(buf);
+    return 0;
+  }
+  /* Nothing may overtake what the cork holds. */
+  if (flush_cork(c)) {
+    free(buf);
+    return LARDER_ECLOSED;
   }
   if (fd < 0 && c->pending == NULL) {
     int rc = queue_write(c, buf, len);
@@ -330,9 +376,15 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   c->rlen += (size_t)nread;
   size_t off = 0;
+  /* A client that returns several batches at once gets the batches that
+   * replace them in one write, which it reads in one call, instead of a
+   * write (and a read) per batch. */
+  c->corked = 1;
   while (!c->closing && !c->draining) {
     int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
     if (n < 0) {
+      c->corked = 0;
+      flush_cork(c);
       protocol_error(c, LARDER_EPROTO, "protocol error: frame longer than max_frame");
       return;
     }
@@ -341,12 +393,16 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     off += (size_t)n;
     if (f == NULL || f->msg_case == LARDER__FRAME__MSG__NOT_SET) {
       wire_free(f);
+      c->corked = 0;
+      flush_cork(c);
       protocol_error(c, LARDER_EPROTO, "protocol error: malformed message");
       return;
     }
     dispatch(c, f);
     wire_free(f);
   }
+  c->corked = 0;
+  flush_cork(c);
   if (off > 0 && !c->closing) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;

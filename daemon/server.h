@@ -181,6 +181,11 @@ struct conn {
   /* Frames waiting for the write queue to drain before a descriptor can be
    * passed with sendmsg. */
   struct pending_fd *pending;
+  /* Frames sent while the connection's input is dispatched, written
+   * together when it ends (see on_read in conn.c). */
+  int corked;
+  uint8_t *cork;
+  size_t cork_len, cork_cap;
   uv_timer_t fd_timer;
   int fd_timer_active;
   conn_t *next, *prev;

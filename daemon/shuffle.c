@@ -77,6 +77,7 @@
 #include "shuffle.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,7 +89,20 @@
 #define PURPOSE_BLOCK 3
 #define NO_WINDOW UINT64_MAX
 
+/* A window's row order, shared by the cursors of one plan (see get_window):
+ * a stream's planner and its prefetch pins walk the same epochs, and a
+ * large window's permutation takes milliseconds of a worker to make. */
+typedef struct shared_perm {
+  struct shared_perm *next;
+  uint64_t epoch, window;
+  uint32_t rows;
+  int refs;           /* cursors holding it; freed at 0 */
+  uint32_t *perm;
+} shared_perm_t;
+
 struct shuffle_plan {
+  pthread_mutex_t lock; /* perms */
+  shared_perm_t *perms;
   shuffle_params_t params;
   uint32_t num_units;
   uint64_t num_samples;  /* N */
@@ -112,7 +126,7 @@ typedef struct window {
   uint32_t rows;      /* rows in it */
   uint32_t *perm;     /* rows entries: position -> window row (packed:
                        * index of its unit in the window << row_bits | row) */
-  size_t cap;         /* entries allocated in perm */
+  shared_perm_t *shared; /* the holder of perm */
 } window_t;
 
 struct shuffle_epoch {
@@ -314,12 +328,15 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
       params->window_units < num_units ? params->window_units : num_units;
   plan->row_bits = bits_for(max_rows - 1); /* max_rows >= 1 */
   plan->packed = plan->row_bits + bits_for(per_window - 1) <= 32;
+  pthread_mutex_init(&plan->lock, NULL);
   *out = plan;
   return 0;
 }
 
 void shuffle_plan_free(shuffle_plan_t *plan) {
   if (plan == NULL) return;
+  /* Every cursor is closed by now, so no permutation is left. */
+  pthread_mutex_destroy(&plan->lock);
   free(plan->start);
   free(plan->block_first);
   free(plan);
@@ -401,12 +418,64 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
   return 0;
 }
 
+static void perm_unref(const shuffle_plan_t *cplan, shared_perm_t *sp) {
+  if (sp == NULL) return;
+  /* The cache is the one mutable part of a plan, under its lock. */
+  shuffle_plan_t *plan = (shuffle_plan_t *)(uintptr_t)cplan;
+  pthread_mutex_lock(&plan->lock);
+  int last = --sp->refs == 0;
+  if (last) {
+    shared_perm_t **pp = &plan->perms;
+    while (*pp != sp) pp = &(*pp)->next;
+    *pp = sp->next;
+  }
+  pthread_mutex_unlock(&plan->lock);
+  if (last) {
+    free(sp->perm);
+    free(sp);
+  }
+}
+
+/* Another cursor's permutation of window w of epoch, with a reference
+ * taken, or NULL. */
+static shared_perm_t *perm_find(const shuffle_plan_t *cplan, uint64_t epoch, uint64_t w) {
+  shuffle_plan_t *plan = (shuffle_plan_t *)(uintptr_t)cplan;
+  pthread_mutex_lock(&plan->lock);
+  shared_perm_t *sp = plan->perms;
+  while (sp && !(sp->epoch == epoch && sp->window == w)) sp = sp->next;
+  if (sp) sp->refs++;
+  pthread_mutex_unlock(&plan->lock);
+  return sp;
+}
+
+/* Publishes a permutation made by this cursor; returns the one to use
+ * (another cursor's, when it published the same window meanwhile). */
+static shared_perm_t *perm_publish(const shuffle_plan_t *cplan, shared_perm_t *mine) {
+  shuffle_plan_t *plan = (shuffle_plan_t *)(uintptr_t)cplan;
+  pthread_mutex_lock(&plan->lock);
+  shared_perm_t *sp = plan->perms;
+  while (sp && !(sp->epoch == mine->epoch && sp->window == mine->window)) sp = sp->next;
+  if (sp) {
+    sp->refs++;
+  } else {
+    mine->next = plan->perms;
+    plan->perms = mine;
+  }
+  pthread_mutex_unlock(&plan->lock);
+  if (sp) {
+    free(mine->perm);
+    free(mine);
+    return sp;
+  }
+  return mine;
+}
+
 void shuffle_epoch_close(shuffle_epoch_t *ep) {
   if (ep == NULL) return;
   if (ep->order != NULL) free(ep->start); /* else borrowed from the plan */
   free(ep->order);
-  free(ep->win[0].perm);
-  free(ep->win[1].perm);
+  perm_unref(ep->plan, ep->win[0].shared);
+  perm_unref(ep->plan, ep->win[1].shared);
   free(ep->seen);
   free(ep);
 }
@@ -445,30 +514,43 @@ static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
     if (end > plan->num_units) end = plan->num_units;
     uint64_t rows = ep->start[end] - ep->start[first]; /* <= UINT32_MAX */
     slot->index = NO_WINDOW;
-    if (rows > slot->cap) {
-      free(slot->perm);
-      slot->cap = 0;
-      slot->perm = malloc((size_t)rows * sizeof(*slot->perm));
-      if (slot->perm == NULL) return LARDER_ENOMEM;
-      slot->cap = (size_t)rows;
-    }
+    perm_unref(plan, slot->shared);
+    slot->shared = NULL;
+    slot->perm = NULL;
     slot->first = (uint32_t)first;
     slot->nunits = (uint32_t)(end - first);
     slot->rows = (uint32_t)rows;
     slot->begin = ep->start[first];
-    if (plan->packed) {
-      uint32_t *a = slot->perm;
-      for (uint32_t k = 0; k < slot->nunits; k++) {
-        uint32_t unit_rows = (uint32_t)(ep->start[first + k + 1] -
-                                        ep->start[first + k]);
-        uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
-        for (uint32_t r = 0; r < unit_rows; r++) *a++ = tag | r;
+    shared_perm_t *sp = perm_find(plan, ep->epoch, w);
+    if (sp == NULL) {
+      sp = calloc(1, sizeof(*sp));
+      if (sp == NULL) return LARDER_ENOMEM;
+      sp->perm = malloc((size_t)(rows ? rows : 1) * sizeof(*sp->perm));
+      if (sp->perm == NULL) {
+        free(sp);
+        return LARDER_ENOMEM;
       }
-    } else {
-      for (uint32_t r = 0; r < slot->rows; r++) slot->perm[r] = r;
+      sp->epoch = ep->epoch;
+      sp->window = w;
+      sp->rows = (uint32_t)rows;
+      sp->refs = 1;
+      if (plan->packed) {
+        uint32_t *a = sp->perm;
+        for (uint32_t k = 0; k < slot->nunits; k++) {
+          uint32_t unit_rows = (uint32_t)(ep->start[first + k + 1] -
+                                          ep->start[first + k]);
+          uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
+          for (uint32_t r = 0; r < unit_rows; r++) *a++ = tag | r;
+        }
+      } else {
+        for (uint32_t r = 0; r < slot->rows; r++) sp->perm[r] = r;
+      }
+      fisher_yates(sp->perm, slot->rows,
+                   stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w));
+      sp = perm_publish(plan, sp);
     }
-    fisher_yates(slot->perm, slot->rows,
-                 stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w));
+    slot->shared = sp;
+    slot->perm = sp->perm;
     slot->index = w;
   }
   slot->last_use = ++ep->clock;
@@ -606,4 +688,65 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
   for (uint32_t k = 0; k < count; k++)
     ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
   return rc < 0 ? rc : (int)count;
+}
+
+/* Appends the units at epoch-order positions [from, to) that hold rows and
+ * are not in the bitmap yet. */
+static uint32_t add_unit_span(shuffle_epoch_t *ep, uint32_t from, uint32_t to,
+                              uint32_t *units, uint32_t count, uint32_t max) {
+  for (uint32_t pos = from; pos < to && count < max; pos++) {
+    if (ep->start[pos + 1] == ep->start[pos]) continue;
+    uint32_t u = ep->order ? ep->order[pos] : pos;
+    uint64_t bit = UINT64_C(1) << (u % 64);
+    if (ep->seen[u / 64] & bit) continue;
+    ep->seen[u / 64] |= bit;
+    units[count++] = u;
+  }
+  return count;
+}
+
+int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
+                               uint32_t *units, uint32_t max) {
+  if (ep == NULL || first > last || (units == NULL && max > 0))
+    return LARDER_EINVAL;
+  const shuffle_plan_t *plan = ep->plan;
+  if (last > plan->batches) last = plan->batches;
+  if (max > INT_MAX) max = INT_MAX;
+  uint64_t n = plan->num_samples;
+  if (first >= last || max == 0 || n == 0) return 0;
+  if (ep->seen == NULL) {
+    ep->seen = calloc(((size_t)plan->num_units + 63) / 64, sizeof(uint64_t));
+    if (ep->seen == NULL) return LARDER_ENOMEM;
+  }
+  /* The global positions of the batches (every rank's), as at most two
+   * ranges of the epoch's order: padding wraps around to its start. */
+  uint64_t p0 = first * plan->global_batch, len = (last - first) * plan->global_batch;
+  uint64_t ranges[2][2];
+  int nr = 1;
+  if (len >= n) {
+    ranges[0][0] = 0;
+    ranges[0][1] = n;
+  } else {
+    uint64_t a = p0 % n;
+    ranges[0][0] = a;
+    ranges[0][1] = a + len <= n ? a + len : n;
+    if (a + len > n) {
+      ranges[1][0] = 0;
+      ranges[1][1] = a + len - n;
+      nr = 2;
+    }
+  }
+  uint32_t count = 0, nu = plan->num_units;
+  uint32_t w = plan->params.shuffle ? plan->params.window_units : 1;
+  for (int r = 0; r < nr; r++) {
+    /* The units holding the range's ends, widened to whole windows. */
+    uint32_t i0 = find_unit(ep->start, 0, nu, ranges[r][0]);
+    uint32_t i1 = find_unit(ep->start, 0, nu, ranges[r][1] - 1);
+    uint32_t from = i0 / w * w;
+    uint64_t to = ((uint64_t)i1 / w + 1) * w;
+    count = add_unit_span(ep, from, to < nu ? (uint32_t)to : nu, units, count, max);
+  }
+  for (uint32_t k = 0; k < count; k++)
+    ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
+  return (int)count;
 }

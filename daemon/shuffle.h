@@ -7,8 +7,12 @@
  *   thread count, no cache state and no global state enter the order, so
  *   the same dataset, seed, epoch and settings give the same batches on any
  *   machine, in any run, cold or warm, before or after a restart.
- * - Threading: a shuffle_plan_t is immutable and may be shared by threads; a
- *   shuffle_epoch_t is a cursor owned by one thread at a time.
+ * - Threading: a shuffle_plan_t may be shared by threads: its parameters
+ *   are immutable, and the window permutations its cursors share (each
+ *   window's is made once, by the first cursor that needs it, and lives
+ *   while a cursor holds it) are under a lock.  A shuffle_epoch_t is a
+ *   cursor owned by one thread at a time; close every cursor before
+ *   freeing its plan.
  * - Errors: negative larder_errno_t (LARDER_EINVAL, LARDER_ENOMEM).
  * - Ownership: *_create / *_open allocate; *_free / *_close release.
  *
@@ -131,5 +135,16 @@ int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
  */
 int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
                         uint32_t *units, uint32_t max);
+
+/*
+ * The units of the windows that batches [first, last) draw from, for every
+ * rank, window after window: a superset of what shuffle_epoch_units
+ * returns for them (all of it once a window is drawn on by a few batches,
+ * as rows are mixed across the whole window), found from the unit order
+ * alone, without the windows' row permutations, in time proportional to
+ * the units.  For prefetch pins.  Same returns as shuffle_epoch_units.
+ */
+int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
+                               uint32_t *units, uint32_t max);
 
 #endif /* LARDER_SHUFFLE_H */

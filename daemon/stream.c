@@ -33,6 +33,7 @@ typedef struct pbatch {
   unit_t **units;           /* distinct, each holding one reference */
   uint32_t *unit_index;     /* their indices in the stream's dataset */
   int num_units;
+  int units_ready;          /* units[0 .. units_ready) are READY (they stay) */
   int state;
   int error;
   char message[300];
@@ -56,6 +57,26 @@ typedef struct pin {
   uint32_t index;
 } pin_t;
 
+/* The samples of batches [first, first + n) of an epoch, planned on a
+ * worker. */
+typedef struct plan_chunk {
+  uv_work_t work;
+  stream_t *s;
+  uint64_t epoch, first;
+  uint64_t n;
+  shuffle_sample_t *samples; /* n * batch_size */
+  int rc;
+} plan_chunk_t;
+
+/* The units of batches [first, last) of an epoch, found on a worker. */
+typedef struct pin_task {
+  uv_work_t work;
+  stream_t *s;
+  uint64_t epoch, first, last;
+  uint32_t *idx;
+  int n;
+} pin_task_t;
+
 struct stream {
   server_t *srv;
   conn_t *conn;
@@ -73,11 +94,18 @@ struct stream {
   uint64_t batches_per_epoch;
   int num_nodes;            /* arrays per batch */
 
-  shuffle_epoch_t *plan_ep; /* cursor of the epoch being planned */
+  /* Planning: the samples of the coming batches are computed on a worker,
+   * a chunk at a time (see plan_task_work), into cur and next. */
+  shuffle_epoch_t *plan_ep; /* cursor of the planning tasks */
+  uint64_t plan_ep_epoch;
   uint64_t plan_epoch, plan_batch;
+  plan_chunk_t *cur, *next; /* next: computed, or being computed (plan_busy) */
+  int plan_busy;
   int exhausted;            /* every batch planned */
 
-  shuffle_epoch_t *pin_ep;  /* cursor of the prefetch pins */
+  shuffle_epoch_t *pin_ep;  /* cursor of the pin tasks */
+  uint64_t pin_ep_epoch;
+  int pin_busy;             /* a pin task is in flight */
   uint64_t pin_epoch, pin_batch;
   uint64_t pin_span;        /* batches pinned ahead */
   pin_t *pins;              /* the span being pinned now */
@@ -201,6 +229,12 @@ static void rotate_pins(stream_t *s) {
   s->num_pins = 0;
 }
 
+static void plan_chunk_free(plan_chunk_t *c) {
+  if (c == NULL) return;
+  free(c->samples);
+  free(c);
+}
+
 static void stream_destroy(stream_t *s) {
   while (s->q_head) {
     pbatch_t *b = s->q_head;
@@ -218,6 +252,8 @@ static void stream_destroy(stream_t *s) {
   shuffle_epoch_close(s->plan_ep);
   shuffle_epoch_close(s->pin_ep);
   shuffle_epoch_close(s->ra_ep);
+  plan_chunk_free(s->cur);
+  plan_chunk_free(s->next);
   free(s->ra_units);
   free(s->rg_prio);
   free(s->rg_prio_bytes);
@@ -285,29 +321,53 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
 /* ------------------------------------------------------------------------ */
 /* Prefetch pins                                                             */
 
-/* Pins the units of the next pin_span batches past the pin position, so
- * their loads start a window before the batches are planned. */
-static void advance_pins(stream_t *s) {
-  uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
-  uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
-  if (pin_pos > plan_pos + s->pin_span / 2) return;
-  if (s->epochs && s->pin_epoch >= s->epochs) return;
-  /* A changed object ends the stream at this epoch's end: loading what
-   * comes after would only fetch the new version to throw it away. */
-  if (s->stale_msg) return;
-  rotate_pins(s);
-  uint64_t first = s->pin_batch;
-  uint64_t last = first + s->pin_span;
-  if (last > s->batches_per_epoch) last = s->batches_per_epoch;
-  if (s->pin_ep == NULL || first == 0) {
+/*
+ * Pins the units of the next pin_span batches past the pin position, so
+ * their loads start a window before the batches are planned.  Which units
+ * those are takes the epoch's window permutations, milliseconds of work
+ * for a large window, so a worker finds them (pin_task_work) and the loop
+ * only takes the references (pin_task_done); the pins run half a span
+ * ahead, which leaves the worker that much time.
+ */
+static void pin_task_work(uv_work_t *w) {
+  pin_task_t *t = w->data;
+  stream_t *s = t->s;
+  if (s->pin_ep == NULL || s->pin_ep_epoch != t->epoch) {
     shuffle_epoch_close(s->pin_ep);
     s->pin_ep = NULL;
-    if (shuffle_epoch_open(s->plan, s->pin_epoch, &s->pin_ep) != 0) return;
+    if (shuffle_epoch_open(s->plan, t->epoch, &s->pin_ep) != 0) return;
+    s->pin_ep_epoch = t->epoch;
   }
   uint32_t max = s->ds->num_units;
-  uint32_t *idx = malloc((size_t)max * sizeof(uint32_t));
-  if (idx == NULL) return;
-  int n = shuffle_epoch_units(s->pin_ep, first, last, idx, max);
+  t->idx = malloc((size_t)(max ? max : 1) * sizeof(uint32_t));
+  if (t->idx == NULL) return;
+  t->n = shuffle_epoch_window_units(s->pin_ep, t->first, t->last, t->idx, max);
+  /* Make the row orders of the windows the span starts and ends in (a
+   * span is about a window long): the planner, half a span behind, then
+   * finds them made (cursors of a plan share them) instead of stalling a
+   * window's permutation, milliseconds, ahead of the next batch. */
+  shuffle_sample_t *tmp = malloc((size_t)s->params.batch_size * sizeof(*tmp));
+  if (tmp && t->last > t->first) {
+    shuffle_epoch_batch(s->pin_ep, t->first, tmp);
+    shuffle_epoch_batch(s->pin_ep, t->last - 1, tmp);
+  }
+  free(tmp);
+}
+
+static void pin_task_done(uv_work_t *w, int status) {
+  pin_task_t *t = w->data;
+  stream_t *s = t->s;
+  server_task_end(s->srv);
+  s->tasks--;
+  s->pin_busy = 0;
+  if (s->closed || status != 0 || s->srv->shutting_down) {
+    free(t->idx);
+    free(t);
+    stream_maybe_free(s);
+    return;
+  }
+  rotate_pins(s);
+  int n = t->idx ? t->n : 0;
   if (n > 0 && n > s->cap_pins) {
     pin_t *p = realloc(s->pins, (size_t)n * sizeof(pin_t));
     if (p == NULL) n = 0;
@@ -317,18 +377,50 @@ static void advance_pins(stream_t *s) {
     }
   }
   for (int i = 0; i < n; i++) {
-    unit_t *u = units_acquire(s->srv, s->ds, idx[i]);
+    unit_t *u = units_acquire(s->srv, s->ds, t->idx[i]);
     if (u == NULL) break;
     s->pins[s->num_pins].u = u;
-    s->pins[s->num_pins].index = idx[i];
+    s->pins[s->num_pins].index = t->idx[i];
     s->num_pins++;
-    if (s->pinned) s->pinned[idx[i]] = u;
+    if (s->pinned) s->pinned[t->idx[i]] = u;
   }
-  free(idx);
-  s->pin_batch = last;
+  /* Pins are a prefetch: a span they could not find (out of memory) is
+   * skipped, and its batches load their units when planned. */
+  s->pin_batch = t->last;
   if (s->pin_batch >= s->batches_per_epoch) {
     s->pin_epoch++;
     s->pin_batch = 0;
+  }
+  free(t->idx);
+  free(t);
+  stream_pump(s);
+}
+
+static void advance_pins(stream_t *s) {
+  if (s->pin_busy) return;
+  uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
+  uint64_t pin_pos = linear(s, s->pin_epoch, s->pin_batch);
+  if (pin_pos > plan_pos + s->pin_span / 2) return;
+  if (s->epochs && s->pin_epoch >= s->epochs) return;
+  /* A changed object ends the stream at this epoch's end: loading what
+   * comes after would only fetch the new version to throw it away. */
+  if (s->stale_msg) return;
+  pin_task_t *t = calloc(1, sizeof(*t));
+  if (t == NULL) return;
+  t->s = s;
+  t->epoch = s->pin_epoch;
+  t->first = s->pin_batch;
+  t->last = t->first + s->pin_span;
+  if (t->last > s->batches_per_epoch) t->last = s->batches_per_epoch;
+  t->work.data = t;
+  s->tasks++;
+  s->pin_busy = 1;
+  server_task_begin(s->srv);
+  if (uv_queue_work(s->srv->loop, &t->work, pin_task_work, pin_task_done) != 0) {
+    server_task_end(s->srv);
+    s->tasks--;
+    s->pin_busy = 0;
+    free(t);
   }
 }
 
@@ -549,10 +641,110 @@ static void start_revalidation(stream_t *s) {
   }
 }
 
-static int plan_one(stream_t *s) {
-  if (s->plan_ep == NULL) {
-    if (shuffle_epoch_open(s->plan, s->plan_epoch, &s->plan_ep) != 0) return LARDER_ENOMEM;
+/* Batches a planning task computes: a fraction of a millisecond of work
+ * for the loop to wait on at most, once per chunk. */
+#define PLAN_CHUNK 32
+
+static void plan_task_work(uv_work_t *w) {
+  plan_chunk_t *c = w->data;
+  stream_t *s = c->s;
+  if (s->plan_ep == NULL || s->plan_ep_epoch != c->epoch) {
+    shuffle_epoch_close(s->plan_ep);
+    s->plan_ep = NULL;
+    c->rc = shuffle_epoch_open(s->plan, c->epoch, &s->plan_ep);
+    if (c->rc) return;
+    s->plan_ep_epoch = c->epoch;
   }
+  size_t bs = s->params.batch_size;
+  for (uint64_t i = 0; i < c->n && c->rc == 0; i++) {
+    int rc = shuffle_epoch_batch(s->plan_ep, c->first + i, c->samples + i * bs);
+    if (rc < 0) c->rc = rc;
+  }
+}
+
+static void plan_task_done(uv_work_t *w, int status) {
+  plan_chunk_t *c = w->data;
+  stream_t *s = c->s;
+  server_task_end(s->srv);
+  s->tasks--;
+  s->plan_busy = 0;
+  if (s->closed || status != 0 || s->srv->shutting_down) {
+    s->next = NULL;
+    plan_chunk_free(c);
+    stream_maybe_free(s);
+    return;
+  }
+  if (c->rc) {
+    s->next = NULL;
+    int rc = c->rc;
+    plan_chunk_free(c);
+    stream_fail(s, rc, "cannot plan the next batches: %s", larder_strerror(rc));
+    return;
+  }
+  stream_pump(s);
+}
+
+/* Starts planning the chunk that begins at (epoch, first) into s->next. */
+static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
+  if (s->plan_busy || s->next) return 0;
+  if (first >= s->batches_per_epoch) {
+    epoch++;
+    first = 0;
+  }
+  if (s->epochs && epoch >= s->epochs) return 0;
+  plan_chunk_t *c = calloc(1, sizeof(*c));
+  if (c == NULL) return LARDER_ENOMEM;
+  c->s = s;
+  c->epoch = epoch;
+  c->first = first;
+  c->n = s->batches_per_epoch - first < PLAN_CHUNK ? s->batches_per_epoch - first : PLAN_CHUNK;
+  c->samples = malloc((size_t)c->n * s->params.batch_size * sizeof(shuffle_sample_t));
+  if (c->samples == NULL) {
+    free(c);
+    return LARDER_ENOMEM;
+  }
+  c->work.data = c;
+  s->next = c;
+  s->plan_busy = 1;
+  s->tasks++;
+  server_task_begin(s->srv);
+  if (uv_queue_work(s->srv->loop, &c->work, plan_task_work, plan_task_done) != 0) {
+    server_task_end(s->srv);
+    s->tasks--;
+    s->plan_busy = 0;
+    s->next = NULL;
+    plan_chunk_free(c);
+    return LARDER_ENOMEM;
+  }
+  return 0;
+}
+
+static int chunk_has(const plan_chunk_t *c, uint64_t epoch, uint64_t batch) {
+  return c && c->epoch == epoch && batch >= c->first && batch < c->first + c->n;
+}
+
+/* Plans the batch at (plan_epoch, plan_batch).  Returns 0, LARDER_EAGAIN
+ * while its samples are still being computed (the task's end pumps the
+ * stream again), or a negative code. */
+static int plan_one(stream_t *s) {
+  if (!chunk_has(s->cur, s->plan_epoch, s->plan_batch)) {
+    if (!s->plan_busy && chunk_has(s->next, s->plan_epoch, s->plan_batch)) {
+      plan_chunk_free(s->cur);
+      s->cur = s->next;
+      s->next = NULL;
+    } else {
+      if (!s->plan_busy && s->next) {
+        /* Not the chunk needed (cannot happen in order; be safe). */
+        plan_chunk_free(s->next);
+        s->next = NULL;
+      }
+      int rc = start_plan_task(s, s->plan_epoch, s->plan_batch);
+      return rc ? rc : LARDER_EAGAIN;
+    }
+  }
+  /* Plan the chunk after this one while this one is used. */
+  int trc = start_plan_task(s, s->cur->epoch, s->cur->first + s->cur->n);
+  if (trc) return trc;
   pbatch_t *b = calloc(1, sizeof(*b));
   if (b == NULL) return LARDER_ENOMEM;
   b->s = s;
@@ -564,8 +756,8 @@ static int plan_one(stream_t *s) {
   uint32_t *idx = malloc((size_t)b->n * sizeof(uint32_t));
   int rc = LARDER_ENOMEM;
   if (b->samples == NULL || b->sample_unit == NULL || idx == NULL) goto fail;
-  rc = shuffle_epoch_batch(s->plan_ep, b->index, b->samples);
-  if (rc < 0) goto fail;
+  memcpy(b->samples, s->cur->samples + (b->index - s->cur->first) * (uint64_t)b->n,
+         (size_t)b->n * sizeof(shuffle_sample_t));
   /* Distinct units, in order of first use, found with a per-unit stamp
    * (no sort); each gets one reference for the batch, taken directly when
    * the stream already pins it. */
@@ -603,8 +795,6 @@ static int plan_one(stream_t *s) {
   if (++s->plan_batch >= s->batches_per_epoch) {
     s->plan_batch = 0;
     s->plan_epoch++;
-    shuffle_epoch_close(s->plan_ep);
-    s->plan_ep = NULL;
     if (s->epochs && s->plan_epoch >= s->epochs) s->exhausted = 1;
     else start_revalidation(s);
   }
@@ -855,36 +1045,30 @@ static int send_batch(stream_t *s, pbatch_t *b) {
   msg.num_rows = (uint64_t)b->n;
   msg.arena_offset = (uint64_t)b->arena_off;
   msg.arena_length = b->arena_len;
-  Larder__ArrayDesc *descs = calloc((size_t)b->num_nodes, sizeof(*descs));
-  Larder__ArrayDesc **ptrs = calloc((size_t)b->num_nodes, sizeof(Larder__ArrayDesc *));
-  if (descs == NULL || ptrs == NULL) {
-    free(descs);
-    free(ptrs);
-    return LARDER_ENOMEM;
-  }
+  uint64_t *layout = malloc((size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS *
+                            sizeof(uint64_t));
+  if (layout == NULL) return LARDER_ENOMEM;
   uint64_t bytes = 0;
   for (int i = 0; i < b->num_nodes; i++) {
-    larder__array_desc__init(&descs[i]);
     const layout_node_t *nd = &b->nodes[i];
-    descs[i].length = nd->length;
-    descs[i].null_count = nd->null_count;
-    descs[i].validity_offset = nd->validity_offset;
-    descs[i].validity_length = nd->validity_length;
-    descs[i].offsets_offset = nd->offsets_offset;
-    descs[i].offsets_length = nd->offsets_length;
-    descs[i].values_offset = nd->values_offset;
-    descs[i].values_length = nd->values_length;
+    uint64_t *l = layout + (size_t)i * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+    l[LARDER__ARRAY_FIELD__ARRAY_LENGTH] = (uint64_t)nd->length;
+    l[LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT] = (uint64_t)nd->null_count;
+    l[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET] = nd->validity_offset;
+    l[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH] = nd->validity_length;
+    l[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_OFFSET] = nd->offsets_offset;
+    l[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH] = nd->offsets_length;
+    l[LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET] = nd->values_offset;
+    l[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH] = nd->values_length;
     bytes += nd->validity_length + nd->offsets_length + nd->values_length;
-    ptrs[i] = &descs[i];
   }
-  msg.n_arrays = (size_t)b->num_nodes;
-  msg.arrays = ptrs;
+  msg.n_layout = (size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+  msg.layout = layout;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_BATCH;
   f.batch = &msg;
   int rc = conn_send(s->conn, &f, -1);
-  free(descs);
-  free(ptrs);
+  free(layout);
   if (rc) return rc;
   if (s->num_sent == s->cap_sent) {
     int cap = s->cap_sent ? s->cap_sent * 2 : 16;
@@ -923,6 +1107,7 @@ again:
   while (!s->exhausted && s->validating == 0 && s->stale_msg == NULL &&
          s->q_len < (int)s->prefetch) {
     int rc = plan_one(s);
+    if (rc == LARDER_EAGAIN) break;
     if (rc) {
       stream_fail(s, rc, "cannot plan the next batch: %s", larder_strerror(rc));
       return;
@@ -943,8 +1128,11 @@ again:
       break;
     }
     if (b->state != PB_WAITING) continue;
+    /* A READY unit stays READY while the batch holds it, so each pump
+     * looks only at the units not seen ready yet (a batch draws on
+     * hundreds of units, and the pump runs several times per batch). */
     int ready = 1;
-    for (int i = 0; i < b->num_units; i++) {
+    for (int i = b->units_ready; i < b->num_units; i++) {
       unit_t *u = b->units[i];
       if (u->state == UNIT_FAILED) {
         stream_fail(s, u->error, "%s", u->message ? u->message : larder_strerror(u->error));
@@ -953,6 +1141,8 @@ again:
       if (u->state == UNIT_LOADING) {
         ready = 0;
         units_wait(u, s);
+      } else if (ready && i == b->units_ready) {
+        b->units_ready++;
       }
     }
     /* Twice as many assemblies as there are workers: a worker that

@@ -1085,7 +1085,7 @@ Larder__Frame *dh_raw_recv(int fd, int timeout_ms, int *fds, int *num_fds, int *
     struct pollfd pf = {fd, POLLIN, 0};
     if (poll(&pf, 1, left) <= 0) continue;
     uint8_t *dst = have < 4 ? hdr + have : body + (have - 4);
-    int64_t n = wire_recvmsg(fd, dst, want, local_fds, 8, &nlocal);
+    int64_t n = wire_recvmsg(fd, dst, want, local_fds, 8, &nlocal, 0);
     if (n == -EAGAIN || n == -EINTR) continue;
     if (n <= 0) {
       *rc = LARDER_ECLOSED;

@@ -318,8 +318,7 @@ TEST_IMPL(daemon_robust_forbidden_message) {
       Larder__Error er = LARDER__ERROR__INIT;
       Larder__AdminReply ar = LARDER__ADMIN_REPLY__INIT;
       Larder__Hello h = LARDER__HELLO__INIT;
-      Larder__ArrayDesc ad = LARDER__ARRAY_DESC__INIT;
-      Larder__ArrayDesc *ads[1] = {&ad};
+      uint64_t layout[LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS] = {0};
       switch (kind) {
         case 0:
           /* A Batch pointing far outside any arena. */
@@ -327,10 +326,10 @@ TEST_IMPL(daemon_robust_forbidden_message) {
           b.num_rows = 1u << 30;
           b.arena_offset = 1ull << 40;
           b.arena_length = 1ull << 40;
-          ad.values_offset = 1ull << 50;
-          ad.values_length = 1ull << 50;
-          b.n_arrays = 1;
-          b.arrays = ads;
+          layout[LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET] = 1ull << 50;
+          layout[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH] = 1ull << 50;
+          b.n_layout = LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+          b.layout = layout;
           fr.msg_case = LARDER__FRAME__MSG_BATCH;
           fr.batch = &b;
           break;
@@ -562,7 +561,7 @@ TEST_IMPL(daemon_robust_garbage_handshake) {
 TEST_IMPL(daemon_robust_wrong_version) {
   fixture f;
   fx_start(&f, NULL, 1);
-  static const uint32_t versions[] = {0, 2, 999, 0xffffffffu};
+  static const uint32_t versions[] = {0, 1, 3, 999, 0xffffffffu};
   for (int round = 0; round < 5; round++) {
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
       int fd = dh_raw_connect(f.d.socket);

@@ -252,6 +252,7 @@ static void spin_ms(double ms) {
  * client's (its releases are processed in order with the admin request on
  * another connection, so they may lag a moment). */
 static void expect_daemon_stall(const dh_daemon *d, larder_stream_t *s, uint64_t batches) {
+  ASSERT_OK(larder_stream_flush(s));
   uint64_t cw, cc;
   larder_stream_stall(s, &cw, &cc);
   double deadline = now_ms() + 10000.0 * dh_slow();

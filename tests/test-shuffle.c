@@ -13,6 +13,7 @@
  * - The label-mixing tests print their figures on stderr.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "../client/larder.h"
@@ -1084,5 +1085,137 @@ TEST_IMPL(shuffle_quality_large) {
   ASSERT_DOUBLE_LE(ours, expected * 1.25);
   ASSERT_DOUBLE_GE(ours, expected * 0.75);
   free(rows);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cursors of one plan share window permutations                            */
+
+typedef struct walk_arg {
+  const shuffle_plan_t *plan;
+  uint64_t epochs;
+  uint32_t batch_size;
+  uint64_t hash;
+} walk_arg;
+
+/* Walks every batch of `epochs` epochs with cursors of its own. */
+static void *walk_epochs(void *p) {
+  walk_arg *a = p;
+  uint64_t bpe = shuffle_batches_per_epoch(a->plan);
+  shuffle_sample_t *s = alloc_samples(a->batch_size);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t e = 0; e < a->epochs; e++) {
+    shuffle_epoch_t *ep = open_epoch(a->plan, e);
+    for (uint64_t b = 0; b < bpe; b++) {
+      ASSERT(shuffle_epoch_batch(ep, b, s) >= 0);
+      for (uint32_t i = 0; i < a->batch_size; i++) {
+        h = (h ^ ((uint64_t)s[i].unit << 32 | s[i].row)) * 0x100000001b3ull;
+      }
+    }
+    shuffle_epoch_close(ep);
+  }
+  free(s);
+  a->hash = h;
+  return NULL;
+}
+
+/*
+ * Cursors on one plan (a stream's planner, pins and read-ahead) share each
+ * window's permutation: whether a cursor makes it or finds another's, in
+ * whatever interleaving, from whatever thread, the batches are the same,
+ * and a cursor closed mid-window leaves the others theirs.
+ */
+TEST_IMPL(shuffle_shared_windows) {
+  shuffle_params_t p = params_of(11, 3, 7, 1, 0, 0);
+  shuffle_plan_t *solo = plan_of(kMixedSet, &p);
+  walk_arg ref = {solo, 3, 7, 0};
+  walk_epochs(&ref);
+  shuffle_plan_free(solo);
+
+  shuffle_plan_t *plan = plan_of(kMixedSet, &p);
+  uint64_t bpe = shuffle_batches_per_epoch(plan);
+  /* Interleaved cursors of the same epoch, one a few batches ahead, the
+   * other closed and reopened half-way. */
+  shuffle_sample_t *x = alloc_samples(7), *y = alloc_samples(7);
+  for (uint64_t e = 0; e < 3; e++) {
+    shuffle_epoch_t *a = open_epoch(plan, e), *b = open_epoch(plan, e);
+    for (uint64_t k = 0; k < bpe; k++) {
+      if (k + 3 < bpe) ASSERT(shuffle_epoch_batch(a, k + 3, x) >= 0);
+      ASSERT(shuffle_epoch_batch(b, k, y) >= 0);
+      shuffle_epoch_t *fresh = open_epoch(plan, e);
+      ASSERT(shuffle_epoch_batch(fresh, k, x) >= 0);
+      ASSERT_MEM_EQ(x, y, 7 * sizeof(shuffle_sample_t));
+      shuffle_epoch_close(fresh);
+      if (k == bpe / 2) {
+        shuffle_epoch_close(b);
+        b = open_epoch(plan, e);
+      }
+    }
+    shuffle_epoch_close(a);
+    shuffle_epoch_close(b);
+  }
+  free(x);
+  free(y);
+  /* Four threads at once. */
+  pthread_t t[4];
+  walk_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (walk_arg){plan, 3, 7, 0};
+    ASSERT_EQ(pthread_create(&t[i], NULL, walk_epochs, &args[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    ASSERT_EQ(pthread_join(t[i], NULL), 0);
+    ASSERT_UINT_EQ(args[i].hash, ref.hash);
+  }
+  shuffle_plan_free(plan);
+  return 0;
+}
+
+/*
+ * shuffle_epoch_window_units, for prefetch pins: every unit the batches
+ * read is among them, none twice, and a whole epoch gives every unit that
+ * has rows; with and without shuffle, one rank or several, padded or not.
+ */
+TEST_IMPL(shuffle_window_units) {
+  const uint32_t U = kMixedSet.units;
+  uint32_t *exact = malloc(U * sizeof(uint32_t)), *wide = malloc(U * sizeof(uint32_t));
+  ASSERT_NOT_NULL(exact);
+  ASSERT_NOT_NULL(wide);
+  uint32_t with_rows = 0;
+  for (uint32_t u = 0; u < U; u++) with_rows += kMixed[u] > 0;
+  for (int shuffle = 0; shuffle < 2; shuffle++) {
+    for (uint32_t ws = 1; ws <= 3; ws += 2) {
+      for (int drop = 0; drop < 2; drop++) {
+        shuffle_params_t p = params_of(5, 3, 9, ws, ws - 1, drop);
+        p.shuffle = shuffle;
+        shuffle_plan_t *plan = plan_of(kMixedSet, &p);
+        uint64_t bpe = shuffle_batches_per_epoch(plan);
+        for (uint64_t e = 0; e < 2; e++) {
+          shuffle_epoch_t *ep = open_epoch(plan, e);
+          for (uint64_t first = 0; first < bpe; first += 3) {
+            for (uint64_t len = 1; len <= 12 && first + len <= bpe; len += 5) {
+              int ne = shuffle_epoch_units(ep, first, first + len, exact, U);
+              int nw = shuffle_epoch_window_units(ep, first, first + len, wide, U);
+              ASSERT(ne > 0);
+              ASSERT(nw >= ne);
+              uint8_t seen[64] = {0};
+              for (int i = 0; i < nw; i++) {
+                ASSERT_LT(wide[i], U);
+                ASSERT_EQ(seen[wide[i]], 0);
+                seen[wide[i]] = 1;
+              }
+              for (int i = 0; i < ne; i++) ASSERT_EQ(seen[exact[i]], 1);
+            }
+          }
+          ASSERT_EQ(shuffle_epoch_window_units(ep, 0, bpe, wide, U), (int)with_rows);
+          ASSERT_EQ(shuffle_epoch_window_units(ep, 2, 1, wide, U), LARDER_EINVAL);
+          shuffle_epoch_close(ep);
+        }
+        shuffle_plan_free(plan);
+      }
+    }
+  }
+  free(exact);
+  free(wide);
   return 0;
 }
