@@ -173,14 +173,21 @@ static void hold_release(larder_client_t *c, larder_stream_t *s, const Larder__F
   size_t len;
   uint8_t *buf = wire_encode(f, &len);
   pthread_mutex_lock(&c->send_lock);
-  if (buf == NULL || c->held_len + len > c->held_cap) {
+  if (buf == NULL) {
+    /* Out of memory: what is held goes now; this release is lost, and the
+     * stream's window shrinks by one batch. */
+    flush_held_locked(c);
+    pthread_mutex_unlock(&c->send_lock);
+    return;
+  }
+  if (c->held_len + len > c->held_cap) {
     size_t cap = c->held_cap ? c->held_cap : 1024;
-    while (buf && cap < c->held_len + len) cap *= 2;
-    uint8_t *p = buf ? realloc(c->held, cap) : NULL;
+    while (cap < c->held_len + len) cap *= 2;
+    uint8_t *p = realloc(c->held, cap);
     if (p == NULL) {
       /* Out of memory: send what is held, then this one directly. */
       flush_held_locked(c);
-      if (buf) send_all_locked(c, buf, len);
+      send_all_locked(c, buf, len);
       pthread_mutex_unlock(&c->send_lock);
       free(buf);
       return;

@@ -85,13 +85,12 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
  * connection already rejected; and a frame queued after uv_shutdown failed
  * with EPIPE, which closed the connection at once and dropped the Error
  * frame still in the write queue. */
-static int flush_cork(conn_t *c);
+static void uncork(conn_t *c);
 
 void conn_shutdown(conn_t *c) {
   if (c->closing || c->draining) return;
   /* What was sent before (the Error frame, say) goes out first. */
-  c->corked = 0;
-  flush_cork(c);
+  uncork(c);
   if (c->closing) return;
   c->draining = 1;
   while (c->streams) stream_close(c->streams);
@@ -211,6 +210,11 @@ static int flush_cork(conn_t *c) {
   int rc = queue_write(c, buf, len);
   if (rc) conn_close(c);
   return rc;
+}
+
+static void uncork(conn_t *c) {
+  c->corked = 0;
+  flush_cork(c);
 }
 
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
@@ -383,8 +387,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   while (!c->closing && !c->draining) {
     int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
     if (n < 0) {
-      c->corked = 0;
-      flush_cork(c);
+      uncork(c);
       protocol_error(c, LARDER_EPROTO, "protocol error: frame longer than max_frame");
       return;
     }
@@ -393,16 +396,14 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     off += (size_t)n;
     if (f == NULL || f->msg_case == LARDER__FRAME__MSG__NOT_SET) {
       wire_free(f);
-      c->corked = 0;
-      flush_cork(c);
+      uncork(c);
       protocol_error(c, LARDER_EPROTO, "protocol error: malformed message");
       return;
     }
     dispatch(c, f);
     wire_free(f);
   }
-  c->corked = 0;
-  flush_cork(c);
+  uncork(c);
   if (off > 0 && !c->closing) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;

@@ -100,9 +100,15 @@ typedef struct shared_perm {
   uint32_t *perm;
 } shared_perm_t;
 
-struct shuffle_plan {
-  pthread_mutex_t lock; /* perms */
+/* The one mutable part of a plan, reached through a pointer so that
+ * cursors, which see the plan as const, can share into it. */
+typedef struct perm_cache {
+  pthread_mutex_t lock;
   shared_perm_t *perms;
+} perm_cache_t;
+
+struct shuffle_plan {
+  perm_cache_t *cache;
   shuffle_params_t params;
   uint32_t num_units;
   uint64_t num_samples;  /* N */
@@ -328,7 +334,12 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
       params->window_units < num_units ? params->window_units : num_units;
   plan->row_bits = bits_for(max_rows - 1); /* max_rows >= 1 */
   plan->packed = plan->row_bits + bits_for(per_window - 1) <= 32;
-  pthread_mutex_init(&plan->lock, NULL);
+  plan->cache = calloc(1, sizeof(*plan->cache));
+  if (plan->cache == NULL) {
+    shuffle_plan_free(plan);
+    return LARDER_ENOMEM;
+  }
+  pthread_mutex_init(&plan->cache->lock, NULL);
   *out = plan;
   return 0;
 }
@@ -336,7 +347,10 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
 void shuffle_plan_free(shuffle_plan_t *plan) {
   if (plan == NULL) return;
   /* Every cursor is closed by now, so no permutation is left. */
-  pthread_mutex_destroy(&plan->lock);
+  if (plan->cache) {
+    pthread_mutex_destroy(&plan->cache->lock);
+    free(plan->cache);
+  }
   free(plan->start);
   free(plan->block_first);
   free(plan);
@@ -418,18 +432,16 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
   return 0;
 }
 
-static void perm_unref(const shuffle_plan_t *cplan, shared_perm_t *sp) {
+static void perm_unref(perm_cache_t *cache, shared_perm_t *sp) {
   if (sp == NULL) return;
-  /* The cache is the one mutable part of a plan, under its lock. */
-  shuffle_plan_t *plan = (shuffle_plan_t *)(uintptr_t)cplan;
-  pthread_mutex_lock(&plan->lock);
+  pthread_mutex_lock(&cache->lock);
   int last = --sp->refs == 0;
   if (last) {
-    shared_perm_t **pp = &plan->perms;
+    shared_perm_t **pp = &cache->perms;
     while (*pp != sp) pp = &(*pp)->next;
     *pp = sp->next;
   }
-  pthread_mutex_unlock(&plan->lock);
+  pthread_mutex_unlock(&cache->lock);
   if (last) {
     free(sp->perm);
     free(sp);
@@ -438,30 +450,28 @@ static void perm_unref(const shuffle_plan_t *cplan, shared_perm_t *sp) {
 
 /* Another cursor's permutation of window w of epoch, with a reference
  * taken, or NULL. */
-static shared_perm_t *perm_find(const shuffle_plan_t *cplan, uint64_t epoch, uint64_t w) {
-  shuffle_plan_t *plan = (shuffle_plan_t *)(uintptr_t)cplan;
-  pthread_mutex_lock(&plan->lock);
-  shared_perm_t *sp = plan->perms;
+static shared_perm_t *perm_find(perm_cache_t *cache, uint64_t epoch, uint64_t w) {
+  pthread_mutex_lock(&cache->lock);
+  shared_perm_t *sp = cache->perms;
   while (sp && !(sp->epoch == epoch && sp->window == w)) sp = sp->next;
   if (sp) sp->refs++;
-  pthread_mutex_unlock(&plan->lock);
+  pthread_mutex_unlock(&cache->lock);
   return sp;
 }
 
 /* Publishes a permutation made by this cursor; returns the one to use
  * (another cursor's, when it published the same window meanwhile). */
-static shared_perm_t *perm_publish(const shuffle_plan_t *cplan, shared_perm_t *mine) {
-  shuffle_plan_t *plan = (shuffle_plan_t *)(uintptr_t)cplan;
-  pthread_mutex_lock(&plan->lock);
-  shared_perm_t *sp = plan->perms;
+static shared_perm_t *perm_publish(perm_cache_t *cache, shared_perm_t *mine) {
+  pthread_mutex_lock(&cache->lock);
+  shared_perm_t *sp = cache->perms;
   while (sp && !(sp->epoch == mine->epoch && sp->window == mine->window)) sp = sp->next;
   if (sp) {
     sp->refs++;
   } else {
-    mine->next = plan->perms;
-    plan->perms = mine;
+    mine->next = cache->perms;
+    cache->perms = mine;
   }
-  pthread_mutex_unlock(&plan->lock);
+  pthread_mutex_unlock(&cache->lock);
   if (sp) {
     free(mine->perm);
     free(mine);
@@ -474,8 +484,8 @@ void shuffle_epoch_close(shuffle_epoch_t *ep) {
   if (ep == NULL) return;
   if (ep->order != NULL) free(ep->start); /* else borrowed from the plan */
   free(ep->order);
-  perm_unref(ep->plan, ep->win[0].shared);
-  perm_unref(ep->plan, ep->win[1].shared);
+  perm_unref(ep->plan->cache, ep->win[0].shared);
+  perm_unref(ep->plan->cache, ep->win[1].shared);
   free(ep->seen);
   free(ep);
 }
@@ -514,18 +524,19 @@ static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
     if (end > plan->num_units) end = plan->num_units;
     uint64_t rows = ep->start[end] - ep->start[first]; /* <= UINT32_MAX */
     slot->index = NO_WINDOW;
-    perm_unref(plan, slot->shared);
+    perm_unref(plan->cache, slot->shared);
     slot->shared = NULL;
     slot->perm = NULL;
     slot->first = (uint32_t)first;
     slot->nunits = (uint32_t)(end - first);
     slot->rows = (uint32_t)rows;
     slot->begin = ep->start[first];
-    shared_perm_t *sp = perm_find(plan, ep->epoch, w);
+    shared_perm_t *sp = perm_find(plan->cache, ep->epoch, w);
     if (sp == NULL) {
       sp = calloc(1, sizeof(*sp));
       if (sp == NULL) return LARDER_ENOMEM;
-      sp->perm = malloc((size_t)(rows ? rows : 1) * sizeof(*sp->perm));
+      /* Zeroed, so no entry is ever undefined, whatever the fill below. */
+      sp->perm = calloc((size_t)(rows ? rows : 1), sizeof(*sp->perm));
       if (sp->perm == NULL) {
         free(sp);
         return LARDER_ENOMEM;
@@ -547,7 +558,7 @@ static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
       }
       fisher_yates(sp->perm, slot->rows,
                    stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w));
-      sp = perm_publish(plan, sp);
+      sp = perm_publish(plan->cache, sp);
     }
     slot->shared = sp;
     slot->perm = sp->perm;

@@ -8,6 +8,10 @@
  * fewer than `window` unreleased ones.  Ahead of planning, the stream pins
  * the units of the next window of batches (the shuffle says exactly which),
  * so loading runs a window ahead of consumption: clairvoyant prefetch.
+ * The samples of the coming batches (plan_task_work) and the units of a pin
+ * span (pin_task_work) are computed on workers: for a large shuffle window
+ * they cost milliseconds, which the loop would otherwise spend while the
+ * trainer waits for its next batch.
  *
  * Lifetime: a stream is freed when it is closed (by its client, its
  * connection or an error) and no task of its is in flight.
