@@ -327,11 +327,12 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
 
 /*
  * Pins the units of the next pin_span batches past the pin position, so
- * their loads start a window before the batches are planned.  Which units
- * those are takes the epoch's window permutations, milliseconds of work
- * for a large window, so a worker finds them (pin_task_work) and the loop
- * only takes the references (pin_task_done); the pins run half a span
- * ahead, which leaves the worker that much time.
+ * their loads start a window before the batches are planned.  A worker
+ * lists them (pin_task_work: the units of the windows the span draws on)
+ * and makes those windows' row permutations for the planner, milliseconds
+ * of work for a large window; the loop only takes the references
+ * (pin_task_done).  The pins run half a span ahead, which leaves the worker
+ * that much time.
  */
 static void pin_task_work(uv_work_t *w) {
   pin_task_t *t = w->data;
@@ -860,7 +861,7 @@ static void assemble_work(uv_work_t *w) {
     for (int i = 0; i < b->n; i++) {
       /* Two steps ahead: a row's start, then (once that is in cache) the
        * row's lines, so each sample's misses overlap those of the next
-       * dozen. */
+       * ROW_AHEAD samples. */
       if (i + 2 * ROW_AHEAD < b->n) {
         const unit_t *u = b->sample_unit[i + 2 * ROW_AHEAD];
         if (u->rowblock.start) __builtin_prefetch(u->rowblock.start + b->samples[i + 2 * ROW_AHEAD].row);
