@@ -40,6 +40,10 @@
      "seconds after which an unread cache entry is evicted first")            \
   XX(workers, U64, "0", 0,                                                     \
      "worker threads for decoding, cache I/O and batch assembly (0 = cores)")  \
+  XX(worker_nice, U64, "10", 0,                                                \
+     "niceness the workers add to the daemon's (at most 19), so that when "    \
+     "cores are short the loop that hands out batches, and the trainers, run " \
+     "first (0 = the same priority)")                                          \
   XX(memory_limit, SIZE, "8G", 1,                                              \
      "bytes of decoded units held in memory for shuffling, all streams")       \
   XX(unit_rows, U64, "4096", 0,                                                \

@@ -13,8 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +29,21 @@
 #include "util.h"
 
 void server_task_begin(server_t *srv) { srv->tasks_in_flight++; }
+
+void server_worker_enter(const server_t *srv) {
+  static __thread int entered;
+  if (entered) return;
+  entered = 1;
+  int nice = srv->cfg.worker_nice > 19 ? 19 : (int)srv->cfg.worker_nice;
+  if (nice == 0) return;
+  /* On Linux a thread's niceness is its own: PRIO_PROCESS with a thread id
+   * sets only that thread's.  Failure (a sandbox forbidding it) leaves the
+   * thread as it was. */
+  id_t tid = (id_t)syscall(SYS_gettid);
+  errno = 0;
+  int base = getpriority(PRIO_PROCESS, tid);
+  if (errno == 0) setpriority(PRIO_PROCESS, tid, base + nice > 19 ? 19 : base + nice);
+}
 void server_task_end(server_t *srv) { srv->tasks_in_flight--; }
 
 static void on_connection(uv_stream_t *listener, int status) {

@@ -337,6 +337,7 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
 static void pin_task_work(uv_work_t *w) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
+  server_worker_enter(s->srv);
   if (s->pin_ep == NULL || s->pin_ep_epoch != t->epoch) {
     shuffle_epoch_close(s->pin_ep);
     s->pin_ep = NULL;
@@ -653,6 +654,7 @@ static void start_revalidation(stream_t *s) {
 static void plan_task_work(uv_work_t *w) {
   plan_chunk_t *c = w->data;
   stream_t *s = c->s;
+  server_worker_enter(s->srv);
   if (s->plan_ep == NULL || s->plan_ep_epoch != c->epoch) {
     shuffle_epoch_close(s->plan_ep);
     s->plan_ep = NULL;
@@ -821,6 +823,7 @@ fail:
 static void assemble_work(uv_work_t *w) {
   pbatch_t *b = w->data;
   stream_t *s = b->s;
+  server_worker_enter(s->srv);
   uint64_t t0 = util_now_ns();
   const pq_field_t *schema = s->ds->schema;
   int nc = schema->num_children;

@@ -754,6 +754,7 @@ static void build_rows(unit_t *u) {
 
 static void load_work(uv_work_t *w) {
   unit_t *u = w->data;
+  server_worker_enter(u->srv);
   if (u->error) return; /* only here to report a failed fetch */
   u->retry = 0;
   u->need_fetch = 0;
