@@ -50,7 +50,7 @@ static void on_close(uv_handle_t *h) {
     free(p);
   }
   free(c->rbuf);
-  free(c->cork);
+  pq_strbuf_free(&c->cork);
   free(c->groups); /* larder ACL: SO_PEERGROUPS */
   STATS_SUB(&srv->stats, clients, 1);
   free(c);
@@ -198,11 +198,10 @@ static void flush_pending(conn_t *c) {
 
 /* Writes the frames collected while corked, in one write. */
 static int flush_cork(conn_t *c) {
-  if (c->cork_len == 0) return 0;
-  uint8_t *buf = c->cork;
-  size_t len = c->cork_len;
-  c->cork = NULL;
-  c->cork_len = c->cork_cap = 0;
+  if (c->cork.len == 0) return 0;
+  uint8_t *buf = (uint8_t *)c->cork.data;
+  size_t len = c->cork.len;
+  memset(&c->cork, 0, sizeof(c->cork)); /* queue_write owns buf now */
   if (c->closing || c->draining) {
     free(buf);
     return LARDER_ECLOSED;
@@ -226,22 +225,10 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
     return LARDER_ENOMEM;
   }
   if (fd < 0 && c->pending == NULL && c->corked) {
-    if (c->cork_len + len > c->cork_cap) {
-      size_t cap = c->cork_cap ? c->cork_cap : 4096;
-      while (cap < c->cork_len + len) cap *= 2;
-      uint8_t *p = realloc(c->cork, cap);
-      if (p == NULL) {
-        free(buf);
-        conn_close(c);
-        return LARDER_ENOMEM;
-      }
-      c->cork = p;
-      c->cork_cap = cap;
-    }
-    memcpy(c->cork + c->cork_len, buf, len);
-    c->cork_len += len;
+    int rc = pq_strbuf_append(&c->cork, (const char *)buf, len);
     free(buf);
-    return 0;
+    if (rc) conn_close(c);
+    return rc;
   }
   /* Nothing may overtake what the cork holds. */
   if (flush_cork(c)) {

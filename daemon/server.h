@@ -184,8 +184,7 @@ struct conn {
   /* Frames sent while the connection's input is dispatched, written
    * together when it ends (see on_read in conn.c). */
   int corked;
-  uint8_t *cork;
-  size_t cork_len, cork_cap;
+  pq_strbuf_t cork;
   uv_timer_t fd_timer;
   int fd_timer_active;
   conn_t *next, *prev;

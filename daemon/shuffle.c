@@ -661,18 +661,46 @@ int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
   return rc < 0 ? rc : (int)plan->params.batch_size;
 }
 
-int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
-                        uint32_t *units, uint32_t max) {
-  if (ep == NULL || first > last || (units == NULL && max > 0))
+/* The common start of shuffle_epoch_units and shuffle_epoch_window_units:
+ * checks the arguments, clamps last and max, and makes the bitmap of units
+ * listed.  Returns 1 to go on, 0 when there is nothing to list, or a
+ * negative code. */
+static int units_begin(shuffle_epoch_t *ep, uint64_t first, uint64_t *last,
+                       const uint32_t *units, uint32_t *max) {
+  if (ep == NULL || first > *last || (units == NULL && *max > 0))
     return LARDER_EINVAL;
   const shuffle_plan_t *plan = ep->plan;
-  if (last > plan->batches) last = plan->batches;
-  if (max > INT_MAX) max = INT_MAX;
-  if (first >= last || max == 0) return 0;
+  if (*last > plan->batches) *last = plan->batches;
+  if (*max > INT_MAX) *max = INT_MAX;
+  if (first >= *last || *max == 0 || plan->num_samples == 0) return 0;
   if (ep->seen == NULL) {
     ep->seen = calloc(((size_t)plan->num_units + 63) / 64, sizeof(uint64_t));
     if (ep->seen == NULL) return LARDER_ENOMEM;
   }
+  return 1;
+}
+
+/* Leaves the bitmap clear for the next call. */
+static void units_end(shuffle_epoch_t *ep, const uint32_t *units, uint32_t count) {
+  for (uint32_t k = 0; k < count; k++)
+    ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
+}
+
+/* Appends unit u unless the bitmap has it; returns the new count. */
+static inline uint32_t units_add(shuffle_epoch_t *ep, uint32_t u, uint32_t *units,
+                                 uint32_t count) {
+  uint64_t bit = UINT64_C(1) << (u % 64);
+  if (ep->seen[u / 64] & bit) return count;
+  ep->seen[u / 64] |= bit;
+  units[count] = u;
+  return count + 1;
+}
+
+int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
+                        uint32_t *units, uint32_t max) {
+  int go = units_begin(ep, first, &last, units, &max);
+  if (go <= 0) return go;
+  const shuffle_plan_t *plan = ep->plan;
   enum { CHUNK = 512 };
   shuffle_sample_t buf[CHUNK] = {{0, 0}};
   uint32_t count = 0;
@@ -684,20 +712,12 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
       uint64_t n = left < CHUNK ? left : CHUNK;
       rc = map_positions(ep, p, n, buf);
       if (rc < 0) break;
-      for (uint64_t k = 0; k < n && count < max; k++) {
-        uint32_t u = buf[k].unit;
-        uint64_t bit = UINT64_C(1) << (u % 64);
-        if (ep->seen[u / 64] & bit) continue;
-        ep->seen[u / 64] |= bit;
-        units[count++] = u;
-      }
+      for (uint64_t k = 0; k < n && count < max; k++) count = units_add(ep, buf[k].unit, units, count);
       p += n;
       left -= n;
     }
   }
-  /* Leave the bitmap clear for the next call. */
-  for (uint32_t k = 0; k < count; k++)
-    ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
+  units_end(ep, units, count);
   return rc < 0 ? rc : (int)count;
 }
 
@@ -705,30 +725,18 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
  * are not in the bitmap yet. */
 static uint32_t add_unit_span(shuffle_epoch_t *ep, uint32_t from, uint32_t to,
                               uint32_t *units, uint32_t count, uint32_t max) {
-  for (uint32_t pos = from; pos < to && count < max; pos++) {
-    if (ep->start[pos + 1] == ep->start[pos]) continue;
-    uint32_t u = ep->order ? ep->order[pos] : pos;
-    uint64_t bit = UINT64_C(1) << (u % 64);
-    if (ep->seen[u / 64] & bit) continue;
-    ep->seen[u / 64] |= bit;
-    units[count++] = u;
-  }
+  for (uint32_t pos = from; pos < to && count < max; pos++)
+    if (ep->start[pos + 1] != ep->start[pos])
+      count = units_add(ep, ep->order ? ep->order[pos] : pos, units, count);
   return count;
 }
 
 int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
                                uint32_t *units, uint32_t max) {
-  if (ep == NULL || first > last || (units == NULL && max > 0))
-    return LARDER_EINVAL;
+  int go = units_begin(ep, first, &last, units, &max);
+  if (go <= 0) return go;
   const shuffle_plan_t *plan = ep->plan;
-  if (last > plan->batches) last = plan->batches;
-  if (max > INT_MAX) max = INT_MAX;
   uint64_t n = plan->num_samples;
-  if (first >= last || max == 0 || n == 0) return 0;
-  if (ep->seen == NULL) {
-    ep->seen = calloc(((size_t)plan->num_units + 63) / 64, sizeof(uint64_t));
-    if (ep->seen == NULL) return LARDER_ENOMEM;
-  }
   /* The global positions of the batches (every rank's), as at most two
    * ranges of the epoch's order: padding wraps around to its start. */
   uint64_t p0 = first * plan->global_batch, len = (last - first) * plan->global_batch;
@@ -757,7 +765,6 @@ int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t las
     uint64_t to = ((uint64_t)i1 / w + 1) * w;
     count = add_unit_span(ep, from, to < nu ? (uint32_t)to : nu, units, count, max);
   }
-  for (uint32_t k = 0; k < count; k++)
-    ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
+  units_end(ep, units, count);
   return (int)count;
 }
