@@ -48,7 +48,8 @@ struct larder_array {
 
 typedef struct queued {
   struct queued *next;
-  Larder__Frame *frame;
+  Larder__Frame *frame; /* or */
+  wire_batch_t *batch;  /* a Batch frame, decoded by wire_decode_batch */
 } queued_t;
 
 struct larder_stream {
@@ -217,15 +218,18 @@ static larder_stream_t *find_stream(larder_client_t *c, uint32_t id) {
   return NULL;
 }
 
-static void enqueue(larder_stream_t *s, Larder__Frame *f) {
+/* Queues f or wb on s; takes ownership of it. */
+static void enqueue(larder_stream_t *s, Larder__Frame *f, wire_batch_t *wb) {
   queued_t *q = malloc(sizeof(*q));
   if (q == NULL) {
     wire_free(f);
+    free(wb);
     s->error = LARDER_ENOMEM;
     return;
   }
   q->next = NULL;
   q->frame = f;
+  q->batch = wb;
   if (s->q_tail) s->q_tail->next = q;
   else s->q_head = q;
   s->q_tail = q;
@@ -248,7 +252,7 @@ static void route(larder_client_t *c, Larder__Frame *f) {
   }
   if (stream_id) {
     larder_stream_t *s = find_stream(c, stream_id);
-    if (s) enqueue(s, f);
+    if (s) enqueue(s, f, NULL);
     else wire_free(f);
     return;
   }
@@ -319,6 +323,14 @@ static int pump(larder_client_t *c, int timeout_ms) {
       return set_err(c, LARDER_EPROTO, "the daemon sent an oversized frame");
     }
     if (len == 0) break;
+    wire_batch_t *wb = wire_decode_batch(c->rbuf + off, (size_t)len);
+    if (wb) {
+      off += (size_t)len;
+      larder_stream_t *s = wb->stream_id ? find_stream(c, wb->stream_id) : NULL;
+      if (s) enqueue(s, NULL, wb);
+      else free(wb);
+      continue;
+    }
     Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)len);
     off += (size_t)len;
     if (f == NULL) {
@@ -648,6 +660,7 @@ void larder_stream_close(larder_stream_t *s) {
     queued_t *q = s->q_head;
     s->q_head = q->next;
     wire_free(q->frame);
+    free(q->batch);
     free(q);
   }
   s->q_tail = NULL;
@@ -658,7 +671,7 @@ void larder_stream_close(larder_stream_t *s) {
 /* Builds the array tree of a batch from its descriptors (pre-order),
  * checking that every buffer lies inside the arena.  Each node's children
  * take the next free slots of nodes, contiguously, so they can be indexed. */
-static int build_arrays(larder_stream_t *s, const Larder__Batch *b, larder_array_t *nodes,
+static int build_arrays(larder_stream_t *s, const wire_batch_t *b, larder_array_t *nodes,
                         int *slot_next, const field_t *f, int *k, larder_array_t *out) {
   if ((size_t)*k >= b->n_layout / LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS) return LARDER_EPROTO;
   const uint64_t *d = b->layout + (size_t)(*k)++ * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
@@ -712,27 +725,37 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     if (s->q_head) {
       queued_t *q = s->q_head;
       Larder__Frame *f = q->frame;
+      wire_batch_t *fast = q->batch, view;
       s->q_head = q->next;
       if (s->q_head == NULL) s->q_tail = NULL;
       free(q);
-      if (f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
+      if (fast == NULL && f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
         s->ended = 1;
         wire_free(f);
         rc = LARDER_EEOF;
         break;
       }
-      if (f->msg_case == LARDER__FRAME__MSG_ERROR) {
+      if (fast == NULL && f->msg_case == LARDER__FRAME__MSG_ERROR) {
         s->error = f->error->code < 0 ? f->error->code : LARDER_EPROTO;
         set_err(c, s->error, "%s", f->error->message ? f->error->message : larder_strerror(s->error));
         wire_free(f);
         rc = s->error;
         break;
       }
-      if (f->msg_case != LARDER__FRAME__MSG_BATCH) {
+      if (fast == NULL && f->msg_case != LARDER__FRAME__MSG_BATCH) {
         wire_free(f);
         continue;
       }
-      const Larder__Batch *b = f->batch;
+      const wire_batch_t *b = fast;
+      if (b == NULL) {
+        /* A batch protobuf-c decoded (a form wire_decode_batch leaves to
+         * it). */
+        const Larder__Batch *pb = f->batch;
+        view = (wire_batch_t){pb->stream_id,    pb->seq,          pb->epoch,   pb->index,
+                              pb->num_rows,     pb->arena_offset, pb->arena_length,
+                              pb->n_layout,     pb->layout};
+        b = &view;
+      }
       /* A step's batch reuses the last released one: two allocations
        * fewer on the trainer's path. */
       pthread_mutex_lock(&s->lock);
@@ -751,6 +774,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
         free(batch);
         free(nodes);
         wire_free(f);
+        free(fast);
         rc = LARDER_ENOMEM;
         break;
       }
@@ -778,6 +802,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
                           d[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH];
         }
       wire_free(f);
+      free(fast);
       if (brc) {
         free(nodes);
         free(batch);

@@ -40,6 +40,82 @@ void wire_free(Larder__Frame *frame) {
   if (frame) larder__frame__free_unpacked(frame, NULL);
 }
 
+/* Reads a base-128 varint.  Returns 0, or -1 when it runs past end or is
+ * longer than a uint64_t (protobuf-c would drop the excess bits: leave such
+ * a frame to it). */
+static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  uint64_t r = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (*p >= end) return -1;
+    uint8_t b = *(*p)++;
+    if (shift == 63 && b > 1) return -1;
+    r |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *v = r;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* Protobuf wire types. */
+enum { WT_VARINT = 0, WT_LEN = 2 };
+
+wire_batch_t *wire_decode_batch(const uint8_t *buf, size_t len) {
+  if (len < WIRE_HEADER + 2) return NULL;
+  const uint8_t *p = buf + WIRE_HEADER, *end = buf + len;
+  uint64_t tag, n;
+  /* The frame holds exactly one field: its batch. */
+  if (get_varint(&p, end, &tag) || tag != ((uint64_t)LARDER__FRAME__MSG_BATCH << 3 | WT_LEN))
+    return NULL;
+  if (get_varint(&p, end, &n) || n != (uint64_t)(end - p)) return NULL;
+  uint64_t vals[8] = {0}; /* fields 1-7 by number */
+  unsigned seen = 0;
+  const uint8_t *lay = NULL, *lay_end = NULL;
+  size_t n_layout = 0;
+  while (p < end) {
+    if (get_varint(&p, end, &tag)) return NULL;
+    uint64_t field = tag >> 3, type = tag & 7;
+    if (field >= 32 || (seen & (1u << field))) return NULL;
+    seen |= 1u << field;
+    if (field >= 1 && field <= 7 && type == WT_VARINT) {
+      if (get_varint(&p, end, &vals[field])) return NULL;
+    } else if (field == 9 && type == WT_VARINT) {
+      uint64_t kind;
+      if (get_varint(&p, end, &kind) || kind != LARDER__MEMORY_KIND__MEMORY_HOST) return NULL;
+    } else if (field == 11 && type == WT_LEN) {
+      if (get_varint(&p, end, &n) || n > (uint64_t)(end - p)) return NULL;
+      lay = p;
+      lay_end = p + n;
+      /* One value ends at each byte below 0x80. */
+      for (const uint8_t *q = lay; q < lay_end; q++) n_layout += *q < 0x80;
+      if (n > 0 && lay_end[-1] >= 0x80) return NULL;
+      p = lay_end;
+    } else {
+      return NULL;
+    }
+  }
+  if (vals[1] > UINT32_MAX) return NULL;
+  wire_batch_t *b = malloc(sizeof(*b) + n_layout * sizeof(uint64_t));
+  if (b == NULL) return NULL;
+  uint64_t *out = (uint64_t *)(b + 1);
+  for (size_t i = 0; i < n_layout; i++)
+    if (get_varint(&lay, lay_end, &out[i])) {
+      free(b);
+      return NULL;
+    }
+  b->stream_id = (uint32_t)vals[1];
+  b->seq = vals[2];
+  b->epoch = vals[3];
+  b->index = vals[4];
+  b->num_rows = vals[5];
+  b->arena_offset = vals[6];
+  b->arena_length = vals[7];
+  b->n_layout = n_layout;
+  b->layout = out;
+  return b;
+}
+
 int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass) {
   /* iov_base is not const, but sendmsg only reads it. */
   struct iovec iov = {(void *)buf, len};

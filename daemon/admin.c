@@ -1123,7 +1123,7 @@ struct job {
   int async;           /* callbacks still to come */
   int freeing;
   job_t *next;
-  uv_work_t work;
+  work_t work;
   uv_timer_t timer;    /* prefetch polls, cat waits out a backlog */
   void (*cancel)(job_t *j);   /* stop what is in flight (the job is cancelled) */
   void (*destroy)(job_t *j);  /* free what the kind owns */
@@ -1204,12 +1204,12 @@ static void job_fail(job_t *j, int code, const char *fmt, ...) {
   job_finish(j, code, msg);
 }
 
-static void job_work_cb(uv_work_t *w) {
+static void job_work_cb(work_t *w) {
   job_t *j = w->data;
   j->work_fn(j);
 }
 
-static void job_after_cb(uv_work_t *w, int status) {
+static void job_after_cb(work_t *w, int status) {
   job_t *j = w->data;
   server_task_end(j->srv);
   j->async--;
@@ -1224,7 +1224,7 @@ static void job_after_cb(uv_work_t *w, int status) {
   j->after_fn(j);
 }
 
-/* Runs work(j) on the thread pool, then after(j) on the loop unless the
+/* Runs work(j) on a worker thread, then after(j) on the loop unless the
  * job was cancelled meanwhile (then it is freed).  Returns 0 or
  * LARDER_ENOMEM (nothing queued). */
 static int job_queue(job_t *j, void (*work)(job_t *j), void (*after)(job_t *j)) {
@@ -1232,7 +1232,7 @@ static int job_queue(job_t *j, void (*work)(job_t *j), void (*after)(job_t *j)) 
   j->after_fn = after;
   j->async++;
   server_task_begin(j->srv);
-  if (uv_queue_work(j->srv->loop, &j->work, job_work_cb, job_after_cb) != 0) {
+  if (work_queue(j->srv->pool, &j->work, job_work_cb, job_after_cb) != 0) {
     j->async--;
     server_task_end(j->srv);
     return LARDER_ENOMEM;
@@ -1704,7 +1704,7 @@ static void pf_complete(prefetch_job_t *p, int i, int cached) {
  * READY units are immutable, so the worker may read them.
  */
 typedef struct pf_offer {
-  uv_work_t work;
+  work_t work;
   prefetch_job_t *p;
   unit_t *u;
   uint32_t index;
@@ -1750,7 +1750,7 @@ static int pf_offer_columns(pf_offer_t *o, store_t *st, store_key_t *keys, uint6
   return 1;
 }
 
-static void pf_offer_work(uv_work_t *w) {
+static void pf_offer_work(work_t *w) {
   pf_offer_t *o = w->data;
   store_t *st = o->p->j.srv->store;
   size_t nc = (size_t)o->p->ds->num_columns;
@@ -1764,7 +1764,7 @@ static void pf_offer_work(uv_work_t *w) {
   free(entries);
 }
 
-static void pf_offer_done(uv_work_t *w, int status) {
+static void pf_offer_done(work_t *w, int status) {
   (void)status;
   pf_offer_t *o = w->data;
   prefetch_job_t *p = o->p;
@@ -1799,7 +1799,7 @@ static void pf_poll(uv_timer_t *t) {
         o->work.data = o;
         p->j.async++;
         server_task_begin(srv);
-        if (uv_queue_work(srv->loop, &o->work, pf_offer_work, pf_offer_done) == 0) {
+        if (work_queue(srv->pool, &o->work, pf_offer_work, pf_offer_done) == 0) {
           a->offering = 1;
           continue;
         }

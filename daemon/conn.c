@@ -196,7 +196,7 @@ static void flush_pending(conn_t *c) {
   }
 }
 
-/* Writes the frames collected while corked, in one write. */
+/* Writes the frames collected in the cork, in one write. */
 static int flush_cork(conn_t *c) {
   if (c->cork.len == 0) return 0;
   uint8_t *buf = (uint8_t *)c->cork.data;
@@ -211,9 +211,14 @@ static int flush_cork(conn_t *c) {
   return rc;
 }
 
-static void uncork(conn_t *c) {
-  c->corked = 0;
-  flush_cork(c);
+static void uncork(conn_t *c) { flush_cork(c); }
+
+void conn_flush_all(server_t *srv) {
+  for (conn_t *c = srv->conns, *next; c; c = next) {
+    next = c->next; /* a failed write closes c, which stays listed until
+                       its close callback */
+    if (c->cork.len) flush_cork(c);
+  }
 }
 
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
@@ -224,7 +229,11 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
     conn_close(c);
     return LARDER_ENOMEM;
   }
-  if (fd < 0 && c->pending == NULL && c->corked) {
+  /* Frames wait in the cork until the loop is about to sleep (or the end
+   * of the read that produced them): the batches that several workers
+   * finish in one iteration, and the answers to one read's releases, then
+   * leave in one write, which the trainer reads in one call. */
+  if (fd < 0 && c->pending == NULL) {
     int rc = pq_strbuf_append(&c->cork, (const char *)buf, len);
     free(buf);
     if (rc) conn_close(c);
@@ -368,9 +377,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   c->rlen += (size_t)nread;
   size_t off = 0;
   /* A client that returns several batches at once gets the batches that
-   * replace them in one write, which it reads in one call, instead of a
-   * write (and a read) per batch. */
-  c->corked = 1;
+   * replace them in one write (conn_send corks them; uncork below), which
+   * it reads in one call, instead of a write (and a read) per batch. */
   while (!c->closing && !c->draining) {
     int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
     if (n < 0) {

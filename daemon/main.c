@@ -259,10 +259,6 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   mallopt(M_TOP_PAD, 64 << 20);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   srv->workers = srv->cfg.workers ? (int)srv->cfg.workers : (int)(cores > 0 ? cores : 2);
-  /* libuv sizes its thread pool from the environment on first use. */
-  char n[16];
-  snprintf(n, sizeof(n), "%d", srv->workers);
-  setenv("UV_THREADPOOL_SIZE", n, 1);
 
   store_options_t so;
   store_options_init(&so);

@@ -13,10 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,20 +28,6 @@
 
 void server_task_begin(server_t *srv) { srv->tasks_in_flight++; }
 
-void server_worker_enter(const server_t *srv) {
-  static __thread int entered;
-  if (entered) return;
-  entered = 1;
-  int nice = srv->cfg.worker_nice > 19 ? 19 : (int)srv->cfg.worker_nice;
-  if (nice == 0) return;
-  /* On Linux a thread's niceness is its own: PRIO_PROCESS with a thread id
-   * sets only that thread's.  Failure (a sandbox forbidding it) leaves the
-   * thread as it was. */
-  id_t tid = (id_t)syscall(SYS_gettid);
-  errno = 0;
-  int base = getpriority(PRIO_PROCESS, tid);
-  if (errno == 0) setpriority(PRIO_PROCESS, tid, base + nice > 19 ? 19 : base + nice);
-}
 void server_task_end(server_t *srv) { srv->tasks_in_flight--; }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -119,14 +103,25 @@ static int listen_socket(server_t *srv) {
 
 static void on_tick(uv_timer_t *t);
 
+static void flush_frames(void *arg) { conn_flush_all(arg); }
+
+static void on_flush(uv_prepare_t *h) { conn_flush_all(h->data); }
+
 static void finish_shutdown(server_t *srv) {
-  /* Called from the tick once no task is in flight and no client is left. */
+  /* Called from the tick once no task is in flight and no client is left.
+   * The fetches end first: their callbacks may still queue tasks, which the
+   * pool then runs or cancels as it stops. */
   if (srv->fetch) {
     fetch_destroy(srv->fetch, NULL, NULL);
     srv->fetch = NULL;
   }
+  if (srv->pool) {
+    work_pool_stop(srv->pool);
+    srv->pool = NULL;
+  }
   uv_timer_stop(&srv->tick);
   uv_close((uv_handle_t *)&srv->tick, NULL);
+  uv_close((uv_handle_t *)&srv->flush, NULL);
   uv_close((uv_handle_t *)&srv->sig_term, NULL);
   uv_close((uv_handle_t *)&srv->sig_int, NULL);
   uv_close((uv_handle_t *)&srv->sig_hup, NULL);
@@ -335,9 +330,19 @@ int server_run(server_t *srv) {
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);
   units_init(srv);
+  int nice = srv->cfg.worker_nice > 19 ? 19 : (int)srv->cfg.worker_nice;
+  if (work_pool_start(srv->loop, srv->workers, nice, flush_frames, srv, &srv->pool) != 0) {
+    log_err("cannot start %d worker threads", srv->workers);
+    units_shutdown(srv);
+    return 1;
+  }
   if (start_fetcher(srv) != 0) log_warn("remote sources are unavailable: cannot start libcurl");
   uv_timer_init(srv->loop, &srv->tick);
   srv->tick.data = srv;
+  uv_prepare_init(srv->loop, &srv->flush);
+  srv->flush.data = srv;
+  uv_prepare_start(&srv->flush, on_flush);
+  uv_unref((uv_handle_t *)&srv->flush);
   uv_signal_init(srv->loop, &srv->sig_term);
   uv_signal_init(srv->loop, &srv->sig_int);
   uv_signal_init(srv->loop, &srv->sig_hup);

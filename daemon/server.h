@@ -8,8 +8,8 @@
  * -----------
  * - One libuv loop owns the sockets and every structure declared here.
  *   Work that blocks or burns CPU (footers, decoding, cache reads and writes,
- *   batch assembly) runs on the libuv thread pool through uv_queue_work; its
- *   after-work callback, back on the loop, is the only place where results
+ *   batch assembly) runs on the worker threads through work_queue (work.h);
+ *   its done callback, back on the loop, is the only place where results
  *   are published.  Worker code touches only what its task owns, immutable
  *   structures (datasets, READY units) and thread-safe modules (store,
  *   arena, stats).
@@ -35,6 +35,7 @@
 #include "shuffle.h"
 #include "stats.h"
 #include "store.h"
+#include "work.h"
 
 typedef struct server server_t;
 typedef struct conn conn_t;
@@ -87,7 +88,7 @@ struct unit {
   int num_waiters, cap_waiters;
   unit_t *hnext;          /* hash chain */
   unit_t *lru_prev, *lru_next; /* idle list (refs == 0, READY) */
-  uv_work_t work;
+  work_t work;
   server_t *srv;
 };
 
@@ -181,9 +182,8 @@ struct conn {
   /* Frames waiting for the write queue to drain before a descriptor can be
    * passed with sendmsg. */
   struct pending_fd *pending;
-  /* Frames sent while the connection's input is dispatched, written
-   * together when it ends (see on_read in conn.c). */
-  int corked;
+  /* Frames sent and not yet written: written together at the end of the
+   * read that produced them, or before the loop sleeps (conn_flush_all). */
   pq_strbuf_t cork;
   uv_timer_t fd_timer;
   int fd_timer_active;
@@ -212,6 +212,9 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd);
 void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 void conn_close(conn_t *c);
+/* Writes every connection's corked frames.  The loop calls it before it
+ * sleeps and after it hands over finished tasks. */
+void conn_flush_all(server_t *srv);
 /* Closes once the frames already queued have been written. */
 void conn_shutdown(conn_t *c);
 
@@ -227,10 +230,12 @@ struct server {
   uint64_t started_ns;
   int64_t started_unix;
   int workers;
+  work_pool_t *pool;      /* the worker threads (work.h) */
 
   uv_pipe_t listener;
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t tick;
+  uv_prepare_t flush;     /* writes corked frames before the loop sleeps */
   int shutting_down;
   uint64_t shutdown_ns;   /* when SIGTERM came (server.c's grace period) */
   int listening;
@@ -257,7 +262,7 @@ struct server {
   uint64_t rgbuf_held_bytes;     /* held until their units have decoded */
   int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
   int in_read_ahead;      /* stream_read_ahead_all is running */
-  int tasks_in_flight;    /* every uv_queue_work not yet completed */
+  int tasks_in_flight;    /* every work_queue task not yet done */
 
   /* Access control (acl.h): rebuilt from cfg at start and on reload. */
   acl_t *acl;
@@ -312,12 +317,5 @@ int server_reload(server_t *srv, char *summary, size_t len);
 /* Counts a thread-pool task in and out, so shutdown can wait for them. */
 void server_task_begin(server_t *srv);
 void server_task_end(server_t *srv);
-
-/* Called at the start of a worker's task: the first call on a thread lowers
- * its priority by worker_nice.  Measured on 2 cores: loop callbacks that
- * took over 300 us because both workers held the cores fell from 294 to 71
- * per run, and a trainer's waits of over 200 us from 3-8 to 0-1.  Worker
- * threads only. */
-void server_worker_enter(const server_t *srv);
 
 #endif /* LARDER_SERVER_H */

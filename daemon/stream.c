@@ -47,7 +47,7 @@ typedef struct pbatch {
   int num_nodes;
   uint64_t assemble_ns;
   uint64_t release_mark;    /* s->releases when its assembly started */
-  uv_work_t work;
+  work_t work;
 } pbatch_t;
 
 typedef struct sent {
@@ -64,7 +64,7 @@ typedef struct pin {
 /* The samples of batches [first, first + n) of an epoch, planned on a
  * worker. */
 typedef struct plan_chunk {
-  uv_work_t work;
+  work_t work;
   stream_t *s;
   uint64_t epoch, first;
   uint64_t n;
@@ -74,7 +74,7 @@ typedef struct plan_chunk {
 
 /* The units of batches [first, last) of an epoch, found on a worker. */
 typedef struct pin_task {
-  uv_work_t work;
+  work_t work;
   stream_t *s;
   uint64_t epoch, first, last;
   uint32_t *idx;
@@ -334,10 +334,9 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
  * (pin_task_done).  The pins run half a span ahead, which leaves the worker
  * that much time.
  */
-static void pin_task_work(uv_work_t *w) {
+static void pin_task_work(work_t *w) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
-  server_worker_enter(s->srv);
   if (s->pin_ep == NULL || s->pin_ep_epoch != t->epoch) {
     shuffle_epoch_close(s->pin_ep);
     s->pin_ep = NULL;
@@ -360,7 +359,7 @@ static void pin_task_work(uv_work_t *w) {
   free(tmp);
 }
 
-static void pin_task_done(uv_work_t *w, int status) {
+static void pin_task_done(work_t *w, int status) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
   server_task_end(s->srv);
@@ -422,7 +421,7 @@ static void advance_pins(stream_t *s) {
   s->tasks++;
   s->pin_busy = 1;
   server_task_begin(s->srv);
-  if (uv_queue_work(s->srv->loop, &t->work, pin_task_work, pin_task_done) != 0) {
+  if (work_queue(s->srv->pool, &t->work, pin_task_work, pin_task_done) != 0) {
     server_task_end(s->srv);
     s->tasks--;
     s->pin_busy = 0;
@@ -651,10 +650,9 @@ static void start_revalidation(stream_t *s) {
  * for the loop to wait on at most, once per chunk. */
 #define PLAN_CHUNK 32
 
-static void plan_task_work(uv_work_t *w) {
+static void plan_task_work(work_t *w) {
   plan_chunk_t *c = w->data;
   stream_t *s = c->s;
-  server_worker_enter(s->srv);
   if (s->plan_ep == NULL || s->plan_ep_epoch != c->epoch) {
     shuffle_epoch_close(s->plan_ep);
     s->plan_ep = NULL;
@@ -669,7 +667,7 @@ static void plan_task_work(uv_work_t *w) {
   }
 }
 
-static void plan_task_done(uv_work_t *w, int status) {
+static void plan_task_done(work_t *w, int status) {
   plan_chunk_t *c = w->data;
   stream_t *s = c->s;
   server_task_end(s->srv);
@@ -715,7 +713,7 @@ static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
   s->plan_busy = 1;
   s->tasks++;
   server_task_begin(s->srv);
-  if (uv_queue_work(s->srv->loop, &c->work, plan_task_work, plan_task_done) != 0) {
+  if (work_queue(s->srv->pool, &c->work, plan_task_work, plan_task_done) != 0) {
     server_task_end(s->srv);
     s->tasks--;
     s->plan_busy = 0;
@@ -820,10 +818,9 @@ fail:
 #define ROW_AHEAD 20
 #define ROW_PREFETCH_MAX 1024
 
-static void assemble_work(uv_work_t *w) {
+static void assemble_work(work_t *w) {
   pbatch_t *b = w->data;
   stream_t *s = b->s;
-  server_worker_enter(s->srv);
   uint64_t t0 = util_now_ns();
   const pq_field_t *schema = s->ds->schema;
   int nc = schema->num_children;
@@ -964,7 +961,7 @@ out:
   b->assemble_ns = util_now_ns() - t0;
 }
 
-static void assemble_done(uv_work_t *w, int status) {
+static void assemble_done(work_t *w, int status) {
   pbatch_t *b = w->data;
   stream_t *s = b->s;
   server_task_end(s->srv);
@@ -1032,7 +1029,7 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
   b->work.data = b;
   s->tasks++;
   server_task_begin(s->srv);
-  if (uv_queue_work(s->srv->loop, &b->work, assemble_work, assemble_done) != 0) {
+  if (work_queue(s->srv->pool, &b->work, assemble_work, assemble_done) != 0) {
     server_task_end(s->srv);
     s->tasks--;
     b->state = PB_WAITING;
@@ -1231,7 +1228,7 @@ void stream_release(stream_t *s, const Larder__Release *rel) {
 /* Opening                                                                   */
 
 typedef struct open_req {
-  uv_work_t work;
+  work_t work;
   server_t *srv;
   conn_t *conn;      /* NULL once the connection went away */
   uint64_t conn_id;
@@ -1250,7 +1247,7 @@ typedef struct open_req {
   char **roots;      /* larder ACL: local_roots, split (NULL: anywhere) */
 } open_req_t;
 
-static void open_work(uv_work_t *w) {
+static void open_work(work_t *w) {
   open_req_t *o = w->data;
   o->rc = dataset_open((const char *const *)o->sources, o->num_sources,
                        (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
@@ -1309,7 +1306,7 @@ static conn_t *find_conn(server_t *srv, uint64_t id) {
   return NULL;
 }
 
-static void open_done(uv_work_t *w, int status) {
+static void open_done(work_t *w, int status) {
   open_req_t *o = w->data;
   server_t *srv = o->srv;
   server_task_end(srv);
@@ -1487,7 +1484,7 @@ static void queue_open(open_req_t *o) {
   server_t *srv = o->srv;
   o->work.data = o;
   server_task_begin(srv);
-  if (uv_queue_work(srv->loop, &o->work, open_work, open_done) != 0) {
+  if (work_queue(srv->pool, &o->work, open_work, open_done) != 0) {
     server_task_end(srv);
     conn_t *c = find_conn(srv, o->conn_id);
     if (c) conn_send_error(c, LARDER_ENOMEM, 0, o->request_id, "cannot queue the request");

@@ -752,9 +752,8 @@ static void build_rows(unit_t *u) {
   u->bytes += u->rowblock.bytes;
 }
 
-static void load_work(uv_work_t *w) {
+static void load_work(work_t *w) {
   unit_t *u = w->data;
-  server_worker_enter(u->srv);
   if (u->error) return; /* only here to report a failed fetch */
   u->retry = 0;
   u->need_fetch = 0;
@@ -859,7 +858,7 @@ void units_retry(server_t *srv) {
   }
 }
 
-static void load_done(uv_work_t *w, int status) {
+static void load_done(work_t *w, int status) {
   unit_t *u = w->data;
   server_t *srv = u->srv;
   server_task_end(srv);
@@ -1056,7 +1055,7 @@ static int queue_load(server_t *srv, unit_t *u) {
   u->work.data = u;
   srv->loads_in_flight++;
   server_task_begin(srv);
-  if (uv_queue_work(srv->loop, &u->work, load_work, load_done) != 0) {
+  if (work_queue(srv->pool, &u->work, load_work, load_done) != 0) {
     server_task_end(srv);
     srv->loads_in_flight--;
     return LARDER_ENOMEM;

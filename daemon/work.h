@@ -1,0 +1,71 @@
+/*
+ * work.h: larderd's worker threads (prefix work_).
+ *
+ * Decoding, cache reads and writes, planning and batch assembly run here,
+ * off the loop.  The interface is uv_queue_work's: a task's run callback
+ * runs on a worker, its done callback afterwards on the loop thread.
+ *
+ * Why not libuv's thread pool: it hands each finished task to the loop with
+ * uv_async_send, and libuv 1.44 (Debian 12) makes the loop spin while a
+ * worker is inside that call.  Workers run below the loop (worker_nice), so
+ * the write that wakes the loop often lets the loop preempt the very worker
+ * it then spins for: on 2 cores a quarter of the loop's time went to that
+ * spin while trainers waited for their batch frames.  Here a worker appends
+ * the finished task to a list, and writes an eventfd only when the loop may
+ * be asleep: an awake loop takes the list before it next sleeps (its
+ * prepare callback).  The loop never waits on a worker.
+ *
+ * Conventions
+ * -----------
+ * - Threading: work_pool_start, work_queue and work_pool_stop are the loop
+ *   thread's.  A task's run callback runs on one worker thread; its done
+ *   callback on the loop, after run has returned.
+ * - Ownership: the caller owns each work_t and keeps it alive until its
+ *   done callback has run.  The pool is freed in its handle's close
+ *   callback, after work_pool_stop.
+ * - Order: tasks start in the order they were queued.
+ * - Errors: negative larder_errno_t.
+ */
+#ifndef LARDER_WORK_H
+#define LARDER_WORK_H
+
+#include <uv.h>
+
+typedef struct work work_t;
+typedef struct work_pool work_pool_t;
+
+/* run: on a worker.  done: on the loop; status 0, or UV_ECANCELED when the
+ * pool stopped before the task ran. */
+typedef void (*work_run_cb)(work_t *w);
+typedef void (*work_done_cb)(work_t *w, int status);
+
+struct work {
+  void *data; /* the caller's */
+  /* Private. */
+  work_run_cb run;
+  work_done_cb done;
+  work_t *next;
+};
+
+/* Starts threads workers, each nice_delta (0-19) nicer than the loop
+ * (failure to renice, where a sandbox forbids it, leaves it as it was).
+ * drained(arg), if not NULL, runs on the loop after each hand-over of
+ * finished tasks, once their done callbacks have run (the server writes the
+ * frames they produced there).  Returns 0 and *out, or LARDER_ENOMEM /
+ * LARDER_EIO (no thread or eventfd: nothing is left running).  Loop
+ * thread. */
+int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained)(void *arg),
+                    void *arg, work_pool_t **out);
+
+/* Queues w: run(w) on a worker, then done(w, 0) on the loop.  Returns 0, or
+ * LARDER_ESHUTDOWN when p is NULL or stopping (w is then not queued).  Loop
+ * thread. */
+int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done);
+
+/* Stops the pool: tasks already running finish, their done callbacks and
+ * those of tasks not yet started (with UV_ECANCELED) run now, the threads
+ * are joined, and the pool is freed once its handle closes.  Loop thread;
+ * p is not used afterwards. */
+void work_pool_stop(work_pool_t *p);
+
+#endif /* LARDER_WORK_H */
