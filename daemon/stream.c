@@ -33,7 +33,8 @@ typedef struct pbatch {
   uint64_t epoch, index, seq;
   int n;                    /* samples */
   shuffle_sample_t *samples;
-  unit_t **sample_unit;     /* per sample */
+  uint32_t *sample_slot;    /* per sample: its unit's position in units */
+  unit_t **sample_unit;     /* per sample, filled by the assembly */
   unit_t **units;           /* distinct, each holding one reference */
   uint32_t *unit_index;     /* their indices in the stream's dataset */
   int num_units;
@@ -69,6 +70,12 @@ typedef struct plan_chunk {
   uint64_t epoch, first;
   uint64_t n;
   shuffle_sample_t *samples; /* n * batch_size */
+  /* Per batch, its distinct units in order of first use (unit_start[k] ..
+   * unit_start[k + 1] of units), and per sample the position of its unit
+   * there: found on the worker, so the loop only takes the references. */
+  uint32_t *units;
+  size_t *unit_start;        /* n + 1 */
+  uint32_t *slots;           /* n * batch_size */
   int rc;
 } plan_chunk_t;
 
@@ -117,8 +124,8 @@ struct stream {
   pin_t *old_pins;          /* the span before it, kept until the next one */
   int num_old_pins, cap_old_pins;
   unit_t **pinned;          /* by unit index: a pinned unit, or NULL */
-  uint64_t *stamp;          /* by unit index: the last batch that saw it */
-  unit_t **lookup;          /* by unit index: scratch for planning */
+  uint32_t *plan_slot;      /* by unit index: scratch of the planning task
+                               (one at a time per stream) */
   uint64_t *counted;        /* by unit index: epoch + 1 its stage times were
                                added to this stream's stats */
 
@@ -199,6 +206,7 @@ static void pbatch_free(stream_t *s, pbatch_t *b) {
   free(b->units);
   free(b->unit_index);
   free(b->sample_unit);
+  free(b->sample_slot);
   free(b->samples);
   free(b->nodes);
   free(b);
@@ -236,6 +244,9 @@ static void rotate_pins(stream_t *s) {
 static void plan_chunk_free(plan_chunk_t *c) {
   if (c == NULL) return;
   free(c->samples);
+  free(c->units);
+  free(c->unit_start);
+  free(c->slots);
   free(c);
 }
 
@@ -249,8 +260,7 @@ static void stream_destroy(stream_t *s) {
   free(s->pins);
   free(s->old_pins);
   free(s->pinned);
-  free(s->stamp);
-  free(s->lookup);
+  free(s->plan_slot);
   free(s->counted);
   free(s->sent);
   shuffle_epoch_close(s->plan_ep);
@@ -661,9 +671,29 @@ static void plan_task_work(work_t *w) {
     s->plan_ep_epoch = c->epoch;
   }
   size_t bs = s->params.batch_size;
+  size_t nu = 0;
+  c->unit_start[0] = 0;
   for (uint64_t i = 0; i < c->n && c->rc == 0; i++) {
-    int rc = shuffle_epoch_batch(s->plan_ep, c->first + i, c->samples + i * bs);
-    if (rc < 0) c->rc = rc;
+    shuffle_sample_t *smp = c->samples + i * bs;
+    int rc = shuffle_epoch_batch(s->plan_ep, c->first + i, smp);
+    if (rc < 0) {
+      c->rc = rc;
+      break;
+    }
+    /* plan_slot holds UINT32_MAX for every unit between batches. */
+    uint32_t *units = c->units + c->unit_start[i];
+    uint32_t nd = 0;
+    for (size_t j = 0; j < bs; j++) {
+      uint32_t u = smp[j].unit;
+      if (s->plan_slot[u] == UINT32_MAX) {
+        s->plan_slot[u] = nd;
+        units[nd++] = u;
+      }
+      c->slots[i * bs + j] = s->plan_slot[u];
+    }
+    for (uint32_t k = 0; k < nd; k++) s->plan_slot[units[k]] = UINT32_MAX;
+    nu += nd;
+    c->unit_start[i + 1] = nu;
   }
 }
 
@@ -703,9 +733,14 @@ static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
   c->epoch = epoch;
   c->first = first;
   c->n = s->batches_per_epoch - first < PLAN_CHUNK ? s->batches_per_epoch - first : PLAN_CHUNK;
-  c->samples = malloc((size_t)c->n * s->params.batch_size * sizeof(shuffle_sample_t));
-  if (c->samples == NULL) {
-    free(c);
+  size_t bs = s->params.batch_size;
+  size_t per_batch = bs < s->ds->num_units ? bs : s->ds->num_units;
+  c->samples = malloc((size_t)c->n * bs * sizeof(shuffle_sample_t));
+  c->slots = malloc((size_t)c->n * bs * sizeof(uint32_t));
+  c->units = malloc(((size_t)c->n * per_batch + 1) * sizeof(uint32_t));
+  c->unit_start = malloc(((size_t)c->n + 1) * sizeof(size_t));
+  if (c->samples == NULL || c->slots == NULL || c->units == NULL || c->unit_start == NULL) {
+    plan_chunk_free(c);
     return LARDER_ENOMEM;
   }
   c->work.data = c;
@@ -756,29 +791,20 @@ static int plan_one(stream_t *s) {
   b->epoch = s->plan_epoch;
   b->index = s->plan_batch;
   b->n = (int)s->params.batch_size;
+  uint64_t k = b->index - s->cur->first;
+  const uint32_t *idx = s->cur->units + s->cur->unit_start[k];
+  int nd = (int)(s->cur->unit_start[k + 1] - s->cur->unit_start[k]);
   b->samples = malloc((size_t)b->n * sizeof(shuffle_sample_t));
-  b->sample_unit = malloc((size_t)b->n * sizeof(unit_t *));
-  uint32_t *idx = malloc((size_t)b->n * sizeof(uint32_t));
-  int rc = LARDER_ENOMEM;
-  if (b->samples == NULL || b->sample_unit == NULL || idx == NULL) goto fail;
-  memcpy(b->samples, s->cur->samples + (b->index - s->cur->first) * (uint64_t)b->n,
-         (size_t)b->n * sizeof(shuffle_sample_t));
-  /* Distinct units, in order of first use, found with a per-unit stamp
-   * (no sort); each gets one reference for the batch, taken directly when
-   * the stream already pins it. */
-  uint64_t mark = s->next_seq + 1;
-  int nd = 0;
-  for (int i = 0; i < b->n; i++) {
-    uint32_t u = b->samples[i].unit;
-    if (s->stamp[u] != mark) {
-      s->stamp[u] = mark;
-      idx[nd++] = u;
-    }
-  }
+  b->sample_slot = malloc((size_t)b->n * sizeof(uint32_t));
   b->units = calloc((size_t)(nd ? nd : 1), sizeof(unit_t *));
   b->unit_index = malloc((size_t)(nd ? nd : 1) * sizeof(uint32_t));
-  rc = LARDER_ENOMEM;
-  if (b->units == NULL || b->unit_index == NULL) goto fail;
+  int rc = LARDER_ENOMEM;
+  if (b->samples == NULL || b->sample_slot == NULL || b->units == NULL || b->unit_index == NULL)
+    goto fail;
+  memcpy(b->samples, s->cur->samples + k * (uint64_t)b->n, (size_t)b->n * sizeof(shuffle_sample_t));
+  memcpy(b->sample_slot, s->cur->slots + k * (uint64_t)b->n, (size_t)b->n * sizeof(uint32_t));
+  /* Each distinct unit gets one reference for the batch, taken directly
+   * when the stream already pins it. */
   for (int i = 0; i < nd; i++) {
     unit_t *u = s->pinned[idx[i]];
     if (u != NULL) u->refs++;
@@ -787,10 +813,7 @@ static int plan_one(stream_t *s) {
     b->units[i] = u;
     b->unit_index[i] = idx[i];
     b->num_units++;
-    s->lookup[idx[i]] = u;
   }
-  for (int i = 0; i < b->n; i++) b->sample_unit[i] = s->lookup[b->samples[i].unit];
-  free(idx);
   b->seq = s->next_seq++;
   b->state = PB_WAITING;
   if (s->q_tail) s->q_tail->next = b;
@@ -805,7 +828,6 @@ static int plan_one(stream_t *s) {
   }
   return 0;
 fail:
-  free(idx);
   pbatch_free(s, b);
   return rc;
 }
@@ -826,11 +848,17 @@ static void assemble_work(work_t *w) {
   int nc = schema->num_children;
   layout_pick_t *picks = malloc((size_t)b->n * sizeof(layout_pick_t));
   int64_t *sizes = malloc((size_t)(nc ? nc : 1) * sizeof(int64_t));
+  if (b->sample_unit == NULL) {
+    /* Kept if the batch is assembled again (its arena was full). */
+    b->sample_unit = malloc((size_t)b->n * sizeof(unit_t *));
+    if (b->sample_unit != NULL)
+      for (int i = 0; i < b->n; i++) b->sample_unit[i] = b->units[b->sample_slot[i]];
+  }
   layout_scratch_t *scratch = NULL;
   uint8_t *tmp = NULL;
   int64_t *nulls_by_bit = NULL;
   uint8_t *from_rows = NULL;
-  if (picks == NULL || sizes == NULL) {
+  if (picks == NULL || sizes == NULL || b->sample_unit == NULL) {
     b->error = LARDER_ENOMEM;
     goto out;
   }
@@ -1360,10 +1388,10 @@ static void open_done(work_t *w, int status) {
   for (int i = 0; i < s->ds->schema->num_children; i++)
     s->num_nodes += layout_num_nodes(&s->ds->schema->children[i]);
   s->pinned = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
-  s->stamp = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
-  s->lookup = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
+  s->plan_slot = malloc(((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
   s->counted = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
-  int rc = s->pinned && s->stamp && s->lookup && s->counted ? 0 : LARDER_ENOMEM;
+  int rc = s->pinned && s->plan_slot && s->counted ? 0 : LARDER_ENOMEM;
+  if (rc == 0) memset(s->plan_slot, 0xff, ((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
   if (rc == 0)
     rc = dataset_shuffle_plan(s->ds, &s->params, srv->cfg.shuffle_row_groups, &s->plan);
   if (rc) {
