@@ -34,7 +34,7 @@ typedef struct pbatch {
   int n;                    /* samples */
   shuffle_sample_t *samples;
   uint32_t *sample_slot;    /* per sample: its unit's position in units */
-  unit_t **sample_unit;     /* per sample, filled by the assembly */
+  unit_t **sample_unit;     /* per sample, filled in by the assembly */
   unit_t **units;           /* distinct, each holding one reference */
   uint32_t *unit_index;     /* their indices in the stream's dataset */
   int num_units;
@@ -796,10 +796,12 @@ static int plan_one(stream_t *s) {
   int nd = (int)(s->cur->unit_start[k + 1] - s->cur->unit_start[k]);
   b->samples = malloc((size_t)b->n * sizeof(shuffle_sample_t));
   b->sample_slot = malloc((size_t)b->n * sizeof(uint32_t));
+  b->sample_unit = malloc((size_t)b->n * sizeof(unit_t *));
   b->units = calloc((size_t)(nd ? nd : 1), sizeof(unit_t *));
   b->unit_index = malloc((size_t)(nd ? nd : 1) * sizeof(uint32_t));
   int rc = LARDER_ENOMEM;
-  if (b->samples == NULL || b->sample_slot == NULL || b->units == NULL || b->unit_index == NULL)
+  if (b->samples == NULL || b->sample_slot == NULL || b->sample_unit == NULL || b->units == NULL ||
+      b->unit_index == NULL)
     goto fail;
   memcpy(b->samples, s->cur->samples + k * (uint64_t)b->n, (size_t)b->n * sizeof(shuffle_sample_t));
   memcpy(b->sample_slot, s->cur->slots + k * (uint64_t)b->n, (size_t)b->n * sizeof(uint32_t));
@@ -848,17 +850,12 @@ static void assemble_work(work_t *w) {
   int nc = schema->num_children;
   layout_pick_t *picks = malloc((size_t)b->n * sizeof(layout_pick_t));
   int64_t *sizes = malloc((size_t)(nc ? nc : 1) * sizeof(int64_t));
-  if (b->sample_unit == NULL) {
-    /* Kept if the batch is assembled again (its arena was full). */
-    b->sample_unit = malloc((size_t)b->n * sizeof(unit_t *));
-    if (b->sample_unit != NULL)
-      for (int i = 0; i < b->n; i++) b->sample_unit[i] = b->units[b->sample_slot[i]];
-  }
+  for (int i = 0; i < b->n; i++) b->sample_unit[i] = b->units[b->sample_slot[i]];
   layout_scratch_t *scratch = NULL;
   uint8_t *tmp = NULL;
   int64_t *nulls_by_bit = NULL;
   uint8_t *from_rows = NULL;
-  if (picks == NULL || sizes == NULL || b->sample_unit == NULL) {
+  if (picks == NULL || sizes == NULL) {
     b->error = LARDER_ENOMEM;
     goto out;
   }
