@@ -79,31 +79,20 @@ static int agree(const uint8_t *buf, size_t len, int expect_fast) {
   return 0;
 }
 
+/* Every random frame is decoded whole (the fast path must take it), then
+ * cut short (the length prefix still claims the whole frame, as a frame
+ * that arrived in part would) and with a few bytes changed anywhere after
+ * the header: the fast path must decline those or agree with protobuf-c. */
 TEST_IMPL(wire_batch_fast_path) {
   uint64_t layout[300];
   Larder__Batch b;
   for (int i = 0; i < 20000; i++) {
     size_t len;
-    uint8_t *buf = random_batch_frame(&len, &b, layout, 300);
+    uint8_t *buf = random_batch_frame(&len, &b, layout, i % 2 ? 300 : 40);
     ASSERT_NOT_NULL(buf);
     ASSERT_OK(agree(buf, len, 1));
-    free(buf);
-  }
-  return 0;
-}
-
-TEST_IMPL(wire_batch_fast_path_hostile) {
-  uint64_t layout[40];
-  Larder__Batch b;
-  for (int i = 0; i < 20000; i++) {
-    size_t len;
-    uint8_t *buf = random_batch_frame(&len, &b, layout, 40);
-    ASSERT_NOT_NULL(buf);
-    /* Cut short: the length prefix still claims the whole frame, as a
-     * frame that arrived in part would, and the bytes end early. */
     size_t cut = WIRE_HEADER + (size_t)(rnd() % (len - WIRE_HEADER + 1));
     ASSERT_OK(agree(buf, cut, 0));
-    /* A few bytes changed anywhere after the header. */
     for (int k = 0; k < 1 + (int)(rnd() % 3); k++)
       buf[WIRE_HEADER + rnd() % (len - WIRE_HEADER)] = (uint8_t)rnd();
     ASSERT_OK(agree(buf, len, 0));
