@@ -8,7 +8,9 @@
  *       of ROW_BYTES, each stored contiguously in a WINDOW_BYTES buffer,
  *       copied in a random order into batches of BATCH_ROWS rows (GB/s);
  *       the physical limit of serving shuffled rows from memory on one core,
- *       which no columnar layout can beat (its rows are spread over columns)
+ *       which no columnar layout can beat (its rows are spread over columns);
+ *       the window is in huge pages where the kernel allows, as larderd's
+ *       row blocks are
  *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
  *       [--daemon-pid PID] [--touch] [--start-epoch N] [--columns a,b]
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "larder.h"
@@ -69,7 +72,10 @@ static double memcpy_gbps(void) {
 static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_rows) {
   if (row_bytes == 0 || batch_rows == 0 || window_bytes < row_bytes) return 0;
   size_t rows = window_bytes / row_bytes;
-  uint8_t *win = malloc(rows * row_bytes);
+  /* In huge pages where the kernel allows, as larderd's row blocks are. */
+  uint8_t *win = NULL;
+  if (posix_memalign((void **)&win, 2u << 20, rows * row_bytes) != 0) win = NULL;
+  if (win != NULL) (void)madvise(win, rows * row_bytes, MADV_HUGEPAGE);
   uint8_t *out = malloc(batch_rows * row_bytes);
   uint32_t *order = malloc(rows * sizeof(uint32_t));
   if (win == NULL || out == NULL || order == NULL) {
