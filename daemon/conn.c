@@ -85,12 +85,12 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
  * connection already rejected; and a frame queued after uv_shutdown failed
  * with EPIPE, which closed the connection at once and dropped the Error
  * frame still in the write queue. */
-static void uncork(conn_t *c);
+static int flush_cork(conn_t *c);
 
 void conn_shutdown(conn_t *c) {
   if (c->closing || c->draining) return;
   /* What was sent before (the Error frame, say) goes out first. */
-  uncork(c);
+  flush_cork(c);
   if (c->closing) return;
   c->draining = 1;
   while (c->streams) stream_close(c->streams);
@@ -211,7 +211,6 @@ static int flush_cork(conn_t *c) {
   return rc;
 }
 
-static void uncork(conn_t *c) { flush_cork(c); }
 
 void conn_flush_all(server_t *srv) {
   for (conn_t *c = srv->conns, *next; c; c = next) {
@@ -377,12 +376,12 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   c->rlen += (size_t)nread;
   size_t off = 0;
   /* A client that returns several batches at once gets the batches that
-   * replace them in one write (conn_send corks them; uncork below), which
+   * replace them in one write (conn_send corks them; flush_cork below), which
    * it reads in one call, instead of a write (and a read) per batch. */
   while (!c->closing && !c->draining) {
     int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
     if (n < 0) {
-      uncork(c);
+      flush_cork(c);
       protocol_error(c, LARDER_EPROTO, "protocol error: frame longer than max_frame");
       return;
     }
@@ -391,14 +390,14 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     off += (size_t)n;
     if (f == NULL || f->msg_case == LARDER__FRAME__MSG__NOT_SET) {
       wire_free(f);
-      uncork(c);
+      flush_cork(c);
       protocol_error(c, LARDER_EPROTO, "protocol error: malformed message");
       return;
     }
     dispatch(c, f);
     wire_free(f);
   }
-  uncork(c);
+  flush_cork(c);
   if (off > 0 && !c->closing) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
