@@ -128,8 +128,7 @@ int layout_gather(const pq_field_t *field, const layout_pick_t *picks,
  *   fixed part (stride bytes): a bitmask of the nulls, then one slot per
  *     packed column: the value of a fixed-width column (up to 16 bytes, and
  *     BOOL as a byte), a pointer and a length for BINARY and STRING, and a
- *     pointer, an element count and a count of null elements for a LIST of
- *     fixed-width values;
+ *     pointer and an element count for a LIST of fixed-width values;
  *   inline part: the bytes of the row's variable-length values, each up to
  *     LAYOUT_INLINE_MAX bytes, which the pointers point at.
  *
@@ -158,8 +157,8 @@ typedef struct layout_rowplan {
     int kind;          /* LAYOUT_SLOT_* */
     uint32_t offset;   /* of the slot in the row */
     uint32_t width;    /* of the slot: the value's bytes (FIXED), 1 (BOOL),
-                          12 (VAR: pointer, length), 16 (LIST: pointer,
-                          elements, null elements) */
+                          12 (VAR: pointer, length; LIST: pointer,
+                          element count) */
     uint32_t elem_width; /* LIST: bytes per element */
     int nullbit;       /* bit in the mask, -1 when not nullable */
   } *packed;
