@@ -260,8 +260,48 @@ static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
   f->num_units = (uint32_t)(*n - f->first_unit);
 }
 
-static void describe_field(const pq_field_t *f, char *buf, size_t size) {
-  snprintf(buf, size, "%s", larder_type_name(f->type));
+/* Appends f's type to buf (of size bytes, holding *len), with its
+ * children's for nested types, such as list<struct<a: int64, b: string>>;
+ * what does not fit is cut. */
+static void describe_field(const pq_field_t *f, char *buf, size_t size, size_t *len) {
+  if (*len >= size) return;
+  *len += (size_t)snprintf(buf + *len, size - *len, "%s", larder_type_name(f->type));
+  for (int i = 0; i < f->num_children && *len < size; i++) {
+    *len += (size_t)snprintf(buf + *len, size - *len, "%s", i ? ", " : "<");
+    if (f->type == LARDER_TYPE_STRUCT && *len < size)
+      *len += (size_t)snprintf(buf + *len, size - *len, "%s: ", f->children[i].name);
+    describe_field(&f->children[i], buf, size, len);
+    if (i == f->num_children - 1 && *len < size)
+      *len += (size_t)snprintf(buf + *len, size - *len, ">");
+  }
+}
+
+/* Says how the projected schema of file `name` differs from that of the
+ * dataset's first file (`first_name`, whose columns hash to hash[]), into
+ * why; returns 0 when they agree. */
+static int schema_difference(const pq_field_t *first, const char *first_name, const uint64_t *hash,
+                             const pq_field_t *other, const char *name, char *why, size_t size) {
+  int n1 = first->num_children, n2 = other->num_children, c = 0;
+  while (c < n1 && c < n2 && layout_field_hash(&other->children[c]) == hash[c]) c++;
+  if (c == n1 && c == n2) return 0;
+  if (c == n1) {
+    snprintf(why, size, "%s has a column '%s' that %s lacks", name, other->children[c].name,
+             first_name);
+  } else if (c == n2) {
+    snprintf(why, size, "%s lacks the column '%s' of %s", name, first->children[c].name,
+             first_name);
+  } else if (strcmp(first->children[c].name, other->children[c].name) != 0) {
+    snprintf(why, size, "column %d is '%s' in %s but '%s' in %s", c + 1, other->children[c].name,
+             name, first->children[c].name, first_name);
+  } else {
+    char a[160], b[160];
+    size_t la = 0, lb = 0;
+    describe_field(&first->children[c], a, sizeof(a), &la);
+    describe_field(&other->children[c], b, sizeof(b), &lb);
+    snprintf(why, size, "column '%s' is %s in %s but %s in %s", first->children[c].name, b, name,
+             strcmp(a, b) == 0 ? "differs in its type parameters from that" : a, first_name);
+  }
+  return 1;
 }
 
 int dataset_open(const char *const *sources, size_t n, const char *const *columns,
@@ -338,22 +378,11 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
   for (int c = 0; c < ds->num_columns; c++)
     ds->column_hash[c] = layout_field_hash(&ds->schema->children[c]);
   for (uint32_t i = 1; i < ds->num_files; i++) {
-    const pq_field_t *s = pq_projection_schema(ds->files[i].proj);
-    int same = s->num_children == ds->num_columns;
-    int c = 0;
-    for (; same && c < ds->num_columns; c++)
-      same = layout_field_hash(&s->children[c]) == ds->column_hash[c];
-    if (!same) {
-      char a[64] = "", b[64] = "";
-      if (c > 0 && c <= ds->num_columns && c <= s->num_children) {
-        describe_field(&ds->schema->children[c - 1], a, sizeof(a));
-        describe_field(&s->children[c - 1], b, sizeof(b));
-      }
-      snprintf(err, errlen,
-               "%s: its columns differ from %s's (column '%s': %s vs %s); a dataset's "
-               "files must share the projected schema",
-               ds->files[i].name, ds->files[0].name,
-               c > 0 && c <= ds->num_columns ? ds->schema->children[c - 1].name : "?", b, a);
+    if (schema_difference(ds->schema, ds->files[0].name, ds->column_hash,
+                          pq_projection_schema(ds->files[i].proj), ds->files[i].name, err,
+                          errlen)) {
+      size_t len = strlen(err);
+      snprintf(err + len, errlen - len, "; a dataset's files must share the projected schema");
       rc = LARDER_EINVAL;
       goto fail;
     }

@@ -768,6 +768,37 @@ static void copy_file(const char *from, const char *to, size_t keep) {
  * with an error naming the file (the page CRCs catch it), and never serves
  * the damaged rows.
  */
+/* Writes a 3-row file of an INT64 column 'id' and a required column
+ * `second` of physical type `physical`. */
+static void write_id_file(const char *path, const char *second, int physical) {
+  pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
+                       pqw_leaf(second, physical, PQ_REQUIRED)};
+  pqw_file pf;
+  pqw_file_init(&pf, sch, 3);
+  int64_t ids[3] = {1, 2, 3}, longs[3] = {4, 5, 6};
+  int32_t ints[3] = {7, 8, 9};
+  double doubles[3] = {0.5, 1.5, 2.5};
+  pqw_values v[2];
+  memset(v, 0, sizeof(v));
+  v[0].physical = PQ_INT64, v[0].fixed = ids, v[0].count = 3;
+  v[1].physical = physical, v[1].count = 3;
+  v[1].fixed = physical == PQ_DOUBLE ? (void *)doubles : physical == PQ_INT32 ? (void *)ints
+                                                                               : (void *)longs;
+  pqw_chunk_opts co;
+  memset(&co, 0, sizeof(co));
+  pqw_chunk ch[2];
+  for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
+  pqw_file_add_row_group(&pf, 3, ch, 2);
+  for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
+  size_t len;
+  uint8_t *data = pqw_file_finish(&pf, &len);
+  FILE *out = fopen(path, "wb");
+  ASSERT_NOT_NULL(out);
+  ASSERT_EQ(fwrite(data, 1, len, out), len);
+  fclose(out);
+  free(data);
+}
+
 TEST_IMPL(daemon_robust_corrupt_file) {
   fixture f;
   fx_start(&f, NULL, 1);
@@ -837,32 +868,14 @@ TEST_IMPL(daemon_robust_corrupt_file) {
     larder_stream_close(s);
   }
   /* Files whose columns differ cannot make one dataset: the error names
-   * the odd file and the column. */
+   * the odd file and the column, whether a type differs or one file has a
+   * column more. */
   {
-    char odd[1200];
+    char odd[1200], wide[1200];
     snprintf(odd, sizeof(odd), "%s/odd.parquet", test_tmpdir());
-    pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
-                         pqw_leaf("label", PQ_DOUBLE, PQ_REQUIRED)};
-    pqw_file pf;
-    pqw_file_init(&pf, sch, 3);
-    int64_t ids[3] = {1, 2, 3};
-    double labels[3] = {0.5, 1.5, 2.5};
-    pqw_values v[2];
-    memset(v, 0, sizeof(v));
-    v[0].physical = PQ_INT64, v[0].fixed = ids, v[0].count = 3;
-    v[1].physical = PQ_DOUBLE, v[1].fixed = labels, v[1].count = 3;
-    pqw_chunk_opts co;
-    memset(&co, 0, sizeof(co));
-    pqw_chunk ch[2];
-    for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
-    pqw_file_add_row_group(&pf, 3, ch, 2);
-    for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
-    size_t len;
-    uint8_t *data = pqw_file_finish(&pf, &len);
-    FILE *out = fopen(odd, "wb");
-    ASSERT_EQ(fwrite(data, 1, len, out), len);
-    fclose(out);
-    free(data);
+    snprintf(wide, sizeof(wide), "%s/wide.parquet", test_tmpdir());
+    write_id_file(odd, "label", PQ_DOUBLE);
+    write_id_file(wide, "label", PQ_INT32);
     static const char *const cols[] = {"id", "label"};
     larder_stream_options_t o = f.o;
     const char *src[2] = {f.dir, odd};
@@ -874,7 +887,19 @@ TEST_IMPL(daemon_robust_corrupt_file) {
     int rc = larder_stream_open(c, &o, &s);
     ASSERT(rc < 0);
     ASSERT_STR_CONTAINS(larder_client_last_error(c), "odd.parquet");
-    ASSERT_STR_CONTAINS(larder_client_last_error(c), "label");
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "column 'label' is ");
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "float64");
+    /* All columns: the fixture's files have no 'extra'. */
+    write_id_file(wide, "extra", PQ_INT64);
+    src[1] = wide;
+    o.columns = NULL;
+    o.num_columns = 0;
+    rc = larder_stream_open(c, &o, &s);
+    ASSERT(rc < 0);
+    fprintf(stderr, "columns differ: %s\n", larder_client_last_error(c));
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "wide.parquet");
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "'extra'");
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "must share the projected schema");
   }
   /* The client still works. */
   larder_stream_t *s;
