@@ -43,7 +43,8 @@
   XX(worker_nice, U64, "10", 0,                                                \
      "niceness the workers add to the daemon's (at most 19), so that when "    \
      "cores are short the loop that hands out batches, and the trainers, run " \
-     "first (0 = the same priority)")                                          \
+     "first; while trainers wait on the workers they run at the daemon's "     \
+     "niceness, where the system allows (0 = always the same priority)")       \
   XX(memory_limit, SIZE, "8G", 1,                                              \
      "bytes of decoded units held in memory for shuffling, all streams")       \
   XX(unit_rows, U64, "4096", 0,                                                \

@@ -49,6 +49,9 @@
  *   larder_decode_ns_total           counter  time spent decoding Parquet
  *   larder_cache_read_ns_total       counter  time spent reading the cache
  *   larder_assemble_ns_total         counter  time spent assembling batches
+ *   larder_workers_boosted           gauge    1 while trainers wait and the workers run at
+ *                                             the daemon's priority (else worker_nice nicer)
+ *   larder_worker_boosts_total       counter  times trainers waiting raised the workers' priority
  *
  *   The cache (store.h's store_stats_t):
  *   larder_cache_capacity_bytes      gauge    bytes of decoded data the cache keeps at most

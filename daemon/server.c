@@ -26,6 +26,54 @@
 #include "server.h"
 #include "util.h"
 
+/* Trainers' wait fractions that turn the workers' boost on and off, over
+ * at least BOOST_WINDOW_NS of reports. */
+#define BOOST_ON_FRACTION 0.05
+#define BOOST_OFF_FRACTION 0.01
+#define BOOST_WINDOW_NS (100ull * 1000000ull)
+#define BOOST_IDLE_NS (1000ull * 1000000ull)
+
+static void set_boost(server_t *srv, int on) {
+  if (srv->boost_on == on || srv->boost_refused || srv->pool == NULL) return;
+  int rc = work_pool_boost(srv->pool, on);
+  if (rc == LARDER_EACCES) {
+    srv->boost_refused = 1;
+    log_info("trainers are waiting, but the workers cannot run at the daemon's priority "
+             "(the system forbids lowering their niceness: give the service LimitNICE=+0 "
+             "or CAP_SYS_NICE, or set worker_nice = 0); they stay %d nicer",
+             (int)srv->cfg.worker_nice);
+    return;
+  }
+  if (rc) return;
+  srv->boost_on = on;
+  STATS_SET(&srv->stats, workers_boosted, on);
+  if (on) STATS_ADD(&srv->stats, worker_boosts, 1);
+}
+
+void server_trainer_report(server_t *srv, uint64_t wait_ns, uint64_t compute_ns) {
+  srv->boost_wait_ns += wait_ns;
+  srv->boost_compute_ns += compute_ns;
+  uint64_t now = util_now_ns();
+  if (srv->boost_from_ns == 0) srv->boost_from_ns = now;
+  if (now - srv->boost_from_ns < BOOST_WINDOW_NS) return;
+  uint64_t total = srv->boost_wait_ns + srv->boost_compute_ns;
+  double waiting = total ? (double)srv->boost_wait_ns / (double)total : 0;
+  if (waiting > BOOST_ON_FRACTION) set_boost(srv, 1);
+  else if (waiting < BOOST_OFF_FRACTION) set_boost(srv, 0);
+  srv->boost_wait_ns = srv->boost_compute_ns = 0;
+  srv->boost_from_ns = now;
+}
+
+/* From the tick: no report for a while (no trainer, or trainers that hold
+ * their batches) drops the boost. */
+static void expire_boost(server_t *srv) {
+  if (srv->boost_on && util_now_ns() - srv->boost_from_ns > BOOST_IDLE_NS) {
+    set_boost(srv, 0);
+    srv->boost_wait_ns = srv->boost_compute_ns = 0;
+    srv->boost_from_ns = 0;
+  }
+}
+
 void server_task_begin(server_t *srv) { srv->tasks_in_flight++; }
 
 void server_task_end(server_t *srv) { srv->tasks_in_flight--; }
@@ -288,6 +336,7 @@ static void on_tick(uv_timer_t *t) {
              (unsigned long long)STATS_GET(&srv->stats, clients),
              (unsigned long long)STATS_GET(&srv->stats, streams), (double)bytes / 1e9,
              (double)srv->unit_bytes / 1048576.0);
+  expire_boost(srv);
   units_expire_read_ahead(srv);
   units_trim(srv);
   units_retry(srv);

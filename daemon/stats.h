@@ -39,7 +39,11 @@
   XX(fetch_ns, COUNTER, "time spent fetching (summed over requests)")          \
   XX(decode_ns, COUNTER, "time spent decoding Parquet")                        \
   XX(cache_read_ns, COUNTER, "time spent reading the cache")                   \
-  XX(assemble_ns, COUNTER, "time spent assembling batches")
+  XX(assemble_ns, COUNTER, "time spent assembling batches")                   \
+  XX(workers_boosted, GAUGE, "1 while trainers wait and the workers run at "   \
+                             "the daemon's priority (else worker_nice nicer)") \
+  XX(worker_boosts, COUNTER, "times trainers waiting raised the workers' "     \
+                             "priority")
 
 #define STATS_STREAM(XX)                                                      \
   XX(batches, COUNTER, "batches delivered")                                    \
@@ -66,6 +70,7 @@ typedef struct stats_stream {
 
 #define STATS_ADD(s, field, v) __atomic_add_fetch(&(s)->field, (uint64_t)(v), __ATOMIC_RELAXED)
 #define STATS_SUB(s, field, v) __atomic_sub_fetch(&(s)->field, (uint64_t)(v), __ATOMIC_RELAXED)
+#define STATS_SET(s, field, v) __atomic_store_n(&(s)->field, (uint64_t)(v), __ATOMIC_RELAXED)
 #define STATS_GET(s, field) __atomic_load_n(&(s)->field, __ATOMIC_RELAXED)
 
 #endif /* LARDER_STATS_H */

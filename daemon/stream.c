@@ -1238,6 +1238,7 @@ void stream_release(stream_t *s, const Larder__Release *rel) {
     s->sent[i] = s->sent[--s->num_sent];
     STATS_ADD(&s->st, wait_ns, rel->wait_ns);
     STATS_ADD(&s->st, compute_ns, rel->compute_ns);
+    server_trainer_report(s->srv, rel->wait_ns, rel->compute_ns);
     /* Batches that found the arena full can try again now. */
     s->releases++;
     for (pbatch_t *b = s->q_head; b; b = b->next)

@@ -24,6 +24,10 @@ struct work_pool {
   uv_check_t check;
   int efd;
   int nice_delta;
+  int base_nice;         /* the loop's niceness when the pool started */
+  int boosted;           /* workers run at base_nice; under mu */
+  pid_t *tids;           /* of the workers that have started; under mu */
+  int num_tids;
   void (*drained)(void *arg);
   void *drained_arg;
   int num_threads;
@@ -45,14 +49,12 @@ struct work_pool {
   atomic_int done_count; /* tasks on the done list, read without the lock */
 };
 
-static void lower_priority(int nice_delta) {
-  if (nice_delta <= 0) return;
-  /* On Linux a thread's niceness is its own: PRIO_PROCESS with a thread id
-   * sets only that thread's. */
-  id_t tid = (id_t)syscall(SYS_gettid);
-  errno = 0;
-  int base = getpriority(PRIO_PROCESS, tid);
-  if (errno == 0) setpriority(PRIO_PROCESS, tid, base + nice_delta > 19 ? 19 : base + nice_delta);
+/* Sets thread tid's niceness; returns 0 or errno.  On Linux a thread's
+ * niceness is its own: PRIO_PROCESS with a thread id sets only that
+ * thread's. */
+static int set_nice(pid_t tid, int nice) {
+  if (nice > 19) nice = 19;
+  return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? 0 : errno;
 }
 
 static void *worker_main(void *arg) {
@@ -61,8 +63,13 @@ static void *worker_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL);
-  lower_priority(p->nice_delta);
+  /* The name shows in top -H and /proc/<pid>/task/<tid>/comm, so an
+   * operator can tell the workers from RocksDB's threads. */
+  pthread_setname_np(pthread_self(), "larderd-work");
+  pid_t tid = (pid_t)syscall(SYS_gettid);
   pthread_mutex_lock(&p->mu);
+  p->tids[p->num_tids++] = tid;
+  if (!p->boosted && p->nice_delta > 0) set_nice(tid, p->base_nice + p->nice_delta);
   for (;;) {
     while (p->todo_head == NULL && !p->stopping) {
       p->idle++;
@@ -153,6 +160,7 @@ static void on_handle_closed(uv_handle_t *h) {
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cond);
   free(p->threads);
+  free(p->tids);
   free(p);
 }
 
@@ -163,15 +171,20 @@ int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained
   work_pool_t *p = calloc(1, sizeof(*p));
   if (p == NULL) return LARDER_ENOMEM;
   p->threads = calloc((size_t)workers, sizeof(pthread_t));
+  p->tids = calloc((size_t)workers, sizeof(pid_t));
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (p->threads == NULL || p->efd < 0) {
-    int rc = p->threads == NULL ? LARDER_ENOMEM : LARDER_EIO;
+  if (p->threads == NULL || p->tids == NULL || p->efd < 0) {
+    int rc = p->efd >= 0 ? LARDER_ENOMEM : LARDER_EIO;
     if (p->efd >= 0) close(p->efd);
     free(p->threads);
+    free(p->tids);
     free(p);
     return rc;
   }
   p->nice_delta = nice_delta > 19 ? 19 : nice_delta;
+  errno = 0;
+  p->base_nice = getpriority(PRIO_PROCESS, 0);
+  if (errno != 0) p->base_nice = 0;
   p->drained = drained;
   p->drained_arg = arg;
   pthread_mutex_init(&p->mu, NULL);
@@ -241,4 +254,21 @@ void work_pool_stop(work_pool_t *p) {
   uv_close((uv_handle_t *)&p->poll, on_handle_closed);
   uv_close((uv_handle_t *)&p->prepare, on_handle_closed);
   uv_close((uv_handle_t *)&p->check, on_handle_closed);
+}
+
+int work_pool_boost(work_pool_t *p, int on) {
+  on = on != 0;
+  pthread_mutex_lock(&p->mu);
+  int rc = 0;
+  if (p->boosted != on && p->nice_delta > 0) {
+    int nice = on ? p->base_nice : p->base_nice + p->nice_delta;
+    for (int i = 0; i < p->num_tids && rc == 0; i++) {
+      int err = set_nice(p->tids[i], nice);
+      /* A worker that has exited (the pool stopping) is no error. */
+      if (err == EACCES || err == EPERM) rc = LARDER_EACCES;
+    }
+    if (rc == 0) p->boosted = on;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return rc;
 }

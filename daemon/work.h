@@ -57,6 +57,19 @@ struct work {
 int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained)(void *arg),
                     void *arg, work_pool_t **out);
 
+/*
+ * Workers run nice_delta nicer than the loop so that, when cores are
+ * short, trainers and the loop that hands them batches run first.  While
+ * trainers wait for batches the reverse holds: the workers are what the
+ * trainers wait on.  work_pool_boost(p, 1) runs every worker at the loop's
+ * niceness, work_pool_boost(p, 0) nice_delta nicer again; workers that
+ * start later take the current setting.  Returns 0, or LARDER_EACCES when
+ * the system does not let the process lower a niceness it raised (no
+ * CAP_SYS_NICE, and RLIMIT_NICE too low: systemd's LimitNICE=); the
+ * workers then stay as they were.  Loop thread.
+ */
+int work_pool_boost(work_pool_t *p, int on);
+
 /* Queues w: run(w) on a worker, then done(w, 0) on the loop.  Returns 0, or
  * LARDER_ESHUTDOWN when p is NULL or stopping (w is then not queued).  Loop
  * thread. */

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -447,6 +448,58 @@ int dh_fd_count(pid_t pid) {
     if (e->d_name[0] != '.') n++;
   closedir(dir);
   return n;
+}
+
+int dh_thread_nices(pid_t pid, const char *comm, int *nices, int max) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  if (dir == NULL) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char name[64] = "", stat[1024] = "";
+    snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue; /* the thread has exited */
+    if (fgets(name, sizeof(name), f) == NULL) name[0] = 0;
+    fclose(f);
+    name[strcspn(name, "\n")] = 0;
+    if (strcmp(name, comm) != 0) continue;
+    snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+    f = fopen(path, "r");
+    if (f == NULL) continue;
+    size_t len = fread(stat, 1, sizeof(stat) - 1, f);
+    fclose(f);
+    stat[len] = 0;
+    /* Field 19 is the niceness; fields are counted from the pid, and the
+     * name in parentheses (field 2) may hold spaces. */
+    const char *p = strrchr(stat, ')');
+    int field = 2;
+    while (p != NULL && field < 19) {
+      p = strchr(p + 1, ' ');
+      field++;
+    }
+    if (p != NULL && n < max) nices[n] = atoi(p + 1);
+    if (p != NULL) n++;
+  }
+  closedir(dir);
+  return n;
+}
+
+int dh_can_unnice(void) {
+  pid_t child = fork();
+  if (child == 0) {
+    errno = 0;
+    int base = getpriority(PRIO_PROCESS, 0);
+    if (errno != 0 || base >= 19) _exit(1);
+    if (setpriority(PRIO_PROCESS, 0, base + 1) != 0) _exit(1);
+    _exit(setpriority(PRIO_PROCESS, 0, base) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child) return 0;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 int dh_memfd_count(pid_t pid) { return dh_fd_kind_count(pid, "/memfd:"); }

@@ -104,6 +104,13 @@ double dh_cpu_ms(pid_t pid);
  * want; returns the last count. */
 int dh_wait_fds(pid_t pid, int want, int timeout_ms);
 
+/* The niceness of each of pid's threads named comm (at most max of them,
+ * into nices); returns how many there are. */
+int dh_thread_nices(pid_t pid, const char *comm, int *nices, int max);
+/* Whether this process may lower a niceness it raised (root, CAP_SYS_NICE
+ * or a high enough RLIMIT_NICE), tried in a child. */
+int dh_can_unnice(void);
+
 /* Under a sanitizer the daemon is slower; tests scale by this (1 or 3). */
 int dh_slow(void);
 /* Whether this is the ASan flavour (its quarantine makes RSS meaningless;

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -324,6 +325,68 @@ TEST_IMPL(daemon_stall_accounting) {
   expect_daemon_stall(&d, s, 40);
   larder_stream_close(s);
   larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * The workers run worker_nice nicer than the daemon while trainers
+ * compute, and at its niceness while trainers wait on them: a trainer
+ * that waits on a cold daemon boosts them, and they drop back once it is
+ * gone.  Where the system forbids the boost the daemon says so once in its
+ * log and the workers stay nicer.
+ */
+TEST_IMPL(daemon_workers_boost) {
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--worker_nice=7", "--memory_limit=1",
+                                   "--cache_capacity=0", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  int base = getpriority(PRIO_PROCESS, (id_t)d.pid);
+  int nices[8];
+  ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 8), 2);
+  for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], base + 7);
+  ASSERT_EQ(dh_stat(&d, "workers_boosted"), 0);
+
+  /* A trainer that does nothing but wait, for at least half a second. */
+  larder_stream_options_t o;
+  std_opts(&o, 64, 0);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  int allowed = dh_can_unnice(), boosted = 0;
+  double t0 = now_ms(), checked = t0;
+  while (now_ms() - t0 < 500.0 || (allowed && !boosted && now_ms() - t0 < 10000.0 * dh_slow())) {
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    larder_batch_release(b);
+    /* Asking for stats is time the trainer does not wait: not too often. */
+    if (now_ms() - checked > 100.0) {
+      if (dh_stat(&d, "workers_boosted") == 1) boosted = 1;
+      checked = now_ms();
+    }
+  }
+  fprintf(stderr, "waiting trainer: boosted=%d (allowed=%d) after %.0f ms\n", boosted, allowed,
+          now_ms() - t0);
+  ASSERT_EQ(boosted, allowed);
+  if (allowed) {
+    ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 8), 2);
+    for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], base);
+    ASSERT_GE(dh_stat(&d, "worker_boosts"), 1);
+  } else {
+    ASSERT_EQ(dh_stat(&d, "worker_boosts"), 0);
+  }
+  larder_stream_close(s);
+  larder_client_close(c);
+
+  /* Without trainers the boost ends within the daemon's tick or two. */
+  double t1 = now_ms();
+  while (dh_stat(&d, "workers_boosted") != 0 && now_ms() - t1 < 5000.0 * dh_slow()) usleep(20000);
+  fprintf(stderr, "boost ended %.0f ms after the trainer left\n", now_ms() - t1);
+  ASSERT_EQ(dh_stat(&d, "workers_boosted"), 0);
+  ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 8), 2);
+  for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], base + 7);
   dh_stop(&d);
   return 0;
 }

@@ -9,12 +9,18 @@
  *   does); a test keeps its loop running with a timer until the tasks it
  *   queued are done.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../daemon/work.h"
+#include "daemon-harness.h"
 #include "task.h"
 
 typedef struct ctx {
@@ -172,5 +178,123 @@ TEST_IMPL(work_pool_stop_cancels_queued) {
   ASSERT_EQ(atomic_load(&c.ran) + c.cancelled, 11);
   ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
   ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Priority boost                                                            */
+
+typedef struct probe {
+  work_t work;
+  pthread_barrier_t *barrier;
+  pid_t tid;
+  int nice;
+  int *done;
+} probe_t;
+
+static void probe_run(work_t *w) {
+  probe_t *pr = w->data;
+  pr->tid = (pid_t)syscall(SYS_gettid);
+  errno = 0;
+  pr->nice = getpriority(PRIO_PROCESS, (id_t)pr->tid);
+  if (errno != 0) pr->nice = 100;
+  /* Every worker holds one probe until all have one: no worker runs two. */
+  pthread_barrier_wait(pr->barrier);
+}
+
+static void probe_done(work_t *w, int status) {
+  probe_t *pr = w->data;
+  if (status == 0) (*pr->done)++;
+}
+
+static void on_noop_timer(uv_timer_t *t) { (void)t; }
+
+/* Asserts that each of the pool's n workers runs at niceness want. */
+static void expect_worker_nice(uv_loop_t *loop, work_pool_t *p, int n, int want) {
+  pthread_barrier_t barrier;
+  ASSERT_OK(pthread_barrier_init(&barrier, NULL, (unsigned)n));
+  probe_t probes[8] = {0};
+  ASSERT_LE(n, 8);
+  int done = 0;
+  for (int i = 0; i < n; i++) {
+    probes[i] = (probe_t){.barrier = &barrier, .done = &done};
+    probes[i].work.data = &probes[i];
+    ASSERT_OK(work_queue(p, &probes[i].work, probe_run, probe_done));
+  }
+  /* The pool's handles do not keep the loop alive; a timer does. */
+  uv_timer_t keep;
+  uv_timer_init(loop, &keep);
+  uv_timer_start(&keep, on_noop_timer, 1000, 1000);
+  uint64_t t0 = uv_hrtime();
+  while (done < n) {
+    ASSERT_LT(uv_hrtime() - t0, 10000000000ull);
+    uv_run(loop, UV_RUN_ONCE);
+  }
+  uv_close((uv_handle_t *)&keep, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
+  for (int i = 0; i < n; i++) {
+    ASSERT_EQ(probes[i].nice, want);
+    for (int j = 0; j < i; j++) ASSERT_NE(probes[i].tid, probes[j].tid);
+  }
+  pthread_barrier_destroy(&barrier);
+}
+
+/* Runs a pool of 3 workers 5 nicer than this thread, boosts and unboosts
+ * it; returns 0 when the system allowed it, 1 when it refused. */
+static int boost_round(void) {
+  errno = 0;
+  int base = getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  int nicer = base + 5 > 19 ? 19 : base + 5;
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 3, 5, NULL, NULL, &p));
+  expect_worker_nice(&loop, p, 3, nicer);
+  int rc = work_pool_boost(p, 1);
+  if (rc == 0) {
+    expect_worker_nice(&loop, p, 3, base);
+    ASSERT_OK(work_pool_boost(p, 1));
+    ASSERT_OK(work_pool_boost(p, 0));
+    expect_worker_nice(&loop, p, 3, nicer);
+  } else {
+    /* Refused: the workers stay as they were, and unboosting is no-op. */
+    ASSERT_EQ(rc, LARDER_EACCES);
+    expect_worker_nice(&loop, p, 3, nicer);
+    ASSERT_OK(work_pool_boost(p, 0));
+  }
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return rc == 0 ? 0 : 1;
+}
+
+/* The workers run worker_nice nicer than the loop, and at its niceness
+ * while boosted, when the system allows lowering a niceness. */
+TEST_IMPL(work_pool_boost_sets_priority) {
+  int refused = boost_round();
+  ASSERT_EQ(refused, !dh_can_unnice());
+  return 0;
+}
+
+/* Where the system forbids lowering a niceness (no CAP_SYS_NICE and
+ * RLIMIT_NICE of 0, as for a service without LimitNICE=), the boost says
+ * so and the workers stay nicer.  In a child, since dropping the
+ * privilege cannot be undone. */
+TEST_IMPL(work_pool_boost_refused) {
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (geteuid() == 0 && (setresgid(65534, 65534, 65534) != 0 ||
+                           setresuid(65534, 65534, 65534) != 0))
+      _exit(2);
+    struct rlimit none = {0, 0};
+    if (setrlimit(RLIMIT_NICE, &none) != 0) _exit(3);
+    _exit(boost_round() == 1 ? 0 : 4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
   return 0;
 }
