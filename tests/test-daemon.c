@@ -329,6 +329,13 @@ TEST_IMPL(daemon_stall_accounting) {
   return 0;
 }
 
+/* Both of the daemon's worker threads run at niceness want. */
+static void expect_workers_nice(const dh_daemon *d, int want) {
+  int nices[8];
+  ASSERT_EQ(dh_thread_nices(d->pid, "larderd-work", nices, 8), 2);
+  for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], want);
+}
+
 /*
  * The workers run worker_nice nicer than the daemon while trainers
  * compute, and at its niceness while trainers wait on them: a trainer
@@ -343,9 +350,7 @@ TEST_IMPL(daemon_workers_boost) {
   dh_init(&d, "d", fl);
   dh_start(&d);
   int base = getpriority(PRIO_PROCESS, (id_t)d.pid);
-  int nices[8];
-  ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 8), 2);
-  for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], base + 7);
+  expect_workers_nice(&d, base + 7);
   ASSERT_EQ(dh_stat(&d, "workers_boosted"), 0);
 
   /* A trainer that does nothing but wait, for at least half a second. */
@@ -371,8 +376,7 @@ TEST_IMPL(daemon_workers_boost) {
           now_ms() - t0);
   ASSERT_EQ(boosted, allowed);
   if (allowed) {
-    ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 8), 2);
-    for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], base);
+    expect_workers_nice(&d, base);
     ASSERT_GE(dh_stat(&d, "worker_boosts"), 1);
   } else {
     ASSERT_EQ(dh_stat(&d, "worker_boosts"), 0);
@@ -385,8 +389,7 @@ TEST_IMPL(daemon_workers_boost) {
   while (dh_stat(&d, "workers_boosted") != 0 && now_ms() - t1 < 5000.0 * dh_slow()) usleep(20000);
   fprintf(stderr, "boost ended %.0f ms after the trainer left\n", now_ms() - t1);
   ASSERT_EQ(dh_stat(&d, "workers_boosted"), 0);
-  ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 8), 2);
-  for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], base + 7);
+  expect_workers_nice(&d, base + 7);
   dh_stop(&d);
   return 0;
 }
