@@ -28,8 +28,8 @@
 
 /* Trainers' wait fractions that turn the workers' boost on and off, over
  * at least BOOST_WINDOW_NS of reports. */
-#define BOOST_ON_FRACTION 0.05
-#define BOOST_OFF_FRACTION 0.01
+#define BOOST_ON_FRACTION 0.25
+#define BOOST_OFF_FRACTION 0.10
 #define BOOST_WINDOW_NS (100ull * 1000000ull)
 #define BOOST_IDLE_NS (1000ull * 1000000ull)
 

@@ -324,11 +324,15 @@ int server_reload(server_t *srv, char *summary, size_t len);
  * worker_nice nicer than the loop so that trainers, when they compute, get
  * the cores first; but a trainer that waits has nothing to compute, and
  * then the workers are what it waits on.  So while trainers spend more
- * than 5% of their time waiting (over at least 100 ms), the workers run at
- * the loop's niceness, and below 1% (or after a second without reports)
- * they drop back.  Measured on 2 cores, with a trainer that waits on every
- * batch: preemption by every wakeup of the loop and the trainer cost the
- * workers about a third of their rate.  Loop thread.
+ * than 25% of their time waiting (over at least 100 ms), the workers run
+ * at the loop's niceness, and below 10% (or after a second without
+ * reports) they drop back.  Measured on 2 cores, with a trainer that waits
+ * on every batch: preemption by every wakeup of the loop and the trainer
+ * cost the workers about a third of their rate.  The thresholds are high
+ * because boosted workers delay a computing trainer's wakeups: with 5% and
+ * 1%, a trainer that computed 1.4-1.6 times the daemon's cost per batch,
+ * boosted by the first batches of its stream, stayed boosted at 2.8-3.5%
+ * stall, against under 1% unboosted.  Loop thread.
  */
 void server_trainer_report(server_t *srv, uint64_t wait_ns, uint64_t compute_ns);
 
