@@ -28,7 +28,6 @@
  * for the GPU, its CPU free (a busy wait would instead take one of the
  * daemon's cores on a small machine).
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,13 +257,9 @@ int main(int argc, char **argv) {
     batches++;
     larder_batch_release(b);
     if (compute_us > 0) {
-      struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      long ns = until.tv_nsec + (long)(compute_us * 1e3);
-      until.tv_sec += ns / 1000000000L;
-      until.tv_nsec = ns % 1000000000L;
-      while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
-      }
+      struct timespec ts = {(time_t)(compute_us / 1e6),
+                            (long)((compute_us - (double)(time_t)(compute_us / 1e6) * 1e6) * 1e3)};
+      nanosleep(&ts, NULL);
     }
   }
   if (sum == 42) printf("#\n");
