@@ -17,11 +17,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "larder.h"
+#include "ring.h"
 #include "wire.h"
 
 typedef struct field {
@@ -76,6 +78,14 @@ struct larder_stream {
   uint64_t held_gen;                    /* c->flushes when counted */
   larder_batch_t *spare;                /* a released batch (and its arrays)
                                            to reuse, under lock */
+  /* The descriptor ring (ring.h), when the daemon offered one: batches
+   * come from it rather than from Batch frames, releases go to it. */
+  ring_header_t *ring;
+  uint64_t ring_size;
+  uint64_t ring_consumed;               /* descriptors taken (reading thread) */
+  uint64_t ring_released;               /* entries written, under lock */
+  uint64_t ring_woken_at;               /* the wake_at last answered, under lock */
+  uint64_t ring_told;                   /* ring_released when that Wake went */
 };
 
 struct larder_batch {
@@ -111,6 +121,8 @@ struct larder_client {
   uint64_t flushes;
   int reader_waiting;   /* a thread waits in pump: send releases at once */
 };
+
+static int ring_tell(larder_client_t *c, larder_stream_t *s);
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -248,6 +260,11 @@ static void route(larder_client_t *c, Larder__Frame *f) {
     case LARDER__FRAME__MSG_OPEN_STREAM_REPLY: request_id = f->open_stream_reply->request_id; break;
     case LARDER__FRAME__MSG_ADMIN_REPLY: request_id = f->admin_reply->request_id; break;
     case LARDER__FRAME__MSG_HELLO_REPLY: request_id = 0; break;
+    case LARDER__FRAME__MSG_WAKE:
+      /* Its work is done: it ended a wait in pump, and the reader looks at
+       * the rings next. */
+      wire_free(f);
+      return;
     default: break;
   }
   if (stream_id) {
@@ -525,6 +542,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   req.arena_bytes = opts->arena_bytes;
   req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
   req.cuda_device = opts->cuda_device >= 0 ? opts->cuda_device : env_int("LOCAL_RANK", 0);
+  req.ring = 1;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
   f.open_stream = &req;
@@ -548,12 +566,20 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     wire_free(r);
     return set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
   }
-  int afd = c->fds[0];
-  memmove(c->fds, c->fds + 1, (size_t)(c->num_fds - 1) * sizeof(int));
-  c->num_fds--;
+  /* The arena, then the ring when the daemon offers one. */
+  int want_fds = rep->ring_bytes ? 2 : 1;
+  if (c->num_fds < want_fds) {
+    wire_free(r);
+    return set_err(c, LARDER_EPROTO, "the daemon sent no descriptor ring");
+  }
+  int afd = c->fds[0], rfd = want_fds == 2 ? c->fds[1] : -1;
+  memmove(c->fds, c->fds + want_fds, (size_t)(c->num_fds - want_fds) * sizeof(int));
+  c->num_fds -= want_fds;
+  uint64_t ring_size = rep->ring_bytes;
   larder_stream_t *s = calloc(1, sizeof(*s));
   if (s == NULL) {
     close(afd);
+    if (rfd >= 0) close(rfd);
     wire_free(r);
     return LARDER_ENOMEM;
   }
@@ -577,7 +603,23 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     if (m == MAP_FAILED) rc = set_err(c, LARDER_ENOMEM, "cannot map the arena: %s", strerror(errno));
     else s->arena = m;
   }
+  struct stat st;
+  if (rc == 0 && rfd >= 0 && (fstat(rfd, &st) != 0 || (uint64_t)st.st_size < ring_size))
+    rc = set_err(c, LARDER_EPROTO, "the descriptor ring is smaller than the daemon says");
+  if (rc == 0 && rfd >= 0) {
+    void *m = mmap(NULL, ring_size, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+    if (m == MAP_FAILED) {
+      rc = set_err(c, LARDER_ENOMEM, "cannot map the descriptor ring: %s", strerror(errno));
+    } else {
+      s->ring = m;
+      s->ring_size = ring_size;
+      if (!ring_valid(s->ring, ring_size,
+                      (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS))
+        rc = set_err(c, LARDER_EPROTO, "the daemon sent a malformed descriptor ring");
+    }
+  }
   close(afd);
+  if (rfd >= 0) close(rfd);
   s->next = c->streams;
   c->streams = s;
   if (rc) {
@@ -622,6 +664,7 @@ static void stream_unref(larder_stream_t *s) {
     free(s->spare);
   }
   if (s->arena) munmap(s->arena, s->arena_size);
+  if (s->ring) munmap(s->ring, s->ring_size);
   free_field(&s->schema);
   pthread_mutex_destroy(&s->lock);
   free(s);
@@ -630,6 +673,7 @@ static void stream_unref(larder_stream_t *s) {
 int larder_stream_flush(larder_stream_t *s) {
   larder_client_t *c = s->client;
   if (c == NULL || c->broken) return LARDER_ECLOSED;
+  if (s->ring) ring_tell(c, s);
   pthread_mutex_lock(&c->send_lock);
   int rc = flush_held_locked(c);
   pthread_mutex_unlock(&c->send_lock);
@@ -707,6 +751,65 @@ static int build_arrays(larder_stream_t *s, const wire_batch_t *b, larder_array_
   return 0;
 }
 
+/* Sends a Wake frame for s: the daemon reads its ring.  Any thread. */
+static void send_wake(larder_client_t *c, larder_stream_t *s) {
+  Larder__Wake wk = LARDER__WAKE__INIT;
+  wk.stream_id = s->id;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_WAKE;
+  f.wake = &wk;
+  send_frame(c, &f);
+}
+
+/* Tells the daemon of the releases in s's ring it has not been told of.
+ * Returns 1 if there were any.  Any thread. */
+static int ring_tell(larder_client_t *c, larder_stream_t *s) {
+  pthread_mutex_lock(&s->lock);
+  int tell = s->ring_released != s->ring_told;
+  s->ring_told = s->ring_released;
+  pthread_mutex_unlock(&s->lock);
+  if (tell) send_wake(c, s);
+  return tell;
+}
+
+/* Takes the next descriptor from s's ring into *view, if the daemon
+ * published one.  Returns 1 when it did, 0 when the ring is empty, or
+ * LARDER_EPROTO when the daemon published more than the window.  The
+ * reading thread. */
+static int ring_take(larder_stream_t *s, wire_batch_t *view) {
+  ring_header_t *h = s->ring;
+  uint64_t published = atomic_load_explicit(&h->published, memory_order_acquire);
+  if (published == s->ring_consumed) return 0;
+  if (published - s->ring_consumed > h->slots) return LARDER_EPROTO;
+  const ring_desc_t *d = ring_desc(h, s->ring_consumed++);
+  *view = (wire_batch_t){s->id,          d->seq,          d->epoch,     d->index,
+                         d->num_rows,    d->arena_offset, d->arena_length,
+                         h->num_layout,  d->layout};
+  if (atomic_load_explicit(&h->sleeping, memory_order_relaxed))
+    atomic_store_explicit(&h->sleeping, 0, memory_order_relaxed);
+  return 1;
+}
+
+/* Says in s's ring that the reading thread is about to sleep on the socket,
+ * so the daemon sends a Wake with its next descriptor, and tells the daemon
+ * of releases it has not read.  Returns 1 when a descriptor arrived
+ * meanwhile (do not sleep).  The reading thread. */
+static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
+  ring_header_t *h = s->ring;
+  atomic_store_explicit(&h->sleeping, 1, memory_order_relaxed);
+  /* Pairs with the daemon's fence between publishing and looking at
+   * `sleeping` (ring.h): one of the two sees the other's write. */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&h->published, memory_order_relaxed) != s->ring_consumed) {
+    atomic_store_explicit(&h->sleeping, 0, memory_order_relaxed);
+    return 1;
+  }
+  /* The daemon may need these releases for room; it reads the ring when
+   * it pumps the stream, and a Wake makes it pump now. */
+  ring_tell(c, s);
+  return 0;
+}
+
 int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out) {
   *out = NULL;
   larder_client_t *c = s->client;
@@ -722,31 +825,41 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
   int rc = 0, polled = 0;
   for (;;) {
-    if (s->q_head) {
-      queued_t *q = s->q_head;
-      Larder__Frame *f = q->frame;
-      wire_batch_t *fast = q->batch, view;
-      s->q_head = q->next;
-      if (s->q_head == NULL) s->q_tail = NULL;
-      free(q);
-      if (fast == NULL && f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
+    wire_batch_t view;
+    int from_ring = s->ring ? ring_take(s, &view) : 0;
+    if (from_ring < 0) {
+      rc = set_err(c, LARDER_EPROTO, "the daemon overran the descriptor ring");
+      break;
+    }
+    if (from_ring || s->q_head) {
+      Larder__Frame *f = NULL;
+      wire_batch_t *fast = NULL;
+      if (!from_ring) {
+        queued_t *q = s->q_head;
+        f = q->frame;
+        fast = q->batch;
+        s->q_head = q->next;
+        if (s->q_head == NULL) s->q_tail = NULL;
+        free(q);
+      }
+      if (!from_ring && fast == NULL && f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
         s->ended = 1;
         wire_free(f);
         rc = LARDER_EEOF;
         break;
       }
-      if (fast == NULL && f->msg_case == LARDER__FRAME__MSG_ERROR) {
+      if (!from_ring && fast == NULL && f->msg_case == LARDER__FRAME__MSG_ERROR) {
         s->error = f->error->code < 0 ? f->error->code : LARDER_EPROTO;
         set_err(c, s->error, "%s", f->error->message ? f->error->message : larder_strerror(s->error));
         wire_free(f);
         rc = s->error;
         break;
       }
-      if (fast == NULL && f->msg_case != LARDER__FRAME__MSG_BATCH) {
+      if (!from_ring && fast == NULL && f->msg_case != LARDER__FRAME__MSG_BATCH) {
         wire_free(f);
         continue;
       }
-      const wire_batch_t *b = fast;
+      const wire_batch_t *b = from_ring ? &view : fast;
       if (b == NULL) {
         /* A batch protobuf-c decoded (a form wire_decode_batch leaves to
          * it). */
@@ -845,11 +958,16 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
         }
         continue;
       }
+      /* The caller will wait on larder_stream_fd: the daemon must send a
+       * Wake with the next descriptor. */
+      if (s->ring && ring_prepare_sleep(c, s)) continue;
       rc = LARDER_ETIMEDOUT;
       break;
     }
     int wait_ms = deadline == UINT64_MAX ? 1000 : (int)((deadline - now + 999999) / 1000000ull);
+    if (s->ring && ring_prepare_sleep(c, s)) continue;
     int r = pump(c, wait_ms);
+    if (s->ring) atomic_store_explicit(&s->ring->sleeping, 0, memory_order_relaxed);
     if (r && r != LARDER_ETIMEDOUT) {
       rc = s->error ? s->error : r;
       break;
@@ -887,7 +1005,26 @@ void larder_batch_release(larder_batch_t *b) {
   if (b == NULL) return;
   larder_stream_t *s = b->stream;
   larder_client_t *c = s->client;
-  if (c && !c->broken) {
+  if (c && !c->broken && s->ring) {
+    pthread_mutex_lock(&s->lock);
+    ring_release_t *e = ring_release_entry(s->ring, s->ring_released);
+    e->seq = b->seq;
+    e->wait_ns = s->report_wait;
+    e->compute_ns = s->report_compute;
+    s->report_wait = s->report_compute = 0;
+    atomic_store_explicit(&s->ring->released, ++s->ring_released, memory_order_release);
+    /* Pairs with the daemon's fence between setting wake_at and looking at
+     * `released` (ring.h). */
+    atomic_thread_fence(memory_order_seq_cst);
+    uint64_t wake_at = atomic_load_explicit(&s->ring->wake_at, memory_order_relaxed);
+    int wake = wake_at && s->ring_released >= wake_at && wake_at != s->ring_woken_at;
+    if (wake) {
+      s->ring_woken_at = wake_at;
+      s->ring_told = s->ring_released;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (wake) send_wake(c, s);
+  } else if (c && !c->broken) {
     Larder__Release rel = LARDER__RELEASE__INIT;
     rel.stream_id = s->id;
     rel.seq = b->seq;

@@ -116,7 +116,7 @@ wire_batch_t *wire_decode_batch(const uint8_t *buf, size_t len) {
   return b;
 }
 
-int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass) {
+int64_t wire_sendmsg(int sock, const void *buf, size_t len, const int *fds, int num_fds) {
   /* iov_base is not const, but sendmsg only reads it. */
   struct iovec iov = {(void *)buf, len};
   struct msghdr msg;
@@ -125,17 +125,18 @@ int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass) {
   msg.msg_iovlen = 1;
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS)];
   } ctl;
-  if (fd_to_pass >= 0) {
+  if (num_fds > WIRE_MAX_FDS) return -EINVAL;
+  if (num_fds > 0) {
     memset(&ctl, 0, sizeof(ctl));
     msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof(ctl.buf);
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)num_fds);
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)num_fds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)num_fds);
   }
   for (;;) {
     ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);

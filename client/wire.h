@@ -59,12 +59,16 @@ typedef struct wire_batch {
  */
 wire_batch_t *wire_decode_batch(const uint8_t *buf, size_t len);
 
+/* Descriptors one frame may carry (an arena and a ring). */
+#define WIRE_MAX_FDS 2
+
 /*
- * Sends len bytes with `fd_to_pass` attached as SCM_RIGHTS (if >= 0) on a
- * Unix socket.  Returns the bytes sent (possibly fewer than len) or a
- * negative errno-style code (-EAGAIN ...).  Any thread.
+ * Sends len bytes with the num_fds descriptors of fds (at most WIRE_MAX_FDS)
+ * attached as SCM_RIGHTS on a Unix socket.  Returns the bytes sent
+ * (possibly fewer than len; the descriptors went with the first of them) or
+ * a negative errno-style code (-EAGAIN ...).  Any thread.
  */
-int64_t wire_sendmsg(int sock, const void *buf, size_t len, int fd_to_pass);
+int64_t wire_sendmsg(int sock, const void *buf, size_t len, const int *fds, int num_fds);
 
 /*
  * Receives up to cap bytes; with dontwait set, returns -EAGAIN at once when

@@ -47,29 +47,46 @@ struct arena {
   uint64_t used;
 };
 
-int arena_create(uint64_t size, const char *name, arena_t **out) {
+int arena_memfd_create(uint64_t *size, const char *name, int *fd, uint8_t **base) {
   long page = sysconf(_SC_PAGESIZE);
-  size = (size + (uint64_t)page - 1) & ~(uint64_t)(page - 1);
+  *size = (*size + (uint64_t)page - 1) & ~(uint64_t)(page - 1);
+  *fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (*fd < 0 || ftruncate(*fd, (off_t)*size) != 0) {
+    int rc = errno == ENOMEM || errno == ENOSPC ? LARDER_ENOMEM : LARDER_EIO;
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+    return rc;
+  }
+  void *m = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  if (m == MAP_FAILED) {
+    close(*fd);
+    *fd = -1;
+    return LARDER_ENOMEM;
+  }
+  /* A peer that could shrink the file would make our accesses fault. */
+  if (fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    munmap(m, *size);
+    close(*fd);
+    *fd = -1;
+    return LARDER_EIO;
+  }
+  *base = m;
+  return 0;
+}
+
+int arena_create(uint64_t size, const char *name, arena_t **out) {
   arena_t *a = calloc(1, sizeof(*a));
   if (a == NULL) return LARDER_ENOMEM;
-  a->fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (a->fd < 0 || ftruncate(a->fd, (off_t)size) != 0) {
-    int rc = errno == ENOMEM || errno == ENOSPC ? LARDER_ENOMEM : LARDER_EIO;
-    if (a->fd >= 0) close(a->fd);
+  int rc = arena_memfd_create(&size, name, &a->fd, &a->base);
+  if (rc) {
     free(a);
     return rc;
   }
-  a->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
-  if (a->base == MAP_FAILED) {
-    close(a->fd);
-    free(a);
-    return LARDER_ENOMEM;
-  }
   /* Seal after mapping: our mapping stays writable, later ones cannot be. */
-  if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      fcntl(a->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) != 0) {
+  if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
     /* Older kernels lack F_SEAL_FUTURE_WRITE; the size seals are what keep
-     * the daemon safe, and they were added first. */
+     * the daemon safe, and they are in place. */
+    (void)fcntl(a->fd, F_ADD_SEALS, F_SEAL_SEAL);
   }
   a->size = size;
   pthread_mutex_init(&a->lock, NULL);

@@ -26,8 +26,16 @@
 
 typedef struct arena arena_t;
 
-/* Creates an arena of size bytes (rounded up to pages).  Returns 0,
- * LARDER_ENOMEM or LARDER_EIO. */
+/* Creates a memfd of *size bytes (rounded up to pages, which *size then
+ * says), maps it read-write at *base and seals its size, so that a peer it
+ * is passed to cannot make our accesses fault.  Returns 0, LARDER_ENOMEM or
+ * LARDER_EIO; on failure *fd is -1.  The caller owns both (munmap, close).
+ * Any thread.  Stream rings (client/ring.h) use it as it is. */
+int arena_memfd_create(uint64_t *size, const char *name, int *fd, uint8_t **base);
+
+/* Creates an arena of size bytes (rounded up to pages), sealed so that the
+ * clients' mappings of it can only be read-only.  Returns 0, LARDER_ENOMEM
+ * or LARDER_EIO. */
 int arena_create(uint64_t size, const char *name, arena_t **out);
 void arena_destroy(arena_t *a);
 

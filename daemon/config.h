@@ -62,6 +62,10 @@
   XX(arena_bytes, SIZE, "256M", 1,                                             \
      "shared-memory arena per stream, unless the client asks otherwise")       \
   XX(max_arena_bytes, SIZE, "2G", 1, "largest arena a client may ask for")     \
+  XX(shm_ring, BOOL, "true", 1,                                                \
+     "deliver batches and take releases through a shared-memory ring per "     \
+     "stream, for the clients that ask (liblarder does): no system call per "  \
+     "batch while both sides keep up; false sends frames")                    \
   XX(max_streams_per_client, U64, "64", 1, "streams one connection may open")  \
   XX(max_clients, U64, "1024", 1, "connections at once")                       \
   XX(max_frame, SIZE, "16M", 0, "largest protocol frame accepted")             \

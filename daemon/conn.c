@@ -7,6 +7,7 @@
  * send) gets one Error frame and closes that connection alone.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,12 +25,21 @@ typedef struct write_req {
   conn_t *conn;
 } write_req_t;
 
+/* A frame that carries descriptors.  It owns duplicates of them: the
+ * stream whose arena and ring they are may end before the frame leaves. */
 struct pending_fd {
   struct pending_fd *next;
   uint8_t *buf;
   size_t len, sent;
-  int fd;
+  int fds[WIRE_MAX_FDS];
+  int num_fds;
 };
+
+static void pending_free(struct pending_fd *p) {
+  for (int i = 0; i < p->num_fds; i++) close(p->fds[i]);
+  free(p->buf);
+  free(p);
+}
 
 /* A descriptor can only be passed with sendmsg when libuv has nothing
  * queued on the connection. */
@@ -46,8 +56,7 @@ static void on_close(uv_handle_t *h) {
   while (c->pending) {
     struct pending_fd *p = c->pending;
     c->pending = p->next;
-    free(p->buf);
-    free(p);
+    pending_free(p);
   }
   free(c->rbuf);
   pq_strbuf_free(&c->cork);
@@ -148,12 +157,11 @@ static void flush_pending(conn_t *c) {
   while (c->pending && !c->closing) {
     if (writes_in_flight(c)) return; /* on_write calls again */
     struct pending_fd *p = c->pending;
-    if (p->fd < 0 || p->sent > 0) {
+    if (p->num_fds == 0 || p->sent > 0) {
       c->pending = p->next;
       uint8_t *rest = p->sent ? malloc(p->len - p->sent) : p->buf;
       if (rest == NULL) {
-        free(p->buf);
-        free(p);
+        pending_free(p);
         conn_close(c);
         return;
       }
@@ -174,7 +182,7 @@ static void flush_pending(conn_t *c) {
       conn_close(c);
       return;
     }
-    int64_t n = wire_sendmsg(fd, p->buf, p->len, p->fd);
+    int64_t n = wire_sendmsg(fd, p->buf, p->len, p->fds, p->num_fds);
     if (n == -EAGAIN || n == -EWOULDBLOCK) {
       if (!c->fd_timer_active) {
         c->fd_timer_active = 1;
@@ -186,13 +194,15 @@ static void flush_pending(conn_t *c) {
       conn_close(c);
       return;
     }
+    /* The descriptors went with the first byte: the peer holds its own
+     * copies now.  A partial send leaves the rest to the branch above. */
+    for (int i = 0; i < p->num_fds; i++) close(p->fds[i]);
+    p->num_fds = 0;
     p->sent = (size_t)n;
     if (p->sent == p->len) {
       c->pending = p->next;
-      free(p->buf);
-      free(p);
+      pending_free(p);
     }
-    /* A partial send delivered the descriptor; the loop queues the rest. */
   }
 }
 
@@ -221,7 +231,12 @@ void conn_flush_all(server_t *srv) {
 }
 
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
+  return conn_send_fds(c, frame, &fd, fd >= 0 ? 1 : 0);
+}
+
+int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds) {
   if (c->closing || c->draining) return LARDER_ECLOSED;
+  if (num_fds > WIRE_MAX_FDS) return LARDER_EINVAL;
   size_t len;
   uint8_t *buf = wire_encode(frame, &len);
   if (buf == NULL) {
@@ -232,7 +247,7 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
    * of the read that produced them): the batches that several workers
    * finish in one iteration, and the answers to one read's releases, then
    * leave in one write, which the trainer reads in one call. */
-  if (fd < 0 && c->pending == NULL) {
+  if (num_fds == 0 && c->pending == NULL) {
     int rc = pq_strbuf_append(&c->cork, (const char *)buf, len);
     free(buf);
     if (rc) conn_close(c);
@@ -243,7 +258,7 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
     free(buf);
     return LARDER_ECLOSED;
   }
-  if (fd < 0 && c->pending == NULL) {
+  if (num_fds == 0 && c->pending == NULL) {
     int rc = queue_write(c, buf, len);
     if (rc) conn_close(c);
     return rc;
@@ -256,7 +271,15 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
   }
   p->buf = buf;
   p->len = len;
-  p->fd = fd;
+  for (int i = 0; i < num_fds; i++) {
+    p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+    if (p->fds[i] < 0) {
+      pending_free(p);
+      conn_close(c);
+      return LARDER_ELIMIT;
+    }
+    p->num_fds = i + 1;
+  }
   struct pending_fd **pp = &c->pending;
   while (*pp) pp = &(*pp)->next;
   *pp = p;
@@ -332,6 +355,13 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
       /* A release for a stream that already ended is harmless: the stream
        * may have failed while the client was working on its batch. */
       if (s) stream_release(s, f->release);
+      return;
+    }
+    case LARDER__FRAME__MSG_WAKE: {
+      /* The client wrote releases in the stream's ring; like a release, a
+       * wake for a stream that already ended is harmless. */
+      stream_t *s = stream_find(c, f->wake->stream_id);
+      if (s) stream_wake(s);
       return;
     }
     case LARDER__FRAME__MSG_CLOSE_STREAM: {

@@ -131,6 +131,8 @@ void units_shutdown(server_t *srv);
  * on a worker, then replies (OpenStreamReply with the arena, or Error). */
 void stream_open(conn_t *c, const Larder__OpenStream *req);
 void stream_release(stream_t *s, const Larder__Release *rel);
+/* A Wake frame came: the client wrote releases in the stream's ring. */
+void stream_wake(stream_t *s);
 /* Ends a stream: the client asked, or its connection went away. */
 void stream_close(stream_t *s);
 /* Called when a unit the stream waits for is READY or FAILED. */
@@ -209,6 +211,9 @@ void conn_accept(server_t *srv, uv_stream_t *listener);
 /* Queues a frame; with fd >= 0 the descriptor travels with its first byte.
  * Returns 0 or a negative code (the connection is then closing). */
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd);
+/* The same with num_fds (at most WIRE_MAX_FDS) descriptors, which the
+ * connection duplicates: the caller keeps its own. */
+int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds);
 void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 void conn_close(conn_t *c);

@@ -20,7 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "../client/ring.h"
 #include "log.h"
 #include "server.h"
 #include "util.h"
@@ -137,6 +141,17 @@ struct stream {
   sent_t *sent;
   int num_sent, cap_sent;
   uint64_t releases;        /* Release frames processed (see PB_NOROOM) */
+
+  /* The descriptor ring (client/ring.h), when the client asked for one.
+   * The counts are the daemon's own: what the client writes in the ring is
+   * read, checked and never trusted. */
+  ring_header_t *ring;
+  uint64_t ring_size;
+  int ring_fd;
+  uint64_t ring_published;  /* descriptors written */
+  uint64_t ring_drained;    /* release entries read */
+  uint64_t ring_wake_at;    /* what the ring's wake_at says */
+  int ring_notify;          /* published since the client's flag was read */
 
   /* Read-ahead of remote row groups into the cache, beyond the pins: a
    * cursor of its own over the coming batches, and the units of the last
@@ -276,6 +291,8 @@ static void stream_destroy(stream_t *s) {
   free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
   arena_destroy(s->arena);
+  if (s->ring) munmap(s->ring, s->ring_size);
+  if (s->ring_fd >= 0) close(s->ring_fd);
   STATS_SUB(&s->srv->stats, streams, 1);
   free(s->label);
   free(s);
@@ -1066,22 +1083,13 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
 /* ------------------------------------------------------------------------ */
 /* Sending                                                                   */
 
-static int send_batch(stream_t *s, pbatch_t *b) {
-  Larder__Batch msg = LARDER__BATCH__INIT;
-  msg.stream_id = s->id;
-  msg.seq = b->seq;
-  msg.epoch = b->epoch;
-  msg.index = b->index;
-  msg.num_rows = (uint64_t)b->n;
-  msg.arena_offset = (uint64_t)b->arena_off;
-  msg.arena_length = b->arena_len;
-  uint64_t *layout = malloc((size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS *
-                            sizeof(uint64_t));
-  if (layout == NULL) return LARDER_ENOMEM;
+/* Writes the layout of b's arrays (ARRAY_NUM_FIELDS values per array, as
+ * proto/larder.proto orders them) to out.  Returns the batch's bytes. */
+static uint64_t fill_layout(const pbatch_t *b, uint64_t *out) {
   uint64_t bytes = 0;
   for (int i = 0; i < b->num_nodes; i++) {
     const layout_node_t *nd = &b->nodes[i];
-    uint64_t *l = layout + (size_t)i * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+    uint64_t *l = out + (size_t)i * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
     l[LARDER__ARRAY_FIELD__ARRAY_LENGTH] = (uint64_t)nd->length;
     l[LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT] = (uint64_t)nd->null_count;
     l[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET] = nd->validity_offset;
@@ -1092,20 +1100,57 @@ static int send_batch(stream_t *s, pbatch_t *b) {
     l[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH] = nd->values_length;
     bytes += nd->validity_length + nd->offsets_length + nd->values_length;
   }
-  msg.n_layout = (size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
-  msg.layout = layout;
-  Larder__Frame f = LARDER__FRAME__INIT;
-  f.msg_case = LARDER__FRAME__MSG_BATCH;
-  f.batch = &msg;
-  int rc = conn_send(s->conn, &f, -1);
-  free(layout);
-  if (rc) return rc;
+  return bytes;
+}
+
+/* Writes b's descriptor into the ring.  The window guarantees that the
+ * client has read the slot's previous descriptor (client/ring.h). */
+static uint64_t publish_batch(stream_t *s, const pbatch_t *b) {
+  ring_desc_t *d = ring_desc(s->ring, s->ring_published);
+  d->seq = b->seq;
+  d->epoch = b->epoch;
+  d->index = b->index;
+  d->num_rows = (uint64_t)b->n;
+  d->arena_offset = (uint64_t)b->arena_off;
+  d->arena_length = b->arena_len;
+  uint64_t bytes = fill_layout(b, d->layout);
+  atomic_store_explicit(&s->ring->published, ++s->ring_published, memory_order_release);
+  s->ring_notify = 1;
+  return bytes;
+}
+
+static int send_batch(stream_t *s, pbatch_t *b) {
+  uint64_t bytes;
   if (s->num_sent == s->cap_sent) {
     int cap = s->cap_sent ? s->cap_sent * 2 : 16;
     sent_t *p = realloc(s->sent, (size_t)cap * sizeof(sent_t));
     if (p == NULL) return LARDER_ENOMEM;
     s->sent = p;
     s->cap_sent = cap;
+  }
+  if (s->ring) {
+    bytes = publish_batch(s, b);
+  } else {
+    Larder__Batch msg = LARDER__BATCH__INIT;
+    msg.stream_id = s->id;
+    msg.seq = b->seq;
+    msg.epoch = b->epoch;
+    msg.index = b->index;
+    msg.num_rows = (uint64_t)b->n;
+    msg.arena_offset = (uint64_t)b->arena_off;
+    msg.arena_length = b->arena_len;
+    uint64_t *layout = malloc((size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS *
+                              sizeof(uint64_t));
+    if (layout == NULL) return LARDER_ENOMEM;
+    bytes = fill_layout(b, layout);
+    msg.n_layout = (size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+    msg.layout = layout;
+    Larder__Frame f = LARDER__FRAME__INIT;
+    f.msg_case = LARDER__FRAME__MSG_BATCH;
+    f.batch = &msg;
+    int rc = conn_send(s->conn, &f, -1);
+    free(layout);
+    if (rc) return rc;
   }
   s->sent[s->num_sent++] = (sent_t){b->seq, b->arena_off, (uint64_t)b->n, bytes};
   STATS_ADD(&s->st, batches, 1);
@@ -1129,9 +1174,125 @@ static void send_end(stream_t *s) {
 
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Releases                                                                  */
+
+/* Frees the arena room of sent batch seq and records the stall figures
+ * that came with its release.  Returns 0, or LARDER_EPROTO when the client
+ * does not hold that batch (the caller fails the stream). */
+static int release_one(stream_t *s, uint64_t seq, uint64_t wait_ns, uint64_t compute_ns) {
+  for (int i = 0; i < s->num_sent; i++) {
+    if (s->sent[i].seq != seq) continue;
+    arena_release(s->arena, (uint64_t)s->sent[i].arena_off);
+    s->sent[i] = s->sent[--s->num_sent];
+    STATS_ADD(&s->st, wait_ns, wait_ns);
+    STATS_ADD(&s->st, compute_ns, compute_ns);
+    server_trainer_report(s->srv, wait_ns, compute_ns);
+    /* Batches that found the arena full can try again now. */
+    s->releases++;
+    for (pbatch_t *b = s->q_head; b; b = b->next)
+      if (b->state == PB_NOROOM) b->state = PB_WAITING;
+    return 0;
+  }
+  stream_fail(s, LARDER_EPROTO, "release of batch %llu, which the client does not hold",
+              (unsigned long long)seq);
+  return LARDER_EPROTO;
+}
+
+/* Reads the release entries the client wrote in the ring since the last
+ * call.  Its count is untrusted: it may claim no more releases than batches
+ * it holds, and every entry must name one of them.  Returns 0, or an error
+ * after failing the stream. */
+static int ring_drain(stream_t *s) {
+  uint64_t released = atomic_load_explicit(&s->ring->released, memory_order_acquire);
+  uint64_t n = released - s->ring_drained;
+  if (n == 0) return 0;
+  if (n > (uint64_t)s->num_sent) {
+    stream_fail(s, LARDER_EPROTO,
+                "the ring claims %llu releases, but the client holds %d batches",
+                (unsigned long long)n, s->num_sent);
+    return LARDER_EPROTO;
+  }
+  for (uint64_t k = 0; k < n; k++) {
+    /* One read of each field: the client may be rewriting the entry. */
+    const volatile ring_release_t *e = ring_release_entry(s->ring, s->ring_drained);
+    uint64_t seq = e->seq, wait_ns = e->wait_ns, compute_ns = e->compute_ns;
+    s->ring_drained++;
+    int rc = release_one(s, seq, wait_ns, compute_ns);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* After a pump: wakes a client that sleeps waiting for what was just
+ * published, and asks to be woken when the stream can only go on once the
+ * client releases batches.  Returns 1 when releases arrived meanwhile (the
+ * caller pumps again). */
+static int ring_settle(stream_t *s, int noroom) {
+  ring_header_t *h = s->ring;
+  if (s->ring_notify) {
+    s->ring_notify = 0;
+    /* Pairs with the client's fence between setting `sleeping` and
+     * looking at `published` (client/ring.h). */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&h->sleeping, memory_order_relaxed) && s->conn) {
+      Larder__Wake wk = LARDER__WAKE__INIT;
+      wk.stream_id = s->id;
+      Larder__Frame f = LARDER__FRAME__INIT;
+      f.msg_case = LARDER__FRAME__MSG_WAKE;
+      f.wake = &wk;
+      conn_send(s->conn, &f, -1);
+    }
+  }
+  int blocked = noroom || (s->q_head && s->q_head->state == PB_READY &&
+                           s->num_sent >= (int)s->window);
+  uint64_t want = 0;
+  if (blocked) {
+    /* Half of what the client holds: it then makes one system call per
+     * half window, and the batches that answer it go out together. */
+    uint64_t half = (uint64_t)s->num_sent / 2;
+    want = s->ring_drained + (half ? half : 1);
+  }
+  if (want != s->ring_wake_at) {
+    s->ring_wake_at = want;
+    atomic_store_explicit(&h->wake_at, want, memory_order_relaxed);
+  }
+  if (want == 0) return 0;
+  /* Pairs with the client's fence between writing `released` and looking
+   * at `wake_at`. */
+  atomic_thread_fence(memory_order_seq_cst);
+  uint64_t released = atomic_load_explicit(&h->released, memory_order_relaxed);
+  return released != s->ring_drained;
+}
+
+void stream_wake(stream_t *s) { stream_pump(s); }
+
+/* Rings larger than this are not offered: a stream of thousands of arrays
+ * with a window of a thousand batches gets frames instead. */
+#define RING_MAX_BYTES (16u << 20)
+
+/* Creates s's descriptor ring for its window and arrays.  Returns 0 (with
+ * no ring when it would exceed RING_MAX_BYTES) or a negative code. */
+static int ring_create(stream_t *s, const char *name) {
+  uint32_t num_layout = (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+  uint64_t size = ring_bytes(s->window, num_layout);
+  if (size > RING_MAX_BYTES) return 0;
+  char ring_name[96];
+  snprintf(ring_name, sizeof(ring_name), "%s-ring", name);
+  uint8_t *base;
+  int rc = arena_memfd_create(&size, ring_name, &s->ring_fd, &base);
+  if (rc) return rc;
+  (void)fcntl(s->ring_fd, F_ADD_SEALS, F_SEAL_SEAL);
+  s->ring = (ring_header_t *)(void *)base;
+  s->ring_size = size;
+  ring_init(s->ring, s->window, num_layout);
+  return 0;
+}
+
 static void stream_pump(stream_t *s) {
 again:
   if (s->closed || s->srv->shutting_down) return;
+  if (s->ring && ring_drain(s)) return;
   advance_pins(s);
   advance_read_ahead(s);
   while (!s->exhausted && s->validating == 0 && s->stale_msg == NULL &&
@@ -1222,6 +1383,7 @@ again:
       goto again;
     }
   }
+  if (s->ring && ring_settle(s, noroom != NULL)) goto again;
   if (s->stale_msg && s->validating == 0 && s->q_head == NULL) {
     fail_stale(s);
     return;
@@ -1232,22 +1394,7 @@ again:
 void stream_units_changed(stream_t *s) { stream_pump(s); }
 
 void stream_release(stream_t *s, const Larder__Release *rel) {
-  for (int i = 0; i < s->num_sent; i++) {
-    if (s->sent[i].seq != rel->seq) continue;
-    arena_release(s->arena, (uint64_t)s->sent[i].arena_off);
-    s->sent[i] = s->sent[--s->num_sent];
-    STATS_ADD(&s->st, wait_ns, rel->wait_ns);
-    STATS_ADD(&s->st, compute_ns, rel->compute_ns);
-    server_trainer_report(s->srv, rel->wait_ns, rel->compute_ns);
-    /* Batches that found the arena full can try again now. */
-    s->releases++;
-    for (pbatch_t *b = s->q_head; b; b = b->next)
-      if (b->state == PB_NOROOM) b->state = PB_WAITING;
-    stream_pump(s);
-    return;
-  }
-  stream_fail(s, LARDER_EPROTO, "release of batch %llu, which the client does not hold",
-              (unsigned long long)rel->seq);
+  if (release_one(s, rel->seq, rel->wait_ns, rel->compute_ns) == 0) stream_pump(s);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1362,6 +1509,7 @@ static void open_done(work_t *w, int status) {
     return;
   }
   s->srv = srv;
+  s->ring_fd = -1;
   s->ds = o->ds;
   o->ds = NULL;
   s->id = ++c->next_stream_id;
@@ -1436,6 +1584,16 @@ static void open_done(work_t *w, int status) {
     free_open_req(o);
     return;
   }
+  if (p->ring && srv->cfg.shm_ring) {
+    rc = ring_create(s, name);
+    if (rc) {
+      conn_send_error(c, rc, 0, o->request_id, "cannot create the stream's descriptor ring");
+      s->closed = 1;
+      stream_destroy(s);
+      free_open_req(o);
+      return;
+    }
+  }
   /* Resume: start at (start_epoch, start_batch), exactly where an
    * uninterrupted run would be. */
   s->plan_epoch = p->start_epoch;
@@ -1480,7 +1638,9 @@ static void open_done(work_t *w, int status) {
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
   f.open_stream_reply = &reply;
-  rc = conn_send(c, &f, arena_fd(s->arena));
+  reply.ring_bytes = s->ring ? s->ring_size : 0;
+  int fds[2] = {arena_fd(s->arena), s->ring_fd};
+  rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
   field_proto_free(reply.schema);
   free_open_req(o);
   log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
