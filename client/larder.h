@@ -207,8 +207,12 @@ int larder_stream_open(larder_client_t *client, const larder_stream_options_t *o
 int larder_stream_next(larder_stream_t *stream, int timeout_ms, larder_batch_t **out);
 
 /* A descriptor that becomes readable when the stream's client has received
- * something: wait on it in an event loop, then call larder_stream_next with
- * a zero timeout. */
+ * something: in an event loop, wait on it once the stream is open or
+ * larder_stream_next has returned LARDER_ETIMEDOUT, then call
+ * larder_stream_next with a zero timeout until it returns LARDER_ETIMEDOUT
+ * again.  (A stream whose batches come through shared memory makes it
+ * readable only for a reader that said, by that LARDER_ETIMEDOUT, that it
+ * sleeps.)  Any thread. */
 int larder_stream_fd(const larder_stream_t *stream);
 
 /* The position of the next batch larder_stream_next will return, for
@@ -230,14 +234,16 @@ larder_type_t larder_stream_column_type(const larder_stream_t *stream, int i);
 void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint64_t *compute_ns);
 
 /*
- * Sends the releases (and the stall figures they carry) that the library
- * holds back.  It sends releases together, up to half the stream's window
- * at a time, so that the daemon answers with several batches in one write
- * and a trainer that keeps up reads them with one system call; it sends
- * what it holds before larder_stream_next waits, before any other request,
- * and at close, so no call needs this for progress.  Call it to make the
- * daemon's per-stream stats current now.  Returns 0 or LARDER_ECLOSED.
- * The thread that owns the stream.
+ * Makes the daemon read the releases (and the stall figures they carry)
+ * that it has not read yet.  Where the daemon offers a descriptor ring (the
+ * default; see proto/larder.proto), batches arrive and releases leave
+ * through shared memory, and the daemon reads them when it needs room; a
+ * trainer that keeps up then makes no system call per batch.  Otherwise
+ * the library sends releases together, up to half the stream's window at a
+ * time.  Either way it tells the daemon before larder_stream_next waits and
+ * whenever the daemon asks, so no call needs this for progress.  Call it to
+ * make the daemon's per-stream stats current now.  Returns 0 or
+ * LARDER_ECLOSED.  The thread that owns the stream.
  */
 int larder_stream_flush(larder_stream_t *stream);
 

@@ -104,6 +104,10 @@ static inline void ring_init(ring_header_t *h, uint32_t slots, uint32_t num_layo
   h->num_layout = num_layout;
   h->releases_offset = sizeof(ring_header_t);
   h->descs_offset = sizeof(ring_header_t) + (uint64_t)slots * sizeof(ring_release_t);
+  /* A client that has taken nothing yet may already wait on the socket
+   * (an event loop polls it right after opening): the first descriptor
+   * comes with a Wake. */
+  atomic_store_explicit(&h->sleeping, 1, memory_order_relaxed);
 }
 
 /* Checks a header the other side wrote against the size mapped and the

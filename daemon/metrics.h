@@ -52,6 +52,12 @@
  *   larder_workers_boosted           gauge    1 while trainers wait and the workers run at
  *                                             the daemon's priority (else worker_nice nicer)
  *   larder_worker_boosts_total       counter  times trainers waiting raised the workers' priority
+ *   larder_ring_streams_total        counter  streams opened with a descriptor ring
+ *   larder_ring_wakes_sent_total     counter  Wake frames sent to clients asleep on a ring
+ *   larder_ring_wakes_received_total counter  Wake frames from clients: releases written
+ *                                             in a ring
+ *     (Wakes per batch delivered is the system calls a ring saves: near 0
+ *     while trainers keep up, about 1 while they wait on the daemon.)
  *
  *   The cache (store.h's store_stats_t):
  *   larder_cache_capacity_bytes      gauge    bytes of decoded data the cache keeps at most

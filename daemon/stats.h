@@ -43,7 +43,11 @@
   XX(workers_boosted, GAUGE, "1 while trainers wait and the workers run at "   \
                              "the daemon's priority (else worker_nice nicer)") \
   XX(worker_boosts, COUNTER, "times trainers waiting raised the workers' "     \
-                             "priority")
+                             "priority")                                       \
+  XX(ring_streams, COUNTER, "streams opened with a descriptor ring")           \
+  XX(ring_wakes_sent, COUNTER, "Wake frames sent to clients asleep on a ring") \
+  XX(ring_wakes_received, COUNTER, "Wake frames from clients: releases "      \
+                                   "written in a ring")
 
 #define STATS_STREAM(XX)                                                      \
   XX(batches, COUNTER, "batches delivered")                                    \

@@ -1242,6 +1242,7 @@ static int ring_settle(stream_t *s, int noroom) {
       f.msg_case = LARDER__FRAME__MSG_WAKE;
       f.wake = &wk;
       conn_send(s->conn, &f, -1);
+      STATS_ADD(&s->srv->stats, ring_wakes_sent, 1);
     }
   }
   int blocked = noroom || (s->q_head && s->q_head->state == PB_READY &&
@@ -1265,7 +1266,10 @@ static int ring_settle(stream_t *s, int noroom) {
   return released != s->ring_drained;
 }
 
-void stream_wake(stream_t *s) { stream_pump(s); }
+void stream_wake(stream_t *s) {
+  STATS_ADD(&s->srv->stats, ring_wakes_received, 1);
+  stream_pump(s);
+}
 
 /* Rings larger than this are not offered: a stream of thousands of arrays
  * with a window of a thousand batches gets frames instead. */
@@ -1286,6 +1290,7 @@ static int ring_create(stream_t *s, const char *name) {
   s->ring = (ring_header_t *)(void *)base;
   s->ring_size = size;
   ring_init(s->ring, s->window, num_layout);
+  STATS_ADD(&s->srv->stats, ring_streams, 1);
   return 0;
 }
 

@@ -1188,7 +1188,13 @@ Larder__Frame *dh_raw_hello(int fd, uint32_t version) {
 
 Larder__Frame *dh_raw_open(int fd, uint32_t request_id, const larder_stream_options_t *o,
                            int *arena_fd) {
+  return dh_raw_open_ring(fd, request_id, o, arena_fd, NULL);
+}
+
+Larder__Frame *dh_raw_open_ring(int fd, uint32_t request_id, const larder_stream_options_t *o,
+                                int *arena_fd, int *ring_fd) {
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
+  req.ring = ring_fd != NULL;
   req.request_id = request_id;
   req.n_sources = o->num_sources;
   req.sources = (char **)(uintptr_t)o->sources;
@@ -1211,6 +1217,7 @@ Larder__Frame *dh_raw_open(int fd, uint32_t request_id, const larder_stream_opti
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
   f.open_stream = &req;
   *arena_fd = -1;
+  if (ring_fd) *ring_fd = -1;
   if (dh_raw_send(fd, &f) != 0) return NULL;
   for (;;) {
     int fds[8], nfds = 0, rc;
@@ -1218,6 +1225,7 @@ Larder__Frame *dh_raw_open(int fd, uint32_t request_id, const larder_stream_opti
     if (r == NULL) return NULL;
     for (int i = 0; i < nfds; i++) {
       if (*arena_fd < 0) *arena_fd = fds[i];
+      else if (ring_fd && *ring_fd < 0) *ring_fd = fds[i];
       else close(fds[i]);
     }
     if (r->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY ||

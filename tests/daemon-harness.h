@@ -251,6 +251,10 @@ Larder__Frame *dh_raw_hello(int fd, uint32_t version);
  * any, in *arena_fd, else -1). */
 Larder__Frame *dh_raw_open(int fd, uint32_t request_id, const larder_stream_options_t *o,
                            int *arena_fd);
+/* The same, asking for a descriptor ring (client/ring.h): its descriptor,
+ * if the daemon sent one, in *ring_fd, else -1. */
+Larder__Frame *dh_raw_open_ring(int fd, uint32_t request_id, const larder_stream_options_t *o,
+                                int *arena_fd, int *ring_fd);
 /* Whether the peer closed the connection within timeout_ms (frames before
  * the end are read and dropped; an Error frame's code goes to *err_code). */
 int dh_raw_wait_closed(int fd, int timeout_ms, int *err_code);

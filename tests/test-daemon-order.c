@@ -162,6 +162,8 @@ TEST_IMPL(daemon_order_pure) {
   /* The restarted daemon read everything from its disk cache. */
   ASSERT_EQ(dh_stat(&d, "units_decoded"), 0);
   ASSERT(dh_stat(&d, "units_from_cache") > 0);
+  /* liblarder asked for a descriptor ring, and got one. */
+  ASSERT_EQ(dh_stat(&d, "ring_streams"), 1);
   dh_stop(&d);
 
   /* Cold caches with other worker counts and memory settings. */
@@ -170,6 +172,8 @@ TEST_IMPL(daemon_order_pure) {
       {"--workers=3", "--memory_limit=1", NULL},
       {"--workers=4", "--memory_limit=64K", "--cache_capacity=200K", NULL},
       {"--workers=2", "--prefetch_batches=1", NULL},
+      /* Batch and Release frames instead of the ring. */
+      {"--workers=2", "--shm_ring=false", NULL},
   };
   for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
     char name[32];
@@ -191,6 +195,7 @@ TEST_IMPL(daemon_order_pure) {
       }
       ASSERT(dh_stat(&dv, "units_from_cache") > 0);
     }
+    if (v == 4) ASSERT_EQ(dh_stat(&dv, "ring_streams"), 0);
     /* Two identical streams at once share unit loads and still agree. */
     if (v == 0) {
       larder_stream_options_t two[2] = {o, o};

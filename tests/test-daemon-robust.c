@@ -21,6 +21,7 @@
 
 #include "daemon-harness.h"
 #include "pqwrite.h"
+#include "ring.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -1011,6 +1012,146 @@ TEST_IMPL(daemon_robust_bad_release) {
     send_release(fd, 1, 0);
     send_release(fd, 1, 1);
     expect_conn_works(fd);
+    close(fd);
+  }
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/* Waits until the daemon has published n descriptors in the ring. */
+static void wait_published(ring_header_t *h, uint64_t n) {
+  double deadline = now_ms() + 30000.0 * dh_slow();
+  while (atomic_load(&h->published) < n) {
+    if (now_ms() > deadline)
+      ASSERT_FAIL_("the ring has %llu descriptors, not %llu",
+                   (unsigned long long)atomic_load(&h->published), (unsigned long long)n);
+    usleep(1000);
+  }
+}
+
+/* Writes a release entry as liblarder does. */
+static void ring_put_release(ring_header_t *h, uint64_t *released, uint64_t seq) {
+  ring_release_t *e = ring_release_entry(h, *released);
+  e->seq = seq;
+  e->wait_ns = 1000;
+  e->compute_ns = 1000;
+  atomic_store(&h->released, ++*released);
+}
+
+static void send_wake(int fd, uint32_t stream) {
+  Larder__Wake wk = LARDER__WAKE__INIT;
+  wk.stream_id = stream;
+  Larder__Frame fr = LARDER__FRAME__INIT;
+  fr.msg_case = LARDER__FRAME__MSG_WAKE;
+  fr.wake = &wk;
+  send_msg(fd, &fr);
+}
+
+/* Reads frames until one of kind msg_case for the stream; returns it. */
+static Larder__Frame *expect_frame(int fd, Larder__Frame__MsgCase msg_case, uint32_t stream) {
+  for (;;) {
+    int rc;
+    Larder__Frame *e = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
+    if (e == NULL) ASSERT_FAIL_("no frame of kind %d came (%s)", (int)msg_case, larder_err_name(rc));
+    if (e->msg_case == msg_case &&
+        (msg_case != LARDER__FRAME__MSG_ERROR || e->error->stream_id == stream) &&
+        (msg_case != LARDER__FRAME__MSG_WAKE || e->wake->stream_id == stream))
+      return e;
+    wire_free(e);
+  }
+}
+
+/*
+ * A client that writes nonsense into its stream's descriptor ring (see
+ * client/ring.h) fails that stream with EPROTO: a release of a batch it
+ * does not hold, one released twice, a count of more releases than batches
+ * it holds, the whole ring overwritten with 0xff.  The connection, the
+ * daemon and a good client carry on, and no memfd is left behind.  Also
+ * checked: the ring protocol itself, spoken by hand (descriptors within
+ * the window, wake_at, a Wake frame to a client that said it sleeps), and
+ * that neither memfd can be shrunk nor the arena mapped writable.
+ */
+TEST_IMPL(daemon_robust_bad_ring) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  larder_stream_options_t o = f.o;
+  o.window = 2;
+  for (int round = 0; round < 4; round++) {
+    int fd = hello_conn(&f);
+    int arena = -1, rfd = -1;
+    Larder__Frame *r = dh_raw_open_ring(fd, 1, &o, &arena, &rfd);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
+    uint32_t sid = r->open_stream_reply->stream_id;
+    uint64_t ring_bytes = r->open_stream_reply->ring_bytes;
+    uint64_t arena_bytes = r->open_stream_reply->arena_bytes;
+    wire_free(r);
+    ASSERT(arena >= 0);
+    ASSERT(rfd >= 0);
+    ASSERT_GT(ring_bytes, 0);
+    /* Sealed: the client cannot make the daemon fault, nor write batches. */
+    ASSERT(mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena, 0) == MAP_FAILED);
+    ASSERT_NE(ftruncate(arena, 0), 0);
+    ASSERT_NE(ftruncate(rfd, 0), 0);
+    ring_header_t *h = mmap(NULL, ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+    ASSERT(h != MAP_FAILED);
+    ASSERT(ring_valid(h, ring_bytes, h->num_layout));
+    ASSERT_EQ(h->slots, 2);
+    /* The window's two batches come through the ring, and no more: the
+     * daemon waits for a release, and says so. */
+    wait_published(h, 2);
+    for (uint64_t i = 0; i < 2; i++) {
+      const ring_desc_t *d = ring_desc(h, i);
+      ASSERT_EQ(d->seq, i);
+      ASSERT_GT(d->num_rows, 0);
+      ASSERT_LE(d->arena_offset + d->arena_length, arena_bytes);
+    }
+    /* A fresh ring counts as asleep (an event loop may poll the socket
+     * before its first call): the first descriptors came with a Wake. */
+    wire_free(expect_frame(fd, LARDER__FRAME__MSG_WAKE, sid));
+    atomic_store(&h->sleeping, 0);
+    usleep(50000);
+    ASSERT_EQ(atomic_load(&h->published), 2);
+    ASSERT_EQ(atomic_load(&h->wake_at), 1);
+    uint64_t released = 0;
+    const char *why = "release";
+    switch (round) {
+      case 0:
+        /* A good release, as liblarder makes it while asleep: the next
+         * batch comes, and a Wake frame with it. */
+        atomic_store(&h->sleeping, 1);
+        ring_put_release(h, &released, 0);
+        send_wake(fd, sid);
+        wait_published(h, 3);
+        ASSERT_EQ(ring_desc(h, 2)->seq, 2);
+        wire_free(expect_frame(fd, LARDER__FRAME__MSG_WAKE, sid));
+        /* Then the same batch released again. */
+        ring_put_release(h, &released, 0);
+        break;
+      case 1:
+        ring_put_release(h, &released, 12345); /* never sent */
+        break;
+      case 2:
+        atomic_store(&h->released, 1000); /* more than it holds */
+        why = "ring claims";
+        break;
+      default:
+        memset((void *)h, 0xff, ring_bytes);
+        why = "ring claims";
+        break;
+    }
+    send_wake(fd, sid);
+    Larder__Frame *e = expect_frame(fd, LARDER__FRAME__MSG_ERROR, sid);
+    ASSERT_EQ(e->error->code, LARDER_EPROTO);
+    ASSERT_STR_CONTAINS(e->error->message, why);
+    wire_free(e);
+    expect_conn_works(fd);
+    /* The stream is gone: more wakes for it are harmless. */
+    send_wake(fd, sid);
+    expect_conn_works(fd);
+    munmap(h, ring_bytes);
+    close(rfd);
+    close(arena);
     close(fd);
   }
   fx_finish(&f, 30000);
