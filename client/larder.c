@@ -804,9 +804,11 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
     atomic_store_explicit(&h->sleeping, 0, memory_order_relaxed);
     return 1;
   }
-  /* The daemon may need these releases for room; it reads the ring when
-   * it pumps the stream, and a Wake makes it pump now. */
-  ring_tell(c, s);
+  /* The daemon reads the ring whenever it works on the stream; when it
+   * cannot (it waits for room), it says so with wake_at, and a Wake makes
+   * it read now.  A trainer faster than the daemon then wakes its loop once
+   * per batch less. */
+  if (atomic_load_explicit(&h->wake_at, memory_order_relaxed)) ring_tell(c, s);
   return 0;
 }
 
@@ -967,7 +969,13 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     int wait_ms = deadline == UINT64_MAX ? 1000 : (int)((deadline - now + 999999) / 1000000ull);
     if (s->ring && ring_prepare_sleep(c, s)) continue;
     int r = pump(c, wait_ms);
-    if (s->ring) atomic_store_explicit(&s->ring->sleeping, 0, memory_order_relaxed);
+    if (s->ring) {
+      atomic_store_explicit(&s->ring->sleeping, 0, memory_order_relaxed);
+      /* A wait that timed out tells the daemon of the releases anyway: a
+       * safety net, should it ever need them without saying so in
+       * wake_at. */
+      if (r == LARDER_ETIMEDOUT) ring_tell(c, s);
+    }
     if (r && r != LARDER_ETIMEDOUT) {
       rc = s->error ? s->error : r;
       break;

@@ -34,10 +34,13 @@
  *   least one of them sees the other's write: a wakeup is never lost.
  *   - The client sets `sleeping` before it waits for a batch; the daemon,
  *     after publishing, sends a Wake frame when it is set.
- *   - The daemon sets `wake_at` when it cannot send for lack of releases;
- *     the client, after a release, sends a Wake frame once `released`
- *     reaches it, and before it sleeps when it holds releases the daemon
- *     has not been told of.
+ *   - The daemon sets `wake_at` while its window is full (or its arena):
+ *     nothing more can go out until the client releases.  The client,
+ *     after a release, sends a Wake frame once `released` reaches it, and
+ *     before it sleeps when wake_at is set and it holds releases the daemon
+ *     has not been told of.  Otherwise the daemon reads the releases when
+ *     it next works on the stream, and a trainer that keeps up makes no
+ *     system call for them.
  * - The functions are pure layout arithmetic; any thread.
  */
 #ifndef LARDER_RING_H

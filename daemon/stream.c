@@ -1245,8 +1245,11 @@ static int ring_settle(stream_t *s, int noroom) {
       STATS_ADD(&s->srv->stats, ring_wakes_sent, 1);
     }
   }
-  int blocked = noroom || (s->q_head && s->q_head->state == PB_READY &&
-                           s->num_sent >= (int)s->window);
+  /* With the window full nothing more can go out until the client
+   * releases, whatever the queue holds now: batches still being planned or
+   * assembled, or none yet (the pump plans before it sends, so a pump that
+   * sent the whole window leaves the queue empty until the next one). */
+  int blocked = noroom || s->num_sent >= (int)s->window;
   uint64_t want = 0;
   if (blocked) {
     /* Half of what the client holds: it then makes one system call per
