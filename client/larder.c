@@ -86,6 +86,7 @@ struct larder_stream {
   uint64_t ring_released;               /* entries written, under lock */
   uint64_t ring_woken_at;               /* the wake_at last answered, under lock */
   uint64_t ring_told;                   /* ring_released when that Wake went */
+  uint32_t ring_wake_batches;           /* descriptors to sleep for (ring.h) */
 };
 
 struct larder_batch {
@@ -595,6 +596,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   /* The daemon's window: what the options ask, 4 when they leave it 0. */
   uint32_t window = opts->window ? opts->window : 4;
   s->hold_max = window >= 4 ? (int)(window / 2) : 1;
+  s->ring_wake_batches = window >= 8 ? window / 4 : 1;
   rc = copy_field(&s->schema, rep->schema, 0);
   wire_free(r);
   if (rc == 0) {
@@ -785,8 +787,8 @@ static int ring_take(larder_stream_t *s, wire_batch_t *view) {
   *view = (wire_batch_t){s->id,          d->seq,          d->epoch,     d->index,
                          d->num_rows,    d->arena_offset, d->arena_length,
                          h->num_layout,  d->layout};
-  if (atomic_load_explicit(&h->sleeping, memory_order_relaxed))
-    atomic_store_explicit(&h->sleeping, 0, memory_order_relaxed);
+  if (atomic_load_explicit(&h->wake_client_at, memory_order_relaxed))
+    atomic_store_explicit(&h->wake_client_at, 0, memory_order_relaxed);
   return 1;
 }
 
@@ -796,12 +798,14 @@ static int ring_take(larder_stream_t *s, wire_batch_t *view) {
  * meanwhile (do not sleep).  The reading thread. */
 static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
   ring_header_t *h = s->ring;
-  atomic_store_explicit(&h->sleeping, 1, memory_order_relaxed);
+  atomic_store_explicit(&h->consumed, s->ring_consumed, memory_order_relaxed);
+  atomic_store_explicit(&h->wake_client_at, s->ring_consumed + s->ring_wake_batches,
+                        memory_order_relaxed);
   /* Pairs with the daemon's fence between publishing and looking at
-   * `sleeping` (ring.h): one of the two sees the other's write. */
+   * wake_client_at (ring.h): one of the two sees the other's write. */
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&h->published, memory_order_relaxed) != s->ring_consumed) {
-    atomic_store_explicit(&h->sleeping, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->wake_client_at, 0, memory_order_relaxed);
     return 1;
   }
   /* The daemon reads the ring whenever it works on the stream; when it
@@ -970,7 +974,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     if (s->ring && ring_prepare_sleep(c, s)) continue;
     int r = pump(c, wait_ms);
     if (s->ring) {
-      atomic_store_explicit(&s->ring->sleeping, 0, memory_order_relaxed);
+      atomic_store_explicit(&s->ring->wake_client_at, 0, memory_order_relaxed);
       /* A wait that timed out tells the daemon of the releases anyway: a
        * safety net, should it ever need them without saying so in
        * wake_at. */

@@ -32,8 +32,13 @@
  *   ring, then looks again; the other side publishes, then looks whether
  *   the first sleeps.  Both use sequentially consistent operations, so at
  *   least one of them sees the other's write: a wakeup is never lost.
- *   - The client sets `sleeping` before it waits for a batch; the daemon,
- *     after publishing, sends a Wake frame when it is set.
+ *   - The client sets `wake_client_at` (and `consumed`) before it waits
+ *     for a batch.  The daemon sends a Wake frame once `published` reaches
+ *     it, or sooner when it has published something the client has not
+ *     taken and nothing more is on its way (no batch of the stream being
+ *     assembled, or the window full).  Asking for a few descriptors rather
+ *     than the next one halves the wakeups of a trainer that waits on the
+ *     daemon, each of which also preempts a worker on a small host.
  *   - The daemon sets `wake_at` while its window is full (or its arena):
  *     nothing more can go out until the client releases.  The client,
  *     after a release, sends a Wake frame once `released` reaches it, and
@@ -70,10 +75,11 @@ typedef struct ring_header {
   _Atomic uint64_t wake_at;   /* 0, or: send a Wake once `released` reaches it */
   uint8_t pad1[64 - 16];
   /* Written by the client. */
-  _Atomic uint64_t released;  /* release entries written */
-  _Atomic uint32_t sleeping;  /* waiting on the socket for a descriptor */
-  uint32_t reserved1;
-  uint8_t pad2[64 - 16];
+  _Atomic uint64_t released;       /* release entries written */
+  _Atomic uint64_t wake_client_at; /* 0, or: asleep on the socket until
+                                      `published` reaches this */
+  _Atomic uint64_t consumed;       /* descriptors taken, as of that sleep */
+  uint8_t pad2[64 - 24];
 } ring_header_t;
 
 /* One batch, as a Batch frame describes it. */
@@ -110,7 +116,7 @@ static inline void ring_init(ring_header_t *h, uint32_t slots, uint32_t num_layo
   /* A client that has taken nothing yet may already wait on the socket
    * (an event loop polls it right after opening): the first descriptor
    * comes with a Wake. */
-  atomic_store_explicit(&h->sleeping, 1, memory_order_relaxed);
+  atomic_store_explicit(&h->wake_client_at, 1, memory_order_relaxed);
 }
 
 /* Checks a header the other side wrote against the size mapped and the

@@ -151,7 +151,7 @@ struct stream {
   uint64_t ring_published;  /* descriptors written */
   uint64_t ring_drained;    /* release entries read */
   uint64_t ring_wake_at;    /* what the ring's wake_at says */
-  int ring_notify;          /* published since the client's flag was read */
+  uint64_t ring_client_woken; /* the wake_client_at a Wake answered */
 
   /* Read-ahead of remote row groups into the cache, beyond the pins: a
    * cursor of its own over the coming batches, and the units of the last
@@ -1115,7 +1115,6 @@ static uint64_t publish_batch(stream_t *s, const pbatch_t *b) {
   d->arena_length = b->arena_len;
   uint64_t bytes = fill_layout(b, d->layout);
   atomic_store_explicit(&s->ring->published, ++s->ring_published, memory_order_release);
-  s->ring_notify = 1;
   return bytes;
 }
 
@@ -1228,14 +1227,19 @@ static int ring_drain(stream_t *s) {
  * published, and asks to be woken when the stream can only go on once the
  * client releases batches.  Returns 1 when releases arrived meanwhile (the
  * caller pumps again). */
-static int ring_settle(stream_t *s, int noroom) {
+static int ring_settle(stream_t *s, int noroom, int assembling) {
   ring_header_t *h = s->ring;
-  if (s->ring_notify) {
-    s->ring_notify = 0;
-    /* Pairs with the client's fence between setting `sleeping` and
-     * looking at `published` (client/ring.h). */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&h->sleeping, memory_order_relaxed) && s->conn) {
+  /* Pairs with the client's fence between setting wake_client_at and
+   * looking at `published`: one of the two sees the other's write. */
+  atomic_thread_fence(memory_order_seq_cst);
+  uint64_t wake_client_at = atomic_load_explicit(&h->wake_client_at, memory_order_relaxed);
+  if (wake_client_at && wake_client_at != s->ring_client_woken && s->conn) {
+    /* Untrusted figures: a client that lies only delays its own wakeup. */
+    uint64_t consumed = atomic_load_explicit(&h->consumed, memory_order_relaxed);
+    int waiting_for_it = s->ring_published > consumed;
+    int more_coming = assembling && s->num_sent < (int)s->window;
+    if (s->ring_published >= wake_client_at || (waiting_for_it && !more_coming)) {
+      s->ring_client_woken = wake_client_at;
       Larder__Wake wk = LARDER__WAKE__INIT;
       wk.stream_id = s->id;
       Larder__Frame f = LARDER__FRAME__INIT;
@@ -1391,7 +1395,7 @@ again:
       goto again;
     }
   }
-  if (s->ring && ring_settle(s, noroom != NULL)) goto again;
+  if (s->ring && ring_settle(s, noroom != NULL, assembling)) goto again;
   if (s->stale_msg && s->validating == 0 && s->q_head == NULL) {
     fail_stale(s);
     return;

@@ -1109,7 +1109,7 @@ TEST_IMPL(daemon_robust_bad_ring) {
     /* A fresh ring counts as asleep (an event loop may poll the socket
      * before its first call): the first descriptors came with a Wake. */
     wire_free(expect_frame(fd, LARDER__FRAME__MSG_WAKE, sid));
-    atomic_store(&h->sleeping, 0);
+    atomic_store(&h->wake_client_at, 0);
     usleep(50000);
     ASSERT_EQ(atomic_load(&h->published), 2);
     ASSERT_EQ(atomic_load(&h->wake_at), 1);
@@ -1117,9 +1117,10 @@ TEST_IMPL(daemon_robust_bad_ring) {
     const char *why = "release";
     switch (round) {
       case 0:
-        /* A good release, as liblarder makes it while asleep: the next
-         * batch comes, and a Wake frame with it. */
-        atomic_store(&h->sleeping, 1);
+        /* A good release, as liblarder makes it while asleep waiting for
+         * the third descriptor: it comes, and a Wake frame with it. */
+        atomic_store(&h->consumed, 2);
+        atomic_store(&h->wake_client_at, 3);
         ring_put_release(h, &released, 0);
         send_wake(fd, sid);
         wait_published(h, 3);
