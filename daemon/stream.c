@@ -147,11 +147,11 @@ struct stream {
    * read, checked and never trusted. */
   ring_header_t *ring;
   uint64_t ring_size;
-  int ring_fd;
   uint64_t ring_published;  /* descriptors written */
   uint64_t ring_drained;    /* release entries read */
   uint64_t ring_wake_at;    /* what the ring's wake_at says */
   uint64_t ring_client_woken; /* the wake_client_at a Wake answered */
+  int ring_fd;              /* (beside `remote`, which fills its padding) */
 
   /* Read-ahead of remote row groups into the cache, beyond the pins: a
    * cursor of its own over the coming batches, and the units of the last
@@ -1223,10 +1223,12 @@ static int ring_drain(stream_t *s) {
   return 0;
 }
 
-/* After a pump: wakes a client that sleeps waiting for what was just
- * published, and asks to be woken when the stream can only go on once the
- * client releases batches.  Returns 1 when releases arrived meanwhile (the
- * caller pumps again). */
+/* After a pump (assembling: the stream's batches being assembled): wakes a
+ * client asleep on the socket once the descriptors it asked for are
+ * published, or sooner when some are and nothing more is on its way; and
+ * asks to be woken when the stream can only go on once the client releases
+ * batches.  Returns 1 when releases arrived meanwhile (the caller pumps
+ * again). */
 static int ring_settle(stream_t *s, int noroom, int assembling) {
   ring_header_t *h = s->ring;
   /* Pairs with the client's fence between setting wake_client_at and
