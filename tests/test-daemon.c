@@ -1000,6 +1000,118 @@ static void *releaser_main(void *p) {
 }
 
 /*
+ * The descriptor ring's wakeups (client/ring.h), against the real daemon
+ * with warm data, where every batch is at most milliseconds away: a lost
+ * wakeup would show as a wait of a second (liblarder's safety net), so no
+ * wait may come near one.
+ * - An event loop on larder_stream_fd: every poll, at once after opening
+ *   and after each LARDER_ETIMEDOUT, must end promptly with a batch.
+ * - The same, and a trainer with blocking calls, holding seven batches of
+ *   a window of eight: the daemon, waiting for half the window's releases,
+ *   must learn of the one it can have before the trainer sleeps, and must
+ *   wake the trainer with the one batch it can publish although the
+ *   trainer asked for two.  (Each of these, and a daemon that asked for
+ *   releases only with a batch ready to go, failed here.)
+ * - A trainer that keeps up makes fewer socket messages than batches.
+ */
+TEST_IMPL(daemon_ring_wakeups) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 32, 2);
+  o.window = 8;
+  dh_run ref = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+  const double prompt_ms = 500.0 * dh_slow();
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+
+  for (int mode = 0; mode < 3; mode++) {
+    /* 0: an event loop that releases each batch at once; 1: one that keeps
+     * the newest seven of its window of eight, so the daemon can publish
+     * one batch at a time and never the two the client asks for; 2: the
+     * same with blocking calls. */
+    uint64_t woken0 = dh_stat(&d, "ring_wakes_received");
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    larder_batch_t *held[8];
+    int nheld = 0, polls = 0, rc = 0;
+    double slowest = 0;
+    size_t k = 0;
+    for (;;) {
+      if (mode < 2) {
+        /* Poll at once after opening, and after each LARDER_ETIMEDOUT. */
+        struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
+        double t0 = now_ms();
+        if (poll(&pf, 1, (int)(2 * prompt_ms)) != 1)
+          ASSERT_FAIL_("mode %d: no wakeup within %.0f ms at batch %zu of %zu", mode,
+                       2 * prompt_ms, k, ref.n);
+        if (now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        polls++;
+      }
+      larder_batch_t *b;
+      double t0 = now_ms();
+      while ((rc = larder_stream_next(s, mode < 2 ? 0 : 60000 * dh_slow(), &b)) == 0) {
+        if (mode == 2 && now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        ASSERT(k < ref.n);
+        ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
+        k++;
+        if (mode == 0) {
+          larder_batch_release(b);
+        } else {
+          held[nheld++] = b;
+          if (nheld == 8) {
+            larder_batch_release(held[0]);
+            memmove(held, held + 1, 7 * sizeof(held[0]));
+            nheld = 7;
+          }
+        }
+        t0 = now_ms();
+      }
+      if (rc == LARDER_EEOF) break;
+      ASSERT_EQ(rc, LARDER_ETIMEDOUT);
+    }
+    for (int i = 0; i < nheld; i++) larder_batch_release(held[i]);
+    ASSERT_EQ(k, ref.n);
+    fprintf(stderr, "mode %d: %zu batches, %d polls, slowest wait %.1f ms, %llu Wakes received\n",
+            mode, k, polls, slowest,
+            (unsigned long long)(dh_stat(&d, "ring_wakes_received") - woken0));
+    ASSERT_DOUBLE_LE(slowest, prompt_ms);
+    /* Holding seven, the client must tell the waiting daemon of the one
+     * release it has before it sleeps. */
+    if (mode > 0) ASSERT_GT(dh_stat(&d, "ring_wakes_received"), woken0);
+    larder_stream_close(s);
+  }
+
+  /* A trainer that keeps up (it computes, the daemon has the data ready):
+   * most batches come and go without a socket message. */
+  uint64_t w0 = dh_stat(&d, "ring_wakes_received") + dh_stat(&d, "ring_wakes_sent");
+  uint64_t b0 = dh_stat(&d, "batches");
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  larder_batch_t *b;
+  int rc;
+  while ((rc = larder_stream_next(s, 60000 * dh_slow(), &b)) == 0) {
+    larder_batch_release(b);
+    usleep(2000);
+  }
+  ASSERT_EQ(rc, LARDER_EEOF);
+  larder_stream_close(s);
+  uint64_t wakes = dh_stat(&d, "ring_wakes_received") + dh_stat(&d, "ring_wakes_sent") - w0;
+  uint64_t batches = dh_stat(&d, "batches") - b0;
+  fprintf(stderr, "keeping up: %llu Wake frames for %llu batches\n", (unsigned long long)wakes,
+          (unsigned long long)batches);
+  ASSERT_EQ(batches, ref.n);
+  ASSERT_LE(wakes, batches / 2);
+
+  larder_client_close(c);
+  dh_run_free(&ref);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * The documented patterns: an event loop that waits on larder_stream_fd and
  * drains its streams with zero timeouts (two streams on one client), and
  * batches released (or exported and released) by another thread while the
