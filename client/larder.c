@@ -6,7 +6,9 @@
  * queue; frames are sent under send_lock, so larder_batch_release may run on
  * any thread.  Batch data is never copied: a batch's arrays point into the
  * stream's arena, which stays mapped until the stream is closed and its last
- * batch released.
+ * batch released.  Where the daemon offers a descriptor ring (ring.h), the
+ * reading thread takes descriptors from it and releases are written to it
+ * under the stream's lock; frames then carry only Wake, errors and the end.
  */
 #include <errno.h>
 #include <poll.h>
