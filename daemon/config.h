@@ -128,7 +128,8 @@
      "group (name or gid) whose members may run larderctl evict, prefetch, "   \
      "verify, reload and config, besides root (empty: root only)")             \
   XX(max_arena_bytes_per_client, SIZE, "8G", 1,                                \
-     "shared-memory arena bytes of all the streams of one connection")         \
+     "shared-memory bytes (arenas and descriptor rings) of all the streams "   \
+     "of one connection")                                                      \
   XX(max_pending_per_client, U64, "16", 1,                                     \
      "stream opens and admin jobs (prefetch, cat, ...) one connection may "    \
      "have in progress at once")                                               \

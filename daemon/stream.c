@@ -310,6 +310,7 @@ static void unlink_from_conn(stream_t *s) {
   s->conn->num_streams--;
   /* larder per-client limits: its arena no longer counts for the client. */
   if (s->arena) s->conn->arena_bytes -= arena_size(s->arena);
+  if (s->ring) s->conn->arena_bytes -= s->ring_size;
   s->conn = NULL;
 }
 
@@ -1284,12 +1285,21 @@ void stream_wake(stream_t *s) {
  * with a window of a thousand batches gets frames instead. */
 #define RING_MAX_BYTES (16u << 20)
 
-/* Creates s's descriptor ring for its window and arrays.  Returns 0 (with
- * no ring when it would exceed RING_MAX_BYTES) or a negative code. */
-static int ring_create(stream_t *s, const char *name) {
+/* The bytes of s's descriptor ring for its window and arrays, in whole
+ * pages, or 0 when it would exceed RING_MAX_BYTES (no ring is offered). */
+static uint64_t ring_size_for(const stream_t *s) {
   uint32_t num_layout = (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
   uint64_t size = ring_bytes(s->window, num_layout);
-  if (size > RING_MAX_BYTES) return 0;
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  return size > RING_MAX_BYTES ? 0 : (size + page - 1) / page * page;
+}
+
+/* Creates s's descriptor ring of ring_size_for(s) bytes.  Returns 0 (with
+ * no ring when that is 0) or a negative code. */
+static int ring_create(stream_t *s, const char *name) {
+  uint32_t num_layout = (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
+  uint64_t size = ring_size_for(s);
+  if (size == 0) return 0;
   char ring_name[96];
   snprintf(ring_name, sizeof(ring_name), "%s-ring", name);
   uint8_t *base;
@@ -1575,12 +1585,15 @@ static void open_done(work_t *w, int status) {
     free_open_req(o);
     return;
   }
-  /* larder per-client limits: the arenas of all of a client's streams. */
-  if (c->arena_bytes + arena_bytes > srv->cfg.max_arena_bytes_per_client) {
+  /* larder per-client limits: the arenas and rings of all of a client's
+   * streams. */
+  uint64_t ring_need = p->ring && srv->cfg.shm_ring ? ring_size_for(s) : 0;
+  if (c->arena_bytes + arena_bytes + ring_need > srv->cfg.max_arena_bytes_per_client) {
     conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
-                    "this client's streams already hold %llu bytes of arenas; another %llu "
-                    "would exceed max_arena_bytes_per_client (%llu)",
-                    (unsigned long long)c->arena_bytes, (unsigned long long)arena_bytes,
+                    "this client's streams already hold %llu bytes of shared memory; another "
+                    "%llu would exceed max_arena_bytes_per_client (%llu)",
+                    (unsigned long long)c->arena_bytes,
+                    (unsigned long long)(arena_bytes + ring_need),
                     (unsigned long long)srv->cfg.max_arena_bytes_per_client);
     s->closed = 1;
     stream_destroy(s);
@@ -1634,7 +1647,7 @@ static void open_done(work_t *w, int status) {
   s->next_in_conn = c->streams;
   c->streams = s;
   c->num_streams++;
-  c->arena_bytes += arena_size(s->arena); /* larder per-client limits */
+  c->arena_bytes += arena_size(s->arena) + (s->ring ? s->ring_size : 0); /* larder limits */
   /* larder admin: the sources as the client named them (URLs redacted),
    * for stats and metrics. */
   s->label = admin_sources_label(o->sources, o->num_sources);
