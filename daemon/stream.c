@@ -1588,12 +1588,12 @@ static void open_done(work_t *w, int status) {
   /* larder per-client limits: the arenas and rings of all of a client's
    * streams. */
   uint64_t ring_need = p->ring && srv->cfg.shm_ring ? ring_size_for(s) : 0;
-  if (c->arena_bytes + arena_bytes + ring_need > srv->cfg.max_arena_bytes_per_client) {
+  uint64_t shm_need = arena_bytes + ring_need;
+  if (c->arena_bytes + shm_need > srv->cfg.max_arena_bytes_per_client) {
     conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
                     "this client's streams already hold %llu bytes of shared memory; another "
                     "%llu would exceed max_arena_bytes_per_client (%llu)",
-                    (unsigned long long)c->arena_bytes,
-                    (unsigned long long)(arena_bytes + ring_need),
+                    (unsigned long long)c->arena_bytes, (unsigned long long)shm_need,
                     (unsigned long long)srv->cfg.max_arena_bytes_per_client);
     s->closed = 1;
     stream_destroy(s);
