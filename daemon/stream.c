@@ -1173,9 +1173,7 @@ static void send_end(stream_t *s) {
 }
 
 /* ------------------------------------------------------------------------ */
-
-/* ------------------------------------------------------------------------ */
-/* Releases                                                                  */
+/* Releases, and the descriptor ring                                         */
 
 /* Frees the arena room of sent batch seq and records the stall figures
  * that came with its release.  Returns 0, or LARDER_EPROTO when the client
@@ -1297,7 +1295,6 @@ static uint64_t ring_size_for(const stream_t *s) {
 /* Creates s's descriptor ring of ring_size_for(s) bytes.  Returns 0 (with
  * no ring when that is 0) or a negative code. */
 static int ring_create(stream_t *s, const char *name) {
-  uint32_t num_layout = (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
   uint64_t size = ring_size_for(s);
   if (size == 0) return 0;
   char ring_name[96];
@@ -1308,10 +1305,12 @@ static int ring_create(stream_t *s, const char *name) {
   (void)fcntl(s->ring_fd, F_ADD_SEALS, F_SEAL_SEAL);
   s->ring = (ring_header_t *)(void *)base;
   s->ring_size = size;
-  ring_init(s->ring, s->window, num_layout);
+  ring_init(s->ring, s->window, (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS);
   STATS_ADD(&s->srv->stats, ring_streams, 1);
   return 0;
 }
+
+/* ------------------------------------------------------------------------ */
 
 static void stream_pump(stream_t *s) {
 again:
