@@ -13,7 +13,10 @@
 # Batch bytes reach the client through the shared-memory arena: the client
 # reads them in place (zero copies), and with --touch reads each cache line.
 #
-# Environment: BENCH_FILE (default zstd-v1.parquet), BENCH_BATCH (1024).
+# Environment: BENCH_FILE (default zstd-v1.parquet), BENCH_BATCH (1024), and
+# BENCH_SOURCE, a path or glob as the daemon reads sources (another dataset,
+# say shards copied to a GPU host), which replaces bench/work/$BENCH_FILE and
+# skips generating it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -22,7 +25,9 @@ work=bench/work
 file=$work/${BENCH_FILE:-zstd-v1.parquet}
 batch=${BENCH_BATCH:-1024}
 
-if [ ! -f "$file" ]; then
+if [ -n "${BENCH_SOURCE:-}" ]; then
+  file=$BENCH_SOURCE
+elif [ ! -f "$file" ]; then
   echo "bench-serve: generating the dataset (bench/gen-dataset.mjs)"
   if [ ! -d bench/node_modules/@duckdb ]; then (cd bench && npm ci --no-audit --no-fund --loglevel=error); fi
   node bench/gen-dataset.mjs "$work" >/dev/null

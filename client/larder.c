@@ -791,6 +791,15 @@ static int ring_take(larder_stream_t *s, wire_batch_t *view) {
                          h->num_layout,  d->layout};
   if (atomic_load_explicit(&h->wake_client_at, memory_order_relaxed))
     atomic_store_explicit(&h->wake_client_at, 0, memory_order_relaxed);
+  /* The daemon wrote the next descriptor from another core, so reading it
+   * misses the cache line by line (a kilobyte for a dozen columns).  When
+   * it is published already, start those loads now: they complete while
+   * the trainer computes, and the next call finds the lines in its cache. */
+  if (published != s->ring_consumed) {
+    const char *next = (const char *)(const void *)ring_desc(h, s->ring_consumed);
+    uint64_t bytes = ring_slot_bytes(h->num_layout);
+    for (uint64_t at = 0; at < bytes; at += 64) __builtin_prefetch(next + at);
+  }
   return 1;
 }
 
@@ -823,13 +832,19 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   larder_client_t *c = s->client;
   if (c == NULL) return LARDER_ECLOSED;
   uint64_t start = now_ns();
+  /* One locked section here and one at the end: each is an atomic
+   * read-modify-write on the trainer's path. */
+  pthread_mutex_lock(&s->lock);
   if (s->last_return_ns) {
     uint64_t compute = start - s->last_return_ns;
-    pthread_mutex_lock(&s->lock);
     s->compute_ns += compute;
     s->report_compute += compute;
-    pthread_mutex_unlock(&s->lock);
   }
+  /* A step's batch reuses the last released one: two allocations fewer
+   * on the trainer's path. */
+  larder_batch_t *spare = s->spare;
+  s->spare = NULL;
+  pthread_mutex_unlock(&s->lock);
   uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
   int rc = 0, polled = 0;
   for (;;) {
@@ -877,12 +892,8 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
                               pb->n_layout,     pb->layout};
         b = &view;
       }
-      /* A step's batch reuses the last released one: two allocations
-       * fewer on the trainer's path. */
-      pthread_mutex_lock(&s->lock);
-      larder_batch_t *batch = s->spare;
-      s->spare = NULL;
-      pthread_mutex_unlock(&s->lock);
+      larder_batch_t *batch = spare;
+      spare = NULL;
       larder_array_t *nodes;
       if (batch) {
         nodes = batch->nodes;
@@ -930,9 +941,6 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
         rc = set_err(c, brc, "the daemon sent a malformed batch");
         break;
       }
-      pthread_mutex_lock(&s->lock);
-      s->refs++;
-      pthread_mutex_unlock(&s->lock);
       s->pos_epoch = batch->epoch;
       s->pos_batch = batch->index + 1;
       if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
@@ -991,7 +999,17 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   pthread_mutex_lock(&s->lock);
   s->wait_ns += end - start;
   s->report_wait += end - start;
+  if (*out) s->refs++;
+  /* Unused (no batch came): back for the next call. */
+  if (spare && s->spare == NULL) {
+    s->spare = spare;
+    spare = NULL;
+  }
   pthread_mutex_unlock(&s->lock);
+  if (spare) {
+    free(spare->nodes);
+    free(spare);
+  }
   s->last_return_ns = end;
   return rc;
 }
