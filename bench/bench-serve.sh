@@ -16,7 +16,8 @@
 # Environment: BENCH_FILE (default zstd-v1.parquet), BENCH_BATCH (1024), and
 # BENCH_SOURCE, a path or glob as the daemon reads sources (another dataset,
 # say shards copied to a GPU host), which replaces bench/work/$BENCH_FILE and
-# skips generating it.
+# skips generating it; BENCH_WINDOW, the batches each client may hold
+# (default: liblarder's, which a trainer gets unless it asks otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -24,6 +25,8 @@ client=$build/bin/serve-client
 work=bench/work
 file=$work/${BENCH_FILE:-zstd-v1.parquet}
 batch=${BENCH_BATCH:-1024}
+win=()
+if [ -n "${BENCH_WINDOW:-}" ]; then win=(--window "$BENCH_WINDOW"); fi
 
 if [ -n "${BENCH_SOURCE:-}" ]; then
   file=$BENCH_SOURCE
@@ -55,13 +58,13 @@ print(sum(r[sys.argv[1]] for r in sel)/len(sel))" "$1" "$2"
 }
 
 memcpy=$(field "$("$client" memcpy)" memcpy_gbps)
-echo "bench-serve: $(basename "$file"), batches of $batch rows, $(nproc) cores"
+echo "bench-serve: $(basename "$file"), batches of $batch rows, window ${BENCH_WINDOW:-16, the library default}, $(nproc) cores"
 
-cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch")
+cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch" "${win[@]}")
 cold_gbps=$(echo "$cold" | mean_of gbps 0)
 cold_rows=$(echo "$cold" | mean_of rows_per_s 0)
 
-warm1=$("$client" run "$tmp/sock" "$file" --epochs 4 --batch-size "$batch" --seed 1)
+warm1=$("$client" run "$tmp/sock" "$file" --epochs 4 --batch-size "$batch" "${win[@]}" --seed 1)
 warm1_gbps=$(echo "$warm1" | mean_of gbps 1)
 warm1_rows=$(echo "$warm1" | mean_of rows_per_s 1)
 warm1_sec=$(echo "$warm1" | mean_of seconds 1)
@@ -74,12 +77,12 @@ import json,sys
 r=[json.loads(l) for l in sys.stdin if l.startswith('{')][-1]
 print(max(1, round(r['bytes']/r['rows'])))")
 gather=$(field "$("$client" gather "$row_bytes" $((512 << 20)) "$batch")" gather_gbps)
-touch1=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 1 --touch)
+touch1=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 1 --touch)
 touch1_gbps=$(echo "$touch1" | mean_of gbps 1)
 
-"$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 2 >"$tmp/c1" &
+"$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 2 >"$tmp/c1" &
 p1=$!
-"$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 3 >"$tmp/c2" &
+"$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 3 >"$tmp/c2" &
 p2=$!
 wait $p1 $p2
 warm2_gbps=$(python3 -c "
@@ -107,7 +110,7 @@ n=lambda s,k: s.get(k, s.get('global',{}).get(k,0))
 print((n(b,'ring_wakes_sent')+n(b,'ring_wakes_received')-n(a,'ring_wakes_sent')-n(a,'ring_wakes_received'))/max(1,n(b,'batches')-n(a,'batches')))" "$1" "$2"
 }
 s0=$(stats)
-sim=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 4 --compute-us "$compute_us")
+sim=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 4 --compute-us "$compute_us")
 s1=$(stats)
 stall=$(echo "$sim" | mean_of stall 1)
 step_us=$(echo "$sim" | mean_of compute_us 1)
@@ -116,11 +119,11 @@ wakes_per_batch=$(wakes "$s0" "$s1")
 # and its step comes out longer, as above): the daemon keeps up with no
 # slack to spare.
 compute2_us=$(python3 -c "print(round(1.25*$cost_us))")
-sim2=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" --seed 6 --compute-us "$compute2_us")
+sim2=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 6 --compute-us "$compute2_us")
 stall2=$(echo "$sim2" | mean_of stall 1)
 step2_us=$(echo "$sim2" | mean_of compute_us 1)
 
-rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" --seed 5 --daemon-pid "$daemon_pid")
+rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" "${win[@]}" --seed 5 --daemon-pid "$daemon_pid")
 
 python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
   "$warm2_gbps" "$cost_us" "$compute_us" "$stall" "$gather" "$row_bytes" "$step_us" \

@@ -14,7 +14,9 @@
  *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
  *       [--daemon-pid PID] [--touch] [--start-epoch N] [--columns a,b]
- *       consumes a stream and prints one JSON line per epoch: seconds, rows,
+ *       [--window N]
+ *       consumes a stream (with liblarder's default window unless --window
+ *       says otherwise, so that the figures are a default trainer's) and prints one JSON line per epoch: seconds, rows,
  *       batch bytes, GB/s, rows/s, the stall fraction, and the daemon's RSS
  *       at the end of the epoch; the first line also has the time from
  *       opening the stream to holding its first batch (first_batch_s), and
@@ -170,7 +172,6 @@ int main(int argc, char **argv) {
   larder_stream_options_init(&o);
   o.batch_size = 1024;
   o.epochs = 1;
-  o.window = 8;
   int pid = 0, do_touch = 0;
   double compute_us = 0;
   /* A thread's timer slack (50 us by default) lets the kernel end its
@@ -197,6 +198,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--rank")) o.rank = atoi(v), i++;
     else if (!strcmp(a, "--world-size")) o.world_size = atoi(v), i++;
     else if (!strcmp(a, "--daemon-pid")) pid = atoi(v), i++;
+    else if (!strcmp(a, "--window")) o.window = (uint32_t)atoi(v), i++;
     else if (!strcmp(a, "--touch")) do_touch = 1;
   }
   o.sources = sources;
