@@ -27,7 +27,8 @@
 # Environment: BENCH_RATE (100000000), BENCH_COMPUTE_US (2500), BENCH_WINDOW
 # (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
 # small part of a real one), BENCH_DAEMON_FLAGS (more larderd flags for every
-# run, such as --fetch_inflight_per_host=4).
+# run, such as --fetch_inflight_per_host=4), BENCH_CLIENT_WINDOW (the batches
+# the trainer may hold; default liblarder's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -35,6 +36,8 @@ client=$build/bin/serve-client
 rate=${BENCH_RATE:-100000000}
 compute_us=${BENCH_COMPUTE_US:-2500}
 window=${BENCH_WINDOW:-32M}
+win=()
+if [ -n "${BENCH_CLIENT_WINDOW:-}" ]; then win=(--window "$BENCH_CLIENT_WINDOW"); fi
 work=bench/work
 shards=$work/shards
 
@@ -98,7 +101,7 @@ stop_daemon() {
 # Cache holding the dataset.
 start_daemon full --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
 m=$(mark)
-"$client" run "$tmp/full.sock" "${urls[@]}" --epochs 3 --batch-size 1024 --seed 7 \
+"$client" run "$tmp/full.sock" "${urls[@]}" --epochs 3 --batch-size 1024 "${win[@]}" --seed 7 \
   --compute-us "$compute_us" >"$tmp/full.jsonl"
 sleep 0.2
 cut_log "$m" full.requests
@@ -109,7 +112,7 @@ epoch_bytes=$(head -1 "$tmp/full.jsonl" | python3 -c "import json,sys; print(jso
 half=$((epoch_bytes / 2))
 start_daemon half --cache_capacity="$half" --memory_limit=128M --shuffle_row_groups=true
 m=$(mark)
-"$client" run "$tmp/half.sock" "${urls[@]}" --epochs 6 --batch-size 1024 --seed 7 \
+"$client" run "$tmp/half.sock" "${urls[@]}" --epochs 6 --batch-size 1024 "${win[@]}" --seed 7 \
   --compute-us "$compute_us" >"$tmp/half.jsonl"
 sleep 0.2
 cut_log "$m" half.requests
@@ -118,7 +121,7 @@ stop_daemon
 # The default shuffle (units mixed singly), cold, one epoch.
 start_daemon unit --cache_capacity=16G --memory_limit=1G
 m=$(mark)
-"$client" run "$tmp/unit.sock" "${urls[@]}" --epochs 1 --batch-size 1024 --seed 7 \
+"$client" run "$tmp/unit.sock" "${urls[@]}" --epochs 1 --batch-size 1024 "${win[@]}" --seed 7 \
   --compute-us "$compute_us" >"$tmp/unit.jsonl"
 sleep 0.2
 cut_log "$m" unit.requests

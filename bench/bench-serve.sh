@@ -16,7 +16,7 @@
 # Environment: BENCH_FILE (default zstd-v1.parquet), BENCH_BATCH (1024), and
 # BENCH_SOURCE, a path or glob as the daemon reads sources (another dataset,
 # say shards copied to a GPU host), which replaces bench/work/$BENCH_FILE and
-# skips generating it; BENCH_WINDOW, the batches each client may hold
+# skips generating it; BENCH_CLIENT_WINDOW, the batches each client may hold
 # (default: liblarder's, which a trainer gets unless it asks otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ work=bench/work
 file=$work/${BENCH_FILE:-zstd-v1.parquet}
 batch=${BENCH_BATCH:-1024}
 win=()
-if [ -n "${BENCH_WINDOW:-}" ]; then win=(--window "$BENCH_WINDOW"); fi
+if [ -n "${BENCH_CLIENT_WINDOW:-}" ]; then win=(--window "$BENCH_CLIENT_WINDOW"); fi
 
 if [ -n "${BENCH_SOURCE:-}" ]; then
   file=$BENCH_SOURCE
@@ -58,7 +58,7 @@ print(sum(r[sys.argv[1]] for r in sel)/len(sel))" "$1" "$2"
 }
 
 memcpy=$(field "$("$client" memcpy)" memcpy_gbps)
-echo "bench-serve: $(basename "$file"), batches of $batch rows, window ${BENCH_WINDOW:-16, the library default}, $(nproc) cores"
+echo "bench-serve: $(basename "$file"), batches of $batch rows, window ${BENCH_CLIENT_WINDOW:-16, the library default}, $(nproc) cores"
 
 cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch" "${win[@]}")
 cold_gbps=$(echo "$cold" | mean_of gbps 0)
