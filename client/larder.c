@@ -465,13 +465,14 @@ void larder_stream_options_init(larder_stream_options_t *o) {
   o->epochs = 1;
   o->rank = -1;
   o->world_size = -1;
-  /* Sixteen, not four: a daemon on a busy host now and then falls a few
-   * batches behind for a fraction of a millisecond (a wakeup that comes
-   * late), and a trainer with short steps that holds only a few ready
-   * batches waits it out.  Measured with steps of 2-3x the daemon's cost:
-   * 16 left no wait over 15 us in 12 epochs, where 4 and 8 had waits of
-   * 0.17-0.58 ms in three or four.  The arena still bounds what is held. */
-  o->window = 16;
+  /* Four suits steps of milliseconds and more.  A trainer whose steps
+   * take tens of microseconds should ask for 16 (README, Serve): at 2-3x
+   * the daemon's cost, 16 left no wait over 15 us in 12 epochs, where 4
+   * and 8 had waits of 0.17-0.58 ms in three or four.  16 is not the
+   * default because, with no memory for units, it lowered the cache's
+   * per-epoch hit bytes by about 3% (daemon_cache_hit_ratio, under ASan),
+   * to just under the 0.95 f floor once in CI. */
+  o->window = 4;
   o->cuda_device = -1;
 }
 
@@ -601,8 +602,8 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   s->arena_size = rep->arena_bytes;
   s->pos_epoch = opts->start_epoch;
   s->pos_batch = opts->start_batch;
-  /* The daemon's window: what the options ask, 16 when they leave it 0. */
-  uint32_t window = opts->window ? opts->window : 16;
+  /* The daemon's window: what the options ask, 4 when they leave it 0. */
+  uint32_t window = opts->window ? opts->window : 4;
   s->hold_max = window >= 4 ? (int)(window / 2) : 1;
   s->ring_wake_batches = window >= 8 ? window / 4 : 1;
   rc = copy_field(&s->schema, rep->schema, 0);

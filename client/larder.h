@@ -180,7 +180,7 @@ typedef struct larder_stream_options {
   int drop_last;               /* default 0: the last batch is padded */
   uint64_t start_epoch;        /* resume position (default 0, 0) */
   uint64_t start_batch;
-  uint32_t window;             /* batches the client may hold (default 16) */
+  uint32_t window;             /* batches the client may hold (default 4) */
   uint64_t arena_bytes;        /* 0 = daemon's default */
   int memory_kind;             /* 0 = host; 1 = CUDA (reserved) */
   int cuda_device;

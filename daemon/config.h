@@ -58,7 +58,8 @@
      "epoch then streams at the network's rate, but each window mixes fewer "  \
      "places (no good for files sorted by label)")                             \
   XX(prefetch_batches, U64, "8", 1,                                            \
-     "batches prepared ahead of each stream")                                  \
+     "batches prepared ahead of each stream, beyond those its client holds; " \
+     "at least the stream's window")                                          \
   XX(arena_bytes, SIZE, "256M", 1,                                             \
      "shared-memory arena per stream, unless the client asks otherwise")       \
   XX(max_arena_bytes, SIZE, "2G", 1, "largest arena a client may ask for")     \
