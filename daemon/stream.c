@@ -1549,7 +1549,7 @@ static void open_done(work_t *w, int status) {
   s->params.rank = p->rank;
   s->params.drop_last = p->drop_last;
   s->epochs = p->epochs;
-  s->window = p->window ? p->window : 4; /* liblarder's default too */
+  s->window = p->window ? p->window : 4;
   if (s->window > 1024) s->window = 1024;
   s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
   if (s->prefetch < s->window) s->prefetch = s->window;

@@ -500,7 +500,7 @@ TEST_IMPL(acl_client_limits) {
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   dh_daemon d;
-  static const char *const fl[] = {"--socket_mode=0666", "--max_arena_bytes_per_client=3200K",
+  static const char *const fl[] = {"--socket_mode=0666", "--max_arena_bytes_per_client=3100K",
                                    "--max_pending_per_client=2", "--max_clients_per_uid=2", NULL};
   dh_init(&d, "d", fl);
   tc_open_tmpdir(d.dir);
@@ -510,8 +510,8 @@ TEST_IMPL(acl_client_limits) {
   dh_opts(&o, src, 64, 1, 1);
   o.arena_bytes = 1u << 20;
 
-  /* Arenas: three of 1 MiB, with a descriptor ring of a few pages each
-   * (16 slots), fit in 3200K; a fourth does not. */
+  /* Arenas: three of 1 MiB, with a descriptor ring of a page each, fit in
+   * 3100K; a fourth does not. */
   larder_client_t *c;
   ASSERT_OK(larder_client_connect(d.socket, &c));
   larder_stream_t *s[4];

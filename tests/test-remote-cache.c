@@ -152,10 +152,6 @@ TEST_IMPL(remote_bounded_fetch) {
   o.unit_rows = 512;
   o.shuffle_window = 10;
   o.arena_bytes = ARENA;
-  /* The pool is sized against the working set of a window of 4 batches:
-   * the units of every batch in flight stay pinned, so a larger window
-   * pins more of this small dataset. */
-  o.window = 4;
   /* The dataset's decoded bytes, and the reference batches. */
   dh_run ref[3];
   memset(ref, 0, sizeof(ref));
