@@ -70,9 +70,10 @@ RUN_TESTS := $(B)/bin/run-tests
 BENCH_DECODE := $(B)/bin/bench-decode
 LABEL_MIX := $(B)/bin/label-mix
 SERVE_CLIENT := $(B)/bin/serve-client
+BENCH_STORE := $(B)/bin/bench-store
 
 .PHONY: all deps test check check-unit check-compat check-config check-readme demo lint fuzz fuzz-build \
-        bench bench-decode bench-serve bench-remote clean
+        bench bench-decode bench-serve bench-remote bench-store clean
 
 all: $(LARDERD) $(LARDERCTL) $(LIBLARDER_SO) $(LIBLARDER_A) $(EXAMPLE_TRAINER) \
      $(RUN_TESTS) $(BENCH_DECODE)
@@ -125,6 +126,10 @@ $(BENCH_DECODE): $(call obj,bench/bench-decode.c) $(PQ_LIB) $(call obj,$(COMMON_
 $(SERVE_CLIENT): $(call obj,bench/serve-client.c) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CLIENT_LIBS) -lm -o $@
+
+$(BENCH_STORE): $(call obj,bench/bench-store.c daemon/store.c daemon/util.c daemon/log.c client/error.c)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -lm -o $@
 
 $(LABEL_MIX): $(call obj,bench/label-mix.c daemon/shuffle.c client/error.c)
 	@mkdir -p $(dir $@)
@@ -205,7 +210,7 @@ lint: $(PROTO_H)
 # ---------------------------------------------------------------------------
 # Benchmarks
 
-bench: bench-decode bench-serve bench-shuffle bench-remote
+bench: bench-decode bench-serve bench-store bench-shuffle bench-remote
 
 # Remote shards from nginx behind a bandwidth cap (tests/remote): epoch-1
 # throughput against curl, time to first batch, stalls, remote bytes.
@@ -217,6 +222,14 @@ bench-remote: deps
 bench-serve: deps
 	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/bin/serve-client
 	bench/bench-serve.sh build/release
+
+# The cache's put rate, which bounds how fast a cold epoch fills it on any
+# number of cores; BENCH_STORE_DIR (default /var/tmp) should be on the
+# cache's disk.
+bench-store: deps
+	$(MAKE) --no-print-directory V=release $(BENCH_STORE)
+	d=$$(mktemp -d $${BENCH_STORE_DIR:-/var/tmp}/larder-bench-store.XXXXXX) && \
+	  { $(BENCH_STORE) "$$d"; rc=$$?; rm -rf "$$d"; exit $$rc; }
 
 bench-decode: deps
 	$(MAKE) --no-print-directory V=release $(BENCH_DECODE)

@@ -265,6 +265,9 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   so.dir = srv->cfg.cache_dir;
   so.capacity_bytes = srv->cfg.cache_capacity;
   so.idle_evict_s = (uint32_t)srv->cfg.cache_idle_evict;
+  uint64_t flushes = srv->cfg.cache_flush_threads ? srv->cfg.cache_flush_threads
+                                                  : (uint64_t)srv->workers / 4;
+  so.flush_threads = (int)(flushes < 2 ? 2 : flushes > 8 ? 8 : flushes);
   int rc = store_open(&so, &srv->store, err, sizeof(err));
   if (rc) {
     log_err("cannot open the cache in %s: %s", srv->cfg.cache_dir, err);

@@ -169,6 +169,7 @@ int store_test_crc32c_hw_available(void);
 #define DEFAULT_MIN_BLOB 4096
 #define DEFAULT_BLOCK_CACHE (32 * MIB)
 #define DEFAULT_WRITE_BUFFER (64 * MIB)
+#define DEFAULT_FLUSH_THREADS 2
 #define DEFAULT_IDLE_S (7u * 24 * 3600)
 #define MAX_OPEN_FILES 512
 #define OPEN_MIN_FREE (16 * MIB)
@@ -576,6 +577,7 @@ struct store {
   char *dir;
   char *dbdir;
   uint64_t min_blob, write_buffer;
+  int flush_threads;
   uint32_t idle_s;
   int64_t persist_granularity;
 
@@ -1129,10 +1131,16 @@ static void setup_rocksdb_options(store_t *st) {
    * their blob files become garbage sooner. */
   rocksdb_options_add_compact_on_deletion_collector_factory(o, 4096, 2048);
   /* Memory: bounded memtables and block cache. */
+  /* Memory and write rate: bounded memtables, several flushed at once.  A
+   * cold epoch puts decoded units as fast as every worker decodes them; with
+   * RocksDB's one flush thread and two memtables, puts stopped whenever both
+   * were full, and one thread's flush rate (0.5-0.8 GB/s of values on the
+   * development VM) capped how fast any number of cores filled the cache. */
+  int memtables = st->flush_threads + 2;
   rocksdb_options_set_write_buffer_size(o, st->write_buffer);
-  rocksdb_options_set_max_write_buffer_number(o, 2);
-  rocksdb_options_set_db_write_buffer_size(o, 2 * st->write_buffer);
-  rocksdb_options_set_max_total_wal_size(o, 4 * st->write_buffer);
+  rocksdb_options_set_max_write_buffer_number(o, memtables);
+  rocksdb_options_set_db_write_buffer_size(o, (size_t)memtables * st->write_buffer);
+  rocksdb_options_set_max_total_wal_size(o, (uint64_t)(memtables + 2) * st->write_buffer);
   st->bbto = rocksdb_block_based_options_create();
   rocksdb_block_based_options_set_block_cache(st->bbto, st->cache);
   rocksdb_block_based_options_set_cache_index_and_filter_blocks(st->bbto, 1);
@@ -1140,7 +1148,8 @@ static void setup_rocksdb_options(store_t *st) {
       st->bbto, rocksdb_filterpolicy_create_bloom_full(10));
   rocksdb_options_set_block_based_table_factory(o, st->bbto);
   rocksdb_options_set_max_open_files(o, MAX_OPEN_FILES);
-  rocksdb_options_set_max_background_jobs(o, 4);
+  rocksdb_options_set_max_background_flushes(o, st->flush_threads);
+  rocksdb_options_set_max_background_compactions(o, 3);
   /* The info LOG gets header lines only (written at open; store_open
    * refuses a nearly full disk first): Debian's librocksdb keeps its
    * assertions, and RocksDB's file logger appends again after a failed
@@ -1401,6 +1410,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   st->min_blob = opts->min_blob_size ? opts->min_blob_size : DEFAULT_MIN_BLOB;
   st->write_buffer =
       opts->write_buffer_bytes ? opts->write_buffer_bytes : DEFAULT_WRITE_BUFFER;
+  st->flush_threads = opts->flush_threads > 0 ? opts->flush_threads : DEFAULT_FLUSH_THREADS;
   st->idle_s = opts->idle_evict_s ? opts->idle_evict_s : DEFAULT_IDLE_S;
   st->persist_granularity = st->idle_s / 8 < 3600 ? st->idle_s / 8 : 3600;
   if (st->persist_granularity < 1) st->persist_granularity = 1;

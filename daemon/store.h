@@ -74,6 +74,9 @@ typedef struct store_options {
                                0 = 4096 */
   uint64_t block_cache_bytes;  /* RocksDB block cache; 0 = 32 MiB */
   uint64_t write_buffer_bytes; /* RocksDB memtable size; 0 = 64 MiB */
+  int flush_threads;        /* memtables flushed at once; 0 = 2.  The store
+                               keeps flush_threads + 2 memtables, so that
+                               puts go on while that many flush */
   uint32_t idle_evict_s;    /* 0 = 7 days */
   int sync_writes;          /* fsync the WAL on every put (default off: a
                                process crash loses nothing, a power loss
