@@ -143,6 +143,11 @@ struct shuffle_epoch {
   window_t win[2];
   uint64_t clock;      /* use counter for the windows */
   uint64_t *seen;      /* shuffle_epoch_units' bitmap over units (lazy) */
+  /* A window row order being made a slice at a time (shuffle_epoch_prepare),
+   * not yet shared: its window, entries still to shuffle, stream state. */
+  shared_perm_t *pending;
+  uint32_t pending_left;
+  uint64_t pending_state;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -199,27 +204,38 @@ static inline uint64_t bounded(uint64_t *s, uint64_t n) {
  * initial a[perm[q]] for the permutation perm that the stream defines.  The
  * draws are made AHEAD at a time so that the cache lines they will swap can be
  * prefetched (twice as fast once the array outgrows the L2 cache); the draws
- * and swaps are the same, in the same order, as the plain loop's. */
-static void fisher_yates(uint32_t *a, uint32_t n, uint64_t state) {
+ * and swaps are the same, in the same order, as the plain loop's.
+ *
+ * fisher_yates_steps does it a slice at a time: *i (n at the start) counts
+ * the entries still to shuffle and *state is the stream's state; it stops
+ * after the first block that brings its swaps to `budget` or more.  Slices
+ * end on the same blocks as the whole run, so any sequence of slices makes
+ * the same permutation. */
+static void fisher_yates_steps(uint32_t *a, uint32_t *i, uint64_t *state, uint64_t budget) {
   enum { AHEAD = 64 };
   uint32_t js[AHEAD];
-  uint32_t i = n; /* a[0 .. i) is still to be shuffled */
-  while (i > 1) {
-    uint32_t m = i - 1 < AHEAD ? i - 1 : AHEAD;
+  uint64_t done = 0;
+  while (*i > 1 && done < budget) {
+    uint32_t m = *i - 1 < AHEAD ? *i - 1 : AHEAD;
     for (uint32_t k = 0; k < m; k++) {
-      js[k] = (uint32_t)bounded(&state, i - k);
+      js[k] = (uint32_t)bounded(state, *i - k);
 #ifdef __GNUC__
       __builtin_prefetch(a + js[k], 1);
 #endif
     }
     for (uint32_t k = 0; k < m; k++) {
-      uint32_t last = i - 1 - k, j = js[k];
+      uint32_t last = *i - 1 - k, j = js[k];
       uint32_t t = a[last];
       a[last] = a[j];
       a[j] = t;
     }
-    i -= m;
+    *i -= m;
+    done += m;
   }
+}
+
+static void fisher_yates(uint32_t *a, uint32_t n, uint64_t state) {
+  fisher_yates_steps(a, &n, &state, UINT64_MAX);
 }
 
 /* The number of bits needed for values 0 .. v. */
@@ -486,6 +502,10 @@ void shuffle_epoch_close(shuffle_epoch_t *ep) {
   free(ep->order);
   perm_unref(ep->plan->cache, ep->win[0].shared);
   perm_unref(ep->plan->cache, ep->win[1].shared);
+  if (ep->pending) {
+    free(ep->pending->perm);
+    free(ep->pending);
+  }
   free(ep->seen);
   free(ep);
 }
@@ -504,67 +524,110 @@ static inline uint32_t find_unit(const uint64_t *start, uint32_t lo,
   return (uint32_t)(base - start);
 }
 
+/* Window w's first unit (in the unit order), its number of units and its
+ * rows. */
+static void window_extent(const shuffle_epoch_t *ep, uint64_t w, uint32_t *first,
+                          uint32_t *nunits, uint32_t *rows) {
+  const shuffle_plan_t *plan = ep->plan;
+  uint64_t f = w * plan->params.window_units; /* < num_units */
+  uint64_t end = f + plan->params.window_units;
+  if (end > plan->num_units) end = plan->num_units;
+  *first = (uint32_t)f;
+  *nunits = (uint32_t)(end - f);
+  *rows = (uint32_t)(ep->start[end] - ep->start[f]); /* <= UINT32_MAX */
+}
+
+/* Starts making window w's row order in ep->pending (dropping any other
+ * pending one): the rows in window order, and the stream that shuffles
+ * them.  Returns 0 or LARDER_ENOMEM. */
+static int perm_start(shuffle_epoch_t *ep, uint64_t w) {
+  const shuffle_plan_t *plan = ep->plan;
+  if (ep->pending) {
+    free(ep->pending->perm);
+    free(ep->pending);
+    ep->pending = NULL;
+  }
+  uint32_t first, nunits, rows;
+  window_extent(ep, w, &first, &nunits, &rows);
+  shared_perm_t *sp = calloc(1, sizeof(*sp));
+  if (sp == NULL) return LARDER_ENOMEM;
+  /* Zeroed, so no entry is ever undefined, whatever the fill below. */
+  sp->perm = calloc((size_t)(rows ? rows : 1), sizeof(*sp->perm));
+  if (sp->perm == NULL) {
+    free(sp);
+    return LARDER_ENOMEM;
+  }
+  sp->epoch = ep->epoch;
+  sp->window = w;
+  sp->rows = rows;
+  sp->refs = 1;
+  if (plan->packed) {
+    uint32_t *a = sp->perm;
+    for (uint32_t k = 0; k < nunits; k++) {
+      uint32_t unit_rows = (uint32_t)(ep->start[first + k + 1] - ep->start[first + k]);
+      uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
+      for (uint32_t r = 0; r < unit_rows; r++) *a++ = tag | r;
+    }
+  } else {
+    for (uint32_t r = 0; r < rows; r++) sp->perm[r] = r;
+  }
+  ep->pending = sp;
+  ep->pending_left = rows;
+  ep->pending_state = stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w);
+  return 0;
+}
+
+/* The row order of window w (which has rows), made if not cached. */
+/* Takes a slot of ep for window w (a free one, else the one used least
+ * recently, whose order it lets go) and sets its extent; the caller gives
+ * it its order with slot_fill. */
+static window_t *slot_claim(shuffle_epoch_t *ep, uint64_t w) {
+  window_t *slot;
+  if (ep->win[0].index == NO_WINDOW)
+    slot = &ep->win[0];
+  else if (ep->win[1].index == NO_WINDOW)
+    slot = &ep->win[1];
+  else
+    slot = ep->win[0].last_use <= ep->win[1].last_use ? &ep->win[0] : &ep->win[1];
+  slot->index = NO_WINDOW;
+  perm_unref(ep->plan->cache, slot->shared);
+  slot->shared = NULL;
+  slot->perm = NULL;
+  window_extent(ep, w, &slot->first, &slot->nunits, &slot->rows);
+  slot->begin = ep->start[slot->first];
+  return slot;
+}
+
+static void slot_fill(shuffle_epoch_t *ep, window_t *slot, uint64_t w, shared_perm_t *sp) {
+  slot->shared = sp;
+  slot->perm = sp->perm;
+  slot->index = w;
+  slot->last_use = ++ep->clock;
+}
+
 /* The row order of window w (which has rows), made if not cached. */
 static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
-  window_t *slot = NULL;
-  for (int i = 0; i < 2; i++)
-    if (ep->win[i].index == w) slot = &ep->win[i];
-  if (slot == NULL) {
-    /* A free slot if any, else the one used least recently. */
-    if (ep->win[0].index == NO_WINDOW)
-      slot = &ep->win[0];
-    else if (ep->win[1].index == NO_WINDOW)
-      slot = &ep->win[1];
-    else
-      slot = ep->win[0].last_use <= ep->win[1].last_use ? &ep->win[0]
-                                                        : &ep->win[1];
-    const shuffle_plan_t *plan = ep->plan;
-    uint64_t first = w * plan->params.window_units; /* < num_units */
-    uint64_t end = first + plan->params.window_units;
-    if (end > plan->num_units) end = plan->num_units;
-    uint64_t rows = ep->start[end] - ep->start[first]; /* <= UINT32_MAX */
-    slot->index = NO_WINDOW;
-    perm_unref(plan->cache, slot->shared);
-    slot->shared = NULL;
-    slot->perm = NULL;
-    slot->first = (uint32_t)first;
-    slot->nunits = (uint32_t)(end - first);
-    slot->rows = (uint32_t)rows;
-    slot->begin = ep->start[first];
-    shared_perm_t *sp = perm_find(plan->cache, ep->epoch, w);
-    if (sp == NULL) {
-      sp = calloc(1, sizeof(*sp));
-      if (sp == NULL) return LARDER_ENOMEM;
-      /* Zeroed, so no entry is ever undefined, whatever the fill below. */
-      sp->perm = calloc((size_t)(rows ? rows : 1), sizeof(*sp->perm));
-      if (sp->perm == NULL) {
-        free(sp);
-        return LARDER_ENOMEM;
-      }
-      sp->epoch = ep->epoch;
-      sp->window = w;
-      sp->rows = (uint32_t)rows;
-      sp->refs = 1;
-      if (plan->packed) {
-        uint32_t *a = sp->perm;
-        for (uint32_t k = 0; k < slot->nunits; k++) {
-          uint32_t unit_rows = (uint32_t)(ep->start[first + k + 1] -
-                                          ep->start[first + k]);
-          uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
-          for (uint32_t r = 0; r < unit_rows; r++) *a++ = tag | r;
-        }
-      } else {
-        for (uint32_t r = 0; r < slot->rows; r++) sp->perm[r] = r;
-      }
-      fisher_yates(sp->perm, slot->rows,
-                   stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w));
-      sp = perm_publish(plan->cache, sp);
+  for (int i = 0; i < 2; i++) {
+    if (ep->win[i].index == w) {
+      ep->win[i].last_use = ++ep->clock;
+      *out = &ep->win[i];
+      return 0;
     }
-    slot->shared = sp;
-    slot->perm = sp->perm;
-    slot->index = w;
   }
-  slot->last_use = ++ep->clock;
+  window_t *slot = slot_claim(ep, w);
+  shared_perm_t *sp = perm_find(ep->plan->cache, ep->epoch, w);
+  if (sp == NULL) {
+    /* Finish the order shuffle_epoch_prepare began, or make it whole. */
+    if (ep->pending == NULL || ep->pending->window != w) {
+      int rc = perm_start(ep, w);
+      if (rc < 0) return rc;
+    }
+    sp = ep->pending;
+    ep->pending = NULL;
+    fisher_yates_steps(sp->perm, &ep->pending_left, &ep->pending_state, UINT64_MAX);
+    sp = perm_publish(ep->plan->cache, sp);
+  }
+  slot_fill(ep, slot, w, sp);
   *out = slot;
   return 0;
 }
@@ -659,6 +722,30 @@ int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
   int rc = map_positions(ep, batch_position(plan, batch),
                          plan->params.batch_size, out);
   return rc < 0 ? rc : (int)plan->params.batch_size;
+}
+
+int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget) {
+  if (ep == NULL || batch >= ep->plan->batches) return LARDER_EINVAL;
+  const shuffle_plan_t *plan = ep->plan;
+  if (!plan->params.shuffle || plan->num_samples == 0) return 1;
+  uint64_t x = batch_position(plan, batch) % plan->num_samples;
+  uint64_t w = find_unit(ep->start, 0, plan->num_units, x) / plan->params.window_units;
+  if (ep->win[0].index == w || ep->win[1].index == w) return 1;
+  if (ep->pending == NULL || ep->pending->window != w) {
+    /* Another cursor of the plan made it already: hold it. */
+    shared_perm_t *sp = perm_find(plan->cache, ep->epoch, w);
+    if (sp != NULL) {
+      slot_fill(ep, slot_claim(ep, w), w, sp);
+      return 1;
+    }
+    int rc = perm_start(ep, w);
+    if (rc < 0) return rc;
+  }
+  fisher_yates_steps(ep->pending->perm, &ep->pending_left, &ep->pending_state, budget);
+  if (ep->pending_left > 1) return 0;
+  window_t *win;
+  int rc = get_window(ep, w, &win);
+  return rc < 0 ? rc : 1;
 }
 
 /* The common start of shuffle_epoch_units and shuffle_epoch_window_units:

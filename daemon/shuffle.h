@@ -112,8 +112,9 @@ const shuffle_params_t *shuffle_params(const shuffle_plan_t *plan);
 
 typedef struct shuffle_epoch shuffle_epoch_t;
 
-/* A cursor over one epoch of a plan.  Keeps the epoch's unit order and the
- * row order of the window it last used (at most one window's rows).
+/* A cursor over one epoch of a plan.  Keeps the epoch's unit order, the
+ * row orders of the two windows it last used, and at most one order being
+ * made (shuffle_epoch_prepare).
  * Returns 0 or LARDER_ENOMEM. */
 int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
                        shuffle_epoch_t **out);
@@ -126,6 +127,19 @@ void shuffle_epoch_close(shuffle_epoch_t *ep);
  */
 int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
                         shuffle_sample_t *out);
+
+/*
+ * Makes progress on the row order of the window that holds the start of
+ * batch `batch`, the order shuffle_epoch_batch would otherwise make in one
+ * go when it first needs it (a Fisher-Yates shuffle of the window's rows:
+ * milliseconds for a large window).  Each call does about `budget` swaps;
+ * the slices make the same order as one whole run.  Once made, the order is
+ * shared with the plan's other cursors and kept by this one (as one of the
+ * two it keeps).  Returns 1 when the order is made, 0 when more calls are
+ * needed, or a negative code.  A pin task calls it a slice at a time, so
+ * that a worker never spends milliseconds away from batch assembly.
+ */
+int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget);
 
 /*
  * The units that batches [first, last) of this rank read, in the order in

@@ -1219,3 +1219,60 @@ TEST_IMPL(shuffle_window_units) {
   free(wide);
   return 0;
 }
+
+/*
+ * shuffle_epoch_prepare makes a window's order a slice at a time (a pin
+ * task's way): whatever the slices, the batches are those a cursor that
+ * made the order at once gives, on a plan of its own, and a cursor on the
+ * same plan finds the order made.
+ */
+TEST_IMPL(shuffle_prepare_slices) {
+  shuffle_params_t p = params_of(23, 5, 7, 1, 0, 0);
+  shuffle_plan_t *solo = plan_of(kMixedSet, &p);
+  shuffle_plan_t *plan = plan_of(kMixedSet, &p);
+  uint64_t bpe = shuffle_batches_per_epoch(plan);
+  shuffle_sample_t *x = alloc_samples(7), *y = alloc_samples(7);
+  int sliced = 0;
+  for (uint64_t e = 0; e < 3; e++) {
+    shuffle_epoch_t *pre = open_epoch(plan, e);
+    for (uint64_t k = 0; k < bpe; k++) {
+      /* Budgets of one block (at most 64 swaps), then larger ones. */
+      uint64_t budget = k % 3 == 0 ? 1 : 100 * k;
+      int calls = 0, rc;
+      while ((rc = shuffle_epoch_prepare(pre, k, budget)) == 0) calls++;
+      ASSERT_EQ(rc, 1);
+      if (calls > 0) sliced++;
+      /* Made: one more call does nothing. */
+      ASSERT_EQ(shuffle_epoch_prepare(pre, k, 1), 1);
+      shuffle_epoch_t *ref = open_epoch(solo, e), *planner = open_epoch(plan, e);
+      ASSERT(shuffle_epoch_batch(ref, k, x) >= 0);
+      ASSERT(shuffle_epoch_batch(planner, k, y) >= 0);
+      ASSERT_MEM_EQ(x, y, 7 * sizeof(shuffle_sample_t));
+      ASSERT(shuffle_epoch_batch(pre, k, y) >= 0);
+      ASSERT_MEM_EQ(x, y, 7 * sizeof(shuffle_sample_t));
+      shuffle_epoch_close(ref);
+      shuffle_epoch_close(planner);
+    }
+    /* A cursor closed with an order half made frees it. */
+    ASSERT_EQ(shuffle_epoch_prepare(pre, 0, 0) >= 0, 1);
+    shuffle_epoch_close(pre);
+  }
+  ASSERT_GT(sliced, 0);
+  shuffle_epoch_t *ep = open_epoch(plan, 0);
+  ASSERT_EQ(shuffle_epoch_prepare(ep, bpe, 1), LARDER_EINVAL);
+  ASSERT_EQ(shuffle_epoch_prepare(NULL, 0, 1), LARDER_EINVAL);
+  shuffle_epoch_close(ep);
+  /* Without shuffle there is nothing to make. */
+  shuffle_params_t q = p;
+  q.shuffle = 0;
+  shuffle_plan_t *plain = plan_of(kMixedSet, &q);
+  ep = open_epoch(plain, 0);
+  ASSERT_EQ(shuffle_epoch_prepare(ep, 0, 1), 1);
+  shuffle_epoch_close(ep);
+  shuffle_plan_free(plain);
+  free(x);
+  free(y);
+  shuffle_plan_free(solo);
+  shuffle_plan_free(plan);
+  return 0;
+}
