@@ -577,7 +577,6 @@ static int perm_start(shuffle_epoch_t *ep, uint64_t w) {
   return 0;
 }
 
-/* The row order of window w (which has rows), made if not cached. */
 /* Takes a slot of ep for window w (a free one, else the one used least
  * recently, whose order it lets go) and sets its extent; the caller gives
  * it its order with slot_fill. */
