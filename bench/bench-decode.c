@@ -61,6 +61,7 @@
 #include <unistd.h>
 
 #include "../daemon/parquet.h"
+#include "bench-util.h"
 
 #define DEFAULT_RUNS 11
 #define DEFAULT_BATCH_ROWS 65536
@@ -73,11 +74,6 @@ typedef struct mem_stats {
   uint64_t max_rg_decoded_bytes;
 } mem_stats;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* A "Field:   N kB" line of /proc/self/status, in bytes; -1 when absent. */
 static int64_t proc_status_bytes(const char *field) {
@@ -359,9 +355,9 @@ static int bench_file(const char *path, const pq_options *opts, int runs,
     return -1;
   }
   for (int i = 0; i < runs; i++) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     rc = decode_file(path, opts, batch_rows, &rows, NULL, NULL, &err);
-    times[i] = now_s() - t0;
+    times[i] = bench_now_s() - t0;
     if (rc < 0) {
       free(times);
       goto fail;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "../daemon/store.h"
+#include "bench-util.h"
 
 #define COLUMNS 8
 #define COLUMN_BYTES (4096 * 431 / COLUMNS)
@@ -33,32 +34,6 @@ typedef struct worker {
   int id, units;
   int failed;
 } worker_t;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double memcpy_gbps(void) {
-  size_t n = 256u << 20;
-  unsigned char *a = malloc(n), *b = malloc(n);
-  double best = 0;
-  if (a != NULL && b != NULL) {
-    memset(a, 1, n);
-    memset(b, 2, n);
-    for (int i = 0; i < 5; i++) {
-      double t = now_s();
-      memcpy(b, a, n);
-      t = now_s() - t;
-      if ((double)n / t / 1e9 > best) best = (double)n / t / 1e9;
-      a[i] = b[n - 1 - (size_t)i];
-    }
-  }
-  free(a);
-  free(b);
-  return best;
-}
 
 static void *put_units(void *arg) {
   worker_t *w = arg;
@@ -113,7 +88,7 @@ static int run(const char *dir, int flush_threads, int threads, int units, doubl
   }
   worker_t w[256];
   pthread_t tid[256];
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (int i = 0; i < threads; i++) {
     w[i] = (worker_t){st, i, units / threads, 0};
     pthread_create(&tid[i], NULL, put_units, &w[i]);
@@ -123,9 +98,9 @@ static int run(const char *dir, int flush_threads, int threads, int units, doubl
     pthread_join(tid[i], NULL);
     failed |= w[i].failed;
   }
-  double puts = now_s() - t0;
+  double puts = bench_now_s() - t0;
   store_close(st);
-  double all = now_s() - t0;
+  double all = bench_now_s() - t0;
   double gb = (double)(units / threads * threads) * COLUMNS * COLUMN_BYTES / 1e9;
   printf("  %d flush thread%s, %2d putting thread%s  puts %6.2f GB/s (%4.2f x memcpy)  "
          "to flushed %6.2f GB/s%s\n",
@@ -150,7 +125,7 @@ int main(int argc, char **argv) {
   if (cores > 256) cores = 256;
   /* The daemon's default (main.c): workers / 4, from 2 to 8. */
   int dflt = (int)(cores / 4 < 2 ? 2 : cores / 4 > 8 ? 8 : cores / 4);
-  double mc = memcpy_gbps();
+  double mc = bench_memcpy_gbps();
   printf("bench-store: %d units of %d columns, %.2f MB a unit, %ld cores\n", units, COLUMNS,
          COLUMNS * COLUMN_BYTES / 1e6, cores);
   printf("  single-core memcpy %.2f GB/s\n", mc);

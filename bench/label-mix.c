@@ -29,16 +29,12 @@
 
 #include "../client/larder.h"
 #include "../daemon/shuffle.h"
+#include "bench-util.h"
 
 #define CLASSES 10
 #define UNIT_ROWS 65536u /* for the first two tables */
 #define BATCH 256u
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -114,14 +110,14 @@ static double uniform_tv(const dataset_t *d, double *secs) {
   for (uint64_t g = 0; g < d->n; g++)
     labels[g] = (uint8_t)(g * CLASSES / d->n);
   uint64_t s = 0xba5e11e;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (uint64_t i = d->n - 1; i > 0; i--) {
     uint64_t j = rng_bounded(&s, i + 1);
     uint8_t x = labels[i];
     labels[i] = labels[j];
     labels[j] = x;
   }
-  *secs = now_s() - t0;
+  *secs = bench_now_s() - t0;
   double sum = 0;
   uint64_t batches = d->n / BATCH;
   for (uint64_t b = 0; b < batches; b++) {
@@ -163,10 +159,10 @@ static int run_epoch_blocked(const dataset_t *d, int shuffle, uint32_t window_un
   free(blocks);
   if (rc < 0) return rc;
   shuffle_sample_t *s = xmalloc(BATCH * sizeof(*s));
-  double t0 = now_s();
+  double t0 = bench_now_s();
   shuffle_epoch_t *ep;
   rc = shuffle_epoch_open(plan, 0, &ep);
-  double secs = now_s() - t0;
+  double secs = bench_now_s() - t0;
   if (rc < 0) {
     shuffle_plan_free(plan);
     free(s);
@@ -175,9 +171,9 @@ static int run_epoch_blocked(const dataset_t *d, int shuffle, uint32_t window_un
   uint64_t batches = shuffle_batches_per_epoch(plan);
   double sum = 0;
   for (uint64_t b = 0; b < batches && rc >= 0; b++) {
-    t0 = now_s();
+    t0 = bench_now_s();
     rc = shuffle_epoch_batch(ep, b, s);
-    secs += now_s() - t0;
+    secs += bench_now_s() - t0;
     uint32_t hist[CLASSES] = {0};
     for (uint32_t i = 0; i < BATCH && rc >= 0; i++)
       hist[(d->prefix[s[i].unit] + s[i].row) * CLASSES / d->n]++;

@@ -40,12 +40,7 @@
 #include <time.h>
 
 #include "larder.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+#include "bench-util.h"
 
 static double unix_now_s(void) {
   struct timespec ts;
@@ -53,25 +48,6 @@ static double unix_now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static double memcpy_gbps(void) {
-  size_t n = 256u << 20;
-  uint8_t *a = malloc(n), *b = malloc(n);
-  if (a == NULL || b == NULL) return 0;
-  memset(a, 1, n);
-  memset(b, 2, n);
-  double best = 0;
-  for (int i = 0; i < 5; i++) {
-    double t = now_s();
-    memcpy(b, a, n);
-    t = now_s() - t;
-    double g = (double)n / t / 1e9;
-    if (g > best) best = g;
-    a[i] = b[n - 1 - (size_t)i]; /* keep the copies observable */
-  }
-  free(a);
-  free(b);
-  return best;
-}
 
 static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_rows) {
   if (row_bytes == 0 || batch_rows == 0 || window_bytes < row_bytes) return 0;
@@ -103,7 +79,7 @@ static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_ro
   double best = 0;
   uint64_t sink = 0;
   for (int rep = 0; rep < 3; rep++) {
-    double t = now_s();
+    double t = bench_now_s();
     for (size_t i = 0; i < rows; i++) {
       /* Prefetch ahead, as the daemon's gather does: the copy is bound by
        * memory latency, and this keeps several misses in flight. */
@@ -114,7 +90,7 @@ static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_ro
       memcpy(out + (i % batch_rows) * row_bytes, win + (size_t)order[i] * row_bytes, row_bytes);
       if (i % batch_rows == batch_rows - 1) sink += out[i % row_bytes];
     }
-    t = now_s() - t;
+    t = bench_now_s() - t;
     double g = (double)(rows * row_bytes) / t / 1e9;
     if (g > best) best = g;
   }
@@ -153,7 +129,7 @@ static uint64_t touch(const larder_array_t *a) {
 
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "memcpy") == 0) {
-    printf("{\"memcpy_gbps\":%.3f}\n", memcpy_gbps());
+    printf("{\"memcpy_gbps\":%.3f}\n", bench_memcpy_gbps());
     return 0;
   }
   if (argc >= 5 && strcmp(argv[1], "gather") == 0) {
@@ -212,7 +188,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   larder_stream_t *s;
-  double t_open = now_s(); /* the time to the first batch includes reading the footers */
+  double t_open = bench_now_s(); /* the time to the first batch includes reading the footers */
   rc = larder_stream_open(c, &o, &s);
   if (rc) {
     fprintf(stderr, "serve-client: %s\n", larder_client_last_error(c));
@@ -220,13 +196,13 @@ int main(int argc, char **argv) {
   }
   uint64_t epoch = o.start_epoch, rows = 0, bytes = 0, batches = 0, sum = 0;
   uint64_t w0 = 0, c0 = 0;
-  double t0 = now_s(), first_batch_s = -1;
+  double t0 = bench_now_s(), first_batch_s = -1;
   int got_first = 0;
   for (;;) {
     larder_batch_t *b;
     rc = larder_stream_next(s, -1, &b);
     if ((rc == LARDER_EEOF || (rc == 0 && larder_batch_epoch(b) != epoch)) && batches) {
-      double secs = now_s() - t0;
+      double secs = bench_now_s() - t0;
       uint64_t w, cp;
       larder_stream_stall(s, &w, &cp);
       if (first_batch_s >= 0) printf("{\"first_batch_s\":%.4f,", first_batch_s);
@@ -242,7 +218,7 @@ int main(int argc, char **argv) {
       w0 = w;
       c0 = cp;
       rows = bytes = batches = 0;
-      t0 = now_s();
+      t0 = bench_now_s();
     }
     if (rc == LARDER_EEOF) break;
     if (rc) {
@@ -250,7 +226,7 @@ int main(int argc, char **argv) {
       return 1;
     }
     if (!got_first) {
-      first_batch_s = now_s() - t_open;
+      first_batch_s = bench_now_s() - t_open;
       got_first = 1;
     }
     epoch = larder_batch_epoch(b);
