@@ -1130,8 +1130,8 @@ static void setup_rocksdb_options(store_t *st) {
   /* Deleted entries leave tombstones; compact files full of them so that
    * their blob files become garbage sooner. */
   rocksdb_options_add_compact_on_deletion_collector_factory(o, 4096, 2048);
-  /* Memory: bounded memtables and block cache. */
-  /* Memory and write rate: bounded memtables, several flushed at once.  A
+  /* Memory and write rate: bounded memtables (and block cache, below),
+   * several memtables flushed at once.  A
    * cold epoch puts decoded units as fast as every worker decodes them; with
    * RocksDB's one flush thread and two memtables, puts stopped whenever both
    * were full, and one thread's flush rate (0.5-0.8 GB/s of values on the
