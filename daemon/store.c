@@ -1131,11 +1131,11 @@ static void setup_rocksdb_options(store_t *st) {
    * their blob files become garbage sooner. */
   rocksdb_options_add_compact_on_deletion_collector_factory(o, 4096, 2048);
   /* Memory and write rate: bounded memtables (and block cache, below),
-   * several memtables flushed at once.  A
-   * cold epoch puts decoded units as fast as every worker decodes them; with
-   * RocksDB's one flush thread and two memtables, puts stopped whenever both
-   * were full, and one thread's flush rate (0.5-0.8 GB/s of values on the
-   * development VM) capped how fast any number of cores filled the cache. */
+   * several memtables flushed at once.  A cold epoch puts decoded units as
+   * fast as every worker decodes them; with RocksDB's one flush thread and
+   * two memtables, puts stopped whenever both were full, and one thread's
+   * flush rate (0.5-0.8 GB/s of values on the development VM) capped how
+   * fast any number of cores filled the cache. */
   int memtables = st->flush_threads + 2;
   rocksdb_options_set_write_buffer_size(o, st->write_buffer);
   rocksdb_options_set_max_write_buffer_number(o, memtables);
