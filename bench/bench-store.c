@@ -15,7 +15,6 @@
  * beside this machine's single-core memcpy bandwidth measured in the same
  * run.  DIR should be on the disk the cache would use.
  */
-#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include <unistd.h>
 
 #include "../daemon/store.h"
+#include "../daemon/util.h"
 #include "bench-util.h"
 
 #define COLUMNS 8
@@ -115,16 +115,13 @@ int main(int argc, char **argv) {
     return 2;
   }
   int units = argc > 2 ? atoi(argv[2]) : 600;
-  /* The heap settings larderd runs with (main.c), so that memtables and
-   * write batches reuse memory as they do there. */
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  mallopt(M_TOP_PAD, 64 << 20);
+  /* The heap settings larderd runs with, so that memtables and write
+   * batches reuse memory as they do there. */
+  util_heap_setup();
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 1) cores = 1;
   if (cores > 256) cores = 256;
-  /* The daemon's default (main.c): workers / 4, from 2 to 8. */
-  int dflt = (int)(cores / 4 < 2 ? 2 : cores / 4 > 8 ? 8 : cores / 4);
+  int dflt = store_default_flush_threads((int)cores);
   double mc = bench_memcpy_gbps();
   printf("bench-store: %d units of %d columns, %.2f MB a unit, %ld cores\n", units, COLUMNS,
          COLUMNS * COLUMN_BYTES / 1e6, cores);

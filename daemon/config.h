@@ -42,7 +42,7 @@
      "RocksDB memtables written to disk at once; the cache keeps this many "   \
      "plus 2 memtables of 64 MiB in memory, and a cold epoch on many cores "   \
      "fills the cache no faster than they flush (0 = workers / 4, at least 2 " \
-     "and at most 8)")                                                         \
+     "and at most 8; at most 64)")                                             \
   XX(workers, U64, "0", 0,                                                     \
      "worker threads for decoding, cache I/O and batch assembly (0 = cores)")  \
   XX(worker_nice, U64, "10", 0,                                                \

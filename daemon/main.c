@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include "config.h"
 #include "log.h"
 #include "server.h"
+#include "util.h"
 
 #define DEFAULT_CONFIG "/etc/larder/larderd.conf"
 
@@ -250,13 +250,7 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
     }
   }
   srv->on_ready = on_ready;
-  /* Units and cache values are megabytes each and come and go constantly.
-   * glibc would map and unmap each one, paying page faults on every reuse;
-   * keep freed memory in the heap instead (bounded by the peak, which
-   * memory_limit bounds). */
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  mallopt(M_TOP_PAD, 64 << 20);
+  util_heap_setup();
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   srv->workers = srv->cfg.workers ? (int)srv->cfg.workers : (int)(cores > 0 ? cores : 2);
 
@@ -265,9 +259,9 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   so.dir = srv->cfg.cache_dir;
   so.capacity_bytes = srv->cfg.cache_capacity;
   so.idle_evict_s = (uint32_t)srv->cfg.cache_idle_evict;
-  uint64_t flushes = srv->cfg.cache_flush_threads ? srv->cfg.cache_flush_threads
-                                                  : (uint64_t)srv->workers / 4;
-  so.flush_threads = (int)(flushes < 2 ? 2 : flushes > 8 ? 8 : flushes);
+  uint64_t flushes = srv->cfg.cache_flush_threads;
+  so.flush_threads = flushes ? (int)(flushes > 64 ? 64 : flushes)
+                             : store_default_flush_threads(srv->workers);
   int rc = store_open(&so, &srv->store, err, sizeof(err));
   if (rc) {
     log_err("cannot open the cache in %s: %s", srv->cfg.cache_dir, err);

@@ -1046,6 +1046,11 @@ void store_options_init(store_options_t *opts) {
   memset(opts, 0, sizeof(*opts));
 }
 
+int store_default_flush_threads(int workers) {
+  int n = workers / 4;
+  return n < 2 ? 2 : n > 8 ? 8 : n;
+}
+
 static int mkdir_p(const char *path) {
   char buf[4096];
   size_t n = strlen(path);

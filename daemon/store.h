@@ -85,6 +85,11 @@ typedef struct store_options {
 
 void store_options_init(store_options_t *opts);
 
+/* The flush threads for a daemon of `workers` workers when the
+ * configuration leaves cache_flush_threads at 0: a quarter of them, at
+ * least 2 and at most 8.  Any thread. */
+int store_default_flush_threads(int workers);
+
 /*
  * Opens (creating if needed) the cache in opts->dir and loads its index.
  * Returns 0 or a negative code with a message in err (errlen bytes).  A

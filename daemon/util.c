@@ -1,6 +1,7 @@
 /*
- * util.c: hashing, clocks and formatting.
+ * util.c: hashing, clocks, heap settings and formatting.
  */
+#include <malloc.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -25,6 +26,12 @@ uint64_t util_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void util_heap_setup(void) {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  mallopt(M_TOP_PAD, 64 << 20);
 }
 
 void util_human_bytes(char *buf, size_t size, double v) {

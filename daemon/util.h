@@ -16,6 +16,13 @@ uint64_t util_hash64(const void *data, size_t len, uint64_t seed);
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t util_now_ns(void);
 
+/* Sets glibc's heap for larderd's allocations: units and cache values are
+ * megabytes each and come and go constantly; glibc would map and unmap
+ * each one, paying page faults on every reuse, so freed memory stays in the
+ * heap instead (bounded by the peak, which memory_limit bounds).  Call once,
+ * before the threads start. */
+void util_heap_setup(void);
+
 /* Formats bytes as "12.3 MiB" into buf. */
 void util_human_bytes(char *buf, size_t size, double bytes);
 
