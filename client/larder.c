@@ -88,6 +88,11 @@ struct larder_stream {
   uint64_t ring_released;               /* entries written, under lock */
   uint64_t ring_woken_at;               /* the wake_at last answered, under lock */
   uint64_t ring_told;                   /* ring_released when that Wake went */
+  /* Under lock: the reading thread sleeps on the socket, or returned
+   * LARDER_ETIMEDOUT and its caller waits on larder_stream_fd.  A release
+   * made then tells the daemon at once when it waits for one (wake_at):
+   * nothing else would, as the reader has checked wake_at already. */
+  int ring_reader_asleep;
   uint32_t ring_wake_batches;           /* descriptors to sleep for (ring.h) */
 };
 
@@ -123,6 +128,11 @@ struct larder_client {
   size_t held_len, held_cap;
   uint64_t flushes;
   int reader_waiting;   /* a thread waits in pump: send releases at once */
+  /* Under send_lock (written by the owning thread only, which may read it
+   * unlocked): the last larder_stream_next returned LARDER_ETIMEDOUT, so
+   * its caller may wait on the descriptor, and releases go at once, as
+   * for a reader waiting in pump. */
+  int caller_waits;
 };
 
 static int ring_tell(larder_client_t *c, larder_stream_t *s);
@@ -219,7 +229,8 @@ static void hold_release(larder_client_t *c, larder_stream_t *s, const Larder__F
     s->held_gen = c->flushes;
     s->held_releases = 0;
   }
-  if (c->reader_waiting || ++s->held_releases >= s->hold_max) flush_held_locked(c);
+  if (c->reader_waiting || c->caller_waits || ++s->held_releases >= s->hold_max)
+    flush_held_locked(c);
   pthread_mutex_unlock(&c->send_lock);
   free(buf);
 }
@@ -830,7 +841,13 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
    * cannot (it waits for room), it says so with wake_at, and a Wake makes
    * it read now.  A trainer faster than the daemon then wakes its loop once
    * per batch less. */
-  if (atomic_load_explicit(&h->wake_at, memory_order_relaxed)) ring_tell(c, s);
+  pthread_mutex_lock(&s->lock);
+  s->ring_reader_asleep = 1;
+  int tell = atomic_load_explicit(&h->wake_at, memory_order_relaxed) &&
+             s->ring_released != s->ring_told;
+  if (tell) s->ring_told = s->ring_released;
+  pthread_mutex_unlock(&s->lock);
+  if (tell) send_wake(c, s);
   return 0;
 }
 
@@ -841,7 +858,13 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   uint64_t start = now_ns();
   /* One locked section here and one at the end: each is an atomic
    * read-modify-write on the trainer's path. */
+  if (c->caller_waits) {
+    pthread_mutex_lock(&c->send_lock);
+    c->caller_waits = 0;
+    pthread_mutex_unlock(&c->send_lock);
+  }
   pthread_mutex_lock(&s->lock);
+  s->ring_reader_asleep = 0;
   if (s->last_return_ns) {
     uint64_t compute = start - s->last_return_ns;
     s->compute_ns += compute;
@@ -992,6 +1015,9 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     int r = pump(c, wait_ms);
     if (s->ring) {
       atomic_store_explicit(&s->ring->wake_client_at, 0, memory_order_relaxed);
+      pthread_mutex_lock(&s->lock);
+      s->ring_reader_asleep = 0;
+      pthread_mutex_unlock(&s->lock);
       /* A wait that timed out tells the daemon of the releases anyway: a
        * safety net, should it ever need them without saying so in
        * wake_at. */
@@ -1001,6 +1027,16 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
       rc = s->error ? s->error : r;
       break;
     }
+  }
+  if (rc == LARDER_ETIMEDOUT) {
+    /* The caller may wait on the descriptor now: releases held until then,
+     * or made by other threads meanwhile, must reach the daemon (bug fix:
+     * an event loop whose releases were held for a batch stood in poll,
+     * the daemon's window full). */
+    pthread_mutex_lock(&c->send_lock);
+    c->caller_waits = 1;
+    flush_held_locked(c);
+    pthread_mutex_unlock(&c->send_lock);
   }
   uint64_t end = now_ns();
   pthread_mutex_lock(&s->lock);
@@ -1056,11 +1092,16 @@ void larder_batch_release(larder_batch_t *b) {
      * `released` (ring.h). */
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t wake_at = atomic_load_explicit(&s->ring->wake_at, memory_order_relaxed);
-    int wake = wake_at && s->ring_released >= wake_at && wake_at != s->ring_woken_at;
-    if (wake) {
-      s->ring_woken_at = wake_at;
-      s->ring_told = s->ring_released;
-    }
+    /* The daemon asked to hear once `released` reaches wake_at; and when
+     * the reader sleeps, it waits for any release (bug fix, a trainer
+     * whose consumer thread releases each batch as the next one arrives:
+     * the reader told the daemon before it slept, this release came
+     * after, short of wake_at, and the stream stood until the reader's
+     * one-second wait ran out). */
+    int asked = wake_at && s->ring_released >= wake_at && wake_at != s->ring_woken_at;
+    int wake = asked || (wake_at && s->ring_reader_asleep && s->ring_released != s->ring_told);
+    if (asked) s->ring_woken_at = wake_at;
+    if (wake) s->ring_told = s->ring_released;
     pthread_mutex_unlock(&s->lock);
     if (wake) send_wake(c, s);
   } else if (c && !c->broken) {

@@ -240,8 +240,10 @@ void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint6
  * through shared memory, and the daemon reads them when it needs room; a
  * trainer that keeps up then makes no system call per batch.  Otherwise
  * the library sends releases together, up to half the stream's window at a
- * time.  Either way it tells the daemon before larder_stream_next waits and
- * whenever the daemon asks, so no call needs this for progress.  Call it to
+ * time.  Either way it tells the daemon before larder_stream_next waits,
+ * whenever the daemon asks, and at once for a release made (on any thread)
+ * while a reader waits, in larder_stream_next or on larder_stream_fd after
+ * LARDER_ETIMEDOUT; so no call needs this for progress.  Call it to
  * make the daemon's per-stream stats current now.  Returns 0 or
  * LARDER_ECLOSED.  The thread that owns the stream.
  */

@@ -1111,6 +1111,128 @@ TEST_IMPL(daemon_ring_wakeups) {
   return 0;
 }
 
+/* A consumer thread that keeps the newest `hold` batches the reader hands
+ * it, releasing the oldest as each new one arrives, after a short step. */
+typedef struct holder {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  larder_batch_t *items[64];
+  int head, tail, done, hold;
+  uint64_t released;
+} holder_t;
+
+static void *holder_main(void *p) {
+  holder_t *h = p;
+  larder_batch_t *held[64];
+  int nheld = 0;
+  for (;;) {
+    pthread_mutex_lock(&h->mu);
+    while (h->head == h->tail && !h->done) pthread_cond_wait(&h->cv, &h->mu);
+    if (h->head == h->tail && h->done) {
+      pthread_mutex_unlock(&h->mu);
+      break;
+    }
+    larder_batch_t *b = h->items[h->head++ % 64];
+    pthread_mutex_unlock(&h->mu);
+    usleep(300);
+    if (nheld == h->hold) {
+      larder_batch_release(held[0]);
+      memmove(held, held + 1, (size_t)(nheld - 1) * sizeof(held[0]));
+      nheld--;
+      h->released++;
+    }
+    held[nheld++] = b;
+  }
+  for (int i = 0; i < nheld; i++) larder_batch_release(held[i]);
+  h->released += (uint64_t)nheld;
+  return NULL;
+}
+
+/*
+ * Releases made on another thread while the reader waits: a consumer keeps
+ * seven batches of a window of eight and releases the oldest as each new
+ * one comes, so every batch waits for a release made after the reader
+ * asked for it.  Through the descriptor ring and through frames, with a
+ * reader blocked in larder_stream_next and with an event loop on
+ * larder_stream_fd, each release must reach the daemon without a call on
+ * the stream: a lost one shows as a wait of a second (liblarder's safety
+ * net) or a poll that never ends.  (Bug fix: the ring's releases reached
+ * the daemon only at half its window and the frames' only at the next
+ * call, so this trainer got a batch a second, and the event loop none.)
+ */
+TEST_IMPL(daemon_release_thread_wakeups) {
+  static const char *frames[] = {"--shm_ring=false", NULL};
+  for (int transport = 0; transport < 2; transport++) {
+    dh_daemon d;
+    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
+    dh_start(&d);
+    larder_stream_options_t o;
+    std_opts(&o, 64, 1);
+    o.window = 8;
+    dh_run ref = {0};
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+    const double prompt_ms = 500.0 * dh_slow();
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    for (int evloop = 0; evloop < 2; evloop++) {
+      holder_t h;
+      memset(&h, 0, sizeof(h));
+      h.hold = 7;
+      pthread_mutex_init(&h.mu, NULL);
+      pthread_cond_init(&h.cv, NULL);
+      pthread_t th;
+      ASSERT_OK(pthread_create(&th, NULL, holder_main, &h));
+      larder_stream_t *s;
+      ASSERT_OK(larder_stream_open(c, &o, &s));
+      size_t k = 0;
+      double slowest = 0;
+      int rc;
+      for (;;) {
+        larder_batch_t *b;
+        double t0 = now_ms();
+        if (evloop) {
+          while ((rc = larder_stream_next(s, 0, &b)) == LARDER_ETIMEDOUT) {
+            struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
+            if (poll(&pf, 1, (int)(4 * prompt_ms)) != 1)
+              ASSERT_FAIL_("%s, event loop: no wakeup within %.0f ms at batch %zu of %zu",
+                           transport ? "frames" : "ring", 4 * prompt_ms, k, ref.n);
+          }
+        } else {
+          rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+        }
+        if (now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        if (rc) break;
+        ASSERT(k < ref.n);
+        ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
+        k++;
+        pthread_mutex_lock(&h.mu);
+        ASSERT(h.tail - h.head < 64);
+        h.items[h.tail++ % 64] = b;
+        pthread_cond_signal(&h.cv);
+        pthread_mutex_unlock(&h.mu);
+      }
+      ASSERT_EQ(rc, LARDER_EEOF);
+      pthread_mutex_lock(&h.mu);
+      h.done = 1;
+      pthread_cond_signal(&h.cv);
+      pthread_mutex_unlock(&h.mu);
+      pthread_join(th, NULL);
+      pthread_mutex_destroy(&h.mu);
+      pthread_cond_destroy(&h.cv);
+      fprintf(stderr, "%s, %s: %zu batches, slowest wait %.1f ms\n",
+              transport ? "frames" : "ring", evloop ? "event loop" : "blocking", k, slowest);
+      ASSERT_EQ(k, ref.n);
+      ASSERT_EQ(h.released, ref.n);
+      ASSERT_DOUBLE_LE(slowest, prompt_ms);
+      larder_stream_close(s);
+    }
+    larder_client_close(c);
+    dh_run_free(&ref);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
 /*
  * The documented patterns: an event loop that waits on larder_stream_fd and
  * drains its streams with zero timeouts (two streams on one client), and
