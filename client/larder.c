@@ -1155,13 +1155,20 @@ const larder_array_t *larder_array_child(const larder_array_t *a, int i) {
 /* ------------------------------------------------------------------------ */
 /* Arrow C Data Interface export                                             */
 
+/* What an export's structs share.  Every struct of the tree (the root and
+ * each child) holds one reference, dropped by its own release, so that a
+ * child the consumer moved out stays valid after its parent is released,
+ * as the C Data Interface requires; the last one frees everything (and
+ * releases the batch).  Releases may come from any thread. */
 typedef struct export_schema {
+  atomic_int refs;
   struct ArrowSchema *nodes; /* all schema structs, root first */
   struct ArrowSchema **child_ptrs;
   char *strings;
 } export_schema_t;
 
 typedef struct export_array {
+  atomic_int refs;
   larder_batch_t *batch;
   struct ArrowArray *nodes;
   struct ArrowArray **child_ptrs;
@@ -1211,20 +1218,23 @@ static void format_of(const field_t *f, char *buf, size_t size) {
   }
 }
 
+/* Releases s and the children still in it (a moved child's slot has a
+ * NULL release), each dropping its reference. */
 static void release_schema(struct ArrowSchema *s) {
   if (s->release == NULL) return;
   export_schema_t *x = s->private_data;
+  for (int64_t i = 0; i < s->n_children; i++)
+    if (s->children[i]->release) s->children[i]->release(s->children[i]);
   s->release = NULL;
-  if (x == NULL) return;
+  if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
   free(x->child_ptrs);
   free(x->strings);
   free(x->nodes);
   free(x);
 }
 
-static void release_child_schema(struct ArrowSchema *s) { s->release = NULL; }
-
 typedef struct schema_builder {
+  export_schema_t *owner;
   struct ArrowSchema *nodes;
   struct ArrowSchema **ptrs;
   char *strings;
@@ -1250,8 +1260,8 @@ static void fill_schema(schema_builder *b, struct ArrowSchema *out, const field_
   out->flags = f->nullable ? ARROW_FLAG_NULLABLE : 0;
   out->n_children = f->num_children;
   out->dictionary = NULL;
-  out->release = release_child_schema;
-  out->private_data = NULL;
+  out->release = release_schema;
+  out->private_data = b->owner;
   out->children = f->num_children ? b->ptrs + b->pnext : NULL;
   int base = b->pnext;
   b->pnext += f->num_children;
@@ -1283,30 +1293,31 @@ static int export_schema(const larder_stream_t *s, struct ArrowSchema *out) {
     return LARDER_ENOMEM;
   }
   b.next = 1;
+  b.owner = x;
   fill_schema(&b, &b.nodes[0], &s->schema, "");
   *out = b.nodes[0];
   /* Children point at b.nodes; the root is the caller's struct. */
+  atomic_init(&x->refs, n);
   x->nodes = b.nodes;
   x->child_ptrs = b.ptrs;
   x->strings = b.strings;
-  out->private_data = x;
-  out->release = release_schema;
   return 0;
 }
 
+/* Releases a and the children still in it, as release_schema does. */
 static void release_array(struct ArrowArray *a) {
   if (a->release == NULL) return;
   export_array_t *x = a->private_data;
+  for (int64_t i = 0; i < a->n_children; i++)
+    if (a->children[i]->release) a->children[i]->release(a->children[i]);
   a->release = NULL;
-  if (x == NULL) return;
+  if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
   larder_batch_release(x->batch);
   free(x->nodes);
   free(x->child_ptrs);
   free(x->buffers);
   free(x);
 }
-
-static void release_child_array(struct ArrowArray *a) { a->release = NULL; }
 
 static int buffer_count(const field_t *f) {
   switch (f->type) {
@@ -1319,6 +1330,7 @@ static int buffer_count(const field_t *f) {
 }
 
 typedef struct array_builder {
+  export_array_t *owner;
   struct ArrowArray *nodes;
   struct ArrowArray **ptrs;
   const void **bufs;
@@ -1345,8 +1357,8 @@ static void fill_array(array_builder *b, struct ArrowArray *out, const larder_ar
   out->n_children = a->num_children;
   out->children = a->num_children ? b->ptrs + b->pnext : NULL;
   out->dictionary = NULL;
-  out->release = release_child_array;
-  out->private_data = NULL;
+  out->release = release_array;
+  out->private_data = b->owner;
   int base = b->pnext;
   b->pnext += a->num_children;
   for (int i = 0; i < a->num_children; i++) {
@@ -1389,12 +1401,14 @@ int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
   root->children = b.ptrs;
   b.pnext = batch->num_columns;
   b.next = 0;
+  b.owner = x;
   for (int i = 0; i < batch->num_columns; i++) {
     struct ArrowArray *c = &b.nodes[b.next++];
     b.ptrs[i] = c;
     fill_array(&b, c, &batch->columns[i]);
   }
   root->dictionary = NULL;
+  atomic_init(&x->refs, b.next + 1);
   x->batch = batch;
   x->nodes = b.nodes;
   x->child_ptrs = b.ptrs;

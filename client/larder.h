@@ -326,7 +326,10 @@ struct ArrowArray {
  * schema, without copying: the buffers point into the arena.  Ownership of
  * the batch moves to the ArrowArray: its release callback releases the
  * batch, so the caller must not call larder_batch_release afterwards.  The
- * schema is independent and has its own release.  Returns 0 or
+ * schema is independent and has its own release.  A child moved out of
+ * either (as the interface allows) stays valid until its own release, and
+ * the batch is released when the last part of the array is.  Release
+ * callbacks may run on any thread.  Returns 0 or
  * LARDER_ENOMEM (the batch then still belongs to the caller).
  */
 int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,

@@ -156,6 +156,35 @@ TEST_IMPL(daemon_arrow_export) {
         if (ids[i] % 4) ASSERT_EQ(tval[toff[i]], ids[i]);
       }
     }
+    if (k == 1) {
+      /* A child moved out, as the C Data Interface allows, stays valid
+       * after its parent's release until its own, and holds the batch.
+       * (Bug fix: the parent's release freed the moved child's buffers and
+       * strings, and the child's release did nothing.) */
+      struct ArrowSchema mschema = *schema.children[5];
+      schema.children[5]->release = NULL;
+      struct ArrowArray marray = *array.children[5];
+      array.children[5]->release = NULL;
+      schema.release(&schema);
+      array.release(&array);
+      larder_batch_t *none;
+      ASSERT_EQ(larder_stream_next(s, 300, &none), LARDER_ETIMEDOUT);
+      expect_schema(&mschema, "tags", "+l", 1, 1);
+      ASSERT_STR_EQ(mschema.children[0]->format, "i");
+      ASSERT_EQ(marray.length, rows);
+      const int32_t *moff = marray.buffers[1];
+      const int32_t *mval = marray.children[0]->buffers[1];
+      for (int64_t i = 0; i < rows; i++)
+        if (ids[i] % 11 != 5) {
+          ASSERT_EQ(moff[i + 1] - moff[i], ids[i] % 4);
+          if (ids[i] % 4) ASSERT_EQ(mval[moff[i]], ids[i]);
+        }
+      mschema.release(&mschema);
+      ASSERT_NULL(mschema.release);
+      marray.release(&marray);
+      ASSERT_NULL(marray.release);
+      continue;
+    }
     schema.release(&schema);
     ASSERT_NULL(schema.release);
     if (k == 0) {
