@@ -1,4 +1,5 @@
 TEST_ENTRY(work_pool_runs_tasks, 20000)
+TEST_ENTRY(work_pool_fault_signals, 20000)
 TEST_ENTRY(work_pool_wakes_sleeping_loop, 20000)
 TEST_ENTRY(work_pool_stop_cancels_queued, 10000)
 TEST_ENTRY(work_pool_boost_sets_priority, 20000)
