@@ -52,7 +52,9 @@ int arena_memfd_create(uint64_t *size, const char *name, int *fd, uint8_t **base
   *size = (*size + (uint64_t)page - 1) & ~(uint64_t)(page - 1);
   *fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (*fd < 0 || ftruncate(*fd, (off_t)*size) != 0) {
-    int rc = errno == ENOMEM || errno == ENOSPC ? LARDER_ENOMEM : LARDER_EIO;
+    int rc = errno == ENOMEM || errno == ENOSPC            ? LARDER_ENOMEM
+             : errno == EMFILE || errno == ENFILE ? LARDER_ELIMIT
+                                                  : LARDER_EIO;
     if (*fd >= 0) close(*fd);
     *fd = -1;
     return rc;

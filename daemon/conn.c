@@ -274,8 +274,9 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
   for (int i = 0; i < num_fds; i++) {
     p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
     if (p->fds[i] < 0) {
+      /* Nothing of this frame is queued: the caller can answer with an
+       * error instead, and the connection stays open. */
       pending_free(p);
-      conn_close(c);
       return LARDER_ELIMIT;
     }
     p->num_fds = i + 1;

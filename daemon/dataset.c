@@ -77,6 +77,43 @@ static int glob_base_inside(const char *src, const char *const *roots) {
   return inside_roots(real, roots);
 }
 
+/* The first directory glob(3) could not read, for glob_files' message. */
+static __thread int glob_errno;
+static __thread char glob_errpath[256];
+
+static int on_glob_error(const char *path, int e) {
+  if (glob_errno == 0) {
+    glob_errno = e;
+    snprintf(glob_errpath, sizeof(glob_errpath), "%s", path);
+  }
+  return 1; /* stop: a listing that skipped a directory would be wrong */
+}
+
+/* Adds the paths matching pat to found.  Returns 0, LARDER_ENOENT when
+ * nothing matches (err is the caller's to fill), or another code with err
+ * set when a directory could not be read.  Bug fix (tests:
+ * daemon_robust_out_of_fds): glob skipped directories it could not open,
+ * so a daemon out of descriptors said a dataset's directory had no
+ * Parquet files. */
+static int glob_files(const char *pat, strlist *found, char *err, size_t errlen) {
+  glob_t g;
+  glob_errno = 0;
+  int grc = glob(pat, GLOB_NOSORT | GLOB_ERR, on_glob_error, &g);
+  int rc = 0;
+  if (grc == GLOB_NOMATCH) {
+    rc = LARDER_ENOENT;
+  } else if (grc != 0) {
+    int e = glob_errno ? glob_errno : EIO;
+    snprintf(err, errlen, "%s: cannot list %s: %s", pat, glob_errno ? glob_errpath : "it",
+             strerror(e));
+    rc = e == EMFILE || e == ENFILE ? LARDER_ELIMIT : e == EACCES ? LARDER_EACCES : LARDER_EIO;
+  } else {
+    for (size_t i = 0; i < g.gl_pathc && rc == 0; i++) rc = strlist_add(found, g.gl_pathv[i]);
+  }
+  if (grc == 0 || grc == GLOB_ABORTED) globfree(&g);
+  return rc;
+}
+
 /* Expands one local source into files. */
 static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
                         char *err, size_t errlen) {
@@ -87,18 +124,9 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
     return LARDER_EACCES;
   }
   if (has_glob(src)) {
-    glob_t g;
-    int grc = glob(src, GLOB_NOSORT, NULL, &g);
-    if (grc == GLOB_NOMATCH) {
-      snprintf(err, errlen, "%s: no file matches", src);
-      return LARDER_ENOENT;
-    }
-    if (grc != 0) {
-      snprintf(err, errlen, "%s: cannot expand the pattern", src);
-      return LARDER_EIO;
-    }
-    for (size_t i = 0; i < g.gl_pathc && rc == 0; i++) rc = strlist_add(&found, g.gl_pathv[i]);
-    globfree(&g);
+    rc = glob_files(src, &found, err, errlen);
+    if (rc == LARDER_ENOENT) snprintf(err, errlen, "%s: no file matches", src);
+    if (rc) return rc;
   } else {
     struct stat st;
     if (stat(src, &st) != 0) {
@@ -109,15 +137,8 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
       /* A directory means its Parquet files (not recursive). */
       char pat[PATH_MAX];
       snprintf(pat, sizeof(pat), "%s/*.parquet", src);
-      glob_t g;
-      if (glob(pat, GLOB_NOSORT, NULL, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc && rc == 0; i++) rc = strlist_add(&found, g.gl_pathv[i]);
-        globfree(&g);
-      }
-      if (found.n == 0 && rc == 0) {
-        snprintf(err, errlen, "%s: directory has no .parquet files", src);
-        rc = LARDER_ENOENT;
-      }
+      rc = glob_files(pat, &found, err, errlen);
+      if (rc == LARDER_ENOENT) snprintf(err, errlen, "%s: directory has no .parquet files", src);
     } else {
       rc = strlist_add(&found, src);
     }

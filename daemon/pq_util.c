@@ -196,8 +196,11 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    return pq_error_set(err, e == ENOENT ? LARDER_ENOENT : e == EACCES ? LARDER_EACCES : LARDER_EIO,
-                        "%s: %s", path, strerror(e));
+    int code = e == ENOENT                 ? LARDER_ENOENT
+               : e == EACCES               ? LARDER_EACCES
+               : e == EMFILE || e == ENFILE ? LARDER_ELIMIT
+                                           : LARDER_EIO;
+    return pq_error_set(err, code, "%s: %s", path, strerror(e));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -212,7 +212,9 @@ void conn_accept(server_t *srv, uv_stream_t *listener);
  * Returns 0 or a negative code (the connection is then closing). */
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd);
 /* The same with num_fds (at most WIRE_MAX_FDS) descriptors, which the
- * connection duplicates: the caller keeps its own. */
+ * connection duplicates: the caller keeps its own.  Returns LARDER_ELIMIT,
+ * with nothing queued and the connection open, when it cannot duplicate
+ * them (out of descriptors). */
 int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds);
 void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));

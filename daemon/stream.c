@@ -1529,6 +1529,9 @@ static conn_t *find_conn(server_t *srv, uint64_t id) {
   return NULL;
 }
 
+/* What an open that ran out of descriptors tells the client. */
+#define OUT_OF_FDS ": the daemon is out of file descriptors (raise its LimitNOFILE)"
+
 static void open_done(work_t *w, int status) {
   open_req_t *o = w->data;
   server_t *srv = o->srv;
@@ -1630,8 +1633,8 @@ static void open_done(work_t *w, int status) {
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
   rc = arena_create(arena_bytes, name, &s->arena);
   if (rc) {
-    conn_send_error(c, rc, 0, o->request_id, "cannot create a %llu-byte arena",
-                    (unsigned long long)arena_bytes);
+    conn_send_error(c, rc, 0, o->request_id, "cannot create a %llu-byte arena%s",
+                    (unsigned long long)arena_bytes, rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
     s->closed = 1;
     stream_destroy(s);
     free_open_req(o);
@@ -1640,7 +1643,8 @@ static void open_done(work_t *w, int status) {
   if (p->ring && srv->cfg.shm_ring) {
     rc = ring_create(s, name);
     if (rc) {
-      conn_send_error(c, rc, 0, o->request_id, "cannot create the stream's descriptor ring");
+      conn_send_error(c, rc, 0, o->request_id, "cannot create the stream's descriptor ring%s",
+                      rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
       s->closed = 1;
       stream_destroy(s);
       free_open_req(o);
@@ -1693,14 +1697,28 @@ static void open_done(work_t *w, int status) {
   f.open_stream_reply = &reply;
   reply.ring_bytes = s->ring ? s->ring_size : 0;
   int fds[2] = {arena_fd(s->arena), s->ring_fd};
-  rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
-  field_proto_free(reply.schema);
-  free_open_req(o);
   log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
            "window %u units",
            s->id, (int)c->pid, s->ds->num_files, s->ds->num_units,
            (unsigned long long)s->ds->total_rows, (unsigned long long)s->batches_per_epoch,
            s->params.window_units);
+  rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
+  field_proto_free(reply.schema);
+  if (rc == LARDER_ELIMIT) {
+    /* Out of descriptors: this open fails, the connection and its other
+     * streams carry on.  Bug fix (tests: daemon_robust_out_of_fds): the
+     * connection was closed, which freed s, and this function went on to
+     * read it. */
+    log_warn("stream %u for pid %d: out of file descriptors to pass its shared memory", s->id,
+             (int)c->pid);
+    conn_send_error(c, LARDER_ELIMIT, 0, o->request_id, "cannot pass the stream's arena%s",
+                    OUT_OF_FDS);
+    free_open_req(o);
+    stream_close(s);
+    return;
+  }
+  free_open_req(o);
+  /* Any other failure closed the connection, and s with it. */
   if (rc) return;
   stream_pump(s);
 }

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -749,6 +750,74 @@ TEST_IMPL(daemon_robust_missing_file) {
   larder_stream_close(s);
   larder_client_close(c);
   ASSERT_EQ(dh_stat(&f.d, "stream_errors"), f.stream_errors0);
+  fx_finish(&f, 30000);
+  return 0;
+}
+
+/*
+ * A daemon out of file descriptors: each open that cannot make or pass its
+ * shared memory fails with LARDER_ELIMIT saying so, and the client's
+ * connection and its other streams carry on.  (Bug fix: when the
+ * descriptors could not be passed the connection was closed, which freed
+ * the new stream, and the open went on to read it.)
+ */
+TEST_IMPL(daemon_robust_out_of_fds) {
+  fixture f;
+  fx_start(&f, NULL, 0);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(f.d.socket, &c));
+  larder_stream_t *good;
+  ASSERT_OK(larder_stream_open(c, &f.o, &good));
+  struct rlimit old;
+  ASSERT_OK(prlimit(f.d.pid, RLIMIT_NOFILE, NULL, &old));
+  larder_stream_t *extra[32];
+  int nextra = 0, failed = 0, unpassed = 0;
+  /* Room for 0 to 15 more descriptors (more where the daemon's table has
+   * holes): an open lists the directory, opens the files, makes the arena
+   * and the ring, and takes two more for a moment to pass them, so each
+   * step runs out in one round or another. */
+  for (int round = 0; round < 32; round++) {
+    struct rlimit lim = old;
+    lim.rlim_cur = (rlim_t)dh_fd_count(f.d.pid) + (rlim_t)(round % 16);
+    ASSERT_OK(prlimit(f.d.pid, RLIMIT_NOFILE, &lim, NULL));
+    larder_stream_t *s;
+    int rc = larder_stream_open(c, &f.o, &s);
+    ASSERT_OK(prlimit(f.d.pid, RLIMIT_NOFILE, &old, NULL));
+    if (rc == 0) {
+      ASSERT(nextra < 32);
+      extra[nextra++] = s;
+      continue;
+    }
+    if (rc != LARDER_ELIMIT)
+      ASSERT_FAIL_("round %d: %s: %s", round, larder_err_name(rc), larder_client_last_error(c));
+    const char *why = larder_client_last_error(c);
+    if (!strstr(why, "out of file descriptors") && !strstr(why, strerror(EMFILE)))
+      ASSERT_FAIL_("round %d: an unclear error: %s", round, why);
+    fprintf(stderr, "round %d: %s\n", round, why);
+    unpassed += strstr(why, "cannot pass") != NULL;
+    failed++;
+  }
+  fprintf(stderr, "%d opens failed out of descriptors, %d succeeded\n", failed, nextra);
+  ASSERT_GE(failed, 2);
+  ASSERT_GE(unpassed, 1);
+  ASSERT(dh_alive(&f.d));
+  /* The first stream and every one that opened serve the whole run. */
+  for (int i = -1; i < nextra; i++) {
+    larder_stream_t *s = i < 0 ? good : extra[i];
+    size_t k = 0;
+    larder_batch_t *b;
+    int rc;
+    while ((rc = larder_stream_next(s, 60000 * dh_slow(), &b)) == 0) {
+      ASSERT(k < f.ref.n);
+      ASSERT_EQ(dh_batch_hash(b), f.ref.b[k].hash);
+      k++;
+      larder_batch_release(b);
+    }
+    ASSERT_EQ(rc, LARDER_EEOF);
+    ASSERT_EQ(k, f.ref.n);
+    larder_stream_close(s);
+  }
+  larder_client_close(c);
   fx_finish(&f, 30000);
   return 0;
 }
