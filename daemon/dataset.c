@@ -216,8 +216,16 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
   }
   f->size = (uint64_t)st.st_size;
   f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-  snprintf(f->identity, sizeof(f->identity), "size=%llu;mtime=%lld",
-           (unsigned long long)f->size, (long long)f->mtime_ns);
+  f->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+  f->ino = (uint64_t)st.st_ino;
+  /* Size and mtime alone miss a file replaced by one of the same size with
+   * its mtime kept (cp -p, rsync -t, tar, touch -r).  Every write sets the
+   * ctime, which user space cannot set back, and a replacement by rename
+   * has a new inode.  Bug fix (tests: daemon_cache_changed_file): such a
+   * replacement was served from the old file's cache entries. */
+  snprintf(f->identity, sizeof(f->identity), "size=%llu;mtime=%lld;ino=%llu;ctime=%lld",
+           (unsigned long long)f->size, (long long)f->mtime_ns, (unsigned long long)f->ino,
+           (long long)f->ctime_ns);
   f->object_id = util_hash64(path, strlen(path), util_hash64(f->identity, strlen(f->identity), 0));
   pq_source src;
   pq_error perr = {0, ""};

@@ -5,7 +5,7 @@
  * -----------
  * - A dataset is the sorted list of objects that a stream's sources name
  *   (paths, globs, directories; remote URLs in remote.c), each with its
- *   identity (size and mtime, or size and ETag), its parsed footer and the
+ *   identity (size, mtime, inode and ctime, or size and ETag), its parsed footer and the
  *   stream's column projection, and the units cut from its row groups.
  * - Units: each row group is cut into ceil(rows / n) units of nearly equal
  *   size, where n = min(unit_rows, unit_bytes / estimated bytes per row),
@@ -37,7 +37,9 @@ typedef struct dataset_file {
                               credentials or query (fetch_redact) */
   uint64_t size;
   int64_t mtime_ns;        /* local files */
-  char identity[160];      /* "size=N;mtime=T" or "size=N;etag=E" */
+  int64_t ctime_ns;
+  uint64_t ino;
+  char identity[160];      /* "size=N;mtime=T;ino=I;ctime=C" or "size=N;etag=E" */
   uint64_t object_id;      /* hash of path and identity */
   pq_file *pq;
   pq_projection *proj;

@@ -113,7 +113,8 @@ typedef struct store_key {
 typedef struct store_object {
   uint64_t id;          /* caller's hash of name + identity */
   const char *name;     /* path or URL (no credentials) */
-  const char *identity; /* "size=...;mtime=..." or "size=...;etag=..." */
+  const char *identity; /* "size=...;mtime=...;ino=...;ctime=..." or
+                           "size=...;etag=..." */
 } store_object_t;
 
 /* Records an object (idempotent).  Returns 0 or a negative code. */

@@ -671,7 +671,9 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     if (rc) return unit_fail(u, rc, err.msg);
     struct stat st;
     if (fstat((int)src.fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
-        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns) {
+        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns ||
+        (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec != f->ctime_ns ||
+        (uint64_t)st.st_ino != f->ino) {
       pq_source_close_file(&src);
       snprintf(msg, sizeof(msg), "%s: the file changed since the stream opened; reopen the stream",
                f->path);

@@ -340,12 +340,20 @@ TEST_IMPL(daemon_cache_shared_columns) {
 }
 
 static int changed_variant(int64_t id) { return id >= 1000000 ? 1 : 0; }
+/* The same, with file 1 (ids 2500 .. 4999) rewritten too, as variant
+ * `rewritten`. */
+static int rewritten;
+static int rewritten_variant(int64_t id) {
+  return id >= 2500 && id < 5000 ? rewritten : changed_variant(id);
+}
 
 /*
  * A changed file is never served stale: after a file is rewritten with
  * other content (and mtime), a new stream sees only the new rows, from a
  * warm daemon and after a restart; a stream opened before the change
  * either serves the old rows it already had or fails naming the file.
+ * That holds too for a file overwritten with content of the same size and
+ * its mtime put back (bug fix: the identity was size and mtime only).
  */
 TEST_IMPL(daemon_cache_changed_file) {
   std_setup();
@@ -447,6 +455,39 @@ TEST_IMPL(daemon_cache_changed_file) {
       dh_start(&d);
     }
   }
+
+  /* File 1 overwritten in place by other values of the same size, its old
+   * mtime put back, as cp -p or rsync -t leave it: the warm daemon must
+   * serve the new values. */
+  char path1[1200], tmp1[1200];
+  snprintf(path1, sizeof(path1), "%s/part-001.parquet", dir);
+  snprintf(tmp1, sizeof(tmp1), "%s/part-001.v1", test_tmpdir());
+  /* The footer's statistics are varints: find a variant of the values
+   * whose file has exactly the old size. */
+  struct stat st1, sv1;
+  ASSERT_OK(stat(path1, &st1));
+  dh_spec spec1 = dh_std_spec;
+  for (spec1.variant = 1; spec1.variant < 200; spec1.variant++) {
+    dh_write_file(&spec1, 1, tmp1);
+    ASSERT_OK(stat(tmp1, &sv1));
+    if (sv1.st_size == st1.st_size) break;
+  }
+  ASSERT_EQ(sv1.st_size, st1.st_size);
+  rewritten = spec1.variant;
+  ASSERT_OK(test_system("cat '%s' > '%s'", tmp1, path1));
+  struct timespec keep[2] = {st1.st_atim, st1.st_mtim};
+  ASSERT_OK(utimensat(AT_FDCWD, path1, keep, 0));
+  struct stat st1b;
+  ASSERT_OK(stat(path1, &st1b));
+  ASSERT_EQ(st1b.st_size, st1.st_size);
+  ASSERT_EQ(st1b.st_mtim.tv_sec, st1.st_mtim.tv_sec);
+  ASSERT_EQ(st1b.st_mtim.tv_nsec, st1.st_mtim.tv_nsec);
+  dh_run same = {0};
+  same.check_rows = 1;
+  same.variant_of = rewritten_variant;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &same));
+  ASSERT_EQ(same.n, before.n);
+  dh_run_free(&same);
   dh_run_free(&before);
   dh_stop(&d);
   return 0;
