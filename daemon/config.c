@@ -66,6 +66,16 @@ static int parse_size(const char *s, uint64_t *out) {
   return 0;
 }
 
+/* Numbers with a documented range. */
+static const struct {
+  const char *name;
+  uint64_t min, max;
+} bounds[] = {
+    {"workers", 0, 4096},
+    {"unit_rows", 1, 65536},
+    {"socket_mode", 0, 07777},
+};
+
 static int set_value(config_t *cfg, const key_info *k, const char *value, char *err,
                      size_t errlen) {
   char *field = (char *)cfg + k->offset;
@@ -82,6 +92,15 @@ static int set_value(config_t *cfg, const key_info *k, const char *value, char *
     case T_U64: {
       uint64_t v;
       int rc;
+      /* strtoull takes "-1" as 2^64 - 1.  Bug fix (tests:
+       * config_rejects_out_of_range): workers=-1 started a daemon with no
+       * workers, whose streams never got a batch. */
+      const char *p = value;
+      while (*p == ' ' || *p == '\t') p++;
+      if (*p == '-') {
+        snprintf(err, errlen, "%s: '%s' is negative", k->name, value);
+        return LARDER_EINVAL;
+      }
       if (k->type == T_SIZE) {
         rc = parse_size(value, &v);
       } else {
@@ -95,6 +114,12 @@ static int set_value(config_t *cfg, const key_info *k, const char *value, char *
                  k->type == T_SIZE ? "size (such as 64G)" : "number");
         return LARDER_EINVAL;
       }
+      for (size_t i = 0; i < sizeof(bounds) / sizeof(bounds[0]); i++)
+        if (strcmp(bounds[i].name, k->name) == 0 && (v < bounds[i].min || v > bounds[i].max)) {
+          snprintf(err, errlen, "%s: %s is outside %llu .. %llu", k->name, value,
+                   (unsigned long long)bounds[i].min, (unsigned long long)bounds[i].max);
+          return LARDER_EINVAL;
+        }
       memcpy(field, &v, sizeof(v));
       return 0;
     }

@@ -1,0 +1,1 @@
+TEST_ENTRY(config_rejects_out_of_range, 10000)
