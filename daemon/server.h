@@ -44,6 +44,8 @@ typedef struct unit unit_t;
 typedef struct rgbuf rgbuf_t;
 
 #define LARDERD_VERSION "0.1.0"
+/* The most batches a stream's client may hold (OpenStream.window). */
+#define STREAM_MAX_WINDOW 1024u
 
 /* ------------------------------------------------------------------------ */
 /* Units: decoded units held in memory (units.c)                             */

@@ -1580,7 +1580,6 @@ static void open_done(work_t *w, int status) {
   s->params.drop_last = p->drop_last;
   s->epochs = p->epochs;
   s->window = p->window ? p->window : 4;
-  if (s->window > 1024) s->window = 1024;
   s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
   if (s->prefetch < s->window) s->prefetch = s->window;
   s->num_nodes = 0;
@@ -1812,9 +1811,22 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     req->batch_size);
     return;
   }
-  if (req->world_size > 1u << 16 || (req->world_size && req->rank >= req->world_size)) {
+  if (req->world_size > 1u << 16) {
+    conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "world_size %u is above %u",
+                    req->world_size, 1u << 16);
+    return;
+  }
+  if (req->world_size && req->rank >= req->world_size) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "rank %u is not below world_size %u",
                     req->rank, req->world_size);
+    return;
+  }
+  if (req->window > STREAM_MAX_WINDOW) {
+    /* Bug fix (tests: daemon_stream_options): a larger window was cut to
+     * this silently, and a client that held more batches than that waited
+     * for ever. */
+    conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "window %u is above %u batches",
+                    req->window, STREAM_MAX_WINDOW);
     return;
   }
   if (req->n_sources == 0 || req->n_sources > 1u << 20) {

@@ -672,6 +672,33 @@ TEST_IMPL(daemon_stream_options) {
   o.num_columns = 2;
   ASSERT(open_rc(d.socket, &o, err, sizeof(err)) < 0);
   ASSERT_STR_CONTAINS(err, "no_such_column");
+  /* A window above the daemon's limit is refused, as any client sends it
+   * (it was cut to 1024 silently, and a client holding more waited for
+   * ever). */
+  {
+    std_opts(&o, 64, 1);
+    o.window = 1025;
+    int fd = dh_raw_connect(d.socket);
+    ASSERT(fd >= 0);
+    Larder__Frame *hello = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
+    ASSERT_NOT_NULL(hello);
+    wire_free(hello);
+    int arena = -1;
+    Larder__Frame *r = dh_raw_open(fd, 1, &o, &arena);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_ERROR);
+    ASSERT_EQ(r->error->code, LARDER_EINVAL);
+    ASSERT_STR_CONTAINS(r->error->message, "window 1025");
+    ASSERT_EQ(arena, -1);
+    wire_free(r);
+    o.window = 1024;
+    r = dh_raw_open(fd, 2, &o, &arena);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
+    wire_free(r);
+    if (arena >= 0) close(arena);
+    close(fd);
+  }
 
   /* No shuffle: the dataset's order, the end padded from the start. */
   std_opts(&o, 100, 2);
