@@ -2294,5 +2294,6 @@ void store_stats_get(store_t *st, store_stats_t *out) {
   out->entries = st->present;
   out->objects = st->live_objects;
   out->admission_disabled = st->writes_off || st->low_space;
+  out->write_error = st->writes_off ? st->writes_off_code : st->low_space ? LARDER_ENOSPC : 0;
   pthread_mutex_unlock(&st->mu);
 }

@@ -197,7 +197,8 @@ typedef struct store_stats {
   uint64_t hits, misses, hit_bytes;
   uint64_t puts, put_bytes, evictions, evicted_bytes, rejected;
   uint64_t checksum_failures, write_errors;
-  int admission_disabled; /* the disk filled up; see store.c */
+  int admission_disabled; /* the disk filled up, or writes failed; see store.c */
+  int write_error;        /* why writes stopped: LARDER_ENOSPC, LARDER_EIO, or 0 */
 } store_stats_t;
 
 void store_stats_get(store_t *st, store_stats_t *out);

@@ -566,15 +566,18 @@ static int cached_already(store_t *st, const dataset_t *ds, uint32_t k) {
 static int disk_full_warned;
 
 /* Called when the cache refused a unit: warns once when the reason is a
- * full disk (ENOSPC, or less free space than the cache keeps).  The units
- * are still served, decoded from their sources. */
+ * full disk (ENOSPC, or less free space than the cache keeps) or failing
+ * writes.  The units are still served, decoded from their sources. */
 static void note_refusal(server_t *srv) {
   store_stats_t st;
   store_stats_get(srv->store, &st);
   if (st.admission_disabled && !__atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED))
-    log_warn("cache in %s: no space left on the device: admission is off, new data is served "
-             "from its sources without being cached; what is cached stays readable",
-             srv->cfg.cache_dir);
+    log_warn("cache in %s: %s: admission is off, new data is served from its sources without "
+             "being cached; what is cached stays readable",
+             srv->cfg.cache_dir,
+             st.write_error == LARDER_ENOSPC
+                 ? "no space left on the device"
+                 : "writes fail (is the directory still there, writable, on a healthy disk?)");
 }
 
 /* Called when the cache admitted a unit: a full disk is over. */

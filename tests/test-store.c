@@ -1202,6 +1202,7 @@ TEST_IMPL(store_enospc_hook) {
   ASSERT_EQ(put_unit(st, 1, 30, 6, 2, sz, 6), LARDER_ENOSPC);
   store_stats_t s = stats(st);
   ASSERT_EQ(s.admission_disabled, 1);
+  ASSERT_EQ(s.write_error, LARDER_ENOSPC);
   ASSERT_UINT_EQ(s.write_errors, 1);
   ASSERT_UINT_EQ(s.reserved_bytes, 0); /* the failed put's reservation */
   ASSERT_UINT_EQ(s.entries, 12);
@@ -1216,6 +1217,7 @@ TEST_IMPL(store_enospc_hook) {
   store_test_advance_clock(st, 6);
   ASSERT_EQ(put_after_reopen(st, 30, 7, sz), 1);
   ASSERT_EQ(stats(st).admission_disabled, 0);
+  ASSERT_EQ(stats(st).write_error, 0);
   for (int i = 0; i < 12; i++) {
     ASSERT_UINT_EQ(store_value_size(held[i]), sz[i % 2]);
     ASSERT(content_ok(store_value_data(held[i]), sz[i % 2],
@@ -1226,6 +1228,9 @@ TEST_IMPL(store_enospc_hook) {
   store_test_fail_writes(st, LARDER_EIO);
   ASSERT_EQ(put_unit(st, 1, 30, 8, 2, sz, 0), LARDER_EIO);
   ASSERT_EQ(stats(st).admission_disabled, 1);
+  /* Told apart from a full disk, for the log (a cache directory deleted
+   * under the daemon was reported as a full disk). */
+  ASSERT_EQ(stats(st).write_error, LARDER_EIO);
   store_test_fail_writes(st, 0);
   store_test_advance_clock(st, STORE_ENOSPC_RETRY_S + 1);
   ASSERT_EQ(put_after_reopen(st, 30, 9, sz), 1);
