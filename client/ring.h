@@ -46,7 +46,9 @@
  *     has not been told of.  Otherwise the daemon reads the releases when
  *     it next works on the stream, and a trainer that keeps up makes no
  *     system call for them.
- * - The functions are pure layout arithmetic; any thread.
+ * - The functions are pure layout arithmetic; any thread.  The daemon
+ *   finds entries through its own ring_layout_t, never through the shared
+ *   header (see ring_layout_t).
  */
 #ifndef LARDER_RING_H
 #define LARDER_RING_H
@@ -129,6 +131,35 @@ static inline int ring_valid(const ring_header_t *h, uint64_t size, uint32_t num
          ring_bytes(h->slots, num_layout) <= size;
 }
 
+/* Where a ring's entries lie, copied from its header once.  The daemon
+ * works from its own copy, made when it creates the ring, and never reads
+ * the layout back: the client maps the header writable, and a client that
+ * rewrote `slots` or an offset made the daemon divide by zero or write
+ * outside the ring (bug fix, tests: daemon_robust_bad_ring). */
+typedef struct ring_layout {
+  uint8_t *base;
+  uint64_t slots, slot_bytes, releases_offset, descs_offset;
+} ring_layout_t;
+
+static inline void ring_layout_init(ring_layout_t *l, ring_header_t *h) {
+  l->base = (uint8_t *)h;
+  l->slots = h->slots;
+  l->slot_bytes = h->slot_bytes;
+  l->releases_offset = h->releases_offset;
+  l->descs_offset = h->descs_offset;
+}
+
+static inline ring_desc_t *ring_layout_desc(const ring_layout_t *l, uint64_t n) {
+  return (ring_desc_t *)(void *)(l->base + l->descs_offset + (n % l->slots) * l->slot_bytes);
+}
+
+static inline ring_release_t *ring_layout_release(const ring_layout_t *l, uint64_t n) {
+  return (ring_release_t *)(void *)(l->base + l->releases_offset +
+                                    (n % l->slots) * sizeof(ring_release_t));
+}
+
+/* The same from the header itself: for the client, which trusts the
+ * daemon's header. */
 static inline ring_desc_t *ring_desc(ring_header_t *h, uint64_t n) {
   return (ring_desc_t *)(void *)((uint8_t *)h + h->descs_offset + (n % h->slots) * h->slot_bytes);
 }

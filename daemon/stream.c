@@ -149,6 +149,7 @@ struct stream {
    * The counts are the daemon's own: what the client writes in the ring is
    * read, checked and never trusted. */
   ring_header_t *ring;
+  ring_layout_t ring_layout; /* where its entries lie (never read back) */
   uint64_t ring_size;
   uint64_t ring_published;  /* descriptors written */
   uint64_t ring_drained;    /* release entries read */
@@ -1134,7 +1135,7 @@ static uint64_t fill_layout(const pbatch_t *b, uint64_t *out) {
 /* Writes b's descriptor into the ring.  The window guarantees that the
  * client has read the slot's previous descriptor (client/ring.h). */
 static uint64_t publish_batch(stream_t *s, const pbatch_t *b) {
-  ring_desc_t *d = ring_desc(s->ring, s->ring_published);
+  ring_desc_t *d = ring_layout_desc(&s->ring_layout, s->ring_published);
   d->seq = b->seq;
   d->epoch = b->epoch;
   d->index = b->index;
@@ -1240,7 +1241,7 @@ static int ring_drain(stream_t *s) {
   }
   for (uint64_t k = 0; k < n; k++) {
     /* One read of each field: the client may be rewriting the entry. */
-    const volatile ring_release_t *e = ring_release_entry(s->ring, s->ring_drained);
+    const volatile ring_release_t *e = ring_layout_release(&s->ring_layout, s->ring_drained);
     uint64_t seq = e->seq, wait_ns = e->wait_ns, compute_ns = e->compute_ns;
     s->ring_drained++;
     int rc = release_one(s, seq, wait_ns, compute_ns);
@@ -1333,6 +1334,7 @@ static int ring_create(stream_t *s, const char *name) {
   s->ring = (ring_header_t *)(void *)base;
   s->ring_size = size;
   ring_init(s->ring, s->window, (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS);
+  ring_layout_init(&s->ring_layout, s->ring);
   STATS_ADD(&s->srv->stats, ring_streams, 1);
   return 0;
 }

@@ -1099,8 +1099,12 @@ static void wait_published(ring_header_t *h, uint64_t n) {
 }
 
 /* Writes a release entry as liblarder does. */
+/* Writes a release entry where the daemon made the ring's entries (the
+ * layout as it was passed: round 4 rewrites the header's copy). */
+static ring_layout_t passed_layout;
+
 static void ring_put_release(ring_header_t *h, uint64_t *released, uint64_t seq) {
-  ring_release_t *e = ring_release_entry(h, *released);
+  ring_release_t *e = ring_layout_release(&passed_layout, *released);
   e->seq = seq;
   e->wait_ns = 1000;
   e->compute_ns = 1000;
@@ -1145,7 +1149,7 @@ TEST_IMPL(daemon_robust_bad_ring) {
   fx_start(&f, NULL, 1);
   larder_stream_options_t o = f.o;
   o.window = 2;
-  for (int round = 0; round < 4; round++) {
+  for (int round = 0; round < 5; round++) {
     int fd = hello_conn(&f);
     int arena = -1, rfd = -1;
     Larder__Frame *r = dh_raw_open_ring(fd, 1, &o, &arena, &rfd);
@@ -1166,6 +1170,7 @@ TEST_IMPL(daemon_robust_bad_ring) {
     ASSERT(h != MAP_FAILED);
     ASSERT(ring_valid(h, ring_bytes, h->num_layout));
     ASSERT_EQ(h->slots, 2);
+    ring_layout_init(&passed_layout, h);
     /* The window's two batches come through the ring, and no more: the
      * daemon waits for a release, and says so. */
     wait_published(h, 2);
@@ -1204,6 +1209,25 @@ TEST_IMPL(daemon_robust_bad_ring) {
       case 2:
         atomic_store(&h->released, 1000); /* more than it holds */
         why = "ring claims";
+        break;
+      case 3:
+        /* The layout in the header rewritten: the daemon goes by its own
+         * copy, so a good release still brings the next descriptor where it
+         * belongs.  (Bug fix: the daemon read the layout back, and slots 0
+         * or an offset past the ring made it divide by zero or write
+         * outside the ring.) */
+        h->slots = 0;
+        h->slot_bytes = 1u << 30;
+        h->releases_offset = 1ull << 40;
+        h->descs_offset = 1ull << 40;
+        atomic_store(&h->consumed, 2);
+        atomic_store(&h->wake_client_at, 3);
+        ring_put_release(h, &released, 0);
+        send_wake(fd, sid);
+        wait_published(h, 3);
+        ASSERT_EQ(ring_layout_desc(&passed_layout, 2)->seq, 2);
+        wire_free(expect_frame(fd, LARDER__FRAME__MSG_WAKE, sid));
+        ring_put_release(h, &released, 12345); /* never sent */
         break;
       default:
         memset((void *)h, 0xff, ring_bytes);
