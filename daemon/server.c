@@ -9,6 +9,7 @@
  * written in one atomic batch.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,8 +79,63 @@ void server_task_begin(server_t *srv) { srv->tasks_in_flight++; }
 
 void server_task_end(server_t *srv) { srv->tasks_in_flight--; }
 
+static void on_connection(uv_stream_t *listener, int status);
+
+/*
+ * Out of descriptors.  libuv retries a failed accept at once, and when its
+ * own reserve descriptor is gone (taken by a worker or RocksDB the moment
+ * libuv let it go) it retries for ever: the loop spun, served nobody, and
+ * logged each failure (gigabytes in minutes).  Bug fix (tests:
+ * daemon_robust_accept_out_of_fds): the listener closes, which ends that
+ * loop; the listening socket lives on in listen_spare, with its backlog;
+ * and a timer opens a new listener on it once a descriptor is free.
+ * Connected clients are served meanwhile.
+ */
+static void on_listener_closed(uv_handle_t *h) {
+  server_t *srv = h->data;
+  srv->accept_paused = 2;
+}
+
+static void on_relisten(uv_timer_t *t) {
+  server_t *srv = t->data;
+  if (srv->shutting_down || srv->accept_paused != 2) return;
+  int fd = fcntl(srv->listen_spare, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    uv_timer_start(&srv->relisten, on_relisten, 250, 0);
+    return;
+  }
+  uv_pipe_init(srv->loop, &srv->listener, 0);
+  srv->listener.data = srv;
+  int rc = uv_pipe_open(&srv->listener, fd);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+  if (rc) {
+    log_err("cannot listen again: %s", uv_strerror(rc));
+    srv->accept_paused = 1;
+    uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
+    uv_timer_start(&srv->relisten, on_relisten, 1000, 0);
+    return;
+  }
+  srv->accept_paused = 0;
+  srv->listening = 1;
+  log_notice("accepting connections again");
+}
+
+static void pause_accepting(server_t *srv, int status) {
+  if (!srv->listening || srv->listen_spare < 0) return;
+  log_warn("accept failed: %s: not accepting connections until a descriptor is free "
+           "(raise LimitNOFILE)", uv_strerror(status));
+  srv->listening = 0;
+  srv->accept_paused = 1;
+  uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
+  uv_timer_start(&srv->relisten, on_relisten, 250, 0);
+}
+
 static void on_connection(uv_stream_t *listener, int status) {
   server_t *srv = listener->data;
+  if (status == UV_EMFILE || status == UV_ENFILE) {
+    pause_accepting(srv, status);
+    return;
+  }
   if (status < 0) {
     log_warn("accept failed: %s", uv_strerror(status));
     return;
@@ -144,6 +200,9 @@ static int listen_socket(server_t *srv) {
     return LARDER_EIO;
   }
   srv->listening = 1;
+  uv_os_fd_t lfd;
+  if (uv_fileno((uv_handle_t *)&srv->listener, &lfd) == 0)
+    srv->listen_spare = fcntl(lfd, F_DUPFD_CLOEXEC, 0);
   return 0;
 }
 
@@ -169,6 +228,7 @@ static void finish_shutdown(server_t *srv) {
   }
   uv_timer_stop(&srv->tick);
   uv_close((uv_handle_t *)&srv->tick, NULL);
+  uv_close((uv_handle_t *)&srv->relisten, NULL);
   uv_close((uv_handle_t *)&srv->flush, NULL);
   uv_close((uv_handle_t *)&srv->sig_term, NULL);
   uv_close((uv_handle_t *)&srv->sig_int, NULL);
@@ -183,10 +243,15 @@ static void begin_shutdown(server_t *srv, const char *why) {
   sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
   admin_shutdown(srv);  /* prefetch and cat jobs end */
   metrics_stop(srv);    /* the HTTP endpoint closes; the textfile stays */
-  if (srv->listening) {
-    uv_close((uv_handle_t *)&srv->listener, NULL);
+  if (srv->listening || srv->accept_paused) {
+    if (srv->listening) uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
+    srv->accept_paused = 0;
     if (activated_fd() < 0 && srv->cfg.socket) unlink(srv->cfg.socket);
+  }
+  if (srv->listen_spare >= 0) {
+    close(srv->listen_spare);
+    srv->listen_spare = -1;
   }
   for (conn_t *c = srv->conns; c; c = c->next) {
     while (c->streams) {
@@ -388,6 +453,9 @@ int server_run(server_t *srv) {
   if (start_fetcher(srv) != 0) log_warn("remote sources are unavailable: cannot start libcurl");
   uv_timer_init(srv->loop, &srv->tick);
   srv->tick.data = srv;
+  uv_timer_init(srv->loop, &srv->relisten);
+  srv->relisten.data = srv;
+  srv->listen_spare = -1;
   uv_prepare_init(srv->loop, &srv->flush);
   srv->flush.data = srv;
   uv_prepare_start(&srv->flush, on_flush);
@@ -411,6 +479,10 @@ int server_run(server_t *srv) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
     if (activated_fd() < 0 && srv->cfg.socket) unlink(srv->cfg.socket);
+  }
+  if (rc && srv->listen_spare >= 0) {
+    close(srv->listen_spare);
+    srv->listen_spare = -1;
   }
   if (rc) {
     metrics_stop(srv);

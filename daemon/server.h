@@ -246,6 +246,12 @@ struct server {
   int boost_on, boost_refused;
 
   uv_pipe_t listener;
+  /* Out of descriptors (server.c): a second descriptor of the listening
+   * socket, kept while the listener is closed to stop accepting, and the
+   * timer that opens it again. */
+  int listen_spare;
+  int accept_paused;      /* 1: listener closing or closed; 2: closed */
+  uv_timer_t relisten;
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t tick;
   uv_prepare_t flush;     /* writes corked frames before the loop sleeps */

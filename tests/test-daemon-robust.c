@@ -822,6 +822,65 @@ TEST_IMPL(daemon_robust_out_of_fds) {
   return 0;
 }
 
+/*
+ * Out of descriptors at accept: the daemon stops accepting (a warning, no
+ * spinning), goes on serving the clients it has, and accepts the waiting
+ * ones once descriptors are free again.  (Bug fix: libuv retried the
+ * accept for ever once its reserve descriptor was gone, so the loop spun,
+ * served nobody and logged each failure.)
+ */
+TEST_IMPL(daemon_robust_accept_out_of_fds) {
+  fixture f;
+  fx_start(&f, NULL, 0);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(f.d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &f.o, &s));
+  struct rlimit old, lim;
+  ASSERT_OK(prlimit(f.d.pid, RLIMIT_NOFILE, NULL, &old));
+  lim = old;
+  lim.rlim_cur = 3; /* no descriptor can be made, not even libuv's reserve */
+  ASSERT_OK(prlimit(f.d.pid, RLIMIT_NOFILE, &lim, NULL));
+  int waiting[8];
+  for (int i = 0; i < 8; i++) {
+    waiting[i] = dh_raw_connect(f.d.socket); /* into the backlog */
+    ASSERT(waiting[i] >= 0);
+  }
+  /* The connected client is served meanwhile (its units are in memory). */
+  for (size_t k = 0; k < f.ref.n; k++) {
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    ASSERT_EQ(dh_batch_hash(b), f.ref.b[k].hash);
+    larder_batch_release(b);
+  }
+  larder_batch_t *b;
+  ASSERT_EQ(larder_stream_next(s, 60000 * dh_slow(), &b), LARDER_EEOF);
+  larder_stream_close(s);
+  usleep(300000);
+  ASSERT_OK(prlimit(f.d.pid, RLIMIT_NOFILE, &old, NULL));
+  /* The waiting clients are answered once descriptors are free. */
+  for (int i = 0; i < 8; i++) {
+    Larder__Frame *r = dh_raw_hello(waiting[i], WIRE_PROTOCOL_VERSION);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_HELLO_REPLY);
+    wire_free(r);
+    close(waiting[i]);
+  }
+  /* A few warnings, not one per retry. */
+  size_t len;
+  char *log = (char *)test_read_file(f.d.log, &len);
+  ASSERT_NOT_NULL(log);
+  int warnings = 0;
+  for (char *p = log; (p = strstr(p, "accept failed")) != NULL; p++) warnings++;
+  free(log);
+  fprintf(stderr, "%d accept warnings\n", warnings);
+  ASSERT_GE(warnings, 1);
+  ASSERT_LE(warnings, 10);
+  larder_client_close(c);
+  fx_finish(&f, 30000);
+  return 0;
+}
+
 static void copy_file(const char *from, const char *to, size_t keep) {
   size_t len;
   uint8_t *p = test_read_file(from, &len);
