@@ -193,7 +193,11 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
   memset(src, 0, sizeof(*src));
   src->fd = -1;
   snprintf(src->name, sizeof(src->name), "%s", path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Non-blocking, so that a FIFO put where a Parquet file was fails here
+   * instead of blocking a worker until a writer comes.  Bug fix (tests:
+   * parquet_hostile_fifo_source): every load of a source swapped for a
+   * FIFO held a worker, and two of them stopped the daemon. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     int code = e == ENOENT                 ? LARDER_ENOENT
@@ -207,6 +211,7 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
     close(fd);
     return pq_error_set(err, LARDER_EIO, "%s: not a regular file", path);
   }
+  (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   src->read = file_read;
   src->fd = fd;
   src->size = (uint64_t)st.st_size;

@@ -20,6 +20,7 @@
  */
 #include <dirent.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../daemon/pq_internal.h"
@@ -1858,6 +1859,20 @@ TEST_IMPL(parquet_hostile_file_truncated_while_read) {
   ASSERT(pq_file_open(&src, NULL, &pf, &err) < 0);
   ASSERT_STR_CONTAINS(err.msg, path);
   pq_source_close_file(&src);
+  return 0;
+}
+
+/* A FIFO where a file was expected fails at once: opening it must not wait
+ * for a writer (that held a daemon worker for good). */
+TEST_IMPL(parquet_hostile_fifo_source) {
+  char path[600];
+  snprintf(path, sizeof(path), "%s/fifo.parquet", test_tmpdir());
+  ASSERT_OK(mkfifo(path, 0600));
+  pq_source src;
+  pq_error err;
+  ASSERT_EQ(pq_source_open_file(&src, path, &err), LARDER_EIO);
+  ASSERT_STR_CONTAINS(err.msg, "not a regular file");
+  unlink(path);
   return 0;
 }
 
