@@ -46,6 +46,8 @@ typedef struct rgbuf rgbuf_t;
 #define LARDERD_VERSION "0.1.0"
 /* The most batches a stream's client may hold (OpenStream.window). */
 #define STREAM_MAX_WINDOW 1024u
+/* The most rows a batch may have (OpenStream.batch_size). */
+#define STREAM_MAX_BATCH (1u << 20)
 
 /* ------------------------------------------------------------------------ */
 /* Units: decoded units held in memory (units.c)                             */

@@ -706,6 +706,13 @@ static void start_revalidation(stream_t *s) {
  * for the loop to wait on at most, once per chunk. */
 #define PLAN_CHUNK 32
 
+/* Samples planned ahead of a stream at most (or one batch, if larger):
+ * each costs about 28 bytes until its batch is sent.  Bug fix (tests:
+ * daemon_stream_options): a stream of batches of 2^24 rows planned 32 of
+ * them at once, and held prefetch_batches more: gigabytes per stream.  A
+ * chunk takes a quarter. */
+#define PLAN_MAX_SAMPLES (1u << 20)
+
 static void plan_task_work(work_t *w) {
   plan_chunk_t *c = w->data;
   stream_t *s = c->s;
@@ -780,6 +787,8 @@ static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
   c->first = first;
   c->n = s->batches_per_epoch - first < PLAN_CHUNK ? s->batches_per_epoch - first : PLAN_CHUNK;
   size_t bs = s->params.batch_size;
+  uint64_t chunk_max = PLAN_MAX_SAMPLES / 4 / bs;
+  if (c->n > chunk_max) c->n = chunk_max ? chunk_max : 1;
   size_t per_batch = bs < s->ds->num_units ? bs : s->ds->num_units;
   c->samples = malloc((size_t)c->n * bs * sizeof(shuffle_sample_t));
   c->slots = malloc((size_t)c->n * bs * sizeof(uint32_t));
@@ -1348,7 +1357,9 @@ again:
   advance_pins(s);
   advance_read_ahead(s);
   while (!s->exhausted && s->validating == 0 && s->stale_msg == NULL &&
-         s->q_len < (int)s->prefetch) {
+         s->q_len < (int)s->prefetch &&
+         (s->q_len == 0 ||
+          (uint64_t)(s->q_len + 1) * s->params.batch_size <= PLAN_MAX_SAMPLES)) {
     int rc = plan_one(s);
     if (rc == LARDER_EAGAIN) break;
     if (rc) {
@@ -1808,7 +1819,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
       }
     }
   }
-  if (req->batch_size == 0 || req->batch_size > (1u << 24)) {
+  if (req->batch_size == 0 || req->batch_size > STREAM_MAX_BATCH) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "batch_size %u is out of range",
                     req->batch_size);
     return;

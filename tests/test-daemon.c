@@ -699,6 +699,38 @@ TEST_IMPL(daemon_stream_options) {
     if (arena >= 0) close(arena);
     close(fd);
   }
+  /* Batches of more than 2^20 rows are refused; batches of 2^20 rows are
+   * planned a few at a time (a stream of batches of 2^24 rows planned 32 at
+   * once, gigabytes of daemon memory). */
+  std_opts(&o, (1u << 20) + 1, 1);
+  ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(err, "batch_size");
+  if (!dh_asan()) {
+    static const char *const id_only[] = {"id"};
+    std_opts(&o, 1u << 20, 40);
+    o.columns = id_only;
+    o.num_columns = 1;
+    o.window = 1;
+    o.arena_bytes = 32u << 20;
+    long rss0 = dh_rss_kb(d.pid), peak = rss0;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    larder_batch_t *b;
+    for (int k = 0; k < 40; k++) {
+      ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+      ASSERT_EQ(larder_batch_num_rows(b), 1 << 20);
+      long rss = dh_rss_kb(d.pid);
+      if (rss > peak) peak = rss;
+      larder_batch_release(b);
+    }
+    larder_stream_close(s);
+    larder_client_close(c);
+    fprintf(stderr, "batches of 2^20 rows: daemon RSS %ld kB, at most %ld kB\n", rss0, peak);
+    /* 40 batches of 20-odd bytes of plan per row: 900 MB planned at once. */
+    ASSERT_LE(peak - rss0, 256 * 1024);
+  }
 
   /* No shuffle: the dataset's order, the end padded from the start. */
   std_opts(&o, 100, 2);
