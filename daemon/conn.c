@@ -115,6 +115,7 @@ void conn_shutdown(conn_t *c) {
 }
 
 static void flush_pending(conn_t *c);
+static void maybe_resume_reading(conn_t *c);
 
 static void on_write(uv_write_t *req, int status) {
   write_req_t *w = (write_req_t *)req;
@@ -126,6 +127,7 @@ static void on_write(uv_write_t *req, int status) {
     return;
   }
   if (c->pending && !c->closing) flush_pending(c);
+  maybe_resume_reading(c);
 }
 
 static int queue_write(conn_t *c, uint8_t *buf, size_t len) {
@@ -395,6 +397,32 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
 }
 
+/* Bytes of replies a client has not read yet. */
+static uint64_t backlog(conn_t *c) {
+  return (uint64_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) + c->cork.len;
+}
+
+/* The most a client may leave unread before the daemon stops reading its
+ * requests.  Bug fix (tests: daemon_robust_stalled_client): a client that
+ * sent requests and never read the answers (errors, admin replies) grew
+ * the daemon's write queue without bound, gigabytes in seconds. */
+static uint64_t backlog_max(const conn_t *c) {
+  uint64_t m = 2 * (uint64_t)c->srv->cfg.max_frame;
+  return m > (8u << 20) ? m : (8u << 20);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void process_frames(conn_t *c);
+
+/* After a write: reads again once the client has taken half its backlog. */
+static void maybe_resume_reading(conn_t *c) {
+  if (!c->read_paused || c->closing || c->draining || backlog(c) > backlog_max(c) / 2) return;
+  c->read_paused = 0;
+  process_frames(c);
+  if (!c->read_paused && !c->closing && !c->draining)
+    uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   (void)buf;
   conn_t *c = st->data;
@@ -405,11 +433,26 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   c->rlen += (size_t)nread;
+  process_frames(c);
+}
+
+/* Handles the complete frames read, until the client's unread replies
+ * pass backlog_max. */
+static void process_frames(conn_t *c) {
   size_t off = 0;
   /* A client that returns several batches at once gets the batches that
    * replace them in one write (conn_send corks them; flush_cork below), which
    * it reads in one call, instead of a write (and a read) per batch. */
   while (!c->closing && !c->draining) {
+    if (backlog(c) > backlog_max(c)) {
+      flush_cork(c);
+      if (c->closing) return;
+      if (!c->read_paused) {
+        c->read_paused = 1;
+        uv_read_stop((uv_stream_t *)&c->pipe);
+      }
+      break;
+    }
     int64_t n = wire_frame_ready(c->rbuf + off, c->rlen - off, (uint32_t)c->srv->cfg.max_frame);
     if (n < 0) {
       flush_cork(c);

@@ -185,9 +185,28 @@ static int listen_socket(server_t *srv) {
       if (s >= 0) close(s);
       unlink(path);
     }
-    rc = uv_pipe_bind(&srv->listener, path);
+    /* Bound here rather than with uv_pipe_bind: libuv unlinks a path it
+     * bound when the handle closes, and the listener closes and reopens
+     * while the daemon is out of descriptors (pause_accepting). */
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+      log_err("cannot bind %s: the path is longer than %zu bytes", path,
+              sizeof(addr.sun_path) - 1);
+      return LARDER_EIO;
+    }
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+      log_err("cannot bind %s: %s", path, strerror(errno));
+      if (lfd >= 0) close(lfd);
+      return LARDER_EIO;
+    }
+    rc = uv_pipe_open(&srv->listener, lfd);
     if (rc) {
-      log_err("cannot bind %s: %s", path, uv_strerror(rc));
+      log_err("cannot use the socket bound at %s: %s", path, uv_strerror(rc));
+      close(lfd);
       return LARDER_EIO;
     }
     if (chmod(path, (mode_t)srv->cfg.socket_mode) != 0)

@@ -179,6 +179,7 @@ struct conn {
   int hello_done;
   int closing;
   int draining;           /* conn_shutdown: nothing more is read or sent */
+  int read_paused;        /* conn.c: its replies wait unread (backlog) */
   char name[64];
   uint8_t *rbuf;
   size_t rlen, rcap;

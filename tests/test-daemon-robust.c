@@ -866,6 +866,11 @@ TEST_IMPL(daemon_robust_accept_out_of_fds) {
     wire_free(r);
     close(waiting[i]);
   }
+  /* The socket's path is still there for new clients (libuv unlinked a
+   * path it bound when the listener closed). */
+  larder_client_t *c2;
+  ASSERT_OK(larder_client_connect(f.d.socket, &c2));
+  larder_client_close(c2);
   /* A few warnings, not one per retry. */
   size_t len;
   char *log = (char *)test_read_file(f.d.log, &len);
@@ -878,6 +883,59 @@ TEST_IMPL(daemon_robust_accept_out_of_fds) {
   ASSERT_LE(warnings, 10);
   larder_client_close(c);
   fx_finish(&f, 30000);
+  return 0;
+}
+
+/*
+ * A client that sends requests and never reads the answers: once its
+ * unread answers pass a bound the daemon stops reading its requests, so
+ * its sends block, the daemon's memory stays flat, and the other clients
+ * carry on.  (Bug fix: the write queue grew without bound, gigabytes in
+ * seconds.)
+ */
+TEST_IMPL(daemon_robust_unread_replies) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  int fd = hello_conn(&f);
+  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
+  os.request_id = 7;
+  os.batch_size = 0; /* refused at once, with an Error frame */
+  Larder__Frame fr = LARDER__FRAME__INIT;
+  fr.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  fr.open_stream = &os;
+  size_t len;
+  uint8_t *one = wire_encode(&fr, &len);
+  ASSERT_NOT_NULL(one);
+  /* Many requests per send. */
+  size_t per = 4096;
+  uint8_t *many = malloc(per * len);
+  ASSERT_NOT_NULL(many);
+  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
+  free(one);
+  long rss0 = dh_rss_kb(f.d.pid);
+  double deadline = now_ms() + 20000.0 * dh_slow();
+  uint64_t sent = 0;
+  int blocked = 0;
+  size_t at = 0;
+  while (!blocked && now_ms() < deadline) {
+    ssize_t n = send(fd, many + at, per * len - at, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += (uint64_t)n;
+      at = (at + (size_t)n) % (per * len);
+      continue;
+    }
+    ASSERT(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    struct pollfd p = {fd, POLLOUT, 0};
+    blocked = poll(&p, 1, 500) == 0; /* the daemon stopped reading */
+  }
+  long rss = dh_rss_kb(f.d.pid);
+  fprintf(stderr, "sent %llu bytes of requests (%llu requests); blocked %d; RSS %ld -> %ld kB\n",
+          (unsigned long long)sent, (unsigned long long)(sent / len), blocked, rss0, rss);
+  ASSERT(blocked);
+  if (!dh_asan()) ASSERT_LE(rss - rss0, 128 * 1024);
+  free(many);
+  close(fd);
+  fx_finish(&f, 150000);
   return 0;
 }
 
