@@ -104,6 +104,7 @@ struct stream {
   int closed;
   int end_sent;
   int tasks;                /* worker tasks in flight */
+  int pumping;              /* stream_pump frames on the stack */
 
   dataset_t *ds;
   shuffle_plan_t *plan;
@@ -303,7 +304,7 @@ static void stream_destroy(stream_t *s) {
 }
 
 static void stream_maybe_free(stream_t *s) {
-  if (s->closed && s->tasks == 0) stream_destroy(s);
+  if (s->closed && s->tasks == 0 && s->pumping == 0) stream_destroy(s);
 }
 
 static void unlink_from_conn(stream_t *s) {
@@ -1350,7 +1351,20 @@ static int ring_create(stream_t *s, const char *name) {
 
 /* ------------------------------------------------------------------------ */
 
+static void pump_once(stream_t *s);
+
+/* Runs the stream as far as it can go.  A send that fails closes the
+ * connection, and with it the stream: it is freed once the pump returns,
+ * not under it.  Bug fix: a failed send freed the stream, and the pump went
+ * on to read it (a connection whose client vanished as a batch went out). */
 static void stream_pump(stream_t *s) {
+  s->pumping++;
+  pump_once(s);
+  s->pumping--;
+  stream_maybe_free(s);
+}
+
+static void pump_once(stream_t *s) {
 again:
   if (s->closed || s->srv->shutting_down) return;
   if (s->ring && ring_drain(s)) return;
