@@ -9,6 +9,9 @@
  * batch released.  Where the daemon offers a descriptor ring (ring.h), the
  * reading thread takes descriptors from it and releases are written to it
  * under the stream's lock; frames then carry only Wake, errors and the end.
+ * Each stream's larder_stream_fd is an epoll descriptor over the socket and
+ * an eventfd of its own, which the reading thread signals when a call for
+ * another stream reads something for this one (stream_signal).
  */
 #include <errno.h>
 #include <poll.h>
@@ -124,6 +127,9 @@ struct larder_client {
   size_t rlen, rcap;
   int fds[8];
   int num_fds;
+  /* The first fds_claimed of fds came with `reply` (OpenStreamReply); the
+   * rest came with frames not routed yet. */
+  int fds_claimed;
   uint32_t next_request_id;
   larder_stream_t *streams;
   Larder__Frame *reply; /* the answer a request waits for */
@@ -342,18 +348,25 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
   if (c->reply == NULL && (request_id == c->waiting_request || f->msg_case == LARDER__FRAME__MSG_HELLO_REPLY ||
                            (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0))) {
     c->reply = f;
+    /* Descriptors come in the order of their frames: the reply's follow
+     * those of a reply routed before it (none: the open took them). */
+    if (f->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY) {
+      int n = f->open_stream_reply->ring_bytes ? 2 : 1;
+      c->fds_claimed = n < c->num_fds ? n : c->num_fds;
+    }
     return;
   }
   if (f->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY) {
     /* Bug fix (tests: daemon_open_late_reply): the reply to an open that
      * timed out, arriving later, left its arena and ring descriptors in
      * c->fds, where the next open took them for its own, and the daemon
-     * kept the stream.  Its descriptors came first in c->fds (every earlier
-     * reply's are taken): close them, and close the stream there. */
-    int n = f->open_stream_reply->ring_bytes ? 2 : 1;
-    if (n > c->num_fds) n = c->num_fds;
-    for (int i = 0; i < n; i++) close(c->fds[i]);
-    memmove(c->fds, c->fds + n, (size_t)(c->num_fds - n) * sizeof(int));
+     * kept the stream.  Its descriptors follow those of the reply being
+     * waited for, if that came first: close them, and close the stream
+     * there. */
+    int at = c->fds_claimed, n = f->open_stream_reply->ring_bytes ? 2 : 1;
+    if (n > c->num_fds - at) n = c->num_fds - at;
+    for (int i = 0; i < n; i++) close(c->fds[at + i]);
+    memmove(c->fds + at, c->fds + at + n, (size_t)(c->num_fds - at - n) * sizeof(int));
     c->num_fds -= n;
     if (f->open_stream_reply->stream_id) send_close_stream(c, f->open_stream_reply->stream_id);
   }
@@ -718,30 +731,31 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   int open_timeout_ms = t && *t ? atoi(t) : 600000;
   Larder__Frame *r = wait_reply(c, req.request_id, open_timeout_ms, &rc);
   if (r == NULL) return rc;
+  /* The descriptors that came with the reply: the arena, then the ring
+   * when the daemon offers one. */
+  int claimed = c->fds_claimed;
+  int afd = claimed > 0 ? c->fds[0] : -1, rfd = claimed > 1 ? c->fds[1] : -1;
+  memmove(c->fds, c->fds + claimed, (size_t)(c->num_fds - claimed) * sizeof(int));
+  c->num_fds -= claimed;
+  c->fds_claimed = 0;
   if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
     rc = r->error->code < 0 ? r->error->code : LARDER_EPROTO;
     set_err(c, rc, "%s", r->error->message ? r->error->message : larder_strerror(rc));
+  } else if (r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY ||
+             r->open_stream_reply->schema == NULL) {
+    rc = set_err(c, LARDER_EPROTO, "unexpected reply to OpenStream");
+  } else if (afd < 0) {
+    rc = set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
+  } else if (r->open_stream_reply->ring_bytes && rfd < 0) {
+    rc = set_err(c, LARDER_EPROTO, "the daemon sent no descriptor ring");
+  }
+  if (rc) {
+    if (afd >= 0) close(afd);
+    if (rfd >= 0) close(rfd);
     wire_free(r);
     return rc;
   }
-  if (r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY || r->open_stream_reply->schema == NULL) {
-    wire_free(r);
-    return set_err(c, LARDER_EPROTO, "unexpected reply to OpenStream");
-  }
   const Larder__OpenStreamReply *rep = r->open_stream_reply;
-  if (c->num_fds == 0) {
-    wire_free(r);
-    return set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
-  }
-  /* The arena, then the ring when the daemon offers one. */
-  int want_fds = rep->ring_bytes ? 2 : 1;
-  if (c->num_fds < want_fds) {
-    wire_free(r);
-    return set_err(c, LARDER_EPROTO, "the daemon sent no descriptor ring");
-  }
-  int afd = c->fds[0], rfd = want_fds == 2 ? c->fds[1] : -1;
-  memmove(c->fds, c->fds + want_fds, (size_t)(c->num_fds - want_fds) * sizeof(int));
-  c->num_fds -= want_fds;
   uint64_t ring_size = rep->ring_bytes;
   larder_stream_t *s = calloc(1, sizeof(*s));
   if (s == NULL) {
