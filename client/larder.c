@@ -583,24 +583,23 @@ static int env_int(larder_client_t *c, const char *name, int def, int min, int *
 }
 
 /* Bug fix (tests: daemon_open_checks): a relative source path was resolved
- * against the daemon's working directory.  Returns a malloc'd copy of src
- * made absolute against this process's working directory; URLs (anything
- * with "://", as the daemon tells them apart) and absolute paths are copied
- * unchanged.  Where the result is a glob (it has one of *?[), the
- * directory's own wildcard characters are escaped so that glob reads them
- * literally.  Returns NULL (with the client's error set) on failure. */
-static char *absolute_source(larder_client_t *c, const char *src) {
+ * against the daemon's working directory.  Sets *out to a malloc'd copy of
+ * src made absolute against this process's working directory; URLs
+ * (anything with "://", as the daemon tells them apart) and absolute paths
+ * are copied unchanged.  Where the result is a glob (it has one of *?[),
+ * the directory's own wildcard characters are escaped so that glob reads
+ * them literally.  Returns 0, LARDER_ENOMEM or LARDER_EINVAL (no working
+ * directory), with the client's error set. */
+static int absolute_source(larder_client_t *c, const char *src, char **out) {
+  *out = NULL;
   if (src[0] == '/' || src[0] == '\0' || strstr(src, "://") != NULL) {
-    char *r = strdup(src);
-    if (r == NULL) set_err(c, LARDER_ENOMEM, "out of memory");
-    return r;
+    *out = strdup(src);
+    return *out ? 0 : set_err(c, LARDER_ENOMEM, "out of memory");
   }
   char cwd[4096];
-  if (getcwd(cwd, sizeof(cwd)) == NULL) {
-    set_err(c, LARDER_EINVAL, "%s: a relative path, and the working directory is unknown: %s",
-            src, strerror(errno));
-    return NULL;
-  }
+  if (getcwd(cwd, sizeof(cwd)) == NULL)
+    return set_err(c, LARDER_EINVAL, "%s: a relative path, and the working directory is unknown: %s",
+                   src, strerror(errno));
   while (src[0] == '.' && src[1] == '/') {
     src += 2;
     while (*src == '/') src++;
@@ -608,10 +607,7 @@ static char *absolute_source(larder_client_t *c, const char *src) {
   int glob = strpbrk(cwd, "*?[") != NULL || strpbrk(src, "*?[") != NULL;
   size_t n = strlen(cwd), m = strlen(src);
   char *r = malloc(2 * n + m + 2);
-  if (r == NULL) {
-    set_err(c, LARDER_ENOMEM, "out of memory");
-    return NULL;
-  }
+  if (r == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     if (glob && strchr("*?[]\\", cwd[i])) r[k++] = '\\';
@@ -619,7 +615,8 @@ static char *absolute_source(larder_client_t *c, const char *src) {
   }
   if (k == 0 || r[k - 1] != '/') r[k++] = '/';
   memcpy(r + k, src, m + 1);
-  return r;
+  *out = r;
+  return 0;
 }
 
 static int copy_field(field_t *dst, const Larder__Field *src, int depth) {
@@ -687,10 +684,8 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   req.request_id = ++c->next_request_id;
   char **sources = calloc(opts->num_sources, sizeof(char *));
   if (sources == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");
-  for (size_t i = 0; rc == 0 && i < opts->num_sources; i++) {
-    sources[i] = absolute_source(c, opts->sources[i] ? opts->sources[i] : "");
-    if (sources[i] == NULL) rc = c->err[0] && strstr(c->err, "memory") ? LARDER_ENOMEM : LARDER_EINVAL;
-  }
+  for (size_t i = 0; rc == 0 && i < opts->num_sources; i++)
+    rc = absolute_source(c, opts->sources[i] ? opts->sources[i] : "", &sources[i]);
   if (rc) {
     for (size_t i = 0; i < opts->num_sources; i++) free(sources[i]);
     free(sources);

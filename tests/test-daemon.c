@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1616,6 +1617,8 @@ TEST_IMPL(daemon_open_checks) {
     char rel[1100], glob[1200];
     snprintf(rel, sizeof(rel), "%s", slash + 1);
     snprintf(glob, sizeof(glob), "./%s/part-*.parquet", slash + 1);
+    char target[4096];
+    ASSERT_NOT_NULL(realpath(std_dir, target));
     ASSERT_OK(chdir(parent));
     larder_stream_options_t ro = o;
     const char *srcs[1] = {rel};
@@ -1627,6 +1630,20 @@ TEST_IMPL(daemon_open_checks) {
     srcs[0] = glob;
     rc = dh_collect(d.socket, &ro, 0, &r);
     if (rc) ASSERT_FAIL_("relative %s: %s", glob, r.err);
+    ASSERT_EQ(r.num_samples, DH_STD_ROWS);
+    dh_run_free(&r);
+    /* A working directory whose name has glob characters: they are
+     * escaped, where the daemon globs the source, so that they match
+     * themselves. */
+    char odd[1200], link[1300];
+    snprintf(odd, sizeof(odd), "%s/cwd[1]*", test_tmpdir());
+    snprintf(link, sizeof(link), "%s/ds", odd);
+    ASSERT_OK(mkdir(odd, 0755));
+    ASSERT_OK(symlink(target, link));
+    ASSERT_OK(chdir(odd));
+    snprintf(glob, sizeof(glob), "ds/part-*.parquet");
+    rc = dh_collect(d.socket, &ro, 0, &r);
+    if (rc) ASSERT_FAIL_("relative %s in %s: %s", glob, odd, r.err);
     ASSERT_EQ(r.num_samples, DH_STD_ROWS);
     dh_run_free(&r);
     ASSERT_OK(chdir(cwd));
