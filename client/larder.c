@@ -9,6 +9,9 @@
  * batch released.  Where the daemon offers a descriptor ring (ring.h), the
  * reading thread takes descriptors from it and releases are written to it
  * under the stream's lock; frames then carry only Wake, errors and the end.
+ * Each stream's larder_stream_fd is an epoll descriptor over the socket and
+ * an eventfd of its own, which the reading thread signals when a call for
+ * another stream reads something for this one (stream_signal).
  */
 #include <errno.h>
 #include <poll.h>
@@ -17,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -94,6 +99,15 @@ struct larder_stream {
    * nothing else would, as the reader has checked wake_at already. */
   int ring_reader_asleep;
   uint32_t ring_wake_batches;           /* descriptors to sleep for (ring.h) */
+  /* larder_stream_fd: an epoll descriptor holding the client's socket and
+   * `efd`, an eventfd that the reading thread signals when a call for
+   * another stream (or open, close) reads something for this one: a Wake
+   * frame, or frames it queues.  The socket no longer shows those, so the
+   * eventfd does until larder_stream_next runs for this stream.
+   * `signalled` (reading thread only) says the eventfd holds a count, so
+   * that next reads it only then: no system call on the hot path. */
+  int efd, epfd;
+  int signalled;
 };
 
 struct larder_batch {
@@ -113,11 +127,17 @@ struct larder_client {
   size_t rlen, rcap;
   int fds[8];
   int num_fds;
+  /* The first fds_claimed of fds came with `reply` (OpenStreamReply); the
+   * rest came with frames not routed yet. */
+  int fds_claimed;
   uint32_t next_request_id;
   larder_stream_t *streams;
   Larder__Frame *reply; /* the answer a request waits for */
   uint32_t waiting_request;
-  int broken;           /* the connection failed */
+  /* The connection failed (the error, or LARDER_ECLOSED).  Written by the
+   * reading thread; atomic because releases on other threads read it. */
+  atomic_int broken;
+  pid_t pid;            /* the process that connected (fork: see close) */
   char err[1024];
   /* Under send_lock: Release frames not sent yet.  They go out together
    * when a stream holds half its window of them, before the reading thread
@@ -261,8 +281,26 @@ static void enqueue(larder_stream_t *s, Larder__Frame *f, wire_batch_t *wb) {
   s->q_tail = q;
 }
 
-/* Routes one frame.  Takes ownership of f. */
-static void route(larder_client_t *c, Larder__Frame *f) {
+/* Bug fix (tests: daemon_client_patterns, daemon_evloop_streams): two
+ * streams of one client in one event loop missed wakeups.  larder_stream_fd
+ * was the shared socket, and a call for stream B (or an open) read stream
+ * A's Wake frame or queued A's Batch frames: the socket was no longer
+ * readable while A had a batch ready, and the loop's poll blocked.  Now a
+ * call that reads something for another stream than `reader` (NULL: none)
+ * signals that stream's eventfd, which its larder_stream_fd also shows.
+ * The reading thread. */
+static void stream_signal(larder_stream_t *s, const larder_stream_t *reader) {
+  if (s == reader || s->signalled || s->efd < 0) return;
+  uint64_t one = 1;
+  if (write(s->efd, &one, sizeof(one)) == (ssize_t)sizeof(one)) s->signalled = 1;
+}
+
+/* Sends CloseStream for stream id.  The reading thread. */
+static int send_close_stream(larder_client_t *c, uint32_t id);
+
+/* Routes one frame, read by a call for `reader` (NULL: open or close).
+ * Takes ownership of f. */
+static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *reader) {
   uint32_t stream_id = 0, request_id = 0;
   switch (f->msg_case) {
     case LARDER__FRAME__MSG_BATCH: stream_id = f->batch->stream_id; break;
@@ -274,33 +312,63 @@ static void route(larder_client_t *c, Larder__Frame *f) {
     case LARDER__FRAME__MSG_OPEN_STREAM_REPLY: request_id = f->open_stream_reply->request_id; break;
     case LARDER__FRAME__MSG_ADMIN_REPLY: request_id = f->admin_reply->request_id; break;
     case LARDER__FRAME__MSG_HELLO_REPLY: request_id = 0; break;
-    case LARDER__FRAME__MSG_WAKE:
+    case LARDER__FRAME__MSG_WAKE: {
       /* Its work is done: it ended a wait in pump, and the reader looks at
-       * the rings next. */
+       * the rings next; unless this call reads for another stream, whose
+       * descriptor must then show it. */
+      larder_stream_t *s = find_stream(c, f->wake->stream_id);
+      if (s) stream_signal(s, reader);
       wire_free(f);
       return;
+    }
     default: break;
   }
   if (stream_id) {
     larder_stream_t *s = find_stream(c, stream_id);
-    if (s) enqueue(s, f, NULL);
-    else wire_free(f);
+    if (s) {
+      enqueue(s, f, NULL);
+      stream_signal(s, reader);
+    } else {
+      wire_free(f);
+    }
     return;
   }
   if (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0 &&
       c->waiting_request == 0) {
     /* A connection-level error: every stream ends with it. */
     snprintf(c->err, sizeof(c->err), "%s", f->error->message ? f->error->message : "");
-    for (larder_stream_t *s = c->streams; s; s = s->next)
+    for (larder_stream_t *s = c->streams; s; s = s->next) {
       if (!s->error) s->error = f->error->code;
-    c->broken = f->error->code;
+      stream_signal(s, reader);
+    }
+    c->broken = f->error->code < 0 ? f->error->code : LARDER_ECLOSED;
     wire_free(f);
     return;
   }
   if (c->reply == NULL && (request_id == c->waiting_request || f->msg_case == LARDER__FRAME__MSG_HELLO_REPLY ||
                            (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0))) {
     c->reply = f;
+    /* Descriptors come in the order of their frames: the reply's follow
+     * those of a reply routed before it (none: the open took them). */
+    if (f->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY) {
+      int n = f->open_stream_reply->ring_bytes ? 2 : 1;
+      c->fds_claimed = n < c->num_fds ? n : c->num_fds;
+    }
     return;
+  }
+  if (f->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY) {
+    /* Bug fix (tests: daemon_open_late_reply): the reply to an open that
+     * timed out, arriving later, left its arena and ring descriptors in
+     * c->fds, where the next open took them for its own, and the daemon
+     * kept the stream.  Its descriptors follow those of the reply being
+     * waited for, if that came first: close them, and close the stream
+     * there. */
+    int at = c->fds_claimed, n = f->open_stream_reply->ring_bytes ? 2 : 1;
+    if (n > c->num_fds - at) n = c->num_fds - at;
+    for (int i = 0; i < n; i++) close(c->fds[at + i]);
+    memmove(c->fds + at, c->fds + at + n, (size_t)(c->num_fds - at - n) * sizeof(int));
+    c->num_fds -= n;
+    if (f->open_stream_reply->stream_id) send_close_stream(c, f->open_stream_reply->stream_id);
   }
   wire_free(f);
 }
@@ -308,7 +376,7 @@ static void route(larder_client_t *c, Larder__Frame *f) {
 /* Reads what is available (waiting up to timeout_ms for something) and
  * routes complete frames.  Returns 0, LARDER_ETIMEDOUT, or LARDER_ECLOSED /
  * LARDER_EPROTO when the connection is gone. */
-static int pump(larder_client_t *c, int timeout_ms) {
+static int pump(larder_client_t *c, const larder_stream_t *reader, int timeout_ms) {
   if (c->broken) return c->broken < 0 ? c->broken : LARDER_ECLOSED;
   if (c->rcap - c->rlen < 65536) {
     size_t cap = c->rcap ? c->rcap * 2 : 131072;
@@ -358,8 +426,12 @@ static int pump(larder_client_t *c, int timeout_ms) {
     if (wb) {
       off += (size_t)len;
       larder_stream_t *s = wb->stream_id ? find_stream(c, wb->stream_id) : NULL;
-      if (s) enqueue(s, NULL, wb);
-      else free(wb);
+      if (s) {
+        enqueue(s, NULL, wb);
+        stream_signal(s, reader);
+      } else {
+        free(wb);
+      }
       continue;
     }
     Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)len);
@@ -368,7 +440,7 @@ static int pump(larder_client_t *c, int timeout_ms) {
       c->broken = LARDER_EPROTO;
       return set_err(c, LARDER_EPROTO, "the daemon sent a malformed frame");
     }
-    route(c, f);
+    route(c, f, reader);
   }
   memmove(c->rbuf, c->rbuf + off, c->rlen - off);
   c->rlen -= off;
@@ -386,7 +458,7 @@ static Larder__Frame *wait_reply(larder_client_t *c, uint32_t id, int timeout_ms
       c->waiting_request = 0;
       return NULL;
     }
-    int r = pump(c, (int)((deadline - now) / 1000000ull) + 1);
+    int r = pump(c, NULL, (int)((deadline - now) / 1000000ull) + 1);
     if (r && r != LARDER_ETIMEDOUT) {
       *rc = r;
       c->waiting_request = 0;
@@ -409,6 +481,7 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   larder_client_t *c = calloc(1, sizeof(*c));
   if (c == NULL) return LARDER_ENOMEM;
   pthread_mutex_init(&c->send_lock, NULL);
+  c->pid = getpid();
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof(addr));
@@ -456,6 +529,8 @@ static void stream_unref(larder_stream_t *s);
 
 void larder_client_close(larder_client_t *c) {
   if (c == NULL) return;
+  /* A forked child shares the parent's socket: closing the streams there
+   * must not send CloseStream for them (see larder_stream_close). */
   while (c->streams) larder_stream_close(c->streams);
   if (c->fd >= 0) close(c->fd);
   for (int i = 0; i < c->num_fds; i++) close(c->fds[i]);
@@ -487,12 +562,61 @@ void larder_stream_options_init(larder_stream_options_t *o) {
   o->cuda_device = -1;
 }
 
-static int env_int(const char *name, int def) {
+/* Reads the environment variable name into *out (def when it is unset or
+ * empty).  Bug fix (tests: daemon_open_checks): a value that was not a
+ * number ("abc", "2x") or out of range ("99999999") silently became the
+ * default, so a misconfigured job ran every rank as rank 0 of 1.  Returns
+ * 0, or LARDER_EINVAL with the variable and its value in the client's
+ * error. */
+static int env_int(larder_client_t *c, const char *name, int def, int min, int *out) {
   const char *v = getenv(name);
-  if (v == NULL || *v == '\0') return def;
+  *out = def;
+  if (v == NULL || *v == '\0') return 0;
   char *end;
+  errno = 0;
   long x = strtol(v, &end, 10);
-  return *end == '\0' && x >= 0 && x < (1 << 24) ? (int)x : def;
+  if (errno || *v < '0' || *v > '9' || *end != '\0' || x < min || x >= (1 << 24))
+    return set_err(c, LARDER_EINVAL, "%s=\"%s\" is not a number from %d to %d", name, v, min,
+                   (1 << 24) - 1);
+  *out = (int)x;
+  return 0;
+}
+
+/* Bug fix (tests: daemon_open_checks): a relative source path was resolved
+ * against the daemon's working directory.  Sets *out to a malloc'd copy of
+ * src made absolute against this process's working directory; URLs
+ * (anything with "://", as the daemon tells them apart) and absolute paths
+ * are copied unchanged.  Where the result is a glob (it has one of *?[),
+ * the directory's own wildcard characters are escaped so that glob reads
+ * them literally.  Returns 0, LARDER_ENOMEM or LARDER_EINVAL (no working
+ * directory), with the client's error set. */
+static int absolute_source(larder_client_t *c, const char *src, char **out) {
+  *out = NULL;
+  if (src[0] == '/' || src[0] == '\0' || strstr(src, "://") != NULL) {
+    *out = strdup(src);
+    return *out ? 0 : set_err(c, LARDER_ENOMEM, "out of memory");
+  }
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == NULL)
+    return set_err(c, LARDER_EINVAL, "%s: a relative path, and the working directory is unknown: %s",
+                   src, strerror(errno));
+  while (src[0] == '.' && src[1] == '/') {
+    src += 2;
+    while (*src == '/') src++;
+  }
+  int glob = strpbrk(cwd, "*?[") != NULL || strpbrk(src, "*?[") != NULL;
+  size_t n = strlen(cwd), m = strlen(src);
+  char *r = malloc(2 * n + m + 2);
+  if (r == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (glob && strchr("*?[]\\", cwd[i])) r[k++] = '\\';
+    r[k++] = cwd[i];
+  }
+  if (k == 0 || r[k - 1] != '/') r[k++] = '/';
+  memcpy(r + k, src, m + 1);
+  *out = r;
+  return 0;
 }
 
 static int copy_field(field_t *dst, const Larder__Field *src, int depth) {
@@ -536,12 +660,41 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   *out = NULL;
   if (c == NULL || opts == NULL || opts->num_sources == 0 || opts->sources == NULL)
     return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
+  /* Bug fix (tests: daemon_open_checks): the daemon caps a stream's window
+   * at LARDER_MAX_WINDOW silently, while this side sized its wakeups and
+   * held releases from the window asked for, so a client holding more
+   * than the cap waited forever.  Refuse such a window instead. */
+  if (opts->window > LARDER_MAX_WINDOW)
+    return set_err(c, LARDER_EINVAL, "window %u exceeds the most a stream may hold, %d batches",
+                   opts->window, LARDER_MAX_WINDOW);
+  int rank = opts->rank, world = opts->world_size, cuda = opts->cuda_device, rc = 0;
+  if (rank < 0) {
+    int local;
+    rc = env_int(c, "LOCAL_RANK", 0, 0, &local);
+    if (rc == 0) rc = env_int(c, "SLURM_PROCID", local, 0, &rank);
+    if (rc == 0) rc = env_int(c, "RANK", rank, 0, &rank);
+  }
+  if (rc == 0 && world <= 0) {
+    rc = env_int(c, "SLURM_NTASKS", 1, 1, &world);
+    if (rc == 0) rc = env_int(c, "WORLD_SIZE", world, 1, &world);
+  }
+  if (rc == 0 && cuda < 0) rc = env_int(c, "LOCAL_RANK", 0, 0, &cuda);
+  if (rc) return rc;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.request_id = ++c->next_request_id;
-  /* protobuf-c's generated fields are not const, but packing only reads
-   * them: casting the caller's const vectors is safe. */
+  char **sources = calloc(opts->num_sources, sizeof(char *));
+  if (sources == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");
+  for (size_t i = 0; rc == 0 && i < opts->num_sources; i++)
+    rc = absolute_source(c, opts->sources[i] ? opts->sources[i] : "", &sources[i]);
+  if (rc) {
+    for (size_t i = 0; i < opts->num_sources; i++) free(sources[i]);
+    free(sources);
+    return rc;
+  }
   req.n_sources = opts->num_sources;
-  req.sources = (char **)opts->sources;
+  req.sources = sources;
+  /* protobuf-c's generated fields are not const, but packing only reads
+   * them: casting the caller's const vector is safe. */
   req.n_columns = opts->columns ? opts->num_columns : 0;
   req.columns = (char **)opts->columns;
   req.batch_size = opts->batch_size;
@@ -550,52 +703,54 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   req.shuffle_window = opts->shuffle_window;
   req.unit_rows = opts->unit_rows;
   req.epochs = opts->epochs;
-  int rank = opts->rank >= 0 ? opts->rank
-                             : env_int("RANK", env_int("SLURM_PROCID", env_int("LOCAL_RANK", 0)));
-  int world = opts->world_size > 0 ? opts->world_size
-                                   : env_int("WORLD_SIZE", env_int("SLURM_NTASKS", 1));
   req.rank = (uint32_t)rank;
-  req.world_size = (uint32_t)(world > 0 ? world : 1);
+  req.world_size = (uint32_t)world;
   req.drop_last = opts->drop_last;
   req.start_epoch = opts->start_epoch;
   req.start_batch = opts->start_batch;
   req.window = opts->window;
   req.arena_bytes = opts->arena_bytes;
   req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
-  req.cuda_device = opts->cuda_device >= 0 ? opts->cuda_device : env_int("LOCAL_RANK", 0);
+  req.cuda_device = cuda;
   req.ring = 1;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
   f.open_stream = &req;
-  int rc = send_frame(c, &f);
+  rc = send_frame(c, &f);
+  for (size_t i = 0; i < opts->num_sources; i++) free(sources[i]);
+  free(sources);
   if (rc) return set_err(c, rc, "cannot send to the daemon");
-  /* Opening resolves globs and reads footers: allow it a while. */
-  Larder__Frame *r = wait_reply(c, req.request_id, 600000, &rc);
+  /* Opening resolves globs and reads footers: allow it a while.  (The
+   * tests shorten it to see what a late reply does.) */
+  const char *t = getenv("LARDER_TEST_OPEN_TIMEOUT_MS");
+  int open_timeout_ms = t && *t ? atoi(t) : 600000;
+  Larder__Frame *r = wait_reply(c, req.request_id, open_timeout_ms, &rc);
   if (r == NULL) return rc;
+  /* The descriptors that came with the reply: the arena, then the ring
+   * when the daemon offers one. */
+  int claimed = c->fds_claimed;
+  int afd = claimed > 0 ? c->fds[0] : -1, rfd = claimed > 1 ? c->fds[1] : -1;
+  memmove(c->fds, c->fds + claimed, (size_t)(c->num_fds - claimed) * sizeof(int));
+  c->num_fds -= claimed;
+  c->fds_claimed = 0;
   if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
     rc = r->error->code < 0 ? r->error->code : LARDER_EPROTO;
     set_err(c, rc, "%s", r->error->message ? r->error->message : larder_strerror(rc));
+  } else if (r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY ||
+             r->open_stream_reply->schema == NULL) {
+    rc = set_err(c, LARDER_EPROTO, "unexpected reply to OpenStream");
+  } else if (afd < 0) {
+    rc = set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
+  } else if (r->open_stream_reply->ring_bytes && rfd < 0) {
+    rc = set_err(c, LARDER_EPROTO, "the daemon sent no descriptor ring");
+  }
+  if (rc) {
+    if (afd >= 0) close(afd);
+    if (rfd >= 0) close(rfd);
     wire_free(r);
     return rc;
   }
-  if (r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY || r->open_stream_reply->schema == NULL) {
-    wire_free(r);
-    return set_err(c, LARDER_EPROTO, "unexpected reply to OpenStream");
-  }
   const Larder__OpenStreamReply *rep = r->open_stream_reply;
-  if (c->num_fds == 0) {
-    wire_free(r);
-    return set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
-  }
-  /* The arena, then the ring when the daemon offers one. */
-  int want_fds = rep->ring_bytes ? 2 : 1;
-  if (c->num_fds < want_fds) {
-    wire_free(r);
-    return set_err(c, LARDER_EPROTO, "the daemon sent no descriptor ring");
-  }
-  int afd = c->fds[0], rfd = want_fds == 2 ? c->fds[1] : -1;
-  memmove(c->fds, c->fds + want_fds, (size_t)(c->num_fds - want_fds) * sizeof(int));
-  c->num_fds -= want_fds;
   uint64_t ring_size = rep->ring_bytes;
   larder_stream_t *s = calloc(1, sizeof(*s));
   if (s == NULL) {
@@ -606,6 +761,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   }
   pthread_mutex_init(&s->lock, NULL);
   s->client = c;
+  s->efd = s->epfd = -1;
   s->id = rep->stream_id;
   s->refs = 1;
   s->batches_per_epoch = rep->batches_per_epoch;
@@ -613,6 +769,14 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   s->arena_size = rep->arena_bytes;
   s->pos_epoch = opts->start_epoch;
   s->pos_batch = opts->start_batch;
+  /* Bug fix (tests: daemon_open_checks): before the first batch, the
+   * position was the start asked for, such as (0, 500) where the daemon
+   * starts at (1, 80) with 420 batches an epoch.  Normalise it as the
+   * daemon does. */
+  if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
+    s->pos_epoch += s->pos_batch / s->batches_per_epoch;
+    s->pos_batch %= s->batches_per_epoch;
+  }
   /* The daemon's window: what the options ask, 4 when they leave it 0. */
   uint32_t window = opts->window ? opts->window : 4;
   s->hold_max = window >= 4 ? (int)(window / 2) : 1;
@@ -642,6 +806,17 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   }
   close(afd);
   if (rfd >= 0) close(rfd);
+  if (rc == 0) {
+    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN};
+    ev.data.fd = c->fd;
+    if (s->efd < 0 || s->epfd < 0 || epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
+      rc = set_err(c, LARDER_ENOMEM, "cannot make the stream's descriptor: %s", strerror(errno));
+    ev.data.fd = s->efd;
+    if (rc == 0 && epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->efd, &ev) != 0)
+      rc = set_err(c, LARDER_ENOMEM, "cannot make the stream's descriptor: %s", strerror(errno));
+  }
   s->next = c->streams;
   c->streams = s;
   if (rc) {
@@ -652,7 +827,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   return 0;
 }
 
-int larder_stream_fd(const larder_stream_t *s) { return s->client->fd; }
+int larder_stream_fd(const larder_stream_t *s) { return s->epfd; }
 
 void larder_stream_position(const larder_stream_t *s, uint64_t *epoch, uint64_t *batch) {
   *epoch = s->pos_epoch;
@@ -676,11 +851,8 @@ void larder_stream_stall(const larder_stream_t *s, uint64_t *wait_ns, uint64_t *
   *compute_ns = s->compute_ns;
 }
 
-static void stream_unref(larder_stream_t *s) {
-  pthread_mutex_lock(&s->lock);
-  int left = --s->refs;
-  pthread_mutex_unlock(&s->lock);
-  if (left > 0) return;
+/* Frees s once nothing refers to it. */
+static void stream_free(larder_stream_t *s) {
   if (s->spare) {
     free(s->spare->nodes);
     free(s->spare);
@@ -692,14 +864,34 @@ static void stream_unref(larder_stream_t *s) {
   free(s);
 }
 
+static void stream_unref(larder_stream_t *s) {
+  pthread_mutex_lock(&s->lock);
+  int left = --s->refs;
+  pthread_mutex_unlock(&s->lock);
+  if (left == 0) stream_free(s);
+}
+
 int larder_stream_flush(larder_stream_t *s) {
   larder_client_t *c = s->client;
   if (c == NULL || c->broken) return LARDER_ECLOSED;
+  /* Bug fix (tests: daemon_open_checks): after the daemon ended the stream
+   * with an error (LARDER_ESHUTDOWN, ...) this returned 0, as if releases
+   * still reached a stream.  Return that error, as the header says. */
+  if (s->error) return s->error;
   if (s->ring) ring_tell(c, s);
   pthread_mutex_lock(&c->send_lock);
   int rc = flush_held_locked(c);
   pthread_mutex_unlock(&c->send_lock);
   return rc;
+}
+
+static int send_close_stream(larder_client_t *c, uint32_t id) {
+  Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+  cs.stream_id = id;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+  f.close_stream = &cs;
+  return send_frame(c, &f);
 }
 
 void larder_stream_close(larder_stream_t *s) {
@@ -713,15 +905,10 @@ void larder_stream_close(larder_stream_t *s) {
    * stream read to its end was never closed on the daemon's side, which
    * keeps it (and its arena) until told, so a client opening a stream per
    * epoch on one connection ran into max_streams_per_client.  Only a
-   * stream the daemon ended with an error is gone there already. */
-  if (!c->broken && !s->error) {
-    Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
-    cs.stream_id = s->id;
-    Larder__Frame f = LARDER__FRAME__INIT;
-    f.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
-    f.close_stream = &cs;
-    send_frame(c, &f);
-  }
+   * stream the daemon ended with an error is gone there already.  A
+   * forked child (the header forbids using a client there, but it may
+   * close one) must not close the parent's stream on the shared socket. */
+  if (!c->broken && !s->error && getpid() == c->pid) send_close_stream(c, s->id);
   while (s->q_head) {
     queued_t *q = s->q_head;
     s->q_head = q->next;
@@ -730,8 +917,17 @@ void larder_stream_close(larder_stream_t *s) {
     free(q);
   }
   s->q_tail = NULL;
+  if (s->epfd >= 0) close(s->epfd);
+  if (s->efd >= 0) close(s->efd);
+  s->epfd = s->efd = -1;
+  /* Bug fix (tests: daemon_close_release_threads; TSan): releases on other
+   * threads read s->client, which this wrote unlocked.  Releases read it
+   * under s->lock, in a section they take anyway. */
+  pthread_mutex_lock(&s->lock);
   s->client = NULL;
-  stream_unref(s);
+  int left = --s->refs;
+  pthread_mutex_unlock(&s->lock);
+  if (left == 0) stream_free(s);
 }
 
 /* Builds the array tree of a batch from its descriptors (pre-order),
@@ -862,6 +1058,16 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     pthread_mutex_lock(&c->send_lock);
     c->caller_waits = 0;
     pthread_mutex_unlock(&c->send_lock);
+  }
+  /* Whatever another call read for this stream is in its queue or its
+   * ring now, which this call looks at before it returns
+   * LARDER_ETIMEDOUT: the descriptor need not show it any more. */
+  if (s->signalled) {
+    uint64_t count;
+    if (read(s->efd, &count, sizeof(count)) < 0) {
+      /* Nothing to do: the count is cleared or was never there. */
+    }
+    s->signalled = 0;
   }
   pthread_mutex_lock(&s->lock);
   s->ring_reader_asleep = 0;
@@ -997,7 +1203,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
        * once, without waiting, before giving up. */
       if (!polled) {
         polled = 1;
-        int r = pump(c, 0);
+        int r = pump(c, s, 0);
         if (r && r != LARDER_ETIMEDOUT) {
           rc = s->error ? s->error : r;
           break;
@@ -1012,7 +1218,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     }
     int wait_ms = deadline == UINT64_MAX ? 1000 : (int)((deadline - now + 999999) / 1000000ull);
     if (s->ring && ring_prepare_sleep(c, s)) continue;
-    int r = pump(c, wait_ms);
+    int r = pump(c, s, wait_ms);
     if (s->ring) {
       atomic_store_explicit(&s->ring->wake_client_at, 0, memory_order_relaxed);
       pthread_mutex_lock(&s->lock);
@@ -1079,9 +1285,15 @@ const larder_array_t *larder_batch_column_by_name(const larder_batch_t *b, const
 void larder_batch_release(larder_batch_t *b) {
   if (b == NULL) return;
   larder_stream_t *s = b->stream;
+  /* One locked section: the stream's client (larder_stream_close clears
+   * it under the lock), the release's entry and counters, the spare batch
+   * and the reference.  The frame, when one goes, is sent after it. */
+  int wake = 0, frame = 0;
+  Larder__Release rel = LARDER__RELEASE__INIT;
+  pthread_mutex_lock(&s->lock);
   larder_client_t *c = s->client;
-  if (c && !c->broken && s->ring) {
-    pthread_mutex_lock(&s->lock);
+  if (c && atomic_load_explicit(&c->broken, memory_order_relaxed)) c = NULL;
+  if (c && s->ring) {
     ring_release_t *e = ring_release_entry(s->ring, s->ring_released);
     e->seq = b->seq;
     e->wait_ns = s->report_wait;
@@ -1099,36 +1311,41 @@ void larder_batch_release(larder_batch_t *b) {
      * after, short of wake_at, and the stream stood until the reader's
      * one-second wait ran out). */
     int asked = wake_at && s->ring_released >= wake_at && wake_at != s->ring_woken_at;
-    int wake = asked || (wake_at && s->ring_reader_asleep && s->ring_released != s->ring_told);
+    wake = asked || (wake_at && s->ring_reader_asleep && s->ring_released != s->ring_told);
     if (asked) s->ring_woken_at = wake_at;
     if (wake) s->ring_told = s->ring_released;
-    pthread_mutex_unlock(&s->lock);
-    if (wake) send_wake(c, s);
-  } else if (c && !c->broken) {
-    Larder__Release rel = LARDER__RELEASE__INIT;
+  } else if (c) {
     rel.stream_id = s->id;
     rel.seq = b->seq;
-    pthread_mutex_lock(&s->lock);
     rel.wait_ns = s->report_wait;
     rel.compute_ns = s->report_compute;
     s->report_wait = s->report_compute = 0;
-    pthread_mutex_unlock(&s->lock);
-    Larder__Frame f = LARDER__FRAME__INIT;
-    f.msg_case = LARDER__FRAME__MSG_RELEASE;
-    f.release = &rel;
-    hold_release(c, s, &f);
+    frame = 1;
   }
-  pthread_mutex_lock(&s->lock);
   if (s->spare == NULL) {
     s->spare = b;
     b = NULL;
   }
+  /* The batch's reference keeps s, and so c (the caller closes the client
+   * only after its last release), alive until the frame is sent: it is
+   * dropped after that.  A stream closed meanwhile gets the frame after
+   * its CloseStream, which the daemon ignores as it ignores releases of a
+   * stream that ended. */
+  int left = wake || frame ? 1 : --s->refs;
   pthread_mutex_unlock(&s->lock);
   if (b) {
     free(b->nodes);
     free(b);
   }
-  stream_unref(s);
+  if (wake) send_wake(c, s);
+  if (frame) {
+    Larder__Frame f = LARDER__FRAME__INIT;
+    f.msg_case = LARDER__FRAME__MSG_RELEASE;
+    f.release = &rel;
+    hold_release(c, s, &f);
+  }
+  if (wake || frame) stream_unref(s);
+  else if (left == 0) stream_free(s);
 }
 
 const char *larder_array_name(const larder_array_t *a) { return a->field->name; }

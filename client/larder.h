@@ -154,7 +154,13 @@ typedef struct larder_array larder_array_t;
 int larder_client_connect(const char *socket_path, larder_client_t **out);
 
 /* Closes the connection and every stream of the client; their batches must
- * have been released (or exported and released through Arrow). */
+ * have been released (or exported and released through Arrow).
+ *
+ * fork(): a client belongs to the process that connected it.  A forked
+ * child must not use its parent's clients (they share the socket with the
+ * parent) but may close them, which then frees their memory and
+ * descriptors in the child without telling the daemon anything; the child
+ * connects its own client. */
 void larder_client_close(larder_client_t *client);
 
 /* The last error message of this client (a static empty string when none);
@@ -164,8 +170,13 @@ const char *larder_client_last_error(const larder_client_t *client);
 /* ------------------------------------------------------------------------ */
 /* Streams                                                                   */
 
+/* The most batches a stream may hold (its window): the daemon's limit. */
+#define LARDER_MAX_WINDOW 1024
+
 typedef struct larder_stream_options {
-  const char *const *sources;  /* paths, globs, directories or URLs */
+  const char *const *sources;  /* paths, globs, directories or URLs;
+                                  relative paths are relative to the
+                                  caller's working directory */
   size_t num_sources;
   const char *const *columns;  /* dotted paths; NULL/0 = every column */
   size_t num_columns;
@@ -180,7 +191,8 @@ typedef struct larder_stream_options {
   int drop_last;               /* default 0: the last batch is padded */
   uint64_t start_epoch;        /* resume position (default 0, 0) */
   uint64_t start_batch;
-  uint32_t window;             /* batches the client may hold (default 4) */
+  uint32_t window;             /* batches the client may hold (default 4),
+                                  at most LARDER_MAX_WINDOW */
   uint64_t arena_bytes;        /* 0 = daemon's default */
   int memory_kind;             /* 0 = host; 1 = CUDA (reserved) */
   int cuda_device;
@@ -191,9 +203,21 @@ void larder_stream_options_init(larder_stream_options_t *opts);
 
 /*
  * Opens a stream.  rank and world_size left at -1 are read from RANK and
- * WORLD_SIZE (as torchrun and Slurm set them; LOCAL_RANK is used when RANK
- * is unset).  On success *out is a new stream.  Returns 0 or a negative code;
+ * WORLD_SIZE (as torchrun and Slurm set them; SLURM_PROCID, then
+ * LOCAL_RANK, is used when RANK is unset, SLURM_NTASKS when WORLD_SIZE is),
+ * and a cuda_device left at -1 from LOCAL_RANK.  A variable consulted that
+ * is set but is not a decimal number in range (rank from 0, world size
+ * from 1, both below 2^24) fails the open with LARDER_EINVAL, and the
+ * error names the variable and its value.  Relative source paths are made
+ * absolute against the caller's working directory before they are sent
+ * (sources with "://" are URLs and go as they are).  A window above
+ * LARDER_MAX_WINDOW fails with LARDER_EINVAL.  Before the first batch,
+ * larder_stream_position reports the start normalised as the daemon reads
+ * it: a start_batch past the end of an epoch counts into the next epochs.
+ * On success *out is a new stream.  Returns 0 or a negative code;
  * larder_client_last_error says why (a missing file, a bad column, ...).
+ * Should the daemon not answer in time, a reply that comes later is
+ * discarded and its stream closed on the daemon's side.
  */
 int larder_stream_open(larder_client_t *client, const larder_stream_options_t *opts,
                        larder_stream_t **out);
@@ -206,13 +230,19 @@ int larder_stream_open(larder_client_t *client, const larder_stream_options_t *o
  */
 int larder_stream_next(larder_stream_t *stream, int timeout_ms, larder_batch_t **out);
 
-/* A descriptor that becomes readable when the stream's client has received
- * something: in an event loop, wait on it once the stream is open or
- * larder_stream_next has returned LARDER_ETIMEDOUT, then call
- * larder_stream_next with a zero timeout until it returns LARDER_ETIMEDOUT
- * again.  (A stream whose batches come through shared memory makes it
- * readable only for a reader that said, by that LARDER_ETIMEDOUT, that it
- * sleeps.)  Any thread. */
+/* A descriptor, one per stream, that is readable (level-triggered) while
+ * the stream may have something for larder_stream_next: while the client's
+ * socket has data, and while something that a call for another stream of
+ * the client (or larder_stream_open) read for this one waits in the
+ * library, until larder_stream_next next runs for this stream.  In an
+ * event loop, wait on it once the stream is open or larder_stream_next has
+ * returned LARDER_ETIMEDOUT, then call larder_stream_next with a zero
+ * timeout until it returns LARDER_ETIMEDOUT again; with several streams of
+ * one client, wait on each stream's descriptor.  (A stream whose batches
+ * come through shared memory makes it readable only for a reader that
+ * said, by that LARDER_ETIMEDOUT, that it sleeps.)  It is an epoll
+ * descriptor: poll, select and epoll can wait on it; do not read it.
+ * Valid until larder_stream_close.  Any thread. */
 int larder_stream_fd(const larder_stream_t *stream);
 
 /* The position of the next batch larder_stream_next will return, for
@@ -244,8 +274,10 @@ void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint6
  * whenever the daemon asks, and at once for a release made (on any thread)
  * while a reader waits, in larder_stream_next or on larder_stream_fd after
  * LARDER_ETIMEDOUT; so no call needs this for progress.  Call it to
- * make the daemon's per-stream stats current now.  Returns 0 or
- * LARDER_ECLOSED.  The thread that owns the stream.
+ * make the daemon's per-stream stats current now.  Returns 0,
+ * LARDER_ECLOSED when the connection is gone, or the error that ended the
+ * stream (as larder_stream_next returned it, such as LARDER_ESHUTDOWN).
+ * The thread that owns the stream.
  */
 int larder_stream_flush(larder_stream_t *stream);
 

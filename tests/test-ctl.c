@@ -768,11 +768,17 @@ TEST_IMPL(ctl_metrics_scrape) {
   ASSERT_STR_CONTAINS(body, "larder_cache_capacity_bytes ");
   ASSERT_STR_CONTAINS(body, "larder_cache_used_bytes ");
   ASSERT_STR_CONTAINS(body, "larder_cache_entries ");
-  char series[1400];
+  char series[2400];
   snprintf(series, sizeof(series), "larder_stream_batches_total{client=\"");
   ASSERT_STR_CONTAINS(body, series);
+  /* The dataset is named by the source as liblarder sends it: absolute,
+   * against this process's working directory. */
+  char dataset[2100], cwd[1024];
+  ASSERT_NOT_NULL(getcwd(cwd, sizeof(cwd)));
+  if (std_dir[0] == '/') snprintf(dataset, sizeof(dataset), "%s", std_dir);
+  else snprintf(dataset, sizeof(dataset), "%s/%s", cwd, std_dir);
   snprintf(series, sizeof(series), "pid=\"%d\",uid=\"%u\",rank=\"0\",world_size=\"1\",dataset=\"%s\"}",
-           (int)getpid(), (unsigned)getuid(), std_dir);
+           (int)getpid(), (unsigned)getuid(), dataset);
   ASSERT_STR_CONTAINS(body, series);
   expect_documented(names, nn);
   free(resp);

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1344,7 +1345,7 @@ TEST_IMPL(daemon_client_patterns) {
   ASSERT_OK(larder_client_connect(d.socket, &c));
   larder_stream_t *s[2];
   for (int i = 0; i < 2; i++) ASSERT_OK(larder_stream_open(c, &o[i], &s[i]));
-  ASSERT_EQ(larder_stream_fd(s[0]), larder_stream_fd(s[1]));
+  ASSERT_NE(larder_stream_fd(s[0]), larder_stream_fd(s[1]));
   size_t pos[2] = {0, 0};
   int ended[2] = {0, 0}, idle = 0;
   while (!ended[0] || !ended[1]) {
@@ -1368,9 +1369,19 @@ TEST_IMPL(daemon_client_patterns) {
     }
     if (ended[0] && ended[1]) break;
     if (!progress) {
-      struct pollfd pf = {larder_stream_fd(s[0]), POLLIN, 0};
-      if (poll(&pf, 1, 1000) == 0 && ++idle > 10)
-        ASSERT_FAIL_("the event loop starved at %zu and %zu batches", pos[0], pos[1]);
+      /* Strict: a poll that times out while a stream has a batch ready is
+       * a lost wakeup (each stream has its own descriptor, larder.h). */
+      struct pollfd pf[2] = {{larder_stream_fd(s[0]), POLLIN, 0},
+                             {larder_stream_fd(s[1]), POLLIN, 0}};
+      if (poll(pf, 2, 1000) == 0) {
+        for (int i = 0; i < 2; i++) {
+          larder_batch_t *b;
+          if (!ended[i] && larder_stream_next(s[i], 0, &b) == 0)
+            ASSERT_FAIL_("stream %d had a batch while poll waited a second", i);
+        }
+        if (++idle > 10)
+          ASSERT_FAIL_("the event loop starved at %zu and %zu batches", pos[0], pos[1]);
+      }
     }
   }
   ASSERT_EQ(pos[0], ref[0].n);
@@ -1412,6 +1423,416 @@ TEST_IMPL(daemon_client_patterns) {
   larder_stream_close(st);
   larder_client_close(c);
   for (int i = 0; i < 2; i++) dh_run_free(&ref[i]);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * Two streams of one client in one event loop, as the tester's program had
+ * it: stream B holds its whole window while A is read, the loop works a
+ * few milliseconds on B's turn, and a third stream opens now and then.  The
+ * calls for B (and the opens) read A's Wake frames or queue A's Batch
+ * frames; A's descriptor must show them, so no poll on it may time out
+ * while A has a batch ready.  (Bug fix: larder_stream_fd was the shared
+ * socket, which those reads left unreadable, and the loop stood in poll.)
+ * Through the descriptor ring and through frames.
+ */
+TEST_IMPL(daemon_evloop_streams) {
+  static const char *frames[] = {"--shm_ring=false", NULL};
+  for (int transport = 0; transport < 2; transport++) {
+    dh_daemon d;
+    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
+    dh_start(&d);
+    larder_stream_options_t o;
+    std_opts(&o, 32, 2);
+    dh_run ref = {0};
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *a, *b;
+    ASSERT_OK(larder_stream_open(c, &o, &a));
+    larder_stream_options_t ob = o;
+    ob.seed = 99;
+    ob.epochs = 0;
+    ASSERT_OK(larder_stream_open(c, &ob, &b));
+    larder_batch_t *held[8];
+    int nheld = 0, ended = 0;
+    size_t pos = 0;
+    unsigned round = 0;
+    while (!ended) {
+      for (;;) {
+        larder_batch_t *x;
+        int rc = larder_stream_next(a, 0, &x);
+        if (rc == LARDER_ETIMEDOUT) break;
+        if (rc == LARDER_EEOF) {
+          ended = 1;
+          break;
+        }
+        if (rc) ASSERT_FAIL_("stream A: %s", larder_client_last_error(c));
+        ASSERT(pos < ref.n);
+        ASSERT_EQ(dh_batch_hash(x), ref.b[pos].hash);
+        pos++;
+        larder_batch_release(x);
+      }
+      if (ended) break;
+      usleep(3000);
+      for (;;) {
+        larder_batch_t *x;
+        int rc = larder_stream_next(b, 0, &x);
+        if (rc == LARDER_ETIMEDOUT) break;
+        if (rc) ASSERT_FAIL_("stream B: %s", larder_client_last_error(c));
+        ASSERT(nheld < 8);
+        held[nheld++] = x;
+      }
+      if (++round % 16 == 0) {
+        larder_stream_t *e;
+        ASSERT_OK(larder_stream_open(c, &o, &e));
+        larder_stream_close(e);
+      }
+      struct pollfd pf = {larder_stream_fd(a), POLLIN, 0};
+      if (poll(&pf, 1, 1000) == 0) {
+        larder_batch_t *x;
+        int rc = larder_stream_next(a, 0, &x);
+        if (rc == 0)
+          ASSERT_FAIL_("%s: stream A had a batch while poll waited a second (at %zu)",
+                       d.dir, pos);
+        ASSERT_EQ(rc, LARDER_ETIMEDOUT);
+      }
+    }
+    ASSERT_EQ(pos, ref.n);
+    ASSERT_EQ(nheld, 4);
+    for (int i = 0; i < nheld; i++) larder_batch_release(held[i]);
+    larder_stream_close(a);
+    larder_stream_close(b);
+    larder_client_close(c);
+    dh_run_free(&ref);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
+typedef struct close_release {
+  pthread_barrier_t *go;
+  larder_batch_t *items[4];
+  int n;
+} close_release;
+
+static void *close_release_main(void *p) {
+  close_release *cr = p;
+  pthread_barrier_wait(cr->go);
+  for (int i = 0; i < cr->n; i++) {
+    dh_expect_row(cr->items[i], 0, 0);
+    larder_batch_release(cr->items[i]);
+  }
+  return NULL;
+}
+
+/*
+ * larder_stream_close while other threads release the stream's batches (as
+ * larder.h allows: releases on any thread, batches valid after close):
+ * through the ring and through frames, the batches stay readable after the
+ * close, the releases race the close, and the client goes on serving
+ * other streams.  (Bug fix: a release read s->client while the close
+ * wrote it, a data race ThreadSanitizer reported.)
+ */
+TEST_IMPL(daemon_close_release_threads) {
+  static const char *frames[] = {"--shm_ring=false", NULL};
+  for (int transport = 0; transport < 2; transport++) {
+    dh_daemon d;
+    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
+    dh_start(&d);
+    larder_stream_options_t o;
+    std_opts(&o, 32, 0);
+    o.window = 16;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    for (int round = 0; round < 20; round++) {
+      larder_stream_t *s;
+      o.seed = (uint64_t)round;
+      ASSERT_OK(larder_stream_open(c, &o, &s));
+      pthread_barrier_t go;
+      pthread_barrier_init(&go, NULL, 5);
+      close_release cr[4];
+      pthread_t th[4];
+      for (int t = 0; t < 4; t++) {
+        cr[t].go = &go;
+        cr[t].n = 4;
+        for (int i = 0; i < 4; i++) ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &cr[t].items[i]));
+        ASSERT_OK(pthread_create(&th[t], NULL, close_release_main, &cr[t]));
+      }
+      pthread_barrier_wait(&go);
+      larder_stream_close(s);
+      /* Batches stay valid after the close until released. */
+      for (int t = 0; t < 4; t++) pthread_join(th[t], NULL);
+      pthread_barrier_destroy(&go);
+    }
+    /* The client still serves, and the daemon closed every stream. */
+    dh_run ref = {0};
+    larder_stream_options_t one;
+    std_opts(&one, 64, 1);
+    ASSERT_OK(dh_collect(d.socket, &one, 0, &ref));
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &one, &s));
+    larder_batch_t *b;
+    size_t k = 0;
+    int rc;
+    while ((rc = larder_stream_next(s, 30000 * dh_slow(), &b)) == 0) {
+      ASSERT(k < ref.n);
+      ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
+      k++;
+      larder_batch_release(b);
+    }
+    ASSERT_EQ(rc, LARDER_EEOF);
+    ASSERT_EQ(k, ref.n);
+    larder_stream_close(s);
+    double deadline = now_ms() + 10000.0 * dh_slow();
+    while (dh_stat(&d, "streams") != 0 && now_ms() < deadline) usleep(5000);
+    ASSERT_EQ(dh_stat(&d, "streams"), 0);
+    larder_client_close(c);
+    dh_run_free(&ref);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
+/* Opens a stream on c with o and expects LARDER_EINVAL and an error that
+ * contains want. */
+static void expect_open_einval(larder_client_t *c, const larder_stream_options_t *o,
+                               const char *want) {
+  larder_stream_t *s = NULL;
+  int rc = larder_stream_open(c, o, &s);
+  if (rc == 0) larder_stream_close(s);
+  if (rc != LARDER_EINVAL) ASSERT_FAIL_("%s: the open returned %s", want, larder_err_name(rc));
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), want);
+}
+
+/*
+ * What larder_stream_open checks and resolves on the client's side, each a
+ * bug fix (the tester's findings):
+ * - a window above LARDER_MAX_WINDOW fails (the daemon capped it silently
+ *   while the client sized its wakeups from it, and a client holding more
+ *   than the cap hung);
+ * - RANK, WORLD_SIZE and LOCAL_RANK that are not numbers in range fail
+ *   with the variable and its value (they became rank 0 of 1);
+ * - relative paths and globs are relative to the caller's working
+ *   directory (they were resolved in the daemon's);
+ * - the position before the first batch is normalised like the daemon's
+ *   start ((0, bpe + 5) is (1, 5));
+ * - a client closed in a forked child leaves the parent's streams alone;
+ * - larder_stream_flush returns the error that ended the stream
+ *   (LARDER_ESHUTDOWN here) rather than 0.
+ */
+TEST_IMPL(daemon_open_checks) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+
+  o.window = LARDER_MAX_WINDOW + 1;
+  expect_open_einval(c, &o, "window 1025");
+  o.window = 0;
+
+  static const struct {
+    const char *name, *value;
+  } bad[] = {{"RANK", "abc"}, {"RANK", "-1"}, {"WORLD_SIZE", "2x"}, {"WORLD_SIZE", "0"},
+             {"LOCAL_RANK", "99999999"}, {"LOCAL_RANK", " 1"}};
+  /* Read from the environment, as the options' defaults say. */
+  larder_stream_options_t eo = o;
+  eo.rank = -1;
+  eo.world_size = -1;
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    char want[128];
+    snprintf(want, sizeof(want), "%s=\"%s\"", bad[i].name, bad[i].value);
+    ASSERT_OK(setenv(bad[i].name, bad[i].value, 1));
+    expect_open_einval(c, &eo, want);
+    ASSERT_OK(unsetenv(bad[i].name));
+  }
+  /* Well-formed ones still apply: rank 1 of 2 gets half the batches. */
+  ASSERT_OK(setenv("RANK", "1", 1));
+  ASSERT_OK(setenv("WORLD_SIZE", "2", 1));
+  ASSERT_OK(setenv("LOCAL_RANK", "1", 1));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &eo, &s));
+  ASSERT_EQ(larder_stream_batches_per_epoch(s), (DH_STD_ROWS + 127) / 128);
+  larder_stream_close(s);
+  ASSERT_OK(unsetenv("RANK"));
+  ASSERT_OK(unsetenv("WORLD_SIZE"));
+  ASSERT_OK(unsetenv("LOCAL_RANK"));
+
+  /* Relative paths, a directory and a glob, from the dataset's parent
+   * (the daemon's working directory is another). */
+  {
+    dh_run ref = {0}, r = {0};
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+    char cwd[4096], parent[1024];
+    ASSERT_NOT_NULL(getcwd(cwd, sizeof(cwd)));
+    snprintf(parent, sizeof(parent), "%s", std_dir);
+    char *slash = strrchr(parent, '/');
+    ASSERT_NOT_NULL(slash);
+    *slash = '\0';
+    char rel[1100], glob[1200];
+    snprintf(rel, sizeof(rel), "%s", slash + 1);
+    snprintf(glob, sizeof(glob), "./%s/part-*.parquet", slash + 1);
+    char target[4096];
+    ASSERT_NOT_NULL(realpath(std_dir, target));
+    ASSERT_OK(chdir(parent));
+    larder_stream_options_t ro = o;
+    const char *srcs[1] = {rel};
+    ro.sources = srcs;
+    int rc = dh_collect(d.socket, &ro, 0, &r);
+    if (rc) ASSERT_FAIL_("relative %s: %s", rel, r.err);
+    dh_expect_same(&ref, &r);
+    dh_run_free(&r);
+    srcs[0] = glob;
+    rc = dh_collect(d.socket, &ro, 0, &r);
+    if (rc) ASSERT_FAIL_("relative %s: %s", glob, r.err);
+    ASSERT_EQ(r.num_samples, DH_STD_ROWS);
+    dh_run_free(&r);
+    /* A working directory whose name has glob characters: they are
+     * escaped, where the daemon globs the source, so that they match
+     * themselves. */
+    char odd[1200], link[1300];
+    snprintf(odd, sizeof(odd), "%s/cwd[1]*", test_tmpdir());
+    snprintf(link, sizeof(link), "%s/ds", odd);
+    ASSERT_OK(mkdir(odd, 0755));
+    ASSERT_OK(symlink(target, link));
+    ASSERT_OK(chdir(odd));
+    snprintf(glob, sizeof(glob), "ds/part-*.parquet");
+    rc = dh_collect(d.socket, &ro, 0, &r);
+    if (rc) ASSERT_FAIL_("relative %s in %s: %s", glob, odd, r.err);
+    ASSERT_EQ(r.num_samples, DH_STD_ROWS);
+    dh_run_free(&r);
+    ASSERT_OK(chdir(cwd));
+    dh_run_free(&ref);
+  }
+
+  /* The position before the first batch. */
+  {
+    larder_stream_options_t po = o;
+    po.epochs = 3;
+    po.start_batch = (DH_STD_ROWS + 63) / 64 + 5;
+    ASSERT_OK(larder_stream_open(c, &po, &s));
+    uint64_t e, i;
+    larder_stream_position(s, &e, &i);
+    ASSERT_EQ(e, 1);
+    ASSERT_EQ(i, 5);
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b));
+    ASSERT_EQ(larder_batch_epoch(b), 1);
+    ASSERT_EQ(larder_batch_index(b), 5);
+    larder_batch_release(b);
+    larder_stream_close(s);
+  }
+
+  /* A forked child closes the client: the parent's stream goes on. */
+  {
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b));
+    larder_batch_release(b);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+      larder_client_close(c);
+      _exit(0);
+    }
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    uint64_t n = 1;
+    int rc;
+    while ((rc = larder_stream_next(s, 30000 * dh_slow(), &b)) == 0) {
+      n++;
+      larder_batch_release(b);
+    }
+    ASSERT_EQ(rc, LARDER_EEOF);
+    ASSERT_EQ(n, larder_stream_batches_per_epoch(s));
+    larder_stream_close(s);
+  }
+
+  /* Flush after the daemon ended the stream. */
+  {
+    larder_stream_options_t uo = o;
+    uo.epochs = 0;
+    ASSERT_OK(larder_stream_open(c, &uo, &s));
+    larder_batch_t *held;
+    ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &held));
+    ASSERT_OK(larder_stream_flush(s));
+    ASSERT_OK(kill(d.pid, SIGTERM));
+    larder_batch_t *b;
+    int rc;
+    while ((rc = larder_stream_next(s, 30000 * dh_slow(), &b)) == 0) larder_batch_release(b);
+    ASSERT_EQ(rc, LARDER_ESHUTDOWN);
+    rc = larder_stream_flush(s);
+    ASSERT(rc == LARDER_ESHUTDOWN || rc == LARDER_ECLOSED);
+    larder_batch_release(held);
+    larder_stream_close(s);
+  }
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
+/* The descriptors this process has open. */
+static int self_fd_count(void) {
+  return dh_fd_count(getpid());
+}
+
+/*
+ * An open whose reply comes after larder_stream_open gave up: the reply's
+ * arena and ring descriptors are closed, not taken by the next open (which
+ * mapped the stale arena and ring), and the daemon closes the orphan
+ * stream.  liblarder's open timeout is set to 0 through
+ * LARDER_TEST_OPEN_TIMEOUT_MS, so that the opens time out.
+ */
+TEST_IMPL(daemon_open_late_reply) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  dh_run ref = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  int fds = self_fd_count();
+  /* Round 0 lets the late replies arrive before the next open; round 1
+   * opens at once, so that its wait reads them along with its own. */
+  for (int round = 0; round < 2; round++) {
+    /* 0: the open gives up before it reads anything. */
+    ASSERT_OK(setenv("LARDER_TEST_OPEN_TIMEOUT_MS", "0", 1));
+    for (int i = 0; i < 3; i++) {
+      larder_stream_t *s;
+      o.seed = 1000 + (uint64_t)i;
+      ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_ETIMEDOUT);
+    }
+    ASSERT_OK(unsetenv("LARDER_TEST_OPEN_TIMEOUT_MS"));
+    if (round == 0) usleep(200000);
+    larder_stream_t *s;
+    o.seed = 8;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    larder_batch_t *b;
+    size_t k = 0;
+    int rc;
+    while ((rc = larder_stream_next(s, 30000 * dh_slow(), &b)) == 0) {
+      ASSERT(k < ref.n);
+      ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
+      k++;
+      larder_batch_release(b);
+    }
+    ASSERT_EQ(rc, LARDER_EEOF);
+    ASSERT_EQ(k, ref.n);
+    larder_stream_close(s);
+    ASSERT_EQ(self_fd_count(), fds);
+  }
+  double deadline = now_ms() + 10000.0 * dh_slow();
+  while (dh_stat(&d, "streams") != 0 && now_ms() < deadline) usleep(5000);
+  ASSERT_EQ(dh_stat(&d, "streams"), 0);
+  larder_client_close(c);
+  dh_run_free(&ref);
   dh_stop(&d);
   return 0;
 }
