@@ -180,7 +180,7 @@ typedef struct larder_stream_options {
   size_t num_sources;
   const char *const *columns;  /* dotted paths; NULL/0 = every column */
   size_t num_columns;
-  uint32_t batch_size;         /* rows per batch on this rank (default 256) */
+  uint32_t batch_size;         /* rows per batch on this rank (default 256; <= 2^20) */
   uint64_t seed;               /* default 0 */
   int shuffle;                 /* default 1 */
   uint32_t shuffle_window;     /* units shuffled together; 0 = daemon's */
