@@ -194,7 +194,7 @@ typedef struct larder_stream_options {
   uint32_t window;             /* batches the client may hold (default 4),
                                   at most LARDER_MAX_WINDOW */
   uint64_t arena_bytes;        /* 0 = daemon's default */
-  int memory_kind;             /* 0 = host; 1 = CUDA (reserved) */
+  int memory_kind;             /* 0 = host; 1 = CUDA (reserved: LARDER_EUNSUPPORTED) */
   int cuda_device;
 } larder_stream_options_t;
 

@@ -1848,6 +1848,14 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     req->rank, req->world_size);
     return;
   }
+  if (req->memory_kind != LARDER__MEMORY_KIND__MEMORY_HOST) {
+    /* The CUDA handoff is not built yet: a client that asks for device
+     * memory must not get host pointers it would hand to the GPU. */
+    conn_send_error(c, LARDER_EUNSUPPORTED, 0, req->request_id,
+                    "memory_kind %d: this daemon delivers batches in host memory only",
+                    (int)req->memory_kind);
+    return;
+  }
   if (req->window > STREAM_MAX_WINDOW) {
     /* Bug fix (tests: daemon_stream_options): a larger window was cut to
      * this silently, and a client that held more batches than that waited
