@@ -75,6 +75,9 @@
   XX(max_streams_per_client, U64, "64", 1, "streams one connection may open")  \
   XX(max_clients, U64, "1024", 1, "connections at once")                       \
   XX(max_frame, SIZE, "16M", 0, "largest protocol frame accepted")             \
+  XX(frame_timeout, U64, "30", 1,                                             \
+     "seconds a client may take to send the rest of a frame it has begun; "    \
+     "then its connection is closed, and the memory the frame held freed")     \
   XX(verify_crc, BOOL, "true", 1, "verify Parquet page CRCs when present")    \
   XX(max_chunk_decoded_bytes, SIZE, "2G", 1,                                   \
      "ceiling on decoded bytes per Parquet column chunk (bomb guard)")         \

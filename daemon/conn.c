@@ -476,6 +476,24 @@ static void process_frames(conn_t *c) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
   }
+  if (c->rlen == 0) c->partial_since_ns = 0;
+  else if (off > 0 || c->partial_since_ns == 0) c->partial_since_ns = util_now_ns();
+}
+
+/* Bug fix (tests: daemon_robust_partial_frame): a client could begin a
+ * frame of up to max_frame bytes and never finish it, holding that much
+ * of the daemon's memory (and one of its uid's connections) for ever. */
+void conn_expire_partial(server_t *srv) {
+  uint64_t now = util_now_ns(), limit = srv->cfg.frame_timeout * 1000000000ull;
+  if (limit == 0) return;
+  for (conn_t *c = srv->conns; c; c = c->next) {
+    if (c->closing || c->draining || c->read_paused || c->partial_since_ns == 0) continue;
+    if (now - c->partial_since_ns <= limit) continue;
+    char what[160];
+    snprintf(what, sizeof(what), "protocol error: a frame begun %llu s ago is still unfinished",
+             (unsigned long long)((now - c->partial_since_ns) / 1000000000ull));
+    protocol_error(c, LARDER_EPROTO, what);
+  }
 }
 
 void conn_accept(server_t *srv, uv_stream_t *listener) {

@@ -424,6 +424,7 @@ static void on_tick(uv_timer_t *t) {
   units_expire_read_ahead(srv);
   units_trim(srv);
   units_retry(srv);
+  conn_expire_partial(srv);
   admin_tick(srv); /* rate samples for larderctl stats */
 }
 

@@ -180,6 +180,7 @@ struct conn {
   int closing;
   int draining;           /* conn_shutdown: nothing more is read or sent */
   int read_paused;        /* conn.c: its replies wait unread (backlog) */
+  uint64_t partial_since_ns; /* conn.c: when the unfinished frame began */
   char name[64];
   uint8_t *rbuf;
   size_t rlen, rcap;
@@ -227,6 +228,9 @@ void conn_close(conn_t *c);
 /* Writes every connection's corked frames.  The loop calls it before it
  * sleeps and after it hands over finished tasks. */
 void conn_flush_all(server_t *srv);
+/* Closes the connections that began a frame more than frame_timeout
+ * seconds ago and have not finished it.  The loop's tick calls it. */
+void conn_expire_partial(server_t *srv);
 /* Closes once the frames already queued have been written. */
 void conn_shutdown(conn_t *c);
 

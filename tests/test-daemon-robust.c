@@ -939,6 +939,37 @@ TEST_IMPL(daemon_robust_unread_replies) {
   return 0;
 }
 
+/*
+ * A client that begins a frame and never finishes it is disconnected after
+ * frame_timeout, with an error saying why, and the memory the frame held
+ * is freed.  (Bug fix: it could hold up to max_frame bytes, and one of its
+ * uid's connections, for ever.)  Other clients carry on.
+ */
+TEST_IMPL(daemon_robust_partial_frame) {
+  static const char *const fl[] = {"--frame_timeout=1", NULL};
+  fixture f;
+  fx_start(&f, fl, 1);
+  for (int round = 0; round < 3; round++) {
+    int fd = hello_conn(&f);
+    /* A length prefix of 1 MiB, then a part of the frame. */
+    uint8_t part[4096];
+    memset(part, 0, sizeof(part));
+    part[2] = 0x10; /* little-endian 0x100000 */
+    ASSERT_OK(dh_raw_write(fd, part, sizeof(part)));
+    double t0 = now_ms();
+    int code = 0;
+    ASSERT(dh_raw_wait_closed(fd, (int)(10000 * dh_slow()), &code));
+    double waited = now_ms() - t0;
+    fprintf(stderr, "round %d: closed after %.0f ms with %s\n", round, waited,
+            larder_err_name(code));
+    ASSERT_EQ(code, LARDER_EPROTO);
+    ASSERT_DOUBLE_GE(waited, 900.0);
+    close(fd);
+  }
+  fx_finish(&f, 30000);
+  return 0;
+}
+
 static void copy_file(const char *from, const char *to, size_t keep) {
   size_t len;
   uint8_t *p = test_read_file(from, &len);
