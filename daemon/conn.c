@@ -334,6 +334,10 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
       return;
     }
     snprintf(c->name, sizeof(c->name), "%s", f->hello->client_name ? f->hello->client_name : "");
+    /* The name goes to logs, JSON and an admin's terminal: printable ASCII
+     * only (a client could send escape sequences or invalid UTF-8). */
+    for (char *p = c->name; *p; p++)
+      if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
     c->hello_done = 1;
     Larder__HelloReply r = LARDER__HELLO_REPLY__INIT;
     r.protocol_version = WIRE_PROTOCOL_VERSION;

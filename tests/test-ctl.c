@@ -147,6 +147,33 @@ TEST_IMPL(ctl_status_stats) {
   ASSERT_STR_CONTAINS(r.out, pid);
   ASSERT_STR_CONTAINS(r.out, "\"streams\":[{\"stream\":1");
   tc_out_free(&r);
+  /* A client named with an escape sequence and invalid UTF-8 is listed
+   * in printable ASCII, and the JSON stays valid. */
+  {
+    int raw = dh_raw_connect(d.socket);
+    ASSERT(raw >= 0);
+    Larder__Hello h = LARDER__HELLO__INIT;
+    h.protocol_version = WIRE_PROTOCOL_VERSION;
+    h.client_name = (char *)"evil\033[2J\xff\n";
+    Larder__Frame hf = LARDER__FRAME__INIT;
+    hf.msg_case = LARDER__FRAME__MSG_HELLO;
+    hf.hello = &h;
+    ASSERT_OK(dh_raw_send(raw, &hf));
+    int rrc;
+    Larder__Frame *rep = dh_raw_recv(raw, 20000 * dh_slow(), NULL, NULL, &rrc);
+    ASSERT_NOT_NULL(rep);
+    wire_free(rep);
+    tc_ctl(&r, NULL, d.socket, "clients", NULL);
+    EXPECT_RUN(&r, 0);
+    ASSERT_STR_CONTAINS(r.out, "evil?[2J??");
+    ASSERT_NULL(strchr(r.out, '\033'));
+    tc_out_free(&r);
+    tc_ctl(&r, NULL, d.socket, "clients", "--json", NULL);
+    EXPECT_RUN(&r, 0);
+    EXPECT_JSON(&r);
+    tc_out_free(&r);
+    close(raw);
+  }
 
   /* stats --watch on a terminal: redrawn in place (cursor home, erase) */
   char cmd[2048];
