@@ -77,6 +77,37 @@ static int glob_base_inside(const char *src, const char *const *roots) {
   return inside_roots(real, roots);
 }
 
+/* Whether path, made absolute and stripped of "." and ".." by its text
+ * alone, lies inside the roots: for a path that does not resolve. */
+static int lexically_inside(const char *path, const char *const *roots) {
+  char abs[PATH_MAX], out[PATH_MAX];
+  if (path[0] == '/') {
+    snprintf(abs, sizeof(abs), "%s", path);
+  } else {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) == NULL) return 0;
+    if ((size_t)snprintf(abs, sizeof(abs), "%s/%s", cwd, path) >= sizeof(abs)) return 0;
+  }
+  size_t n = 0;
+  out[0] = '\0';
+  for (char *save = NULL, *t = strtok_r(abs, "/", &save); t; t = strtok_r(NULL, "/", &save)) {
+    if (strcmp(t, ".") == 0) continue;
+    if (strcmp(t, "..") == 0) {
+      while (n > 0 && out[n - 1] != '/') n--;
+      if (n > 0) n--;
+      out[n] = '\0';
+      continue;
+    }
+    size_t len = strlen(t);
+    if (n + 1 + len >= sizeof(out)) return 0;
+    out[n++] = '/';
+    memcpy(out + n, t, len + 1);
+    n += len;
+  }
+  if (n == 0) snprintf(out, sizeof(out), "/");
+  return inside_roots(out, roots);
+}
+
 /* The first directory glob(3) could not read, for glob_files' message. */
 static __thread int glob_errno;
 static __thread char glob_errpath[256];
@@ -119,9 +150,28 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
                         char *err, size_t errlen) {
   strlist found = {0};
   int rc = 0;
-  if (has_glob(src) && !glob_base_inside(src, opts->allowed_roots)) {
+  /* larder ACL: a pattern may not climb out of its base with "..", and
+   * what lies outside the roots answers "not allowed" whether it exists or
+   * not, so that errors do not tell a client what exists there (bug fix:
+   * "no such file", "not allowed" and "no .parquet files" told a missing
+   * file, a file and a directory apart outside the roots). */
+  if (opts->allowed_roots &&
+      ((has_glob(src) && (strstr(src, "/../") || strncmp(src, "../", 3) == 0 ||
+                          (strlen(src) >= 3 && strcmp(src + strlen(src) - 3, "/..") == 0))) ||
+       (has_glob(src) && !glob_base_inside(src, opts->allowed_roots)))) {
     snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
     return LARDER_EACCES;
+  }
+  if (opts->allowed_roots && !has_glob(src)) {
+    /* A path that does not resolve is judged by its text; one inside gets
+     * the plain error below. */
+    char real[PATH_MAX];
+    int resolved = realpath(src, real) != NULL;
+    if (resolved ? !inside_roots(real, opts->allowed_roots)
+                 : !lexically_inside(src, opts->allowed_roots)) {
+      snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
+      return LARDER_EACCES;
+    }
   }
   if (has_glob(src)) {
     rc = glob_files(src, &found, err, errlen);

@@ -428,6 +428,21 @@ TEST_IMPL(acl_local_roots) {
   snprintf(src, sizeof(src), "%s/*.parquet", other);
   expect_open(&nobody, d.socket, src, LARDER_EACCES);
   expect_open(&nobody, d.socket, other, LARDER_EACCES);
+  /* Outside the roots, what exists and what does not look the same (they
+   * answered "no such file", "not allowed" and "no .parquet files"), and a
+   * pattern may not climb out with "..". */
+  snprintf(src, sizeof(src), "%s/no-such.parquet", other);
+  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  snprintf(src, sizeof(src), "%s/no-such-dir/x.parquet", other);
+  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  expect_open(&nobody, d.socket, test_tmpdir(), LARDER_EACCES);
+  snprintf(src, sizeof(src), "%s/*/../../other/secret-name.parque?", data);
+  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  snprintf(src, sizeof(src), "%s/*/../../other/no-such.parque?", data);
+  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  /* Inside the roots a missing file is still just missing. */
+  snprintf(src, sizeof(src), "%s/no-such.parquet", data);
+  expect_open(&nobody, d.socket, src, LARDER_ENOENT);
   /* prefetch (root) is held to the roots too. */
   tc_out r;
   tc_ctl(&r, NULL, d.socket, "prefetch", other, NULL);
