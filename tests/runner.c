@@ -70,13 +70,14 @@ uint8_t *test_read_file(const char *path, size_t *len) {
   }
   long size = ftell(f);
   rewind(f);
-  uint8_t *buf = malloc(size > 0 ? (size_t)size : 1);
+  uint8_t *buf = malloc(size > 0 ? (size_t)size + 1 : 1);
   if (buf == NULL || fread(buf, 1, (size_t)size, f) != (size_t)size) {
     free(buf);
     fclose(f);
     return NULL;
   }
   fclose(f);
+  buf[size > 0 ? size : 0] = 0; /* so that text can be searched as a string */
   *len = (size_t)size;
   return buf;
 }

@@ -88,7 +88,8 @@ const char *test_data_dir(void);
 char *test_data_path(char *buf, size_t size, const char *name);
 /* A scratch directory private to the running test, made on first use. */
 const char *test_tmpdir(void);
-/* Reads a whole file into a malloc'd buffer; NULL when it cannot. */
+/* Reads a whole file into a malloc'd buffer, followed by a NUL byte that *len
+ * does not count; NULL when it cannot. */
 uint8_t *test_read_file(const char *path, size_t *len);
 /* Runs a shell command and returns its exit status (or -1). */
 int test_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
