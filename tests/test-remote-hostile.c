@@ -679,3 +679,56 @@ TEST_IMPL(remote_hostile_headers) {
   dh_run_free(&rh);
   return 0;
 }
+
+/*
+ * S3 keys of the maximum length, 1024 bytes (issue: keys cut to 1023):
+ * a prefix listing finds them and the stream reads them right.
+ */
+TEST_IMPL(remote_hostile_long_key) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  dh_run ref = {0};
+  local_reference(dir, 1, &ref);
+  rs_server s3;
+  rh_s3(&s3, "s3", NULL);
+  /* Four path components of 200 bytes and one of 203 (each under the
+   * file system's 255, as s3rver keeps keys as files), then
+   * "part-00N.parquet": 1024 bytes in all. */
+  char prefix[1100];
+  size_t k = 0;
+  for (int c = 0; c < 5; c++) {
+    size_t n = c < 4 ? 200 : 203;
+    memset(prefix + k, 'a' + c, n);
+    k += n;
+    prefix[k++] = '/';
+  }
+  prefix[k] = '\0';
+  ASSERT_EQ(k + strlen("part-000.parquet"), 1024);
+  ASSERT_EQ(rh_s3_put(&s3, "data", prefix, dir), 4);
+  char ep[160];
+  snprintf(ep, sizeof(ep), "--s3_endpoint=%s", s3.url);
+  const char *const fl[] = {"--workers=2", ep, "--s3_path_style=true",
+                            "--s3_access_key=larder-test-key",
+                            "--s3_secret_key=larder-test-secret", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  char src0[1200];
+  snprintf(src0, sizeof(src0), "s3://data/%s", prefix);
+  const char *src[1] = {src0};
+  larder_stream_options_t o;
+  std_opts(&o, src, 1, 1);
+  dh_run r = {0};
+  if (dh_collect(d.socket, &o, 0, &r) != 0) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("1024-byte keys: the stream failed: %s", r.err);
+  }
+  dh_expect_same(&ref, &r);
+  dh_stop(&d);
+  rh_stop(&s3);
+  dh_run_free(&ref);
+  dh_run_free(&r);
+  return 0;
+}
