@@ -1488,7 +1488,7 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     /* S3 lists keys in ascending order, across pages too: a key that does
      * not come after the last one means the endpoint went back (a repeated
      * continuation token), which would list forever. */
-    if (lc->last_key[0] && strcmp(key, lc->last_key) <= 0) {
+    if (key[0] && lc->last_key[0] && strcmp(key, lc->last_key) <= 0) {
       char m[1024], where[600];
       fetch_redact(req->url ? req->url : "", where, sizeof(where));
       snprintf(m, sizeof(m),
@@ -1500,7 +1500,7 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
       list_free(lc, 1);
       return;
     }
-    snprintf(lc->last_key, sizeof(lc->last_key), "%s", key);
+    if (key[0]) snprintf(lc->last_key, sizeof(lc->last_key), "%s", key);
     if (lc->pattern && fnmatch(lc->pattern, key, FNM_PATHNAME) != 0) continue;
     if (key[0] == '\0' || key[strlen(key) - 1] == '/') continue;
     /* Bug fix (tests: remote_s3_listing): a prefix means its Parquet
