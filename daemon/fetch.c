@@ -878,10 +878,26 @@ static void end_req(fetch_req_t *r, int status, int deferred) {
   else finish(r, status);
 }
 
-/* Serves r from an object kept whole, if there is one. */
+/* Drops the copy of url kept whole, if any. */
+static void whole_drop(fetch_t *f, const char *url) {
+  for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
+    if (strcmp((*pp)->url, url) != 0) continue;
+    whole_obj_t *w = *pp;
+    *pp = w->next;
+    whole_free(f, w);
+    return;
+  }
+}
+
+/* Serves r from an object kept whole, if there is one of the version the
+ * caller knows (a copy of another version is not the caller's object: the
+ * server is asked instead). */
 static int serve_from_whole(fetch_req_t *r, int deferred) {
   whole_obj_t *w = find_whole(r->f, r->url);
   if (w == NULL) return 0;
+  if (!remote_same_version(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
+                           w->last_modified))
+    return 0;
   uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
                  : r->ranged     ? r->range.offset
                                  : 0;
@@ -1130,6 +1146,14 @@ static void completed(fetch_req_t *r, CURLcode cc) {
   if (code == 0) {
     snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
     snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
+    /* A fresh answer of another version than the copy kept whole (a server
+     * that ignores Range only at times, as a CDN on a miss) makes the copy
+     * stale: later ranges must come from the server, not from it (bug fix,
+     * tests: remote_hostile_no_range_change). */
+    whole_obj_t *w = r->range.fresh ? find_whole(f, r->url) : NULL;
+    if (w && !remote_same_version(w->size, w->etag, w->last_modified, r->res.object_size,
+                                  r->etag, r->last_modified))
+      whole_drop(f, r->url);
     if (f->opts.stats) {
       STATS_ADD(f->opts.stats, fetch_bytes, r->len);
       STATS_ADD(f->opts.stats, fetch_requests, 1);
