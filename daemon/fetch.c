@@ -1580,7 +1580,10 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   }
   fetch_req_free(req);
   if (more && lc->pages >= 100000) {
-    lc->cb(LARDER_ELIMIT, "the listing has more than 100,000 pages", NULL, 0, lc->arg);
+    char m[1400];
+    snprintf(m, sizeof(m), "s3://%.200s/%.1000s: the listing has more than 100,000 pages",
+             lc->bucket, lc->prefix);
+    lc->cb(LARDER_ELIMIT, m, NULL, 0, lc->arg);
     list_free(lc, 1);
     return;
   }
