@@ -94,7 +94,8 @@
   XX(fetch_low_speed_time, U64, "30", 1,                                       \
      "... for this many seconds is a stall, retried")                          \
   XX(fetch_whole_bytes, SIZE, "1G", 0,                                         \
-     "objects of servers that ignore Range, kept whole in memory (LRU)")      \
+     "objects of servers that ignore Range, kept whole in memory (LRU); "     \
+     "also the most a whole-object answer of unknown size may bring")          \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
      "column chunks closer than this are read with one range request")         \
   XX(fetch_part_bytes, SIZE, "4M", 1,                                          \

@@ -231,6 +231,7 @@ static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *
   f->remote = 1;
   f->size = o->size;
   snprintf(f->etag, sizeof(f->etag), "%s", o->etag);
+  snprintf(f->last_modified, sizeof(f->last_modified), "%s", o->last_modified);
   snprintf(f->identity, sizeof(f->identity), "size=%llu;etag=%s", (unsigned long long)o->size,
            o->etag[0] ? o->etag : o->last_modified);
   f->object_id = util_hash64(f->path, strlen(f->path), util_hash64(f->identity, strlen(f->identity), 0));

@@ -47,6 +47,7 @@ typedef struct dataset_file {
   uint32_t first_rg;       /* index of its row group 0 in dataset.rg_busy */
   int remote;              /* path is a URL */
   char etag[128];          /* remote: the ETag its footer came with */
+  char last_modified[64];  /* remote: its Last-Modified, "" when none */
 } dataset_file_t;
 
 typedef struct dataset_unit {

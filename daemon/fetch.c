@@ -20,10 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "../client/larder.h"
 #include "fetch.h"
 #include "log.h"
+#include "remote.h"
 #include "util.h"
 
 /* RQ_DEFERRED: the result is known when fetch_get is called (an object
@@ -38,6 +40,7 @@ typedef struct whole_obj {
   uint8_t *data;
   uint64_t size;
   char etag[128];
+  char last_modified[64];
 } whole_obj_t;
 
 typedef struct host_slot {
@@ -88,7 +91,15 @@ struct fetch_req {
   uint8_t *buf;
   uint64_t len, cap;
   uint64_t expect;  /* bytes the range asks for (0: unknown) */
-  int overflow;
+  int overflow;     /* the body went past body_limit */
+  int error_body_cut; /* an error body reached FETCH_ERROR_BODY_MAX */
+  int header_too_long;
+  int conditional;  /* asked with If-None-Match / If-Modified-Since */
+  int is_list;      /* a ListObjectsV2 page */
+  uint64_t retry_after_ms; /* the last answer's Retry-After (0: none) */
+  uint64_t known_size;     /* fetch_range_t.object_size */
+  char known_etag[128];
+  char known_lm[64];
   long http_status;
   char content_range[128];
   char etag[128];
@@ -436,15 +447,44 @@ static int timer_cb(CURLM *multi, long timeout_ms, void *userp) {
 /* ------------------------------------------------------------------------ */
 /* Transfers                                                                 */
 
+/*
+ * The most body bytes r may take: what was asked (fetch.h).  Bug fix
+ * (tests: remote_hostile_endless_body): a whole-object answer, or a 206
+ * without a length to a suffix request, could grow to 1 TB, so a server
+ * sending an endless body grew the daemon until it was killed.
+ */
+static uint64_t body_limit(const fetch_req_t *r) {
+  long st = r->http_status;
+  if (st < 200 || st >= 300) return FETCH_ERROR_BODY_MAX;
+  if (st == 206 && r->range.suffix) return r->range.suffix;
+  if (st == 206 && r->ranged) return r->range.length;
+  if (r->is_list) return FETCH_LIST_BODY_MAX;
+  if (r->known_size) return r->known_size;
+  return r->f->opts.max_whole_bytes ? r->f->opts.max_whole_bytes : 1;
+}
+
 static size_t on_data(char *p, size_t size, size_t nmemb, void *userp) {
   fetch_req_t *r = userp;
   size_t n = size * nmemb;
   if (r->len + n > r->cap) {
-    /* Ranged answers have an exact size; only a whole-object answer grows,
-     * and never past the size the server announced (plus slack). */
-    uint64_t limit = r->expect && r->http_status == 206 ? r->expect : (uint64_t)1 << 40;
-    if (r->content_length >= 0 && (uint64_t)r->content_length < limit) limit = (uint64_t)r->content_length;
+    uint64_t limit = body_limit(r);
     if (r->len + n > limit) {
+      if (r->http_status < 200 || r->http_status >= 300) {
+        /* An error body is read for its message; what is beyond the cap
+         * is not needed, and the status decides (completed). */
+        r->error_body_cut = 1;
+        n = (size_t)(limit - r->len);
+        if (n) {
+          uint8_t *b = realloc(r->buf, limit);
+          if (b) {
+            r->buf = b;
+            r->cap = limit;
+            memcpy(r->buf + r->len, p, n);
+            r->len += n;
+          }
+        }
+        return 0;
+      }
       r->overflow = 1;
       return 0;
     }
@@ -474,10 +514,17 @@ static void header_value(const char *line, size_t n, char *out, size_t size) {
 static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
   fetch_req_t *r = userp;
   size_t n = size * nmemb;
+  if (n > FETCH_HEADER_LINE_MAX) {
+    /* Bug fix (tests: remote_hostile_headers): an oversized header line
+     * failed as "Out of memory"; it is now named, and retried. */
+    r->header_too_long = 1;
+    return 0;
+  }
   if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) {
     /* A new response (after a redirect or 100-continue): start over. */
     r->content_range[0] = r->etag[0] = r->last_modified[0] = '\0';
     r->content_length = -1;
+    r->retry_after_ms = 0;
     const char *sp = memchr(p, ' ', n);
     r->http_status = sp ? strtol(sp + 1, NULL, 10) : 0;
     if (r->http_status == 200 && r->len == 0 && r->buf && r->cap && r->expect) {
@@ -498,6 +545,19 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
     char v[32] = "";
     header_value(p, n, v, sizeof(v));
     r->content_length = strtoll(v, NULL, 10);
+  } else if (n > 12 && strncasecmp(p, "retry-after:", 12) == 0) {
+    /* Seconds, or an HTTP date (RFC 9110 10.2.3); capped when used. */
+    char v[64] = "";
+    header_value(p, n, v, sizeof(v));
+    char *end = NULL;
+    unsigned long long secs = strtoull(v, &end, 10);
+    if (v[0] && end && *end == '\0') {
+      r->retry_after_ms = secs > 86400 ? 86400000ull : secs * 1000ull;
+    } else {
+      time_t t = curl_getdate(v, NULL);
+      time_t now = time(NULL);
+      if (t > now) r->retry_after_ms = (uint64_t)(t - now > 86400 ? 86400 : t - now) * 1000ull;
+    }
   }
   return n;
 }
@@ -557,6 +617,24 @@ static int setup_easy(fetch_req_t *r) {
              (unsigned long long)(r->range.offset + r->range.length - 1));
     r->headers = curl_slist_append(r->headers, rangebuf);
   }
+  /* A fresh request for an object kept whole asks whether it changed: the
+   * copy kept answers a 304 (completed). */
+  r->conditional = 0;
+  if (r->range.fresh && !r->is_list) {
+    whole_obj_t *w = NULL;
+    for (whole_obj_t *x = f->wholes; x; x = x->next)
+      if (strcmp(x->url, r->url) == 0) w = x;
+    char cond[256];
+    if (w && w->etag[0]) {
+      snprintf(cond, sizeof(cond), "If-None-Match: %.200s", w->etag);
+      r->headers = curl_slist_append(r->headers, cond);
+      r->conditional = 1;
+    } else if (w && w->last_modified[0]) {
+      snprintf(cond, sizeof(cond), "If-Modified-Since: %s", w->last_modified);
+      r->headers = curl_slist_append(r->headers, cond);
+      r->conditional = 1;
+    }
+  }
   if (strncmp(r->url, "s3://", 5) == 0) {
     if (f->opts.s3_access_key == NULL || f->opts.s3_secret_key == NULL) {
       snprintf(r->msg, sizeof(r->msg),
@@ -588,6 +666,9 @@ static void start_one(fetch_req_t *r) {
   fetch_t *f = r->f;
   r->len = 0;
   r->overflow = 0;
+  r->error_body_cut = 0;
+  r->header_too_long = 0;
+  r->retry_after_ms = 0;
   r->http_status = 0;
   r->location[0] = '\0';
   r->content_length = -1;
@@ -797,10 +878,26 @@ static void end_req(fetch_req_t *r, int status, int deferred) {
   else finish(r, status);
 }
 
-/* Serves r from an object kept whole, if there is one. */
+/* Drops the copy of url kept whole, if any. */
+static void whole_drop(fetch_t *f, const char *url) {
+  for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
+    if (strcmp((*pp)->url, url) != 0) continue;
+    whole_obj_t *w = *pp;
+    *pp = w->next;
+    whole_free(f, w);
+    return;
+  }
+}
+
+/* Serves r from an object kept whole, if there is one of the version the
+ * caller knows (a copy of another version is not the caller's object: the
+ * server is asked instead). */
 static int serve_from_whole(fetch_req_t *r, int deferred) {
   whole_obj_t *w = find_whole(r->f, r->url);
   if (w == NULL) return 0;
+  if (!remote_same_version(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
+                           w->last_modified))
+    return 0;
   uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
                  : r->ranged     ? r->range.offset
                                  : 0;
@@ -821,6 +918,7 @@ static int serve_from_whole(fetch_req_t *r, int deferred) {
   r->len = r->cap = len;
   r->res.object_size = w->size;
   snprintf(r->res.etag, sizeof(r->res.etag), "%s", w->etag);
+  snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", w->last_modified);
   r->res.whole_object = 1;
   end_req(r, 0, deferred);
   return 1;
@@ -839,7 +937,18 @@ static void completed(fetch_req_t *r, CURLcode cc) {
    * certificate check failed, which host did not answer); it never holds
    * credentials. */
   const char *why = r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc);
-  if (cc != CURLE_OK) {
+  /* An error body cut at its cap still has its status to decide by. */
+  if (cc == CURLE_WRITE_ERROR && r->error_body_cut && !r->header_too_long) cc = CURLE_OK;
+  if (cc != CURLE_OK && (r->header_too_long || (cc == CURLE_OUT_OF_MEMORY && r->http_status))) {
+    /* libcurl fails a header line over its own limit (100 KB) as out of
+     * memory; ours is lower (FETCH_HEADER_LINE_MAX).  Either way a proxy or
+     * server misbehaves, and another attempt may meet a healthy one. */
+    retry = 1;
+    code = LARDER_EREMOTE;
+    snprintf(r->msg, sizeof(r->msg),
+             "%s: HTTP %ld: a response header line is longer than %u bytes (or libcurl's limit)",
+             where, r->http_status, (unsigned)FETCH_HEADER_LINE_MAX);
+  } else if (cc != CURLE_OK) {
     switch (cc) {
       case CURLE_COULDNT_RESOLVE_HOST:
       case CURLE_COULDNT_CONNECT:
@@ -856,12 +965,36 @@ static void completed(fetch_req_t *r, CURLcode cc) {
         snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, why,
                  cc == CURLE_OPERATION_TIMEDOUT ? " (stalled or timed out)" : "");
         break;
-      case CURLE_WRITE_ERROR:
+      case CURLE_WRITE_ERROR: {
+        uint64_t limit = body_limit(r);
         code = r->overflow ? LARDER_ECORRUPT : LARDER_ENOMEM;
         retry = r->overflow;
-        snprintf(r->msg, sizeof(r->msg), "%s: the server sent more bytes than the range asked for",
-                 where);
+        if (!r->overflow) {
+          snprintf(r->msg, sizeof(r->msg), "%s: out of memory for the body", where);
+        } else if (r->http_status == 206 || r->known_size) {
+          /* More than the range, or than the object the stream opened: a
+           * wrong answer (an error page, another version), maybe not the
+           * next one. */
+          snprintf(r->msg, sizeof(r->msg),
+                   "%s: HTTP %ld: the body is longer than the %llu bytes %s", where,
+                   r->http_status, (unsigned long long)limit,
+                   r->http_status == 206 ? "the range asked for" : "of the object");
+        } else if (r->is_list) {
+          retry = 0;
+          snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld: a listing page is longer than %llu bytes",
+                   where, r->http_status, (unsigned long long)limit);
+        } else {
+          /* A whole object of unknown size, larger than may be kept. */
+          retry = 0;
+          code = LARDER_ELIMIT;
+          snprintf(r->msg, sizeof(r->msg),
+                   "%s: HTTP %ld: the server sent the whole object (it ignores Range) and it is "
+                   "larger than fetch_whole_bytes (%llu bytes), the most larderd keeps of such "
+                   "objects",
+                   where, r->http_status, (unsigned long long)limit);
+        }
         break;
+      }
       case CURLE_PEER_FAILED_VERIFICATION:
       case CURLE_SSL_CACERT_BADFILE:
         code = LARDER_EACCES;
@@ -906,6 +1039,23 @@ static void completed(fetch_req_t *r, CURLcode cc) {
           r->res.object_size = total;
         }
       }
+    } else if (st == 304 && r->conditional && find_whole(f, r->url)) {
+      /* The object kept whole is still current. */
+      if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
+      serve_from_whole(r, 0);
+      return;
+    } else if (st == 304) {
+      /* Bug fix (tests: remote_hostile_headers): a 304 was reported as a
+       * redirect without a target.  larderd asks conditionally only for an
+       * object it keeps whole; a 304 otherwise (a caching proxy answering
+       * for a client that never asked, or the copy just dropped) is
+       * retried, unconditionally. */
+      code = LARDER_EREMOTE;
+      retry = 1;
+      snprintf(r->msg, sizeof(r->msg),
+               "%s: HTTP 304 Not Modified to a request %s", where,
+               r->conditional ? "whose object larderd no longer keeps"
+                              : "that was not conditional (a caching proxy answering wrongly?)");
     } else if (st == 200) {
       /* The whole object: if a range was asked, the server ignores Range;
        * keep the object so it is downloaded only once. */
@@ -914,6 +1064,22 @@ static void completed(fetch_req_t *r, CURLcode cc) {
         retry = 1;
         snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %lld bytes", where,
                  (unsigned long long)r->len, (long long)r->content_length);
+      } else if ((r->ranged || r->range.suffix) &&
+                 !remote_same_version(r->known_size, r->known_etag, r->known_lm, r->len, r->etag,
+                                      r->last_modified)) {
+        /* Bug fix (tests: remote_hostile_wrong_whole): a 200 answering a
+         * range was kept as the whole object whatever it was, so a 24-byte
+         * maintenance page stood for the object until the daemon
+         * restarted.  One that disagrees with the object the stream opened
+         * is an error for this request, retried, and never kept. */
+        code = LARDER_EREMOTE;
+        retry = 1;
+        snprintf(r->msg, sizeof(r->msg),
+                 "%s: HTTP 200 with %llu bytes%s%s answering a range request, but the object is "
+                 "%llu bytes%s%s: not the object (an error page?); not used",
+                 where, (unsigned long long)r->len, r->etag[0] ? ", ETag " : "", r->etag,
+                 (unsigned long long)r->known_size, r->known_etag[0] ? ", ETag " : "",
+                 r->known_etag);
       } else {
         r->res.object_size = r->len;
         if (r->ranged || r->range.suffix) {
@@ -927,6 +1093,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
             w->data = r->buf;
             w->size = r->len;
             snprintf(w->etag, sizeof(w->etag), "%s", r->etag);
+            snprintf(w->last_modified, sizeof(w->last_modified), "%s", r->last_modified);
             whole_keep(f, w);
             r->buf = NULL;
             r->len = r->cap = 0;
@@ -979,6 +1146,14 @@ static void completed(fetch_req_t *r, CURLcode cc) {
   if (code == 0) {
     snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
     snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
+    /* A fresh answer of another version than the copy kept whole (a server
+     * that ignores Range only at times, as a CDN on a miss) makes the copy
+     * stale: later ranges must come from the server, not from it (bug fix,
+     * tests: remote_hostile_no_range_change). */
+    whole_obj_t *w = r->range.fresh ? find_whole(f, r->url) : NULL;
+    if (w && !remote_same_version(w->size, w->etag, w->last_modified, r->res.object_size,
+                                  r->etag, r->last_modified))
+      whole_drop(f, r->url);
     if (f->opts.stats) {
       STATS_ADD(f->opts.stats, fetch_bytes, r->len);
       STATS_ADD(f->opts.stats, fetch_requests, 1);
@@ -992,6 +1167,11 @@ static void completed(fetch_req_t *r, CURLcode cc) {
     if (delay > f->opts.retry_max_ms) delay = f->opts.retry_max_ms;
     /* Full jitter in [delay/2, delay): retries from many ranks spread out. */
     delay = delay / 2 + rnd(f) % (delay / 2 + 1);
+    /* Bug fix (tests: remote_hostile_headers): Retry-After was ignored.  It
+     * lengthens the wait, up to retry_max_ms, so that a server asking for
+     * an hour cannot hold a stream that long. */
+    if (r->retry_after_ms > delay)
+      delay = r->retry_after_ms < f->opts.retry_max_ms ? r->retry_after_ms : f->opts.retry_max_ms;
     log_debug("%s; retry %d in %llu ms", r->msg, r->attempts, (unsigned long long)delay);
     r->state = RQ_BACKOFF;
     uv_timer_start(&r->backoff, on_backoff, delay, 0);
@@ -1092,10 +1272,15 @@ static void on_fetch_timer_close(uv_handle_t *h) {
 
 static void noop_done(void *arg) { (void)arg; }
 
-void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
+/*
+ * Bug fix (tests: remote_hostile_shutdown): fetches were ended only by
+ * fetch_destroy, which the daemon calls once no task is in flight; a
+ * stream open waiting for its footers is such a task, so SIGTERM waited
+ * for every attempt of a server that never answers (nearly five minutes
+ * by default).  begin_shutdown now ends them at once.
+ */
+void fetch_shutdown(fetch_t *f) {
   f->closing = 1;
-  f->done = done ? done : noop_done;
-  f->done_arg = arg;
   /* Queued requests never started: they end now. */
   while (f->q_head) {
     fetch_req_t *r = f->q_head;
@@ -1124,6 +1309,12 @@ void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
     snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
     finish(r, LARDER_ESHUTDOWN);
   }
+}
+
+void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
+  f->done = done ? done : noop_done;
+  f->done_arg = arg;
+  fetch_shutdown(f);
   uv_timer_stop(&f->timer);
   uv_close((uv_handle_t *)&f->timer, on_fetch_timer_close);
 }
@@ -1153,9 +1344,14 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
   }
   if (range) {
     r->range = *range;
+    r->range.etag = r->range.last_modified = NULL; /* copied below */
     r->ahead = range->ahead != 0;
     r->ranged = range->suffix == 0;
     r->expect = range->suffix ? 0 : range->length;
+    r->known_size = range->object_size;
+    if (range->etag) snprintf(r->known_etag, sizeof(r->known_etag), "%s", range->etag);
+    if (range->last_modified)
+      snprintf(r->known_lm, sizeof(r->known_lm), "%s", range->last_modified);
   }
   r->cb = cb;
   r->arg = arg;
@@ -1239,6 +1435,8 @@ typedef struct list_ctx {
   size_t n, cap;
   char token[1024];
   int pages;
+  int empty_pages;    /* truncated pages in a row with no key */
+  char last_key[1100]; /* the greatest key listed so far */
 } list_ctx_t;
 
 static void list_next(list_ctx_t *lc);
@@ -1301,7 +1499,9 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     if (c == NULL) break;
     const char *ce = memmem(c, (size_t)(end - c), "</Contents>", 11);
     if (ce == NULL) break;
-    char key[1024] = "", size[32] = "", etag[160] = "";
+    /* Bug fix (tests: remote_hostile_long_key): keys of S3's maximum
+     * length (1024 bytes) were cut to 1023 and then not found. */
+    char key[1100] = "", size[32] = "", etag[160] = "";
     const char *q = c;
     xml_next(&q, ce, "Key", key, sizeof(key));
     q = c;
@@ -1309,6 +1509,22 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     q = c;
     xml_next(&q, ce, "ETag", etag, sizeof(etag));
     p = ce + 11;
+    /* S3 lists keys in ascending order, across pages too: a key that does
+     * not come after the last one means the endpoint went back (a repeated
+     * continuation token), which would list forever. */
+    if (key[0] && lc->last_key[0] && strcmp(key, lc->last_key) <= 0) {
+      char m[1024], where[600];
+      fetch_redact(req->url ? req->url : "", where, sizeof(where));
+      snprintf(m, sizeof(m),
+               "%s: the listing does not progress (page %d lists key '%.200s' again or out of "
+               "order): the endpoint's continuation token is broken",
+               where, lc->pages, key);
+      lc->cb(LARDER_EREMOTE, m, NULL, 0, lc->arg);
+      fetch_req_free(req);
+      list_free(lc, 1);
+      return;
+    }
+    if (key[0]) snprintf(lc->last_key, sizeof(lc->last_key), "%s", key);
     if (lc->pattern && fnmatch(lc->pattern, key, FNM_PATHNAME) != 0) continue;
     if (key[0] == '\0' || key[strlen(key) - 1] == '/') continue;
     /* Bug fix (tests: remote_s3_listing): a prefix means its Parquet
@@ -1337,10 +1553,41 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   char truncated[16] = "";
   xml_next(&q, end, "IsTruncated", truncated, sizeof(truncated));
   q = (const char *)res->data;
+  char prev_token[sizeof(lc->token)];
+  snprintf(prev_token, sizeof(prev_token), "%s", lc->token);
   lc->token[0] = '\0';
   xml_next(&q, end, "NextContinuationToken", lc->token, sizeof(lc->token));
+  int more = strcmp(truncated, "true") == 0 && lc->token[0];
+  lc->empty_pages = more && (res->data == NULL ||
+                              memmem(res->data, res->length, "<Contents>", 10) == NULL)
+                        ? lc->empty_pages + 1 : 0;
+  /* Bug fix (tests: remote_hostile_listing_loop): an endpoint that gave
+   * the same continuation token again was followed for 100,000 pages,
+   * after the client had gone and after SIGTERM. */
+  if (more && (strcmp(prev_token, lc->token) == 0 || lc->empty_pages > 100)) {
+    char m[1024], where[600];
+    fetch_redact(req->url ? req->url : "", where, sizeof(where));
+    snprintf(m, sizeof(m),
+             "%s: the listing does not progress (page %d %s): the endpoint's continuation token "
+             "is broken",
+             where, lc->pages,
+             lc->empty_pages > 100 ? "follows 100 pages in a row without a key"
+                                   : "gives the same continuation token as the page before");
+    lc->cb(LARDER_EREMOTE, m, NULL, 0, lc->arg);
+    fetch_req_free(req);
+    list_free(lc, 1);
+    return;
+  }
   fetch_req_free(req);
-  if (strcmp(truncated, "true") == 0 && lc->token[0] && lc->pages < 100000) {
+  if (more && lc->pages >= 100000) {
+    char m[1400];
+    snprintf(m, sizeof(m), "s3://%.200s/%.1000s: the listing has more than 100,000 pages",
+             lc->bucket, lc->prefix);
+    lc->cb(LARDER_ELIMIT, m, NULL, 0, lc->arg);
+    list_free(lc, 1);
+    return;
+  }
+  if (more) {
     list_next(lc);
     return;
   }
@@ -1381,6 +1628,7 @@ static void list_next(list_ctx_t *lc) {
   r->real_url = resolve_url(f, bucket_url, query);
   r->cb = list_page;
   r->arg = lc;
+  r->is_list = 1;
   r->start_ns = util_now_ns();
   r->content_length = -1;
   char host[256];
@@ -1393,6 +1641,11 @@ static void list_next(list_ctx_t *lc) {
   if (r->url == NULL || r->real_url == NULL) {
     snprintf(r->msg, sizeof(r->msg), "out of memory");
     finish_deferred(r, LARDER_ENOMEM);
+    return;
+  }
+  if (f->closing) {
+    snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
+    finish_deferred(r, LARDER_ESHUTDOWN);
     return;
   }
   enqueue(f, r);

@@ -20,7 +20,22 @@
  *   was asked: bytes for another range are never delivered.  A server that
  *   ignores Range (200 with the whole object) is read once: the object is
  *   kept whole and later ranges are cut from it (up to max_whole_bytes of
- *   such objects, least recently used dropped first).
+ *   such objects, least recently used dropped first).  A fresh request for
+ *   such an object asks the server again, conditionally when the object
+ *   has a validator (If-None-Match / If-Modified-Since; a 304 is served
+ *   from the copy kept).
+ * - Every body is capped at what was asked: a range's length, a suffix's
+ *   length, the object's known size for a whole object answering a range,
+ *   else max_whole_bytes; a listing page at FETCH_LIST_BODY_MAX; an error
+ *   body at FETCH_ERROR_BODY_MAX (kept for its message, the rest ignored).
+ *   A body beyond its cap fails the request (retried where another answer
+ *   may differ), so memory stays bounded whatever a server sends.
+ * - A whole object (200) answering a range of an object whose size or
+ *   validators are known (fetch_range_t.object_size, etag, last_modified)
+ *   and disagree with them is an error for that request (retried) and is
+ *   never kept: a maintenance page must not stand for the object.
+ * - Retry-After (seconds or an HTTP date) lengthens a backoff, up to
+ *   retry_max_ms.
  * - Errors are negative larder_errno_t with a message that names the URL,
  *   the status and the cause, and never contains credentials.  CURLcode and
  *   HTTP statuses are converted here, once.
@@ -77,6 +92,10 @@ void fetch_load_credentials(fetch_options_t *opts, const char *profile, char **o
 
 /* Creates the fetcher on loop.  Returns 0 or LARDER_ENOMEM / LARDER_EIO. */
 int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out);
+/* Ends every request now, listings included (callbacks run with
+ * LARDER_ESHUTDOWN), and every later one at once, so that shutdown never
+ * waits for a server; fetch_destroy then frees the fetcher. */
+void fetch_shutdown(fetch_t *f);
 /* Cancels everything (callbacks run with LARDER_ESHUTDOWN) and frees the
  * fetcher once its handles are closed; done(arg) is called then. */
 void fetch_destroy(fetch_t *f, void (*done)(void *arg), void *arg);
@@ -107,7 +126,17 @@ typedef struct fetch_range {
   uint64_t suffix;
   int fresh;
   int ahead;
+  /* What the caller knows of the object (0 / NULL: nothing; the strings
+   * are copied): a whole-object answer that disagrees is refused. */
+  uint64_t object_size;
+  const char *etag;
+  const char *last_modified;
 } fetch_range_t;
+
+#define FETCH_LIST_BODY_MAX ((uint64_t)64 << 20)
+#define FETCH_ERROR_BODY_MAX ((uint64_t)64 << 10)
+/* A header line longer than this fails the request (retried). */
+#define FETCH_HEADER_LINE_MAX 16384
 
 /*
  * Queues a GET of range (NULL: the whole object) of url (http://, https://

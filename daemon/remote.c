@@ -6,10 +6,50 @@
 #include <string.h>
 
 #include "../client/larder.h"
+#include "log.h"
 #include "parquet.h"
 #include "remote.h"
+#include "util.h"
 
 int remote_is_url(const char *s) { return strstr(s, "://") != NULL; }
+
+/* The opaque part of an ETag: W/"x" and "x" name the same version (a
+ * server or proxy may weaken an ETag, e.g. when it compresses). */
+static const char *etag_opaque(const char *e) {
+  return e[0] == 'W' && e[1] == '/' ? e + 2 : e;
+}
+
+int remote_same_version(uint64_t size_a, const char *etag_a, const char *lm_a, uint64_t size_b,
+                        const char *etag_b, const char *lm_b) {
+  if (size_a && size_b && size_a != size_b) return 0;
+  if (etag_a && etag_a[0] && etag_b && etag_b[0])
+    return strcmp(etag_opaque(etag_a), etag_opaque(etag_b)) == 0;
+  /* Bug fix (tests: remote_hostile_no_etag): without an ETag only the size
+   * was compared, so an object replaced by one of the same size on a server
+   * that sends Last-Modified alone was decoded as a mix of both versions. */
+  if (lm_a && lm_a[0] && lm_b && lm_b[0]) return strcmp(lm_a, lm_b) == 0;
+  return 1;
+}
+
+/* URLs already warned about (hashes; the oldest forgotten first): the
+ * warning about an object without validators comes once per object, not
+ * once per stream. */
+#define UNVALIDATED_SLOTS 4096
+static uint64_t unvalidated[UNVALIDATED_SLOTS];
+static unsigned unvalidated_next;
+
+static void warn_unvalidated(const char *url) {
+  uint64_t h = util_hash64(url, strlen(url), 0x76616cull) | 1;
+  for (unsigned i = 0; i < UNVALIDATED_SLOTS; i++)
+    if (unvalidated[i] == h) return;
+  unvalidated[unvalidated_next++ % UNVALIDATED_SLOTS] = h;
+  char where[600];
+  fetch_redact(url, where, sizeof(where));
+  log_warn("%s has neither an ETag nor a Last-Modified header: if it is replaced by an object of "
+           "the same size, larderd cannot tell, and may serve cached data of the old version or "
+           "a mix of both",
+           where);
+}
 
 typedef struct resolve_ctx {
   fetch_t *f;
@@ -120,6 +160,7 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   if (res->etag[0]) snprintf(o->etag, sizeof(o->etag), "%s", res->etag);
   snprintf(o->last_modified, sizeof(o->last_modified), "%s", res->last_modified);
   if (res->object_size) o->size = res->object_size;
+  if (o->etag[0] == '\0' && o->last_modified[0] == '\0') warn_unvalidated(o->url);
   if (o->size < 12 || res->length < 8) {
     snprintf(msg, sizeof(msg), "%s: not a Parquet file: %llu bytes is too short", where,
              (unsigned long long)o->size);
@@ -175,7 +216,12 @@ static void read_footer(resolve_ctx_t *rc, size_t index) {
   }
   fr->rc = rc;
   fr->index = index;
-  fetch_range_t r = {0, 0, rc->guess};
+  /* fresh: the footer read is how a new stream sees the object's current
+   * version, so it goes to the server even when the object is kept whole
+   * (bug fix, tests: remote_hostile_no_range_change: a server that ignores
+   * Range had its object kept whole and never asked again, and every new
+   * stream read the old version while it stayed in memory). */
+  fetch_range_t r = {0, 0, rc->guess, 1, 0};
   rc->pending++;
   if (fetch_get(rc->f, rc->objs[index].url, &r, on_footer, fr) == NULL) {
     rc->pending--;
@@ -186,7 +232,7 @@ static void read_footer(resolve_ctx_t *rc, size_t index) {
 
 typedef struct list_req {
   resolve_ctx_t *rc;
-  char source[1024];
+  char source[1200]; /* s3://bucket/ and a key of up to 1024 bytes */
 } list_req_t;
 
 static void on_list(int status, const char *message, fetch_object_t *objects, size_t count,
@@ -196,7 +242,7 @@ static void on_list(int status, const char *message, fetch_object_t *objects, si
   if (status) {
     fail(rc, status, message ? message : "listing failed");
   } else if (count == 0) {
-    char m[1100];
+    char m[1300];
     snprintf(m, sizeof(m), "%s: no objects match", lr->source);
     fail(rc, LARDER_ENOENT, m);
   } else {
@@ -242,9 +288,14 @@ int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t fo
       fail(rc, LARDER_EUNSUPPORTED, m);
       continue;
     }
-    const char *glob = strpbrk(s, "*?[");
+    /* Bug fix (tests: remote_hostile_query_url): wildcards are only for
+     * s3:// sources, which can be listed; an http(s) URL is taken
+     * literally, so that a presigned or SAS URL's query string ("?") and an
+     * IPv6 literal host ("[::1]") are not mistaken for a glob. */
+    int s3 = strncmp(s, "s3://", 5) == 0;
+    const char *glob = s3 ? strpbrk(s, "*?[") : NULL;
     size_t len = strlen(s);
-    if (strncmp(s, "s3://", 5) == 0 && (glob || s[len - 1] == '/')) {
+    if (s3 && (glob || s[len - 1] == '/')) {
       list_req_t *lr = calloc(1, sizeof(*lr));
       if (lr == NULL) {
         fail(rc, LARDER_ENOMEM, "out of memory");
@@ -253,7 +304,7 @@ int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t fo
       lr->rc = rc;
       snprintf(lr->source, sizeof(lr->source), "%s", s);
       /* List from the part before the first wildcard; match the key. */
-      char prefix[1024];
+      char prefix[1200];
       size_t plen = glob ? (size_t)(glob - s) : len;
       snprintf(prefix, sizeof(prefix), "%.*s", (int)plen, s);
       const char *bucket_end = strchr(s + 5, '/');
@@ -266,12 +317,6 @@ int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t fo
         free(lr);
         fail(rc, LARDER_ENOMEM, "out of memory");
       }
-    } else if (glob) {
-      char m[1100], where[600];
-      fetch_redact(s, where, sizeof(where));
-      snprintf(m, sizeof(m), "%s: wildcards work only in s3:// sources (HTTP has no listing)",
-               where);
-      fail(rc, LARDER_EINVAL, m);
     } else if (add_object(rc, s, 0, NULL) < 0) {
       fail(rc, LARDER_ENOMEM, "out of memory");
     }

@@ -46,4 +46,15 @@ int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t fo
 
 void remote_objects_free(remote_object_t *objects, size_t count);
 
+/*
+ * Whether two observations of an object are the same version: sizes (0:
+ * unknown) must agree, then ETags are compared when both have one (a weak
+ * ETag, W/"x", by its opaque value "x"), else Last-Modified when both have
+ * one.  With neither validator on both sides only the size can tell, and
+ * two versions of one size look the same (remote_resolve warns once per
+ * object).  NULL or "" means absent.
+ */
+int remote_same_version(uint64_t size_a, const char *etag_a, const char *lm_a, uint64_t size_b,
+                        const char *etag_b, const char *lm_b);
+
 #endif /* LARDER_REMOTE_H */

@@ -261,6 +261,9 @@ static void begin_shutdown(server_t *srv, const char *why) {
   log_notice("%s: shutting down", why);
   sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
   admin_shutdown(srv);  /* prefetch and cat jobs end */
+  /* Fetches and their retries end now (fetch_shutdown): a stream open
+   * waiting for a server must not hold the exit. */
+  if (srv->fetch) fetch_shutdown(srv->fetch);
   metrics_stop(srv);    /* the HTTP endpoint closes; the textfile stays */
   if (srv->listening || srv->accept_paused) {
     if (srv->listening) uv_close((uv_handle_t *)&srv->listener, NULL);

@@ -157,7 +157,9 @@ struct rgbuf {
   uint64_t charged;        /* bytes counted in srv->rgbuf_fetching_bytes */
   uint64_t bytes;
   uint64_t fetch_ns;
+  uint64_t size;       /* the object's version when the stream opened */
   char etag[128];
+  char last_modified[64];
   char where[400];     /* the object's URL, redacted, for messages */
   unit_t **waiters;
   int num_waiters, cap_waiters;
@@ -320,13 +322,22 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
         b->error = res->status;
         b->message = strdup(res->message ? res->message : larder_strerror(res->status));
       }
-    } else if (b->etag[0] && res->etag[0] && strcmp(b->etag, res->etag) != 0) {
-      /* The object changed after the stream opened: never decode a mix. */
+    } else if (!remote_same_version(b->size, b->etag, b->last_modified, res->object_size,
+                                    res->etag, res->last_modified)) {
+      /* The object changed after the stream opened: never decode a mix.
+       * Bug fix (tests: remote_hostile_no_etag): only ETags were compared,
+       * so on a server without them a replaced object was decoded as old
+       * footer and new pages. */
       if (!b->error) {
         b->error = LARDER_EIO;
         char m[1024];
-        snprintf(m, sizeof(m), "%s changed since the stream opened (ETag %s, now %s); "
-                 "reopen the stream", b->where, b->etag, res->etag);
+        snprintf(m, sizeof(m),
+                 "%.400s changed since the stream opened (size %llu, ETag %.100s, Last-Modified "
+                 "%.60s; now %llu, %.100s, %.60s); reopen the stream",
+                 b->where, (unsigned long long)b->size, b->etag[0] ? b->etag : "none",
+                 b->last_modified[0] ? b->last_modified : "none",
+                 (unsigned long long)res->object_size, res->etag[0] ? res->etag : "none",
+                 res->last_modified[0] ? res->last_modified : "none");
         b->message = strdup(m);
       }
     } else {
@@ -409,7 +420,9 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->columns_hash = ch;
   b->refs = 1;
   b->srv = srv;
+  b->size = f->size;
   snprintf(b->etag, sizeof(b->etag), "%s", f->etag);
+  snprintf(b->last_modified, sizeof(b->last_modified), "%s", f->last_modified);
   fetch_redact(f->path, b->where, sizeof(b->where));
   b->hnext = srv->rgbuf_table[h % srv->rgbuf_buckets];
   srv->rgbuf_table[h % srv->rgbuf_buckets] = b;
@@ -482,7 +495,12 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->pending++;
   for (int i = 0; i < b->num_parts; i++) {
     rb_part_t *pt = &b->parts[i];
-    fetch_range_t r = {.offset = pt->offset, .length = pt->length, .ahead = ahead};
+    fetch_range_t r = {.offset = pt->offset,
+                       .length = pt->length,
+                       .ahead = ahead,
+                       .object_size = f->size,
+                       .etag = f->etag,
+                       .last_modified = f->last_modified};
     fetch_req_t *req = fetch_get(srv->fetch, f->path, &r, on_range, pt);
     if (req == NULL) {
       if (!b->error) {

@@ -10,7 +10,7 @@ import {
   LOOPBACK, Logger, TokenBucket, onShutdown, parseArgs, parseRange, printReady, resolveRange, sleep,
 } from './lib/common.mjs';
 import {
-  Faults, Stats, handleControl, parseFaultArg, sendResponse, statusFaultResponse, stripHopByHop,
+  Faults, Stats, clientGone, handleControl, parseFaultArg, sendResponse, statusFaultResponse, stripHopByHop,
 } from './lib/faults.mjs';
 
 const USAGE = `usage: faultproxy.mjs --upstream http://127.0.0.1:PORT[/base] [--port N] [--log FILE]
@@ -143,6 +143,28 @@ server.on('request', async (req, res) => {
       return;
     }
 
+    if (fault?.type === 'endless') {
+      req.resume();
+      const h = { 'content-type': 'application/octet-stream', etag: '"endless"' };
+      if (fault.content_range) h['content-range'] = String(fault.content_range);
+      stats.status(rec, Number(fault.status));
+      res.writeHead(Number(fault.status), h);
+      const chunk = Buffer.alloc(65536, 0x41);
+      const gone = clientGone(res);
+      outcome = 'endless';
+      while (!gone.aborted && !res.destroyed) {
+        if (!res.write(chunk)) {
+          await new Promise((resolve) => {
+            res.once('drain', resolve);
+            res.once('close', resolve);
+          });
+        }
+        stats.bytes(rec, chunk.length);
+      }
+      outcome = 'endless-client-gone';
+      return;
+    }
+
     const headers = stripHopByHop(req.headers);
     delete headers.expect;
     if (flags['rewrite-host']) headers.host = up.host;
@@ -202,6 +224,12 @@ server.on('request', async (req, res) => {
         const shift = Number(fault.shift ?? 1);
         if (fault.value) outHeaders['content-range'] = fault.value;
         else if (m) outHeaders['content-range'] = `bytes ${Number(m[1]) + shift}-${Number(m[2]) + shift}/${m[3]}`;
+      }
+    }
+    if (fault?.type === 'strip_headers') {
+      for (const k of String(fault.drop || '').split(',')) if (k.trim()) delete outHeaders[k.trim().toLowerCase()];
+      if (fault.weak_etag && outHeaders.etag && !String(outHeaders.etag).startsWith('W/')) {
+        outHeaders.etag = `W/${outHeaders.etag}`;
       }
     }
     stats.status(rec, upRes.statusCode);

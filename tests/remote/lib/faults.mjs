@@ -19,6 +19,13 @@ export const FAULT_TYPES = {
   wrong_content_range: { shift: 1, value: null },
   ignore_range: {},
   corrupt: { at: null },
+  // faultproxy only: pass the answer through without the headers named in
+  // drop ("etag,last-modified"), and/or with its ETag made weak (W/"...").
+  strip_headers: { drop: null, weak_etag: false },
+  // faultproxy only: answer status (200 or 206, with content_range if
+  // given) with no length and a body that never ends, until the client
+  // goes away.
+  endless: { status: 200, content_range: null },
 };
 // Types that only make sense for a request with a Range header.
 const RANGED_TYPES = new Set(['wrong_bytes', 'wrong_content_range', 'ignore_range']);
@@ -518,6 +525,10 @@ export function s3ErrorXml(code, message, extra = {}) {
 export function statusFaultResponse(rule, style) {
   const headers = {};
   if (rule.retry_after !== undefined) headers['retry-after'] = String(rule.retry_after);
+  // Extra headers: {"headers":{"x-big":"..."}}.
+  if (rule.headers && typeof rule.headers === 'object') {
+    for (const [k, v] of Object.entries(rule.headers)) headers[k.toLowerCase()] = String(v);
+  }
   // A redirect: {"type":"status","status":302,"location":"http://..."}.
   if (rule.location !== undefined) headers.location = String(rule.location);
   let body;
