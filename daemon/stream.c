@@ -631,9 +631,12 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   dataset_file_t *f = &s->ds->files[rv->file];
   s->validating--;
   s->tasks--;
+  /* Bug fix (tests: remote_hostile_no_etag): only size and ETag were
+   * compared, so an object whose server sends Last-Modified alone was not
+   * seen to change. */
   int changed = res->status == 0 &&
-                ((res->object_size && res->object_size != f->size) ||
-                 (res->etag[0] && f->etag[0] && strcmp(res->etag, f->etag) != 0));
+                !remote_same_version(f->size, f->etag, f->last_modified, res->object_size,
+                                     res->etag, res->last_modified);
   if (changed && !s->closed) {
     /* Bug fix (tests: remote_revalidate): the stream used to fail at once,
      * although the check runs when planning reaches the next epoch, up to
@@ -648,11 +651,12 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
       char where[400], m[1024];
       fetch_redact(f->path, where, sizeof(where));
       snprintf(m, sizeof(m),
-               "%s changed since the stream opened (size %llu, ETag %s; now %llu, %s): its "
-               "cached data was dropped; reopen the stream at epoch %llu to read the new "
-               "version",
-               where, (unsigned long long)f->size, f->etag, (unsigned long long)res->object_size,
-               res->etag, (unsigned long long)s->plan_epoch);
+               "%s changed since the stream opened (size %llu, ETag '%s', Last-Modified '%s'; "
+               "now %llu, '%s', '%s'): its cached data was dropped; reopen the stream at epoch "
+               "%llu to read the new version",
+               where, (unsigned long long)f->size, f->etag, f->last_modified,
+               (unsigned long long)res->object_size, res->etag, res->last_modified,
+               (unsigned long long)s->plan_epoch);
       s->stale_msg = strdup(m);
     }
   }
@@ -1781,6 +1785,8 @@ static void on_resolved(int status, const char *message, remote_object_t *object
   server_task_end(o->srv);
   conn_t *c = find_conn(o->srv, o->conn_id);
   if (c == NULL || o->srv->shutting_down) {
+    /* The open ends with the shutdown's error, not a closed connection. */
+    if (c) conn_send_error(c, LARDER_ESHUTDOWN, 0, o->request_id, "the daemon is shutting down");
     remote_objects_free(objects, count);
     free_open_req(o);
     return;
