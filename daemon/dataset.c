@@ -176,7 +176,10 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
   if (has_glob(src)) {
     rc = glob_files(src, &found, err, errlen);
     if (rc == LARDER_ENOENT) snprintf(err, errlen, "%s: no file matches", src);
-    if (rc) return rc;
+    if (rc) {
+      strlist_free(&found);
+      return rc;
+    }
   } else {
     struct stat st;
     if (stat(src, &st) != 0) {
