@@ -78,6 +78,20 @@ static void replace_file1(const char *root) {
   ASSERT_EQ(test_system("touch -d '2001-02-03 04:05:06' '%s' && mv '%s' '%s'", tmp, tmp, dst), 0);
 }
 
+/* The standard dataset in dir, its local reference run, nginx serving it
+ * behind the fault proxy, and the proxy's URL of each file (returns their
+ * number). */
+static int proxied_std(char *dir, size_t dirlen, dh_run *ref, rs_server *ng, rs_server *fp,
+                       char **urls) {
+  ASSERT_EQ(dh_std_dataset(dir, dirlen), DH_STD_ROWS);
+  local_reference(dir, 1, ref);
+  rh_nginx(ng, "ng", dir, NULL);
+  char fpdir[PATH_MAX];
+  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
+  ASSERT_OK(rs_start_faultproxy(fp, ng->url, fpdir, NULL));
+  return rh_urls(fp->url, dir, urls, RH_MAX_FILES);
+}
+
 /* How many times needle occurs in hay. */
 static int count_of(const char *hay, const char *needle) {
   int n = 0;
@@ -250,16 +264,10 @@ TEST_IMPL(remote_hostile_endless_body) {
   int skip = rh_require(1, 1);
   if (skip) return skip;
   char dir[1024];
-  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
   dh_run ref = {0};
-  local_reference(dir, 1, &ref);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", dir, NULL);
-  char fpdir[PATH_MAX];
-  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
-  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   char *urls[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  int nf = proxied_std(dir, sizeof(dir), &ref, &ng, &fp, urls);
   static const char *const fl[] = {"--workers=2", "--fetch_retries=1", "--fetch_retry_base_ms=10",
                                    "--fetch_whole_bytes=4M", NULL};
   dh_daemon d;
@@ -320,16 +328,10 @@ TEST_IMPL(remote_hostile_wrong_whole) {
   int skip = rh_require(1, 1);
   if (skip) return skip;
   char dir[1024];
-  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
   dh_run ref = {0};
-  local_reference(dir, 1, &ref);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", dir, NULL);
-  char fpdir[PATH_MAX];
-  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
-  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   char *urls[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  int nf = proxied_std(dir, sizeof(dir), &ref, &ng, &fp, urls);
   static const char *const fl[] = {"--workers=2", "--fetch_retries=3", "--fetch_retry_base_ms=10",
                                    NULL};
   dh_daemon d;
@@ -693,16 +695,10 @@ TEST_IMPL(remote_hostile_headers) {
   int skip = rh_require(1, 1);
   if (skip) return skip;
   char dir[1024];
-  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
   dh_run ref = {0};
-  local_reference(dir, 1, &ref);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", dir, NULL);
-  char fpdir[PATH_MAX];
-  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
-  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   char *urls[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  int nf = proxied_std(dir, sizeof(dir), &ref, &ng, &fp, urls);
   static const char *const fl[] = {"--workers=2", "--fetch_retries=2", "--fetch_retry_base_ms=10",
                                    NULL};
   dh_daemon d;
