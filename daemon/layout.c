@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "layout.h"
 
@@ -770,8 +771,47 @@ void layout_rowplan_free(layout_rowplan_t *plan) {
   free(plan);
 }
 
+/*
+ * A row block is read at random, a row per sample, across every unit in
+ * memory (hundreds of MiB).  In 4 KiB pages nearly every sample misses the
+ * TLB as well as the caches, and the page walk (two-dimensional in a
+ * virtual machine) costs about as much as the miss itself.  So a block of
+ * ROWS_HUGE_MIN bytes or more gets a mapping of its own, aligned to 2 MiB
+ * and marked for transparent huge pages (which the kernel grants where THP
+ * is enabled for madvise or always): its whole 2 MiB pieces, and its last
+ * piece too when rounding it up to a whole huge page wastes at most an
+ * eighth of the block; otherwise the tail stays in small pages.  The
+ * mapped bytes count towards the unit's memory.  Should mmap fail (no
+ * address space, or vm.max_map_count reached), the block comes from malloc.
+ */
+#define ROWS_HUGE 2097152ull
+#define ROWS_HUGE_MIN (1ull << 20)
+
+static uint8_t *rows_alloc(uint64_t bytes, uint64_t *mapped) {
+  *mapped = 0;
+  if (bytes >= ROWS_HUGE_MIN) {
+    uint64_t whole = bytes & ~(ROWS_HUGE - 1), tail = bytes - whole;
+    uint64_t huge_len = tail && ROWS_HUGE - tail <= bytes / 8 ? whole + ROWS_HUGE : whole;
+    uint64_t len = huge_len > bytes ? huge_len : (bytes + 4095) & ~4095ull;
+    uint8_t *p = mmap(NULL, len + ROWS_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (p != MAP_FAILED) {
+      uint8_t *a = (uint8_t *)(((uintptr_t)p + ROWS_HUGE - 1) & ~(uintptr_t)(ROWS_HUGE - 1));
+      if (a > p) munmap(p, (size_t)(a - p));
+      if (p + len + ROWS_HUGE > a + len) munmap(a + len, (size_t)(p + ROWS_HUGE - a));
+      /* Without THP in the kernel this fails, and the block is in small
+       * pages: slower, but correct. */
+      if (huge_len) (void)madvise(a, huge_len, MADV_HUGEPAGE);
+      *mapped = len;
+      return a;
+    }
+  }
+  return calloc((size_t)(bytes ? bytes : 1), 1);
+}
+
 void layout_rows_free(layout_rows_t *r) {
-  free(r->data);
+  if (r->mapped) munmap(r->data, r->mapped);
+  else free(r->data);
   free(r->start);
   memset(r, 0, sizeof(*r));
 }
@@ -850,9 +890,10 @@ int layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views, 
     }
   }
   if (out->start == NULL) total = (uint64_t)rows * out->stride;
-  out->data = calloc((size_t)(total ? total : 1), 1);
+  out->data = rows_alloc(total, &out->mapped);
   if (out->data == NULL) goto nomem;
-  out->bytes = total + (out->start ? (uint64_t)(rows + 1) * sizeof(uint64_t) : 0);
+  out->bytes = (out->mapped ? out->mapped : total) +
+               (out->start ? (uint64_t)(rows + 1) * sizeof(uint64_t) : 0);
   for (int64_t r = 0; r < rows; r++) {
     uint8_t *row = out->data + (out->start ? out->start[r] : (uint64_t)r * out->stride);
     uint64_t pos = plan->stride;
@@ -937,6 +978,12 @@ static uint64_t rows_validity(const uint8_t *tmp, uint32_t stride, int nb, int64
   return align_up(vl);
 }
 
+/* Samples ahead of the copy whose values rows_var_column prefetches, and
+ * the most bytes of one value it prefetches (a longer value streams in
+ * behind its first lines). */
+#define VALUE_AHEAD 16
+#define VALUE_PREFETCH_MAX 1024
+
 /* Offsets, then the bytes (or elements of elem bytes) the rows' slots point
  * at, for a VAR or LIST slot: node[0] gets the offsets, and values for VAR;
  * a LIST's elements go to node[1]. */
@@ -978,6 +1025,15 @@ static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_
   for (int64_t s = 0; s < n; s++) {
     const uint8_t *ptr;
     uint32_t len;
+    if (s + VALUE_AHEAD < n) {
+      /* The values lie in the samples' rows, which the gather fetched a
+       * while ago: by now most have left the core's own caches. */
+      memcpy(&ptr, tmp + (size_t)(s + VALUE_AHEAD) * stride + off, 8);
+      memcpy(&len, tmp + (size_t)(s + VALUE_AHEAD) * stride + off + 8, 4);
+      uint64_t bytes = len * elem < VALUE_PREFETCH_MAX ? len * elem : VALUE_PREFETCH_MAX;
+      for (uint64_t at = 0; at < bytes; at += 64) __builtin_prefetch(ptr + at);
+      if (bytes) __builtin_prefetch(ptr + bytes - 1);
+    }
     memcpy(&ptr, tmp + (size_t)s * stride + off, 8);
     memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
     if (len) memcpy(p8 + (size_t)cur * elem, ptr, (size_t)(len * elem));

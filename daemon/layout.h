@@ -178,6 +178,7 @@ typedef struct layout_rows {
   uint32_t stride;        /* bytes per row when start is NULL: the plan's
                              stride, or the longest row's size */
   uint64_t bytes;         /* memory held (data and start) */
+  uint64_t mapped;        /* data's own mapping's length, or 0 (malloc) */
   uint64_t inline_lists;  /* bit p: LIST slot p is inlined in every row */
 } layout_rows_t;
 

@@ -20,6 +20,11 @@
 //   pt      STRUCT(x INT, y VARCHAR): never packed
 // OUTDIR/uniform.parquet, 3000 rows: fixed-size rows (id, a 64-byte blob,
 //   an 8-float list), the stride case.
+// OUTDIR/wide.parquet, 8192 rows in one row group, and wide-fit.parquet,
+//   its first 6400 rows: rows of about 550 bytes (id, a 448-byte blob, a
+//   note of 0 to 120 characters, NULL in every 9th row), so that units of
+//   a few thousand rows make row blocks past 1 MiB, which get a mapping of
+//   their own in huge pages.
 import { DuckDBInstance } from '@duckdb/node-api';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -58,4 +63,13 @@ await c.run(`COPY (
          [(i + k)::FLOAT FOR k IN range(8)] AS emb
   FROM range(3000) t(i)
 ) TO '${path.join(out, 'uniform.parquet')}' (FORMAT parquet, COMPRESSION snappy, ROW_GROUP_SIZE 1000)`);
+for (const [name, rows] of [['wide.parquet', 8192], ['wide-fit.parquet', 6400]]) {
+  await c.run(`COPY (
+    SELECT i::BIGINT AS id,
+           from_hex(repeat(md5(i::VARCHAR), 28)) AS blob,
+           CASE WHEN i % 9 = 0 THEN NULL
+                ELSE repeat(chr(65 + (i % 26)::INTEGER), (hash(i, 6) % 121)::INTEGER) END AS note
+    FROM range(${rows}) t(i)
+  ) TO '${path.join(out, name)}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)`);
+}
 console.log(out);
