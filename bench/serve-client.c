@@ -14,7 +14,7 @@
  *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
  *       [--daemon-pid PID] [--touch] [--start-epoch N] [--columns a,b]
- *       [--window N]
+ *       [--window N] [--wait-log FILE]
  *       consumes a stream with a window of 8 batches unless --window says
  *       otherwise (a trainer with short steps asks for more than liblarder's
  *       default of 4) and prints one JSON line per epoch: seconds, rows,
@@ -22,7 +22,9 @@
  *       at the end of the epoch; the first line also has the time from
  *       opening the stream to holding its first batch (first_batch_s), and
  *       each line the wall-clock time the epoch ended (end_unix), to match
- *       against a server's request log.
+ *       against a server's request log; --wait-log writes a line for each
+ *       next-batch call that waited 20 us or more (epoch, batch of the
+ *       epoch, microseconds), to see where a stall comes from.
  *
  * The client reads batches where they lie, in the shared arena: with
  * --touch it reads every cache line once (as a copy to the GPU would),
@@ -151,6 +153,7 @@ int main(int argc, char **argv) {
   o.epochs = 1;
   o.window = 8;
   int pid = 0, do_touch = 0;
+  FILE *wait_log = NULL;
   double compute_us = 0;
   /* A thread's timer slack (50 us by default) lets the kernel end its
    * sleeps that much late: a simulated step of 100 us took 200.  A trainer
@@ -178,6 +181,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--daemon-pid")) pid = atoi(v), i++;
     else if (!strcmp(a, "--window")) o.window = (uint32_t)atoi(v), i++;
     else if (!strcmp(a, "--touch")) do_touch = 1;
+    else if (!strcmp(a, "--wait-log")) {
+      wait_log = fopen(v, "w");
+      if (wait_log == NULL) {
+        perror(v);
+        return 1;
+      }
+      i++;
+    }
   }
   o.sources = sources;
   o.num_sources = (size_t)num_sources;
@@ -200,7 +211,11 @@ int main(int argc, char **argv) {
   int got_first = 0;
   for (;;) {
     larder_batch_t *b;
+    double t_call = wait_log ? bench_now_s() : 0;
     rc = larder_stream_next(s, -1, &b);
+    if (wait_log && rc == 0 && bench_now_s() - t_call >= 20e-6)
+      fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f\n", larder_batch_epoch(b), batches,
+              (bench_now_s() - t_call) * 1e6);
     if ((rc == LARDER_EEOF || (rc == 0 && larder_batch_epoch(b) != epoch)) && batches) {
       double secs = bench_now_s() - t0;
       uint64_t w, cp;
@@ -243,6 +258,7 @@ int main(int argc, char **argv) {
     }
   }
   if (sum == 42) printf("#\n");
+  if (wait_log) fclose(wait_log);
   larder_stream_close(s);
   larder_client_close(c);
   return 0;
