@@ -64,7 +64,22 @@ cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch" "${win
 cold_gbps=$(echo "$cold" | mean_of gbps 0)
 cold_rows=$(echo "$cold" | mean_of rows_per_s 0)
 
+stats() { "$build/bin/larderctl" --socket "$tmp/sock" --json stats; }
+# The workers' assembly time per batch between two stats snapshots: it
+# rises when the machine slows down (a shared VM's memory bandwidth moves
+# between runs), which shows whether a stall run below had the speed the
+# warm run measured.
+assemble_us() {
+  python3 -c "
+import json,sys
+a,b=(json.loads(x) for x in sys.argv[1:])
+n=lambda s,k: s.get(k, s.get('global',{}).get(k,0))
+print((n(b,'assemble_ns')-n(a,'assemble_ns'))/1e3/max(1,n(b,'batches')-n(a,'batches')))" "$1" "$2"
+}
+s_w0=$(stats)
 warm1=$("$client" run "$tmp/sock" "$file" --epochs 4 --batch-size "$batch" "${win[@]}" --seed 1)
+s_w1=$(stats)
+assemble_warm=$(assemble_us "$s_w0" "$s_w1")
 warm1_gbps=$(echo "$warm1" | mean_of gbps 1)
 warm1_rows=$(echo "$warm1" | mean_of rows_per_s 1)
 warm1_sec=$(echo "$warm1" | mean_of seconds 1)
@@ -101,7 +116,6 @@ cost_us=$(python3 -c "print($warm1_sec/$batches*1e6)")
 compute_us=$(python3 -c "print(round(2*$cost_us))")
 # The daemon's stats around it: the Wake frames per batch are the socket
 # messages left once batches and releases go through the descriptor ring.
-stats() { "$build/bin/larderctl" --socket "$tmp/sock" --json stats; }
 wakes() {
   python3 -c "
 import json,sys
@@ -115,11 +129,15 @@ s1=$(stats)
 stall=$(echo "$sim" | mean_of stall 1)
 step_us=$(echo "$sim" | mean_of compute_us 1)
 wakes_per_batch=$(wakes "$s0" "$s1")
+assemble_sim=$(assemble_us "$s0" "$s1")
 # A trainer barely slower than the daemon (it sleeps 1.25 times the cost,
 # and its step comes out longer, as above): the daemon keeps up with no
 # slack to spare.
 compute2_us=$(python3 -c "print(round(1.25*$cost_us))")
+s2=$(stats)
 sim2=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 6 --compute-us "$compute2_us")
+s3=$(stats)
+assemble_sim2=$(assemble_us "$s2" "$s3")
 stall2=$(echo "$sim2" | mean_of stall 1)
 step2_us=$(echo "$sim2" | mean_of compute_us 1)
 
@@ -127,10 +145,11 @@ rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" "${win
 
 python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
   "$warm2_gbps" "$cost_us" "$compute_us" "$stall" "$gather" "$row_bytes" "$step_us" \
-  "$wakes_per_batch" "$compute2_us" "$stall2" "$step2_us" <<PY
+  "$wakes_per_batch" "$compute2_us" "$stall2" "$step2_us" "$assemble_warm" "$assemble_sim" \
+  "$assemble_sim2" <<PY
 import json, sys
 (memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, compute, stall, gather, row_bytes, step,
- wakes, compute2, stall2, step2) = map(float, sys.argv[1:])
+ wakes, compute2, stall2, step2, asm_warm, asm_sim, asm_sim2) = map(float, sys.argv[1:])
 print(f"  single-core memcpy          {memcpy:8.2f} GB/s")
 print(f"  single-core ideal gather    {gather:8.2f} GB/s  (rows of {row_bytes:.0f} B, each contiguous, in random order from 512 MiB)")
 print(f"  cold (decode-bound)         {cold:8.2f} GB/s  {cold_rows/1e6:6.2f} M rows/s  {cold/memcpy:5.2f} x memcpy")
@@ -140,9 +159,11 @@ print(f"  warm, 2 clients (total)     {w2:8.2f} GB/s                    {w2/memc
 print(f"  copies of batch bytes between daemon and client: 0 (shared-memory arena, read in place)")
 print(f"  daemon cost per batch {cost:.0f} us; simulated trainer computing {step:.0f} us/batch "
       f"({step/cost:.1f} x the cost; it sleeps {compute:.0f} us of it): stall {100*stall:.2f}% (goal < 1%), "
-      f"{wakes:.3f} socket messages per batch")
+      f"{wakes:.3f} socket messages per batch; a worker's assembly {asm_sim:.0f} us per batch "
+      f"({asm_warm:.0f} us in the warm run)")
 print(f"  daemon cost per batch {cost:.0f} us; simulated trainer computing {step2:.0f} us/batch "
-      f"({step2/cost:.1f} x the cost; it sleeps {compute2:.0f} us of it): stall {100*stall2:.2f}% (goal < 1%)")
+      f"({step2/cost:.1f} x the cost; it sleeps {compute2:.0f} us of it): stall {100*stall2:.2f}% (goal < 1%); "
+      f"a worker's assembly {asm_sim2:.0f} us per batch")
 rss = [json.loads(l)["daemon_rss_kb"] for l in """$rss""".splitlines() if l.startswith("{")]
 print("  daemon RSS after each of 10 epochs (MiB): " + " ".join(f"{r/1024:.0f}" for r in rss))
 if rss:
