@@ -796,7 +796,7 @@ static uint8_t *rows_alloc(uint64_t bytes, uint64_t *mapped) {
     uint8_t *p = mmap(NULL, len + ROWS_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     if (p != MAP_FAILED) {
-      uint8_t *a = (uint8_t *)(((uintptr_t)p + ROWS_HUGE - 1) & ~(uintptr_t)(ROWS_HUGE - 1));
+      uint8_t *a = p + ((ROWS_HUGE - (uintptr_t)p % ROWS_HUGE) % ROWS_HUGE);
       if (a > p) munmap(p, (size_t)(a - p));
       if (p + len + ROWS_HUGE > a + len) munmap(a + len, (size_t)(p + ROWS_HUGE - a));
       /* Without THP in the kernel this fails, and the block is in small
