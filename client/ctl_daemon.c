@@ -69,7 +69,7 @@ static Larder__Frame *recv_frame(ctl_conn_t *c, int timeout_ms, int *rc) {
       return NULL;
     }
     if (n > 0 && c->buf) {
-      Larder__Frame *f = wire_decode(c->buf, (size_t)n);
+      Larder__Frame *f = wire_decode(c->buf, (size_t)n, 0, NULL);
       if (c->len > (size_t)n) memmove(c->buf, c->buf + n, c->len - (size_t)n);
       c->len -= (size_t)n;
       if (f == NULL) *rc = LARDER_EPROTO;

@@ -434,7 +434,7 @@ static int pump(larder_client_t *c, const larder_stream_t *reader, int timeout_m
       }
       continue;
     }
-    Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)len);
+    Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)len, 0, NULL);
     off += (size_t)len;
     if (f == NULL) {
       c->broken = LARDER_EPROTO;

@@ -31,9 +31,41 @@ int64_t wire_frame_ready(const uint8_t *buf, size_t len, uint32_t max) {
   return (int64_t)n + WIRE_HEADER;
 }
 
-Larder__Frame *wire_decode(const uint8_t *buf, size_t len) {
+/* An allocator for one unpack that refuses to go past its budget.  Its
+ * blocks come from malloc, so wire_free releases them with protobuf-c's
+ * default allocator. */
+typedef struct decode_budget {
+  uint64_t left;
+  int exceeded;
+} decode_budget_t;
+
+static void *budget_alloc(void *data, size_t size) {
+  decode_budget_t *b = data;
+  /* What glibc takes for it: a header, 16-byte granules, 32 at least. */
+  uint64_t cost = ((uint64_t)size + 8 + 15) & ~(uint64_t)15;
+  if (cost < 32) cost = 32;
+  if (cost > b->left) {
+    b->exceeded = 1;
+    return NULL;
+  }
+  b->left -= cost;
+  return malloc(size);
+}
+
+static void budget_free(void *data, void *p) {
+  (void)data;
+  free(p);
+}
+
+Larder__Frame *wire_decode(const uint8_t *buf, size_t len, uint64_t budget, int *too_costly) {
+  if (too_costly) *too_costly = 0;
   if (len < WIRE_HEADER) return NULL;
-  return larder__frame__unpack(NULL, len - WIRE_HEADER, buf + WIRE_HEADER);
+  if (budget == 0) return larder__frame__unpack(NULL, len - WIRE_HEADER, buf + WIRE_HEADER);
+  decode_budget_t left = {budget, 0};
+  ProtobufCAllocator alloc = {budget_alloc, budget_free, &left};
+  Larder__Frame *f = larder__frame__unpack(&alloc, len - WIRE_HEADER, buf + WIRE_HEADER);
+  if (f == NULL && too_costly) *too_costly = left.exceeded;
+  return f;
 }
 
 void wire_free(Larder__Frame *frame) {

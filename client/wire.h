@@ -34,9 +34,20 @@ uint8_t *wire_encode(const Larder__Frame *frame, size_t *len);
  */
 int64_t wire_frame_ready(const uint8_t *buf, size_t len, uint32_t max);
 
-/* Decodes the frame of `len` bytes (header included) at buf.  Returns a
- * frame the caller frees with wire_free, or NULL for malformed bytes. */
-Larder__Frame *wire_decode(const uint8_t *buf, size_t len);
+/*
+ * Decodes the frame of `len` bytes (header included) at buf.  Returns a
+ * frame the caller frees with wire_free, or NULL for malformed bytes or out
+ * of memory.  With a budget (0: none), decoding may allocate at most that
+ * many bytes, counting malloc's overhead, and past it returns NULL with
+ * *too_costly set (too_costly may be NULL).  The daemon decodes clients'
+ * frames with WIRE_DECODE_BUDGET: a frame of millions of empty strings,
+ * two bytes each on the wire, would otherwise take 20 times its length in
+ * memory.  Client requests (paths, column names, numbers) come nowhere
+ * near it.  Clients decode the daemon's frames without one: a schema of
+ * many short column names takes over 10 times its bytes, legitimately.
+ */
+#define WIRE_DECODE_BUDGET(len) (8 * (uint64_t)(len) + (64u << 10))
+Larder__Frame *wire_decode(const uint8_t *buf, size_t len, uint64_t budget, int *too_costly);
 void wire_free(Larder__Frame *frame);
 
 /* A Batch frame, as the trainer's hot path reads it. */

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -464,12 +465,26 @@ static void process_frames(conn_t *c) {
       return;
     }
     if (n == 0) break;
-    Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)n);
+    int too_costly;
+    Larder__Frame *f = wire_decode(c->rbuf + off, (size_t)n, WIRE_DECODE_BUDGET(n), &too_costly);
     off += (size_t)n;
     if (f == NULL || f->msg_case == LARDER__FRAME__MSG__NOT_SET) {
       wire_free(f);
       flush_cork(c);
-      protocol_error(c, LARDER_EPROTO, "protocol error: malformed message");
+      char what[160];
+      if (too_costly)
+        snprintf(what, sizeof(what),
+                 "protocol error: a frame of %lld bytes would take more than 8 times its size "
+                 "in memory to decode",
+                 (long long)n);
+      else
+        snprintf(what, sizeof(what), "protocol error: malformed message");
+      protocol_error(c, LARDER_EPROTO, what);
+      /* The decoder's many small blocks, freed, would stay in the heap
+       * (over a hundred MiB for a 16 MiB frame): give them back.  Frames
+       * decode one at a time on the loop, so this is the most decoding
+       * ever holds at once. */
+      if (too_costly) malloc_trim(0);
       return;
     }
     dispatch(c, f);

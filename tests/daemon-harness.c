@@ -536,6 +536,27 @@ long dh_rss_kb(pid_t pid) {
   return kb;
 }
 
+long dh_peak_rss_kb(pid_t pid, int reset) {
+  char path[64], line[256];
+  if (reset) {
+    /* "5" resets the peak to the current RSS (Linux 4.0). */
+    snprintf(path, sizeof(path), "/proc/%d/clear_refs", (int)pid);
+    FILE *c = fopen(path, "w");
+    if (c) {
+      fputs("5", c);
+      fclose(c);
+    }
+  }
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return -1;
+  long kb = -1;
+  while (fgets(line, sizeof(line), f))
+    if (strncmp(line, "VmHWM:", 6) == 0) kb = strtol(line + 6, NULL, 10);
+  fclose(f);
+  return kb;
+}
+
 double dh_cpu_ms(pid_t pid) {
   char path[64], buf[2048];
   snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
@@ -1161,7 +1182,7 @@ Larder__Frame *dh_raw_recv(int fd, int timeout_ms, int *fds, int *num_fds, int *
   memcpy(full, hdr, 4);
   if (len) memcpy(full + 4, body, len);
   free(body);
-  Larder__Frame *f = wire_decode(full, (size_t)len + 4);
+  Larder__Frame *f = wire_decode(full, (size_t)len + 4, 0, NULL);
   free(full);
   ASSERT_NOT_NULL(f);
   if (fds && num_fds) {

@@ -98,6 +98,10 @@ int dh_memfd_count(pid_t pid);
 /* Descriptors whose link starts with prefix ("socket:", "/memfd:"). */
 int dh_fd_kind_count(pid_t pid, const char *prefix);
 long dh_rss_kb(pid_t pid);
+/* The process's peak RSS (VmHWM) in kB, after resetting it to its current
+ * RSS when reset is set (where the kernel lets this process); -1 when
+ * unknown. */
+long dh_peak_rss_kb(pid_t pid, int reset);
 /* CPU time (user + system) the process used so far, in milliseconds. */
 double dh_cpu_ms(pid_t pid);
 /* Waits up to timeout_ms for the daemon's fd count to come down to at most

@@ -302,6 +302,50 @@ TEST_IMPL(daemon_robust_oversized_frame) {
   return 0;
 }
 
+/* Bug fix (tests: this one): a frame of max_frame bytes holding millions
+ * of empty strings, two bytes each on the wire, took protobuf-c 40 bytes
+ * each to decode: 620 MB for one 16 MiB frame, which clients could send
+ * at once.  Decoding now stops at 8 times the frame's size, and the client
+ * gets a clear error. */
+TEST_IMPL(daemon_robust_costly_frame) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  size_t n = ((16u << 20) - 64) / 2;
+  char **srcs = malloc(n * sizeof(char *));
+  ASSERT_NOT_NULL(srcs);
+  char empty[1] = "";
+  for (size_t i = 0; i < n; i++) srcs[i] = empty;
+  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
+  os.request_id = 1;
+  os.n_sources = n;
+  os.sources = srcs;
+  os.batch_size = 64;
+  Larder__Frame of = LARDER__FRAME__INIT;
+  of.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  of.open_stream = &os;
+  size_t len;
+  uint8_t *frame = wire_encode(&of, &len);
+  free(srcs);
+  ASSERT_NOT_NULL(frame);
+  ASSERT_LE(len - WIRE_HEADER, 16u << 20);
+  long peak0 = dh_peak_rss_kb(f.d.pid, 1);
+  for (int round = 0; round < 3; round++) {
+    int fd = hello_conn(&f);
+    expect_error_close(&f, fd, frame, len, LARDER_EPROTO, "a frame of empty strings");
+  }
+  free(frame);
+  long peak = dh_peak_rss_kb(f.d.pid, 0);
+  fprintf(stderr, "peak RSS %ld kB before, %ld kB after\n", peak0, peak);
+  /* The frame's 16 MiB buffer, and at most 8 times that decoding it. */
+  if (!dh_asan() && peak0 > 0) ASSERT_LE(peak - peak0, 200L * 1024 * dh_slow());
+  char *log = dh_read_log(&f.d);
+  ASSERT_NOT_NULL(strstr(log, "would take more than 8 times its size in memory to decode"));
+  free(log);
+  ASSERT_GE(dh_stat(&f.d, "protocol_errors") - f.protocol_errors0, 3);
+  fx_finish(&f, 60000);
+  return 0;
+}
+
 static void send_msg(int fd, Larder__Frame *fr) { ASSERT_OK(dh_raw_send(fd, fr)); }
 
 /* Messages a client may not send (a Batch, replies, EndOfStream, Error, a

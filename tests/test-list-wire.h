@@ -1,2 +1,3 @@
 TEST_ENTRY(wire_batch_fast_path, 30000)
 TEST_ENTRY(wire_batch_fast_path_declines, 5000)
+TEST_ENTRY(wire_decode_budget, 30000)

@@ -57,7 +57,7 @@ static uint8_t *random_batch_frame(size_t *len, Larder__Batch *b, uint64_t *layo
 /* Asserts that the fast path and protobuf-c agree on buf. */
 static int agree(const uint8_t *buf, size_t len, int expect_fast) {
   wire_batch_t *fast = wire_decode_batch(buf, len);
-  Larder__Frame *ref = wire_decode(buf, len);
+  Larder__Frame *ref = wire_decode(buf, len, 0, NULL);
   if (expect_fast) ASSERT_NOT_NULL(fast);
   if (fast != NULL) {
     ASSERT_NOT_NULL(ref);
@@ -135,7 +135,7 @@ TEST_IMPL(wire_batch_fast_path_declines) {
   buf = wire_encode(&f, &len);
   ASSERT_NOT_NULL(buf);
   ASSERT_NULL(wire_decode_batch(buf, len));
-  Larder__Frame *ref = wire_decode(buf, len);
+  Larder__Frame *ref = wire_decode(buf, len, 0, NULL);
   ASSERT_NOT_NULL(ref);
   wire_free(ref);
   free(buf);
@@ -146,7 +146,7 @@ TEST_IMPL(wire_batch_fast_path_declines) {
   memcpy(frame, unpacked, sizeof(frame));
   frame[0] = (uint8_t)(sizeof(frame) - WIRE_HEADER);
   ASSERT_NULL(wire_decode_batch(frame, sizeof(frame)));
-  ref = wire_decode(frame, sizeof(frame));
+  ref = wire_decode(frame, sizeof(frame), 0, NULL);
   ASSERT_NOT_NULL(ref);
   ASSERT_UINT_EQ(ref->batch->n_layout, 3);
   wire_free(ref);
@@ -154,5 +154,93 @@ TEST_IMPL(wire_batch_fast_path_declines) {
   memcpy(frame, twice, sizeof(twice));
   frame[0] = (uint8_t)(sizeof(twice) - WIRE_HEADER);
   ASSERT_NULL(wire_decode_batch(frame, sizeof(twice)));
+  return 0;
+}
+
+/* An OpenStream frame of n sources, each `len` bytes of 'x'. */
+static uint8_t *open_frame(size_t n, size_t len, size_t *frame_len) {
+  char *one = malloc(len + 1);
+  ASSERT_NOT_NULL(one);
+  memset(one, 'x', len);
+  one[len] = '\0';
+  char **srcs = malloc(n * sizeof(char *));
+  ASSERT_NOT_NULL(srcs);
+  for (size_t i = 0; i < n; i++) srcs[i] = one;
+  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
+  os.n_sources = n;
+  os.sources = srcs;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  f.open_stream = &os;
+  uint8_t *buf = wire_encode(&f, frame_len);
+  ASSERT_NOT_NULL(buf);
+  free(srcs);
+  free(one);
+  return buf;
+}
+
+/* Decoding with WIRE_DECODE_BUDGET stops there: a frame of empty or one-byte
+ * strings (2 or 3 bytes each on the wire, 40 in memory) is refused as too
+ * costly, not malformed; frames of paths, and the densest legitimate field
+ * (a packed layout of one-byte values, 8 times its bytes), decode. */
+TEST_IMPL(wire_decode_budget) {
+  for (size_t len = 0; len < 3; len++) {
+    size_t n, flen;
+    uint8_t *buf = open_frame(200000, len, &flen);
+    int too_costly = 0;
+    ASSERT_NULL(wire_decode(buf, flen, WIRE_DECODE_BUDGET(flen), &too_costly));
+    ASSERT_EQ(too_costly, 1);
+    free(buf);
+    /* A few such strings are nothing: the budget's slack covers them. */
+    n = 100;
+    buf = open_frame(n, len, &flen);
+    Larder__Frame *f = wire_decode(buf, flen, WIRE_DECODE_BUDGET(flen), &too_costly);
+    ASSERT_NOT_NULL(f);
+    ASSERT_EQ(too_costly, 0);
+    ASSERT_UINT_EQ(f->open_stream->n_sources, n);
+    wire_free(f);
+    free(buf);
+  }
+  size_t flen;
+  uint8_t *buf = open_frame(100000, 60, &flen);
+  int too_costly = 1;
+  Larder__Frame *f = wire_decode(buf, flen, WIRE_DECODE_BUDGET(flen), &too_costly);
+  ASSERT_NOT_NULL(f);
+  ASSERT_EQ(too_costly, 0);
+  ASSERT_UINT_EQ(f->open_stream->n_sources, 100000);
+  ASSERT_EQ(strlen(f->open_stream->sources[99999]), 60);
+  wire_free(f);
+  free(buf);
+  /* A Batch whose layout is a million zeros. */
+  size_t n = 1u << 20;
+  uint64_t *layout = calloc(n, sizeof(uint64_t));
+  ASSERT_NOT_NULL(layout);
+  Larder__Batch b = LARDER__BATCH__INIT;
+  b.n_layout = n;
+  b.layout = layout;
+  Larder__Frame bf = LARDER__FRAME__INIT;
+  bf.msg_case = LARDER__FRAME__MSG_BATCH;
+  bf.batch = &b;
+  buf = wire_encode(&bf, &flen);
+  ASSERT_NOT_NULL(buf);
+  f = wire_decode(buf, flen, WIRE_DECODE_BUDGET(flen), &too_costly);
+  ASSERT_NOT_NULL(f);
+  ASSERT_UINT_EQ(f->batch->n_layout, n);
+  wire_free(f);
+  free(buf);
+  free(layout);
+  /* Without a budget, the same frame of empty strings decodes. */
+  buf = open_frame(200000, 0, &flen);
+  f = wire_decode(buf, flen, 0, &too_costly);
+  ASSERT_NOT_NULL(f);
+  ASSERT_UINT_EQ(f->open_stream->n_sources, 200000);
+  wire_free(f);
+  free(buf);
+  /* Malformed bytes are not "too costly". */
+  static const uint8_t garbage[] = {4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
+  too_costly = 1;
+  ASSERT_NULL(
+      wire_decode(garbage, sizeof(garbage), WIRE_DECODE_BUDGET(sizeof(garbage)), &too_costly));
+  ASSERT_EQ(too_costly, 0);
   return 0;
 }
