@@ -1927,6 +1927,10 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
       reply_error(c, req->request_id, LARDER_EACCES, "%s", why);
       return;
     }
+    if (dataset_source_absolute(pos[i], why, sizeof(why)) != 0) {
+      reply_error(c, req->request_id, LARDER_EINVAL, "prefetch: %s", why);
+      return;
+    }
   }
   uint64_t unit_rows = srv->cfg.unit_rows;
   const char *ur = opt_value(req, "unit-rows");

@@ -387,6 +387,15 @@ static int schema_difference(const pq_field_t *first, const char *first_name, co
   return 1;
 }
 
+int dataset_source_absolute(const char *src, char *err, size_t errlen) {
+  if (src == NULL || src[0] == '/' || remote_is_url(src)) return 0;
+  snprintf(err, errlen,
+           "source '%.200s' is a relative path, which the daemon cannot resolve as the client "
+           "would (its working directory is not the client's): give an absolute path",
+           src);
+  return LARDER_EINVAL;
+}
+
 int dataset_open(const char *const *sources, size_t n, const char *const *columns,
                  size_t ncols, const dataset_options_t *opts, dataset_t **out, char *err,
                  size_t errlen) {

@@ -92,6 +92,14 @@ typedef struct dataset {
 } dataset_t;
 
 /*
+ * Whether a source a client sent can be resolved: a URL, or an absolute
+ * local path (a relative one would resolve against the daemon's working
+ * directory, not the client's; liblarder and larderctl send absolute
+ * paths).  Returns 0, or LARDER_EINVAL with the reason in err.  Any thread.
+ */
+int dataset_source_absolute(const char *src, char *err, size_t errlen);
+
+/*
  * Resolves sources (n of them) into a dataset with the given columns (ncols
  * dotted paths; 0 = all).  Every file must have the projected columns with
  * the same types.  Returns 0 or a negative code with a message in err.

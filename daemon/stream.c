@@ -1821,6 +1821,16 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     c->pending_requests);
     return;
   }
+  /* Bug fix (tests: daemon_open_checks): a relative path was resolved
+   * against the daemon's working directory. */
+  for (size_t i = 0; i < req->n_sources; i++) {
+    char why[400];
+    if (req->sources[i] && req->sources[i][0] &&
+        dataset_source_absolute(req->sources[i], why, sizeof(why)) != 0) {
+      conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "%s", why);
+      return;
+    }
+  }
   /* larder ACL: remote sources must be inside the allowlist. */
   {
     acl_peer_t peer;

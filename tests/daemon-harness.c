@@ -591,6 +591,10 @@ const char *dh_work_dir(void) {
     const char *base = getenv("LARDER_TEST_WORK");
     snprintf(dir, sizeof(dir), "%s/daemon", base && *base ? base : "tests/work");
     mkdir_p(dir);
+    /* Absolute, as liblarder sends paths: the daemon refuses relative
+     * ones, which raw-protocol tests send as they are. */
+    char real[PATH_MAX];
+    if (realpath(dir, real) != NULL) snprintf(dir, sizeof(dir), "%s", real);
   }
   return dir;
 }

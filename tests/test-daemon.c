@@ -1715,6 +1715,35 @@ TEST_IMPL(daemon_open_checks) {
     dh_run_free(&ref);
   }
 
+  /* A client that sends a relative path itself (not through liblarder,
+   * which makes it absolute) is refused, not served what the path names
+   * from the daemon's working directory. */
+  {
+    int fd = dh_raw_connect(d.socket);
+    Larder__Frame *r = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
+    ASSERT_NOT_NULL(r);
+    wire_free(r);
+    static const char *const rels[] = {"tests/work/daemon/std", "./x.parquet", "../*.parquet",
+                                       "part-0.parquet"};
+    for (size_t i = 0; i < sizeof(rels) / sizeof(rels[0]); i++) {
+      larder_stream_options_t ro = o;
+      const char *srcs[2] = {std_dir, rels[i]};
+      ro.sources = srcs;
+      ro.num_sources = 2;
+      int arena_fd = -1;
+      r = dh_raw_open(fd, (uint32_t)(10 + i), &ro, &arena_fd);
+      ASSERT_NOT_NULL(r);
+      ASSERT_EQ(arena_fd, -1);
+      ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_ERROR);
+      ASSERT_EQ(r->error->code, LARDER_EINVAL);
+      if (strstr(r->error->message, "is a relative path") == NULL ||
+          strstr(r->error->message, rels[i]) == NULL)
+        ASSERT_FAIL_("relative %s: %s", rels[i], r->error->message);
+      wire_free(r);
+    }
+    close(fd);
+  }
+
   /* The position before the first batch. */
   {
     larder_stream_options_t po = o;
