@@ -44,6 +44,20 @@ static void strlist_free(strlist *l) {
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
+/* Writes into out (size bytes) a glob pattern that matches path alone:
+ * its wildcards and backslashes escaped.  Returns 0, or -1 when it does not
+ * fit. */
+static int glob_escape(const char *path, char *out, size_t size) {
+  size_t n = 0;
+  for (const char *p = path; *p; p++) {
+    if (n + 3 > size) return -1;
+    if (strchr("*?[]\\", *p)) out[n++] = '\\';
+    out[n++] = *p;
+  }
+  out[n] = '\0';
+  return 0;
+}
+
 /* Checks that path (already resolved) lies inside one of the roots. */
 static int inside_roots(const char *path, const char *const *roots) {
   if (roots == NULL) return 1;
@@ -173,23 +187,39 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
       return LARDER_EACCES;
     }
   }
-  if (has_glob(src)) {
+  /* As in a shell, a pattern that matches nothing names itself: a file
+   * or directory whose name holds '[', '*' or '?' can be a source as it
+   * is (bug fix: it could not be, short of escaping each character). */
+  int pattern = has_glob(src);
+  if (pattern) {
     rc = glob_files(src, &found, err, errlen);
-    if (rc == LARDER_ENOENT) snprintf(err, errlen, "%s: no file matches", src);
+    struct stat st;
+    if (rc == LARDER_ENOENT && stat(src, &st) == 0) {
+      pattern = 0;
+      rc = 0;
+    } else if (rc == LARDER_ENOENT) {
+      snprintf(err, errlen, "%s: no file matches", src);
+    }
     if (rc) {
       strlist_free(&found);
       return rc;
     }
-  } else {
+  }
+  if (!pattern) {
     struct stat st;
     if (stat(src, &st) != 0) {
       snprintf(err, errlen, "%s: %s", src, strerror(errno));
       return errno == ENOENT ? LARDER_ENOENT : errno == EACCES ? LARDER_EACCES : LARDER_EIO;
     }
     if (S_ISDIR(st.st_mode)) {
-      /* A directory means its Parquet files (not recursive). */
+      /* A directory means its Parquet files (not recursive).  Its name
+       * is escaped in the pattern, where it must match only itself. */
       char pat[PATH_MAX];
-      snprintf(pat, sizeof(pat), "%s/*.parquet", src);
+      if (glob_escape(src, pat, sizeof(pat) - sizeof("/*.parquet")) != 0) {
+        snprintf(err, errlen, "%.200s...: path too long", src);
+        return LARDER_EINVAL;
+      }
+      strcat(pat, "/*.parquet");
       rc = glob_files(pat, &found, err, errlen);
       if (rc == LARDER_ENOENT) snprintf(err, errlen, "%s: directory has no .parquet files", src);
     } else {
@@ -212,7 +242,7 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
     struct stat st;
     if (stat(real, &st) != 0 || !S_ISREG(st.st_mode)) {
       /* Globs may match directories; skip anything that is not a file. */
-      if (has_glob(src)) continue;
+      if (pattern) continue;
       snprintf(err, errlen, "%s: not a regular file", found.v[i]);
       rc = LARDER_EIO;
       break;

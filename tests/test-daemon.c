@@ -1715,6 +1715,42 @@ TEST_IMPL(daemon_open_checks) {
     dh_run_free(&ref);
   }
 
+  /* Names with glob characters: a file or directory named so is a source
+   * as it is (a pattern that matches nothing names itself, as in a shell),
+   * and an escaped pattern matches it. */
+  {
+    char odd[1200], file[1300], esc[1400];
+    snprintf(odd, sizeof(odd), "%s/odd[1]?", test_tmpdir());
+    snprintf(file, sizeof(file), "%s/a[0]*.parquet", odd);
+    ASSERT_OK(mkdir(odd, 0755));
+    ASSERT_OK(test_system("cp '%s/part-000.parquet' '%s'", std_dir, file));
+    /* What part-000 holds alone. */
+    larder_stream_options_t po = o;
+    char part[1200];
+    snprintf(part, sizeof(part), "%s/part-000.parquet", std_dir);
+    const char *srcs[1] = {part};
+    po.sources = srcs;
+    dh_run want = {0}, r = {0};
+    ASSERT_OK(dh_collect(d.socket, &po, 0, &want));
+    ASSERT(want.num_samples > 0 && want.num_samples < DH_STD_ROWS);
+    snprintf(esc, sizeof(esc), "%s/odd\\[1\\]\\?/a*.parquet", test_tmpdir());
+    const char *names[] = {file, odd, esc};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+      srcs[0] = names[i];
+      int rc = dh_collect(d.socket, &po, 0, &r);
+      if (rc) ASSERT_FAIL_("%s: %s", names[i], r.err);
+      ASSERT_EQ(r.num_samples, want.num_samples);
+      dh_run_free(&r);
+    }
+    /* A pattern that matches nothing, and names nothing, still says so. */
+    snprintf(esc, sizeof(esc), "%s/b[0]*.parquet", odd);
+    srcs[0] = esc;
+    ASSERT_NE(dh_collect(d.socket, &po, 0, &r), 0);
+    if (strstr(r.err, "no file matches") == NULL) ASSERT_FAIL_("%s: %s", esc, r.err);
+    dh_run_free(&r);
+    dh_run_free(&want);
+  }
+
   /* A client that sends a relative path itself (not through liblarder,
    * which makes it absolute) is refused, not served what the path names
    * from the daemon's working directory. */
