@@ -1211,6 +1211,22 @@ Larder__Frame *dh_raw_hello(int fd, uint32_t version) {
   return dh_raw_recv(fd, 20000 * dh_slow(), NULL, NULL, &rc);
 }
 
+uint8_t *dh_open_frame(uint32_t request_id, char **sources, size_t n, uint32_t batch_size,
+                       size_t *len) {
+  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
+  os.request_id = request_id;
+  os.n_sources = n;
+  os.sources = sources;
+  os.batch_size = batch_size;
+  os.world_size = 1;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  f.open_stream = &os;
+  uint8_t *buf = wire_encode(&f, len);
+  ASSERT_NOT_NULL(buf);
+  return buf;
+}
+
 Larder__Frame *dh_raw_open(int fd, uint32_t request_id, const larder_stream_options_t *o,
                            int *arena_fd) {
   return dh_raw_open_ring(fd, request_id, o, arena_fd, NULL);

@@ -249,6 +249,12 @@ int dh_raw_send(int fd, const Larder__Frame *f);
  * Returns NULL at end of stream or timeout (*rc: LARDER_ECLOSED or
  * LARDER_ETIMEDOUT). */
 Larder__Frame *dh_raw_recv(int fd, int timeout_ms, int *fds, int *num_fds, int *rc);
+/* An OpenStream frame, length prefix included (malloc'd, *len bytes), for
+ * n sources (which may be empty) in batches of batch_size rows, world_size
+ * 1 and everything else at its default: the raw bytes a test sends, cuts or
+ * repeats. */
+uint8_t *dh_open_frame(uint32_t request_id, char **sources, size_t n, uint32_t batch_size,
+                       size_t *len);
 /* Hello with version; returns the reply frame. */
 Larder__Frame *dh_raw_hello(int fd, uint32_t version);
 /* Sends OpenStream for the options and returns the reply (the arena fd, if

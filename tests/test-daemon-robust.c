@@ -205,18 +205,9 @@ TEST_IMPL(daemon_robust_malformed_frame) {
   fixture f;
   fx_start(&f, NULL, 1);
   /* A valid OpenStream frame, to cut short. */
-  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
-  os.request_id = 3;
   char *srcs[1] = {f.dir};
-  os.n_sources = 1;
-  os.sources = srcs;
-  os.batch_size = 64;
-  Larder__Frame of = LARDER__FRAME__INIT;
-  of.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
-  of.open_stream = &os;
   size_t olen;
-  uint8_t *open_frame = wire_encode(&of, &olen);
-  ASSERT_NOT_NULL(open_frame);
+  uint8_t *open_frame = dh_open_frame(3, srcs, 1, 64, &olen);
   int rounds = 12;
   for (int round = 0; round < rounds; round++) {
     int after_hello = round % 2;
@@ -315,18 +306,9 @@ TEST_IMPL(daemon_robust_costly_frame) {
   ASSERT_NOT_NULL(srcs);
   char empty[1] = "";
   for (size_t i = 0; i < n; i++) srcs[i] = empty;
-  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
-  os.request_id = 1;
-  os.n_sources = n;
-  os.sources = srcs;
-  os.batch_size = 64;
-  Larder__Frame of = LARDER__FRAME__INIT;
-  of.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
-  of.open_stream = &os;
   size_t len;
-  uint8_t *frame = wire_encode(&of, &len);
+  uint8_t *frame = dh_open_frame(1, srcs, n, 64, &len);
   free(srcs);
-  ASSERT_NOT_NULL(frame);
   ASSERT_LE(len - WIRE_HEADER, 16u << 20);
   long peak0 = dh_peak_rss_kb(f.d.pid, 1);
   for (int round = 0; round < 3; round++) {
@@ -463,17 +445,9 @@ TEST_IMPL(daemon_robust_forbidden_message) {
     fe.end_of_stream = &eos;
     size_t le, lo;
     uint8_t *e = wire_encode(&fe, &le);
-    Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
     char *srcs[1] = {f.dir};
-    os.request_id = 9;
-    os.n_sources = 1;
-    os.sources = srcs;
-    os.batch_size = 0; /* answered at once with EINVAL, if it were read */
-    os.world_size = 1;
-    Larder__Frame fo = LARDER__FRAME__INIT;
-    fo.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
-    fo.open_stream = &os;
-    uint8_t *op = wire_encode(&fo, &lo);
+    /* Batch size 0: answered at once with EINVAL, if it were read. */
+    uint8_t *op = dh_open_frame(9, srcs, 1, 0, &lo);
     uint8_t *three = malloc(2 * le + lo);
     memcpy(three, e, le);
     memcpy(three + le, e, le);
@@ -941,15 +915,9 @@ TEST_IMPL(daemon_robust_unread_replies) {
   fixture f;
   fx_start(&f, NULL, 1);
   int fd = hello_conn(&f);
-  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
-  os.request_id = 7;
-  os.batch_size = 0; /* refused at once, with an Error frame */
-  Larder__Frame fr = LARDER__FRAME__INIT;
-  fr.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
-  fr.open_stream = &os;
+  /* No sources, batch size 0: refused at once, with an Error frame. */
   size_t len;
-  uint8_t *one = wire_encode(&fr, &len);
-  ASSERT_NOT_NULL(one);
+  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
   /* Many requests per send. */
   size_t per = 4096;
   uint8_t *many = malloc(per * len);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon-harness.h"
 #include "task.h"
 #include "wire.h"
 
@@ -166,14 +167,7 @@ static uint8_t *open_frame(size_t n, size_t len, size_t *frame_len) {
   char **srcs = malloc(n * sizeof(char *));
   ASSERT_NOT_NULL(srcs);
   for (size_t i = 0; i < n; i++) srcs[i] = one;
-  Larder__OpenStream os = LARDER__OPEN_STREAM__INIT;
-  os.n_sources = n;
-  os.sources = srcs;
-  Larder__Frame f = LARDER__FRAME__INIT;
-  f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
-  f.open_stream = &os;
-  uint8_t *buf = wire_encode(&f, frame_len);
-  ASSERT_NOT_NULL(buf);
+  uint8_t *buf = dh_open_frame(1, srcs, n, 64, frame_len);
   free(srcs);
   free(one);
   return buf;
