@@ -524,22 +524,26 @@ int dh_fd_kind_count(pid_t pid, const char *prefix) {
   return n;
 }
 
-long dh_rss_kb(pid_t pid) {
+/* A "Name:   N kB" field of /proc/PID/status, or -1. */
+static long status_kb(pid_t pid, const char *field) {
   char path[64], line[256];
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
   FILE *f = fopen(path, "r");
   if (f == NULL) return -1;
   long kb = -1;
+  size_t n = strlen(field);
   while (fgets(line, sizeof(line), f))
-    if (strncmp(line, "VmRSS:", 6) == 0) kb = strtol(line + 6, NULL, 10);
+    if (strncmp(line, field, n) == 0) kb = strtol(line + n, NULL, 10);
   fclose(f);
   return kb;
 }
 
+long dh_rss_kb(pid_t pid) { return status_kb(pid, "VmRSS:"); }
+
 long dh_peak_rss_kb(pid_t pid, int reset) {
-  char path[64], line[256];
   if (reset) {
     /* "5" resets the peak to the current RSS (Linux 4.0). */
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%d/clear_refs", (int)pid);
     FILE *c = fopen(path, "w");
     if (c) {
@@ -547,14 +551,7 @@ long dh_peak_rss_kb(pid_t pid, int reset) {
       fclose(c);
     }
   }
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (f == NULL) return -1;
-  long kb = -1;
-  while (fgets(line, sizeof(line), f))
-    if (strncmp(line, "VmHWM:", 6) == 0) kb = strtol(line + 6, NULL, 10);
-  fclose(f);
-  return kb;
+  return status_kb(pid, "VmHWM:");
 }
 
 double dh_cpu_ms(pid_t pid) {
