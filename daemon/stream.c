@@ -1685,6 +1685,18 @@ static void open_done(work_t *w, int status) {
    * uninterrupted run would be. */
   s->plan_epoch = p->start_epoch;
   s->plan_batch = p->start_batch;
+  if (s->batches_per_epoch &&
+      s->plan_epoch > UINT64_MAX - 1 - s->plan_batch / s->batches_per_epoch) {
+    /* Bug fix (tests: daemon_open_checks): the epoch wrapped to a small
+     * one, and an unbounded stream began its order anew. */
+    conn_send_error(c, LARDER_EINVAL, 0, o->request_id,
+                    "start position (epoch %llu, batch %llu) is past the last epoch there is",
+                    (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
   if (s->batches_per_epoch && s->plan_batch >= s->batches_per_epoch) {
     s->plan_epoch += s->plan_batch / s->batches_per_epoch;
     s->plan_batch %= s->batches_per_epoch;

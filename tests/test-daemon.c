@@ -1780,6 +1780,18 @@ TEST_IMPL(daemon_open_checks) {
     close(fd);
   }
 
+  /* A start position past the last epoch a counter holds. */
+  {
+    larder_stream_options_t po = o;
+    po.epochs = 0;
+    po.start_epoch = UINT64_MAX - 1;
+    po.start_batch = 3 * ((DH_STD_ROWS + 63) / 64);
+    expect_open_einval(c, &po, "past the last epoch");
+    po.start_epoch = UINT64_MAX;
+    po.start_batch = 0;
+    expect_open_einval(c, &po, "past the last epoch");
+  }
+
   /* The position before the first batch. */
   {
     larder_stream_options_t po = o;
