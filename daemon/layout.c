@@ -1026,8 +1026,9 @@ static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_
     const uint8_t *ptr;
     uint32_t len;
     if (s + VALUE_AHEAD < n) {
-      /* The values lie in the samples' rows, which the gather fetched a
-       * while ago: by now most have left the core's own caches. */
+      /* The values lie in the samples' rows, whose inline parts the
+       * gather fetched only into the second-level cache, if that still
+       * holds them. */
       memcpy(&ptr, tmp + (size_t)(s + VALUE_AHEAD) * stride + off, 8);
       memcpy(&len, tmp + (size_t)(s + VALUE_AHEAD) * stride + off + 8, 4);
       uint64_t bytes = len * elem < VALUE_PREFETCH_MAX ? len * elem : VALUE_PREFETCH_MAX;

@@ -955,9 +955,19 @@ static void assemble_work(work_t *w) {
         size_t len;
         const uint8_t *ahead = layout_rows_row(&b->sample_unit[i + ROW_AHEAD]->rowblock,
                                                b->samples[i + ROW_AHEAD].row, &len);
+        /* The fixed part, which this loop copies, into the core's first
+         * cache; the inline values, which the split reads after the whole
+         * batch is gathered, only as far as the second.  A core tracks few
+         * misses into its first cache at once, and lines that wait there
+         * for the split held up the gather itself (bench-serve: warm
+         * delivery +15% against prefetching every line into the first
+         * cache, 11 of 12 alternating rounds). */
         size_t lim = len < ROW_PREFETCH_MAX ? len : ROW_PREFETCH_MAX;
-        for (size_t at = 0; at < lim; at += 64) __builtin_prefetch(ahead + at);
-        __builtin_prefetch(ahead + lim - 1);
+        size_t fixed = stride < lim ? stride : lim;
+        for (size_t at = 0; at < fixed; at += 64) __builtin_prefetch(ahead + at);
+        __builtin_prefetch(ahead + fixed - 1);
+        for (size_t at = fixed; at < lim; at += 64) __builtin_prefetch(ahead + at, 0, 1);
+        if (lim > fixed) __builtin_prefetch(ahead + lim - 1, 0, 1);
       }
       size_t len;
       const uint8_t *row =
