@@ -213,9 +213,10 @@ int main(int argc, char **argv) {
     larder_batch_t *b;
     double t_call = wait_log ? bench_now_s() : 0;
     rc = larder_stream_next(s, -1, &b);
-    if (wait_log && rc == 0 && bench_now_s() - t_call >= 20e-6)
-      fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f\n", larder_batch_epoch(b), batches,
-              (bench_now_s() - t_call) * 1e6);
+    double waited = wait_log ? bench_now_s() - t_call : 0;
+    if (wait_log && rc == 0 && waited >= 20e-6)
+      fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f\n", larder_batch_epoch(b),
+              larder_batch_index(b), waited * 1e6);
     if ((rc == LARDER_EEOF || (rc == 0 && larder_batch_epoch(b) != epoch)) && batches) {
       double secs = bench_now_s() - t0;
       uint64_t w, cp;

@@ -41,12 +41,15 @@ int64_t wire_frame_ready(const uint8_t *buf, size_t len, uint32_t max);
  * many bytes, counting malloc's overhead, and past it returns NULL with
  * *too_costly set (too_costly may be NULL).  The daemon decodes clients'
  * frames with WIRE_DECODE_BUDGET: a frame of millions of empty strings,
- * two bytes each on the wire, would otherwise take 20 times its length in
- * memory.  Client requests (paths, column names, numbers) come nowhere
- * near it.  Clients decode the daemon's frames without one: a schema of
- * many short column names takes over 10 times its bytes, legitimately.
+ * two bytes each on the wire, would otherwise take 36 times its length in
+ * memory (protobuf-c's 32-byte record of each field while it parses, the
+ * pointer, and malloc's least block).  A short string costs about 72
+ * bytes, so the fixed 4 MiB covers some 58,000 of them (column names of a
+ * wide projection) beside the 8 bytes a byte of longer ones.  Clients
+ * decode the daemon's frames without a budget: a schema of many short
+ * column names takes more than 8 times its bytes, legitimately.
  */
-#define WIRE_DECODE_BUDGET(len) (8 * (uint64_t)(len) + (64u << 10))
+#define WIRE_DECODE_BUDGET(len) (8 * (uint64_t)(len) + (4u << 20))
 Larder__Frame *wire_decode(const uint8_t *buf, size_t len, uint64_t budget, int *too_costly);
 void wire_free(Larder__Frame *frame);
 

@@ -471,20 +471,21 @@ static void process_frames(conn_t *c) {
     if (f == NULL || f->msg_case == LARDER__FRAME__MSG__NOT_SET) {
       wire_free(f);
       flush_cork(c);
-      char what[160];
+      char what[200];
       if (too_costly)
         snprintf(what, sizeof(what),
-                 "protocol error: a frame of %lld bytes would take more than 8 times its size "
-                 "in memory to decode",
+                 "protocol error: a frame of %lld bytes would take more memory to decode than "
+                 "the daemon allows one of its size (8 times, and 4 MiB)",
                  (long long)n);
       else
         snprintf(what, sizeof(what), "protocol error: malformed message");
       protocol_error(c, LARDER_EPROTO, what);
       /* The decoder's many small blocks, freed, would stay in the heap
-       * (over a hundred MiB for a 16 MiB frame): give them back.  Frames
-       * decode one at a time on the loop, so this is the most decoding
-       * ever holds at once. */
-      if (too_costly) malloc_trim(0);
+       * (over a hundred MiB for a 16 MiB frame): give them back when they
+       * were many.  Trimming costs about what decoding them did, so a
+       * client that sends such frames again and again gains nothing by it
+       * (a small one, refused within the fixed 4 MiB, is not worth it). */
+      if (too_costly && n >= (1 << 20)) malloc_trim(0);
       return;
     }
     dispatch(c, f);

@@ -159,6 +159,16 @@ static int glob_files(const char *pat, strlist *found, char *err, size_t errlen)
   return rc;
 }
 
+/* larder ACL: whether a path (no pattern) lies inside the roots.  A path
+ * that does not resolve is judged by its text; one inside gets the plain
+ * error of whatever reads it. */
+static int path_allowed(const char *src, const dataset_options_t *opts) {
+  if (opts->allowed_roots == NULL) return 1;
+  char real[PATH_MAX];
+  if (realpath(src, real) != NULL) return inside_roots(real, opts->allowed_roots);
+  return lexically_inside(src, opts->allowed_roots);
+}
+
 /* Expands one local source into files. */
 static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
                         char *err, size_t errlen) {
@@ -176,25 +186,23 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
     snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
     return LARDER_EACCES;
   }
-  if (opts->allowed_roots && !has_glob(src)) {
-    /* A path that does not resolve is judged by its text; one inside gets
-     * the plain error below. */
-    char real[PATH_MAX];
-    int resolved = realpath(src, real) != NULL;
-    if (resolved ? !inside_roots(real, opts->allowed_roots)
-                 : !lexically_inside(src, opts->allowed_roots)) {
-      snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
-      return LARDER_EACCES;
-    }
+  if (!has_glob(src) && !path_allowed(src, opts)) {
+    snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
+    return LARDER_EACCES;
   }
   /* As in a shell, a pattern that matches nothing names itself: a file
    * or directory whose name holds '[', '*' or '?' can be a source as it
-   * is (bug fix: it could not be, short of escaping each character). */
+   * is (bug fix: it could not be, short of escaping each character).  It
+   * is then judged as a path, before anything is read through it. */
   int pattern = has_glob(src);
   if (pattern) {
     rc = glob_files(src, &found, err, errlen);
     struct stat st;
     if (rc == LARDER_ENOENT && stat(src, &st) == 0) {
+      if (!path_allowed(src, opts)) {
+        snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
+        return LARDER_EACCES;
+      }
       pattern = 0;
       rc = 0;
     } else if (rc == LARDER_ENOENT) {
@@ -418,7 +426,8 @@ static int schema_difference(const pq_field_t *first, const char *first_name, co
 }
 
 int dataset_source_absolute(const char *src, char *err, size_t errlen) {
-  if (src == NULL || src[0] == '/' || remote_is_url(src)) return 0;
+  /* An empty source is dataset_open's to refuse, with its own message. */
+  if (src == NULL || src[0] == '\0' || src[0] == '/' || remote_is_url(src)) return 0;
   snprintf(err, errlen,
            "source '%.200s' is a relative path, which the daemon cannot resolve as the client "
            "would (its working directory is not the client's): give an absolute path",

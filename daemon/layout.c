@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "layout.h"
 
@@ -780,28 +781,33 @@ void layout_rowplan_free(layout_rowplan_t *plan) {
  * and marked for transparent huge pages (which the kernel grants where THP
  * is enabled for madvise or always): its whole 2 MiB pieces, and its last
  * piece too when rounding it up to a whole huge page wastes at most an
- * eighth of the block; otherwise the tail stays in small pages.  The
- * mapped bytes count towards the unit's memory.  Should mmap fail (no
- * address space, or vm.max_map_count reached), the block comes from malloc.
+ * eighth of the block; otherwise the tail stays in small pages.  A block
+ * with no huge page to gain (under 2 MiB, not rounded up) comes from
+ * malloc.  The mapped bytes count towards the unit's memory.  Should mmap
+ * fail (no address space, or vm.max_map_count reached), the block comes
+ * from malloc too.
  */
 #define ROWS_HUGE 2097152ull
 #define ROWS_HUGE_MIN (1ull << 20)
 
 static uint8_t *rows_alloc(uint64_t bytes, uint64_t *mapped) {
   *mapped = 0;
-  if (bytes >= ROWS_HUGE_MIN) {
-    uint64_t whole = bytes & ~(ROWS_HUGE - 1), tail = bytes - whole;
-    uint64_t huge_len = tail && ROWS_HUGE - tail <= bytes / 8 ? whole + ROWS_HUGE : whole;
-    uint64_t len = huge_len > bytes ? huge_len : (bytes + 4095) & ~4095ull;
+  uint64_t whole = bytes & ~(ROWS_HUGE - 1), tail = bytes - whole;
+  uint64_t huge_len = tail && ROWS_HUGE - tail <= bytes / 8 ? whole + ROWS_HUGE : whole;
+  if (bytes >= ROWS_HUGE_MIN && huge_len > 0) {
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t pg = page > 0 ? (uint64_t)page : 4096;
+    uint64_t len = huge_len > bytes ? huge_len : (bytes + pg - 1) / pg * pg;
     uint8_t *p = mmap(NULL, len + ROWS_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     if (p != MAP_FAILED) {
+      /* Keep [a, a + len) of the mapping, a on a 2 MiB boundary. */
       uint8_t *a = p + ((ROWS_HUGE - (uintptr_t)p % ROWS_HUGE) % ROWS_HUGE);
       if (a > p) munmap(p, (size_t)(a - p));
-      if (p + len + ROWS_HUGE > a + len) munmap(a + len, (size_t)(p + ROWS_HUGE - a));
+      munmap(a + len, (size_t)(p + ROWS_HUGE - a));
       /* Without THP in the kernel this fails, and the block is in small
        * pages: slower, but correct. */
-      if (huge_len) (void)madvise(a, huge_len, MADV_HUGEPAGE);
+      (void)madvise(a, huge_len, MADV_HUGEPAGE);
       *mapped = len;
       return a;
     }

@@ -1570,6 +1570,16 @@ static conn_t *find_conn(server_t *srv, uint64_t id) {
   return NULL;
 }
 
+/* Whether a stream of bpe batches an epoch can start at (epoch, batch):
+ * the position, and two epochs past it, must count in 64 bits as epoch *
+ * bpe + batch (the pins compare positions so), which leaves an unbounded
+ * stream more epochs than any job will run. */
+static int start_position_fits(uint64_t epoch, uint64_t batch, uint64_t bpe) {
+  uint64_t q = UINT64_MAX / bpe, last = q > 3 ? q - 3 : 0;
+  uint64_t e = batch / bpe;
+  return e <= last && epoch <= last - e;
+}
+
 /* What an open that ran out of descriptors tells the client. */
 #define OUT_OF_FDS ": the daemon is out of file descriptors (raise its LimitNOFILE)"
 
@@ -1643,6 +1653,18 @@ static void open_done(work_t *w, int status) {
     return;
   }
   s->batches_per_epoch = shuffle_batches_per_epoch(s->plan);
+  if (s->batches_per_epoch && !start_position_fits(p->start_epoch, p->start_batch,
+                                                   s->batches_per_epoch)) {
+    /* Bug fix (tests: daemon_open_checks): the epoch wrapped to a small
+     * one, and an unbounded stream began its order anew. */
+    conn_send_error(c, LARDER_EINVAL, 0, o->request_id,
+                    "start position (epoch %llu, batch %llu) is past the last epoch there is",
+                    (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
   uint64_t arena_bytes = p->arena_bytes ? p->arena_bytes : srv->cfg.arena_bytes;
   if (arena_bytes > srv->cfg.max_arena_bytes) {
     conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
@@ -1695,18 +1717,6 @@ static void open_done(work_t *w, int status) {
    * uninterrupted run would be. */
   s->plan_epoch = p->start_epoch;
   s->plan_batch = p->start_batch;
-  if (s->batches_per_epoch &&
-      s->plan_epoch > UINT64_MAX - 1 - s->plan_batch / s->batches_per_epoch) {
-    /* Bug fix (tests: daemon_open_checks): the epoch wrapped to a small
-     * one, and an unbounded stream began its order anew. */
-    conn_send_error(c, LARDER_EINVAL, 0, o->request_id,
-                    "start position (epoch %llu, batch %llu) is past the last epoch there is",
-                    (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
-    s->closed = 1;
-    stream_destroy(s);
-    free_open_req(o);
-    return;
-  }
   if (s->batches_per_epoch && s->plan_batch >= s->batches_per_epoch) {
     s->plan_epoch += s->plan_batch / s->batches_per_epoch;
     s->plan_batch %= s->batches_per_epoch;

@@ -1790,6 +1790,19 @@ TEST_IMPL(daemon_open_checks) {
     po.start_epoch = UINT64_MAX;
     po.start_batch = 0;
     expect_open_einval(c, &po, "past the last epoch");
+    po.start_epoch = 0;
+    po.start_batch = UINT64_MAX;
+    expect_open_einval(c, &po, "past the last epoch");
+    /* A large epoch that counts is served as that epoch. */
+    po.start_epoch = 1000000000000000ull;
+    po.start_batch = 2;
+    ASSERT_OK(larder_stream_open(c, &po, &s));
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b));
+    ASSERT_UINT_EQ(larder_batch_epoch(b), 1000000000000000ull);
+    ASSERT_UINT_EQ(larder_batch_index(b), 2);
+    larder_batch_release(b);
+    larder_stream_close(s);
   }
 
   /* The position before the first batch. */

@@ -173,10 +173,11 @@ static uint8_t *open_frame(size_t n, size_t len, size_t *frame_len) {
   return buf;
 }
 
-/* Decoding with WIRE_DECODE_BUDGET stops there: a frame of empty or one-byte
- * strings (2 or 3 bytes each on the wire, 40 in memory) is refused as too
- * costly, not malformed; frames of paths, and the densest legitimate field
- * (a packed layout of one-byte values, 8 times its bytes), decode. */
+/* Decoding with WIRE_DECODE_BUDGET stops there: a frame of 200,000 empty,
+ * one- or two-byte strings (2 to 4 bytes each on the wire, about 72 to
+ * decode) is refused as too costly, not malformed; a few thousand short
+ * names, frames of paths, and the densest legitimate field (a packed
+ * layout of one-byte values, 8 times its bytes), decode. */
 TEST_IMPL(wire_decode_budget) {
   for (size_t len = 0; len < 3; len++) {
     size_t n, flen;
@@ -196,9 +197,19 @@ TEST_IMPL(wire_decode_budget) {
     free(buf);
   }
   size_t flen;
-  uint8_t *buf = open_frame(100000, 60, &flen);
+  /* A wide projection's short names: 5,000 of 5 bytes (72 bytes each to
+   * decode, more than 8 times their 7 on the wire). */
+  uint8_t *buf = open_frame(5000, 5, &flen);
   int too_costly = 1;
   Larder__Frame *f = wire_decode(buf, flen, WIRE_DECODE_BUDGET(flen), &too_costly);
+  ASSERT_NOT_NULL(f);
+  ASSERT_EQ(too_costly, 0);
+  ASSERT_UINT_EQ(f->open_stream->n_sources, 5000);
+  wire_free(f);
+  free(buf);
+  buf = open_frame(100000, 60, &flen);
+  too_costly = 1;
+  f = wire_decode(buf, flen, WIRE_DECODE_BUDGET(flen), &too_costly);
   ASSERT_NOT_NULL(f);
   ASSERT_EQ(too_costly, 0);
   ASSERT_UINT_EQ(f->open_stream->n_sources, 100000);
