@@ -440,6 +440,21 @@ TEST_IMPL(acl_local_roots) {
   expect_open(&nobody, d.socket, src, LARDER_EACCES);
   snprintf(src, sizeof(src), "%s/*/../../other/no-such.parque?", data);
   expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  /* A link inside whose name is a pattern (which matches nothing, so it
+   * names itself) to a directory outside: refused before the daemon lists
+   * that directory (it answered "directory has no .parquet files", or
+   * listed it). */
+  {
+    char odd[800], empty[800];
+    snprintf(empty, sizeof(empty), "%s/empty", other);
+    ASSERT_OK(mkdir(empty, 0755));
+    snprintf(odd, sizeof(odd), "%s/[s]", data);
+    ASSERT_OK(symlink("../other/empty", odd));
+    ASSERT_EQ(tc_open_as(&nobody, d.socket, odd, msg, sizeof(msg)), LARDER_EACCES);
+    ASSERT_STR_CONTAINS(msg, "outside the configured sources");
+    ASSERT_OK(unlink(odd));
+    ASSERT_OK(rmdir(empty));
+  }
   /* Inside the roots a missing file is still just missing. */
   snprintf(src, sizeof(src), "%s/no-such.parquet", data);
   expect_open(&nobody, d.socket, src, LARDER_ENOENT);
