@@ -159,6 +159,13 @@ static int glob_files(const char *pat, strlist *found, char *err, size_t errlen)
   return rc;
 }
 
+/* larder ACL: the one answer about anything outside the roots, which
+ * names the source and nothing it led to. */
+static int refuse_outside(const char *src, char *err, size_t errlen) {
+  snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
+  return LARDER_EACCES;
+}
+
 /* larder ACL: whether a path (no pattern) lies inside the roots.  A path
  * that does not resolve is judged by its text; one inside gets the plain
  * error of whatever reads it. */
@@ -182,14 +189,9 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
   if (opts->allowed_roots &&
       ((has_glob(src) && (strstr(src, "/../") || strncmp(src, "../", 3) == 0 ||
                           (strlen(src) >= 3 && strcmp(src + strlen(src) - 3, "/..") == 0))) ||
-       (has_glob(src) && !glob_base_inside(src, opts->allowed_roots)))) {
-    snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
-    return LARDER_EACCES;
-  }
-  if (!has_glob(src) && !path_allowed(src, opts)) {
-    snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
-    return LARDER_EACCES;
-  }
+       (has_glob(src) && !glob_base_inside(src, opts->allowed_roots))))
+    return refuse_outside(src, err, errlen);
+  if (!has_glob(src) && !path_allowed(src, opts)) return refuse_outside(src, err, errlen);
   /* As in a shell, a pattern that matches nothing names itself: a file
    * or directory whose name holds '[', '*' or '?' can be a source as it
    * is (bug fix: it could not be, short of escaping each character).  It
@@ -199,10 +201,7 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
     rc = glob_files(src, &found, err, errlen);
     struct stat st;
     if (rc == LARDER_ENOENT && stat(src, &st) == 0) {
-      if (!path_allowed(src, opts)) {
-        snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
-        return LARDER_EACCES;
-      }
+      if (!path_allowed(src, opts)) return refuse_outside(src, err, errlen);
       pattern = 0;
       rc = 0;
     } else if (rc == LARDER_ENOENT) {
@@ -242,9 +241,7 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
       break;
     }
     if (!inside_roots(real, opts->allowed_roots)) {
-      /* larder ACL: name the source, not what it led to outside. */
-      snprintf(err, errlen, "not allowed: %s is outside the configured sources", src);
-      rc = LARDER_EACCES;
+      rc = refuse_outside(src, err, errlen);
       break;
     }
     struct stat st;
