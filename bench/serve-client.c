@@ -24,7 +24,9 @@
  *       each line the wall-clock time the epoch ended (end_unix), to match
  *       against a server's request log; --wait-log writes a line for each
  *       next-batch call that waited 20 us or more (epoch, batch of the
- *       epoch, microseconds), to see where a stall comes from.
+ *       epoch, microseconds, and the CLOCK_MONOTONIC second the call
+ *       began), to see where a stall comes from and match it with other
+ *       events on the machine.
  *
  * The client reads batches where they lie, in the shared arena: with
  * --touch it reads every cache line once (as a copy to the GPU would),
@@ -215,8 +217,8 @@ int main(int argc, char **argv) {
     rc = larder_stream_next(s, -1, &b);
     double waited = wait_log ? bench_now_s() - t_call : 0;
     if (wait_log && rc == 0 && waited >= 20e-6)
-      fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f\n", larder_batch_epoch(b),
-              larder_batch_index(b), waited * 1e6);
+      fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f %.6f\n", larder_batch_epoch(b),
+              larder_batch_index(b), waited * 1e6, t_call);
     if ((rc == LARDER_EEOF || (rc == 0 && larder_batch_epoch(b) != epoch)) && batches) {
       double secs = bench_now_s() - t0;
       uint64_t w, cp;

@@ -148,6 +148,12 @@ struct shuffle_epoch {
   shared_perm_t *pending;
   uint32_t pending_left;
   uint64_t pending_state;
+  /* Its entries are written a slice at a time too (the first touch of a
+   * window's order faults in megabytes): entries written, the window's
+   * first unit, and the unit (within the window) of the next entry. */
+  uint32_t pending_filled;
+  uint32_t pending_first;
+  uint32_t pending_unit;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -549,10 +555,12 @@ static int perm_start(shuffle_epoch_t *ep, uint64_t w) {
   }
   uint32_t first, nunits, rows;
   window_extent(ep, w, &first, &nunits, &rows);
+  (void)nunits;
   shared_perm_t *sp = calloc(1, sizeof(*sp));
   if (sp == NULL) return LARDER_ENOMEM;
-  /* Zeroed, so no entry is ever undefined, whatever the fill below. */
-  sp->perm = calloc((size_t)(rows ? rows : 1), sizeof(*sp->perm));
+  /* Not zeroed: pending_steps writes every entry before the shuffle reads
+   * any. */
+  sp->perm = malloc((size_t)(rows ? rows : 1) * sizeof(*sp->perm));
   if (sp->perm == NULL) {
     free(sp);
     return LARDER_ENOMEM;
@@ -561,20 +569,47 @@ static int perm_start(shuffle_epoch_t *ep, uint64_t w) {
   sp->window = w;
   sp->rows = rows;
   sp->refs = 1;
-  if (plan->packed) {
-    uint32_t *a = sp->perm;
-    for (uint32_t k = 0; k < nunits; k++) {
-      uint32_t unit_rows = (uint32_t)(ep->start[first + k + 1] - ep->start[first + k]);
-      uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
-      for (uint32_t r = 0; r < unit_rows; r++) *a++ = tag | r;
-    }
-  } else {
-    for (uint32_t r = 0; r < rows; r++) sp->perm[r] = r;
-  }
   ep->pending = sp;
   ep->pending_left = rows;
   ep->pending_state = stream_state(plan->params.seed, ep->epoch, PURPOSE_WINDOW, w);
+  ep->pending_filled = 0;
+  ep->pending_first = first;
+  ep->pending_unit = 0;
   return 0;
+}
+
+/* Makes progress on ep->pending: writes its entries (the rows in window
+ * order; packed: the index of the row's unit in the window << row_bits |
+ * the row), then shuffles them, about `budget` entries or swaps in all.
+ * Returns nonzero once the order is made. */
+static int pending_steps(shuffle_epoch_t *ep, uint64_t budget) {
+  const shuffle_plan_t *plan = ep->plan;
+  shared_perm_t *sp = ep->pending;
+  if (ep->pending_filled < sp->rows) {
+    uint32_t from = ep->pending_filled;
+    uint32_t to = sp->rows - from > budget ? from + (uint32_t)budget : sp->rows;
+    if (plan->packed) {
+      const uint64_t *start = ep->start + ep->pending_first;
+      uint32_t k = ep->pending_unit;
+      for (uint32_t q = from; q < to;) {
+        /* Units of no rows end where they begin: skip them. */
+        while (start[k + 1] - start[0] <= q) k++;
+        uint32_t unit_end = (uint32_t)(start[k + 1] - start[0]);
+        uint32_t row = q - (uint32_t)(start[k] - start[0]);
+        uint32_t tag = (uint32_t)((uint64_t)k << plan->row_bits);
+        uint32_t stop = unit_end < to ? unit_end : to;
+        for (; q < stop; q++) sp->perm[q] = tag | row++;
+      }
+      ep->pending_unit = k;
+    } else {
+      for (uint32_t q = from; q < to; q++) sp->perm[q] = q;
+    }
+    ep->pending_filled = to;
+    budget -= to - from;
+    if (to < sp->rows || (budget == 0 && ep->pending_left > 1)) return 0;
+  }
+  fisher_yates_steps(sp->perm, &ep->pending_left, &ep->pending_state, budget);
+  return ep->pending_left <= 1;
 }
 
 /* Takes a slot of ep for window w (a free one, else the one used least
@@ -621,9 +656,9 @@ static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
       int rc = perm_start(ep, w);
       if (rc < 0) return rc;
     }
+    pending_steps(ep, UINT64_MAX);
     sp = ep->pending;
     ep->pending = NULL;
-    fisher_yates_steps(sp->perm, &ep->pending_left, &ep->pending_state, UINT64_MAX);
     sp = perm_publish(ep->plan->cache, sp);
   }
   slot_fill(ep, slot, w, sp);
@@ -730,18 +765,23 @@ int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget) 
   uint64_t x = batch_position(plan, batch) % plan->num_samples;
   uint64_t w = find_unit(ep->start, 0, plan->num_units, x) / plan->params.window_units;
   if (ep->win[0].index == w || ep->win[1].index == w) return 1;
-  if (ep->pending == NULL || ep->pending->window != w) {
-    /* Another cursor of the plan made it already: hold it. */
-    shared_perm_t *sp = perm_find(plan->cache, ep->epoch, w);
-    if (sp != NULL) {
-      slot_fill(ep, slot_claim(ep, w), w, sp);
-      return 1;
+  /* Another cursor of the plan made it already (perhaps while this one
+   * was part way through): hold theirs. */
+  shared_perm_t *made = perm_find(plan->cache, ep->epoch, w);
+  if (made != NULL) {
+    if (ep->pending != NULL && ep->pending->window == w) {
+      free(ep->pending->perm);
+      free(ep->pending);
+      ep->pending = NULL;
     }
+    slot_fill(ep, slot_claim(ep, w), w, made);
+    return 1;
+  }
+  if (ep->pending == NULL || ep->pending->window != w) {
     int rc = perm_start(ep, w);
     if (rc < 0) return rc;
   }
-  fisher_yates_steps(ep->pending->perm, &ep->pending_left, &ep->pending_state, budget);
-  if (ep->pending_left > 1) return 0;
+  if (!pending_steps(ep, budget)) return 0;
   window_t *win;
   int rc = get_window(ep, w, &win);
   return rc < 0 ? rc : 1;

@@ -90,10 +90,19 @@ typedef struct pin_task {
   uint64_t epoch, first, last;
   uint32_t *idx;
   int n;
-  int listed;  /* idx and n are made (the first slice) */
-  int windows; /* row orders made: of the span's first window, then last */
-  int more;    /* the task wants another slice */
 } pin_task_t;
+
+/* The row orders of the windows that batches [first, last) of an epoch
+ * start and end in, made on a worker in the background. */
+typedef struct order_task {
+  work_t work;
+  stream_t *s;
+  work_pool_t *pool;
+  uint64_t epoch, first, last;
+  int windows; /* row orders made: of the span's first window, then last */
+  int urgent;  /* queued as foreground work: the planner is close */
+  int more;    /* stopped: queue it again */
+} order_task_t;
 
 struct stream {
   server_t *srv;
@@ -125,6 +134,11 @@ struct stream {
   shuffle_epoch_t *pin_ep;  /* cursor of the pin tasks */
   uint64_t pin_ep_epoch;
   int pin_busy;             /* a pin task is in flight */
+  shuffle_epoch_t *order_ep; /* cursor of the order tasks */
+  uint64_t order_ep_epoch;
+  order_task_t *order_task; /* the order task in flight, if any */
+  int order_wanted;         /* the span below wants its orders made */
+  uint64_t order_epoch, order_first, order_last;
   uint64_t pin_epoch, pin_batch;
   uint64_t pin_span;        /* batches pinned ahead */
   pin_t *pins;              /* the span being pinned now */
@@ -285,6 +299,7 @@ static void stream_destroy(stream_t *s) {
   free(s->sent);
   shuffle_epoch_close(s->plan_ep);
   shuffle_epoch_close(s->pin_ep);
+  shuffle_epoch_close(s->order_ep);
   shuffle_epoch_close(s->ra_ep);
   plan_chunk_free(s->cur);
   plan_chunk_free(s->next);
@@ -339,6 +354,15 @@ void stream_close(stream_t *s) {
   s->q_tail = NULL;
   for (pbatch_t *b = s->q_head; b; b = b->next) s->q_tail = b;
   release_pins(s);
+  /* A queued order task is background work, which may wait long while
+   * other streams keep the workers busy: the stream takes it back rather
+   * than stay allocated (its arena with it) until a worker is free. */
+  if (s->order_task && work_cancel(s->srv->pool, &s->order_task->work) == 0) {
+    server_task_end(s->srv);
+    s->tasks--;
+    free(s->order_task);
+    s->order_task = NULL;
+  }
   stream_maybe_free(s);
 }
 
@@ -361,49 +385,122 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
 /*
  * Pins the units of the next pin_span batches past the pin position, so
  * their loads start a window before the batches are planned.  A worker
- * lists them (pin_task_work: the units of the windows the span draws on)
- * and makes those windows' row permutations for the planner; the loop only
- * takes the references (pin_task_done).  The pins run half a span ahead,
- * which leaves the worker that much time, so a permutation (milliseconds
- * for a large window) is made in slices of PIN_SLICE_SWAPS swaps, each a
- * task of its own queued behind the batch assemblies: no worker is away
- * from assembly for more than a fraction of a millisecond.  (Measured on 2
- * cores with a window of 860,000 rows: made at once, the order took a
- * worker for 4-24 ms per epoch; in slices, the longest pin task took
- * 3.4 ms and the median 0.2 ms.)
+ * lists them (pin_task_work: the units of the windows the span draws on);
+ * the loop only takes the references (pin_task_done).  The pins run half a
+ * span ahead of the planner.
  */
-#define PIN_SLICE_SWAPS (1u << 16)
-
 static void pin_task_work(work_t *w) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
-  t->more = 0;
-  if (!t->listed) {
-    t->listed = 1;
-    if (s->pin_ep == NULL || s->pin_ep_epoch != t->epoch) {
-      shuffle_epoch_close(s->pin_ep);
-      s->pin_ep = NULL;
-      if (shuffle_epoch_open(s->plan, t->epoch, &s->pin_ep) != 0) return;
-      s->pin_ep_epoch = t->epoch;
-    }
-    uint32_t max = s->ds->num_units;
-    t->idx = malloc((size_t)(max ? max : 1) * sizeof(uint32_t));
-    if (t->idx == NULL) return;
-    t->n = shuffle_epoch_window_units(s->pin_ep, t->first, t->last, t->idx, max);
+  if (s->pin_ep == NULL || s->pin_ep_epoch != t->epoch) {
+    shuffle_epoch_close(s->pin_ep);
+    s->pin_ep = NULL;
+    if (shuffle_epoch_open(s->plan, t->epoch, &s->pin_ep) != 0) return;
+    s->pin_ep_epoch = t->epoch;
   }
-  /* The row orders of the windows the span starts and ends in (a span is
-   * about a window long): the planner, half a span behind, then finds them
-   * made (cursors of a plan share them) instead of stalling a window's
-   * permutation ahead of the next batch.  A failure (out of memory) leaves
-   * them to the planner. */
-  while (t->idx != NULL && t->last > t->first && t->windows < 2) {
-    uint64_t b = t->windows == 0 ? t->first : t->last - 1;
-    if (shuffle_epoch_prepare(s->pin_ep, b, PIN_SLICE_SWAPS) == 0) {
+  uint32_t max = s->ds->num_units;
+  t->idx = malloc((size_t)(max ? max : 1) * sizeof(uint32_t));
+  if (t->idx == NULL) return;
+  t->n = shuffle_epoch_window_units(s->pin_ep, t->first, t->last, t->idx, max);
+}
+
+/*
+ * The row orders of the windows a pinned span starts and ends in (a span is
+ * about a window long) are made ahead too, so that the planner, half a span
+ * behind, finds them made (cursors of a plan share them) instead of making
+ * a window's permutation (milliseconds for a large window) ahead of the
+ * next batch.  An order task is background work (work_queue_background): a
+ * worker takes it only when no batch waits to be assembled, and it stops
+ * every ORDER_SLICE_SWAPS swaps if one does, so the permutation fills the
+ * gaps between assemblies instead of delaying them.  (Measured on 2 cores,
+ * bench/work's dataset, a trainer at 1.6x the daemon's cost: made in slices
+ * of 2^16 swaps queued behind the assemblies, the order took a worker for
+ * bursts of 4-5 ms at each window, and the trainer waited 0.3-0.7 ms after
+ * most of them.)  While the workers are never idle (a trainer that waits on
+ * the daemon anyway) the orders are left to the planner, which makes any it
+ * does not find.  One task runs at a time, for the latest span pinned.
+ */
+#define ORDER_SLICE_SWAPS (1u << 13)
+#define ORDER_URGENT_SWAPS (1u << 16)
+
+static void order_task_work(work_t *w) {
+  order_task_t *t = w->data;
+  stream_t *s = t->s;
+  t->more = 0;
+  if (s->order_ep == NULL || s->order_ep_epoch != t->epoch) {
+    shuffle_epoch_close(s->order_ep);
+    s->order_ep = NULL;
+    /* Out of memory: the planner makes the orders. */
+    if (shuffle_epoch_open(s->plan, t->epoch, &s->order_ep) != 0) return;
+    s->order_ep_epoch = t->epoch;
+  }
+  uint64_t done = 0;
+  while (t->last > t->first && t->windows < 2) {
+    if (done > 0 && (t->urgent ? done >= ORDER_URGENT_SWAPS
+                               : work_pool_foreground_waiting(t->pool))) {
       t->more = 1;
       return;
     }
-    t->windows++;
+    uint64_t b = t->windows == 0 ? t->first : t->last - 1;
+    done += ORDER_SLICE_SWAPS;
+    /* 0: more swaps to make; 1: made; < 0 (out of memory): left to the
+     * planner. */
+    if (shuffle_epoch_prepare(s->order_ep, b, ORDER_SLICE_SWAPS) != 0) t->windows++;
   }
+}
+
+static void order_task_done(work_t *w, int status);
+
+/* Queues order task t: as background work while the planner is more than a
+ * quarter span from the span's start, else (the gaps between assemblies
+ * did not leave it time enough) as foreground work, a slice of
+ * ORDER_URGENT_SWAPS at a time, queued behind the assemblies as they come. */
+static int queue_orders(stream_t *s, order_task_t *t) {
+  uint64_t plan_pos = linear(s, s->plan_epoch, s->plan_batch);
+  uint64_t span_pos = linear(s, t->epoch, t->first);
+  t->urgent = span_pos < plan_pos + s->pin_span / 4;
+  return t->urgent ? work_queue(s->srv->pool, &t->work, order_task_work, order_task_done)
+                   : work_queue_background(s->srv->pool, &t->work, order_task_work,
+                                           order_task_done);
+}
+
+/* Starts an order task for the span that wants one, unless one runs. */
+static void start_orders(stream_t *s) {
+  if (s->order_task || !s->order_wanted || s->closed || s->srv->shutting_down) return;
+  order_task_t *t = calloc(1, sizeof(*t));
+  if (t == NULL) return; /* the planner makes the orders */
+  t->s = s;
+  t->pool = s->srv->pool;
+  t->epoch = s->order_epoch;
+  t->first = s->order_first;
+  t->last = s->order_last;
+  t->work.data = t;
+  s->order_wanted = 0;
+  s->order_task = t;
+  s->tasks++;
+  server_task_begin(s->srv);
+  if (queue_orders(s, t) != 0) {
+    server_task_end(s->srv);
+    s->tasks--;
+    s->order_task = NULL;
+    free(t);
+  }
+}
+
+static void order_task_done(work_t *w, int status) {
+  order_task_t *t = w->data;
+  stream_t *s = t->s;
+  if (t->more && status == 0 && !s->closed && !s->srv->shutting_down && queue_orders(s, t) == 0)
+    return; /* the same task, behind the work that stopped it */
+  server_task_end(s->srv);
+  s->tasks--;
+  s->order_task = NULL;
+  free(t);
+  if (s->closed || status != 0 || s->srv->shutting_down) {
+    stream_maybe_free(s);
+    return;
+  }
+  start_orders(s);
 }
 
 static void pin_task_done(work_t *w, int status) {
@@ -417,16 +514,6 @@ static void pin_task_done(work_t *w, int status) {
     free(t);
     stream_maybe_free(s);
     return;
-  }
-  if (t->more) {
-    /* The next slice, behind the assemblies queued meanwhile. */
-    s->tasks++;
-    s->pin_busy = 1;
-    server_task_begin(s->srv);
-    if (work_queue(s->srv->pool, &t->work, pin_task_work, pin_task_done) == 0) return;
-    server_task_end(s->srv);
-    s->tasks--;
-    s->pin_busy = 0;
   }
   rotate_pins(s);
   int n = t->idx ? t->n : 0;
@@ -448,6 +535,11 @@ static void pin_task_done(work_t *w, int status) {
   }
   /* Pins are a prefetch: a span they could not find (out of memory) is
    * skipped, and its batches load their units when planned. */
+  s->order_wanted = 1;
+  s->order_epoch = t->epoch;
+  s->order_first = t->first;
+  s->order_last = t->last;
+  start_orders(s);
   s->pin_batch = t->last;
   if (s->pin_batch >= s->batches_per_epoch) {
     s->pin_epoch++;

@@ -37,6 +37,7 @@ struct work_pool {
   pthread_mutex_t mu;
   pthread_cond_t cond;   /* tasks queued, or stopping */
   work_t *todo_head, *todo_tail;
+  work_t *bg_head, *bg_tail; /* background tasks: taken when todo is empty */
   work_t *done_head, *done_tail;
   int idle;              /* workers waiting on cond */
   int stopping;
@@ -47,6 +48,7 @@ struct work_pool {
    * on either side. */
   atomic_int may_sleep;
   atomic_int done_count; /* tasks on the done list, read without the lock */
+  atomic_int todo_count; /* foreground tasks waiting, read without the lock */
 };
 
 /* Sets thread tid's niceness; returns 0 or errno.  On Linux a thread's
@@ -77,15 +79,24 @@ static void *worker_main(void *arg) {
   p->tids[p->num_tids++] = tid;
   if (!p->boosted && p->nice_delta > 0) set_nice(tid, p->base_nice + p->nice_delta);
   for (;;) {
-    while (p->todo_head == NULL && !p->stopping) {
+    while (p->todo_head == NULL && p->bg_head == NULL && !p->stopping) {
       p->idle++;
       pthread_cond_wait(&p->cond, &p->mu);
       p->idle--;
     }
-    if (p->todo_head == NULL) break; /* stopping, nothing left to run */
-    work_t *w = p->todo_head;
-    p->todo_head = w->next;
-    if (p->todo_head == NULL) p->todo_tail = NULL;
+    work_t *w;
+    if (p->todo_head != NULL) {
+      w = p->todo_head;
+      p->todo_head = w->next;
+      if (p->todo_head == NULL) p->todo_tail = NULL;
+      atomic_fetch_sub_explicit(&p->todo_count, 1, memory_order_relaxed);
+    } else if (p->bg_head != NULL) {
+      w = p->bg_head;
+      p->bg_head = w->next;
+      if (p->bg_head == NULL) p->bg_tail = NULL;
+    } else {
+      break; /* stopping, nothing left to run */
+    }
     pthread_mutex_unlock(&p->mu);
 
     w->run(w);
@@ -196,6 +207,7 @@ int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cond, NULL);
   atomic_init(&p->done_count, 0);
+  atomic_init(&p->todo_count, 0);
   atomic_init(&p->may_sleep, 1);
   for (int i = 0; i < workers; i++) {
     if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
@@ -223,7 +235,8 @@ int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained
   return 0;
 }
 
-int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done) {
+static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done,
+                   int background) {
   if (p == NULL) return LARDER_ESHUTDOWN; /* the server stopped its pool */
   w->run = run;
   w->done = done;
@@ -233,19 +246,64 @@ int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done) {
     pthread_mutex_unlock(&p->mu);
     return LARDER_ESHUTDOWN;
   }
-  if (p->todo_tail) p->todo_tail->next = w;
-  else p->todo_head = w;
-  p->todo_tail = w;
+  work_t **head = background ? &p->bg_head : &p->todo_head;
+  work_t **tail = background ? &p->bg_tail : &p->todo_tail;
+  if (*tail) (*tail)->next = w;
+  else *head = w;
+  *tail = w;
+  if (!background) atomic_fetch_add_explicit(&p->todo_count, 1, memory_order_relaxed);
   if (p->idle > 0) pthread_cond_signal(&p->cond);
   pthread_mutex_unlock(&p->mu);
   return 0;
+}
+
+int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done) {
+  return enqueue(p, w, run, done, 0);
+}
+
+int work_queue_background(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done) {
+  return enqueue(p, w, run, done, 1);
+}
+
+/* Unlinks w from the list at *head (tail *tail); returns 1 if it was there. */
+static int unlink_work(work_t **head, work_t **tail, work_t *w) {
+  work_t *prev = NULL;
+  for (work_t *x = *head; x; prev = x, x = x->next) {
+    if (x != w) continue;
+    if (prev) prev->next = x->next;
+    else *head = x->next;
+    if (*tail == x) *tail = prev;
+    x->next = NULL;
+    return 1;
+  }
+  return 0;
+}
+
+int work_cancel(work_pool_t *p, work_t *w) {
+  if (p == NULL) return LARDER_EBUSY;
+  pthread_mutex_lock(&p->mu);
+  int found = unlink_work(&p->bg_head, &p->bg_tail, w);
+  if (!found && unlink_work(&p->todo_head, &p->todo_tail, w)) {
+    found = 1;
+    atomic_fetch_sub_explicit(&p->todo_count, 1, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return found ? 0 : LARDER_EBUSY;
+}
+
+int work_pool_foreground_waiting(work_pool_t *p) {
+  return atomic_load_explicit(&p->todo_count, memory_order_relaxed) > 0;
 }
 
 void work_pool_stop(work_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   p->stopping = 1;
   work_t *cancelled = p->todo_head;
+  if (p->todo_tail) p->todo_tail->next = p->bg_head;
+  else cancelled = p->bg_head;
   p->todo_head = p->todo_tail = NULL;
+  p->bg_head = p->bg_tail = NULL;
+  atomic_store_explicit(&p->todo_count, 0, memory_order_relaxed);
   pthread_cond_broadcast(&p->cond);
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->num_threads; i++) pthread_join(p->threads[i], NULL);

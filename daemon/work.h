@@ -23,7 +23,8 @@
  * - Ownership: the caller owns each work_t and keeps it alive until its
  *   done callback has run.  The pool is freed in its handle's close
  *   callback, after work_pool_stop.
- * - Order: tasks start in the order they were queued.
+ * - Order: tasks start in the order they were queued, background tasks
+ *   (work_queue_background) only when no other task is waiting.
  * - Errors: negative larder_errno_t.
  */
 #ifndef LARDER_WORK_H
@@ -74,6 +75,30 @@ int work_pool_boost(work_pool_t *p, int on);
  * LARDER_ESHUTDOWN when p is NULL or stopping (w is then not queued).  Loop
  * thread. */
 int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done);
+
+/*
+ * Queues w as background work: a worker starts it only when no task queued
+ * with work_queue is waiting, so work that has a deadline far off (a
+ * window's row order, made long before its batches) fills the gaps between
+ * batch assemblies instead of delaying them.  Such a task should work in
+ * slices and end early (to be queued again) once
+ * work_pool_foreground_waiting says other work waits: a worker never
+ * leaves a task it has started.  While the workers are never idle a
+ * background task may wait indefinitely, so nothing may depend on its
+ * running, and its owner takes it back with work_cancel when it no longer
+ * wants it.  Returns as work_queue.  Loop thread.
+ */
+int work_queue_background(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done);
+
+/* Takes w off its queue if no worker has started it.  Returns 0 when it
+ * did: w's callbacks will not run, and w is the caller's again.  Else
+ * (started, done, or not queued) LARDER_EBUSY, and the done callback runs
+ * as usual.  Loop thread. */
+int work_cancel(work_pool_t *p, work_t *w);
+
+/* Nonzero when tasks queued with work_queue wait for a worker (a hint: the
+ * count is read without the pool's lock).  Any thread. */
+int work_pool_foreground_waiting(work_pool_t *p);
 
 /* Stops the pool: tasks already running finish, their done callbacks and
  * those of tasks not yet started (with UV_ECANCELED) run now, the threads

@@ -1258,6 +1258,24 @@ TEST_IMPL(shuffle_prepare_slices) {
     shuffle_epoch_close(pre);
   }
   ASSERT_GT(sliced, 0);
+  /* A cursor part way through an order that another cursor of the plan
+   * then makes whole (the planner, before a background task got to it)
+   * takes theirs at its next call, and serves the same samples. */
+  for (uint64_t e = 3; e < 5; e++) {
+    shuffle_epoch_t *pre = open_epoch(plan, e);
+    ASSERT_EQ(shuffle_epoch_prepare(pre, 0, 1), 0);
+    ASSERT_EQ(shuffle_epoch_prepare(pre, 0, 1), 0);
+    shuffle_epoch_t *planner = open_epoch(plan, e), *ref = open_epoch(solo, e);
+    ASSERT(shuffle_epoch_batch(planner, 0, y) >= 0);
+    ASSERT_EQ(shuffle_epoch_prepare(pre, 0, 1), 1);
+    ASSERT(shuffle_epoch_batch(ref, 0, x) >= 0);
+    ASSERT_MEM_EQ(x, y, 7 * sizeof(shuffle_sample_t));
+    ASSERT(shuffle_epoch_batch(pre, 0, y) >= 0);
+    ASSERT_MEM_EQ(x, y, 7 * sizeof(shuffle_sample_t));
+    shuffle_epoch_close(ref);
+    shuffle_epoch_close(planner);
+    shuffle_epoch_close(pre);
+  }
   shuffle_epoch_t *ep = open_epoch(plan, 0);
   ASSERT_EQ(shuffle_epoch_prepare(ep, bpe, 1), LARDER_EINVAL);
   ASSERT_EQ(shuffle_epoch_prepare(NULL, 0, 1), LARDER_EINVAL);

@@ -186,6 +186,170 @@ TEST_IMPL(work_pool_stop_cancels_queued) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Background tasks                                                          */
+
+typedef struct ordered {
+  work_t work;
+  atomic_int *next_seq;
+  atomic_int *gate;  /* the task holds its worker until this is nonzero */
+  int sleep_ms;      /* or for this long */
+  atomic_int started;
+  int seq;           /* when it ran, among the test's tasks; -1 before */
+  int status;
+  int *done;
+} ordered_t;
+
+static void ordered_run(work_t *w) {
+  ordered_t *o = w->data;
+  atomic_store(&o->started, 1);
+  while (o->gate && !atomic_load(o->gate)) {
+    struct timespec ts = {0, 200000L};
+    nanosleep(&ts, NULL);
+  }
+  if (o->sleep_ms) {
+    struct timespec ts = {0, (long)o->sleep_ms * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  o->seq = atomic_fetch_add(o->next_seq, 1);
+}
+
+static void ordered_done(work_t *w, int status) {
+  ordered_t *o = w->data;
+  o->status = status;
+  (*o->done)++;
+}
+
+static void on_noop_timer(uv_timer_t *t) { (void)t; }
+
+/* A background task waits for every foreground task queued before it runs,
+ * even those queued after it, and work_pool_foreground_waiting says when
+ * foreground tasks wait for a worker. */
+TEST_IMPL(work_pool_background_waits) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 1, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0, gate = 0;
+  int done = 0;
+  ordered_t t[6];
+  for (int i = 0; i < 6; i++)
+    t[i] = (ordered_t){.work.data = &t[i], .next_seq = &next_seq, .seq = -1, .done = &done};
+  t[0].gate = &gate; /* holds the one worker */
+  ASSERT_OK(work_queue(p, &t[0].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue_background(p, &t[1].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue_background(p, &t[2].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue(p, &t[3].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue(p, &t[4].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue(p, &t[5].work, ordered_run, ordered_done));
+  ASSERT_EQ(work_pool_foreground_waiting(p), 1);
+  atomic_store(&gate, 1);
+  /* The pool's handles do not keep the loop alive: a timer does. */
+  uv_timer_t keep;
+  uv_timer_init(&loop, &keep);
+  uv_timer_start(&keep, on_noop_timer, 1, 1);
+  while (done < 6) uv_run(&loop, UV_RUN_ONCE);
+  uv_close((uv_handle_t *)&keep, NULL);
+  ASSERT_EQ(work_pool_foreground_waiting(p), 0);
+  /* Foreground in its order, then background in its order. */
+  int want[6] = {0, 4, 5, 1, 2, 3};
+  for (int i = 0; i < 6; i++) {
+    ASSERT_EQ(t[i].status, 0);
+    ASSERT_EQ(t[i].seq, want[i]);
+  }
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/* Stopping the pool cancels the background tasks not yet started, with the
+ * foreground ones. */
+TEST_IMPL(work_pool_stop_cancels_background) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 1, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0;
+  int done = 0;
+  ordered_t t[4];
+  for (int i = 0; i < 4; i++)
+    t[i] = (ordered_t){.work.data = &t[i], .next_seq = &next_seq, .seq = -1, .done = &done};
+  t[0].sleep_ms = 50;
+  ASSERT_OK(work_queue(p, &t[0].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue_background(p, &t[1].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue(p, &t[2].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue_background(p, &t[3].work, ordered_run, ordered_done));
+  /* Stop while the one worker runs the first task: it finishes, and the
+   * three behind it, background or not, are cancelled. */
+  while (!atomic_load(&t[0].started)) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  work_pool_stop(p);
+  ASSERT_EQ(done, 4);
+  ASSERT_EQ(t[0].status, 0);
+  ASSERT_EQ(t[0].seq, 0);
+  for (int i = 1; i < 4; i++) {
+    ASSERT_EQ(t[i].status, UV_ECANCELED);
+    ASSERT_EQ(t[i].seq, -1);
+  }
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/* work_cancel takes back a task no worker has started, background or not,
+ * and none of its callbacks run; a started task is not taken back. */
+TEST_IMPL(work_cancel_queued) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 1, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0, gate = 0;
+  int done = 0;
+  ordered_t t[5];
+  for (int i = 0; i < 5; i++)
+    t[i] = (ordered_t){.work.data = &t[i], .next_seq = &next_seq, .seq = -1, .done = &done};
+  t[0].gate = &gate;
+  ASSERT_OK(work_queue(p, &t[0].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue_background(p, &t[1].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue(p, &t[2].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue_background(p, &t[3].work, ordered_run, ordered_done));
+  ASSERT_OK(work_queue(p, &t[4].work, ordered_run, ordered_done));
+  while (!atomic_load(&t[0].started)) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  ASSERT_EQ(work_cancel(p, &t[0].work), LARDER_EBUSY); /* running */
+  ASSERT_OK(work_cancel(p, &t[3].work));                /* last in its list */
+  ASSERT_OK(work_cancel(p, &t[2].work));                /* in the middle */
+  ASSERT_EQ(work_cancel(p, &t[2].work), LARDER_EBUSY);  /* not queued any more */
+  ASSERT_EQ(work_pool_foreground_waiting(p), 1);        /* t[4] */
+  ASSERT_OK(work_cancel(p, &t[4].work));
+  ASSERT_EQ(work_pool_foreground_waiting(p), 0);
+  /* What is left runs: the first task, then the first background one,
+   * which may be queued again behind a new task after the cancellations. */
+  ASSERT_OK(work_queue(p, &t[3].work, ordered_run, ordered_done));
+  atomic_store(&gate, 1);
+  uv_timer_t keep;
+  uv_timer_init(&loop, &keep);
+  uv_timer_start(&keep, on_noop_timer, 1, 1);
+  while (done < 3) uv_run(&loop, UV_RUN_ONCE);
+  uv_close((uv_handle_t *)&keep, NULL);
+  ASSERT_EQ(t[0].seq, 0);
+  ASSERT_EQ(t[3].seq, 1); /* foreground now, ahead of the background t[1] */
+  ASSERT_EQ(t[1].seq, 2);
+  ASSERT_EQ(t[2].seq, -1);
+  ASSERT_EQ(t[4].seq, -1);
+  ASSERT_EQ(done, 3);
+  ASSERT_EQ(work_cancel(NULL, &t[1].work), LARDER_EBUSY);
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Priority boost                                                            */
 
 typedef struct probe {
@@ -211,7 +375,6 @@ static void probe_done(work_t *w, int status) {
   if (status == 0) (*pr->done)++;
 }
 
-static void on_noop_timer(uv_timer_t *t) { (void)t; }
 
 /* Asserts that each of the pool's n workers runs at niceness want. */
 static void expect_worker_nice(uv_loop_t *loop, work_pool_t *p, int n, int want) {
