@@ -1783,6 +1783,25 @@ static void open_done(work_t *w, int status) {
     free_open_req(o);
     return;
   }
+  /* The same over all of a user's connections: the per-client cap alone
+   * lets one user hold max_clients_per_uid times it. */
+  if (srv->cfg.max_arena_bytes_per_uid) {
+    uint64_t uid_bytes = 0;
+    for (conn_t *other = srv->conns; other; other = other->next)
+      if (other->uid == c->uid) uid_bytes += other->arena_bytes;
+    if (uid_bytes + shm_need > srv->cfg.max_arena_bytes_per_uid) {
+      conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
+                      "the streams of uid %u already hold %llu bytes of shared memory; "
+                      "another %llu would exceed max_arena_bytes_per_uid (%llu)",
+                      (unsigned)c->uid, (unsigned long long)uid_bytes,
+                      (unsigned long long)shm_need,
+                      (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
+      s->closed = 1;
+      stream_destroy(s);
+      free_open_req(o);
+      return;
+    }
+  }
   char name[64];
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
   rc = arena_create(arena_bytes, name, &s->arena);
