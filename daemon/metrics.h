@@ -37,6 +37,8 @@
  *   larder_units_from_cache_total    counter  units read from the cache
  *   larder_unit_errors_total         counter  units that failed to load
  *   larder_unit_shared_total         counter  unit loads shared by several streams
+ *   larder_unit_loads_cancelled_total counter unit loads dropped before they started,
+ *                                             no stream wanting them any more
  *   larder_cache_hit_bytes_total     counter  bytes served from the cache
  *   larder_cache_miss_bytes_total    counter  bytes decoded because the cache lacked them
  *   larder_memory_bytes              gauge    decoded unit bytes held in memory

@@ -28,6 +28,8 @@
   XX(units_from_cache, COUNTER, "units read from the cache")                   \
   XX(unit_errors, COUNTER, "units that failed to load")                        \
   XX(unit_shared, COUNTER, "unit loads shared by several streams")            \
+  XX(unit_loads_cancelled, COUNTER, "unit loads dropped before they started, "  \
+                                    "no stream wanting them any more")          \
   XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
   XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
   XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                 \

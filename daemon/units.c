@@ -1086,6 +1086,28 @@ static int queue_load(server_t *srv, unit_t *u) {
   return 0;
 }
 
+/*
+ * Takes back the load of a unit that no stream wants any more if no worker
+ * has started it (a trainer killed mid-epoch leaves a window's loads
+ * queued, which would otherwise delay every other stream's loads and
+ * batches while the workers decode for no one).  Not a read-ahead load,
+ * which is meant to run with no stream holding its unit, nor one that
+ * decodes from fetched bytes: the row group's buffer counts its units down
+ * as they decode, and would be held until it expired.  Returns 1 when the
+ * unit is gone.
+ */
+static int cancel_load(server_t *srv, unit_t *u) {
+  if (u->ahead || u->rgbuf != NULL || u->retry || work_cancel(srv->pool, &u->work) != 0)
+    return 0;
+  server_task_end(srv);
+  srv->loads_in_flight--;
+  STATS_ADD(&srv->stats, unit_loads_cancelled, 1);
+  if (u->ds && --u->ds->refs == 0) dataset_free(u->ds);
+  u->ds = NULL;
+  unit_destroy(srv, u);
+  return 1;
+}
+
 void units_release(server_t *srv, unit_t *u) {
   if (--u->refs > 0) return;
   if (u->state == UNIT_READY) {
@@ -1093,9 +1115,11 @@ void units_release(server_t *srv, unit_t *u) {
     units_trim(srv);
   } else if (u->state == UNIT_FAILED) {
     unit_destroy(srv, u);
+  } else if (u->state == UNIT_LOADING) {
+    /* One whose load has started, or is waiting for its row group's
+     * fetch, finishes it, and load_done drops it then. */
+    cancel_load(srv, u);
   }
-  /* A LOADING unit with no references finishes its load (its work is
-   * queued) and load_done drops it then. */
 }
 
 int units_wait(unit_t *u, stream_t *s) {

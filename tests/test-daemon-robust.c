@@ -720,6 +720,74 @@ TEST_IMPL(daemon_robust_killed_client) {
   return 0;
 }
 
+/*
+ * A client SIGKILLed right after opening a stream on a cold dataset of many
+ * small units, with one worker: the loads its pins queued that no worker
+ * had started are dropped (unit_loads_cancelled), not decoded for no one,
+ * and the next client reads the whole dataset right (the dropped units
+ * load again for it).
+ */
+TEST_IMPL(daemon_robust_killed_client_loads) {
+  char dir[1024];
+  ASSERT_EQ(dh_mid_dataset(dir, sizeof(dir)), DH_MID_ROWS);
+  static const char *const fl[] = {"--workers=1", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  const char *src[1] = {dir};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 64, 5, 1);
+  o.unit_rows = 64; /* 960 units: one worker needs far longer than the kill */
+  o.window = 2;
+  int ready;
+  pid_t pid = dh_spawn_holder(d.socket, &o, 1, 1, 0, 0, 0, &ready);
+  char x;
+  if (read(ready, &x, 1) != 1) {
+    int st;
+    waitpid(pid, &st, 0);
+    ASSERT_FAIL_("the client child exited early (status 0x%x)", st);
+  }
+  close(ready);
+  usleep(20000); /* its pins queue the window's loads */
+  kill(pid, SIGKILL);
+  int status;
+  waitpid(pid, &status, 0);
+  ASSERT(WIFSIGNALED(status));
+  for (int i = 0; i < 3000 && dh_stat(&d, "streams") != 0; i++) usleep(10000);
+  ASSERT_EQ(dh_stat(&d, "streams"), 0);
+  uint64_t cancelled = dh_stat(&d, "unit_loads_cancelled");
+  uint64_t loaded = dh_stat(&d, "units_decoded") + dh_stat(&d, "units_from_cache");
+  fprintf(stderr, "killed client: %llu loads dropped, %llu run\n", (unsigned long long)cancelled,
+          (unsigned long long)loaded);
+  ASSERT_GT(cancelled, 0);
+  ASSERT_LE(cancelled + loaded, 960);
+  /* The next client: every row once, every column right. */
+  dh_run r = {0};
+  r.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &r));
+  int64_t rows = 0;
+  for (size_t i = 0; i < r.n; i++) rows += r.b[i].rows;
+  ASSERT_EQ(rows, r.batches_per_epoch * 64);
+  ASSERT_GE(rows, DH_MID_ROWS);
+  uint8_t *seen = calloc(DH_MID_ROWS, 1);
+  ASSERT_NOT_NULL(seen);
+  int64_t distinct = 0;
+  for (size_t i = 0; i < r.n; i++)
+    for (int64_t k = 0; k < r.b[i].rows; k++) {
+      int64_t id = r.b[i].ids[k];
+      ASSERT(id >= 0 && id < DH_MID_ROWS);
+      if (!seen[id]) distinct++;
+      seen[id] = 1;
+    }
+  ASSERT_EQ(distinct, DH_MID_ROWS);
+  free(seen);
+  dh_run_free(&r);
+  ASSERT_EQ(dh_stat(&d, "stream_errors"), 0);
+  ASSERT_EQ(dh_stat(&d, "unit_errors"), 0);
+  dh_stop(&d);
+  return 0;
+}
+
 /* A stream on a missing file (or an empty directory, or a glob matching
  * nothing) fails to open with ENOENT naming it; the same client then opens
  * a good stream. */
