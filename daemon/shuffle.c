@@ -409,7 +409,9 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
     return 0;
   }
   uint32_t u = plan->num_units;
-  ep->order = malloc((size_t)u * sizeof(*ep->order));
+  /* Zeroed: the blocks cover every position, which the analyzer cannot
+   * tell. */
+  ep->order = calloc((size_t)u ? (size_t)u : 1, sizeof(*ep->order));
   ep->start = malloc(((size_t)u + 1) * sizeof(*ep->start));
   if (ep->order == NULL || ep->start == NULL) {
     free(ep->order);
