@@ -1626,6 +1626,22 @@ static void free_open_req(open_req_t *o) {
   free(o);
 }
 
+/* Refuses an open once its stream is made: the client gets the error, and
+ * the stream and the request go. */
+static void refuse_open(conn_t *c, stream_t *s, open_req_t *o, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void refuse_open(conn_t *c, stream_t *s, open_req_t *o, int code, const char *fmt, ...) {
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  conn_send_error(c, code, 0, o->request_id, "%s", msg);
+  s->closed = 1;
+  stream_destroy(s);
+  free_open_req(o);
+}
+
 static Larder__Field *field_to_proto(const pq_field_t *f) {
   Larder__Field *p = calloc(1, sizeof(*p));
   if (p == NULL) return NULL;
@@ -1736,12 +1752,8 @@ static void open_done(work_t *w, int status) {
   if (rc == 0)
     rc = dataset_shuffle_plan(s->ds, &s->params, srv->cfg.shuffle_row_groups, &s->plan);
   if (rc) {
-    conn_send_error(c, rc, 0, o->request_id,
-                    "invalid stream settings (batch_size %u, rank %u of %u)", p->batch_size,
-                    p->rank, s->params.world_size);
-    s->closed = 1;
-    stream_destroy(s);
-    free_open_req(o);
+    refuse_open(c, s, o, rc, "invalid stream settings (batch_size %u, rank %u of %u)",
+                p->batch_size, p->rank, s->params.world_size);
     return;
   }
   s->batches_per_epoch = shuffle_batches_per_epoch(s->plan);
@@ -1749,23 +1761,15 @@ static void open_done(work_t *w, int status) {
                                                    s->batches_per_epoch)) {
     /* Bug fix (tests: daemon_open_checks): the epoch wrapped to a small
      * one, and an unbounded stream began its order anew. */
-    conn_send_error(c, LARDER_EINVAL, 0, o->request_id,
-                    "start position (epoch %llu, batch %llu) is past the last epoch there is",
-                    (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
-    s->closed = 1;
-    stream_destroy(s);
-    free_open_req(o);
+    refuse_open(c, s, o, LARDER_EINVAL,
+                "start position (epoch %llu, batch %llu) is past the last epoch there is",
+                (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
     return;
   }
   uint64_t arena_bytes = p->arena_bytes ? p->arena_bytes : srv->cfg.arena_bytes;
   if (arena_bytes > srv->cfg.max_arena_bytes) {
-    conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
-                    "arena of %llu bytes exceeds max_arena_bytes (%llu)",
-                    (unsigned long long)arena_bytes,
-                    (unsigned long long)srv->cfg.max_arena_bytes);
-    s->closed = 1;
-    stream_destroy(s);
-    free_open_req(o);
+    refuse_open(c, s, o, LARDER_ELIMIT, "arena of %llu bytes exceeds max_arena_bytes (%llu)",
+                (unsigned long long)arena_bytes, (unsigned long long)srv->cfg.max_arena_bytes);
     return;
   }
   /* larder per-client limits: the arenas and rings of all of a client's
@@ -1773,14 +1777,11 @@ static void open_done(work_t *w, int status) {
   uint64_t ring_need = p->ring && srv->cfg.shm_ring ? ring_size_for(s) : 0;
   uint64_t shm_need = arena_bytes + ring_need;
   if (c->arena_bytes + shm_need > srv->cfg.max_arena_bytes_per_client) {
-    conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
-                    "this client's streams already hold %llu bytes of shared memory; another "
-                    "%llu would exceed max_arena_bytes_per_client (%llu)",
-                    (unsigned long long)c->arena_bytes, (unsigned long long)shm_need,
-                    (unsigned long long)srv->cfg.max_arena_bytes_per_client);
-    s->closed = 1;
-    stream_destroy(s);
-    free_open_req(o);
+    refuse_open(c, s, o, LARDER_ELIMIT,
+                "this client's streams already hold %llu bytes of shared memory; another "
+                "%llu would exceed max_arena_bytes_per_client (%llu)",
+                (unsigned long long)c->arena_bytes, (unsigned long long)shm_need,
+                (unsigned long long)srv->cfg.max_arena_bytes_per_client);
     return;
   }
   /* The same over all of a user's connections: the per-client cap alone
@@ -1790,15 +1791,11 @@ static void open_done(work_t *w, int status) {
     for (conn_t *other = srv->conns; other; other = other->next)
       if (other->uid == c->uid) uid_bytes += other->arena_bytes;
     if (uid_bytes + shm_need > srv->cfg.max_arena_bytes_per_uid) {
-      conn_send_error(c, LARDER_ELIMIT, 0, o->request_id,
-                      "the streams of uid %u already hold %llu bytes of shared memory; "
-                      "another %llu would exceed max_arena_bytes_per_uid (%llu)",
-                      (unsigned)c->uid, (unsigned long long)uid_bytes,
-                      (unsigned long long)shm_need,
-                      (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
-      s->closed = 1;
-      stream_destroy(s);
-      free_open_req(o);
+      refuse_open(c, s, o, LARDER_ELIMIT,
+                  "the streams of uid %u already hold %llu bytes of shared memory; another "
+                  "%llu would exceed max_arena_bytes_per_uid (%llu)",
+                  (unsigned)c->uid, (unsigned long long)uid_bytes, (unsigned long long)shm_need,
+                  (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
       return;
     }
   }
@@ -1806,21 +1803,15 @@ static void open_done(work_t *w, int status) {
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
   rc = arena_create(arena_bytes, name, &s->arena);
   if (rc) {
-    conn_send_error(c, rc, 0, o->request_id, "cannot create a %llu-byte arena%s",
-                    (unsigned long long)arena_bytes, rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
-    s->closed = 1;
-    stream_destroy(s);
-    free_open_req(o);
+    refuse_open(c, s, o, rc, "cannot create a %llu-byte arena%s", (unsigned long long)arena_bytes,
+                rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
     return;
   }
   if (p->ring && srv->cfg.shm_ring) {
     rc = ring_create(s, name);
     if (rc) {
-      conn_send_error(c, rc, 0, o->request_id, "cannot create the stream's descriptor ring%s",
-                      rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
-      s->closed = 1;
-      stream_destroy(s);
-      free_open_req(o);
+      refuse_open(c, s, o, rc, "cannot create the stream's descriptor ring%s",
+                  rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
       return;
     }
   }

@@ -684,6 +684,22 @@ TEST_IMPL(daemon_robust_stalled_client) {
   return 0;
 }
 
+/* dh_spawn_holder (seed step 1, no draining), once the child has opened
+ * its streams and read its batches. */
+static pid_t spawn_holder_ready(const char *socket, const larder_stream_options_t *o, int streams,
+                                int reads, int hold) {
+  int ready;
+  pid_t pid = dh_spawn_holder(socket, o, streams, 1, reads, hold, 0, &ready);
+  char x;
+  if (read(ready, &x, 1) != 1) {
+    int st;
+    waitpid(pid, &st, 0);
+    ASSERT_FAIL_("the client child exited early (status 0x%x)", st);
+  }
+  close(ready);
+  return pid;
+}
+
 /*
  * A client SIGKILLed mid-epoch while it holds batches: its connection,
  * streams and arenas are freed; the daemon and the good client carry on.
@@ -696,16 +712,8 @@ TEST_IMPL(daemon_robust_killed_client) {
     o.epochs = 0;
     o.window = 3;
     o.seed = (uint64_t)round * 2;
-    int ready;
     /* Two streams, 2 + round * 5 batches each, holding the first two. */
-    pid_t pid = dh_spawn_holder(f.d.socket, &o, 2, 1, 2 + round * 5, 2, 0, &ready);
-    char x;
-    if (read(ready, &x, 1) != 1) {
-      int st;
-      waitpid(pid, &st, 0);
-      ASSERT_FAIL_("the client child exited early (status 0x%x)", st);
-    }
-    close(ready);
+    pid_t pid = spawn_holder_ready(f.d.socket, &o, 2, 2 + round * 5, 2);
     /* The child's two arenas and rings (and the good client's, maybe). */
     ASSERT_GE(dh_memfd_count(f.d.pid), 4);
     kill(pid, SIGKILL);
@@ -739,15 +747,7 @@ TEST_IMPL(daemon_robust_killed_client_loads) {
   dh_opts(&o, src, 64, 5, 1);
   o.unit_rows = 64; /* 960 units: one worker needs far longer than the kill */
   o.window = 2;
-  int ready;
-  pid_t pid = dh_spawn_holder(d.socket, &o, 1, 1, 0, 0, 0, &ready);
-  char x;
-  if (read(ready, &x, 1) != 1) {
-    int st;
-    waitpid(pid, &st, 0);
-    ASSERT_FAIL_("the client child exited early (status 0x%x)", st);
-  }
-  close(ready);
+  pid_t pid = spawn_holder_ready(d.socket, &o, 1, 0, 0);
   usleep(20000); /* its pins queue the window's loads */
   kill(pid, SIGKILL);
   int status;

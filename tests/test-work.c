@@ -221,6 +221,31 @@ static void ordered_done(work_t *w, int status) {
 
 static void on_noop_timer(uv_timer_t *t) { (void)t; }
 
+/* Waits until a worker has started task o. */
+static void wait_started(ordered_t *o) {
+  while (!atomic_load(&o->started)) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Runs the loop until *done reaches n (the pool's handles do not keep the
+ * loop alive: a timer does). */
+static void run_until_done(uv_loop_t *loop, const int *done, int n) {
+  uv_timer_t keep;
+  uv_timer_init(loop, &keep);
+  uv_timer_start(&keep, on_noop_timer, 1, 1);
+  while (*done < n) uv_run(loop, UV_RUN_ONCE);
+  uv_close((uv_handle_t *)&keep, NULL);
+}
+
+/* n tasks that number themselves in next_seq as they run and count their
+ * done callbacks in done. */
+static void ordered_init(ordered_t *t, int n, atomic_int *next_seq, int *done) {
+  for (int i = 0; i < n; i++)
+    t[i] = (ordered_t){.work.data = &t[i], .next_seq = next_seq, .seq = -1, .done = done};
+}
+
 /* A background task waits for every foreground task queued before it runs,
  * even those queued after it, and work_pool_foreground_waiting says when
  * foreground tasks wait for a worker. */
@@ -232,8 +257,7 @@ TEST_IMPL(work_pool_background_waits) {
   atomic_int next_seq = 0, gate = 0;
   int done = 0;
   ordered_t t[6];
-  for (int i = 0; i < 6; i++)
-    t[i] = (ordered_t){.work.data = &t[i], .next_seq = &next_seq, .seq = -1, .done = &done};
+  ordered_init(t, 6, &next_seq, &done);
   t[0].gate = &gate; /* holds the one worker */
   ASSERT_OK(work_queue(p, &t[0].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue_background(p, &t[1].work, ordered_run, ordered_done));
@@ -243,12 +267,7 @@ TEST_IMPL(work_pool_background_waits) {
   ASSERT_OK(work_queue(p, &t[5].work, ordered_run, ordered_done));
   ASSERT_EQ(work_pool_foreground_waiting(p), 1);
   atomic_store(&gate, 1);
-  /* The pool's handles do not keep the loop alive: a timer does. */
-  uv_timer_t keep;
-  uv_timer_init(&loop, &keep);
-  uv_timer_start(&keep, on_noop_timer, 1, 1);
-  while (done < 6) uv_run(&loop, UV_RUN_ONCE);
-  uv_close((uv_handle_t *)&keep, NULL);
+  run_until_done(&loop, &done, 6);
   ASSERT_EQ(work_pool_foreground_waiting(p), 0);
   /* Foreground in its order, then background in its order. */
   int want[6] = {0, 4, 5, 1, 2, 3};
@@ -272,8 +291,7 @@ TEST_IMPL(work_pool_stop_cancels_background) {
   atomic_int next_seq = 0;
   int done = 0;
   ordered_t t[4];
-  for (int i = 0; i < 4; i++)
-    t[i] = (ordered_t){.work.data = &t[i], .next_seq = &next_seq, .seq = -1, .done = &done};
+  ordered_init(t, 4, &next_seq, &done);
   t[0].sleep_ms = 50;
   ASSERT_OK(work_queue(p, &t[0].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue_background(p, &t[1].work, ordered_run, ordered_done));
@@ -281,10 +299,7 @@ TEST_IMPL(work_pool_stop_cancels_background) {
   ASSERT_OK(work_queue_background(p, &t[3].work, ordered_run, ordered_done));
   /* Stop while the one worker runs the first task: it finishes, and the
    * three behind it, background or not, are cancelled. */
-  while (!atomic_load(&t[0].started)) {
-    struct timespec ts = {0, 1000000L};
-    nanosleep(&ts, NULL);
-  }
+  wait_started(&t[0]);
   work_pool_stop(p);
   ASSERT_EQ(done, 4);
   ASSERT_EQ(t[0].status, 0);
@@ -308,18 +323,14 @@ TEST_IMPL(work_cancel_queued) {
   atomic_int next_seq = 0, gate = 0;
   int done = 0;
   ordered_t t[5];
-  for (int i = 0; i < 5; i++)
-    t[i] = (ordered_t){.work.data = &t[i], .next_seq = &next_seq, .seq = -1, .done = &done};
+  ordered_init(t, 5, &next_seq, &done);
   t[0].gate = &gate;
   ASSERT_OK(work_queue(p, &t[0].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue_background(p, &t[1].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue(p, &t[2].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue_background(p, &t[3].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue(p, &t[4].work, ordered_run, ordered_done));
-  while (!atomic_load(&t[0].started)) {
-    struct timespec ts = {0, 1000000L};
-    nanosleep(&ts, NULL);
-  }
+  wait_started(&t[0]);
   ASSERT_EQ(work_cancel(p, &t[0].work), LARDER_EBUSY); /* running */
   ASSERT_OK(work_cancel(p, &t[3].work));                /* last in its list */
   ASSERT_OK(work_cancel(p, &t[2].work));                /* in the middle */
@@ -331,11 +342,7 @@ TEST_IMPL(work_cancel_queued) {
    * which may be queued again behind a new task after the cancellations. */
   ASSERT_OK(work_queue(p, &t[3].work, ordered_run, ordered_done));
   atomic_store(&gate, 1);
-  uv_timer_t keep;
-  uv_timer_init(&loop, &keep);
-  uv_timer_start(&keep, on_noop_timer, 1, 1);
-  while (done < 3) uv_run(&loop, UV_RUN_ONCE);
-  uv_close((uv_handle_t *)&keep, NULL);
+  run_until_done(&loop, &done, 3);
   ASSERT_EQ(t[0].seq, 0);
   ASSERT_EQ(t[3].seq, 1); /* foreground now, ahead of the background t[1] */
   ASSERT_EQ(t[1].seq, 2);
