@@ -236,7 +236,9 @@ static void run_until_done(uv_loop_t *loop, const int *done, int n) {
   uv_timer_init(loop, &keep);
   uv_timer_start(&keep, on_noop_timer, 1, 1);
   while (*done < n) uv_run(loop, UV_RUN_ONCE);
+  /* The timer lives on this frame: its close must finish before it goes. */
   uv_close((uv_handle_t *)&keep, NULL);
+  uv_run(loop, UV_RUN_DEFAULT);
 }
 
 /* n tasks that number themselves in next_seq as they run and count their
