@@ -504,16 +504,21 @@ static shared_perm_t *perm_publish(perm_cache_t *cache, shared_perm_t *mine) {
   return mine;
 }
 
+/* Frees the order ep was making, if any. */
+static void pending_drop(shuffle_epoch_t *ep) {
+  if (ep->pending == NULL) return;
+  free(ep->pending->perm);
+  free(ep->pending);
+  ep->pending = NULL;
+}
+
 void shuffle_epoch_close(shuffle_epoch_t *ep) {
   if (ep == NULL) return;
   if (ep->order != NULL) free(ep->start); /* else borrowed from the plan */
   free(ep->order);
   perm_unref(ep->plan->cache, ep->win[0].shared);
   perm_unref(ep->plan->cache, ep->win[1].shared);
-  if (ep->pending) {
-    free(ep->pending->perm);
-    free(ep->pending);
-  }
+  pending_drop(ep);
   free(ep->seen);
   free(ep);
 }
@@ -550,11 +555,7 @@ static void window_extent(const shuffle_epoch_t *ep, uint64_t w, uint32_t *first
  * them.  Returns 0 or LARDER_ENOMEM. */
 static int perm_start(shuffle_epoch_t *ep, uint64_t w) {
   const shuffle_plan_t *plan = ep->plan;
-  if (ep->pending) {
-    free(ep->pending->perm);
-    free(ep->pending);
-    ep->pending = NULL;
-  }
+  pending_drop(ep);
   uint32_t first, nunits, rows;
   window_extent(ep, w, &first, &nunits, &rows);
   (void)nunits;
@@ -771,11 +772,7 @@ int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget) 
    * was part way through): hold theirs. */
   shared_perm_t *made = perm_find(plan->cache, ep->epoch, w);
   if (made != NULL) {
-    if (ep->pending != NULL && ep->pending->window == w) {
-      free(ep->pending->perm);
-      free(ep->pending);
-      ep->pending = NULL;
-    }
+    if (ep->pending != NULL && ep->pending->window == w) pending_drop(ep);
     slot_fill(ep, slot_claim(ep, w), w, made);
     return 1;
   }

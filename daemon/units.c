@@ -1093,19 +1093,18 @@ static int queue_load(server_t *srv, unit_t *u) {
  * batches while the workers decode for no one).  Not a read-ahead load,
  * which is meant to run with no stream holding its unit, nor one that
  * decodes from fetched bytes: the row group's buffer counts its units down
- * as they decode, and would be held until it expired.  Returns 1 when the
- * unit is gone.
+ * as they decode, and would be held until it expired.  Else the unit stays
+ * as it is.
  */
-static int cancel_load(server_t *srv, unit_t *u) {
+static void cancel_load(server_t *srv, unit_t *u) {
   if (u->ahead || u->rgbuf != NULL || u->retry || work_cancel(srv->pool, &u->work) != 0)
-    return 0;
+    return;
   server_task_end(srv);
   srv->loads_in_flight--;
   STATS_ADD(&srv->stats, unit_loads_cancelled, 1);
   if (u->ds && --u->ds->refs == 0) dataset_free(u->ds);
   u->ds = NULL;
   unit_destroy(srv, u);
-  return 1;
 }
 
 void units_release(server_t *srv, unit_t *u) {
