@@ -159,6 +159,10 @@ struct stream {
   sent_t *sent;
   int num_sent, cap_sent;
   uint64_t releases;        /* Release frames processed (see PB_NOROOM) */
+  /* Set by the pump while the client holds its whole window: nothing more
+   * can go out until it releases a batch, which wakes the loop, so a batch
+   * assembled meanwhile does not (work_queue_quiet). */
+  atomic_int window_full;
 
   /* The descriptor ring (client/ring.h), when the client asked for one.
    * The counts are the daemon's own: what the client writes in the ring is
@@ -337,6 +341,8 @@ static void unlink_from_conn(stream_t *s) {
 void stream_close(stream_t *s) {
   if (s->closed) return;
   s->closed = 1;
+  /* Its tasks' ends free it now: each wakes the loop again. */
+  atomic_store_explicit(&s->window_full, 0, memory_order_relaxed);
   unlink_from_conn(s);
   /* Queued batches drop their units now; one being assembled keeps its
    * units until its task returns. */
@@ -1216,7 +1222,8 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
   b->work.data = b;
   s->tasks++;
   server_task_begin(s->srv);
-  if (work_queue(s->srv->pool, &b->work, assemble_work, assemble_done) != 0) {
+  if (work_queue_quiet(s->srv->pool, &b->work, assemble_work, assemble_done,
+                       &s->window_full) != 0) {
     server_task_end(s->srv);
     s->tasks--;
     b->state = PB_WAITING;
@@ -1467,6 +1474,8 @@ static void stream_pump(stream_t *s) {
   s->pumping++;
   pump_once(s);
   s->pumping--;
+  atomic_store_explicit(&s->window_full, !s->closed && s->num_sent >= (int)s->window,
+                        memory_order_relaxed);
   stream_maybe_free(s);
 }
 

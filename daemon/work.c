@@ -107,7 +107,11 @@ static void *worker_main(void *arg) {
     else p->done_head = w;
     p->done_tail = w;
     atomic_fetch_add_explicit(&p->done_count, 1, memory_order_release);
-    int wake = atomic_load_explicit(&p->may_sleep, memory_order_relaxed);
+    /* The owner's flag is read under the lock that the loop's prepare
+     * takes after any change the loop made to it, so a task that sees it
+     * set is on the list that prepare takes. */
+    int wake = atomic_load_explicit(&p->may_sleep, memory_order_relaxed) &&
+               !(w->quiet_while && atomic_load_explicit(w->quiet_while, memory_order_relaxed));
     pthread_mutex_unlock(&p->mu);
     /* Each finishing worker that saw the loop about to sleep writes on its
      * own: none waits on another, which may have been preempted. */
@@ -236,10 +240,11 @@ int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained
 }
 
 static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done,
-                   int background) {
+                   int background, const atomic_int *quiet_while) {
   if (p == NULL) return LARDER_ESHUTDOWN; /* the server stopped its pool */
   w->run = run;
   w->done = done;
+  w->quiet_while = quiet_while;
   w->next = NULL;
   pthread_mutex_lock(&p->mu);
   if (p->stopping) {
@@ -258,11 +263,16 @@ static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done
 }
 
 int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done) {
-  return enqueue(p, w, run, done, 0);
+  return enqueue(p, w, run, done, 0, NULL);
+}
+
+int work_queue_quiet(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done,
+                     const atomic_int *quiet_while) {
+  return enqueue(p, w, run, done, 0, quiet_while);
 }
 
 int work_queue_background(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done) {
-  return enqueue(p, w, run, done, 1);
+  return enqueue(p, w, run, done, 1, NULL);
 }
 
 /* Unlinks w from the list at *head (tail *tail); returns 1 if it was there. */

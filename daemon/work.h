@@ -30,6 +30,7 @@
 #ifndef LARDER_WORK_H
 #define LARDER_WORK_H
 
+#include <stdatomic.h>
 #include <uv.h>
 
 typedef struct work work_t;
@@ -45,6 +46,7 @@ struct work {
   /* Private. */
   work_run_cb run;
   work_done_cb done;
+  const atomic_int *quiet_while; /* see work_queue_quiet */
   work_t *next;
 };
 
@@ -89,6 +91,21 @@ int work_queue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done);
  * wants it.  Returns as work_queue.  Loop thread.
  */
 int work_queue_background(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done);
+
+/*
+ * Queues w as work_queue does, except that when w finishes while
+ * *quiet_while is nonzero its worker does not wake a sleeping loop for it:
+ * its done callback runs the next time the loop wakes for anything else
+ * (always before the loop sleeps again).  For work whose result is of no
+ * use until some other event comes, such as a batch assembled while the
+ * client's window is full: the release that makes room wakes the loop, and
+ * the batch goes out in the same turn, one wakeup instead of two.  The
+ * owner writes *quiet_while on the loop thread only; a flag cleared there
+ * needs nothing more, since the loop takes every finished task before it
+ * sleeps.  Returns as work_queue.  Loop thread.
+ */
+int work_queue_quiet(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done,
+                     const atomic_int *quiet_while);
 
 /* Takes w off its queue if no worker has started it.  Returns 0 when it
  * did: w's callbacks will not run, and w is the caller's again.  Else

@@ -359,6 +359,91 @@ TEST_IMPL(work_cancel_queued) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Quiet tasks                                                               */
+
+typedef struct quiet_probe {
+  ordered_t *task;
+  int done_at_timer; /* the task's done count when the timer fired */
+  int ran_at_timer;  /* whether its run had ended by then */
+} quiet_probe_t;
+
+static void on_quiet_timer(uv_timer_t *t) {
+  quiet_probe_t *q = t->data;
+  q->done_at_timer = *q->task->done;
+  q->ran_at_timer = atomic_load(q->task->next_seq) > 0;
+}
+
+/* Runs the loop until a 300 ms timer fires, the task t queued before:
+ * returns what the timer saw of t. */
+static quiet_probe_t sleep_past(uv_loop_t *loop, ordered_t *t) {
+  quiet_probe_t q = {.task = t, .done_at_timer = -1};
+  uv_timer_t timer;
+  uv_timer_init(loop, &timer);
+  timer.data = &q;
+  uv_timer_start(&timer, on_quiet_timer, 300, 0);
+  while (q.done_at_timer < 0) uv_run(loop, UV_RUN_ONCE);
+  /* The timer lives on this frame: its close finishes before it goes.
+   * That turn of the loop passes its prepare, which takes finished tasks. */
+  uv_close((uv_handle_t *)&timer, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
+  return q;
+}
+
+/* A task queued with work_queue_quiet does not wake a sleeping loop while
+ * its flag is set: its done callback waits for the loop's next wakeup (a
+ * timer here), and runs before the loop sleeps again.  With the flag clear
+ * it wakes the loop as any task does, and a flag cleared after the task
+ * ended leaves nothing behind. */
+TEST_IMPL(work_queue_quiet_wakes) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 1, 0, NULL, NULL, &p));
+  atomic_int quiet = 1;
+
+  /* Flag set: the loop sleeps through the task's end. */
+  atomic_int next_seq = 0;
+  int done = 0;
+  ordered_t t[3];
+  ordered_init(t, 1, &next_seq, &done);
+  ASSERT_OK(work_queue_quiet(p, &t[0].work, ordered_run, ordered_done, &quiet));
+  quiet_probe_t q = sleep_past(&loop, &t[0]);
+  ASSERT_EQ(q.ran_at_timer, 1);
+  ASSERT_EQ(q.done_at_timer, 0);
+  ASSERT_EQ(done, 1); /* taken once the loop woke */
+  ASSERT_EQ(t[0].status, 0);
+
+  /* Flag clear: the task's end wakes the loop long before the timer. */
+  atomic_store(&quiet, 0);
+  atomic_store(&next_seq, 0);
+  done = 0;
+  ordered_init(t + 1, 1, &next_seq, &done);
+  ASSERT_OK(work_queue_quiet(p, &t[1].work, ordered_run, ordered_done, &quiet));
+  q = sleep_past(&loop, &t[1]);
+  ASSERT_EQ(q.done_at_timer, 1);
+
+  /* Flag set while the task runs, cleared (on the loop thread) after it
+   * ended: the loop takes it before it next sleeps. */
+  atomic_store(&quiet, 1);
+  atomic_store(&next_seq, 0);
+  done = 0;
+  ordered_init(t + 2, 1, &next_seq, &done);
+  ASSERT_OK(work_queue_quiet(p, &t[2].work, ordered_run, ordered_done, &quiet));
+  while (atomic_load(&next_seq) == 0) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  atomic_store(&quiet, 0);
+  run_until_done(&loop, &done, 1);
+  ASSERT_EQ(t[2].status, 0);
+
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Priority boost                                                            */
 
 typedef struct probe {
