@@ -28,7 +28,7 @@
 # (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
 # small part of a real one), BENCH_DAEMON_FLAGS (more larderd flags for every
 # run, such as --fetch_inflight_per_host=4), BENCH_CLIENT_WINDOW (the batches
-# the trainer may hold; default 8, serve-client's).
+# the trainer may hold; default 32, liblarder's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}

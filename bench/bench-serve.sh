@@ -17,7 +17,7 @@
 # BENCH_SOURCE, a path or glob as the daemon reads sources (another dataset,
 # say shards copied to a GPU host), which replaces bench/work/$BENCH_FILE and
 # skips generating it; BENCH_CLIENT_WINDOW, the batches each client may hold
-# (default 8, serve-client's).
+# (default 32, liblarder's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -58,7 +58,7 @@ print(sum(r[sys.argv[1]] for r in sel)/len(sel))" "$1" "$2"
 }
 
 memcpy=$(field "$("$client" memcpy)" memcpy_gbps)
-echo "bench-serve: $(basename "$file"), batches of $batch rows, window ${BENCH_CLIENT_WINDOW:-8}, $(nproc) cores"
+echo "bench-serve: $(basename "$file"), batches of $batch rows, window ${BENCH_CLIENT_WINDOW:-32}, $(nproc) cores"
 
 cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch" "${win[@]}")
 cold_gbps=$(echo "$cold" | mean_of gbps 0)

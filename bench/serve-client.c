@@ -15,9 +15,8 @@
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
  *       [--daemon-pid PID] [--touch] [--start-epoch N] [--columns a,b]
  *       [--window N] [--wait-log FILE]
- *       consumes a stream with a window of 8 batches unless --window says
- *       otherwise (a trainer with short steps asks for more than liblarder's
- *       default of 4) and prints one JSON line per epoch: seconds, rows,
+ *       consumes a stream with liblarder's default window (32 batches)
+ *       unless --window says otherwise, and prints one JSON line per epoch: seconds, rows,
  *       batch bytes, GB/s, rows/s, the stall fraction, and the daemon's RSS
  *       at the end of the epoch; the first line also has the time from
  *       opening the stream to holding its first batch (first_batch_s), and
@@ -153,7 +152,7 @@ int main(int argc, char **argv) {
   larder_stream_options_init(&o);
   o.batch_size = 1024;
   o.epochs = 1;
-  o.window = 8;
+  /* liblarder's default window unless --window says otherwise. */
   int pid = 0, do_touch = 0;
   FILE *wait_log = NULL;
   double compute_us = 0;

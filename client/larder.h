@@ -172,6 +172,8 @@ const char *larder_client_last_error(const larder_client_t *client);
 
 /* The most batches a stream may hold (its window): the daemon's limit. */
 #define LARDER_MAX_WINDOW 1024
+/* The window larder_stream_options_init sets (and a window of 0 means). */
+#define LARDER_DEFAULT_WINDOW 32
 
 typedef struct larder_stream_options {
   const char *const *sources;  /* paths, globs, directories or URLs;
@@ -191,7 +193,8 @@ typedef struct larder_stream_options {
   int drop_last;               /* default 0: the last batch is padded */
   uint64_t start_epoch;        /* resume position (default 0, 0) */
   uint64_t start_batch;
-  uint32_t window;             /* batches the client may hold (default 4),
+  uint32_t window;             /* batches the client may hold (default
+                                  LARDER_DEFAULT_WINDOW, 32),
                                   at most LARDER_MAX_WINDOW */
   uint64_t arena_bytes;        /* 0 = daemon's default */
   int memory_kind;             /* 0 = host; 1 = CUDA (reserved: LARDER_EUNSUPPORTED) */

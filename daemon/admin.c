@@ -715,9 +715,9 @@ static void stats_json(server_t *srv, sbuf *b) {
       stream_info(s, &si);
       sb_printf(b,
                 "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"stream\":%u,\"rank\":%u,"
-                "\"world_size\":%u,\"dataset\":",
+                "\"world_size\":%u,\"window\":%u,\"dataset\":",
                 first ? "" : ",", c->id, (int)c->pid, (unsigned)c->uid, stream_id(s), si.rank,
-                si.world_size);
+                si.world_size, si.window);
       sb_json(b, si.dataset);
 #define ADMIN_STREAM_STAT_(name, kind, help) \
   sb_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(ss, name));
@@ -899,9 +899,9 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
         sb_printf(&b,
                   ",\"files\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"batches_per_epoch\":%" PRIu64
                   ",\"epochs\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
-                  ",\"arena_bytes\":%" PRIu64 ",\"stall\":",
+                  ",\"arena_bytes\":%" PRIu64 ",\"window\":%u,\"stall\":",
                   si.num_files, si.total_rows, si.batches_per_epoch, si.epochs,
-                  STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes);
+                  STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes, si.window);
         if (stall >= 0) sb_num(&b, stall);
         else sb_puts(&b, "null");
         sb_puts(&b, "}");

@@ -162,6 +162,7 @@ typedef struct stream_info {
   uint64_t num_files, num_units, total_rows;
   uint64_t batches_per_epoch, epochs;
   uint64_t arena_bytes;
+  uint32_t window;            /* batches its client may hold */
   uint64_t opened_ns;
 } stream_info_t;
 void stream_info(const stream_t *s, stream_info_t *out);

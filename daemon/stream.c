@@ -218,6 +218,7 @@ void stream_info(const stream_t *s, stream_info_t *out) {
   out->batches_per_epoch = s->batches_per_epoch;
   out->epochs = s->epochs;
   out->arena_bytes = s->arena ? arena_size(s->arena) : 0;
+  out->window = s->window;
   out->opened_ns = s->opened_ns;
 }
 
@@ -1763,7 +1764,7 @@ static void open_done(work_t *w, int status) {
   s->params.rank = p->rank;
   s->params.drop_last = p->drop_last;
   s->epochs = p->epochs;
-  s->window = p->window ? p->window : 4;
+  s->window = p->window ? p->window : LARDER_DEFAULT_WINDOW;
   s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
   if (s->prefetch < s->window) s->prefetch = s->window;
   s->num_nodes = 0;

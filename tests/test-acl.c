@@ -540,6 +540,8 @@ TEST_IMPL(acl_client_limits) {
   larder_stream_options_t o;
   dh_opts(&o, src, 64, 1, 1);
   o.arena_bytes = 1u << 20;
+  /* A ring of one page: the sizes below count on it. */
+  o.window = 4;
 
   /* Arenas: three of 1 MiB, with a descriptor ring of a page each, fit in
    * 3100K; a fourth does not. */

@@ -127,6 +127,8 @@ TEST_IMPL(ctl_status_stats) {
   ASSERT(dh_json_has(st, "bytes_per_s"));
   ASSERT(dh_json_has(st, "stall"));
   ASSERT_EQ(dh_json_u64(st, "world_size"), 1);
+  /* The window the test's options leave to liblarder's default. */
+  ASSERT_EQ(dh_json_u64(st, "window"), LARDER_DEFAULT_WINDOW);
   ASSERT(dh_json_has(r.out, "verdict.limit"));
   ASSERT(dh_json_has(r.out, "stages.decode_ns"));
   ASSERT(dh_json_has(r.out, "rates.fetch_bytes_per_s"));
@@ -146,6 +148,9 @@ TEST_IMPL(ctl_status_stats) {
   EXPECT_JSON(&r);
   ASSERT_STR_CONTAINS(r.out, pid);
   ASSERT_STR_CONTAINS(r.out, "\"streams\":[{\"stream\":1");
+  char window[32];
+  snprintf(window, sizeof(window), "\"window\":%d,", LARDER_DEFAULT_WINDOW);
+  ASSERT_STR_CONTAINS(r.out, window);
   tc_out_free(&r);
   /* A client named with an escape sequence and invalid UTF-8 is listed
    * in printable ASCII, and the JSON stays valid. */

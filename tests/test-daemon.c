@@ -1451,6 +1451,8 @@ TEST_IMPL(daemon_evloop_streams) {
     dh_start(&d);
     larder_stream_options_t o;
     std_opts(&o, 32, 2);
+    /* Stream B's batches are held: its whole window of 4. */
+    o.window = 4;
     dh_run ref = {0};
     ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
     larder_client_t *c;

@@ -154,6 +154,11 @@ TEST_IMPL(remote_bounded_fetch) {
   o.unit_rows = 512;
   o.shuffle_window = 10;
   o.arena_bytes = ARENA;
+  /* The pinned working set grows with the batches in flight, and the pool
+   * below is sized just above it for a window of 4: with 32 (the default)
+   * and its prefetch, 64 batches of 200 rows span two and a half of this
+   * tiny dataset's shuffle windows. */
+  o.window = 4;
   /* The dataset's decoded bytes, and the reference batches. */
   dh_run ref[3];
   memset(ref, 0, sizeof(ref));
