@@ -98,7 +98,12 @@ struct larder_stream {
    * made then tells the daemon at once when it waits for one (wake_at):
    * nothing else would, as the reader has checked wake_at already. */
   int ring_reader_asleep;
-  uint32_t ring_wake_batches;           /* descriptors to sleep for (ring.h) */
+  /* The descriptors a reader that runs dry sleeps for, chosen by
+   * ring_pace_sleep_batches after each call from the reader's pace (both
+   * under lock), read by the reading thread. */
+  uint32_t ring_wake_batches;
+  uint32_t window;
+  ring_pace_t pace;
   /* larder_stream_fd: an epoll descriptor holding the client's socket and
    * `efd`, an eventfd that the reading thread signals when a call for
    * another stream (or open, close) reads something for this one: a Wake
@@ -782,7 +787,8 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
    * leave it 0. */
   uint32_t window = opts->window ? opts->window : LARDER_DEFAULT_WINDOW;
   s->hold_max = window >= 4 ? (int)(window / 2) : 1;
-  s->ring_wake_batches = window >= 8 ? window / 4 : 1;
+  s->window = window;
+  s->ring_wake_batches = 1;
   rc = copy_field(&s->schema, rep->schema, 0);
   wire_free(r);
   if (rc == 0) {
@@ -1073,8 +1079,9 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   }
   pthread_mutex_lock(&s->lock);
   s->ring_reader_asleep = 0;
+  uint64_t compute = 0;
   if (s->last_return_ns) {
-    uint64_t compute = start - s->last_return_ns;
+    compute = start - s->last_return_ns;
     s->compute_ns += compute;
     s->report_compute += compute;
   }
@@ -1250,6 +1257,8 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   pthread_mutex_lock(&s->lock);
   s->wait_ns += end - start;
   s->report_wait += end - start;
+  ring_pace_add(&s->pace, end - start, compute);
+  s->ring_wake_batches = ring_pace_sleep_batches(&s->pace, s->window);
   if (*out) s->refs++;
   /* Unused (no batch came): back for the next call. */
   if (spare && s->spare == NULL) {

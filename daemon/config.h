@@ -50,6 +50,13 @@
      "cores are short the loop that hands out batches, and the trainers, run " \
      "first; while trainers wait on the workers they run at the daemon's "     \
      "niceness, where the system allows (0 = always the same priority)")       \
+  XX(loop_slice_us, U64, "100", 0,                                             \
+     "time slice in microseconds that the loop thread, which hands out the "   \
+     "batches, asks of the kernel's scheduler (EEVDF, Linux 6.12 and later; "  \
+     "older kernels ignore it): a short slice lets it run the moment a "       \
+     "release or a finished batch wakes it, where it would wait out a "       \
+     "worker's slice, milliseconds on a busy host (0 = the kernel's default; " \
+     "the kernel holds it to 100-100000)")                                     \
   XX(memory_limit, SIZE, "8G", 1,                                              \
      "bytes of decoded units held in memory for shuffling, all streams")       \
   XX(unit_rows, U64, "4096", 0,                                                \

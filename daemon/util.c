@@ -1,11 +1,26 @@
 /*
  * util.c: hashing, clocks, heap settings and formatting.
  */
+#include <errno.h>
 #include <malloc.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "../client/larder.h"
 #include "util.h"
+
+/* The kernel's struct sched_attr (glibc 2.36 has no wrapper): its first
+ * size bytes are what sched_getattr and sched_setattr exchange. */
+typedef struct sched_attr_ {
+  uint32_t size, sched_policy;
+  uint64_t sched_flags;
+  int32_t sched_nice;
+  uint32_t sched_priority;
+  uint64_t sched_runtime, sched_deadline, sched_period;
+} sched_attr_t_;
 
 uint64_t util_hash64(const void *data, size_t len, uint64_t seed) {
   const uint8_t *p = data;
@@ -32,6 +47,26 @@ void util_heap_setup(void) {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   mallopt(M_TOP_PAD, 64 << 20);
+}
+
+int util_thread_slice(uint64_t slice_ns) {
+  sched_attr_t_ a;
+  memset(&a, 0, sizeof(a));
+  /* Read first, so that the policy and the niceness (systemd's Nice=, the
+   * operator's renice) stay as they are. */
+  if (syscall(SYS_sched_getattr, 0, &a, (unsigned)sizeof(a), 0u) != 0)
+    return errno == ENOSYS ? LARDER_EUNSUPPORTED : LARDER_EIO;
+  a.size = sizeof(a);
+  a.sched_flags = 0;
+  a.sched_runtime = slice_ns;
+  if (syscall(SYS_sched_setattr, 0, &a, 0u) != 0)
+    return errno == ENOSYS || errno == EINVAL ? LARDER_EUNSUPPORTED : LARDER_EIO;
+  /* A kernel without custom slices takes the call and drops the runtime
+   * of a fair-class thread: it reads back as 0. */
+  sched_attr_t_ b;
+  memset(&b, 0, sizeof(b));
+  if (syscall(SYS_sched_getattr, 0, &b, (unsigned)sizeof(b), 0u) != 0) return LARDER_EIO;
+  return b.sched_runtime != 0 ? 0 : LARDER_EUNSUPPORTED;
 }
 
 void util_human_bytes(char *buf, size_t size, double v) {

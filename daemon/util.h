@@ -1,6 +1,6 @@
 /*
  * util.h: small helpers shared by larderd's modules (prefix util_).
- * Pure functions; any thread.
+ * Any thread, unless a function says otherwise.
  */
 #ifndef LARDER_UTIL_H
 #define LARDER_UTIL_H
@@ -22,6 +22,15 @@ uint64_t util_now_ns(void);
  * heap instead (bounded by the peak, which memory_limit bounds).  Call once,
  * before the threads start. */
 void util_heap_setup(void);
+
+/* Asks the kernel's fair scheduler (EEVDF, Linux 6.12 and later) for a time
+ * slice of slice_ns for the calling thread, keeping its policy and
+ * niceness; threads it creates afterwards inherit the slice.  A thread
+ * with a shorter slice than the one running preempts it when it wakes.
+ * Returns 0 when the kernel took the slice, LARDER_EUNSUPPORTED when it
+ * ignores custom slices (older kernels), or a negative code when the call
+ * failed.  The thread concerned. */
+int util_thread_slice(uint64_t slice_ns);
 
 /* Formats bytes as "12.3 MiB" into buf. */
 void util_human_bytes(char *buf, size_t size, double bytes);

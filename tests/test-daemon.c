@@ -10,12 +10,15 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "../daemon/arena.h"
 #include "../daemon/layout.h"
+#include "../daemon/util.h"
 #include "daemon-harness.h"
 
 static double now_ms(void) {
@@ -1932,5 +1935,96 @@ TEST_IMPL(daemon_open_late_reply) {
   larder_client_close(c);
   dh_run_free(&ref);
   dh_stop(&d);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The loop thread's time slice                                              */
+
+/* The se.slice the kernel reports for thread tid of pid (ns), or -1. */
+static long long thread_slice_ns(pid_t pid, pid_t tid) {
+  char path[96], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/task/%d/sched", (int)pid, (int)tid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return -1;
+  long long v = -1;
+  while (fgets(line, sizeof(line), f))
+    if (strncmp(line, "se.slice", 8) == 0) {
+      const char *colon = strchr(line, ':');
+      if (colon) v = atoll(colon + 1);
+    }
+  fclose(f);
+  return v;
+}
+
+typedef struct slice_probe {
+  int rc;
+  long long seen;
+} slice_probe_t;
+
+/* On a thread of its own, so that the runner's threads keep theirs. */
+static void *probe_slice(void *arg) {
+  slice_probe_t *p = arg;
+  p->rc = util_thread_slice(300000);
+  p->seen = thread_slice_ns(getpid(), (pid_t)syscall(SYS_gettid));
+  return NULL;
+}
+
+/* The slices of the daemon's loop thread (its main thread) and of its
+ * workers; 0 when no worker was found. */
+static void daemon_slices(pid_t pid, long long *loop, long long *worker) {
+  *loop = thread_slice_ns(pid, pid);
+  *worker = 0;
+  char dir[64];
+  snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(dir);
+  ASSERT_NOT_NULL(d);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char path[384], comm[64] = "";
+    snprintf(path, sizeof(path), "%s/%s/comm", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) continue;
+    if (fgets(comm, sizeof(comm), f) && strncmp(comm, "larderd-work", 12) == 0)
+      *worker = thread_slice_ns(pid, (pid_t)atoi(e->d_name));
+    fclose(f);
+  }
+  closedir(d);
+}
+
+/*
+ * The loop thread asks for a short time slice (loop_slice_us, 100 us by
+ * default), so that it preempts a busy worker when a release or a
+ * finished batch wakes it; the workers keep the kernel's default, and
+ * loop_slice_us = 0 leaves the loop at it too.  On a kernel without custom
+ * slices (before Linux 6.12) util_thread_slice says so, and the test is
+ * skipped.
+ */
+TEST_IMPL(daemon_loop_slice) {
+  slice_probe_t probe = {0, -1};
+  pthread_t t;
+  ASSERT_OK(pthread_create(&t, NULL, probe_slice, &probe));
+  ASSERT_OK(pthread_join(t, NULL));
+  if (probe.rc == LARDER_EUNSUPPORTED) {
+    fprintf(stderr, "this kernel has no custom time slices\n");
+    return TEST_SKIP;
+  }
+  ASSERT_OK(probe.rc);
+  ASSERT_EQ(probe.seen, 300000);
+  long long default_slice = thread_slice_ns(getpid(), getpid());
+  ASSERT_GT(default_slice, 100000);
+
+  static const char *const two[] = {"--workers=2", NULL};
+  static const char *const off[] = {"--workers=2", "--loop_slice_us=0", NULL};
+  for (int i = 0; i < 2; i++) {
+    dh_daemon d;
+    dh_init(&d, i ? "off" : "on", i ? off : two);
+    dh_start(&d);
+    long long loop, worker;
+    daemon_slices(d.pid, &loop, &worker);
+    ASSERT_EQ(loop, i ? default_slice : 100000);
+    ASSERT_EQ(worker, default_slice);
+    dh_stop(&d);
+  }
   return 0;
 }

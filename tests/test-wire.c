@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "daemon-harness.h"
+#include "ring.h"
 #include "task.h"
 #include "wire.h"
 
@@ -247,5 +248,58 @@ TEST_IMPL(wire_decode_budget) {
   ASSERT_NULL(
       wire_decode(garbage, sizeof(garbage), WIRE_DECODE_BUDGET(sizeof(garbage)), &too_costly));
   ASSERT_EQ(too_costly, 0);
+  return 0;
+}
+
+/*
+ * How many descriptors a reader that runs dry sleeps for (ring.h): one
+ * while the trainer keeps up, whatever its window, even right after a
+ * single long wait; a quarter window once it waits on the daemon most of
+ * the time, as a trainer faster than the daemon does, whether each of its
+ * calls waits or one in a quarter window waits for the lot; and one again
+ * soon after it slows down.
+ */
+TEST_IMPL(ring_pace_sleep_policy) {
+  ring_pace_t p = {0, 0};
+  /* Nothing known yet: the first batch wakes the reader. */
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 1);
+  /* A trainer that computes 100 us a step and finds its batch ready. */
+  for (int i = 0; i < 100; i++) ring_pace_add(&p, 500, 100000);
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 1);
+  /* The daemon falls behind once for 3 ms: still one. */
+  ring_pace_add(&p, 3000000, 100000);
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 1);
+  ring_pace_add(&p, 500, 100000);
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 1);
+  /* The trainer outruns the daemon: 70 us waits for 5 us steps... */
+  int calls = 0;
+  while (ring_pace_sleep_batches(&p, 32) == 1) {
+    ring_pace_add(&p, 70000, 5000);
+    ASSERT_LT(++calls, 40);
+  }
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 8);
+  /* ...and stays there when it then gets 8 batches per wakeup: one call
+   * waits for eight assemblies, seven find their batch ready. */
+  for (int round = 0; round < 20; round++) {
+    ring_pace_add(&p, 8 * 70000, 5000);
+    ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 8);
+    for (int i = 0; i < 7; i++) {
+      ring_pace_add(&p, 400, 5000);
+      ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 8);
+    }
+  }
+  /* Small windows: a quarter of 4 is 1, of 8 is 2, of 1024 is 256. */
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 4), 1);
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 8), 2);
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 1024), 256);
+  /* The trainer slows to 2 ms steps: back to one within a few calls. */
+  calls = 0;
+  while (ring_pace_sleep_batches(&p, 32) != 1) {
+    ring_pace_add(&p, 500, 2000000);
+    ASSERT_LT(++calls, 16);
+  }
+  /* Hours of waiting do not overflow the sums. */
+  for (int i = 0; i < 1000; i++) ring_pace_add(&p, 3600ull * 1000000000ull, 0);
+  ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 8);
   return 0;
 }
