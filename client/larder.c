@@ -104,6 +104,7 @@ struct larder_stream {
   uint32_t ring_wake_batches;
   uint32_t window;
   ring_pace_t pace;
+  ring_sleeps_t ring_sleeps;            /* what its sleeps asked (reading thread) */
   /* larder_stream_fd: an epoll descriptor holding the client's socket and
    * `efd`, an eventfd that the reading thread signals when a call for
    * another stream (or open, close) reads something for this one: a Wake
@@ -1032,8 +1033,14 @@ static int ring_take(larder_stream_t *s, wire_batch_t *view) {
 static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
   ring_header_t *h = s->ring;
   atomic_store_explicit(&h->consumed, s->ring_consumed, memory_order_relaxed);
-  atomic_store_explicit(&h->wake_client_at, s->ring_consumed + s->ring_wake_batches,
-                        memory_order_relaxed);
+  /* The daemon answers each value of wake_client_at once (it may answer
+   * early, with fewer descriptors out), so a sleep never asks for a value
+   * it asked for before.  Bug fix (tests: daemon_ring_wakeups, under
+   * UBSan in CI): a reader that slept for two, was woken by one, took it
+   * and then slept for one asked for the same descriptor again, and was
+   * never woken. */
+  uint64_t at = ring_sleep_target(&s->ring_sleeps, s->ring_consumed, s->ring_wake_batches);
+  atomic_store_explicit(&h->wake_client_at, at, memory_order_relaxed);
   /* Pairs with the daemon's fence between publishing and looking at
    * wake_client_at (ring.h): one of the two sees the other's write. */
   atomic_thread_fence(memory_order_seq_cst);

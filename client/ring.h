@@ -41,7 +41,9 @@
  *     spent most of its time waiting on the daemon, when a quarter window:
  *     that halves the wakeups of a trainer the daemon cannot keep up with,
  *     each of which also preempts a worker on a small host, and costs it
- *     nothing, as its batches come no faster either way.
+ *     nothing, as its batches come no faster either way.  The daemon
+ *     answers each value once, so the client asks for a larger value at
+ *     each sleep than at the one before.
  *   - The daemon sets `wake_at` while its window is full (or its arena):
  *     nothing more can go out until the client releases.  The client,
  *     after a release, sends a Wake frame once `released` reaches it, and
@@ -156,6 +158,34 @@ static inline void ring_pace_add(ring_pace_t *p, uint64_t wait_ns, uint64_t comp
 static inline uint32_t ring_pace_sleep_batches(const ring_pace_t *p, uint32_t window) {
   uint32_t quarter = window >= 8 ? window / 4 : 1;
   return p->recent_wait > p->recent_total / 2 ? quarter : 1;
+}
+
+/* A reader's sleeps: the wake_client_at it last asked for (0 before the
+ * first) and the descriptors it had taken then. */
+typedef struct ring_sleeps {
+  uint64_t last_at, last_consumed;
+} ring_sleeps_t;
+
+/*
+ * The wake_client_at for a reader that has taken `consumed` descriptors
+ * and sleeps for n more.  The daemon answers each value once, and may
+ * answer early, with fewer out, so a value asked before must not be asked
+ * again once the reader has taken descriptors since: it may have been
+ * answered by those.  (Asked again with nothing taken since, it is safe:
+ * an answered value means descriptors are out, which the reader sees
+ * before it sleeps.)  Values never go down, and stay within n_max (a
+ * quarter window) of `consumed`.  Bug fix (tests: daemon_ring_wakeups
+ * under UBSan): a reader that slept for two, was woken early by one, took
+ * it and slept for one asked for the same value again, and was woken only
+ * by liblarder's one-second safety net.
+ */
+static inline uint64_t ring_sleep_target(ring_sleeps_t *s, uint64_t consumed, uint32_t n) {
+  uint64_t at = consumed + n;
+  if (at < s->last_at) at = s->last_at;
+  if (at == s->last_at && consumed != s->last_consumed) at++;
+  s->last_at = at;
+  s->last_consumed = consumed;
+  return at;
 }
 
 /* Checks a header the other side wrote against the size mapped and the

@@ -1125,11 +1125,13 @@ TEST_IMPL(daemon_ring_wakeups) {
   larder_client_t *c;
   ASSERT_OK(larder_client_connect(d.socket, &c));
 
-  for (int mode = 0; mode < 3; mode++) {
+  for (int mode = 0; mode < 4; mode++) {
     /* 0: an event loop that releases each batch at once; 1: one that keeps
      * the newest seven of its window of eight, so the daemon can publish
      * one batch at a time and never the two the client asks for; 2: the
-     * same with blocking calls. */
+     * same with blocking calls; 3: the same with a step of about as long
+     * as its waits, so that its pace may change the batches it sleeps for
+     * (one or two) from one sleep to the next (ring_pace_sleep_batches). */
     uint64_t woken0 = dh_stat(&d, "ring_wakes_received");
     larder_stream_t *s;
     ASSERT_OK(larder_stream_open(c, &o, &s));
@@ -1151,7 +1153,7 @@ TEST_IMPL(daemon_ring_wakeups) {
       larder_batch_t *b;
       double t0 = now_ms();
       while ((rc = larder_stream_next(s, mode < 2 ? 0 : 60000 * dh_slow(), &b)) == 0) {
-        if (mode == 2 && now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        if (mode >= 2 && now_ms() - t0 > slowest) slowest = now_ms() - t0;
         ASSERT(k < ref.n);
         ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
         k++;
@@ -1165,6 +1167,7 @@ TEST_IMPL(daemon_ring_wakeups) {
             nheld = 7;
           }
         }
+        if (mode == 3) usleep(k % 3 ? 30 : 200);
         t0 = now_ms();
       }
       if (rc == LARDER_EEOF) break;

@@ -298,6 +298,22 @@ TEST_IMPL(ring_pace_sleep_policy) {
     ring_pace_add(&p, 500, 2000000);
     ASSERT_LT(++calls, 16);
   }
+  /* What a sleep asks for.  A reader that slept for two (at 12), was woken
+   * early by one, took it and sleeps for one asks for 13, not 12 again,
+   * which the daemon may have answered (bug fix: such a reader waited for
+   * the one-second safety net).  Sleeping again with nothing taken, it may
+   * ask the same; it never asks less than before, nor more than the
+   * largest n (a quarter window) past what it has taken. */
+  ring_sleeps_t sl = {0, 0};
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 0, 1), 1);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 0, 1), 1);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 10, 2), 12);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 11, 1), 13);
+  for (int i = 0; i < 100; i++) ASSERT_UINT_EQ(ring_sleep_target(&sl, 11, 1), 13);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 12, 1), 14);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 20, 8), 28);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 21, 1), 29);
+  ASSERT_UINT_EQ(ring_sleep_target(&sl, 29, 1), 30);
   /* Hours of waiting do not overflow the sums. */
   for (int i = 0; i < 1000; i++) ring_pace_add(&p, 3600ull * 1000000000ull, 0);
   ASSERT_UINT_EQ(ring_pace_sleep_batches(&p, 32), 8);
