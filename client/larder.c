@@ -1040,7 +1040,9 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
    * and then slept for one asked for the same descriptor again, and was
    * never woken. */
   uint64_t at = ring_sleep_target(&s->ring_sleeps, s->ring_consumed, s->ring_wake_batches);
-  atomic_store_explicit(&h->wake_client_at, at, memory_order_relaxed);
+  /* Release: `consumed` above is visible to a daemon that sees this value
+   * (it loads it with acquire). */
+  atomic_store_explicit(&h->wake_client_at, at, memory_order_release);
   /* Pairs with the daemon's fence between publishing and looking at
    * wake_client_at (ring.h): one of the two sees the other's write. */
   atomic_thread_fence(memory_order_seq_cst);

@@ -42,8 +42,11 @@
  *     that halves the wakeups of a trainer the daemon cannot keep up with,
  *     each of which also preempts a worker on a small host, and costs it
  *     nothing, as its batches come no faster either way.  The daemon
- *     answers each value once, so the client asks for a larger value at
- *     each sleep than at the one before.
+ *     answers each value once, so the client never asks a smaller value
+ *     than before, and asks a larger one once it has taken descriptors
+ *     since (ring_sleep_target).  It writes `consumed` before
+ *     `wake_client_at`, the latter with release; the daemon reads
+ *     `wake_client_at` with acquire, then `consumed`.
  *   - The daemon sets `wake_at` while its window is full (or its arena):
  *     nothing more can go out until the client releases.  The client,
  *     after a release, sends a Wake frame once `released` reaches it, and

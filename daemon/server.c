@@ -468,7 +468,8 @@ static void set_loop_slice(server_t *srv) {
   int rc = util_thread_slice(us * 1000);
   if (rc == 0) log_info("the loop thread runs with a time slice of %llu us", (unsigned long long)us);
   else if (rc == LARDER_EUNSUPPORTED)
-    log_info("this kernel keeps its own time slices (loop_slice_us needs Linux 6.12 or later)");
+    log_info("the loop thread keeps the kernel's time slice (loop_slice_us needs Linux 6.12 or "
+             "later, and a thread in the fair scheduling class)");
   else log_warn("cannot set the loop thread's time slice: %s", larder_strerror(rc));
 }
 

@@ -1400,7 +1400,12 @@ static int ring_settle(stream_t *s, int noroom, int assembling) {
   /* Pairs with the client's fence between setting wake_client_at and
    * looking at `published`: one of the two sees the other's write. */
   atomic_thread_fence(memory_order_seq_cst);
-  uint64_t wake_client_at = atomic_load_explicit(&h->wake_client_at, memory_order_relaxed);
+  /* Acquire: pairs with the client's release store of wake_client_at, so
+   * `consumed` below is at least what the client wrote before it (on a
+   * weakly ordered CPU a relaxed pair could show the new wake_client_at
+   * with the old `consumed`, and answer a sleep early for a descriptor
+   * the client has taken). */
+  uint64_t wake_client_at = atomic_load_explicit(&h->wake_client_at, memory_order_acquire);
   if (wake_client_at && wake_client_at != s->ring_client_woken && s->conn) {
     /* Untrusted figures: a client that lies only delays its own wakeup. */
     uint64_t consumed = atomic_load_explicit(&h->consumed, memory_order_relaxed);

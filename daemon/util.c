@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <malloc.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -14,6 +15,8 @@
 
 /* The kernel's struct sched_attr (glibc 2.36 has no wrapper): its first
  * size bytes are what sched_getattr and sched_setattr exchange. */
+#define SCHED_RESET_ON_FORK_FLAG_ 0x01ull /* SCHED_FLAG_RESET_ON_FORK */
+
 typedef struct sched_attr_ {
   uint32_t size, sched_policy;
   uint64_t sched_flags;
@@ -56,8 +59,16 @@ int util_thread_slice(uint64_t slice_ns) {
    * operator's renice) stay as they are. */
   if (syscall(SYS_sched_getattr, 0, &a, (unsigned)sizeof(a), 0u) != 0)
     return errno == ENOSYS ? LARDER_EUNSUPPORTED : LARDER_EIO;
+  /* Custom slices are the fair class's; a real-time or deadline thread
+   * (chrt) keeps what it has, and for SCHED_DEADLINE sched_runtime is its
+   * reservation. */
+  if (a.sched_policy != SCHED_OTHER && a.sched_policy != SCHED_BATCH &&
+      a.sched_policy != SCHED_IDLE)
+    return LARDER_EUNSUPPORTED;
   a.size = sizeof(a);
-  a.sched_flags = 0;
+  /* Keep reset-on-fork (systemd's CPUSchedulingResetOnFork=), the one
+   * flag that is the thread's setting rather than the call's. */
+  a.sched_flags &= SCHED_RESET_ON_FORK_FLAG_;
   a.sched_runtime = slice_ns;
   if (syscall(SYS_sched_setattr, 0, &a, 0u) != 0)
     return errno == ENOSYS || errno == EINVAL ? LARDER_EUNSUPPORTED : LARDER_EIO;

@@ -28,7 +28,8 @@ void util_heap_setup(void);
  * niceness; threads it creates afterwards inherit the slice.  A thread
  * with a shorter slice than the one running preempts it when it wakes.
  * Returns 0 when the kernel took the slice, LARDER_EUNSUPPORTED when it
- * ignores custom slices (older kernels), or a negative code when the call
+ * ignores custom slices (older kernels) or the thread is not in the fair
+ * class (a real-time or deadline policy), or a negative code when the call
  * failed.  The thread concerned. */
 int util_thread_slice(uint64_t slice_ns);
 
