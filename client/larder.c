@@ -1034,11 +1034,8 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
   ring_header_t *h = s->ring;
   atomic_store_explicit(&h->consumed, s->ring_consumed, memory_order_relaxed);
   /* The daemon answers each value of wake_client_at once (it may answer
-   * early, with fewer descriptors out), so a sleep never asks for a value
-   * it asked for before.  Bug fix (tests: daemon_ring_wakeups, under
-   * UBSan in CI): a reader that slept for two, was woken by one, took it
-   * and then slept for one asked for the same descriptor again, and was
-   * never woken. */
+   * early, with fewer descriptors out): ring_sleep_target never asks again
+   * a value the daemon may have answered. */
   uint64_t at = ring_sleep_target(&s->ring_sleeps, s->ring_consumed, s->ring_wake_batches);
   /* Release: `consumed` above is visible to a daemon that sees this value
    * (it loads it with acquire). */

@@ -13,10 +13,10 @@
 #include "../client/larder.h"
 #include "util.h"
 
-/* The kernel's struct sched_attr (glibc 2.36 has no wrapper): its first
- * size bytes are what sched_getattr and sched_setattr exchange. */
 #define SCHED_RESET_ON_FORK_FLAG_ 0x01ull /* SCHED_FLAG_RESET_ON_FORK */
 
+/* The kernel's struct sched_attr (glibc 2.36 has no wrapper): its first
+ * size bytes are what sched_getattr and sched_setattr exchange. */
 typedef struct sched_attr_ {
   uint32_t size, sched_policy;
   uint64_t sched_flags;
