@@ -47,7 +47,8 @@
  *   top; each entry knows its heap position, so removal is O(log n)) and in
  *   a recency list ordered by last use (oldest first).  Eviction takes idle
  *   entries (last use older than idle_evict_s) from the front of the list
- *   first, then the worst priorities from the heap.  Reserved and writing
+ *   first, then the worst priorities from the heap, a whole put (the
+ *   columns of one unit) at a time (evict_put).  Reserved and writing
  *   entries are in neither, so they are never evicted, and their bytes
  *   count toward the capacity.
  * - objects: a second hash map from object id; objects stay in memory for
@@ -545,7 +546,8 @@ typedef struct entry {
   uint64_t h;
   uint64_t size; /* reserved size, or the value size once present */
   uint64_t priority;
-  uint64_t gen;   /* put generation (0 for entries loaded at open) */
+  uint64_t gen;   /* its put's generation, shared by the entries of one put
+                     (0 for entries loaded at open) */
   uint64_t touch; /* recency sequence number */
   int64_t last_use;
   int64_t saved_use; /* last_use as in the index record */
@@ -910,6 +912,14 @@ static entry_t *entry_find(store_t *st, const uint8_t *key, uint8_t len,
   return i < 0 ? NULL : st->entries.slots[i].p;
 }
 
+/* The heap's order: worse priority first, and among equal priorities
+ * (every unit of a row group shares one) the later put first, so that the
+ * entries of one put (the columns of one unit) are adjacent in it and
+ * evict_down can take them together. */
+static bool heap_worse(const entry_t *a, const entry_t *b) {
+  return a->priority != b->priority ? a->priority > b->priority : a->gen > b->gen;
+}
+
 static void heap_set(store_t *st, size_t i, entry_t *e) {
   st->heap[i] = e;
   e->heap_pos = (uint32_t)i;
@@ -919,7 +929,7 @@ static void heap_up(store_t *st, size_t i) {
   entry_t *e = st->heap[i];
   while (i > 0) {
     size_t parent = (i - 1) / 2;
-    if (st->heap[parent]->priority >= e->priority) break;
+    if (!heap_worse(e, st->heap[parent])) break;
     heap_set(st, i, st->heap[parent]);
     i = parent;
   }
@@ -930,12 +940,12 @@ static void heap_down(store_t *st, size_t i) {
   entry_t *e = st->heap[i];
   for (;;) {
     size_t l = 2 * i + 1, best = i;
-    uint64_t bp = e->priority;
-    if (l < st->heap_len && st->heap[l]->priority > bp) {
+    const entry_t *b = e;
+    if (l < st->heap_len && heap_worse(st->heap[l], b)) {
       best = l;
-      bp = st->heap[l]->priority;
+      b = st->heap[l];
     }
-    if (l + 1 < st->heap_len && st->heap[l + 1]->priority > bp) best = l + 1;
+    if (l + 1 < st->heap_len && heap_worse(st->heap[l + 1], b)) best = l + 1;
     if (best == i) break;
     heap_set(st, i, st->heap[best]);
     i = best;
@@ -1016,6 +1026,21 @@ static void evict_entry(store_t *st, entry_t *e) {
   drop_present(st, e);
 }
 
+/* Evicts e and the other entries of the put that wrote it, all on top of
+ * the heap (heap_worse).  A unit is read from the cache only when every
+ * column it needs is there (units.c), so the columns left behind by an
+ * eviction that stopped halfway through a unit would take room and never
+ * serve a read, and the unit, refused again as the worst, would stay half
+ * cached.  Entries loaded at open (generation 0) do not know their put and
+ * go one by one. */
+static void evict_put(store_t *st, entry_t *e) {
+  uint64_t priority = e->priority, gen = e->gen;
+  evict_entry(st, e);
+  while (gen != 0 && st->heap_len > 0 && st->heap[0]->priority == priority &&
+         st->heap[0]->gen == gen)
+    evict_entry(st, st->heap[0]);
+}
+
 /* Drops a reserved (or writing) entry. */
 static void drop_reserved(store_t *st, entry_t *e) {
   map_remove_ptr(&st->entries, e->h, e);
@@ -1035,7 +1060,7 @@ static void evict_down(store_t *st, uint64_t target, bool any_priority,
   while (st->used + st->reserved > target && st->heap_len > 0) {
     entry_t *top = st->heap[0];
     if (!any_priority && top->priority <= floor) break;
-    evict_entry(st, top);
+    evict_put(st, top);
   }
 }
 
@@ -2041,12 +2066,13 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   pthread_mutex_lock(&st->mu);
   uint64_t total = 0;
   if (rc == 0) {
+    uint64_t gen = ++st->gen_counter;
     for (int i = 0; i < n; i++) {
       entry_t *e = es[i];
       st->reserved -= e->size;
       e->size = entries[i].size;
       e->last_use = e->saved_use = now;
-      e->gen = ++st->gen_counter;
+      e->gen = gen;
       e->touch = ++st->touch_counter;
       e->state = ST_PRESENT;
       st->used += e->size;

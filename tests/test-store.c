@@ -794,6 +794,33 @@ TEST_IMPL(store_priority_admission) {
   return 0;
 }
 
+/* Eviction takes the columns of a unit together: a unit is read from the
+ * cache only when all its columns are there, so one left half cached would
+ * hold room and serve nothing.  Units of one row group share a priority;
+ * evicting one of them leaves the other whole. */
+TEST_IMPL(store_evicts_whole_units) {
+  char dir[600];
+  static const size_t four[4] = {1000, 1000, 1000, 1000};
+  static const size_t one[1] = {2000};
+  store_t *st = open_store(path_in(dir, sizeof(dir), "c"), 9000);
+  ASSERT_EQ(put_unit(st, 1, 6, 1, 4, four, 90), 1);
+  ASSERT_EQ(put_unit(st, 1, 6, 2, 4, four, 90), 1);
+  /* 1000 bytes free; the better unit needs 1000 more. */
+  ASSERT_EQ(put_unit(st, 1, 6, 3, 1, one, 10), 1);
+  int a = unit_present(st, 6, 1, 4, four), b = unit_present(st, 6, 2, 4, four);
+  ASSERT((a == 4 && b == 0) || (a == 0 && b == 4));
+  store_stats_t s = stats(st);
+  ASSERT_UINT_EQ(s.used_bytes, 6000);
+  ASSERT_UINT_EQ(s.evictions, 4);
+  ASSERT_UINT_EQ(s.entries, 5);
+  /* The room left by the rest of the evicted unit admits a worse one now,
+   * which is the best the cache can do with it. */
+  ASSERT_EQ(put_unit(st, 1, 6, 4, 1, one, 95), 1);
+  ASSERT_UINT_EQ(stats(st).used_bytes, 8000);
+  store_close(st);
+  return 0;
+}
+
 /* Epoch-shuffled access with a cache of half the data: each later epoch is
  * served about half from the cache (the header's argument against LRU). */
 TEST_IMPL(store_epoch_hit_ratio) {
