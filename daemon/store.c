@@ -1721,6 +1721,22 @@ static void unhit(store_t *st, uint64_t size) {
   pthread_mutex_unlock(&st->mu);
 }
 
+void store_discard(store_t *st, const store_key_t *key) {
+  if (st == NULL || key == NULL || key->len > STORE_KEY_MAX) return;
+  uint64_t h = hash_key(key->bytes, key->len);
+  pthread_mutex_lock(&st->mu);
+  entry_t *e = entry_find(st, key->bytes, key->len, h);
+  if (e != NULL && e->state == ST_PRESENT) {
+    if (st->stats.hits > 0 && st->stats.hit_bytes >= e->size) {
+      st->stats.hits--;
+      st->stats.hit_bytes -= e->size;
+      st->stats.misses++;
+    }
+    drop_present(st, e);
+  }
+  pthread_mutex_unlock(&st->mu);
+}
+
 int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
   if (out) *out = NULL;
   if (st == NULL || key == NULL || out == NULL || key->len > STORE_KEY_MAX)

@@ -133,6 +133,11 @@ int store_contains(store_t *st, const store_key_t *key);
 const uint8_t *store_value_data(const store_value_t *v);
 size_t store_value_size(const store_value_t *v);
 void store_value_free(store_value_t *v);
+/* Drops key's entry, whose value its reader could not use although its
+ * checksum held (a serving layout of another version), so that the caller
+ * decodes and offers it again; the read counts as a miss, not a hit.  The
+ * deletion is queued as an eviction's is.  Any thread. */
+void store_discard(store_t *st, const store_key_t *key);
 
 /*
  * Decides whether n entries (the columns of one unit, with their value

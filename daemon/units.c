@@ -775,6 +775,60 @@ static void build_rows(unit_t *u) {
   u->bytes += u->rowblock.bytes;
 }
 
+/*
+ * Reads every column of u from the cache.  Returns 1 with u served from it;
+ * 0 when some column is not there or could not be read (u then holds no
+ * value and is decoded).  The index is asked first, so a unit that is half
+ * cached (another job's projection cached some of its columns) reads
+ * nothing and counts no hit for what it does not use.  A value whose
+ * checksum held but whose layout this build cannot read (a serving layout
+ * of another version) is dropped from the cache, so that the decode that
+ * follows rebuilds it; a read error (LARDER_EIO) leaves the entry, which a
+ * later read may find whole again, and the unit is decoded meanwhile.
+ */
+static int read_cached(server_t *srv, unit_t *u) {
+  dataset_t *ds = u->ds;
+  int nc = ds->num_columns;
+  if (srv->store == NULL || !cached_already(srv->store, ds, u->index)) return 0;
+  char why[256];
+  uint64_t t0 = util_now_ns();
+  int all = 1;
+  /* After a failed read the unit's other columns are read too, each stale
+   * one dropped: one left in the cache would never be offered again
+   * (offer_to_cache offers only what the cache lacks), and the unit would
+   * be decoded in every epoch. */
+  for (int c = 0; c < nc; c++) {
+    store_key_t key;
+    dataset_column_key(ds, u->index, c, &key);
+    int rc = store_get(srv->store, &key, &u->cached[c]);
+    if (rc == 0 &&
+        layout_view(store_value_data(u->cached[c]), store_value_size(u->cached[c]),
+                    &ds->schema->children[c], &u->views[c], why, sizeof(why)) != 0) {
+      /* Bug fix (tests: daemon_cache_bad_entries): this only freed the
+       * value, so the entry stayed, the unit was decoded, and the decode's
+       * shortcut for a unit cached meanwhile (load_work) found it cached
+       * and read it again, recursing until the stack overflowed: a crash
+       * on every load of the unit, and on every restart. */
+      store_value_free(u->cached[c]);
+      u->cached[c] = NULL;
+      store_discard(srv->store, &key);
+      rc = LARDER_ECORRUPT;
+    }
+    if (rc != 0) all = 0;
+  }
+  u->cache_read_ns += util_now_ns() - t0;
+  if (!all) {
+    for (int c = 0; c < nc; c++) {
+      if (u->cached[c]) store_value_free(u->cached[c]);
+      u->cached[c] = NULL;
+    }
+    return 0;
+  }
+  for (int c = 0; c < nc; c++) u->bytes += store_value_size(u->cached[c]);
+  u->from_cache = 1;
+  return 1;
+}
+
 static void load_work(work_t *w) {
   unit_t *u = w->data;
   if (u->error) return; /* only here to report a failed fetch */
@@ -784,33 +838,9 @@ static void load_work(work_t *w) {
   dataset_t *ds = u->ds;
   int nc = ds->num_columns;
   char why[256];
-  uint64_t t0 = util_now_ns();
-  int all = srv->store != NULL;
-  for (int c = 0; c < nc && all; c++) {
-    store_key_t key;
-    dataset_column_key(ds, u->index, c, &key);
-    int rc = store_get(srv->store, &key, &u->cached[c]);
-    if (rc == 0 &&
-        layout_view(store_value_data(u->cached[c]), store_value_size(u->cached[c]),
-                    &ds->schema->children[c], &u->views[c], why, sizeof(why)) != 0) {
-      /* Checksummed but not what this column needs: a stale format.  Drop
-       * it and decode. */
-      store_value_free(u->cached[c]);
-      u->cached[c] = NULL;
-      rc = LARDER_ECORRUPT;
-    }
-    if (rc != 0) all = 0;
-  }
-  u->cache_read_ns = util_now_ns() - t0;
-  if (all) {
-    for (int c = 0; c < nc; c++) u->bytes += store_value_size(u->cached[c]);
-    u->from_cache = 1;
+  if (read_cached(srv, u)) {
     build_rows(u);
     return;
-  }
-  for (int c = 0; c < nc; c++) {
-    if (u->cached[c]) store_value_free(u->cached[c]);
-    u->cached[c] = NULL;
   }
   const dataset_unit_t *du = &ds->units[u->index];
   if (u->error) return; /* its row group's fetch failed */
@@ -826,10 +856,11 @@ static void load_work(work_t *w) {
     u->retry = 1;
     return;
   }
-  if (srv->store && cached_already(srv->store, ds, u->index)) {
-    /* The decode that just finished cached it: read it instead. */
+  /* The decode that just finished may have cached it: read it instead (at
+   * most once: a unit the index holds but that cannot be read is decoded). */
+  if (read_cached(srv, u)) {
     __atomic_store_n(busy, 0, __ATOMIC_RELEASE);
-    load_work(w);
+    build_rows(u);
     return;
   }
   /* On a cold cache with room, start at the row group's first unit that is
