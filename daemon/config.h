@@ -62,7 +62,8 @@
   XX(unit_rows, U64, "4096", 0,                                                \
      "rows per shuffle unit at most (cut from row groups; <= 65536)")          \
   XX(unit_bytes, SIZE, "4M", 0,                                                \
-     "decoded bytes per shuffle unit at most, estimated from the footer")      \
+     "decoded bytes per shuffle unit at most, of whole rows (every column, "  \
+     "projected or not), estimated from the footer")                          \
   XX(shuffle_window_bytes, SIZE, "512M", 0,                                    \
      "decoded bytes whose rows are shuffled together, by default")             \
   XX(shuffle_row_groups, BOOL, "false", 0,                                     \

@@ -336,14 +336,24 @@ static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
   for (int g = 0; g < m->num_row_groups; g++) {
     const pq_row_group_t *rg = &m->row_groups[g];
     if (rg->num_rows <= 0) continue;
-    uint64_t bytes = 0;
-    for (int c = 0; c < m->num_leaves; c++)
-      if (pq_projection_has_leaf(f->proj, c))
-        bytes += (uint64_t)(rg->columns[c].total_uncompressed_size > 0
-                                ? rg->columns[c].total_uncompressed_size
-                                : 0);
+    /* The cut uses the width of whole rows, every column's, not the
+     * projection's: cache keys name a unit's rows, so two jobs projecting
+     * different columns share the columns they have in common only if they
+     * cut the same units, and the order then depends on the dataset and
+     * the settings alone, not on the projection.  Bug fix (tests:
+     * daemon_cache_shared_columns): with unit_bytes setting the size, jobs
+     * of different widths shared nothing and each decoded everything.  The
+     * memory estimate (est_bytes) stays the projection's. */
+    uint64_t bytes = 0, row_bytes = 0;
+    for (int c = 0; c < m->num_leaves; c++) {
+      uint64_t cb = (uint64_t)(rg->columns[c].total_uncompressed_size > 0
+                                   ? rg->columns[c].total_uncompressed_size
+                                   : 0);
+      row_bytes += cb;
+      if (pq_projection_has_leaf(f->proj, c)) bytes += cb;
+    }
     uint64_t rows = (uint64_t)rg->num_rows;
-    uint64_t per_row = bytes / rows + 1;
+    uint64_t per_row = row_bytes / rows + 1;
     uint64_t max_rows = opts->unit_bytes / per_row;
     if (max_rows > opts->unit_rows) max_rows = opts->unit_rows;
     if (max_rows < 64) max_rows = 64;

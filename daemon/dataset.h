@@ -9,10 +9,12 @@
  *   stream's column projection, and the units cut from its row groups.
  * - Units: each row group is cut into ceil(rows / n) units of nearly equal
  *   size, where n = min(unit_rows, unit_bytes / estimated bytes per row),
- *   the estimate coming from the footer's uncompressed sizes of the
- *   projected columns.  Everything that decides the cut comes from the
- *   footers and the settings, so units (and with them the batch order) are a
- *   pure function of the dataset and the settings.
+ *   the estimate coming from the footer's uncompressed sizes of all the
+ *   row group's columns, projected or not (jobs projecting different
+ *   columns then cut the same units and share cached columns).  Everything
+ *   that decides the cut comes from the footers and the settings, so units
+ *   (and with them the batch order) are a pure function of the dataset and
+ *   the settings, whatever the projection.
  * - dataset_open blocks (stat, glob, footer reads): call it from a worker
  *   thread.  A dataset is immutable once built and may be shared by
  *   threads; it is reference-counted by its users on the loop thread.
