@@ -539,7 +539,9 @@ typedef struct object {
   uint64_t entries; /* present entries */
   uint64_t refs;    /* present + reserved + writing entries */
   int64_t last_use;
-  bool on_disk; /* its record is (or is about to be) in RocksDB */
+  struct entry *present; /* its present entries, by entry_t.onext */
+  bool on_disk;     /* its record is (or is about to be) in RocksDB */
+  bool superseded;  /* another identity of its name came later */
 } object_t;
 
 typedef struct entry {
@@ -552,7 +554,8 @@ typedef struct entry {
   int64_t last_use;
   int64_t saved_use; /* last_use as in the index record */
   object_t *obj;
-  struct entry *prev, *next; /* recency list (present entries) */
+  struct entry *prev, *next;   /* recency list (present entries) */
+  struct entry *oprev, *onext; /* its object's present entries */
   uint32_t heap_pos;
   uint8_t state;
   uint8_t mark; /* scratch for admission (under mu, cleared before unlock) */
@@ -590,6 +593,7 @@ struct store {
   uint64_t capacity, used, reserved, present;
   map_t entries;
   map_t objects;
+  map_t names; /* name -> the object that last registered it */
   entry_t **heap;
   size_t heap_len, heap_cap;
   entry_t *lru_head, *lru_tail;
@@ -864,16 +868,25 @@ static void obj_unref(store_t *st, object_t *o) {
   }
 }
 
-static void obj_add_present(store_t *st, object_t *o, uint64_t size,
-                            int64_t last_use) {
+static void obj_add_present(store_t *st, entry_t *e, int64_t last_use) {
+  object_t *o = e->obj;
   if (o->entries++ == 0) st->live_objects++;
-  o->bytes += size;
+  o->bytes += e->size;
   if (last_use > o->last_use) o->last_use = last_use;
+  e->oprev = NULL;
+  e->onext = o->present;
+  if (o->present) o->present->oprev = e;
+  o->present = e;
 }
 
-static void obj_del_present(store_t *st, object_t *o, uint64_t size) {
-  o->bytes -= size;
+static void obj_del_present(store_t *st, entry_t *e) {
+  object_t *o = e->obj;
+  o->bytes -= e->size;
   if (--o->entries == 0) st->live_objects--;
+  if (e->oprev) e->oprev->onext = e->onext;
+  else o->present = e->onext;
+  if (e->onext) e->onext->oprev = e->oprev;
+  e->oprev = e->onext = NULL;
 }
 
 /* Appends an object record's value to b (for a put). */
@@ -1003,6 +1016,76 @@ static void touch(store_t *st, entry_t *e, int64_t now) {
   }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Identities of one name                                                    */
+
+static bool name_eq(const void *item, const void *key) {
+  const object_t *o = item;
+  return o->name != NULL && strcmp(o->name, key) == 0;
+}
+
+static uint64_t name_hash(const char *name) {
+  return hash_key((const uint8_t *)name, strlen(name));
+}
+
+/* Ranks o's entries below every other: o is an older identity of a name
+ * whose newer one was registered since (a file rewritten, or only touched:
+ * its ctime is part of its identity; an object replaced).  Only a stream
+ * that opened on the old identity reads them again, so they are served
+ * while they last and are the first to go when room is needed, instead of
+ * keeping their share of the cache at their random priorities until they
+ * go idle, days later. */
+static void obj_supersede(store_t *st, object_t *o) {
+  o->superseded = true;
+  for (entry_t *e = o->present; e != NULL; e = e->onext) {
+    if (e->priority == UINT64_MAX) continue;
+    bool in_heap = e->heap_pos != HEAP_NONE;
+    if (in_heap) heap_remove(st, e);
+    e->priority = UINT64_MAX;
+    /* Cannot fail: heap_remove left room. */
+    if (in_heap) (void)heap_push(st, e);
+  }
+}
+
+/* Makes o the current identity of its name, superseding the one before. */
+static void name_register(store_t *st, object_t *o) {
+  if (o->name == NULL) return;
+  uint64_t h = name_hash(o->name);
+  long i = map_find(&st->names, h, name_eq, o->name);
+  if (i >= 0) {
+    object_t *cur = st->names.slots[i].p;
+    if (cur == o) return;
+    st->names.slots[i].p = o; /* the same name, so the same slot */
+    obj_supersede(st, cur);
+  } else if (map_insert(&st->names, h, o) != 0) {
+    /* No memory for the map: o's next identity will not supersede it. */
+  }
+  o->superseded = false;
+}
+
+/* At open: of the identities of a name found on disk, the one used last is
+ * taken for the current one until a dataset registers one; on a tie none
+ * is superseded (the wrong one would lose its place). */
+static void names_at_open(store_t *st) {
+  for (size_t j = 0; j <= st->objects.mask; j++) {
+    object_t *o = st->objects.slots[j].p;
+    if (o == NULL || o->name == NULL) continue;
+    uint64_t h = name_hash(o->name);
+    long i = map_find(&st->names, h, name_eq, o->name);
+    if (i < 0) {
+      if (map_insert(&st->names, h, o) != 0) return;
+      continue;
+    }
+    object_t *cur = st->names.slots[i].p;
+    if (o->last_use > cur->last_use) {
+      st->names.slots[i].p = o;
+      obj_supersede(st, cur);
+    } else if (o->last_use < cur->last_use) {
+      obj_supersede(st, o);
+    }
+  }
+}
+
 static bool is_idle(const store_t *st, const entry_t *e, int64_t now) {
   return now - e->last_use >= (int64_t)st->idle_s;
 }
@@ -1014,7 +1097,7 @@ static void drop_present(store_t *st, entry_t *e) {
   map_remove_ptr(&st->entries, e->h, e);
   st->used -= e->size;
   st->present--;
-  obj_del_present(st, e->obj, e->size);
+  obj_del_present(st, e);
   pending_entry(st, e->key, e->keylen);
   obj_unref(st, e->obj);
   free(e);
@@ -1110,6 +1193,7 @@ static void free_all_objects(store_t *st) {
     free(o);
   }
   map_free(&st->objects);
+  map_free(&st->names);
 }
 
 static void store_free(store_t *st) {
@@ -1303,7 +1387,7 @@ static int load_index(store_t *st, const uint8_t *k, size_t kl,
     return LARDER_ENOMEM;
   }
   e->obj->refs++;
-  obj_add_present(st, e->obj, e->size, e->last_use);
+  obj_add_present(st, e, e->last_use);
   st->used += e->size;
   st->present++;
   return 0;
@@ -1446,6 +1530,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   if (st->persist_granularity < 1) st->persist_granularity = 1;
   int rc = map_init(&st->entries, 1024);
   if (!rc) rc = map_init(&st->objects, 64);
+  if (!rc) rc = map_init(&st->names, 64);
   if (rc) {
     store_free(st);
     return rc;
@@ -1474,6 +1559,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
                                errlen);
   if (rc == 0)
     rc = scan_range(st, PFX_INDEX, PFX_INDEX + 1, load_index, err, errlen);
+  if (rc == 0) names_at_open(st);
   if (rc == 0) rc = build_order(st);
   if (rc != 0) {
     if (err && errlen && err[0] == '\0')
@@ -1619,6 +1705,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
               strcmp(o->identity, obj->identity) == 0;
   if (same && (o->on_disk || o->refs == 0)) {
     /* Known; a record is written with its first entry. */
+    name_register(st, o);
     pthread_mutex_unlock(&st->mu);
     pthread_mutex_unlock(&st->wmu);
     return 0;
@@ -1631,10 +1718,12 @@ int store_object_put(store_t *st, const store_object_t *obj) {
     pthread_mutex_unlock(&st->wmu);
     return LARDER_ENOMEM;
   }
+  if (o->name != NULL) map_remove_ptr(&st->names, name_hash(o->name), o);
   free(o->name);
   free(o->identity);
   o->name = name;
   o->identity = ident;
+  name_register(st, o);
   int rc = 0;
   if (o->refs > 0) {
     /* It has entries: write its record now, with the pending deletes. */
@@ -2094,13 +2183,13 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
       st->used += e->size;
       st->present++;
       total += e->size;
-      obj_add_present(st, o, e->size, now);
+      obj_add_present(st, e, now);
       lru_append(st, e);
       if (heap_push(st, e) != 0) {
         /* No memory for the heap: forget the entry (deleted later). */
         st->used -= e->size;
         st->present--;
-        obj_del_present(st, o, e->size);
+        obj_del_present(st, e);
         lru_unlink(st, e);
         map_remove_ptr(&st->entries, e->h, e);
         pending_entry(st, e->key, e->keylen);

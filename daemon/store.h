@@ -47,6 +47,9 @@
  * the entries with the best priorities, evicting worse ones to make room
  * and refusing an entry worse than everything it would have to evict.
  * Entries not read for idle_evict_s seconds are evicted before any other.
+ * When store_object_put registers a new identity for a name already known
+ * (a file rewritten or touched, an object replaced), the older identity's
+ * entries rank below every other: served while they last, evicted first.
  *
  * Why not LRU: with an epoch-shuffled access pattern every unit is read once
  * per epoch, so LRU evicts each unit just before it is needed again and

@@ -821,6 +821,56 @@ TEST_IMPL(store_evicts_whole_units) {
   return 0;
 }
 
+/* A newer identity of a name (a file rewritten or touched, an object
+ * replaced) supersedes the older one: the older one's entries, which only
+ * a stream opened before the change reads, are served while they last and
+ * are the first evicted, whatever their priorities, instead of holding
+ * their share of the cache until they go idle.  Also after a reopen. */
+TEST_IMPL(store_supersedes_old_identity) {
+  char dir[600];
+  path_in(dir, sizeof(dir), "c");
+  static const size_t sz[2] = {1000, 1000};
+  store_t *st = open_store(dir, 8000);
+  store_object_t v1 = {21, "/data/f.parquet", "size=1;mtime=1"};
+  store_object_t v2 = {22, "/data/f.parquet", "size=1;mtime=2"};
+  store_object_t other = {23, "/data/g.parquet", "size=1;mtime=1"};
+  ASSERT_OK(store_object_put(st, &v1));
+  ASSERT_OK(store_object_put(st, &other));
+  ASSERT_EQ(put_unit(st, 21, 21, 0, 2, sz, 10), 1);
+  ASSERT_EQ(put_unit(st, 21, 21, 1, 2, sz, 11), 1);
+  ASSERT_EQ(put_unit(st, 23, 23, 0, 2, sz, 50), 1);
+  ASSERT_EQ(put_unit(st, 23, 23, 1, 2, sz, 51), 1);
+  /* Full, and the new version's units rank worse than all of it. */
+  ASSERT_EQ(put_unit(st, 22, 22, 0, 2, sz, 60), 0);
+  ASSERT_OK(store_object_put(st, &v2));
+  /* Registering the same identity again changes nothing. */
+  ASSERT_OK(store_object_put(st, &v2));
+  ASSERT_EQ(unit_present(st, 21, 0, 2, sz), 2); /* still served */
+  ASSERT_EQ(put_unit(st, 22, 22, 0, 2, sz, 60), 1);
+  ASSERT_EQ(unit_present(st, 21, 0, 2, sz) + unit_present(st, 21, 1, 2, sz), 2);
+  ASSERT_EQ(unit_present(st, 23, 0, 2, sz), 2);
+  ASSERT_EQ(unit_present(st, 23, 1, 2, sz), 2);
+  /* The other name keeps its place against a worse unit. */
+  ASSERT_EQ(put_unit(st, 23, 23, 2, 2, sz, 70), 1); /* evicts the rest of v1 */
+  ASSERT_EQ(put_unit(st, 23, 23, 3, 2, sz, 80), 0);
+  store_close(st);
+
+  /* After a reopen, the identity used last is the current one. */
+  st = open_store(dir, 8000);
+  ASSERT_OK(store_object_put(st, &v1));
+  ASSERT_EQ(unit_present(st, 22, 0, 2, sz), 2);
+  store_test_advance_clock(st, 10);
+  ASSERT_EQ(put_unit(st, 21, 21, 5, 2, sz, 90), 1); /* evicts v2: superseded */
+  ASSERT_EQ(unit_present(st, 22, 0, 2, sz), 0);
+  store_close(st);
+  st = open_store(dir, 8000);
+  /* v1 (used last) is current, and units of g rank better than it. */
+  ASSERT_EQ(put_unit(st, 23, 23, 4, 2, sz, 95), 0);
+  ASSERT_EQ(unit_present(st, 21, 5, 2, sz), 2);
+  store_close(st);
+  return 0;
+}
+
 /* Epoch-shuffled access with a cache of half the data: each later epoch is
  * served about half from the cache (the header's argument against LRU). */
 TEST_IMPL(store_epoch_hit_ratio) {
