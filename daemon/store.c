@@ -540,6 +540,7 @@ typedef struct object {
   uint64_t refs;    /* present + reserved + writing entries */
   int64_t last_use;
   struct entry *present; /* its present entries, by entry_t.onext */
+  int64_t refreshed;     /* when a registration last marked them used */
   bool on_disk;     /* its record is (or is about to be) in RocksDB */
   bool superseded;  /* another identity of its name came later */
 } object_t;
@@ -1047,8 +1048,19 @@ static void obj_supersede(store_t *st, object_t *o) {
   }
 }
 
-/* Makes o the current identity of its name, superseding the one before. */
+/* Makes o the current identity of its name, superseding the one before,
+ * and marks its entries used: a dataset that names o was just opened, so
+ * they are about to be read.  Otherwise a job that resumes after a pause
+ * longer than idle_evict_s would find all its entries idle, and the misses
+ * of its first epoch would evict its own best entries before it reads
+ * them.  At most once per persist granularity, so that a dataset opened
+ * often costs a walk of its entries rarely. */
 static void name_register(store_t *st, object_t *o) {
+  int64_t now = wall_now(st);
+  if (o->present != NULL && now - o->refreshed >= st->persist_granularity) {
+    for (entry_t *e = o->present; e != NULL; e = e->onext) touch(st, e, now);
+    o->refreshed = now;
+  }
   if (o->name == NULL) return;
   uint64_t h = name_hash(o->name);
   long i = map_find(&st->names, h, name_eq, o->name);

@@ -933,6 +933,22 @@ TEST_IMPL(store_idle_evict) {
   ASSERT_EQ(unit_present(st, 7, 101, 2, sz), 0);
   ASSERT_EQ(unit_present(st, 7, 100, 2, sz), 2);
   store_close(st);
+
+  /* Registering an object (a dataset naming it was opened) marks its
+   * entries used: a job resuming after a long pause keeps its entries
+   * against its own worse misses. */
+  path_in(dir, sizeof(dir), "c2");
+  init_opts(&o, dir, 8000);
+  o.idle_evict_s = 10;
+  st = open_opts(&o);
+  store_object_t a = {8, "/data/a.parquet", "size=1;mtime=1"};
+  ASSERT_OK(store_object_put(st, &a));
+  for (uint64_t u = 1; u <= 4; u++) ASSERT_EQ(put_unit(st, 8, 8, u, 2, sz, u), 1);
+  store_test_advance_clock(st, 11);
+  ASSERT_OK(store_object_put(st, &a));
+  ASSERT_EQ(put_unit(st, 9, 9, 100, 2, sz, 100), 0);
+  for (uint64_t u = 1; u <= 4; u++) ASSERT_EQ(unit_present(st, 8, u, 2, sz), 2);
+  store_close(st);
   return 0;
 }
 
