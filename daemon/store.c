@@ -54,7 +54,12 @@
  * - objects: a second hash map from object id; objects stay in memory for
  *   the life of the store (so that a name recorded once survives its entries
  *   being evicted), their on-disk records are deleted when their last entry
- *   goes and written again with the next entry.
+ *   goes and written again with the next entry.  Each object keeps a list of
+ *   its present entries.  A third map, names, holds the current identity of
+ *   each name (name_register); an older identity is superseded (its entries
+ *   rank worst) and freed once it has no entry left.
+ * - Heap order ties: the entries of one put share a generation, and the
+ *   heap orders equal priorities by it, so a put's entries leave together.
  * - last_use changes only in memory on a hit.  It is written back (index
  *   records rewritten) at most every STORE_PERSIST_INTERVAL_S seconds by a
  *   get or put that finds the write lock free, and at close, for entries
@@ -862,11 +867,25 @@ static object_t *obj_get(store_t *st, uint64_t id) {
   return o;
 }
 
+/* Frees o if nothing refers to it any more: no entry, and another identity
+ * of its name registered since (the names map refers to that one).  Other
+ * objects stay, so that a name outlives its entries' eviction; superseded
+ * ones would otherwise pile up, one per file per rewrite, for the life of
+ * the daemon. */
+static void obj_free_if_done(store_t *st, object_t *o) {
+  if (o->refs != 0 || !o->superseded) return;
+  map_remove_ptr(&st->objects, mix64(o->id), o);
+  free(o->name);
+  free(o->identity);
+  free(o);
+}
+
 static void obj_unref(store_t *st, object_t *o) {
   if (--o->refs == 0 && o->on_disk) {
     pending_object(st, o->id);
     o->on_disk = false;
   }
+  obj_free_if_done(st, o);
 }
 
 static void obj_add_present(store_t *st, entry_t *e, int64_t last_use) {
@@ -1069,6 +1088,11 @@ static void name_register(store_t *st, object_t *o) {
     if (cur == o) return;
     st->names.slots[i].p = o; /* the same name, so the same slot */
     obj_supersede(st, cur);
+    if (cur->refs == 0 && cur->on_disk) { /* a record without entries */
+      pending_object(st, cur->id);
+      cur->on_disk = false;
+    }
+    obj_free_if_done(st, cur);
   } else if (map_insert(&st->names, h, o) != 0) {
     /* No memory for the map: o's next identity will not supersede it. */
   }
