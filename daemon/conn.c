@@ -31,10 +31,15 @@ typedef struct write_req {
 struct pending_fd {
   struct pending_fd *next;
   uint8_t *buf;
-  size_t len, sent;
+  size_t len, sent, cap;
   int fds[WIRE_MAX_FDS];
   int num_fds;
+  uint32_t stream_id; /* of an OpenStreamReply; 0 for other frames */
 };
+
+/* The longest wait between two tries to pass a descriptor to a client
+ * whose socket is full.  The first wait is 1 ms; each doubles. */
+#define FD_RETRY_MAX_MS 100
 
 static void pending_free(struct pending_fd *p) {
   for (int i = 0; i < p->num_fds; i++) close(p->fds[i]);
@@ -48,22 +53,47 @@ static int writes_in_flight(conn_t *c) {
   return (int)uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > 0;
 }
 
+/* Unlinks p, the first pending frame, keeping the counts. */
+static struct pending_fd *pending_pop(conn_t *c) {
+  struct pending_fd *p = c->pending;
+  c->pending = p->next;
+  if (c->pending == NULL) c->pending_tail = NULL;
+  c->pending_bytes -= p->len - p->sent;
+  if (p->num_fds > 0) c->pending_fd_frames--;
+  return p;
+}
+
 static void on_close(uv_handle_t *h) {
   conn_t *c = h->data;
   server_t *srv = c->srv;
   if (c->prev) c->prev->next = c->next;
   else if (srv->conns == c) srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
-  while (c->pending) {
-    struct pending_fd *p = c->pending;
-    c->pending = p->next;
-    pending_free(p);
-  }
+  while (c->pending) pending_free(pending_pop(c));
   free(c->rbuf);
   pq_strbuf_free(&c->cork);
   free(c->groups); /* larder ACL: SO_PEERGROUPS */
   STATS_SUB(&srv->stats, clients, 1);
   free(c);
+}
+
+static void on_fd_timer(uv_timer_t *t);
+
+/* Closes c now, or on the loop's next turn when a send is on the stack:
+ * its caller may be a stream (stream_fail sends an Error, then closes the
+ * stream) that closing the connection would free under it.  Bug fix
+ * (tests: daemon_robust_unread_stream_replies): a failed send closed the
+ * connection at once, and stream_fail read the freed stream. */
+static void conn_fail(conn_t *c) {
+  if (c->closing) return;
+  if (c->sending == 0) {
+    conn_close(c);
+    return;
+  }
+  c->broken = 1;
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  c->fd_timer_active = 1;
+  uv_timer_start(&c->fd_timer, on_fd_timer, 0, 0);
 }
 
 static void on_timer_close(uv_handle_t *h) {
@@ -151,21 +181,25 @@ static int queue_write(conn_t *c, uint8_t *buf, size_t len) {
 static void on_fd_timer(uv_timer_t *t) {
   conn_t *c = t->data;
   c->fd_timer_active = 0;
+  if (c->broken) {
+    conn_close(c);
+    return;
+  }
   flush_pending(c);
 }
 
 /* Sends the pending frames in order; a frame with a descriptor goes with
  * sendmsg once libuv's queue is empty, so no bytes can overtake it. */
 static void flush_pending(conn_t *c) {
-  while (c->pending && !c->closing) {
+  while (c->pending && !c->closing && !c->broken) {
     if (writes_in_flight(c)) return; /* on_write calls again */
     struct pending_fd *p = c->pending;
     if (p->num_fds == 0 || p->sent > 0) {
-      c->pending = p->next;
+      pending_pop(c);
       uint8_t *rest = p->sent ? malloc(p->len - p->sent) : p->buf;
       if (rest == NULL) {
         pending_free(p);
-        conn_close(c);
+        conn_fail(c);
         return;
       }
       if (p->sent) {
@@ -175,37 +209,42 @@ static void flush_pending(conn_t *c) {
       size_t len = p->len - p->sent;
       free(p);
       if (queue_write(c, rest, len) != 0) {
-        conn_close(c);
+        conn_fail(c);
         return;
       }
       continue;
     }
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0) {
-      conn_close(c);
+      conn_fail(c);
       return;
     }
     int64_t n = wire_sendmsg(fd, p->buf, p->len, p->fds, p->num_fds);
     if (n == -EAGAIN || n == -EWOULDBLOCK) {
+      /* The client's socket is full.  Waits grow to FD_RETRY_MAX_MS, so a
+       * client that never reads costs a wakeup now and then, not a
+       * thousand a second. */
       if (!c->fd_timer_active) {
+        uint32_t wait = c->fd_retry_ms ? c->fd_retry_ms : 1;
+        c->fd_retry_ms = wait * 2 < FD_RETRY_MAX_MS ? wait * 2 : FD_RETRY_MAX_MS;
         c->fd_timer_active = 1;
-        uv_timer_start(&c->fd_timer, on_fd_timer, 1, 0);
+        uv_timer_start(&c->fd_timer, on_fd_timer, wait, 0);
       }
       return;
     }
     if (n < 0) {
-      conn_close(c);
+      conn_fail(c);
       return;
     }
+    c->fd_retry_ms = 0;
     /* The descriptors went with the first byte: the peer holds its own
      * copies now.  A partial send leaves the rest to the branch above. */
     for (int i = 0; i < p->num_fds; i++) close(p->fds[i]);
     p->num_fds = 0;
+    c->pending_fd_frames--;
     p->sent = (size_t)n;
-    if (p->sent == p->len) {
-      c->pending = p->next;
-      pending_free(p);
-    }
+    c->pending_bytes -= (uint64_t)n;
+    if (p->sent == p->len) pending_free(pending_pop(c));
   }
 }
 
@@ -215,12 +254,12 @@ static int flush_cork(conn_t *c) {
   uint8_t *buf = (uint8_t *)c->cork.data;
   size_t len = c->cork.len;
   memset(&c->cork, 0, sizeof(c->cork)); /* queue_write owns buf now */
-  if (c->closing || c->draining) {
+  if (c->closing || c->draining || c->broken) {
     free(buf);
     return LARDER_ECLOSED;
   }
   int rc = queue_write(c, buf, len);
-  if (rc) conn_close(c);
+  if (rc) conn_fail(c);
   return rc;
 }
 
@@ -237,13 +276,17 @@ int conn_send(conn_t *c, const Larder__Frame *frame, int fd) {
   return conn_send_fds(c, frame, &fd, fd >= 0 ? 1 : 0);
 }
 
-int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds) {
-  if (c->closing || c->draining) return LARDER_ECLOSED;
+static int send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds) {
+  if (c->closing || c->draining || c->broken) return LARDER_ECLOSED;
   if (num_fds > WIRE_MAX_FDS) return LARDER_EINVAL;
+  /* A client that leaves replies carrying shared memory unread (and keeps
+   * asking for more) would hold a memfd per stream, and its memory, in the
+   * queue: a bounded number, then the opens fail. */
+  if (num_fds > 0 && c->pending_fd_frames >= CONN_MAX_PENDING_FD_FRAMES) return LARDER_EBUSY;
   size_t len;
   uint8_t *buf = wire_encode(frame, &len);
   if (buf == NULL) {
-    conn_close(c);
+    conn_fail(c);
     return LARDER_ENOMEM;
   }
   /* Frames wait in the cork until the loop is about to sleep (or the end
@@ -253,7 +296,7 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
   if (num_fds == 0 && c->pending == NULL) {
     int rc = pq_strbuf_append(&c->cork, (const char *)buf, len);
     free(buf);
-    if (rc) conn_close(c);
+    if (rc) conn_fail(c);
     return rc;
   }
   /* Nothing may overtake what the cork holds. */
@@ -263,17 +306,42 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
   }
   if (num_fds == 0 && c->pending == NULL) {
     int rc = queue_write(c, buf, len);
-    if (rc) conn_close(c);
+    if (rc) conn_fail(c);
     return rc;
+  }
+  struct pending_fd *t = c->pending_tail;
+  if (num_fds == 0 && t != NULL && t->num_fds == 0 && t->sent == 0) {
+    /* Frames without descriptors behind one that waits join one buffer:
+     * a client that reads nothing then costs its backlog in bytes, not a
+     * list node per frame. */
+    if (t->len + len > t->cap) {
+      size_t cap = t->cap ? t->cap : t->len;
+      while (cap < t->len + len) cap *= 2;
+      uint8_t *nb = realloc(t->buf, cap);
+      if (nb == NULL) {
+        free(buf);
+        conn_fail(c);
+        return LARDER_ENOMEM;
+      }
+      t->buf = nb;
+      t->cap = cap;
+    }
+    memcpy(t->buf + t->len, buf, len);
+    t->len += len;
+    c->pending_bytes += len;
+    free(buf);
+    return 0;
   }
   struct pending_fd *p = calloc(1, sizeof(*p));
   if (p == NULL) {
     free(buf);
-    conn_close(c);
+    conn_fail(c);
     return LARDER_ENOMEM;
   }
   p->buf = buf;
   p->len = len;
+  if (frame->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY && frame->open_stream_reply)
+    p->stream_id = frame->open_stream_reply->stream_id;
   for (int i = 0; i < num_fds; i++) {
     p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
     if (p->fds[i] < 0) {
@@ -284,11 +352,43 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
     }
     p->num_fds = i + 1;
   }
-  struct pending_fd **pp = &c->pending;
-  while (*pp) pp = &(*pp)->next;
-  *pp = p;
+  /* Appended at the tail, counted in the backlog: every frame sent after
+   * one that waits for sendmsg waits here too.  Bug fix (tests:
+   * daemon_robust_unread_stream_replies): the list was walked on every append
+   * and not counted, so a client that stopped reading with a stream's
+   * reply queued made the daemon queue its replies without bound, in
+   * quadratic time (seconds of a stalled loop for every other client). */
+  if (c->pending_tail) c->pending_tail->next = p;
+  else c->pending = p;
+  c->pending_tail = p;
+  c->pending_bytes += len;
+  if (p->num_fds > 0) c->pending_fd_frames++;
   flush_pending(c);
-  return c->closing ? LARDER_ECLOSED : 0;
+  return c->closing || c->broken ? LARDER_ECLOSED : 0;
+}
+
+int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds) {
+  c->sending++;
+  int rc = send_fds(c, frame, fds, num_fds);
+  c->sending--;
+  return rc;
+}
+
+void conn_cancel_unsent(conn_t *c, uint32_t stream_id) {
+  struct pending_fd **pp = &c->pending, *prev = NULL;
+  while (*pp) {
+    struct pending_fd *p = *pp;
+    if (p->stream_id != stream_id || p->sent > 0 || p->num_fds == 0) {
+      prev = p;
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    if (c->pending_tail == p) c->pending_tail = prev;
+    c->pending_bytes -= p->len;
+    c->pending_fd_frames--;
+    pending_free(p);
+  }
 }
 
 void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
@@ -375,6 +475,7 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
     case LARDER__FRAME__MSG_CLOSE_STREAM: {
       stream_t *s = stream_find(c, f->close_stream->stream_id);
       if (s) stream_close(s);
+      conn_cancel_unsent(c, f->close_stream->stream_id);
       return;
     }
     case LARDER__FRAME__MSG_ADMIN_REQUEST:
@@ -404,7 +505,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 /* Bytes of replies a client has not read yet. */
 static uint64_t backlog(conn_t *c) {
-  return (uint64_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) + c->cork.len;
+  return (uint64_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) + c->cork.len +
+         c->pending_bytes;
 }
 
 /* The most a client may leave unread before the daemon stops reading its
@@ -421,7 +523,9 @@ static void process_frames(conn_t *c);
 
 /* After a write: reads again once the client has taken half its backlog. */
 static void maybe_resume_reading(conn_t *c) {
-  if (!c->read_paused || c->closing || c->draining || backlog(c) > backlog_max(c) / 2) return;
+  if (!c->read_paused || c->closing || c->draining || c->broken ||
+      backlog(c) > backlog_max(c) / 2)
+    return;
   c->read_paused = 0;
   process_frames(c);
   if (!c->read_paused && !c->closing && !c->draining)
@@ -448,7 +552,7 @@ static void process_frames(conn_t *c) {
   /* A client that returns several batches at once gets the batches that
    * replace them in one write (conn_send corks them; flush_cork below), which
    * it reads in one call, instead of a write (and a read) per batch. */
-  while (!c->closing && !c->draining) {
+  while (!c->closing && !c->draining && !c->broken) {
     if (backlog(c) > backlog_max(c)) {
       flush_cork(c);
       if (c->closing) return;

@@ -189,8 +189,13 @@ struct conn {
   int num_streams;
   uint32_t next_stream_id;
   /* Frames waiting for the write queue to drain before a descriptor can be
-   * passed with sendmsg. */
-  struct pending_fd *pending;
+   * passed with sendmsg, and every frame after them (conn.c). */
+  struct pending_fd *pending, *pending_tail;
+  uint64_t pending_bytes;  /* their unsent bytes: part of the backlog */
+  int pending_fd_frames;   /* those still holding descriptors */
+  int sending;             /* depth of conn_send_fds calls on the stack */
+  int broken;              /* a send failed: closed on the next loop turn */
+  uint32_t fd_retry_ms;    /* the next wait for a descriptor's sendmsg */
   /* Frames sent and not yet written: written together at the end of the
    * read that produced them, or before the loop sleeps (conn_flush_all). */
   pq_strbuf_t cork;
@@ -216,13 +221,22 @@ static inline void conn_peer(const conn_t *c, acl_peer_t *p) {
 
 void conn_accept(server_t *srv, uv_stream_t *listener);
 /* Queues a frame; with fd >= 0 the descriptor travels with its first byte.
- * Returns 0 or a negative code (the connection is then closing). */
+ * Returns 0 or a negative code (the connection is then closing).  Never
+ * closes the connection itself: a send that fails marks it broken, and it
+ * closes on the loop's next turn, so that no caller's stream or connection
+ * is freed under it. */
 int conn_send(conn_t *c, const Larder__Frame *frame, int fd);
 /* The same with num_fds (at most WIRE_MAX_FDS) descriptors, which the
- * connection duplicates: the caller keeps its own.  Returns LARDER_ELIMIT,
- * with nothing queued and the connection open, when it cannot duplicate
- * them (out of descriptors). */
+ * connection duplicates: the caller keeps its own.  Returns, with nothing
+ * queued and the connection open, LARDER_ELIMIT when it cannot duplicate
+ * them (out of descriptors) and LARDER_EBUSY when the client has left
+ * CONN_MAX_PENDING_FD_FRAMES such frames unread. */
 int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num_fds);
+#define CONN_MAX_PENDING_FD_FRAMES 64
+/* Drops the unsent frames of stream_id that still hold descriptors (its
+ * OpenStreamReply): the client closed a stream whose reply it never read,
+ * and the shared memory must not outlive the stream in the queue. */
+void conn_cancel_unsent(conn_t *c, uint32_t stream_id);
 void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 void conn_close(conn_t *c);

@@ -1738,7 +1738,32 @@ static void open_done(work_t *w, int status) {
     free_open_req(o);
     return;
   }
+  if (o->rc == 0 && o->params.shuffle_window) {
+    /* A stream keeps the units of its shuffle window in memory.  The
+     * daemon's default window is shuffle_window_bytes; a client's may be
+     * larger, but not past what the memory pool can hold, or one stream
+     * would take the daemon past memory_limit (and every client down with
+     * it).  It is refused, not cut: a cut window would change the order. */
+    const dataset_t *ds = o->ds;
+    uint64_t units = o->params.shuffle_window < ds->num_units ? o->params.shuffle_window
+                                                              : ds->num_units;
+    uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
+    uint64_t cap = srv->cfg.memory_limit > srv->cfg.shuffle_window_bytes
+                       ? srv->cfg.memory_limit
+                       : srv->cfg.shuffle_window_bytes;
+    if (avg && units > cap / avg) {
+      char want[32], have[32];
+      util_human_bytes(want, sizeof(want), (double)units * (double)avg);
+      util_human_bytes(have, sizeof(have), (double)cap);
+      o->rc = LARDER_ELIMIT;
+      snprintf(o->err, sizeof(o->err),
+               "shuffle_window %u units holds about %s of decoded rows, more than the "
+               "daemon's memory_limit allows (%s)",
+               o->params.shuffle_window, want, have);
+    }
+  }
   if (o->rc) {
+    if (o->ds) dataset_free(o->ds);
     conn_send_error(c, o->rc, 0, o->request_id, "%s", o->err);
     free_open_req(o);
     return;
@@ -1899,6 +1924,15 @@ static void open_done(work_t *w, int status) {
            s->params.window_units);
   rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
   field_proto_free(reply.schema);
+  if (rc == LARDER_EBUSY) {
+    /* The client has not read the replies to its earlier opens. */
+    conn_send_error(c, LARDER_EBUSY, 0, o->request_id,
+                    "the client has %d stream replies unread (at most %d)", c->pending_fd_frames,
+                    CONN_MAX_PENDING_FD_FRAMES);
+    free_open_req(o);
+    stream_close(s);
+    return;
+  }
   if (rc == LARDER_ELIMIT) {
     /* Out of descriptors: this open fails, the connection and its other
      * streams carry on.  Bug fix (tests: daemon_robust_out_of_fds): the
@@ -1913,7 +1947,8 @@ static void open_done(work_t *w, int status) {
     return;
   }
   free_open_req(o);
-  /* Any other failure closed the connection, and s with it. */
+  /* Any other failure broke the connection, which closes on the loop's
+   * next turn, and s with it. */
   if (rc) return;
   stream_pump(s);
 }

@@ -1019,6 +1019,142 @@ TEST_IMPL(daemon_robust_unread_replies) {
   return 0;
 }
 
+/* Fills fd's socket with Error replies the client never reads: requests
+ * the daemon refuses at once (no sources), sent until the daemon's write
+ * queue holds some too. */
+static void fill_with_errors(int fd) {
+  size_t len;
+  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
+  size_t per = 4096;
+  uint8_t *many = malloc(per * len);
+  ASSERT_NOT_NULL(many);
+  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
+  for (int k = 0; k < 3; k++) ASSERT_OK(dh_raw_write(fd, many, per * len));
+  free(many);
+  free(one);
+  usleep(300000);
+}
+
+static void send_close_stream(int fd, uint32_t stream_id) {
+  Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+  cs.stream_id = stream_id;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+  f.close_stream = &cs;
+  ASSERT_OK(dh_raw_send(fd, &f));
+}
+
+/*
+ * A client that stops reading with a stream's reply (which carries its
+ * shared memory) queued behind a full socket.  Bug fixes (conn.c): what the
+ * daemon sent after such a reply was queued behind it uncounted, in a list
+ * walked on every append, so the daemon never stopped reading the client's
+ * requests, and its loop stalled for seconds for every client; a stream
+ * closed before its reply went out left the reply's memfd in the queue, so
+ * a client could pile up memfds and shared memory past every limit; and a
+ * send that failed closed the connection under a stream still using it
+ * (stream_fail).  Now the queued bytes count in the backlog, a stream's
+ * unsent reply goes with it, a client has at most
+ * CONN_MAX_PENDING_FD_FRAMES such replies waiting, and the other clients
+ * carry on throughout.
+ */
+TEST_IMPL(daemon_robust_unread_stream_replies) {
+  fixture f;
+  /* No background client: part 2 counts the streams this connection
+   * opens.  The good client runs between the parts instead. */
+  fx_start(&f, NULL, 0);
+  char *src[1] = {f.dir};
+  size_t olen;
+  uint8_t *open = dh_open_frame(1, src, 1, 64, &olen);
+
+  /* 1. Requests after a queued reply: the daemon stops reading them. */
+  int fd = hello_conn(&f);
+  fill_with_errors(fd);
+  ASSERT_OK(dh_raw_write(fd, open, olen));
+  usleep(300000);
+  size_t len;
+  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
+  size_t per = 4096;
+  uint8_t *many = malloc(per * len);
+  ASSERT_NOT_NULL(many);
+  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
+  free(one);
+  double deadline = now_ms() + 20000.0 * dh_slow();
+  int blocked = 0;
+  size_t at = 0;
+  while (!blocked && now_ms() < deadline) {
+    ssize_t n = send(fd, many + at, per * len - at, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      at = (at + (size_t)n) % (per * len);
+      continue;
+    }
+    struct pollfd p = {fd, POLLOUT, 0};
+    blocked = poll(&p, 1, 500) == 0;
+  }
+  ASSERT(blocked);
+  free(many);
+  double t0 = now_ms();
+  free(dh_admin(&f.d, "status"));
+  double took = now_ms() - t0;
+  fprintf(stderr, "the daemon stopped reading; another client's status took %.0f ms\n", took);
+  ASSERT_LE(took, 500.0 * dh_slow());
+  dh_run good = {0};
+  good.check_rows = 1;
+  ASSERT_OK(dh_collect(f.d.socket, &f.o, 0, &good));
+  ASSERT_EQ(good.n, f.ref.n);
+  dh_run_free(&good);
+  close(fd);
+
+  /* 2. Streams opened and closed with their replies unread. */
+  fd = hello_conn(&f);
+  fill_with_errors(fd);
+  usleep(200000);
+  int memfds0 = dh_memfd_count(f.d.pid);
+  for (uint32_t id = 1; id <= 60; id++) {
+    /* Closed once open (the id is the connection's next one). */
+    uint64_t opened = dh_stat(&f.d, "streams_opened");
+    ASSERT_OK(dh_raw_write(fd, open, olen));
+    double until = now_ms() + 10000.0 * dh_slow();
+    while (dh_stat(&f.d, "streams_opened") == opened && now_ms() < until) usleep(1000);
+    send_close_stream(fd, id);
+  }
+  usleep(300000);
+  int memfds = dh_memfd_count(f.d.pid);
+  fprintf(stderr, "60 streams opened and closed unread: daemon memfds %d (%d before)\n", memfds,
+          memfds0);
+  ASSERT_LE(memfds, memfds0 + 4);
+  /* And opens never closed: at most CONN_MAX_PENDING_FD_FRAMES replies wait
+   * (each with an arena and a ring); the rest are refused. */
+  for (uint32_t k = 0; k < 100; k++) ASSERT_OK(dh_raw_write(fd, open, olen));
+  usleep(500000);
+  memfds = dh_memfd_count(f.d.pid);
+  fprintf(stderr, "100 opens unread: daemon memfds %d\n", memfds);
+  ASSERT_LE(memfds, memfds0 + 4 * 64 + 4);
+  close(fd);
+
+  /* 3. A stream that fails while its connection is stuck, and the client
+   * goes away at once. */
+  for (int round = 0; round < 3; round++) {
+    fd = hello_conn(&f);
+    fill_with_errors(fd);
+    ASSERT_OK(dh_raw_write(fd, open, olen));
+    usleep(300000);
+    Larder__Release r = LARDER__RELEASE__INIT;
+    r.stream_id = 1;
+    r.seq = 12345; /* never sent: fails the stream */
+    Larder__Frame fr = LARDER__FRAME__INIT;
+    fr.msg_case = LARDER__FRAME__MSG_RELEASE;
+    fr.release = &r;
+    ASSERT_OK(dh_raw_send(fd, &fr));
+    close(fd);
+    usleep(100000);
+    ASSERT(dh_alive(&f.d));
+  }
+  free(open);
+  fx_finish(&f, 150000);
+  return 0;
+}
+
 /*
  * A client that begins a frame and never finishes it is disconnected after
  * frame_timeout, with an error saying why, and the memory the frame held

@@ -645,6 +645,40 @@ static int open_rc(const char *socket, const larder_stream_options_t *o, char *e
 }
 
 /*
+ * A client's shuffle window (in units) may exceed the daemon's default, but
+ * not what its memory pool holds: a stream keeps its window's units in
+ * memory, so one stream could take the daemon past memory_limit.  It is
+ * refused with a clear error, not cut (a cut window changes the order).
+ */
+TEST_IMPL(daemon_stream_shuffle_window_limit) {
+  dh_daemon d;
+  static const char *const fl[] = {"--memory_limit=64K", "--shuffle_window_bytes=16K", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  larder_stream_options_t o;
+  char err[1024];
+  std_opts(&o, 64, 1);
+  /* The footers estimate the 76 units at about 411 KiB: a few fit in 64
+   * KiB, all of them do not. */
+  o.shuffle_window = 4;
+  ASSERT_OK(open_rc(d.socket, &o, err, sizeof(err)));
+  o.shuffle_window = DH_STD_UNITS;
+  ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_ELIMIT);
+  ASSERT_STR_CONTAINS(err, "shuffle_window 76 units");
+  ASSERT_STR_CONTAINS(err, "memory_limit");
+  o.shuffle_window = 1u << 30;
+  ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_ELIMIT);
+  /* The daemon's default window fits, and the stream runs. */
+  o.shuffle_window = 0;
+  dh_run r = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &r));
+  ASSERT_GT(r.n, 0);
+  dh_run_free(&r);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * Stream options at their edges: invalid ones fail the open with a clear
  * error; no shuffle gives the dataset's order; a global batch larger than
  * the dataset gives one padded batch, or none with drop_last; unbounded
