@@ -14,6 +14,7 @@
  * another stream reads something for this one (stream_signal).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -48,7 +49,7 @@ struct larder_array {
   const field_t *field;
   int64_t length, null_count;
   const uint8_t *validity;
-  const int32_t *offsets;
+  const uint8_t *offsets; /* int32, or int64 for the LARGE_* types */
   const void *values;
   uint64_t values_size;
   int num_children;
@@ -73,10 +74,15 @@ struct larder_stream {
   queued_t *q_head, *q_tail;
   int ended;   /* EndOfStream received */
   int error;   /* the error that ended the stream */
+  /* The error was found here (a malformed batch, out of memory), not
+   * sent by the daemon: the daemon still has the stream, and close tells
+   * it, and no later batch is taken. */
+  int failed_here;
   int closed;  /* larder_stream_close called */
   int refs;    /* 1 for the stream + one per live batch */
   uint64_t pos_epoch, pos_batch;
   uint64_t wait_ns, compute_ns, last_return_ns;
+  int last_timed_out;                   /* the last call returned LARDER_ETIMEDOUT */
   uint64_t report_wait, report_compute; /* not yet sent with a release */
   pthread_mutex_t lock;                 /* refs and the report counters */
   /* Under the client's send_lock: releases of this stream in c->held, and
@@ -89,6 +95,12 @@ struct larder_stream {
    * come from it rather than from Batch frames, releases go to it. */
   ring_header_t *ring;
   uint64_t ring_size;
+  /* Where the ring's entries lie, and the layout values of a descriptor,
+   * checked once at open: the header is writable shared memory, and a
+   * value re-read from it on each take could have changed since (a slots
+   * of 0 divided by zero). */
+  ring_layout_t ring_layout;
+  uint32_t ring_num_layout;
   uint64_t ring_consumed;               /* descriptors taken (reading thread) */
   uint64_t ring_released;               /* entries written, under lock */
   uint64_t ring_woken_at;               /* the wake_at last answered, under lock */
@@ -98,6 +110,15 @@ struct larder_stream {
    * made then tells the daemon at once when it waits for one (wake_at):
    * nothing else would, as the reader has checked wake_at already. */
   int ring_reader_asleep;
+  /* Under the client's send_lock (written by the owning thread only,
+   * which may read it unlocked): this stream's last larder_stream_next
+   * returned LARDER_ETIMEDOUT, so its caller may wait on its descriptor,
+   * and releases go at once, as for a reader waiting in pump.  Bug fix
+   * (tests: client_frames_two_streams_wait): this was one flag per
+   * client, so a call for another stream cleared it while the caller
+   * still waited on this one, whose releases were then held, the
+   * daemon's window full, and the caller's poll never woke. */
+  int caller_waits;
   /* The descriptors a reader that runs dry sleeps for, chosen by
    * ring_pace_sleep_batches after each call from the reader's pace (both
    * under lock), read by the reading thread. */
@@ -124,6 +145,7 @@ struct larder_batch {
   int num_columns;
   larder_array_t *nodes;
   larder_array_t *columns; /* the root's children: nodes[0 .. num_columns) */
+  int exported;            /* larder_batch_export moved it to an ArrowArray */
 };
 
 struct larder_client {
@@ -144,6 +166,7 @@ struct larder_client {
    * reading thread; atomic because releases on other threads read it. */
   atomic_int broken;
   pid_t pid;            /* the process that connected (fork: see close) */
+  unsigned fork_gen;    /* fork_generation when it connected */
   char err[1024];
   /* Under send_lock: Release frames not sent yet.  They go out together
    * when a stream holds half its window of them, before the reading thread
@@ -154,11 +177,6 @@ struct larder_client {
   size_t held_len, held_cap;
   uint64_t flushes;
   int reader_waiting;   /* a thread waits in pump: send releases at once */
-  /* Under send_lock (written by the owning thread only, which may read it
-   * unlocked): the last larder_stream_next returned LARDER_ETIMEDOUT, so
-   * its caller may wait on the descriptor, and releases go at once, as
-   * for a reader waiting in pump. */
-  int caller_waits;
 };
 
 static int ring_tell(larder_client_t *c, larder_stream_t *s);
@@ -180,6 +198,46 @@ static int set_err(larder_client_t *c, int code, const char *fmt, ...) {
 }
 
 const char *larder_client_last_error(const larder_client_t *c) { return c ? c->err : ""; }
+
+/*
+ * fork().  A forked child inherits its parent's clients: their socket, the
+ * streams' rings and arenas, and the batches the parent held.  Bug fix
+ * (tests: client_fork_releases): only larder_stream_close looked at the
+ * process, so a child (a PyTorch DataLoader worker started with fork) that
+ * released an inherited batch, directly or through an exported Arrow
+ * array's release, wrote the release into the parent's ring or sent it on
+ * the parent's socket: the daemon freed the parent's batch and reused its
+ * region under it, and failed the parent's stream with LARDER_EPROTO when
+ * the parent released that batch in turn.  Now a client knows whether it
+ * belongs to this process; in a child, releases free local memory only,
+ * and every call that would read or write the connection fails.
+ *
+ * The test is a count of forks, which a pthread_atfork handler raises in
+ * each child, rather than getpid(): a release makes it, and a trainer that
+ * keeps up makes no system call per batch.
+ */
+static atomic_uint fork_generation;
+static pthread_once_t fork_watch_once = PTHREAD_ONCE_INIT;
+static int fork_watch_rc;
+
+static void fork_child(void) {
+  atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+}
+
+static void fork_watch(void) { fork_watch_rc = pthread_atfork(NULL, NULL, fork_child); }
+
+/* Whether c was connected by another process: this is a forked child of
+ * it.  Any thread. */
+static int client_forked(const larder_client_t *c) {
+  return atomic_load_explicit(&fork_generation, memory_order_relaxed) != c->fork_gen;
+}
+
+/* The error of a call that a forked child makes on its parent's client. */
+static int forked_err(larder_client_t *c) {
+  return set_err(c, LARDER_EINVAL,
+                 "the client belongs to process %d; a forked child must connect its own",
+                 (int)c->pid);
+}
 
 /* Sends len bytes; the caller holds send_lock. */
 static int send_all_locked(larder_client_t *c, const uint8_t *buf, size_t len) {
@@ -255,7 +313,7 @@ static void hold_release(larder_client_t *c, larder_stream_t *s, const Larder__F
     s->held_gen = c->flushes;
     s->held_releases = 0;
   }
-  if (c->reader_waiting || c->caller_waits || ++s->held_releases >= s->hold_max)
+  if (c->reader_waiting || s->caller_waits || ++s->held_releases >= s->hold_max)
     flush_held_locked(c);
   pthread_mutex_unlock(&c->send_lock);
   free(buf);
@@ -277,6 +335,7 @@ static void enqueue(larder_stream_t *s, Larder__Frame *f, wire_batch_t *wb) {
     wire_free(f);
     free(wb);
     s->error = LARDER_ENOMEM;
+    s->failed_here = 1;
     return;
   }
   q->next = NULL;
@@ -484,10 +543,13 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   *out = NULL;
   if (socket_path == NULL) socket_path = getenv("LARDER_SOCKET");
   if (socket_path == NULL || socket_path[0] == '\0') socket_path = LARDER_DEFAULT_SOCKET;
+  (void)pthread_once(&fork_watch_once, fork_watch);
+  if (fork_watch_rc != 0) return LARDER_ENOMEM;
   larder_client_t *c = calloc(1, sizeof(*c));
   if (c == NULL) return LARDER_ENOMEM;
   pthread_mutex_init(&c->send_lock, NULL);
   c->pid = getpid();
+  c->fork_gen = atomic_load_explicit(&fork_generation, memory_order_relaxed);
   c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof(addr));
@@ -536,7 +598,10 @@ static void stream_unref(larder_stream_t *s);
 void larder_client_close(larder_client_t *c) {
   if (c == NULL) return;
   /* A forked child shares the parent's socket: closing the streams there
-   * must not send CloseStream for them (see larder_stream_close). */
+   * must not send CloseStream for them (see larder_stream_close).  Each
+   * close unlinks its stream from c->streams, whose client is c, so the
+   * loop never sees a freed one (the analyzer cannot tell). */
+  /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc) */
   while (c->streams) larder_stream_close(c->streams);
   if (c->fd >= 0) close(c->fd);
   for (int i = 0; i < c->num_fds; i++) close(c->fds[i]);
@@ -662,11 +727,47 @@ static int count_nodes(const field_t *f) {
   return n;
 }
 
+/* Bug fix (tests: client_fake_shm_checks): the arena was mapped with the
+ * size the daemon reported, so a memfd shorter than that, or one shrunk
+ * later, made reading a batch fault (SIGBUS).  Checks that fd, a memfd the
+ * daemon sent, holds at least size bytes and is sealed against shrinking,
+ * as the daemon seals its arenas and rings (daemon/arena.c).  Returns 0 or
+ * LARDER_EPROTO with the client's error set.  The thread that opens. */
+static int check_shm(larder_client_t *c, int fd, uint64_t size, const char *what) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size < size)
+    return set_err(c, LARDER_EPROTO, "the %s is smaller than the daemon says", what);
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return set_err(c, LARDER_EPROTO, "the %s is not sealed against shrinking", what);
+  return 0;
+}
+
+/* Copies where the entries of the ring h (size bytes mapped) lie into
+ * s->ring_layout, once, and checks the copy, as the daemon works from its
+ * own ring_layout_t.  Bug fix (tests: client_fake_ring_rewritten): the
+ * client re-read slots and the offsets from the shared header on every
+ * take and release, so a header rewritten after the open (slots 0)
+ * divided by zero.  Returns 1 when the ring is usable. */
+static int ring_snapshot(larder_stream_t *s, ring_header_t *h, uint64_t size,
+                         uint32_t num_layout) {
+  ring_layout_t *l = &s->ring_layout;
+  if (size < sizeof(ring_header_t)) return 0;
+  ring_layout_init(l, h);
+  s->ring_num_layout = num_layout;
+  return h->magic == RING_MAGIC && h->num_layout == num_layout && l->slots > 0 &&
+         l->slots <= LARDER_MAX_WINDOW && l->slot_bytes == ring_slot_bytes(num_layout) &&
+         l->releases_offset == sizeof(ring_header_t) &&
+         l->descs_offset == sizeof(ring_header_t) + l->slots * sizeof(ring_release_t) &&
+         ring_bytes((uint32_t)l->slots, num_layout) <= size;
+}
+
 int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
                        larder_stream_t **out) {
   *out = NULL;
   if (c == NULL || opts == NULL || opts->num_sources == 0 || opts->sources == NULL)
     return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
+  if (client_forked(c)) return forked_err(c);
   /* Bug fix (tests: daemon_open_checks): the daemon caps a stream's window
    * at LARDER_MAX_WINDOW silently, while this side sized its wakeups and
    * held releases from the window asked for, so a client holding more
@@ -685,7 +786,16 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     rc = env_int(c, "SLURM_NTASKS", 1, 1, &world);
     if (rc == 0) rc = env_int(c, "WORLD_SIZE", world, 1, &world);
   }
-  if (rc == 0 && cuda < 0) rc = env_int(c, "LOCAL_RANK", 0, 0, &cuda);
+  /* Bug fix (tests: client_local_rank_host): LOCAL_RANK was parsed for
+   * the device even for host memory, so a job that set rank and world
+   * size itself, beside a LOCAL_RANK that is no number ("gpu0"), could
+   * not open a stream.  Only CUDA memory has a device. */
+  if (rc == 0 && cuda < 0) {
+    if (opts->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA)
+      rc = env_int(c, "LOCAL_RANK", 0, 0, &cuda);
+    else
+      cuda = 0;
+  }
   if (rc) return rc;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.request_id = ++c->next_request_id;
@@ -794,13 +904,14 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   wire_free(r);
   if (rc == 0) {
     s->num_nodes = count_nodes(&s->schema) - 1;
+    rc = check_shm(c, afd, s->arena_size, "arena");
+  }
+  if (rc == 0) {
     void *m = mmap(NULL, s->arena_size, PROT_READ, MAP_SHARED, afd, 0);
     if (m == MAP_FAILED) rc = set_err(c, LARDER_ENOMEM, "cannot map the arena: %s", strerror(errno));
     else s->arena = m;
   }
-  struct stat st;
-  if (rc == 0 && rfd >= 0 && (fstat(rfd, &st) != 0 || (uint64_t)st.st_size < ring_size))
-    rc = set_err(c, LARDER_EPROTO, "the descriptor ring is smaller than the daemon says");
+  if (rc == 0 && rfd >= 0) rc = check_shm(c, rfd, ring_size, "descriptor ring");
   if (rc == 0 && rfd >= 0) {
     void *m = mmap(NULL, ring_size, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
     if (m == MAP_FAILED) {
@@ -808,8 +919,8 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     } else {
       s->ring = m;
       s->ring_size = ring_size;
-      if (!ring_valid(s->ring, ring_size,
-                      (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS))
+      if (!ring_snapshot(s, s->ring, ring_size,
+                         (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS))
         rc = set_err(c, LARDER_EPROTO, "the daemon sent a malformed descriptor ring");
     }
   }
@@ -883,14 +994,24 @@ static void stream_unref(larder_stream_t *s) {
 int larder_stream_flush(larder_stream_t *s) {
   larder_client_t *c = s->client;
   if (c == NULL || c->broken) return LARDER_ECLOSED;
+  if (client_forked(c)) return forked_err(c);
   /* Bug fix (tests: daemon_open_checks): after the daemon ended the stream
    * with an error (LARDER_ESHUTDOWN, ...) this returned 0, as if releases
    * still reached a stream.  Return that error, as the header says. */
   if (s->error) return s->error;
-  if (s->ring) ring_tell(c, s);
+  /* Bug fix (tests: client_flush_dead_daemon): the Wake's send failing
+   * was ignored, so a flush through the ring returned 0 after the daemon
+   * died.  A send that fails means the connection is gone: later calls
+   * say so too. */
+  int rc = s->ring ? ring_tell(c, s) : 0;
   pthread_mutex_lock(&c->send_lock);
-  int rc = flush_held_locked(c);
+  int hrc = flush_held_locked(c);
   pthread_mutex_unlock(&c->send_lock);
+  if (rc == 0) rc = hrc;
+  if (rc == LARDER_ECLOSED) {
+    c->broken = LARDER_ECLOSED;
+    set_err(c, rc, "cannot send to the daemon: the connection is gone");
+  }
   return rc;
 }
 
@@ -914,10 +1035,12 @@ void larder_stream_close(larder_stream_t *s) {
    * stream read to its end was never closed on the daemon's side, which
    * keeps it (and its arena) until told, so a client opening a stream per
    * epoch on one connection ran into max_streams_per_client.  Only a
-   * stream the daemon ended with an error is gone there already.  A
-   * forked child (the header forbids using a client there, but it may
-   * close one) must not close the parent's stream on the shared socket. */
-  if (!c->broken && !s->error && getpid() == c->pid) send_close_stream(c, s->id);
+   * stream the daemon ended with an error is gone there already (one that
+   * failed here is not).  A forked child (the header forbids using a
+   * client there, but it may close one) must not close the parent's stream
+   * on the shared socket. */
+  if (!c->broken && (!s->error || s->failed_here) && !client_forked(c))
+    send_close_stream(c, s->id);
   while (s->q_head) {
     queued_t *q = s->q_head;
     s->q_head = q->next;
@@ -939,9 +1062,96 @@ void larder_stream_close(larder_stream_t *s) {
   if (left == 0) stream_free(s);
 }
 
+/* Bytes per value of a fixed-width type (as Arrow lays it out: a decimal
+ * takes 16 or 32 bytes whatever its precision), 0 for the other types
+ * (BOOL's values are bits), or -1 for a FIXED_BINARY of negative width. */
+static int64_t value_width(const field_t *f) {
+  switch (f->type) {
+    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
+    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
+    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
+    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
+    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
+    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
+    case LARDER_TYPE_DECIMAL128: return 16;
+    case LARDER_TYPE_DECIMAL256: return 32;
+    case LARDER_TYPE_FIXED_BINARY: return f->byte_width < 0 ? -1 : f->byte_width;
+    default: return 0;
+  }
+}
+
+/* Bytes per offset of a type with offsets, else 0. */
+static uint64_t offset_width(larder_type_t type) {
+  switch (type) {
+    case LARDER_TYPE_BINARY: case LARDER_TYPE_STRING: case LARDER_TYPE_LIST:
+    case LARDER_TYPE_MAP: return 4;
+    case LARDER_TYPE_LARGE_BINARY: case LARDER_TYPE_LARGE_STRING:
+    case LARDER_TYPE_LARGE_LIST: return 8;
+    default: return 0;
+  }
+}
+
+/* Whether `have` bytes hold count items of width bytes (width > 0),
+ * without overflowing. */
+static int holds(uint64_t have, uint64_t count, uint64_t width) {
+  return count <= have / width;
+}
+
+/* The offset at i of array a, whose offsets (checked to be there) are
+ * `width` bytes each. */
+static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
+  if (width == 8) return ((const int64_t *)(const void *)a->offsets)[i];
+  return ((const int32_t *)(const void *)a->offsets)[i];
+}
+
+/*
+ * Bug fix (tests: client_fake_bad_buffers): a batch's buffers were only
+ * checked to lie inside the arena, not to be large enough for the array's
+ * type and length, so a descriptor with a length of a million and an
+ * 8-byte values buffer passed, and reading the array faulted (or read
+ * other batches' bytes).  Checks a's buffers against its type and length,
+ * and its last offset against its values or its child (built already), in
+ * constant time: the offsets in between are not read, so a consumer that
+ * trusts them to grow must check them itself.  vl and ol are the validity
+ * and offsets buffers' lengths.  Returns 0 or LARDER_EPROTO.
+ */
+static int check_array(const larder_array_t *a, uint64_t vl, uint64_t ol) {
+  const field_t *f = a->field;
+  uint64_t len = (uint64_t)a->length;
+  /* The validity bitmap is read only when there are nulls, but one that is
+   * there must be whole too.  A NULL array has none: all its slots are. */
+  if (f->type != LARDER_TYPE_NULL && (a->null_count > 0 || vl > 0) &&
+      vl < len / 8 + (len % 8 != 0))
+    return LARDER_EPROTO;
+  int64_t width = value_width(f);
+  if (width < 0) return LARDER_EPROTO;
+  if (width > 0 && !holds(a->values_size, len, (uint64_t)width)) return LARDER_EPROTO;
+  if (f->type == LARDER_TYPE_BOOL && a->values_size < len / 8 + (len % 8 != 0))
+    return LARDER_EPROTO;
+  if (f->type == LARDER_TYPE_STRUCT)
+    for (int i = 0; i < a->num_children; i++)
+      if (a->children[i].length < a->length) return LARDER_EPROTO;
+  uint64_t ow = offset_width(f->type);
+  if (ow == 0) return 0;
+  /* Offsets: length + 1 of them, aligned, the first not negative nor past
+   * the last, the last within the values (or the child's slots). */
+  if (a->offsets == NULL || !holds(ol, len + 1, ow) || ((uintptr_t)a->offsets & (ow - 1)) != 0)
+    return LARDER_EPROTO;
+  int64_t first = offset_at(a, ow, 0), last = offset_at(a, ow, a->length);
+  uint64_t limit = a->values_size;
+  if (f->type == LARDER_TYPE_LIST || f->type == LARDER_TYPE_LARGE_LIST ||
+      f->type == LARDER_TYPE_MAP) {
+    if (a->num_children != 1) return LARDER_EPROTO;
+    limit = (uint64_t)a->children[0].length;
+  }
+  if (first < 0 || first > last || (uint64_t)last > limit) return LARDER_EPROTO;
+  return 0;
+}
+
 /* Builds the array tree of a batch from its descriptors (pre-order),
- * checking that every buffer lies inside the arena.  Each node's children
- * take the next free slots of nodes, contiguously, so they can be indexed. */
+ * checking that every buffer lies inside the arena and is large enough
+ * for its array (check_array).  Each node's children take the next free
+ * slots of nodes, contiguously, so they can be indexed. */
 static int build_arrays(larder_stream_t *s, const wire_batch_t *b, larder_array_t *nodes,
                         int *slot_next, const field_t *f, int *k, larder_array_t *out) {
   if ((size_t)*k >= b->n_layout / LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS) return LARDER_EPROTO;
@@ -962,7 +1172,7 @@ static int build_arrays(larder_stream_t *s, const wire_batch_t *b, larder_array_
   out->length = length;
   out->null_count = nulls;
   out->validity = vl ? s->arena + vo : NULL;
-  out->offsets = ol ? (const int32_t *)(const void *)(s->arena + oo) : NULL;
+  out->offsets = ol ? s->arena + oo : NULL;
   out->values = xl ? s->arena + xo : NULL;
   out->values_size = xl;
   out->num_children = f->num_children;
@@ -975,28 +1185,28 @@ static int build_arrays(larder_stream_t *s, const wire_batch_t *b, larder_array_
       if (rc) return rc;
     }
   }
-  return 0;
+  return check_array(out, vl, ol);
 }
 
-/* Sends a Wake frame for s: the daemon reads its ring.  Any thread. */
-static void send_wake(larder_client_t *c, larder_stream_t *s) {
+/* Sends a Wake frame for s: the daemon reads its ring.  Returns 0,
+ * LARDER_ECLOSED or LARDER_ENOMEM.  Any thread. */
+static int send_wake(larder_client_t *c, larder_stream_t *s) {
   Larder__Wake wk = LARDER__WAKE__INIT;
   wk.stream_id = s->id;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_WAKE;
   f.wake = &wk;
-  send_frame(c, &f);
+  return send_frame(c, &f);
 }
 
-/* Tells the daemon of the releases in s's ring it has not been told of.
- * Returns 1 if there were any.  Any thread. */
+/* Tells the daemon of the releases in s's ring it has not been told of, if
+ * any.  Returns 0 or the error of the Wake's send.  Any thread. */
 static int ring_tell(larder_client_t *c, larder_stream_t *s) {
   pthread_mutex_lock(&s->lock);
   int tell = s->ring_released != s->ring_told;
   s->ring_told = s->ring_released;
   pthread_mutex_unlock(&s->lock);
-  if (tell) send_wake(c, s);
-  return tell;
+  return tell ? send_wake(c, s) : 0;
 }
 
 /* Takes the next descriptor from s's ring into *view, if the daemon
@@ -1005,13 +1215,14 @@ static int ring_tell(larder_client_t *c, larder_stream_t *s) {
  * reading thread. */
 static int ring_take(larder_stream_t *s, wire_batch_t *view) {
   ring_header_t *h = s->ring;
+  const ring_layout_t *l = &s->ring_layout;
   uint64_t published = atomic_load_explicit(&h->published, memory_order_acquire);
   if (published == s->ring_consumed) return 0;
-  if (published - s->ring_consumed > h->slots) return LARDER_EPROTO;
-  const ring_desc_t *d = ring_desc(h, s->ring_consumed++);
-  *view = (wire_batch_t){s->id,          d->seq,          d->epoch,     d->index,
-                         d->num_rows,    d->arena_offset, d->arena_length,
-                         h->num_layout,  d->layout};
+  if (published - s->ring_consumed > l->slots) return LARDER_EPROTO;
+  const ring_desc_t *d = ring_layout_desc(l, s->ring_consumed++);
+  *view = (wire_batch_t){s->id,              d->seq,          d->epoch,     d->index,
+                         d->num_rows,        d->arena_offset, d->arena_length,
+                         s->ring_num_layout, d->layout};
   if (atomic_load_explicit(&h->wake_client_at, memory_order_relaxed))
     atomic_store_explicit(&h->wake_client_at, 0, memory_order_relaxed);
   /* The daemon wrote the next descriptor from another core, so reading it
@@ -1019,9 +1230,8 @@ static int ring_take(larder_stream_t *s, wire_batch_t *view) {
    * it is published already, start those loads now: they complete while
    * the trainer computes, and the next call finds the lines in its cache. */
   if (published != s->ring_consumed) {
-    const char *next = (const char *)(const void *)ring_desc(h, s->ring_consumed);
-    uint64_t bytes = ring_slot_bytes(h->num_layout);
-    for (uint64_t at = 0; at < bytes; at += 64) __builtin_prefetch(next + at);
+    const char *next = (const char *)(const void *)ring_layout_desc(l, s->ring_consumed);
+    for (uint64_t at = 0; at < l->slot_bytes; at += 64) __builtin_prefetch(next + at);
   }
   return 1;
 }
@@ -1057,20 +1267,33 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
              s->ring_released != s->ring_told;
   if (tell) s->ring_told = s->ring_released;
   pthread_mutex_unlock(&s->lock);
-  if (tell) send_wake(c, s);
+  if (tell) (void)send_wake(c, s);
   return 0;
+}
+
+/* Ends s with an error found here (a malformed batch, out of memory):
+ * every later call returns it, and close tells the daemon.  Bug fix
+ * (tests: client_fake_bad_buffers): such a batch consumed its descriptor
+ * but was never released, and the stream went on one batch short of its
+ * window; after `window` of them it stalled for good.  Returns code.  The
+ * reading thread. */
+static int stream_fail(larder_client_t *c, larder_stream_t *s, int code, const char *why) {
+  s->error = code;
+  s->failed_here = 1;
+  return set_err(c, code, "stream %u: %s", s->id, why);
 }
 
 int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out) {
   *out = NULL;
   larder_client_t *c = s->client;
   if (c == NULL) return LARDER_ECLOSED;
+  if (client_forked(c)) return forked_err(c);
   uint64_t start = now_ns();
   /* One locked section here and one at the end: each is an atomic
    * read-modify-write on the trainer's path. */
-  if (c->caller_waits) {
+  if (s->caller_waits) {
     pthread_mutex_lock(&c->send_lock);
-    c->caller_waits = 0;
+    s->caller_waits = 0;
     pthread_mutex_unlock(&c->send_lock);
   }
   /* Whatever another call read for this stream is in its queue or its
@@ -1085,11 +1308,21 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   }
   pthread_mutex_lock(&s->lock);
   s->ring_reader_asleep = 0;
-  uint64_t compute = 0;
+  /* Bug fix (tests: client_evloop_stall): the time since the last call
+   * counted as the caller's own work even when that call returned
+   * LARDER_ETIMEDOUT, so an event loop waiting on larder_stream_fd for a
+   * daemon that could not keep up reported almost no stall.  After a
+   * LARDER_ETIMEDOUT the caller was waiting for a batch: that time is
+   * waiting. */
+  uint64_t compute = 0, waited = 0;
   if (s->last_return_ns) {
-    compute = start - s->last_return_ns;
-    s->compute_ns += compute;
-    s->report_compute += compute;
+    if (s->last_timed_out) {
+      waited = start - s->last_return_ns;
+    } else {
+      compute = start - s->last_return_ns;
+      s->compute_ns += compute;
+      s->report_compute += compute;
+    }
   }
   /* A step's batch reuses the last released one: two allocations fewer
    * on the trainer's path. */
@@ -1099,10 +1332,15 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
   int rc = 0, polled = 0;
   for (;;) {
+    /* A stream that failed here takes nothing more. */
+    if (s->failed_here) {
+      rc = s->error;
+      break;
+    }
     wire_batch_t view;
     int from_ring = s->ring ? ring_take(s, &view) : 0;
     if (from_ring < 0) {
-      rc = set_err(c, LARDER_EPROTO, "the daemon overran the descriptor ring");
+      rc = stream_fail(c, s, LARDER_EPROTO, "the daemon overran the descriptor ring");
       break;
     }
     if (from_ring || s->q_head) {
@@ -1158,7 +1396,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
         free(nodes);
         wire_free(f);
         free(fast);
-        rc = LARDER_ENOMEM;
+        rc = stream_fail(c, s, LARDER_ENOMEM, "out of memory for a batch");
         break;
       }
       batch->stream = s;
@@ -1189,7 +1427,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
       if (brc) {
         free(nodes);
         free(batch);
-        rc = set_err(c, brc, "the daemon sent a malformed batch");
+        rc = stream_fail(c, s, brc, "the daemon sent a malformed batch");
         break;
       }
       s->pos_epoch = batch->epoch;
@@ -1242,7 +1480,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
       /* A wait that timed out tells the daemon of the releases anyway: a
        * safety net, should it ever need them without saying so in
        * wake_at. */
-      if (r == LARDER_ETIMEDOUT) ring_tell(c, s);
+      if (r == LARDER_ETIMEDOUT) (void)ring_tell(c, s);
     }
     if (r && r != LARDER_ETIMEDOUT) {
       rc = s->error ? s->error : r;
@@ -1255,15 +1493,15 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
      * an event loop whose releases were held for a batch stood in poll,
      * the daemon's window full). */
     pthread_mutex_lock(&c->send_lock);
-    c->caller_waits = 1;
+    s->caller_waits = 1;
     flush_held_locked(c);
     pthread_mutex_unlock(&c->send_lock);
   }
   uint64_t end = now_ns();
   pthread_mutex_lock(&s->lock);
-  s->wait_ns += end - start;
-  s->report_wait += end - start;
-  ring_pace_add(&s->pace, end - start, compute);
+  s->wait_ns += end - start + waited;
+  s->report_wait += end - start + waited;
+  ring_pace_add(&s->pace, end - start + waited, compute);
   s->ring_wake_batches = ring_pace_sleep_batches(&s->pace, s->window);
   if (*out) s->refs++;
   /* Unused (no batch came): back for the next call. */
@@ -1277,6 +1515,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     free(spare);
   }
   s->last_return_ns = end;
+  s->last_timed_out = rc == LARDER_ETIMEDOUT;
   return rc;
 }
 
@@ -1299,8 +1538,10 @@ const larder_array_t *larder_batch_column_by_name(const larder_batch_t *b, const
   return NULL;
 }
 
-void larder_batch_release(larder_batch_t *b) {
-  if (b == NULL) return;
+/* Releases b (see larder_batch_release); its struct becomes the stream's
+ * spare when recycle is set and there is none, else it is freed.  Any
+ * thread. */
+static void batch_release(larder_batch_t *b, int recycle) {
   larder_stream_t *s = b->stream;
   /* One locked section: the stream's client (larder_stream_close clears
    * it under the lock), the release's entry and counters, the spare batch
@@ -1310,8 +1551,11 @@ void larder_batch_release(larder_batch_t *b) {
   pthread_mutex_lock(&s->lock);
   larder_client_t *c = s->client;
   if (c && atomic_load_explicit(&c->broken, memory_order_relaxed)) c = NULL;
+  /* In a forked child the ring and the socket are the parent's: the
+   * release frees this process's memory only (see client_forked). */
+  if (c && client_forked(c)) c = NULL;
   if (c && s->ring) {
-    ring_release_t *e = ring_release_entry(s->ring, s->ring_released);
+    ring_release_t *e = ring_layout_release(&s->ring_layout, s->ring_released);
     e->seq = b->seq;
     e->wait_ns = s->report_wait;
     e->compute_ns = s->report_compute;
@@ -1339,7 +1583,7 @@ void larder_batch_release(larder_batch_t *b) {
     s->report_wait = s->report_compute = 0;
     frame = 1;
   }
-  if (s->spare == NULL) {
+  if (recycle && s->spare == NULL) {
     s->spare = b;
     b = NULL;
   }
@@ -1354,7 +1598,7 @@ void larder_batch_release(larder_batch_t *b) {
     free(b->nodes);
     free(b);
   }
-  if (wake) send_wake(c, s);
+  if (wake) (void)send_wake(c, s);
   if (frame) {
     Larder__Frame f = LARDER__FRAME__INIT;
     f.msg_case = LARDER__FRAME__MSG_RELEASE;
@@ -1363,6 +1607,20 @@ void larder_batch_release(larder_batch_t *b) {
   }
   if (wake || frame) stream_unref(s);
   else if (left == 0) stream_free(s);
+}
+
+/* Bug fix (tests: client_export_then_release): a batch released both
+ * directly and through its exported ArrowArray (an easy slip, as the
+ * export moves the batch's ownership) was released twice, and as the
+ * first release recycled its struct for the next batch, the second
+ * released that live batch instead, whose region the daemon then reused
+ * under the trainer.  A direct release of an exported batch is ignored,
+ * and the array's release does not recycle the struct, so a direct
+ * release after it is a use of freed memory that ASan reports rather than
+ * the silent release of another batch. */
+void larder_batch_release(larder_batch_t *b) {
+  if (b == NULL || b->exported) return;
+  batch_release(b, 1);
 }
 
 const char *larder_array_name(const larder_array_t *a) { return a->field->name; }
@@ -1378,7 +1636,12 @@ int64_t larder_array_null_count(const larder_array_t *a) { return a->null_count;
 const uint8_t *larder_array_validity(const larder_array_t *a) {
   return a->null_count ? a->validity : NULL;
 }
-const int32_t *larder_array_offsets(const larder_array_t *a) { return a->offsets; }
+const int32_t *larder_array_offsets(const larder_array_t *a) {
+  return offset_width(a->field->type) == 4 ? (const int32_t *)(const void *)a->offsets : NULL;
+}
+const int64_t *larder_array_large_offsets(const larder_array_t *a) {
+  return offset_width(a->field->type) == 8 ? (const int64_t *)(const void *)a->offsets : NULL;
+}
 const void *larder_array_values(const larder_array_t *a) { return a->values; }
 uint64_t larder_array_values_size(const larder_array_t *a) { return a->values_size; }
 int larder_array_num_children(const larder_array_t *a) { return a->num_children; }
@@ -1546,7 +1809,7 @@ static void release_array(struct ArrowArray *a) {
     if (a->children[i]->release) a->children[i]->release(a->children[i]);
   a->release = NULL;
   if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
-  larder_batch_release(x->batch);
+  batch_release(x->batch, 0);
   free(x->nodes);
   free(x->child_ptrs);
   free(x->buffers);
@@ -1580,10 +1843,10 @@ static void fill_array(array_builder *b, struct ArrowArray *out, const larder_ar
   out->buffers = b->bufs + b->bnext;
   b->bnext += (int)out->n_buffers;
   if (out->n_buffers > 0) out->buffers[0] = a->null_count ? a->validity : NULL;
+  /* Bug fix (tests: client_fake_large_types): a LARGE_LIST's second
+   * buffer was its (absent) values rather than its offsets. */
   if (out->n_buffers == 2)
-    out->buffers[1] = f->type == LARDER_TYPE_LIST || f->type == LARDER_TYPE_MAP
-                          ? (const void *)a->offsets
-                          : a->values;
+    out->buffers[1] = offset_width(f->type) ? (const void *)a->offsets : a->values;
   if (out->n_buffers == 3) {
     out->buffers[1] = a->offsets;
     out->buffers[2] = a->values;
@@ -1644,6 +1907,7 @@ int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
   root->dictionary = NULL;
   atomic_init(&x->refs, b.next + 1);
   x->batch = batch;
+  batch->exported = 1;
   x->nodes = b.nodes;
   x->child_ptrs = b.ptrs;
   x->buffers = b.bufs;

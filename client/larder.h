@@ -157,10 +157,14 @@ int larder_client_connect(const char *socket_path, larder_client_t **out);
  * have been released (or exported and released through Arrow).
  *
  * fork(): a client belongs to the process that connected it.  A forked
- * child must not use its parent's clients (they share the socket with the
- * parent) but may close them, which then frees their memory and
- * descriptors in the child without telling the daemon anything; the child
- * connects its own client. */
+ * child must not use its parent's clients (they share the socket and the
+ * shared memory with the parent): there larder_stream_open,
+ * larder_stream_next and larder_stream_flush fail with LARDER_EINVAL.  The
+ * child may release the batches it inherited (with larder_batch_release
+ * or an exported Arrow array's release) and close the clients: both free
+ * memory and descriptors in the child only, and tell the daemon nothing,
+ * so the parent's batches and streams are untouched.  The child connects
+ * its own client. */
 void larder_client_close(larder_client_t *client);
 
 /* The last error message of this client (a static empty string when none);
@@ -211,16 +215,21 @@ void larder_stream_options_init(larder_stream_options_t *opts);
  * and a cuda_device left at -1 from LOCAL_RANK.  A variable consulted that
  * is set but is not a decimal number in range (rank from 0, world size
  * from 1, both below 2^24) fails the open with LARDER_EINVAL, and the
- * error names the variable and its value.  Relative source paths are made
- * absolute against the caller's working directory before they are sent
- * (sources with "://" are URLs and go as they are).  A window above
- * LARDER_MAX_WINDOW fails with LARDER_EINVAL.  Before the first batch,
- * larder_stream_position reports the start normalised as the daemon reads
- * it: a start_batch past the end of an epoch counts into the next epochs.
- * On success *out is a new stream.  Returns 0 or a negative code;
- * larder_client_last_error says why (a missing file, a bad column, ...).
- * Should the daemon not answer in time, a reply that comes later is
- * discarded and its stream closed on the daemon's side.
+ * error names the variable and its value.  LOCAL_RANK is read for the
+ * device only when memory_kind asks for CUDA memory.  Relative source
+ * paths are made absolute against the caller's working directory before
+ * they are sent (sources with "://" are URLs and go as they are).  A
+ * window above LARDER_MAX_WINDOW fails with LARDER_EINVAL.  Before the
+ * first batch, larder_stream_position reports the start normalised as the
+ * daemon reads it: a start_batch past the end of an epoch counts into the
+ * next epochs.  The daemon's shared memory is checked before it is used:
+ * an arena or ring smaller than the daemon says, or not sealed against
+ * shrinking, fails the open with LARDER_EPROTO.  On success *out is a new
+ * stream.  Returns 0 or a negative code (LARDER_EINVAL in a forked child,
+ * see larder_client_close); larder_client_last_error says why (a missing
+ * file, a bad column, ...).  Should the daemon not answer in time, a
+ * reply that comes later is discarded and its stream closed on the
+ * daemon's side.
  */
 int larder_stream_open(larder_client_t *client, const larder_stream_options_t *opts,
                        larder_stream_t **out);
@@ -229,7 +238,13 @@ int larder_stream_open(larder_client_t *client, const larder_stream_options_t *o
  * Waits up to timeout_ms (-1: forever, 0: poll) for the next batch.  On
  * success *out is a batch the caller releases with larder_batch_release (or
  * exports).  Returns 0, LARDER_EEOF after the last batch, LARDER_ETIMEDOUT,
- * or the error that ended the stream (larder_client_last_error says why).
+ * LARDER_EINVAL in a forked child (see larder_client_close), or the error
+ * that ended the stream (larder_client_last_error says why).  The daemon
+ * ends it with its own errors; the library ends it itself with
+ * LARDER_EPROTO when the daemon sends a malformed batch (a buffer outside
+ * the arena or too small for its array) and LARDER_ENOMEM when it cannot
+ * allocate one.  Once ended, every later call returns that error.  The
+ * thread that owns the stream.
  */
 int larder_stream_next(larder_stream_t *stream, int timeout_ms, larder_batch_t **out);
 
@@ -260,10 +275,12 @@ int larder_stream_num_columns(const larder_stream_t *stream);
 const char *larder_stream_column_name(const larder_stream_t *stream, int i);
 larder_type_t larder_stream_column_type(const larder_stream_t *stream, int i);
 
-/* Time the caller spent blocked in larder_stream_next, and between calls
- * (its own work), since the stream opened, in nanoseconds.  The stall
- * fraction is wait / (wait + compute).  The daemon learns these figures
- * with the releases. */
+/* Time the caller spent waiting for batches, and between calls (its own
+ * work), since the stream opened, in nanoseconds.  Waiting is the time
+ * blocked in larder_stream_next, and the time from a call that returned
+ * LARDER_ETIMEDOUT to the next call (an event loop waits on
+ * larder_stream_fd then).  The stall fraction is wait / (wait + compute).
+ * The daemon learns these figures with the releases. */
 void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint64_t *compute_ns);
 
 /*
@@ -278,9 +295,11 @@ void larder_stream_stall(const larder_stream_t *stream, uint64_t *wait_ns, uint6
  * while a reader waits, in larder_stream_next or on larder_stream_fd after
  * LARDER_ETIMEDOUT; so no call needs this for progress.  Call it to
  * make the daemon's per-stream stats current now.  Returns 0,
- * LARDER_ECLOSED when the connection is gone, or the error that ended the
- * stream (as larder_stream_next returned it, such as LARDER_ESHUTDOWN).
- * The thread that owns the stream.
+ * LARDER_ECLOSED when the connection is gone (seen when this or an
+ * earlier call fails to send, or a read finds it closed; the later calls
+ * of the client return it too), LARDER_EINVAL in a forked child, or the
+ * error that ended the stream (as larder_stream_next returned it, such as
+ * LARDER_ESHUTDOWN).  The thread that owns the stream.
  */
 int larder_stream_flush(larder_stream_t *stream);
 
@@ -300,7 +319,10 @@ const larder_array_t *larder_batch_column_by_name(const larder_batch_t *batch, c
 uint64_t larder_batch_bytes(const larder_batch_t *batch);
 
 /* Gives the batch's arena region back to the daemon (see
- * larder_stream_flush for when the release goes out).  Any thread; once. */
+ * larder_stream_flush for when the release goes out), and frees the
+ * batch.  In a forked child it only frees the batch (see
+ * larder_client_close).  An exported batch is released by its ArrowArray:
+ * this ignores it.  Any thread; once. */
 void larder_batch_release(larder_batch_t *batch);
 
 const char *larder_array_name(const larder_array_t *a);
@@ -317,6 +339,9 @@ int64_t larder_array_null_count(const larder_array_t *a);
 const uint8_t *larder_array_validity(const larder_array_t *a);
 /* int32 offsets (length + 1) of BINARY/STRING/LIST/MAP; else NULL. */
 const int32_t *larder_array_offsets(const larder_array_t *a);
+/* int64 offsets (length + 1) of LARGE_BINARY/LARGE_STRING/LARGE_LIST;
+ * else NULL.  (The daemon does not send these types yet.) */
+const int64_t *larder_array_large_offsets(const larder_array_t *a);
 /* Fixed-width values (BOOL: a bitmap), or the bytes of BINARY/STRING. */
 const void *larder_array_values(const larder_array_t *a);
 uint64_t larder_array_values_size(const larder_array_t *a);
@@ -360,12 +385,13 @@ struct ArrowArray {
  * Exports a batch as an Arrow struct array (one child per column) and its
  * schema, without copying: the buffers point into the arena.  Ownership of
  * the batch moves to the ArrowArray: its release callback releases the
- * batch, so the caller must not call larder_batch_release afterwards.  The
- * schema is independent and has its own release.  A child moved out of
- * either (as the interface allows) stays valid until its own release, and
- * the batch is released when the last part of the array is.  Release
- * callbacks may run on any thread.  Returns 0 or
- * LARDER_ENOMEM (the batch then still belongs to the caller).
+ * batch, so the caller must not call larder_batch_release afterwards (one
+ * that it calls while the array lives is ignored).  The schema is
+ * independent and has its own release.  A child moved out of either (as
+ * the interface allows) stays valid until its own release, and the batch
+ * is released when the last part of the array is.  Release callbacks may
+ * run on any thread.  Returns 0 or LARDER_ENOMEM (the batch then still
+ * belongs to the caller).
  */
 int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
                         struct ArrowArray *array);

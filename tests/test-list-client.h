@@ -1,0 +1,14 @@
+/* liblarder's own behaviour (test-client.c): fork safety, a batch
+ * released twice, stall accounting, frame mode with several streams, a
+ * dead daemon, LOCAL_RANK, and the checks of what a (fake) daemon sends. */
+TEST_ENTRY(client_fork_releases, 120000)
+TEST_ENTRY(client_export_then_release, 60000)
+TEST_ENTRY(client_evloop_stall, 60000)
+TEST_ENTRY(client_frames_two_streams_wait, 60000)
+TEST_ENTRY(client_flush_dead_daemon, 60000)
+TEST_ENTRY(client_local_rank_host, 60000)
+TEST_ENTRY(client_fake_bad_buffers, 30000)
+TEST_ENTRY(client_fake_bad_descriptor, 30000)
+TEST_ENTRY(client_fake_shm_checks, 30000)
+TEST_ENTRY(client_fake_ring_rewritten, 30000)
+TEST_ENTRY(client_fake_large_types, 30000)
