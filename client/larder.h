@@ -189,7 +189,9 @@ typedef struct larder_stream_options {
   uint32_t batch_size;         /* rows per batch on this rank (default 256; <= 2^20) */
   uint64_t seed;               /* default 0 */
   int shuffle;                 /* default 1 */
-  uint32_t shuffle_window;     /* units shuffled together; 0 = daemon's */
+  uint32_t shuffle_window;     /* units shuffled together; 0 = daemon's.
+                                  More than the daemon's memory_limit holds
+                                  fails the open with LARDER_ELIMIT */
   uint32_t unit_rows;          /* rows per unit at most; 0 = daemon's */
   uint64_t epochs;             /* default 1; 0 = unbounded */
   int32_t rank;                /* -1 (default): $RANK, else 0 */

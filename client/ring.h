@@ -228,8 +228,9 @@ static inline ring_release_t *ring_layout_release(const ring_layout_t *l, uint64
                                     (n % l->slots) * sizeof(ring_release_t));
 }
 
-/* The same from the header itself: for the client, which trusts the
- * daemon's header. */
+/* The same from the header itself, for tests that read a ring they set up
+ * (both sides work from a ring_layout_t: each maps the header writable by
+ * the other). */
 static inline ring_desc_t *ring_desc(ring_header_t *h, uint64_t n) {
   return (ring_desc_t *)(void *)((uint8_t *)h + h->descs_offset + (n % h->slots) * h->slot_bytes);
 }
