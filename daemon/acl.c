@@ -109,6 +109,19 @@ static int canon_url(const char *url, char *out, size_t outlen, size_t *auth_end
   memcpy(out + *auth_end, p, strlen(p) + 1);
   /* Path segments, up to the query or fragment. */
   size_t plen = strcspn(p, "?#");
+  /* Bug fix (tests: acl_rules): an encoded slash or backslash is no
+   * segment boundary here, but HTTP servers decode it before they resolve
+   * dot segments, so ".." + "%2f" climbed out of an allowed prefix.  A NUL
+   * ends a path on some servers.  (S3 keys are opaque: no server resolves
+   * them, and they are escaped again when sent.) */
+  for (size_t i = 0; i + 2 < plen && !is_s3; i++) {
+    if (p[i] != '%') continue;
+    char x = p[i + 1], y = (char)tolower((unsigned char)p[i + 2]);
+    if ((x == '2' && y == 'f') || (x == '5' && y == 'c') || (x == '0' && y == '0')) {
+      snprintf(why, whylen, "URL has an encoded slash, backslash or NUL in its path");
+      return -1;
+    }
+  }
   for (size_t i = 0; i < plen;) {
     if (p[i] == '\\') {
       snprintf(why, whylen, "URL has a backslash in its path");

@@ -14,6 +14,7 @@
  * needs room (memory_limit); referenced units are never freed.
  */
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -450,11 +451,17 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->num_ranges = m;
   b->ranges = ranges;
   uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
-  int np = 0;
-  for (int i = 0; i < m; i++) np += (int)((ranges[i].length + part - 1) / part);
+  /* Bug fix (tests: remote_part_sizes): (length + part - 1) / part wrapped
+   * to 0 for a part of 0 (no splitting: UINT64_MAX) or of 2^63 and more, so
+   * the parts were undercounted and the loop below wrote past them. */
+  uint64_t parts = 0;
+  for (int i = 0; i < m; i++)
+    parts += ranges[i].length / part + (ranges[i].length % part != 0);
+  if (parts > INT_MAX / 2) parts = 0; /* refused below, as out of memory */
+  int np = (int)parts;
   b->data = calloc((size_t)(m > 0 ? m : 1), sizeof(uint8_t *));
   b->parts = calloc((size_t)(np > 0 ? np : 1), sizeof(rb_part_t));
-  if (b->data == NULL || b->parts == NULL) {
+  if (b->data == NULL || b->parts == NULL || (np == 0 && m > 0)) {
     b->error = LARDER_ENOMEM;
     b->message = strdup("out of memory");
     b->state = RB_FAILED;

@@ -76,6 +76,13 @@ TEST_IMPL(acl_rules) {
   ASSERT(!url_ok(a, &p, "s3://Bucket/data/sub/.."));
   ASSERT(url_ok(a, &p, "s3://Bucket/data/a..b/x"));
   ASSERT(!url_ok(a, &p, "s3://Bucket/data/x y"));             /* spaces */
+  /* Encoded separators, which HTTP servers decode before resolving "..". */
+  ASSERT(!url_ok(a, &p, "https://example.com/x/..%2fsecret"));
+  ASSERT(!url_ok(a, &p, "https://example.com/x/..%2Fsecret"));
+  ASSERT(!url_ok(a, &p, "https://example.com/x/..%5csecret"));
+  ASSERT(!url_ok(a, &p, "https://example.com/x%00.parquet"));
+  ASSERT(url_ok(a, &p, "https://example.com/x%20y.parquet"));
+  ASSERT(url_ok(a, &p, "https://example.com/x?p=a%2Fb"));      /* the query is no path */
   ASSERT(url_ok(a, &p, "https://example.com/any/path"));      /* host: any case */
   ASSERT(url_ok(a, &p, "https://EXAMPLE.COM"));
   ASSERT(url_ok(a, &p, "https://example.com?x=1"));

@@ -2,6 +2,7 @@
  * tests/remote (nginx, the S3 front, the fault proxy) and a real larderd. */
 TEST_ENTRY(remote_http_order, 120000)
 TEST_ENTRY(remote_http_no_range, 120000)
+TEST_ENTRY(remote_part_sizes, 120000)
 TEST_ENTRY(remote_https, 120000)
 TEST_ENTRY(remote_mixed, 120000)
 TEST_ENTRY(remote_revalidate, 180000)

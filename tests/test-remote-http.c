@@ -311,6 +311,60 @@ TEST_IMPL(remote_http_no_range) {
 }
 
 /*
+ * Part sizes at their edges: fetch_part_bytes 0 (no splitting) and 2^63,
+ * with chunks not merged (fetch_merge_gap 0, a projection of columns apart
+ * from each other), give the local batches.  (Bug fix: the count of parts
+ * wrapped to 0 for such sizes, and the daemon wrote past its array of
+ * parts: a heap overflow that ASan caught, and a crash.)
+ */
+TEST_IMPL(remote_part_sizes) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  static const char *const cols[] = {"id", "name"};
+  dh_daemon ld;
+  static const char *const lf[] = {"--workers=2", NULL};
+  dh_init(&ld, "local", lf);
+  dh_start(&ld);
+  const char *src[1] = {dir};
+  larder_stream_options_t o;
+  std_opts(&o, src, 1, 1);
+  o.columns = cols;
+  o.num_columns = 2;
+  dh_run ref = {0};
+  ASSERT_OK(dh_collect(ld.socket, &o, 0, &ref));
+  dh_stop(&ld);
+  rs_server ng;
+  rh_nginx(&ng, "ng", dir, NULL);
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(ng.url, dir, urls, RH_MAX_FILES);
+  static const char *const sizes[] = {"--fetch_part_bytes=0", "--fetch_part_bytes=9223372036854775808"};
+  for (int k = 0; k < 2; k++) {
+    dh_daemon d;
+    const char *const fl[] = {"--workers=2", "--fetch_merge_gap=0", sizes[k], NULL};
+    dh_init(&d, k ? "d1" : "d0", fl);
+    dh_start(&d);
+    larder_stream_options_t ro = o;
+    ro.sources = (const char *const *)urls;
+    ro.num_sources = (size_t)nf;
+    dh_run r = {0};
+    if (dh_collect(d.socket, &ro, 0, &r) != 0) {
+      dh_print_log(&d);
+      ASSERT_FAIL_("%s: the stream failed: %s", sizes[k], r.err);
+    }
+    dh_expect_same(&ref, &r);
+    ASSERT(dh_alive(&d));
+    dh_run_free(&r);
+    dh_stop(&d);
+  }
+  rh_stop(&ng);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  dh_run_free(&ref);
+  return 0;
+}
+
+/*
  * TLS: https:// from nginx with the test CA.  Verification is on by
  * default, so without ca_file the open fails with a certificate error that
  * names the URL (not retried: one request per file), and the daemon keeps
