@@ -103,7 +103,8 @@
      "... for this many seconds is a stall, retried")                          \
   XX(fetch_whole_bytes, SIZE, "1G", 0,                                         \
      "objects of servers that ignore Range, kept whole in memory (LRU); "     \
-     "also the most a whole-object answer of unknown size may bring")          \
+     "also the most any whole-object answer may bring (a larger object "      \
+     "behind such a server fails its stream)")                                \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                           \
      "column chunks closer than this are read with one range request")         \
   XX(fetch_part_bytes, SIZE, "4M", 1,                                          \

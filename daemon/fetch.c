@@ -459,8 +459,13 @@ static uint64_t body_limit(const fetch_req_t *r) {
   if (st == 206 && r->range.suffix) return r->range.suffix;
   if (st == 206 && r->ranged) return r->range.length;
   if (r->is_list) return FETCH_LIST_BODY_MAX;
-  if (r->known_size) return r->known_size;
-  return r->f->opts.max_whole_bytes ? r->f->opts.max_whole_bytes : 1;
+  /* A whole object: at most what may be kept of one.  Bug fix (tests:
+   * remote_hostile_no_range_large): the object's size alone bounded it,
+   * so a server that ignores Range sent a multi-gigabyte shard in answer
+   * to each of a row group's ranges, all in memory at once. */
+  uint64_t whole = r->f->opts.max_whole_bytes ? r->f->opts.max_whole_bytes : 1;
+  if (r->known_size && r->known_size < whole) return r->known_size;
+  return whole;
 }
 
 static size_t on_data(char *p, size_t size, size_t nmemb, void *userp) {
@@ -971,6 +976,16 @@ static void completed(fetch_req_t *r, CURLcode cc) {
         retry = r->overflow;
         if (!r->overflow) {
           snprintf(r->msg, sizeof(r->msg), "%s: out of memory for the body", where);
+        } else if (r->http_status != 206 && !r->is_list && r->known_size > limit) {
+          /* The whole object, larger than may be kept. */
+          retry = 0;
+          code = LARDER_ELIMIT;
+          snprintf(r->msg, sizeof(r->msg),
+                   "%s: HTTP %ld: the server sent the whole object (it ignores Range) and its "
+                   "%llu bytes are more than fetch_whole_bytes (%llu bytes), the most larderd "
+                   "keeps of such objects",
+                   where, r->http_status, (unsigned long long)r->known_size,
+                   (unsigned long long)limit);
         } else if (r->http_status == 206 || r->known_size) {
           /* More than the range, or than the object the stream opened: a
            * wrong answer (an error page, another version), maybe not the

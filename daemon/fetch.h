@@ -25,8 +25,9 @@
  *   has a validator (If-None-Match / If-Modified-Since; a 304 is served
  *   from the copy kept).
  * - Every body is capped at what was asked: a range's length, a suffix's
- *   length, the object's known size for a whole object answering a range,
- *   else max_whole_bytes; a listing page at FETCH_LIST_BODY_MAX; an error
+ *   length, for a whole object the smaller of its known size and
+ *   max_whole_bytes (a larger one fails with LARDER_ELIMIT, not retried);
+ *   a listing page at FETCH_LIST_BODY_MAX; an error
  *   body at FETCH_ERROR_BODY_MAX (kept for its message, the rest ignored).
  *   A body beyond its cap fails the request (retried where another answer
  *   may differ), so memory stays bounded whatever a server sends.

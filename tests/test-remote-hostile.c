@@ -511,6 +511,62 @@ static void *open_main(void *p) {
 }
 
 /*
+ * A server that answers the footers' ranges but sends the whole object for
+ * the row groups', objects larger than fetch_whole_bytes: the stream fails
+ * with LARDER_ELIMIT saying so, and the daemon carries on.  (Bug fix: the
+ * object's size alone bounded such a body, so every range of a row group
+ * brought a whole shard into memory at once.)  With room for the objects,
+ * the same server gives the local batches.
+ */
+TEST_IMPL(remote_hostile_no_range_large) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  dh_run ref = {0};
+  local_reference(dir, 1, &ref);
+  for (int room = 0; room < 2; room++) {
+    rs_server ng, fp;
+    rh_nginx(&ng, room ? "ng1" : "ng0", dir, NULL);
+    char fpdir[PATH_MAX];
+    snprintf(fpdir, sizeof(fpdir), "%s/fp%d", test_tmpdir(), room);
+    ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
+    char *urls[RH_MAX_FILES];
+    int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+    /* The footers (one suffix range per file, first) are answered. */
+    char ctl[256];
+    snprintf(ctl, sizeof(ctl), "{\"add\":{\"type\":\"ignore_range\",\"skip\":%d,\"count\":-1}}", nf);
+    ASSERT_OK(rs_control(&fp, ctl));
+    const char *const fl[] = {"--workers=2", room ? "--fetch_whole_bytes=64M" : "--fetch_whole_bytes=8K",
+                              NULL};
+    dh_daemon d;
+    dh_init(&d, room ? "d1" : "d0", fl);
+    dh_start(&d);
+    larder_stream_options_t o;
+    std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
+    dh_run r = {0};
+    int rc = dh_collect(d.socket, &o, 0, &r);
+    fprintf(stderr, "fetch_whole_bytes %s: %s %s\n", room ? "64M" : "8K", larder_err_name(rc), r.err);
+    if (room) {
+      ASSERT_OK(rc);
+      dh_expect_same(&ref, &r);
+    } else {
+      ASSERT_EQ(rc, LARDER_ELIMIT);
+      ASSERT_STR_CONTAINS(r.err, "fetch_whole_bytes");
+      ASSERT_STR_CONTAINS(r.err, "ignores Range");
+    }
+    dh_run_free(&r);
+    ASSERT(dh_alive(&d));
+    dh_stop(&d);
+    rh_stop(&fp);
+    rh_stop(&ng);
+    free_urls(urls, nf);
+  }
+  dh_run_free(&ref);
+  return 0;
+}
+
+/*
  * SIGTERM while a stream open waits for footers from a server that never
  * answers (issue: fetches outlived shutdown): the daemon exits cleanly
  * within seconds, not after every attempt's low-speed time, and the open

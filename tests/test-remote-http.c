@@ -302,6 +302,31 @@ TEST_IMPL(remote_http_no_range) {
   fprintf(stderr, "%d whole downloads with room for one object\n", lg.n);
   ASSERT_GT(lg.n, nn);
   rh_log_free(&lg);
+
+  /* Objects larger than fetch_whole_bytes behind such a server: the
+   * stream fails with a clear error, no body grows past that bound, and
+   * the daemon carries on. */
+  rh_nginx(&ng, "ng3", dir, nx);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  nf = rh_urls(ng.url, dir, urls, RH_MAX_FILES);
+  dh_daemon t;
+  static const char *const ft[] = {"--workers=2", "--fetch_whole_bytes=8K", NULL};
+  dh_init(&t, "tiny", ft);
+  dh_start(&t);
+  std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
+  dh_run r3 = {0};
+  ASSERT_EQ(dh_collect(t.socket, &o, 0, &r3), LARDER_ELIMIT);
+  fprintf(stderr, "objects over fetch_whole_bytes: %s\n", r3.err);
+  ASSERT_STR_CONTAINS(r3.err, "fetch_whole_bytes");
+  dh_run_free(&r3);
+  ASSERT(dh_alive(&t));
+  const char *lsrc[1] = {dir};
+  std_opts(&o, lsrc, 1, 1);
+  dh_run r4 = {0};
+  ASSERT_OK(dh_collect(t.socket, &o, 0, &r4));
+  dh_run_free(&r4);
+  dh_stop(&t);
+  rh_stop(&ng);
   for (int i = 0; i < nf; i++) free(urls[i]);
   dh_run_free(&ref);
   dh_run_free(&r);
