@@ -751,6 +751,27 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   int changed = res->status == 0 &&
                 !remote_same_version(f->size, f->etag, f->last_modified, res->object_size,
                                      res->etag, res->last_modified);
+  /* Bug fix (tests: remote_revalidate): a failed check counted as "not
+   * changed", so an object deleted since the stream opened (404) went on
+   * being served from the cache.  A deleted object has changed; other
+   * failures (access, the network) cannot tell, and are logged. */
+  int gone = res->status == LARDER_ENOENT;
+  if (res->status != 0 && !gone && !s->closed) {
+    char where[400];
+    fetch_redact(f->path, where, sizeof(where));
+    log_warn("stream %u: cannot check whether %s changed (%s); serving it as it was", s->id,
+             where, res->message ? res->message : larder_strerror(res->status));
+  }
+  if (gone && !s->closed && s->stale_msg == NULL) {
+    char where[400], m[1024];
+    fetch_redact(f->path, where, sizeof(where));
+    snprintf(m, sizeof(m),
+             "%s no longer exists (HTTP 404): its cached data was dropped; reopen the stream "
+             "without it",
+             where);
+    s->stale_msg = strdup(m);
+  }
+  changed = changed || gone;
   if (changed && !s->closed) {
     /* Bug fix (tests: remote_revalidate): the stream used to fail at once,
      * although the check runs when planning reaches the next epoch, up to

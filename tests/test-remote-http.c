@@ -557,7 +557,8 @@ static void replace_file1(const char *root) {
  * - revalidate = 0 (the default: immutable shards): nothing is fetched
  *   after the open and both epochs are the old data.
  */
-static void revalidation_case(const char *name, int no_range, int revalidate) {
+/* deleted: part-001 is removed instead of replaced. */
+static void revalidation_case(const char *name, int no_range, int revalidate, int deleted) {
   char dir[1024], root[PATH_MAX], sub[PATH_MAX];
   ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
   snprintf(root, sizeof(root), "%s/%s-root", test_tmpdir(), name);
@@ -603,7 +604,13 @@ static void revalidation_case(const char *name, int no_range, int revalidate) {
   int lines_before = rh_wait_lines(log_path, 0, 0);
   /* The check runs at most every `revalidate` seconds: let that pass. */
   while (rh_now_ms() - opened < revalidate * 1000.0 + 200) usleep(20000);
-  replace_file1(root);
+  if (deleted) {
+    char gone[PATH_MAX + 32];
+    snprintf(gone, sizeof(gone), "%s/part-001.parquet", root);
+    ASSERT_OK(unlink(gone));
+  } else {
+    replace_file1(root);
+  }
   int rc = 0;
   uint64_t n = 5;
   for (;;) {
@@ -629,9 +636,11 @@ static void revalidation_case(const char *name, int no_range, int revalidate) {
     ASSERT_NE(rc, LARDER_EEOF);
     ASSERT_GE(n, bpe); /* epoch 0 came whole, from the cache */
     ASSERT_STR_CONTAINS(err, "/part-001.parquet");
-    ASSERT_STR_CONTAINS(err, "changed");
+    ASSERT_STR_CONTAINS(err, deleted ? "no longer exists" : "changed");
     /* The old version's entries are gone (20 units of 6 columns). */
     ASSERT_EQ(dh_stat(&d, "cache.entries"), entries - 20 * DH_NUM_COLS);
+  }
+  if (revalidate != 0 && !deleted) {
     /* Reopened at epoch 1: the new data, as a local run on the new files
      * serves it. */
     dh_run new_ref = {0}, reopened = {0};
@@ -660,8 +669,11 @@ static void revalidation_case(const char *name, int no_range, int revalidate) {
 TEST_IMPL(remote_revalidate) {
   int skip = rh_require(1, 0);
   if (skip) return skip;
-  revalidation_case("immutable", 0, 0);
-  revalidation_case("range", 0, 1);
-  revalidation_case("norange", 1, 1);
+  revalidation_case("immutable", 0, 0, 0);
+  revalidation_case("range", 0, 1, 0);
+  revalidation_case("norange", 1, 1, 0);
+  /* An object deleted meanwhile (a 404) has changed too: its cached data is
+   * not served on (it was, as a failed check counted as "unchanged"). */
+  revalidation_case("deleted", 0, 1, 1);
   return 0;
 }
