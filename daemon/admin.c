@@ -2200,7 +2200,8 @@ static void rj_fetched(remote_job_t *r) {
   r->src.map = rj_map;
   r->src.ctx = r;
   r->src.size = r->objs[0].size;
-  snprintf(r->src.name, sizeof(r->src.name), "%s", r->url);
+  /* The name goes into error messages: never with credentials. */
+  fetch_redact(r->url, r->src.name, sizeof(r->src.name));
   rj_render_next(r);
 }
 
@@ -2236,7 +2237,9 @@ static void rj_on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) 
       if (r->data[i] == NULL || len != r->ranges[i].length) {
         if (!r->fetch_rc) {
           r->fetch_rc = LARDER_EREMOTE;
-          snprintf(r->fetch_err, sizeof(r->fetch_err), "short read of %s", r->url);
+          char where[600];
+          fetch_redact(r->url, where, sizeof(where));
+          snprintf(r->fetch_err, sizeof(r->fetch_err), "short read of %s", where);
         }
       }
     }

@@ -542,10 +542,12 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
   } else if (n > 14 && strncasecmp(p, "last-modified:", 14) == 0) {
     header_value(p, n, r->last_modified, sizeof(r->last_modified));
   } else if (n > 9 && strncasecmp(p, "location:", 9) == 0) {
-    header_value(p, n, r->location, sizeof(r->location));
-    /* A presigned target carries its credentials in the query. */
-    char *q = strchr(r->location, '?');
-    if (q) snprintf(q, sizeof(r->location) - (size_t)(q - r->location), "?...");
+    char loc[sizeof(r->location)];
+    header_value(p, n, loc, sizeof(loc));
+    /* A presigned target carries its credentials in the query, and a
+     * redirect may name a user and password: the message keeps neither
+     * (fetch_redact, as for every URL logged). */
+    fetch_redact(loc, r->location, sizeof(r->location));
   } else if (n > 15 && strncasecmp(p, "content-length:", 15) == 0) {
     char v[32] = "";
     header_value(p, n, v, sizeof(v));
