@@ -600,6 +600,17 @@ static void process_frames(conn_t *c) {
     memmove(c->rbuf, c->rbuf + off, c->rlen - off);
     c->rlen -= off;
   }
+  /* A large frame grew the buffer; an idle connection keeps only what the
+   * next read needs.  (Each connection that once sent a frame of up to
+   * max_frame bytes held that much until it closed: max_clients times
+   * max_frame in all.) */
+  if (c->rcap > (1u << 20) && c->rlen <= (1u << 16) && !c->closing) {
+    uint8_t *p = realloc(c->rbuf, c->rlen + 65536);
+    if (p) {
+      c->rbuf = p;
+      c->rcap = c->rlen + 65536;
+    }
+  }
   if (c->rlen == 0) c->partial_since_ns = 0;
   else if (off > 0 || c->partial_since_ns == 0) c->partial_since_ns = util_now_ns();
 }

@@ -525,6 +525,49 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
       goto fail;
     }
   }
+  /* Before anything is planned or allocated from the footers' row counts:
+   * every row has at least one value (a null, or a level) in every column
+   * the stream reads, and the units they make stay countable.  Bug fix
+   * (tests: daemon_robust_huge_row_count): a footer claiming 2^30 rows in
+   * a few bytes was believed, and the daemon planned a billion-row window
+   * (gigabytes of permutation) before any read found out. */
+  uint64_t max_units = 0;
+  for (uint32_t i = 0; i < ds->num_files; i++) {
+    const pq_file_meta_t *fm = pq_file_meta(ds->files[i].pq);
+    for (int g = 0; g < fm->num_row_groups; g++) {
+      const pq_row_group_t *rg = &fm->row_groups[g];
+      for (int c = 0; c < fm->num_leaves; c++) {
+        if (!pq_projection_has_leaf(ds->files[i].proj, c)) continue;
+        if (rg->columns[c].num_values >= rg->num_rows) continue;
+        snprintf(err, errlen, "%s: row group %d claims %lld rows, but column '%s' holds %lld values",
+                 ds->files[i].name, g, (long long)rg->num_rows, fm->leaves[c]->path,
+                 (long long)rg->columns[c].num_values);
+        rc = LARDER_ECORRUPT;
+        goto fail;
+      }
+      /* cut_units makes units of at least 64 rows. */
+      max_units += (uint64_t)rg->num_rows / 64 + 1;
+    }
+  }
+  if (max_units > DATASET_MAX_UNITS) {
+    /* Only an upper bound: check the real count before refusing. */
+    uint64_t units = 0;
+    for (uint32_t i = 0; i < ds->num_files; i++) {
+      const pq_file_meta_t *fm = pq_file_meta(ds->files[i].pq);
+      uint64_t per = opts->unit_rows ? opts->unit_rows : 1;
+      for (int g = 0; g < fm->num_row_groups; g++)
+        units += (uint64_t)fm->row_groups[g].num_rows / per + 1;
+    }
+    if (units > DATASET_MAX_UNITS) {
+      snprintf(err, errlen,
+               "the dataset has about %llu units of at most %u rows, more than %llu: raise "
+               "unit_rows",
+               (unsigned long long)units, (unsigned)opts->unit_rows,
+               (unsigned long long)DATASET_MAX_UNITS);
+      rc = LARDER_ELIMIT;
+      goto fail;
+    }
+  }
   size_t nu = 0, cap = 0;
   int oom = 0;
   for (uint32_t i = 0; i < ds->num_files && !oom; i++) cut_units(ds, i, opts, &ds->units, &nu, &cap, &oom);
@@ -622,6 +665,13 @@ int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
   return rc;
 }
 
+uint64_t dataset_window_rows(const dataset_t *ds, uint64_t units) {
+  if (ds->num_units == 0) return 0;
+  if (units > ds->num_units) units = ds->num_units;
+  /* total_rows < 2^63 and units <= num_units: no overflow in 128 bits. */
+  return (uint64_t)((unsigned __int128)ds->total_rows * units / ds->num_units);
+}
+
 uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
   uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 1;
   if (avg == 0) avg = 1;
@@ -629,5 +679,11 @@ uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
   if (w < 1) w = 1;
   if (w > ds->num_units) w = ds->num_units;
   if (w > 1u << 20) w = 1u << 20;
+  /* Bug fix (tests: daemon_robust_huge_row_count): rows whose estimate is
+   * next to nothing (a footer claiming 2^30 rows in a few bytes) made the
+   * whole dataset one window, and its permutation gigabytes. */
+  uint64_t rows_per_unit = ds->num_units ? ds->total_rows / ds->num_units + 1 : 1;
+  if (w > DATASET_MAX_WINDOW_ROWS / rows_per_unit) w = DATASET_MAX_WINDOW_ROWS / rows_per_unit;
+  if (w < 1) w = 1;
   return (uint32_t)w;
 }

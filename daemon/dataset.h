@@ -122,6 +122,19 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
 int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
                          int row_group_blocks, shuffle_plan_t **out);
 
+/* The most rows one shuffle window may hold: its permutation takes 4 bytes
+ * a row, outside memory_limit, and a stream keeps up to a few windows'.
+ * 2^25 rows is 128 MiB; windows of millions of rows already mix as well as
+ * the whole dataset would. */
+#define DATASET_MAX_WINDOW_ROWS (1ull << 25)
+/* The most units a dataset may have: 2^24 units of 4096 rows are 2^36 rows;
+ * their records take about 40 bytes each. */
+#define DATASET_MAX_UNITS (1ull << 24)
+/* The default shuffle window of ds in units: about window_bytes of decoded
+ * rows (by the footers' estimate), at least 1, at most the dataset and
+ * DATASET_MAX_WINDOW_ROWS rows.  Any thread. */
 uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes);
+/* The rows a window of `units` units holds on average. */
+uint64_t dataset_window_rows(const dataset_t *ds, uint64_t units);
 
 #endif /* LARDER_DATASET_H */

@@ -1769,10 +1769,19 @@ static void open_done(work_t *w, int status) {
     uint64_t units = o->params.shuffle_window < ds->num_units ? o->params.shuffle_window
                                                               : ds->num_units;
     uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
+    if (avg == 0) avg = 1; /* an estimate of nothing is no exemption */
     uint64_t cap = srv->cfg.memory_limit > srv->cfg.shuffle_window_bytes
                        ? srv->cfg.memory_limit
                        : srv->cfg.shuffle_window_bytes;
-    if (avg && units > cap / avg) {
+    uint64_t rows = dataset_window_rows(ds, units);
+    if (rows > DATASET_MAX_WINDOW_ROWS) {
+      o->rc = LARDER_ELIMIT;
+      snprintf(o->err, sizeof(o->err),
+               "shuffle_window %u units holds about %llu rows, more than one window may "
+               "(%llu)",
+               o->params.shuffle_window, (unsigned long long)rows,
+               (unsigned long long)DATASET_MAX_WINDOW_ROWS);
+    } else if (units > cap / avg) {
       char want[32], have[32];
       util_human_bytes(want, sizeof(want), (double)units * (double)avg);
       util_human_bytes(have, sizeof(have), (double)cap);

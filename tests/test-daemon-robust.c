@@ -1236,6 +1236,59 @@ static void write_id_file(const char *path, const char *second, int physical) {
   free(data);
 }
 
+/*
+ * A footer that claims 2^30 rows for a few bytes of data (each column chunk
+ * holds 3 values): the open fails, naming the file and the column, before
+ * anything is planned for a billion rows.  (Bug fix: the daemon believed
+ * the count, made the whole dataset one shuffle window, and allocated
+ * gigabytes for its permutation: 4.4 GB of RSS against a memory_limit of
+ * 64 MB.)  The daemon's memory stays flat and other clients carry on.
+ */
+TEST_IMPL(daemon_robust_huge_row_count) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/liar.parquet", test_tmpdir());
+  pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
+                       pqw_leaf("x", PQ_INT64, PQ_REQUIRED)};
+  pqw_file pf;
+  pqw_file_init(&pf, sch, 3);
+  int64_t vals[3] = {1, 2, 3};
+  pqw_values v[2];
+  memset(v, 0, sizeof(v));
+  for (int i = 0; i < 2; i++) v[i].physical = PQ_INT64, v[i].fixed = vals, v[i].count = 3;
+  pqw_chunk_opts co;
+  memset(&co, 0, sizeof(co));
+  pqw_chunk ch[2];
+  for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
+  pqw_file_add_row_group(&pf, 1ll << 30, ch, 2);
+  for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
+  size_t len;
+  uint8_t *data = pqw_file_finish(&pf, &len);
+  FILE *out = fopen(path, "wb");
+  ASSERT_NOT_NULL(out);
+  ASSERT_EQ(fwrite(data, 1, len, out), len);
+  fclose(out);
+  free(data);
+  long rss0 = dh_rss_kb(f.d.pid);
+  const char *src[1] = {path};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 64, 1, 1);
+  for (int round = 0; round < 3; round++) {
+    dh_run r = {0};
+    ASSERT_EQ(dh_collect(f.d.socket, &o, 0, &r), LARDER_ECORRUPT);
+    if (round == 0) fprintf(stderr, "the open: %s\n", r.err);
+    ASSERT_STR_CONTAINS(r.err, "liar.parquet");
+    ASSERT_STR_CONTAINS(r.err, "claims 1073741824 rows");
+    dh_run_free(&r);
+  }
+  long rss = dh_rss_kb(f.d.pid);
+  fprintf(stderr, "daemon RSS %ld -> %ld kB\n", rss0, rss);
+  ASSERT_LE(rss - rss0, 64 * 1024 * dh_slow());
+  fx_finish(&f, 150000);
+  return 0;
+}
+
 TEST_IMPL(daemon_robust_corrupt_file) {
   fixture f;
   fx_start(&f, NULL, 1);
