@@ -19,8 +19,8 @@ uint64_t util_now_ns(void);
 /* Sets glibc's heap for larderd's allocations: units and cache values are
  * megabytes each and come and go constantly; glibc would map and unmap
  * each one, paying page faults on every reuse, so freed memory stays in the
- * heap instead (bounded by the peak, which memory_limit bounds).  Call once,
- * before the threads start. */
+ * heap instead (bounded by the peak, which memory_limit bounds), in at
+ * most four arenas.  Call once, before the threads start. */
 void util_heap_setup(void);
 
 /* Asks the kernel's fair scheduler (EEVDF, Linux 6.12 and later) for a time
