@@ -38,6 +38,36 @@ static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t e
   o->arena_bytes = ARENA;
 }
 
+/* The dataset's decoded bytes for o: what a cache that admits everything
+ * holds after one epoch (with no memory for units, so that all of it goes
+ * through the cache).  The epoch's batches go to *run when not NULL. */
+static uint64_t decoded_total(const larder_stream_options_t *o, dh_run *run) {
+  dh_daemon big;
+  static const char *const fb[] = {"--memory_limit=1", NULL};
+  dh_init(&big, "big", fb);
+  dh_start(&big);
+  dh_run r = {0};
+  ASSERT_OK(dh_collect(big.socket, o, 0, &r));
+  if (run) *run = r;
+  else dh_run_free(&r);
+  char *json = dh_admin(&big, "stats");
+  uint64_t total = dh_json_u64(json, "cache.used_bytes");
+  ASSERT_EQ(dh_json_u64(json, "cache.entries"), DH_STD_UNITS * DH_NUM_COLS);
+  free(json);
+  dh_stop(&big);
+  ASSERT_GT(total, 0);
+  return total;
+}
+
+/* Starts d ("half") with a cache of half of total and no memory for units. */
+static void half_cache_daemon(dh_daemon *d, uint64_t total) {
+  char cap[64];
+  snprintf(cap, sizeof(cap), "--cache_capacity=%llu", (unsigned long long)(total / 2));
+  const char *const fl[] = {"--memory_limit=1", cap, NULL};
+  dh_init(d, "half", fl);
+  dh_start(d);
+}
+
 /*
  * Hit floor: with cache_capacity f = 1/2 of the dataset's decoded bytes
  * (and a memory pool too small to hide the cache), every epoch after the
@@ -58,26 +88,10 @@ TEST_IMPL(daemon_cache_hit_ratio) {
   std_opts(&o, 64, 1);
   /* The dataset's decoded bytes: what a cache that admits everything holds
    * after one epoch. */
-  dh_daemon big;
-  static const char *const fb[] = {"--memory_limit=1", NULL};
-  dh_init(&big, "big", fb);
-  dh_start(&big);
   dh_run r0 = {0};
-  ASSERT_OK(dh_collect(big.socket, &o, 0, &r0));
-  char *json = dh_admin(&big, "stats");
-  uint64_t total = dh_json_u64(json, "cache.used_bytes");
-  uint64_t entries = dh_json_u64(json, "cache.entries");
-  ASSERT_EQ(entries, DH_STD_UNITS * DH_NUM_COLS);
-  free(json);
-  dh_stop(&big);
-  ASSERT_GT(total, 0);
-
+  uint64_t total = decoded_total(&o, &r0);
   dh_daemon d;
-  char cap[64];
-  snprintf(cap, sizeof(cap), "--cache_capacity=%llu", (unsigned long long)(total / 2));
-  const char *const fl[] = {"--memory_limit=1", cap, NULL};
-  dh_init(&d, "half", fl);
-  dh_start(&d);
+  half_cache_daemon(&d, total);
   const double f = 0.5;
   uint64_t prev_hit = 0, prev_miss = 0;
   for (uint64_t e = 0; e < 6; e++) {
@@ -89,7 +103,7 @@ TEST_IMPL(daemon_cache_hit_ratio) {
     ASSERT_EQ(r.n, r0.n);
     if (e == 0) dh_expect_same(&r0, &r);
     dh_run_free(&r);
-    json = dh_admin(&d, "stats");
+    char *json = dh_admin(&d, "stats");
     uint64_t hit = dh_json_u64(json, "cache_hit_bytes");
     uint64_t miss = dh_json_u64(json, "cache_miss_bytes");
     uint64_t used = dh_json_u64(json, "cache.used_bytes");
@@ -137,23 +151,9 @@ TEST_IMPL(daemon_cache_touched_files) {
   larder_stream_options_t o;
   std_opts(&o, 64, 1);
   o.sources = src;
-  dh_daemon big;
-  static const char *const fb[] = {"--memory_limit=1", NULL};
-  dh_init(&big, "big", fb);
-  dh_start(&big);
-  (void)epoch_hit_bytes(&big, &o, 0);
-  char *json = dh_admin(&big, "stats");
-  uint64_t total = dh_json_u64(json, "cache.used_bytes");
-  free(json);
-  dh_stop(&big);
-  ASSERT_GT(total, 0);
-
+  uint64_t total = decoded_total(&o, NULL);
   dh_daemon d;
-  char cap[64];
-  snprintf(cap, sizeof(cap), "--cache_capacity=%llu", (unsigned long long)(total / 2));
-  const char *const fl[] = {"--memory_limit=1", cap, NULL};
-  dh_init(&d, "half", fl);
-  dh_start(&d);
+  half_cache_daemon(&d, total);
   const double floor_bytes = 0.95 * 0.5 * (double)total;
   for (uint64_t e = 0; e < 2; e++) {
     uint64_t hit = epoch_hit_bytes(&d, &o, e);
@@ -167,7 +167,7 @@ TEST_IMPL(daemon_cache_touched_files) {
             e, hit, floor_bytes);
     if (e > 2) ASSERT_DOUBLE_GE((double)hit, floor_bytes);
   }
-  json = dh_admin(&d, "stats");
+  char *json = dh_admin(&d, "stats");
   ASSERT_LE(dh_json_u64(json, "cache.used_bytes"), total / 2 + total / DH_STD_UNITS * 2);
   free(json);
   dh_stop(&d);
