@@ -328,6 +328,20 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
   return rc;
 }
 
+/* The units a row group of row_bytes decoded bytes (every column) is cut
+ * into: ceil(rows / n), n = min(unit_rows, unit_bytes / bytes per row), at
+ * least 64 rows each. */
+static uint64_t units_in_row_group(const pq_row_group_t *rg, uint64_t row_bytes,
+                                   const dataset_options_t *opts) {
+  if (rg->num_rows <= 0) return 0;
+  uint64_t rows = (uint64_t)rg->num_rows;
+  uint64_t per_row = row_bytes / rows + 1;
+  uint64_t max_rows = opts->unit_bytes / per_row;
+  if (max_rows > opts->unit_rows) max_rows = opts->unit_rows;
+  if (max_rows < 64) max_rows = 64;
+  return rows / max_rows + (rows % max_rows != 0);
+}
+
 static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
                       dataset_unit_t **units, size_t *n, size_t *cap, int *oom) {
   dataset_file_t *f = &ds->files[fi];
@@ -353,11 +367,7 @@ static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
       if (pq_projection_has_leaf(f->proj, c)) bytes += cb;
     }
     uint64_t rows = (uint64_t)rg->num_rows;
-    uint64_t per_row = row_bytes / rows + 1;
-    uint64_t max_rows = opts->unit_bytes / per_row;
-    if (max_rows > opts->unit_rows) max_rows = opts->unit_rows;
-    if (max_rows < 64) max_rows = 64;
-    uint64_t k = (rows + max_rows - 1) / max_rows;
+    uint64_t k = units_in_row_group(rg, row_bytes, opts);
     for (uint64_t i = 0; i < k; i++) {
       uint64_t a = i * rows / k, b = (i + 1) * rows / k;
       if (*n == *cap) {
@@ -531,12 +541,15 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
    * (tests: daemon_robust_huge_row_count): a footer claiming 2^30 rows in
    * a few bytes was believed, and the daemon planned a billion-row window
    * (gigabytes of permutation) before any read found out. */
-  uint64_t max_units = 0;
+  uint64_t units = 0;
   for (uint32_t i = 0; i < ds->num_files; i++) {
     const pq_file_meta_t *fm = pq_file_meta(ds->files[i].pq);
     for (int g = 0; g < fm->num_row_groups; g++) {
       const pq_row_group_t *rg = &fm->row_groups[g];
+      uint64_t row_bytes = 0;
       for (int c = 0; c < fm->num_leaves; c++) {
+        if (rg->columns[c].total_uncompressed_size > 0)
+          row_bytes += (uint64_t)rg->columns[c].total_uncompressed_size;
         if (!pq_projection_has_leaf(ds->files[i].proj, c)) continue;
         if (rg->columns[c].num_values >= rg->num_rows) continue;
         snprintf(err, errlen, "%s: row group %d claims %lld rows, but column '%s' holds %lld values",
@@ -545,28 +558,17 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
         rc = LARDER_ECORRUPT;
         goto fail;
       }
-      /* cut_units makes units of at least 64 rows. */
-      max_units += (uint64_t)rg->num_rows / 64 + 1;
+      units += units_in_row_group(rg, row_bytes, opts);
     }
   }
-  if (max_units > DATASET_MAX_UNITS) {
-    /* Only an upper bound: check the real count before refusing. */
-    uint64_t units = 0;
-    for (uint32_t i = 0; i < ds->num_files; i++) {
-      const pq_file_meta_t *fm = pq_file_meta(ds->files[i].pq);
-      uint64_t per = opts->unit_rows ? opts->unit_rows : 1;
-      for (int g = 0; g < fm->num_row_groups; g++)
-        units += (uint64_t)fm->row_groups[g].num_rows / per + 1;
-    }
-    if (units > DATASET_MAX_UNITS) {
-      snprintf(err, errlen,
-               "the dataset has about %llu units of at most %u rows, more than %llu: raise "
-               "unit_rows",
-               (unsigned long long)units, (unsigned)opts->unit_rows,
-               (unsigned long long)DATASET_MAX_UNITS);
-      rc = LARDER_ELIMIT;
-      goto fail;
-    }
+  if (units > DATASET_MAX_UNITS) {
+    snprintf(err, errlen,
+             "the dataset has %llu units (of at most %u rows and %llu bytes), more than %llu: "
+             "raise unit_rows or unit_bytes",
+             (unsigned long long)units, (unsigned)opts->unit_rows,
+             (unsigned long long)opts->unit_bytes, (unsigned long long)DATASET_MAX_UNITS);
+    rc = LARDER_ELIMIT;
+    goto fail;
   }
   size_t nu = 0, cap = 0;
   int oom = 0;

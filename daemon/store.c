@@ -1838,11 +1838,16 @@ static bool drop_if_gen(store_t *st, const store_key_t *key, uint64_t h,
   return dropped;
 }
 
-static void unhit(store_t *st, uint64_t size) {
-  pthread_mutex_lock(&st->mu);
+/* Takes back a hit counted for a read that served nothing (mu held). */
+static void unhit_locked(store_t *st, uint64_t size) {
   st->stats.hits--;
   st->stats.hit_bytes -= size;
   st->stats.misses++;
+}
+
+static void unhit(store_t *st, uint64_t size) {
+  pthread_mutex_lock(&st->mu);
+  unhit_locked(st, size);
   pthread_mutex_unlock(&st->mu);
 }
 
@@ -1852,11 +1857,7 @@ void store_discard(store_t *st, const store_key_t *key) {
   pthread_mutex_lock(&st->mu);
   entry_t *e = entry_find(st, key->bytes, key->len, h);
   if (e != NULL && e->state == ST_PRESENT) {
-    if (st->stats.hits > 0 && st->stats.hit_bytes >= e->size) {
-      st->stats.hits--;
-      st->stats.hit_bytes -= e->size;
-      st->stats.misses++;
-    }
+    if (st->stats.hits > 0 && st->stats.hit_bytes >= e->size) unhit_locked(st, e->size);
     drop_present(st, e);
   }
   pthread_mutex_unlock(&st->mu);

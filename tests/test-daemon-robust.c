@@ -972,6 +972,43 @@ TEST_IMPL(daemon_robust_accept_out_of_fds) {
   return 0;
 }
 
+/* 4096 requests the daemon refuses at once with an Error frame (no
+ * sources, batch size 0), back to back: *total bytes, each of *one_len. */
+static uint8_t *refused_requests(size_t *total, size_t *one_len) {
+  size_t len;
+  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
+  size_t per = 4096;
+  uint8_t *many = malloc(per * len);
+  ASSERT_NOT_NULL(many);
+  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
+  free(one);
+  *total = per * len;
+  if (one_len) *one_len = len;
+  return many;
+}
+
+/* Sends many (total bytes) round and round without blocking until the
+ * daemon stops reading (no room for 500 ms) or 20 s pass.  Returns whether
+ * it stopped; *sent counts the bytes sent. */
+static int pour_until_blocked(int fd, const uint8_t *many, size_t total, uint64_t *sent) {
+  double deadline = now_ms() + 20000.0 * dh_slow();
+  int blocked = 0;
+  size_t at = 0;
+  *sent = 0;
+  while (!blocked && now_ms() < deadline) {
+    ssize_t n = send(fd, many + at, total - at, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      *sent += (uint64_t)n;
+      at = (at + (size_t)n) % total;
+      continue;
+    }
+    ASSERT(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    struct pollfd p = {fd, POLLOUT, 0};
+    blocked = poll(&p, 1, 500) == 0; /* the daemon stopped reading */
+  }
+  return blocked;
+}
+
 /*
  * A client that sends requests and never reads the answers: once its
  * unread answers pass a bound the daemon stops reading its requests, so
@@ -983,31 +1020,11 @@ TEST_IMPL(daemon_robust_unread_replies) {
   fixture f;
   fx_start(&f, NULL, 1);
   int fd = hello_conn(&f);
-  /* No sources, batch size 0: refused at once, with an Error frame. */
-  size_t len;
-  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
-  /* Many requests per send. */
-  size_t per = 4096;
-  uint8_t *many = malloc(per * len);
-  ASSERT_NOT_NULL(many);
-  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
-  free(one);
+  size_t total, len;
+  uint8_t *many = refused_requests(&total, &len);
   long rss0 = dh_rss_kb(f.d.pid);
-  double deadline = now_ms() + 20000.0 * dh_slow();
-  uint64_t sent = 0;
-  int blocked = 0;
-  size_t at = 0;
-  while (!blocked && now_ms() < deadline) {
-    ssize_t n = send(fd, many + at, per * len - at, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += (uint64_t)n;
-      at = (at + (size_t)n) % (per * len);
-      continue;
-    }
-    ASSERT(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
-    struct pollfd p = {fd, POLLOUT, 0};
-    blocked = poll(&p, 1, 500) == 0; /* the daemon stopped reading */
-  }
+  uint64_t sent;
+  int blocked = pour_until_blocked(fd, many, total, &sent);
   long rss = dh_rss_kb(f.d.pid);
   fprintf(stderr, "sent %llu bytes of requests (%llu requests); blocked %d; RSS %ld -> %ld kB\n",
           (unsigned long long)sent, (unsigned long long)(sent / len), blocked, rss0, rss);
@@ -1023,15 +1040,10 @@ TEST_IMPL(daemon_robust_unread_replies) {
  * the daemon refuses at once (no sources), sent until the daemon's write
  * queue holds some too. */
 static void fill_with_errors(int fd) {
-  size_t len;
-  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
-  size_t per = 4096;
-  uint8_t *many = malloc(per * len);
-  ASSERT_NOT_NULL(many);
-  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
-  for (int k = 0; k < 3; k++) ASSERT_OK(dh_raw_write(fd, many, per * len));
+  size_t total;
+  uint8_t *many = refused_requests(&total, NULL);
+  for (int k = 0; k < 3; k++) ASSERT_OK(dh_raw_write(fd, many, total));
   free(many);
-  free(one);
   usleep(300000);
 }
 
@@ -1072,26 +1084,10 @@ TEST_IMPL(daemon_robust_unread_stream_replies) {
   fill_with_errors(fd);
   ASSERT_OK(dh_raw_write(fd, open, olen));
   usleep(300000);
-  size_t len;
-  uint8_t *one = dh_open_frame(7, NULL, 0, 0, &len);
-  size_t per = 4096;
-  uint8_t *many = malloc(per * len);
-  ASSERT_NOT_NULL(many);
-  for (size_t i = 0; i < per; i++) memcpy(many + i * len, one, len);
-  free(one);
-  double deadline = now_ms() + 20000.0 * dh_slow();
-  int blocked = 0;
-  size_t at = 0;
-  while (!blocked && now_ms() < deadline) {
-    ssize_t n = send(fd, many + at, per * len - at, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-      at = (at + (size_t)n) % (per * len);
-      continue;
-    }
-    struct pollfd p = {fd, POLLOUT, 0};
-    blocked = poll(&p, 1, 500) == 0;
-  }
-  ASSERT(blocked);
+  size_t total;
+  uint8_t *many = refused_requests(&total, NULL);
+  uint64_t sent;
+  ASSERT(pour_until_blocked(fd, many, total, &sent));
   free(many);
   double t0 = now_ms();
   free(dh_admin(&f.d, "status"));
@@ -1205,9 +1201,11 @@ static void copy_file(const char *from, const char *to, size_t keep) {
  * with an error naming the file (the page CRCs catch it), and never serves
  * the damaged rows.
  */
-/* Writes a 3-row file of an INT64 column 'id' and a required column
- * `second` of physical type `physical`. */
-static void write_id_file(const char *path, const char *second, int physical) {
+/* Writes a file of 3 rows of an INT64 column 'id' and a required column
+ * `second` of physical type `physical`, whose row group claims
+ * `claimed_rows` rows. */
+static void write_id_file_claiming(const char *path, const char *second, int physical,
+                                   int64_t claimed_rows) {
   pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
                        pqw_leaf(second, physical, PQ_REQUIRED)};
   pqw_file pf;
@@ -1225,7 +1223,7 @@ static void write_id_file(const char *path, const char *second, int physical) {
   memset(&co, 0, sizeof(co));
   pqw_chunk ch[2];
   for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
-  pqw_file_add_row_group(&pf, 3, ch, 2);
+  pqw_file_add_row_group(&pf, claimed_rows, ch, 2);
   for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
   size_t len;
   uint8_t *data = pqw_file_finish(&pf, &len);
@@ -1234,6 +1232,11 @@ static void write_id_file(const char *path, const char *second, int physical) {
   ASSERT_EQ(fwrite(data, 1, len, out), len);
   fclose(out);
   free(data);
+}
+
+/* The same, a truthful 3-row file. */
+static void write_id_file(const char *path, const char *second, int physical) {
+  write_id_file_claiming(path, second, physical, 3);
 }
 
 /*
@@ -1249,27 +1252,7 @@ TEST_IMPL(daemon_robust_huge_row_count) {
   fx_start(&f, NULL, 1);
   char path[1200];
   snprintf(path, sizeof(path), "%s/liar.parquet", test_tmpdir());
-  pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
-                       pqw_leaf("x", PQ_INT64, PQ_REQUIRED)};
-  pqw_file pf;
-  pqw_file_init(&pf, sch, 3);
-  int64_t vals[3] = {1, 2, 3};
-  pqw_values v[2];
-  memset(v, 0, sizeof(v));
-  for (int i = 0; i < 2; i++) v[i].physical = PQ_INT64, v[i].fixed = vals, v[i].count = 3;
-  pqw_chunk_opts co;
-  memset(&co, 0, sizeof(co));
-  pqw_chunk ch[2];
-  for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
-  pqw_file_add_row_group(&pf, 1ll << 30, ch, 2);
-  for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
-  size_t len;
-  uint8_t *data = pqw_file_finish(&pf, &len);
-  FILE *out = fopen(path, "wb");
-  ASSERT_NOT_NULL(out);
-  ASSERT_EQ(fwrite(data, 1, len, out), len);
-  fclose(out);
-  free(data);
+  write_id_file_claiming(path, "x", PQ_INT64, 1ll << 30);
   long rss0 = dh_rss_kb(f.d.pid);
   const char *src[1] = {path};
   larder_stream_options_t o;
