@@ -143,6 +143,11 @@ sim=$("$client" run "$tmp/sock" "$file" --epochs "$stall_epochs" --batch-size "$
 s1=$(stats)
 stall=$(echo "$sim" | mean_of stall 1)
 stall_max=$(echo "$sim" | max_of stall 1)
+# What a next-batch call costs the trainer when its batch is ready (the
+# median call of a trainer twice as slow as the daemon): the library's own
+# work, which every step pays, and so a floor under the stall fraction of
+# a step this short.
+call_ns=$(echo "$sim" | mean_of call_ns_p50 1)
 step_us=$(echo "$sim" | mean_of compute_us 1)
 wakes_per_batch=$(wakes "$s0" "$s1")
 assemble_sim=$(assemble_us "$s0" "$s1")
@@ -163,11 +168,11 @@ rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" "${win
 python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
   "$warm2_gbps" "$cost_us" "$compute_us" "$stall" "$gather" "$row_bytes" "$step_us" \
   "$wakes_per_batch" "$compute2_us" "$stall2" "$step2_us" "$assemble_warm" "$assemble_sim" \
-  "$assemble_sim2" "$stall_max" "$stall2_max" "$workers" <<PY
+  "$assemble_sim2" "$stall_max" "$stall2_max" "$workers" "$call_ns" <<PY
 import json, sys
 (memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, compute, stall, gather, row_bytes, step,
  wakes, compute2, stall2, step2, asm_warm, asm_sim, asm_sim2, stall_max, stall2_max,
- workers) = map(float, sys.argv[1:])
+ workers, call_ns) = map(float, sys.argv[1:])
 print(f"  single-core memcpy          {memcpy:8.2f} GB/s")
 print(f"  single-core ideal gather    {gather:8.2f} GB/s  (rows of {row_bytes:.0f} B, each contiguous, in random order from 512 MiB)")
 print(f"  cold (decode-bound)         {cold:8.2f} GB/s  {cold_rows/1e6:6.2f} M rows/s  {cold/memcpy:5.2f} x memcpy")
@@ -184,6 +189,9 @@ print(f"  daemon cost per batch {cost:.0f} us; simulated trainer computing {step
       f"({step2/cost:.1f} x the cost; it sleeps {compute2:.0f} us of it): stall {100*stall2:.2f}% over "
       f"$((stall_epochs - 1)) warm epochs (goal < 1%; worst epoch {100*stall2_max:.2f}%); "
       f"a worker's assembly {asm_sim2:.0f} us per batch")
+print(f"  a next-batch call with its batch ready took {call_ns/1e3:.2f} us (median): "
+      f"{100*call_ns/1e3/step:.2f}% of the first step, {100*call_ns/1e3/step2:.2f}% of the second, "
+      f"part of each stall above")
 # The daemon's cost while a paced trainer runs is its workers' assembly
 # time over their number, which on a small host rises above the warm
 # run's (the trainer's wakeups preempt the workers): the margin the goal

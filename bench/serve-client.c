@@ -14,7 +14,7 @@
  *   serve-client run SOCKET SOURCE [SOURCE...] [--epochs N] [--batch-size N]
  *       [--compute-us N] [--seed N] [--rank R --world-size W]
  *       [--daemon-pid PID] [--touch] [--start-epoch N] [--columns a,b]
- *       [--window N] [--wait-log FILE]
+ *       [--window N] [--wait-log FILE] [--evict-kb N]
  *       consumes a stream with liblarder's default window (32 batches)
  *       unless --window says otherwise, and prints one JSON line per epoch: seconds, rows,
  *       batch bytes, GB/s, rows/s, the stall fraction, and the daemon's RSS
@@ -25,7 +25,13 @@
  *       next-batch call that waited 20 us or more (epoch, batch of the
  *       epoch, microseconds, and the CLOCK_MONOTONIC second the call
  *       began), to see where a stall comes from and match it with other
- *       events on the machine.
+ *       events on the machine.  Each line also has the median and 90th
+ *       percentile of the time a next-batch call took when it returned a
+ *       batch (call_ns_p50, call_ns_p90): with --compute-us long enough for
+ *       the daemon to fill the window, the library's own cost per batch,
+ *       which sets a floor under the stall fraction of a short step;
+ *       --evict-kb writes that many KiB of the client's own memory after
+ *       each step, as a trainer's step leaves the caches cold.
  *
  * The client reads batches where they lie, in the shared arena: with
  * --touch it reads every cache line once (as a copy to the GPU would),
@@ -117,6 +123,33 @@ static uint64_t rss_kb(int pid) {
   return kb;
 }
 
+/* The durations of next-batch calls, in 10 ns buckets up to 1 ms (the
+ * last bucket holds the rest): a histogram keeps an epoch of any length in
+ * fixed memory. */
+#define CALL_BUCKETS 100000
+static uint32_t call_hist[CALL_BUCKETS];
+
+static void call_record(double seconds) {
+  double b = seconds * 1e8;
+  call_hist[b >= CALL_BUCKETS - 1 ? CALL_BUCKETS - 1 : (size_t)b]++;
+}
+
+/* The q-quantile of the recorded calls in ns, and clears them. */
+static double call_quantile(double q, int clear) {
+  uint64_t n = 0, seen = 0;
+  for (size_t i = 0; i < CALL_BUCKETS; i++) n += call_hist[i];
+  double at = 0;
+  for (size_t i = 0; i < CALL_BUCKETS && n; i++) {
+    seen += call_hist[i];
+    if ((double)seen >= q * (double)n) {
+      at = (double)i * 10 + 5;
+      break;
+    }
+  }
+  if (clear) memset(call_hist, 0, sizeof(call_hist));
+  return at;
+}
+
 static uint64_t touch(const larder_array_t *a) {
   uint64_t h = 0;
   const uint8_t *v = larder_array_values(a);
@@ -156,6 +189,7 @@ int main(int argc, char **argv) {
   int pid = 0, do_touch = 0;
   FILE *wait_log = NULL;
   double compute_us = 0;
+  size_t evict_bytes = 0;
   /* A thread's timer slack (50 us by default) lets the kernel end its
    * sleeps that much late: a simulated step of 100 us took 200.  A trainer
    * waiting on its GPU is woken by the driver, not by a lax timer. */
@@ -182,6 +216,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--daemon-pid")) pid = atoi(v), i++;
     else if (!strcmp(a, "--window")) o.window = (uint32_t)atoi(v), i++;
     else if (!strcmp(a, "--touch")) do_touch = 1;
+    else if (!strcmp(a, "--evict-kb")) evict_bytes = (size_t)strtoull(v, NULL, 10) << 10, i++;
     else if (!strcmp(a, "--wait-log")) {
       wait_log = fopen(v, "w");
       if (wait_log == NULL) {
@@ -193,6 +228,11 @@ int main(int argc, char **argv) {
   }
   o.sources = sources;
   o.num_sources = (size_t)num_sources;
+  uint8_t *evict = evict_bytes ? malloc(evict_bytes) : NULL;
+  if (evict_bytes && evict == NULL) {
+    perror("serve-client");
+    return 1;
+  }
   larder_client_t *c;
   int rc = larder_client_connect(sock, &c);
   if (rc) {
@@ -212,9 +252,9 @@ int main(int argc, char **argv) {
   int got_first = 0;
   for (;;) {
     larder_batch_t *b;
-    double t_call = wait_log ? bench_now_s() : 0;
+    double t_call = bench_now_s();
     rc = larder_stream_next(s, -1, &b);
-    double waited = wait_log ? bench_now_s() - t_call : 0;
+    double waited = bench_now_s() - t_call;
     if (wait_log && rc == 0 && waited >= 20e-6)
       fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f %.6f\n", larder_batch_epoch(b),
               larder_batch_index(b), waited * 1e6, t_call);
@@ -222,14 +262,16 @@ int main(int argc, char **argv) {
       double secs = bench_now_s() - t0;
       uint64_t w, cp;
       larder_stream_stall(s, &w, &cp);
+      double call_p50 = call_quantile(0.5, 0), call_p90 = call_quantile(0.9, 1);
       if (first_batch_s >= 0) printf("{\"first_batch_s\":%.4f,", first_batch_s);
       else printf("{");
       printf("\"epoch\":%" PRIu64 ",\"seconds\":%.4f,\"batches\":%" PRIu64 ",\"rows\":%" PRIu64
              ",\"bytes\":%" PRIu64 ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,"
-             "\"compute_us\":%.1f,\"daemon_rss_kb\":%" PRIu64 ",\"end_unix\":%.6f}\n",
+             "\"compute_us\":%.1f,\"call_ns_p50\":%.0f,\"call_ns_p90\":%.0f,"
+             "\"daemon_rss_kb\":%" PRIu64 ",\"end_unix\":%.6f}\n",
              epoch, secs, batches, rows, bytes, (double)bytes / secs / 1e9, (double)rows / secs,
              (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1), (double)(cp - c0) / 1e3 / (double)batches,
-             rss_kb(pid), unix_now_s());
+             call_p50, call_p90, rss_kb(pid), unix_now_s());
       first_batch_s = -1;
       fflush(stdout);
       w0 = w;
@@ -246,6 +288,7 @@ int main(int argc, char **argv) {
       first_batch_s = bench_now_s() - t_open;
       got_first = 1;
     }
+    call_record(waited);
     epoch = larder_batch_epoch(b);
     if (do_touch)
       for (int i = 0; i < larder_batch_num_columns(b); i++) sum += touch(larder_batch_column(b, i));
@@ -258,9 +301,12 @@ int main(int argc, char **argv) {
                             (long)((compute_us - (double)(time_t)(compute_us / 1e6) * 1e6) * 1e3)};
       nanosleep(&ts, NULL);
     }
+    /* Each step writes a new value, so no line stays shared or clean. */
+    if (evict) memset(evict, (int)batches, evict_bytes);
   }
   if (sum == 42) printf("#\n");
   if (wait_log) fclose(wait_log);
+  free(evict);
   larder_stream_close(s);
   larder_client_close(c);
   return 0;

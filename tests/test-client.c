@@ -676,6 +676,10 @@ TEST_IMPL(client_fake_bad_buffers) {
       {"last offset past the values", 1, LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH, 5},
       {"last offset past the child", 3, LARDER__ARRAY_FIELD__ARRAY_LENGTH, 2},
       {"list offsets short", 2, LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH, 16},
+      {"negative length", 0, LARDER__ARRAY_FIELD__ARRAY_LENGTH, UINT64_MAX},
+      {"negative null count", 1, LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT, UINT64_MAX},
+      {"more nulls than slots", 3, LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT, 7},
+      {"values past the arena", 3, LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET, UINT64_MAX - 8},
   };
   fake_schema fs;
   std_schema(&fs);
