@@ -88,7 +88,9 @@
      "then its connection is closed, and the memory the frame held freed")     \
   XX(verify_crc, BOOL, "true", 1, "verify Parquet page CRCs when present")    \
   XX(max_chunk_decoded_bytes, SIZE, "2G", 1,                                   \
-     "ceiling on decoded bytes per Parquet column chunk (bomb guard)")         \
+     "ceiling on decoded bytes per Parquet column chunk (bomb guard): what "    \
+     "one load of a unit decodes, not the rows it skips to reach the unit; a " \
+     "unit past it fails its stream with an error that names unit_rows")      \
   XX(fetch_inflight_per_host, U64, "16", 1, "remote requests in flight to one host")   \
   XX(fetch_inflight_bytes, SIZE, "512M", 1,                                    \
      "bytes of remote ranges in flight, all hosts (the read-ahead bound)")     \

@@ -728,8 +728,9 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     int64_t s = pq_reader_skip(r, (int64_t)du->row_start, &err);
     if (s < 0) rc = (int)s;
   }
-  uint32_t end = f->first_unit + f->num_units;
+  uint32_t end = f->first_unit + f->num_units, at = start;
   for (uint32_t k = start; rc == 0 && k < end && ds->units[k].rg == du->rg; k++) {
+    at = k;
     if (k > u->index && (k - u->index >= DECODE_RUN_MAX || srv->store == NULL ||
                          cached_already(srv->store, ds, k)))
       break;
@@ -767,6 +768,25 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   pq_batch_free(&batch);
   pq_reader_close(r);
   if (!f->remote) pq_source_close_file(&src);
+  /* Bug fix: a unit decoded only for the cache, before or after u, failed
+   * u's load with its own error.  The reader's ceiling on decoded bytes
+   * counts a whole run through a row group, so units of large values that
+   * each decode well failed once a run had read enough of them.  A unit
+   * after u just ends the run; one before u makes u start a run of its own
+   * (each unit then meets its own errors when it is loaded). */
+  if (rc && at > u->index) rc = 0;
+  if (rc && at < u->index) return decode_run(srv, u, u->index);
+  if (rc == LARDER_ELIMIT) {
+    char hint[sizeof(err.msg) + 200];
+    snprintf(hint, sizeof(hint),
+             "%s (unit of rows %llu-%llu of row group %u, decoded at once: a stream opened "
+             "with a smaller unit_rows cuts smaller units)",
+             err.msg[0] ? err.msg : larder_strerror(rc),
+             (unsigned long long)ds->units[u->index].row_start,
+             (unsigned long long)(ds->units[u->index].row_start + ds->units[u->index].rows - 1),
+             ds->units[u->index].rg);
+    return unit_fail(u, rc, hint);
+  }
   if (rc) return unit_fail(u, rc, err.msg[0] ? err.msg : larder_strerror(rc));
   return 0;
 }

@@ -224,7 +224,7 @@ static int64_t check_file(const dh_daemon *d, const char *path, char **want, int
 static int rows_dataset(char *dir, size_t dirlen) {
   snprintf(dir, dirlen, "%s/rows-data", dh_work_dir());
   char stamp[PATH_MAX];
-  snprintf(stamp, sizeof(stamp), "%s/.done-3", dir); /* bumped when rows-data.mjs changes */
+  snprintf(stamp, sizeof(stamp), "%s/.done-4", dir); /* bumped when rows-data.mjs changes */
   if (access(stamp, F_OK) == 0) return 0;
   if (test_system("command -v node >/dev/null 2>&1 && test -d tests/node_modules/@duckdb") != 0)
     return -1;
@@ -289,6 +289,98 @@ TEST_IMPL(daemon_values_row_blocks) {
     free_rows(want, n);
   }
   ASSERT_EQ(dh_stat(&d, "stream_errors"), 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/* Reads a stream of dict.parquet to its end (2 epochs, shuffled, batches of
+ * 8); checks every row's string (1,000,000 times the letter of id % 3) and
+ * that each epoch serves each of the 240 ids once.  Returns 0 or the error
+ * that ended the stream (its message in err). */
+static int read_dict_stream(const dh_daemon *d, const char *path, uint32_t unit_rows, char *err,
+                            size_t errlen) {
+  const char *sources[1] = {path};
+  larder_stream_options_t o;
+  dh_opts(&o, sources, 8, 11, 2);
+  o.unit_rows = unit_rows;
+  o.arena_bytes = 256u << 20;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d->socket, &c));
+  larder_stream_t *s;
+  int rc = larder_stream_open(c, &o, &s);
+  if (rc) {
+    snprintf(err, errlen, "%s", larder_client_last_error(c));
+    larder_client_close(c);
+    return rc;
+  }
+  static char letters[3][1000000];
+  for (int k = 0; k < 3; k++) memset(letters[k], 'a' + k, sizeof(letters[k]));
+  int seen[2][240] = {{0}};
+  larder_batch_t *b;
+  while ((rc = larder_stream_next(s, 120000 * dh_slow(), &b)) == 0) {
+    const larder_array_t *id = larder_batch_column_by_name(b, "id");
+    const larder_array_t *big = larder_batch_column_by_name(b, "big");
+    ASSERT_NOT_NULL(id);
+    ASSERT_NOT_NULL(big);
+    const int64_t *ids = larder_array_values(id);
+    const int32_t *off = larder_array_offsets(big);
+    const char *chars = larder_array_values(big);
+    for (int64_t i = 0; i < larder_batch_num_rows(b); i++) {
+      ASSERT(ids[i] >= 0 && ids[i] < 240);
+      ASSERT_EQ(off[i + 1] - off[i], 1000000);
+      ASSERT(memcmp(chars + off[i], letters[ids[i] % 3], 1000000) == 0);
+      ASSERT(larder_batch_epoch(b) < 2);
+      seen[larder_batch_epoch(b)][ids[i]]++;
+    }
+    larder_batch_release(b);
+  }
+  if (rc != LARDER_EEOF) {
+    snprintf(err, errlen, "%s", larder_client_last_error(c));
+  } else {
+    rc = 0;
+    for (int e = 0; e < 2; e++)
+      for (int i = 0; i < 240; i++) ASSERT_EQ(seen[e][i], 1);
+  }
+  larder_stream_close(s);
+  larder_client_close(c);
+  return rc;
+}
+
+/*
+ * A file whose dictionary makes a few KB decode to 240 MB: the daemon cuts
+ * units from the footer's sizes, which say 3 MB.  With max_chunk_decoded_
+ * bytes at 128 MiB, units of 64 rows (the least a stream may ask; the row
+ * group is cut into 4 of 60 rows, 60 MB each) are served, although the row
+ * group decodes to almost twice the ceiling: a unit deep in the row group
+ * steps over the rows before it without gathering their values, and a load
+ * that decodes units ahead for the cache stops at the ceiling rather than
+ * failing the unit it was for (both used to fail the stream).  A unit of
+ * the whole row group fails, with an error that names unit_rows.
+ */
+TEST_IMPL(daemon_values_dictionary_units) {
+  char dir[1024];
+  if (rows_dataset(dir, sizeof(dir)) != 0) {
+    fprintf(stderr, "node or @duckdb/node-api is missing\n");
+    return TEST_SKIP;
+  }
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/dict.parquet", dir);
+  static const char *const flags[] = {"--max_chunk_decoded_bytes=128M", "--memory_limit=1G",
+                                      NULL};
+  dh_daemon d;
+  dh_init(&d, "d", flags);
+  dh_start(&d);
+  char err[1024] = "";
+  int rc = read_dict_stream(&d, path, 64, err, sizeof(err));
+  if (rc) ASSERT_FAIL_("units of 64 rows: %s", err);
+  /* Again, now that the cache holds what the loads decoded. */
+  rc = read_dict_stream(&d, path, 64, err, sizeof(err));
+  if (rc) ASSERT_FAIL_("units of 64 rows, cached: %s", err);
+  ASSERT_EQ(dh_stat(&d, "stream_errors"), 0);
+  rc = read_dict_stream(&d, path, 0, err, sizeof(err));
+  ASSERT_EQ(rc, LARDER_ELIMIT);
+  if (strstr(err, "unit_rows") == NULL || strstr(err, "row group 0") == NULL)
+    ASSERT_FAIL_("the error does not say what to change: %s", err);
   dh_stop(&d);
   return 0;
 }

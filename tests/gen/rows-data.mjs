@@ -25,6 +25,7 @@
 //   note of 0 to 120 characters, NULL in every 9th row), so that units of
 //   a few thousand rows make row blocks past 1 MiB, which get a mapping of
 //   their own in huge pages.
+// OUTDIR/dict.parquet: see below.
 import { DuckDBInstance } from '@duckdb/node-api';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -72,4 +73,13 @@ for (const [name, rows] of [['wide.parquet', 8192], ['wide-fit.parquet', 6400]])
     FROM range(${rows}) t(i)
   ) TO '${path.join(out, name)}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)`);
 }
+// OUTDIR/dict.parquet, 240 rows in one row group: a string of 1,000,000
+// characters, one of three (DuckDB dictionary-encodes them), then the row's
+// id: 240 MB decoded from a file of a few KB, so that a unit cut from the
+// footer's sizes decodes to far more than they say.
+await c.run(`COPY (
+  SELECT i::BIGINT AS id,
+         repeat(chr(97 + (i % 3)::INTEGER), 1000000) AS big
+  FROM range(240) t(i)
+) TO '${path.join(out, 'dict.parquet')}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 240)`);
 console.log(out);
