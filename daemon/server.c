@@ -130,6 +130,20 @@ static void pause_accepting(server_t *srv, int status) {
   uv_timer_start(&srv->relisten, on_relisten, 250, 0);
 }
 
+/*
+ * libuv accepts until the listening socket has nothing left, calling
+ * on_connection for each, before it looks at any other descriptor.  A
+ * client that connects and hangs up in a tight loop kept it there: the
+ * hang-ups of the connections already accepted were never read, so they
+ * were never closed, and within seconds they held max_clients and some
+ * 19,000 descriptors while every other client was refused.  Bug fix (tests:
+ * daemon_robust_connect_churn): at most ACCEPT_BURST connections are
+ * accepted per turn of the loop; the next one waits, pending in libuv
+ * (which stops watching the listener until it is accepted), for the turn
+ * after the loop has read and closed what is ready.
+ */
+#define ACCEPT_BURST 32
+
 static void on_connection(uv_stream_t *listener, int status) {
   server_t *srv = listener->data;
   if (status == UV_EMFILE || status == UV_ENFILE) {
@@ -140,7 +154,26 @@ static void on_connection(uv_stream_t *listener, int status) {
     log_warn("accept failed: %s", uv_strerror(status));
     return;
   }
+  if (srv->accepts_this_turn >= ACCEPT_BURST) {
+    srv->accept_deferred = 1;
+    return;
+  }
+  srv->accepts_this_turn++;
   conn_accept(srv, listener);
+}
+
+/* Each turn of the loop, before it polls: a new burst, starting with the
+ * connection left pending by the last one. */
+static void accept_next_burst(server_t *srv) {
+  srv->accepts_this_turn = 0;
+  if (!srv->accept_deferred) return;
+  srv->accept_deferred = 0;
+  /* A listener closed meanwhile (out of descriptors, or shutdown) closed
+   * the pending connection with it. */
+  if (!srv->listening || srv->accept_paused || uv_is_closing((uv_handle_t *)&srv->listener))
+    return;
+  srv->accepts_this_turn = 1;
+  conn_accept(srv, (uv_stream_t *)&srv->listener);
 }
 
 /* Systemd socket activation: LISTEN_FDS names descriptors from 3 on. */
@@ -231,7 +264,10 @@ static void on_tick(uv_timer_t *t);
 
 static void flush_frames(void *arg) { conn_flush_all(arg); }
 
-static void on_flush(uv_prepare_t *h) { conn_flush_all(h->data); }
+static void on_flush(uv_prepare_t *h) {
+  conn_flush_all(h->data);
+  accept_next_burst(h->data);
+}
 
 static void finish_shutdown(server_t *srv) {
   /* Called from the tick once no task is in flight and no client is left.

@@ -274,9 +274,14 @@ struct server {
   int listen_spare;
   int accept_paused;      /* 1: listener closing or closed; 2: closed */
   uv_timer_t relisten;
+  /* Connections accepted in this turn of the loop, and whether one waits
+   * for the next turn (server.c, ACCEPT_BURST). */
+  int accepts_this_turn;
+  int accept_deferred;
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t tick;
-  uv_prepare_t flush;     /* writes corked frames before the loop sleeps */
+  uv_prepare_t flush;     /* writes corked frames before the loop sleeps,
+                             and starts the next burst of accepts */
   int shutting_down;
   uint64_t shutdown_ns;   /* when SIGTERM came (server.c's grace period) */
   int listening;

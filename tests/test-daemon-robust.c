@@ -972,6 +972,76 @@ TEST_IMPL(daemon_robust_accept_out_of_fds) {
   return 0;
 }
 
+typedef struct churn {
+  const char *socket;
+  volatile int stop;
+  long connections;
+} churn_t;
+
+static uint64_t churn_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void *churn_main(void *p) {
+  churn_t *ch = p;
+  while (!ch->stop) {
+    int fd = dh_raw_connect(ch->socket);
+    if (fd < 0) continue;
+    /* Half of them send the start of a frame before they hang up. */
+    if (ch->connections & 1) (void)dh_raw_write(fd, "\x05\x00", 2);
+    close(fd);
+    ch->connections++;
+  }
+  return NULL;
+}
+
+/*
+ * A client that connects and hangs up in a tight loop, saying nothing (or
+ * half a frame).  libuv accepted for as long as connections kept coming,
+ * and the hang-ups were never read: within seconds the dead connections
+ * held max_clients and thousands of descriptors, and every other client
+ * was refused.  Now the daemon's descriptors stay near their baseline,
+ * every other client that connects meanwhile is answered, and the good
+ * client's streams are unaffected.
+ */
+TEST_IMPL(daemon_robust_connect_churn) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  churn_t ch = {f.d.socket, 0, 0};
+  pthread_t th;
+  ASSERT_OK(pthread_create(&th, NULL, churn_main, &ch));
+  int most_fds = 0, answered = 0, refused = 0;
+  char why[1024] = "";
+  uint64_t end = churn_now_ms() + 3000;
+  while (churn_now_ms() < end) {
+    int fds = dh_fd_count(f.d.pid);
+    if (fds > most_fds) most_fds = fds;
+    larder_client_t *c;
+    int rc = larder_client_connect(f.d.socket, &c);
+    if (rc == 0) {
+      answered++;
+      larder_client_close(c);
+    } else {
+      refused++;
+      snprintf(why, sizeof(why), "%s", larder_strerror(rc));
+    }
+    usleep(10000);
+  }
+  ch.stop = 1;
+  pthread_join(th, NULL);
+  fprintf(stderr, "%ld connections churned; %d clients answered, %d refused; at most %d fds "
+          "(baseline %d)\n", ch.connections, answered, refused, most_fds, f.fds0);
+  if (refused) ASSERT_FAIL_("%d of %d clients were refused: %s", refused, answered + refused, why);
+  ASSERT_GE(ch.connections, 1000);
+  ASSERT_LE(most_fds, f.fds0 + 300);
+  /* The churned connections are gone once it stops. */
+  ASSERT_LE(dh_wait_fds(f.d.pid, f.fds0 + 4, 10000 * dh_slow()), f.fds0 + 4);
+  fx_finish(&f, 30000);
+  return 0;
+}
+
 /* 4096 requests the daemon refuses at once with an Error frame (no
  * sources, batch size 0), back to back: *total bytes, each of *one_len. */
 static uint8_t *refused_requests(size_t *total, size_t *one_len) {
