@@ -274,6 +274,15 @@ struct server {
   int listen_spare;
   int accept_paused;      /* 1: listener closing or closed; 2: closed */
   uv_timer_t relisten;
+  /* The shuffle windows of the open streams (stream.c, window_reserve):
+   * one entry per distinct shuffle, shared by the streams (ranks) that
+   * draw the same units, and the bytes they hold together. */
+  struct window_resv {
+    uint64_t key, bytes;
+    int refs;
+  } *resv;
+  int num_resv, cap_resv;
+  uint64_t resv_bytes;
   /* Connections accepted in this turn of the loop, and whether one waits
    * for the next turn (server.c, ACCEPT_BURST). */
   int accepts_this_turn;

@@ -107,6 +107,8 @@ typedef struct order_task {
 struct stream {
   server_t *srv;
   conn_t *conn;
+  uint64_t resv_key;   /* its window's reservation (window_reserve) */
+  int has_resv;
   uint32_t id;
   uint32_t request_id;
   stream_t *next_in_conn;
@@ -290,7 +292,93 @@ static void plan_chunk_free(plan_chunk_t *c) {
   free(c);
 }
 
+/*
+ * Admission of shuffle windows.  A stream keeps the units of its window in
+ * memory for as long as it draws on them (units.c never frees a referenced
+ * unit), and the windows of all the streams open at once used to add up
+ * without bound: a client that opened 31 streams, each within memory_limit
+ * on its own, and read none, took a daemon with memory_limit 256M to 3.4 GB.
+ * Bug fix (tests: daemon_stream_windows_admission): each distinct shuffle
+ * (dataset, columns, seed, window) reserves its window's estimated bytes,
+ * once for all the streams that share it (the ranks of a job draw the same
+ * units), and a stream whose window would take the reservations past
+ * memory_limit is refused with LARDER_ELIMIT, not cut: a cut window would
+ * change the order.  The first window is always admitted (the open checks
+ * it alone against memory_limit or shuffle_window_bytes).  The estimate
+ * comes from the footers: a stream pins one to two windows at a time
+ * (README, Memory), and dictionary-encoded values can decode to more than
+ * the footers say, so this bounds the daemon by configuration, within a
+ * small multiple of memory_limit rather than exactly.
+ */
+static uint64_t window_key(const stream_t *s) {
+  uint64_t k[4] = {s->ds->key, s->params.seed, s->params.window_units,
+                   (uint64_t)s->params.shuffle};
+  return util_hash64(k, sizeof(k), 0x77696e64ull);
+}
+
+/* A window's decoded bytes as the footers tell, twice over when its units
+ * build row blocks (layout.h), which take about as much again. */
+static uint64_t window_estimate(const stream_t *s) {
+  const dataset_t *ds = s->ds;
+  uint64_t units = s->params.window_units < ds->num_units ? s->params.window_units
+                                                          : ds->num_units;
+  uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
+  return units * avg * (ds->rowplan ? 2 : 1);
+}
+
+/* Reserves s's window; returns 0, or LARDER_ELIMIT (with *held, the bytes
+ * the others hold, and *need) or LARDER_ENOMEM. */
+static int window_reserve(stream_t *s, uint64_t *held, uint64_t *need) {
+  server_t *srv = s->srv;
+  uint64_t key = window_key(s);
+  *held = srv->resv_bytes;
+  *need = 0;
+  for (int i = 0; i < srv->num_resv; i++) {
+    if (srv->resv[i].key != key) continue;
+    srv->resv[i].refs++;
+    s->resv_key = key;
+    s->has_resv = 1;
+    return 0;
+  }
+  uint64_t bytes = window_estimate(s);
+  *need = bytes;
+  /* The first window is always admitted (its own check is at open). */
+  if (srv->num_resv > 0 && srv->resv_bytes + bytes > srv->cfg.memory_limit) return LARDER_ELIMIT;
+  if (srv->num_resv == srv->cap_resv) {
+    int cap_resv = srv->cap_resv ? srv->cap_resv * 2 : 16;
+    struct window_resv *r = realloc(srv->resv, (size_t)cap_resv * sizeof(*r));
+    if (r == NULL) return LARDER_ENOMEM;
+    srv->resv = r;
+    srv->cap_resv = cap_resv;
+  }
+  srv->resv[srv->num_resv++] = (struct window_resv){key, bytes, 1};
+  srv->resv_bytes += bytes;
+  s->resv_key = key;
+  s->has_resv = 1;
+  return 0;
+}
+
+static void window_unreserve(stream_t *s) {
+  server_t *srv = s->srv;
+  if (!s->has_resv) return;
+  s->has_resv = 0;
+  for (int i = 0; i < srv->num_resv; i++) {
+    if (srv->resv[i].key != s->resv_key) continue;
+    if (--srv->resv[i].refs == 0) {
+      srv->resv_bytes -= srv->resv[i].bytes;
+      srv->resv[i] = srv->resv[--srv->num_resv];
+    }
+    break;
+  }
+  if (srv->num_resv == 0) {
+    free(srv->resv);
+    srv->resv = NULL;
+    srv->cap_resv = 0;
+  }
+}
+
 static void stream_destroy(stream_t *s) {
+  window_unreserve(s);
   while (s->q_head) {
     pbatch_t *b = s->q_head;
     s->q_head = b->next;
@@ -1884,6 +1972,25 @@ static void open_done(work_t *w, int status) {
                   (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
       return;
     }
+  }
+  uint64_t held, need;
+  rc = window_reserve(s, &held, &need);
+  if (rc == LARDER_ENOMEM) {
+    refuse_open(c, s, o, rc, "out of memory");
+    return;
+  }
+  if (rc) {
+    char held_h[32], need_h[32], cap_h[32];
+    util_human_bytes(held_h, sizeof(held_h), (double)held);
+    util_human_bytes(need_h, sizeof(need_h), (double)need);
+    util_human_bytes(cap_h, sizeof(cap_h), (double)srv->cfg.memory_limit);
+    refuse_open(c, s, o, rc,
+                "the shuffle windows of the streams open now take about %s of memory; this "
+                "stream's window (about %s) would take them past memory_limit (%s): "
+                "close streams, share a shuffle (same sources, columns, seed and window), or "
+                "raise memory_limit",
+                held_h, need_h, cap_h);
+    return;
   }
   char name[64];
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);

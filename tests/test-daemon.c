@@ -679,6 +679,76 @@ TEST_IMPL(daemon_stream_shuffle_window_limit) {
 }
 
 /*
+ * The windows of all the streams open at once, not just each on its own,
+ * must fit memory_limit: a client that opened stream after stream (each
+ * within the limit, with a seed of its own) and read none took the daemon
+ * to many times memory_limit.  Distinct shuffles are admitted until their
+ * windows fill memory_limit, then refused with ELIMIT; a stream that shares
+ * a shuffle already open (another rank of the same job) is always
+ * admitted; closing a stream gives its room back.
+ */
+TEST_IMPL(daemon_stream_windows_admission) {
+  dh_daemon d;
+  /* Windows of 4 of the 76 units: about 22 KiB by the footers, twice that
+   * with row blocks, so two or three fit. */
+  static const char *const fl[] = {"--memory_limit=128K", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  o.shuffle_window = 4;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s[32];
+  int n = 0, rc = 0;
+  for (; n < 32; n++) {
+    o.seed = 100 + (uint64_t)n;
+    rc = larder_stream_open(c, &o, &s[n]);
+    if (rc) break;
+  }
+  fprintf(stderr, "%d distinct shuffles admitted: %s\n", n, larder_client_last_error(c));
+  ASSERT_EQ(rc, LARDER_ELIMIT);
+  ASSERT_GE(n, 1);
+  ASSERT_LE(n, 4);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "memory_limit");
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "shuffle windows");
+  /* Rank 1 of 2 of the first job shares its window. */
+  larder_client_t *c2;
+  ASSERT_OK(larder_client_connect(d.socket, &c2));
+  larder_stream_options_t r1 = o;
+  r1.seed = 100;
+  r1.world_size = 2;
+  r1.rank = 1;
+  larder_stream_t *rank1;
+  ASSERT_OK(larder_stream_open(c2, &r1, &rank1));
+  /* Every admitted stream runs. */
+  for (int i = 0; i < n; i++) {
+    larder_batch_t *b;
+    ASSERT_OK(larder_stream_next(s[i], 60000 * dh_slow(), &b));
+    larder_batch_release(b);
+  }
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_next(rank1, 60000 * dh_slow(), &b));
+  larder_batch_release(b);
+  /* The room of a closed stream is free again: once the rank that shares
+   * its shuffle has closed too. */
+  larder_stream_close(s[0]);
+  o.seed = 500;
+  larder_stream_t *again;
+  ASSERT_EQ(larder_stream_open(c, &o, &again), LARDER_ELIMIT);
+  larder_stream_close(rank1);
+  ASSERT_OK(larder_stream_open(c, &o, &again));
+  ASSERT_OK(larder_stream_next(again, 60000 * dh_slow(), &b));
+  larder_batch_release(b);
+  larder_stream_close(again);
+  for (int i = 1; i < n; i++) larder_stream_close(s[i]);
+  larder_client_close(c2);
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * Stream options at their edges: invalid ones fail the open with a clear
  * error; no shuffle gives the dataset's order; a global batch larger than
  * the dataset gives one padded batch, or none with drop_last; unbounded
