@@ -107,8 +107,7 @@ typedef struct order_task {
 struct stream {
   server_t *srv;
   conn_t *conn;
-  uint64_t resv_key;   /* its window's reservation (window_reserve) */
-  int has_resv;
+  uint64_t resv_key;   /* its window's reservation (window_reserve), or 0 */
   uint32_t id;
   uint32_t request_id;
   stream_t *next_in_conn;
@@ -313,7 +312,8 @@ static void plan_chunk_free(plan_chunk_t *c) {
 static uint64_t window_key(const stream_t *s) {
   uint64_t k[4] = {s->ds->key, s->params.seed, s->params.window_units,
                    (uint64_t)s->params.shuffle};
-  return util_hash64(k, sizeof(k), 0x77696e64ull);
+  /* Odd: 0 means no reservation. */
+  return util_hash64(k, sizeof(k), 0x77696e64ull) | 1;
 }
 
 /* A window's decoded bytes as the footers tell, twice over when its units
@@ -337,7 +337,6 @@ static int window_reserve(stream_t *s, uint64_t *held, uint64_t *need) {
     if (srv->resv[i].key != key) continue;
     srv->resv[i].refs++;
     s->resv_key = key;
-    s->has_resv = 1;
     return 0;
   }
   uint64_t bytes = window_estimate(s);
@@ -354,14 +353,12 @@ static int window_reserve(stream_t *s, uint64_t *held, uint64_t *need) {
   srv->resv[srv->num_resv++] = (struct window_resv){key, bytes, 1};
   srv->resv_bytes += bytes;
   s->resv_key = key;
-  s->has_resv = 1;
   return 0;
 }
 
 static void window_unreserve(stream_t *s) {
   server_t *srv = s->srv;
-  if (!s->has_resv) return;
-  s->has_resv = 0;
+  if (s->resv_key == 0) return;
   for (int i = 0; i < srv->num_resv; i++) {
     if (srv->resv[i].key != s->resv_key) continue;
     if (--srv->resv[i].refs == 0) {
@@ -370,6 +367,7 @@ static void window_unreserve(stream_t *s) {
     }
     break;
   }
+  s->resv_key = 0;
   if (srv->num_resv == 0) {
     free(srv->resv);
     srv->resv = NULL;
