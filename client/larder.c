@@ -204,6 +204,11 @@ struct larder_client {
   size_t held_len, held_cap;
   uint64_t flushes;
   int reader_waiting;   /* a thread waits in pump: send releases at once */
+  /* Under send_lock: a send failed, so the daemon missed what it carried
+   * (a release, a Wake).  The connection is not marked broken for it: what
+   * the daemon sent before it went (an error, the end of a stream) may
+   * still be read. */
+  int send_failed;
 };
 
 static int ring_tell(larder_client_t *c, larder_stream_t *s);
@@ -266,7 +271,9 @@ static int forked_err(larder_client_t *c) {
                  (int)c->pid);
 }
 
-/* Sends len bytes; the caller holds send_lock. */
+/* Sends len bytes; the caller holds send_lock.  A failure is remembered
+ * in send_failed, for larder_stream_flush: the sends of releases happen
+ * inside larder_batch_release, which cannot return it. */
 static int send_all_locked(larder_client_t *c, const uint8_t *buf, size_t len) {
   size_t off = 0;
   while (off < len) {
@@ -278,6 +285,7 @@ static int send_all_locked(larder_client_t *c, const uint8_t *buf, size_t len) {
         poll(&p, 1, 1000);
         continue;
       }
+      c->send_failed = 1;
       return LARDER_ECLOSED;
     }
     off += (size_t)n;
@@ -1102,6 +1110,11 @@ int larder_stream_flush(larder_stream_t *s) {
   int rc = s->ring ? ring_tell(c, s) : 0;
   pthread_mutex_lock(&c->send_lock);
   int hrc = flush_held_locked(c);
+  /* Bug fix (tests: client_flush_dead_daemon): a release whose frame (or
+   * Wake) went out at once, inside larder_batch_release, and failed left
+   * nothing held, so flush returned 0 after the daemon died (frames with a
+   * window under 4, or the release that filled half a window). */
+  if (hrc == 0 && c->send_failed) hrc = LARDER_ECLOSED;
   pthread_mutex_unlock(&c->send_lock);
   if (rc == 0) rc = hrc;
   if (rc == LARDER_ECLOSED) {

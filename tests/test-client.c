@@ -317,35 +317,47 @@ TEST_IMPL(client_frames_two_streams_wait) {
 /* Flush after the daemon died                                               */
 
 /*
- * The daemon is killed while the client holds a batch; releasing it and
+ * The daemon is killed while the client holds batches; releasing them and
  * flushing returns LARDER_ECLOSED, as do later flushes and calls.  (Bug
- * fix: through the ring, the Wake's failed send was ignored and flush
- * returned 0.)  Through the ring and through frames.
+ * fixes: through the ring, the Wake's failed send was ignored and flush
+ * returned 0; through frames, so was a release sent at once, with a window
+ * under 4 or when it filled half the window.)  Through the ring and
+ * through frames, with releases held, sent at once, and asked for.
  */
 TEST_IMPL(client_flush_dead_daemon) {
+  static const struct {
+    uint32_t window;
+    int releases;
+  } cases[] = {{0, 1}, {2, 1}, {4, 2}, {32, 16}};
   for (int transport = 0; transport < 2; transport++) {
-    dh_daemon d;
-    dh_init(&d, transport ? "frames" : "ring", transport ? frames_flags : NULL);
-    dh_start(&d);
-    larder_stream_options_t o;
-    std_opts(&o, 32, 0);
-    larder_client_t *c;
-    ASSERT_OK(larder_client_connect(d.socket, &c));
-    larder_stream_t *s;
-    ASSERT_OK(larder_stream_open(c, &o, &s));
-    larder_batch_t *held, *b;
-    ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &held));
-    ASSERT_OK(larder_stream_flush(s));
-    dh_kill(&d);
-    larder_batch_release(held);
-    ASSERT_EQ(larder_stream_flush(s), LARDER_ECLOSED);
-    ASSERT_EQ(larder_stream_flush(s), LARDER_ECLOSED);
-    /* What the daemon sent before it died may still be read. */
-    int rc;
-    while ((rc = larder_stream_next(s, 1000, &b)) == 0) larder_batch_release(b);
-    ASSERT_EQ(rc, LARDER_ECLOSED);
-    larder_stream_close(s);
-    larder_client_close(c);
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+      dh_daemon d;
+      dh_init(&d, transport ? "frames" : "ring", transport ? frames_flags : NULL);
+      dh_start(&d);
+      larder_stream_options_t o;
+      std_opts(&o, 32, 0);
+      if (cases[k].window) o.window = cases[k].window;
+      larder_client_t *c;
+      ASSERT_OK(larder_client_connect(d.socket, &c));
+      larder_stream_t *s;
+      ASSERT_OK(larder_stream_open(c, &o, &s));
+      larder_batch_t *held[16], *b;
+      for (int i = 0; i < cases[k].releases; i++)
+        ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &held[i]));
+      ASSERT_OK(larder_stream_flush(s));
+      dh_kill(&d);
+      for (int i = 0; i < cases[k].releases; i++) larder_batch_release(held[i]);
+      int rc = larder_stream_flush(s);
+      if (rc != LARDER_ECLOSED)
+        ASSERT_FAIL_("%s, window %u, %d releases: flush returned %s", transport ? "frames" : "ring",
+                     o.window, cases[k].releases, larder_err_name(rc));
+      ASSERT_EQ(larder_stream_flush(s), LARDER_ECLOSED);
+      /* What the daemon sent before it died may still be read. */
+      while ((rc = larder_stream_next(s, 1000, &b)) == 0) larder_batch_release(b);
+      ASSERT_EQ(rc, LARDER_ECLOSED);
+      larder_stream_close(s);
+      larder_client_close(c);
+    }
   }
   return 0;
 }
