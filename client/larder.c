@@ -508,7 +508,10 @@ static int pump(larder_client_t *c, const larder_stream_t *reader, int timeout_m
   if (n == -EAGAIN || n == -EINTR) return 0;
   if (n <= 0) {
     c->broken = LARDER_ECLOSED;
-    if (c->err[0] == '\0') set_err(c, 0, "the daemon closed the connection");
+    /* Bug fix (tests: client_closed_message): this kept any message
+     * already there, so a call that failed because the daemon had gone
+     * showed an earlier call's error (an open's "not a Parquet file"). */
+    set_err(c, 0, "the daemon closed the connection");
     for (larder_stream_t *s = c->streams; s; s = s->next)
       if (!s->error && !s->ended) s->error = LARDER_ECLOSED;
     return LARDER_ECLOSED;

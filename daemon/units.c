@@ -859,7 +859,8 @@ static int read_cached(server_t *srv, unit_t *u) {
 static void load_work(work_t *w) {
   unit_t *u = w->data;
   if (u->error) return; /* only here to report a failed fetch */
-  u->retry = 0;
+  /* Atomic: cancel_load reads it on the loop meanwhile (see there). */
+  __atomic_store_n(&u->retry, 0, __ATOMIC_RELAXED);
   u->need_fetch = 0;
   server_t *srv = u->srv;
   dataset_t *ds = u->ds;
@@ -880,7 +881,7 @@ static void load_work(work_t *w) {
    * unit's row group right now, and will have cached it when it is done. */
   int *busy = &ds->rg_busy[ds->files[du->file].first_rg + du->rg];
   if (__atomic_exchange_n(busy, 1, __ATOMIC_ACQUIRE) != 0) {
-    u->retry = 1;
+    __atomic_store_n(&u->retry, 1, __ATOMIC_RELAXED);
     return;
   }
   /* The decode that just finished may have cached it: read it instead (at
@@ -1155,7 +1156,12 @@ static int queue_load(server_t *srv, unit_t *u) {
  * as it is.
  */
 static void cancel_load(server_t *srv, unit_t *u) {
-  if (u->ahead || u->rgbuf != NULL || u->retry || work_cancel(srv->pool, &u->work) != 0)
+  /* A worker running this load writes `retry` while this reads it: the
+   * value read then does not matter, as work_cancel refuses a started
+   * item, but the accesses are atomic so that the read is a defined one
+   * (TSan, daemon_robust_chaos). */
+  if (u->ahead || u->rgbuf != NULL || __atomic_load_n(&u->retry, __ATOMIC_RELAXED) ||
+      work_cancel(srv->pool, &u->work) != 0)
     return;
   server_task_end(srv);
   srv->loads_in_flight--;

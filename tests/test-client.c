@@ -362,6 +362,38 @@ TEST_IMPL(client_flush_dead_daemon) {
   return 0;
 }
 
+/*
+ * A call that fails because the daemon went says so in
+ * larder_client_last_error, whatever an earlier call left there.  (Bug
+ * fix: the message of an open that had failed before stayed.)
+ */
+TEST_IMPL(client_closed_message) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 32, 0);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s, *bad;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  larder_stream_options_t ob = o;
+  const char *missing[1] = {"/nonexistent/larder-missing.parquet"};
+  ob.sources = missing;
+  ob.num_sources = 1;
+  ASSERT(larder_stream_open(c, &ob, &bad) < 0);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "larder-missing.parquet");
+  dh_kill(&d);
+  larder_batch_t *b;
+  int rc;
+  while ((rc = larder_stream_next(s, 1000, &b)) == 0) larder_batch_release(b);
+  ASSERT_EQ(rc, LARDER_ECLOSED);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "closed the connection");
+  larder_stream_close(s);
+  larder_client_close(c);
+  return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* LOCAL_RANK                                                                */
 

@@ -5,6 +5,7 @@
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -209,7 +210,7 @@ typedef struct kill_reader {
   const char *socket;
   larder_stream_options_t o;
   const dh_run *clean;
-  volatile int got;
+  atomic_int got;
   int bad;
 } kill_reader;
 

@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -38,9 +39,9 @@ typedef struct bg_client {
   const char *socket;
   larder_stream_options_t o;
   const dh_run *ref;
-  volatile int stop;
-  volatile int runs;
-  volatile int failed;
+  atomic_int stop;
+  atomic_int runs;
+  atomic_int failed;
   char err[1200];
 } bg_client;
 
@@ -974,7 +975,7 @@ TEST_IMPL(daemon_robust_accept_out_of_fds) {
 
 typedef struct churn {
   const char *socket;
-  volatile int stop;
+  atomic_int stop;
   long connections;
 } churn_t;
 
@@ -1729,7 +1730,7 @@ typedef struct term_client {
   const char *socket;
   larder_stream_options_t o;
   int hold;              /* keep every batch (window of them) */
-  volatile int started;  /* batches received */
+  atomic_int started; /* batches received */
   int rc;
   char err[1024];
 } term_client;

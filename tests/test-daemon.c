@@ -1438,6 +1438,137 @@ TEST_IMPL(daemon_release_thread_wakeups) {
   return 0;
 }
 
+/* Releasers that take batches (or their exported Arrow arrays) off a queue
+ * and release them, several threads at once, in whatever order they get
+ * them. */
+typedef struct release_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  larder_batch_t *batches[16];
+  struct ArrowArray arrays[16];
+  int exported[16];
+  int head, tail, done;
+} release_pool_t;
+
+static void *pool_releaser_main(void *p) {
+  release_pool_t *q = p;
+  for (;;) {
+    pthread_mutex_lock(&q->mu);
+    while (q->head == q->tail && !q->done) pthread_cond_wait(&q->cv, &q->mu);
+    if (q->head == q->tail) {
+      pthread_mutex_unlock(&q->mu);
+      return NULL;
+    }
+    int i = q->head++ % 16;
+    larder_batch_t *b = q->batches[i];
+    struct ArrowArray a = q->arrays[i];
+    int exported = q->exported[i];
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    if (exported) {
+      ASSERT_EQ(a.length, larder_batch_num_rows(b));
+      a.release(&a);
+    } else {
+      ASSERT(larder_batch_column(b, 0) != NULL);
+      larder_batch_release(b);
+    }
+  }
+}
+
+/*
+ * Four threads release the batches one reader takes, a third of them
+ * through exported Arrow arrays, in whatever order the threads run, while
+ * the reader waits blocked in larder_stream_next, in an event loop on
+ * larder_stream_fd, or with 1 ms timeouts and flushes between them.
+ * Through the ring and through frames, every batch comes in the order a
+ * plain run gets.  Under TSan (make check-threads) this is the client
+ * library's race check: releases and exports on other threads touch the
+ * stream's state, its ring and the held Release frames while the owner
+ * reads.
+ */
+TEST_IMPL(daemon_release_many_threads) {
+  static const char *frames[] = {"--shm_ring=false", NULL};
+  for (int transport = 0; transport < 2; transport++) {
+    dh_daemon d;
+    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
+    dh_start(&d);
+    larder_stream_options_t o;
+    std_opts(&o, 16, 2);
+    o.window = 8;
+    dh_run ref = {0};
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    for (int style = 0; style < 3; style++) {
+      release_pool_t q;
+      memset(&q, 0, sizeof(q));
+      pthread_mutex_init(&q.mu, NULL);
+      pthread_cond_init(&q.cv, NULL);
+      pthread_t th[4];
+      for (int t = 0; t < 4; t++) ASSERT_OK(pthread_create(&th[t], NULL, pool_releaser_main, &q));
+      larder_stream_t *s;
+      ASSERT_OK(larder_stream_open(c, &o, &s));
+      size_t k = 0;
+      int rc;
+      for (;;) {
+        larder_batch_t *b;
+        if (style == 0) {
+          rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+        } else if (style == 1) {
+          double deadline = now_ms() + 60000.0 * dh_slow();
+          while ((rc = larder_stream_next(s, 0, &b)) == LARDER_ETIMEDOUT) {
+            ASSERT(now_ms() < deadline);
+            struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
+            poll(&pf, 1, 100);
+          }
+        } else {
+          double deadline = now_ms() + 60000.0 * dh_slow();
+          while ((rc = larder_stream_next(s, 1, &b)) == LARDER_ETIMEDOUT) {
+            ASSERT(now_ms() < deadline);
+            ASSERT_OK(larder_stream_flush(s));
+          }
+        }
+        if (rc) break;
+        ASSERT(k < ref.n);
+        ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
+        k++;
+        struct ArrowSchema schema;
+        struct ArrowArray array;
+        int exported = k % 3 == 0;
+        if (exported) {
+          ASSERT_OK(larder_batch_export(b, &schema, &array));
+          schema.release(&schema);
+        }
+        pthread_mutex_lock(&q.mu);
+        /* At most the window less one in the queue: the reader needs a
+         * free slot to go on. */
+        while (q.tail - q.head >= 7) pthread_cond_wait(&q.cv, &q.mu);
+        int i = q.tail++ % 16;
+        q.batches[i] = b;
+        q.exported[i] = exported;
+        if (exported) q.arrays[i] = array;
+        pthread_cond_broadcast(&q.cv);
+        pthread_mutex_unlock(&q.mu);
+        if (k % 11 == 0) ASSERT_OK(larder_stream_flush(s));
+      }
+      if (rc != LARDER_EEOF) ASSERT_FAIL_("%s", larder_client_last_error(c));
+      pthread_mutex_lock(&q.mu);
+      q.done = 1;
+      pthread_cond_broadcast(&q.cv);
+      pthread_mutex_unlock(&q.mu);
+      for (int t = 0; t < 4; t++) pthread_join(th[t], NULL);
+      pthread_mutex_destroy(&q.mu);
+      pthread_cond_destroy(&q.cv);
+      ASSERT_EQ(k, ref.n);
+      larder_stream_close(s);
+    }
+    larder_client_close(c);
+    dh_run_free(&ref);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
 /*
  * The documented patterns: an event loop that waits on larder_stream_fd and
  * drains its streams with zero timeouts (two streams on one client), and
