@@ -1438,6 +1438,108 @@ TEST_IMPL(daemon_release_thread_wakeups) {
   return 0;
 }
 
+/* A reader thread of daemon_reader_moves_threads: takes up to four
+ * batches, checks them against the reference, says so, and releases them
+ * once told that the next reader has started. */
+typedef struct mover {
+  larder_stream_t *s;
+  const dh_run *ref;
+  size_t first, taken;
+  int rc;
+  pthread_mutex_t *mu;
+  pthread_cond_t *cv;
+  int read_done, may_release;
+} mover_t;
+
+static void *mover_main(void *p) {
+  mover_t *m = p;
+  larder_batch_t *held[4];
+  int n = 0;
+  m->rc = 0;
+  while (n < 4) {
+    larder_batch_t *b;
+    m->rc = larder_stream_next(m->s, 60000 * dh_slow(), &b);
+    if (m->rc) break;
+    ASSERT(m->first + (size_t)n < m->ref->n);
+    ASSERT_EQ(dh_batch_hash(b), m->ref->b[m->first + (size_t)n].hash);
+    held[n++] = b;
+  }
+  pthread_mutex_lock(m->mu);
+  m->taken = (size_t)n;
+  m->read_done = 1;
+  pthread_cond_broadcast(m->cv);
+  while (!m->may_release) pthread_cond_wait(m->cv, m->mu);
+  pthread_mutex_unlock(m->mu);
+  for (int i = 0; i < n; i++) larder_batch_release(held[i]);
+  return NULL;
+}
+
+/*
+ * A stream read by one thread after another, each taking four batches and
+ * releasing them while the next one reads: the thread that last read
+ * releases after another has taken the stream over (the header lets any
+ * thread release).  The batches come as a plain run's, through the ring
+ * and through frames; under TSan (make check-threads), the old reader's
+ * releases must not race the new reader's calls.
+ */
+TEST_IMPL(daemon_reader_moves_threads) {
+  static const char *frames[] = {"--shm_ring=false", NULL};
+  for (int transport = 0; transport < 2; transport++) {
+    dh_daemon d;
+    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
+    dh_start(&d);
+    larder_stream_options_t o;
+    std_opts(&o, 32, 1);
+    o.window = 8;
+    dh_run ref = {0};
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    mover_t m[2];
+    pthread_t th[2];
+    int live[2] = {0, 0};
+    size_t next = 0;
+    for (int turn = 0;; turn++) {
+      mover_t *cur = &m[turn % 2], *prev = &m[(turn + 1) % 2];
+      *cur = (mover_t){s, &ref, next, 0, 0, &mu, &cv, 0, 0};
+      ASSERT_OK(pthread_create(&th[turn % 2], NULL, mover_main, cur));
+      live[turn % 2] = 1;
+      /* The previous reader releases while this one reads. */
+      if (live[(turn + 1) % 2]) {
+        pthread_mutex_lock(&mu);
+        prev->may_release = 1;
+        pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
+        pthread_join(th[(turn + 1) % 2], NULL);
+        live[(turn + 1) % 2] = 0;
+      }
+      pthread_mutex_lock(&mu);
+      while (!cur->read_done) pthread_cond_wait(&cv, &mu);
+      pthread_mutex_unlock(&mu);
+      next += cur->taken;
+      if (cur->rc) {
+        if (cur->rc != LARDER_EEOF) ASSERT_FAIL_("%s", larder_client_last_error(c));
+        pthread_mutex_lock(&mu);
+        cur->may_release = 1;
+        pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
+        pthread_join(th[turn % 2], NULL);
+        break;
+      }
+    }
+    ASSERT_EQ(next, ref.n);
+    larder_stream_close(s);
+    larder_client_close(c);
+    dh_run_free(&ref);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
 /* Releasers that take batches (or their exported Arrow arrays) off a queue
  * and release them, several threads at once, in whatever order they get
  * them. */
