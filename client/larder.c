@@ -767,7 +767,10 @@ static int count_nodes(const field_t *f) {
 
 /* Bytes per value of a fixed-width type (as Arrow lays it out: a decimal
  * takes 16 or 32 bytes whatever its precision), 0 for the other types
- * (BOOL's values are bits), or -1 for a FIXED_BINARY of negative width. */
+ * (BOOL's values are bits), or -1 for a FIXED_BINARY of negative width.
+ * The daemon's table is pq_field_value_width; this library does not link
+ * the decoder, and a schema read off the socket may hold what no daemon
+ * sends, such as a negative width. */
 static int64_t value_width(const field_t *f) {
   switch (f->type) {
     case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;

@@ -54,20 +54,6 @@ uint64_t layout_field_hash(const pq_field_t *field) {
 
 /* Bytes per slot of a fixed-width type, 0 for the others; BOOL is special
  * (bits) and reported as 0 too. */
-static size_t fixed_width(const pq_field_t *f) {
-  switch (f->type) {
-    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
-    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
-    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
-    case LARDER_TYPE_DECIMAL128: case LARDER_TYPE_DECIMAL256:
-    case LARDER_TYPE_FIXED_BINARY: return (size_t)f->byte_width;
-    default: return 0;
-  }
-}
-
 static int is_var(const pq_field_t *f) {
   return f->type == LARDER_TYPE_BINARY || f->type == LARDER_TYPE_STRING;
 }
@@ -186,7 +172,7 @@ static int check_node(checker *c, const pq_field_t *f, int *k, int64_t expect_le
   uint64_t len = (uint64_t)nd->length;
   if (nd->null_count > 0 && nd->validity_length < (len + 7) / 8)
     return bad(c, "validity too short", me);
-  size_t w = fixed_width(f);
+  size_t w = pq_field_value_width(f);
   int rc = 0;
   if (f->type == LARDER_TYPE_BOOL) {
     if (nd->values_length < (len + 7) / 8) return bad(c, "values too short", me);
@@ -363,7 +349,7 @@ static uint8_t *take(gather_ctx *g, uint64_t len, uint64_t *off) {
 
 static int gather_singletons(gather_ctx *g, const pq_field_t *f, int me, const span_t *spans,
                              size_t ns) {
-  size_t w = fixed_width(f);
+  size_t w = pq_field_value_width(f);
   int var = is_var(f);
   if (f->num_children || (!w && !var && f->type != LARDER_TYPE_BOOL)) return 0;
   for (size_t s = 0; s < ns; s++)
@@ -535,7 +521,7 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
       }
     }
   }
-  size_t w = fixed_width(f);
+  size_t w = pq_field_value_width(f);
   if (f->type == LARDER_TYPE_BOOL) {
     uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd.values_offset);
     nd.values_length = (uint64_t)(len + 7) / 8;
@@ -706,13 +692,13 @@ static uint32_t inline_list_width(const pq_field_t *f) {
   if (f->type != LARDER_TYPE_LIST || f->num_children != 1) return 0;
   const pq_field_t *e = &f->children[0];
   if (e->num_children || e->type == LARDER_TYPE_BOOL) return 0;
-  return (uint32_t)fixed_width(e);
+  return (uint32_t)pq_field_value_width(e);
 }
 
 /* The slot kind of a top-level column, or -1 when it stays out of the row
  * block. */
 static int slot_kind(const pq_field_t *f) {
-  size_t w = fixed_width(f);
+  size_t w = pq_field_value_width(f);
   if (w > 0 && w <= 16) return LAYOUT_SLOT_FIXED;
   if (f->type == LARDER_TYPE_BOOL) return LAYOUT_SLOT_BOOL;
   if (is_var(f)) return LAYOUT_SLOT_VAR;
@@ -742,7 +728,7 @@ int layout_rowplan_make(const pq_field_t *schema, layout_rowplan_t **out) {
     p->slot_of[c] = k;
     p->packed[k].column = c;
     p->packed[k].kind = kind;
-    p->packed[k].width = kind == LAYOUT_SLOT_FIXED ? (uint32_t)fixed_width(f)
+    p->packed[k].width = kind == LAYOUT_SLOT_FIXED ? (uint32_t)pq_field_value_width(f)
                          : kind == LAYOUT_SLOT_BOOL ? 1
                                                     : 12;
     p->packed[k].elem_width = kind == LAYOUT_SLOT_LIST ? inline_list_width(f) : 0;

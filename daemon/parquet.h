@@ -351,6 +351,13 @@ void pq_projection_free(pq_projection *proj);
 /* The projected serving schema: a STRUCT whose children are the columns. */
 const pq_field_t *pq_projection_schema(const pq_projection *proj);
 
+/* Bytes per value of f's served array when its values are fixed-width: 1,
+ * 2, 4 or 8 for the numbers, dates and times, 16 or 32 for a decimal, the
+ * byte width of a FIXED_BINARY.  0 for the others: BOOL (its values are
+ * bits), the types with offsets, structs and NULL.  The decoder, the
+ * serving layout and the cache all size values by it.  Any thread. */
+size_t pq_field_value_width(const pq_field_t *f);
+
 /* Number of Parquet leaf columns the projection reads, and whether a leaf
  * (by its index in pq_file_meta_t.leaves) is among them. */
 int pq_projection_num_leaves(const pq_projection *proj);

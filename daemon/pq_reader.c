@@ -167,19 +167,11 @@ uint64_t pq_batch_bytes(const pq_batch_t *b) {
 /* ------------------------------------------------------------------------ */
 /* Value conversion                                                          */
 
-/* Bytes per slot of a fixed-width serving type; 0 for variable width. */
+/* Bytes per slot of a fixed-width serving type while it is decoded, 0 for
+ * variable width: BOOL takes a byte a value until assemble_leaf packs the
+ * bits. */
 static size_t type_width(const pq_field_t *f) {
-  switch (f->type) {
-    case LARDER_TYPE_BOOL: case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
-    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
-    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
-    case LARDER_TYPE_DECIMAL128: case LARDER_TYPE_DECIMAL256:
-    case LARDER_TYPE_FIXED_BINARY: return (size_t)f->byte_width;
-    default: return 0;
-  }
+  return f->type == LARDER_TYPE_BOOL ? 1 : pq_field_value_width(f);
 }
 
 /* Writes a big-endian two's complement integer of len bytes as a

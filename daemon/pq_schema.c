@@ -491,3 +491,19 @@ int pq_projection_ranges(const pq_file *file, const pq_projection *proj,
   *ranges = r;
   return (int)m;
 }
+
+size_t pq_field_value_width(const pq_field_t *f) {
+  switch (f->type) {
+    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
+    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
+    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
+    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
+    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
+    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
+    /* primitive_type sets 16 and 32, and a FIXED_BINARY's width comes from
+     * a type_length the footer parser keeps within 1 .. 2^24. */
+    case LARDER_TYPE_DECIMAL128: case LARDER_TYPE_DECIMAL256:
+    case LARDER_TYPE_FIXED_BINARY: return (size_t)f->byte_width;
+    default: return 0;
+  }
+}

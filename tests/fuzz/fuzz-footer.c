@@ -33,6 +33,9 @@
     }                                                                          \
   } while (0)
 
+/* The serving layout's value widths, written out here rather than taken
+ * from pq_field_value_width: the check must not share a mistake with the
+ * code it checks. */
 static size_t fuzz_type_width(const pq_field_t *f) {
   switch (f->type) {
     case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
