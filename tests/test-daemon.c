@@ -1353,6 +1353,14 @@ static void *holder_main(void *p) {
   return NULL;
 }
 
+/* Starts d delivering batches through the descriptor ring (transport 0) or
+ * through Batch frames on the socket (1, shm_ring=false). */
+static void start_on_transport(dh_daemon *d, int transport) {
+  static const char *frames[] = {"--shm_ring=false", NULL};
+  dh_init(d, transport ? "frames" : "ring", transport ? frames : NULL);
+  dh_start(d);
+}
+
 /*
  * Releases made on another thread while the reader waits: a consumer keeps
  * seven batches of a window of eight and releases the oldest as each new
@@ -1366,11 +1374,9 @@ static void *holder_main(void *p) {
  * call, so this trainer got a batch a second, and the event loop none.)
  */
 TEST_IMPL(daemon_release_thread_wakeups) {
-  static const char *frames[] = {"--shm_ring=false", NULL};
   for (int transport = 0; transport < 2; transport++) {
     dh_daemon d;
-    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
-    dh_start(&d);
+    start_on_transport(&d, transport);
     larder_stream_options_t o;
     std_opts(&o, 64, 1);
     o.window = 8;
@@ -1483,11 +1489,9 @@ static void *mover_main(void *p) {
  * releases must not race the new reader's calls.
  */
 TEST_IMPL(daemon_reader_moves_threads) {
-  static const char *frames[] = {"--shm_ring=false", NULL};
   for (int transport = 0; transport < 2; transport++) {
     dh_daemon d;
-    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
-    dh_start(&d);
+    start_on_transport(&d, transport);
     larder_stream_options_t o;
     std_opts(&o, 32, 1);
     o.window = 8;
@@ -1589,11 +1593,9 @@ static void *pool_releaser_main(void *p) {
  * reads.
  */
 TEST_IMPL(daemon_release_many_threads) {
-  static const char *frames[] = {"--shm_ring=false", NULL};
   for (int transport = 0; transport < 2; transport++) {
     dh_daemon d;
-    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
-    dh_start(&d);
+    start_on_transport(&d, transport);
     larder_stream_options_t o;
     std_opts(&o, 16, 2);
     o.window = 8;
@@ -1787,11 +1789,9 @@ TEST_IMPL(daemon_client_patterns) {
  * Through the descriptor ring and through frames.
  */
 TEST_IMPL(daemon_evloop_streams) {
-  static const char *frames[] = {"--shm_ring=false", NULL};
   for (int transport = 0; transport < 2; transport++) {
     dh_daemon d;
-    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
-    dh_start(&d);
+    start_on_transport(&d, transport);
     larder_stream_options_t o;
     std_opts(&o, 32, 2);
     /* Stream B's batches are held: its whole window of 4. */
@@ -1887,11 +1887,9 @@ static void *close_release_main(void *p) {
  * wrote it, a data race ThreadSanitizer reported.)
  */
 TEST_IMPL(daemon_close_release_threads) {
-  static const char *frames[] = {"--shm_ring=false", NULL};
   for (int transport = 0; transport < 2; transport++) {
     dh_daemon d;
-    dh_init(&d, transport ? "frames" : "ring", transport ? frames : NULL);
-    dh_start(&d);
+    start_on_transport(&d, transport);
     larder_stream_options_t o;
     std_opts(&o, 32, 0);
     o.window = 16;
