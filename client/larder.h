@@ -229,7 +229,9 @@ void larder_stream_options_init(larder_stream_options_t *opts);
  * shrinking, fails the open with LARDER_EPROTO.  On success *out is a new
  * stream.  Returns 0 or a negative code (LARDER_EINVAL in a forked child,
  * see larder_client_close); larder_client_last_error says why (a missing
- * file, a bad column, ...).  Should the daemon not answer in time, a
+ * file, a bad column, ...).  Sources that hold no rows at all (files of
+ * zero rows, read cleanly) fail with LARDER_EINVAL: an epoch of them would
+ * have no batch, and an unbounded stream would never yield one.  Should the daemon not answer in time, a
  * reply that comes later is discarded and its stream closed on the
  * daemon's side.
  */

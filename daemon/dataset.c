@@ -592,7 +592,8 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     goto fail;
   }
   if (ds->total_rows == 0) {
-    snprintf(err, errlen, "the dataset has no rows");
+    snprintf(err, errlen, "the dataset has no rows: its %u file%s hold%s none", ds->num_files,
+             ds->num_files == 1 ? "" : "s", ds->num_files == 1 ? "s" : "");
     rc = LARDER_EINVAL;
     goto fail;
   }

@@ -1311,6 +1311,52 @@ static void write_id_file(const char *path, const char *second, int physical) {
 }
 
 /*
+ * Sources with no rows: a file of zero rows (a schema, no row groups) read
+ * alone fails the open with LARDER_EINVAL, saying the dataset has no rows;
+ * beside a file with rows it adds nothing, and the stream serves the other
+ * file's rows, every epoch.  Other clients carry on.
+ */
+TEST_IMPL(daemon_robust_empty_dataset) {
+  fixture f;
+  fx_start(&f, NULL, 1);
+  char dir[1100], empty[1200], rows[1200];
+  snprintf(dir, sizeof(dir), "%s/some-empty", test_tmpdir());
+  ASSERT_OK(mkdir(dir, 0755));
+  snprintf(empty, sizeof(empty), "%s/a-empty.parquet", dir);
+  snprintf(rows, sizeof(rows), "%s/b-rows.parquet", dir);
+  pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
+                       pqw_leaf("x", PQ_INT64, PQ_REQUIRED)};
+  pqw_file pf;
+  pqw_file_init(&pf, sch, 3);
+  size_t len;
+  uint8_t *data = pqw_file_finish(&pf, &len);
+  FILE *out = fopen(empty, "wb");
+  ASSERT_NOT_NULL(out);
+  ASSERT_EQ(fwrite(data, 1, len, out), len);
+  fclose(out);
+  free(data);
+  write_id_file(rows, "x", PQ_INT64);
+  const char *alone[1] = {empty}, *both[1] = {dir};
+  larder_stream_options_t o;
+  dh_opts(&o, alone, 2, 1, 1);
+  dh_run r = {0};
+  ASSERT_EQ(dh_collect(f.d.socket, &o, 0, &r), LARDER_EINVAL);
+  fprintf(stderr, "the open: %s\n", r.err);
+  ASSERT_STR_CONTAINS(r.err, "has no rows");
+  dh_run_free(&r);
+  larder_stream_options_t ob;
+  dh_opts(&ob, both, 1, 1, 2);
+  dh_run rb = {0};
+  ASSERT_OK(dh_collect(f.d.socket, &ob, 0, &rb));
+  uint64_t served = 0;
+  for (size_t i = 0; i < rb.n; i++) served += (uint64_t)rb.b[i].rows;
+  ASSERT_EQ(served, 6); /* 3 rows, 2 epochs */
+  dh_run_free(&rb);
+  fx_finish(&f, 150000);
+  return 0;
+}
+
+/*
  * A footer that claims 2^30 rows for a few bytes of data (each column chunk
  * holds 3 values): the open fails, naming the file and the column, before
  * anything is planned for a billion rows.  (Bug fix: the daemon believed

@@ -1296,6 +1296,21 @@ TEST_IMPL(parquet_unit_json_temporal) {
       "\"tsl\":\"2023-11-14T22:13:20.123456Z\",\"i96\":\"2000-02-29T00:00:00.000000000\","
       "\"tml\":\"00:00:00.005\",\"tsnl\":\"2096-10-02T07:06:40.000000000\"}\n");
   free(data);
+  /* Years outside 0..9999 take a sign and at least four digits (ISO 8601's
+   * expanded form), as DuckDB and Arrow read them: 74 BC is year -73. */
+  pqw_schema b[3] = {pqw_root(2), leaf_lt("dt", PQ_INT32, PQ_REQUIRED, PQ_LT_DATE),
+                     leaf_time("ts", PQ_INT64, PQ_LT_TIMESTAMP, 1, 0)};
+  static const int32_t bc_days[] = {-746181, -719528, -719529, 2932897};
+  static const int64_t bc_ms[] = {-746181LL * 86400000 + 24940521, -719528LL * 86400000,
+                                  -719529LL * 86400000, 2932897LL * 86400000};
+  pqw_values bv[2] = {vals_fixed(PQ_INT32, bc_days, 4), vals_fixed(PQ_INT64, bc_ms, 4)};
+  data = build_file(b, 3, bv, NULL, 2, NULL, 4, &len);
+  expect_json(data, len,
+              "{\"dt\":\"-0073-01-11\",\"ts\":\"-0073-01-11T06:55:40.521\"}\n"
+              "{\"dt\":\"0000-01-01\",\"ts\":\"0000-01-01T00:00:00.000\"}\n"
+              "{\"dt\":\"-0001-12-31\",\"ts\":\"-0001-12-31T00:00:00.000\"}\n"
+              "{\"dt\":\"+10000-01-01\",\"ts\":\"+10000-01-01T00:00:00.000\"}\n");
+  free(data);
   return 0;
 }
 
