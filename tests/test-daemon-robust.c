@@ -1265,13 +1265,17 @@ static void copy_file(const char *from, const char *to, size_t keep) {
   free(p);
 }
 
-/*
- * Corrupt and truncated Parquet files: a truncated file and a file that is
- * no Parquet at all fail the open naming the file; a file whose footer is
- * fine but whose pages are damaged fails the stream when it gets there,
- * with an error naming the file (the page CRCs catch it), and never serves
- * the damaged rows.
- */
+/* Finishes pf and writes it to path. */
+static void write_pqw_file(pqw_file *pf, const char *path) {
+  size_t len;
+  uint8_t *data = pqw_file_finish(pf, &len);
+  FILE *out = fopen(path, "wb");
+  ASSERT_NOT_NULL(out);
+  ASSERT_EQ(fwrite(data, 1, len, out), len);
+  fclose(out);
+  free(data);
+}
+
 /* Writes a file of 3 rows of an INT64 column 'id' and a required column
  * `second` of physical type `physical`, whose row group claims
  * `claimed_rows` rows. */
@@ -1296,13 +1300,7 @@ static void write_id_file_claiming(const char *path, const char *second, int phy
   for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
   pqw_file_add_row_group(&pf, claimed_rows, ch, 2);
   for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
-  size_t len;
-  uint8_t *data = pqw_file_finish(&pf, &len);
-  FILE *out = fopen(path, "wb");
-  ASSERT_NOT_NULL(out);
-  ASSERT_EQ(fwrite(data, 1, len, out), len);
-  fclose(out);
-  free(data);
+  write_pqw_file(&pf, path);
 }
 
 /* The same, a truthful 3-row file. */
@@ -1328,13 +1326,7 @@ TEST_IMPL(daemon_robust_empty_dataset) {
                        pqw_leaf("x", PQ_INT64, PQ_REQUIRED)};
   pqw_file pf;
   pqw_file_init(&pf, sch, 3);
-  size_t len;
-  uint8_t *data = pqw_file_finish(&pf, &len);
-  FILE *out = fopen(empty, "wb");
-  ASSERT_NOT_NULL(out);
-  ASSERT_EQ(fwrite(data, 1, len, out), len);
-  fclose(out);
-  free(data);
+  write_pqw_file(&pf, empty);
   write_id_file(rows, "x", PQ_INT64);
   const char *alone[1] = {empty}, *both[1] = {dir};
   larder_stream_options_t o;
@@ -1389,6 +1381,13 @@ TEST_IMPL(daemon_robust_huge_row_count) {
   return 0;
 }
 
+/*
+ * Corrupt and truncated Parquet files: a truncated file and a file that is
+ * no Parquet at all fail the open naming the file; a file whose footer is
+ * fine but whose pages are damaged fails the stream when it gets there,
+ * with an error naming the file (the page CRCs catch it), and never serves
+ * the damaged rows.
+ */
 TEST_IMPL(daemon_robust_corrupt_file) {
   fixture f;
   fx_start(&f, NULL, 1);
