@@ -6,7 +6,7 @@
 #   - the cold (decode-bound) delivery rate, cache empty;
 #   - the warm delivery rate to one client and to two clients at once, in GB/s
 #     of batch bytes and rows/s, beside this machine's single-core memcpy
-#     bandwidth measured in the same run;
+#     bandwidth measured just before and after each of those runs;
 #   - the stall fraction of a simulated trainer whose compute per batch
 #     exceeds the daemon's cost to produce one;
 #   - the daemon's RSS after each of 10 epochs.
@@ -57,7 +57,12 @@ sel=[r for r in rows if r['epoch']>=int(sys.argv[2])]
 print(sum(r[sys.argv[1]] for r in sel)/len(sel))" "$1" "$2"
 }
 
-memcpy=$(field "$("$client" memcpy)" memcpy_gbps)
+# The memcpy bandwidth is measured before the cold run and again after
+# each warm run, and each ratio divides by the two copies around its own
+# run: a shared VM's memory bandwidth moves by 20-30% from one second to
+# the next, and a peer measured a minute earlier is a different machine.
+memcpy_now() { field "$("$client" memcpy)" memcpy_gbps; }
+memcpy=$(memcpy_now)
 echo "bench-serve: $(basename "$file"), batches of $batch rows, window ${BENCH_CLIENT_WINDOW:-32}, $(nproc) cores"
 
 cold=$("$client" run "$tmp/sock" "$file" --epochs 1 --batch-size "$batch" "${win[@]}")
@@ -77,13 +82,21 @@ a,b=(json.loads(x) for x in sys.argv[1:])
 n=lambda s,k: s.get(k, s.get('global',{}).get(k,0))
 print((n(b,'assemble_ns')-n(a,'assemble_ns'))/1e3/max(1,n(b,'batches')-n(a,'batches')))" "$1" "$2"
 }
+# Seven epochs, the first not counted (it opens the stream and follows a
+# memcpy that evicted the caches): six epochs of 80-100 ms each, so that
+# one of the VM's pauses (2-20 ms, twice a second) moves the mean less.
+memcpy0=$(memcpy_now)
 s_w0=$(stats)
-warm1=$("$client" run "$tmp/sock" "$file" --epochs 4 --batch-size "$batch" "${win[@]}" --seed 1)
+warm1=$("$client" run "$tmp/sock" "$file" --epochs 7 --batch-size "$batch" "${win[@]}" --seed 1)
 s_w1=$(stats)
+memcpy1=$(memcpy_now)
 assemble_warm=$(assemble_us "$s_w0" "$s_w1")
 warm1_gbps=$(echo "$warm1" | mean_of gbps 1)
 warm1_rows=$(echo "$warm1" | mean_of rows_per_s 1)
 warm1_sec=$(echo "$warm1" | mean_of seconds 1)
+warm1_med=$(echo "$warm1" | python3 -c "
+import json,sys,statistics
+print(statistics.median(json.loads(l)['gbps'] for l in sys.stdin if l.startswith('{') and json.loads(l)['epoch'] >= 1))")
 batches=$(echo "$warm1" | mean_of batches 1)
 # The ideal shuffled gather on one core: rows of the dataset's mean size,
 # each contiguous, copied in random order out of a shuffle window's worth of
@@ -95,6 +108,7 @@ print(max(1, round(r['bytes']/r['rows'])))")
 gather=$(field "$("$client" gather "$row_bytes" $((512 << 20)) "$batch")" gather_gbps)
 touch1=$("$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 1 --touch)
 touch1_gbps=$(echo "$touch1" | mean_of gbps 1)
+memcpy2=$(memcpy_now)
 
 "$client" run "$tmp/sock" "$file" --epochs 3 --batch-size "$batch" "${win[@]}" --seed 2 >"$tmp/c1" &
 p1=$!
@@ -106,6 +120,7 @@ import json
 a=[json.loads(l) for l in open('$tmp/c1') if l.startswith('{')][1:]
 b=[json.loads(l) for l in open('$tmp/c2') if l.startswith('{')][1:]
 print(sum(x['bytes'] for x in a+b)/max(sum(x['seconds'] for x in a),sum(x['seconds'] for x in b))/1e9)")
+memcpy3=$(memcpy_now)
 
 # A trainer that computes twice as long per batch as the daemon needs to
 # make one, alone on the daemon: its stall fraction should be near zero.
@@ -152,6 +167,9 @@ s1=$(stats)
 stall=$(echo "$sim" | mean_of stall 1)
 stall_max=$(echo "$sim" | max_of stall 1)
 stall_med=$(echo "$sim" | median_of stall 1)
+# The part of it spent in calls that waited for the daemon (20 us or more),
+# beside the ready calls' own work.
+stall_long=$(echo "$sim" | mean_of stall_long 1)
 # What a next-batch call costs the trainer when its batch is ready (the
 # median call of a trainer twice as slow as the daemon): the library's own
 # work, which every step pays, and so a floor under the stall fraction of
@@ -171,6 +189,7 @@ assemble_sim2=$(assemble_us "$s2" "$s3")
 stall2=$(echo "$sim2" | mean_of stall 1)
 stall2_max=$(echo "$sim2" | max_of stall 1)
 stall2_med=$(echo "$sim2" | median_of stall 1)
+stall2_long=$(echo "$sim2" | mean_of stall_long 1)
 step2_us=$(echo "$sim2" | mean_of compute_us 1)
 
 rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" "${win[@]}" --seed 5 --daemon-pid "$daemon_pid")
@@ -178,26 +197,35 @@ rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" "${win
 python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
   "$warm2_gbps" "$cost_us" "$compute_us" "$stall" "$gather" "$row_bytes" "$step_us" \
   "$wakes_per_batch" "$compute2_us" "$stall2" "$step2_us" "$assemble_warm" "$assemble_sim" \
-  "$assemble_sim2" "$stall_max" "$stall2_max" "$workers" "$call_ns" "$stall_med" "$stall2_med" <<PY
+  "$assemble_sim2" "$stall_max" "$stall2_max" "$workers" "$call_ns" "$stall_med" "$stall2_med" \
+  "$memcpy0" "$memcpy1" "$memcpy2" "$memcpy3" "$warm1_med" "$stall_long" "$stall2_long" <<PY
 import json, sys
 (memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, compute, stall, gather, row_bytes, step,
  wakes, compute2, stall2, step2, asm_warm, asm_sim, asm_sim2, stall_max, stall2_max,
- workers, call_ns, stall_med, stall2_med) = map(float, sys.argv[1:])
-print(f"  single-core memcpy          {memcpy:8.2f} GB/s")
+ workers, call_ns, stall_med, stall2_med, m0, m1, m2, m3, w1_med, stall_long,
+ stall2_long) = map(float, sys.argv[1:])
+ms = [memcpy, m0, m1, m2, m3]
+# Each run's peer: the mean of the copies measured just before and after it.
+m_cold, m_w1, m_t1, m_w2 = (memcpy + m0) / 2, (m0 + m1) / 2, (m1 + m2) / 2, (m2 + m3) / 2
+print(f"  single-core memcpy          {m_w1:8.2f} GB/s  (around the warm run; {min(ms):.2f}-{max(ms):.2f} over five "
+      f"measures, each ratio below against those around its own run)")
 print(f"  single-core ideal gather    {gather:8.2f} GB/s  (rows of {row_bytes:.0f} B, each contiguous, in random order from 512 MiB)")
-print(f"  cold (decode-bound)         {cold:8.2f} GB/s  {cold_rows/1e6:6.2f} M rows/s  {cold/memcpy:5.2f} x memcpy")
-print(f"  warm, 1 client              {w1:8.2f} GB/s  {w1_rows/1e6:6.2f} M rows/s  {w1/memcpy:5.2f} x memcpy  (goal >= 0.50), {w1/gather:.2f} x ideal gather")
-print(f"  warm, 1 client reading all  {t1:8.2f} GB/s                    {t1/memcpy:5.2f} x memcpy")
-print(f"  warm, 2 clients (total)     {w2:8.2f} GB/s                    {w2/memcpy:5.2f} x memcpy")
+print(f"  cold (decode-bound)         {cold:8.2f} GB/s  {cold_rows/1e6:6.2f} M rows/s  {cold/m_cold:5.2f} x memcpy")
+print(f"  warm, 1 client              {w1:8.2f} GB/s  {w1_rows/1e6:6.2f} M rows/s  {w1/m_w1:5.2f} x memcpy  (goal >= 0.50; "
+      f"median epoch {w1_med/m_w1:.2f} x), {w1/gather:.2f} x ideal gather")
+print(f"  warm, 1 client reading all  {t1:8.2f} GB/s                    {t1/m_t1:5.2f} x memcpy")
+print(f"  warm, 2 clients (total)     {w2:8.2f} GB/s                    {w2/m_w2:5.2f} x memcpy")
 print(f"  copies of batch bytes between daemon and client: 0 (shared-memory arena, read in place)")
 print(f"  daemon cost per batch {cost:.0f} us; simulated trainer computing {step:.0f} us/batch "
       f"({step/cost:.1f} x the cost; it sleeps {compute:.0f} us of it): stall {100*stall:.2f}% over "
-      f"$((stall_epochs - 1)) warm epochs (goal < 1%; median epoch {100*stall_med:.2f}%, worst {100*stall_max:.2f}%), "
+      f"$((stall_epochs - 1)) warm epochs (goal < 1%; median epoch {100*stall_med:.2f}%, worst {100*stall_max:.2f}%; "
+      f"in waits of 20 us or more {100*stall_long:.2f}%), "
       f"{wakes:.3f} socket messages per batch; a worker's assembly {asm_sim:.0f} us per batch "
       f"({asm_warm:.0f} us in the warm run)")
 print(f"  daemon cost per batch {cost:.0f} us; simulated trainer computing {step2:.0f} us/batch "
       f"({step2/cost:.1f} x the cost; it sleeps {compute2:.0f} us of it): stall {100*stall2:.2f}% over "
-      f"$((stall_epochs - 1)) warm epochs (goal < 1%; median epoch {100*stall2_med:.2f}%, worst {100*stall2_max:.2f}%); "
+      f"$((stall_epochs - 1)) warm epochs (goal < 1%; median epoch {100*stall2_med:.2f}%, worst {100*stall2_max:.2f}%; "
+      f"in waits of 20 us or more {100*stall2_long:.2f}%); "
       f"a worker's assembly {asm_sim2:.0f} us per batch")
 print(f"  a next-batch call with its batch ready took {call_ns/1e3:.2f} us (median): "
       f"{100*call_ns/1e3/step:.2f}% of the first step, {100*call_ns/1e3/step2:.2f}% of the second, "

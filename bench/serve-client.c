@@ -30,6 +30,9 @@
  *       batch (call_ns_p50, call_ns_p90): with --compute-us long enough for
  *       the daemon to fill the window, the library's own cost per batch,
  *       which sets a floor under the stall fraction of a short step;
+ *       stall_long is the part of the stall fraction spent in calls of
+ *       20 us or more, which waited for the daemon (a call whose batch was
+ *       ready takes about a microsecond);
  *       --evict-kb writes that many KiB of the client's own memory after
  *       each step, as a trainer's step leaves the caches cold.
  *
@@ -248,6 +251,7 @@ int main(int argc, char **argv) {
   }
   uint64_t epoch = o.start_epoch, rows = 0, bytes = 0, batches = 0, sum = 0;
   uint64_t w0 = 0, c0 = 0;
+  double long_waits_s = 0; /* this epoch's calls of 20 us or more */
   double t0 = bench_now_s(), first_batch_s = -1;
   int got_first = 0;
   for (;;) {
@@ -255,6 +259,7 @@ int main(int argc, char **argv) {
     double t_call = bench_now_s();
     rc = larder_stream_next(s, -1, &b);
     double waited = bench_now_s() - t_call;
+    if (rc == 0 && waited >= 20e-6) long_waits_s += waited;
     if (wait_log && rc == 0 && waited >= 20e-6)
       fprintf(wait_log, "%" PRIu64 " %" PRIu64 " %.1f %.6f\n", larder_batch_epoch(b),
               larder_batch_index(b), waited * 1e6, t_call);
@@ -266,17 +271,19 @@ int main(int argc, char **argv) {
       if (first_batch_s >= 0) printf("{\"first_batch_s\":%.4f,", first_batch_s);
       else printf("{");
       printf("\"epoch\":%" PRIu64 ",\"seconds\":%.4f,\"batches\":%" PRIu64 ",\"rows\":%" PRIu64
-             ",\"bytes\":%" PRIu64 ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,"
+             ",\"bytes\":%" PRIu64 ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,\"stall_long\":%.5f,"
              "\"compute_us\":%.1f,\"call_ns_p50\":%.0f,\"call_ns_p90\":%.0f,"
              "\"daemon_rss_kb\":%" PRIu64 ",\"end_unix\":%.6f}\n",
              epoch, secs, batches, rows, bytes, (double)bytes / secs / 1e9, (double)rows / secs,
-             (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1), (double)(cp - c0) / 1e3 / (double)batches,
+             (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1),
+             long_waits_s * 1e9 / (double)((w - w0) + (cp - c0) + 1), (double)(cp - c0) / 1e3 / (double)batches,
              call_p50, call_p90, rss_kb(pid), unix_now_s());
       first_batch_s = -1;
       fflush(stdout);
       w0 = w;
       c0 = cp;
       rows = bytes = batches = 0;
+      long_waits_s = 0;
       t0 = bench_now_s();
     }
     if (rc == LARDER_EEOF) break;
