@@ -672,6 +672,12 @@ void larder_stream_options_init(larder_stream_options_t *o) {
   o->cuda_device = -1;
 }
 
+/* Whether the environment variable name is set and not empty. */
+static int env_set(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL && *v != '\0';
+}
+
 /* Reads the environment variable name into *out (def when it is unset or
  * empty).  Bug fix (tests: daemon_open_checks): a value that was not a
  * number ("abc", "2x") or out of range ("99999999") silently became the
@@ -881,17 +887,21 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (opts->window > LARDER_MAX_WINDOW)
     return set_err(c, LARDER_EINVAL, "window %u exceeds the most a stream may hold, %d batches",
                    opts->window, LARDER_MAX_WINDOW);
+  /* Bug fix (tests: client_open_null_vectors): a NULL entry in the
+   * columns was read, and crashed in protobuf-c's packing.  (A NULL source
+   * entry is an empty source, which the daemon refuses by name.) */
+  for (size_t i = 0; opts->columns && i < opts->num_columns; i++)
+    if (opts->columns[i] == NULL)
+      return set_err(c, LARDER_EINVAL, "column %zu of %zu is NULL", i, opts->num_columns);
   int rank = opts->rank, world = opts->world_size, cuda = opts->cuda_device, rc = 0;
-  if (rank < 0) {
-    int local;
-    rc = env_int(c, "LOCAL_RANK", 0, 0, &local);
-    if (rc == 0) rc = env_int(c, "SLURM_PROCID", local, 0, &rank);
-    if (rc == 0) rc = env_int(c, "RANK", rank, 0, &rank);
-  }
-  if (rc == 0 && world <= 0) {
-    rc = env_int(c, "SLURM_NTASKS", 1, 1, &world);
-    if (rc == 0) rc = env_int(c, "WORLD_SIZE", world, 1, &world);
-  }
+  /* Bug fix (tests: client_rank_env): every variable was parsed, so a
+   * LOCAL_RANK or SLURM_NTASKS that is no number failed the open even
+   * where RANK and WORLD_SIZE said all.  Only the first one set counts. */
+  if (rank < 0)
+    rc = env_int(c, env_set("RANK") ? "RANK" : env_set("SLURM_PROCID") ? "SLURM_PROCID" : "LOCAL_RANK",
+                 0, 0, &rank);
+  if (rc == 0 && world <= 0)
+    rc = env_int(c, env_set("WORLD_SIZE") ? "WORLD_SIZE" : "SLURM_NTASKS", 1, 1, &world);
   /* Bug fix (tests: client_local_rank_host): LOCAL_RANK was parsed for
    * the device even for host memory, so a job that set rank and world
    * size itself, beside a LOCAL_RANK that is no number ("gpu0"), could
@@ -1851,6 +1861,29 @@ static void fill_schema(schema_builder *b, struct ArrowSchema *out, const field_
     b->ptrs[base + i] = c;
     fill_schema(b, c, &f->children[i], f->children[i].name);
   }
+  /* Bug fix (tests: client_fake_map_keys): a map whose Parquet key
+   * column is OPTIONAL (written so by some tools) exported a nullable key
+   * field, which Arrow's format forbids for the entries and the key, and
+   * importers refuse.  Their values are checked to hold no null
+   * (map_keys_have_nulls), so the flags may say so. */
+  if (f->type == LARDER_TYPE_MAP && f->num_children == 1) {
+    struct ArrowSchema *entries = b->ptrs[base];
+    entries->flags &= ~(int64_t)ARROW_FLAG_NULLABLE;
+    if (entries->n_children >= 1) entries->children[0]->flags &= ~(int64_t)ARROW_FLAG_NULLABLE;
+  }
+}
+
+/* Whether a map in a's tree holds a null entry or key, which an Arrow map
+ * cannot: Parquet allows an OPTIONAL key column. */
+static int map_keys_have_nulls(const larder_array_t *a) {
+  if (a->field->type == LARDER_TYPE_MAP && a->num_children == 1) {
+    const larder_array_t *entries = &a->children[0];
+    if (entries->null_count > 0) return 1;
+    if (entries->num_children >= 1 && entries->children[0].null_count > 0) return 1;
+  }
+  for (int i = 0; i < a->num_children; i++)
+    if (map_keys_have_nulls(&a->children[i])) return 1;
+  return 0;
 }
 
 static size_t strings_size(const field_t *f) {
@@ -1951,6 +1984,13 @@ static void fill_array(array_builder *b, struct ArrowArray *out, const larder_ar
 
 int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
                         struct ArrowArray *array) {
+  /* Bug fix (tests: client_export_then_release): a second export of a batch
+   * succeeded, and each array's release then released the batch, the
+   * second one whichever live batch had reused its struct.  The batch
+   * belongs to the first array: the second export is refused. */
+  if (batch->exported) return LARDER_EINVAL;
+  for (int i = 0; i < batch->num_columns; i++)
+    if (map_keys_have_nulls(&batch->columns[i])) return LARDER_EUNSUPPORTED;
   larder_stream_t *s = batch->stream;
   int rc = export_schema(s, schema);
   if (rc) return rc;

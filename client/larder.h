@@ -148,8 +148,13 @@ typedef struct larder_array larder_array_t;
  * Connects to the daemon at socket_path (NULL: $LARDER_SOCKET, else
  * LARDER_DEFAULT_SOCKET) and performs the handshake.  On success *out is a
  * new client the caller closes with larder_client_close.  Returns 0,
- * LARDER_ECONNECT (no daemon), LARDER_EVERSION, LARDER_EPROTO or
- * LARDER_ENOMEM.
+ * LARDER_ECONNECT (no daemon), LARDER_EINVAL (a path too long for a Unix
+ * socket), the code of the daemon's refusal (LARDER_ELIMIT for
+ * max_clients, LARDER_EACCES, LARDER_ESHUTDOWN), LARDER_ECLOSED (closed
+ * with no reason given), LARDER_ETIMEDOUT (no answer to the handshake
+ * within 10 s), LARDER_EVERSION, LARDER_EPROTO or LARDER_ENOMEM.  With no
+ * client there is no message to ask for: the code says it all.  Any
+ * thread.
  */
 int larder_client_connect(const char *socket_path, larder_client_t **out);
 
@@ -184,18 +189,23 @@ typedef struct larder_stream_options {
                                   relative paths are relative to the
                                   caller's working directory */
   size_t num_sources;
-  const char *const *columns;  /* dotted paths; NULL/0 = every column */
+  const char *const *columns;  /* dotted paths; NULL/0 = every column;
+                                  a batch holds them in the file's order
+                                  (larder_batch_column_by_name finds one) */
   size_t num_columns;
   uint32_t batch_size;         /* rows per batch on this rank (default 256; <= 2^20) */
   uint64_t seed;               /* default 0 */
   int shuffle;                 /* default 1 */
   uint32_t shuffle_window;     /* units shuffled together; 0 = daemon's.
                                   More than the daemon's memory_limit holds
+                                  (or its shuffle_window_bytes, if larger)
                                   fails the open with LARDER_ELIMIT */
-  uint32_t unit_rows;          /* rows per unit at most; 0 = daemon's */
+  uint32_t unit_rows;          /* rows per unit at most; 0 = daemon's;
+                                  the daemon keeps it within 64..65536 */
   uint64_t epochs;             /* default 1; 0 = unbounded */
   int32_t rank;                /* -1 (default): $RANK, else 0 */
-  int32_t world_size;          /* -1 (default): $WORLD_SIZE, else 1 */
+  int32_t world_size;          /* -1 (default): $WORLD_SIZE, else 1;
+                                  at most 65536 */
   int drop_last;               /* default 0: the last batch is padded */
   uint64_t start_epoch;        /* resume position (default 0, 0) */
   uint64_t start_batch;
@@ -231,7 +241,10 @@ void larder_stream_options_init(larder_stream_options_t *opts);
  * see larder_client_close); larder_client_last_error says why (a missing
  * file, a bad column, ...).  Sources that hold no rows at all (files of
  * zero rows, read cleanly) fail with LARDER_EINVAL: an epoch of them would
- * have no batch, and an unbounded stream would never yield one.  Should the daemon not answer in time, a
+ * have no batch, and an unbounded stream would never yield one.  So does
+ * an unbounded stream whose epochs have no batch (drop_last with a global
+ * batch larger than the dataset); bounded, it ends at once with
+ * LARDER_EEOF.  Should the daemon not answer in time, a
  * reply that comes later is discarded and its stream closed on the
  * daemon's side.
  */
@@ -319,7 +332,9 @@ uint64_t larder_batch_index(const larder_batch_t *batch);
 int larder_batch_num_columns(const larder_batch_t *batch);
 const larder_array_t *larder_batch_column(const larder_batch_t *batch, int i);
 const larder_array_t *larder_batch_column_by_name(const larder_batch_t *batch, const char *name);
-/* Bytes of the batch's buffers in the arena. */
+/* Bytes of the batch's buffers in the arena.  Each buffer starts on a
+ * 64-byte boundary, so the batch takes up to 63 bytes more per buffer:
+ * size arena_bytes with that room (and more, as batches vary). */
 uint64_t larder_batch_bytes(const larder_batch_t *batch);
 
 /* Gives the batch's arena region back to the daemon (see
@@ -394,8 +409,13 @@ struct ArrowArray {
  * independent and has its own release.  A child moved out of either (as
  * the interface allows) stays valid until its own release, and the batch
  * is released when the last part of the array is.  Release callbacks may
- * run on any thread.  Returns 0 or LARDER_ENOMEM (the batch then still
- * belongs to the caller).
+ * run on any thread.  A map's entries and keys are exported non-nullable,
+ * as Arrow requires.  Returns 0, LARDER_ENOMEM (the batch then still
+ * belongs to the caller), LARDER_EUNSUPPORTED for a batch with a null map
+ * entry or key (which Parquet allows and Arrow does not; the accessors
+ * still read it) or LARDER_EINVAL for a batch exported already (it
+ * belongs to that array).  On an error nothing is exported: there is no
+ * schema or array to release.
  */
 int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
                         struct ArrowArray *array);

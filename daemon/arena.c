@@ -121,6 +121,38 @@ uint64_t arena_used(arena_t *a) {
 static uint64_t gap_start(const arena_t *a, size_t g) { return g ? a->regs[g - 1].offset + a->regs[g - 1].len : 0; }
 static uint64_t gap_end(const arena_t *a, size_t g) { return g < a->count ? a->regs[g].offset : a->size; }
 
+/* Inserts a region of len bytes (aligned) in the first gap that holds it.
+ * Returns its offset or LARDER_EAGAIN.  The caller holds the lock and has
+ * room in regs for one more. */
+static int64_t place_locked(arena_t *a, uint64_t len) {
+  size_t n = a->count;
+  for (size_t g = 0; g <= n; g++) {
+    uint64_t start = gap_start(a, g), end = gap_end(a, g);
+    if (end < start || end - start < len) continue;
+    memmove(&a->regs[g + 1], &a->regs[g], (n - g) * sizeof(region));
+    a->regs[g].offset = start;
+    a->regs[g].len = len;
+    a->count++;
+    a->used += len;
+    return (int64_t)start;
+  }
+  return LARDER_EAGAIN;
+}
+
+static int release_locked(arena_t *a, uint64_t offset) {
+  size_t lo = 0, hi = a->count;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (a->regs[mid].offset < offset) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo >= a->count || a->regs[lo].offset != offset) return LARDER_EINVAL;
+  a->used -= a->regs[lo].len;
+  memmove(&a->regs[lo], &a->regs[lo + 1], (a->count - lo - 1) * sizeof(region));
+  a->count--;
+  return 0;
+}
+
 int64_t arena_alloc(arena_t *a, uint64_t len) {
   len = (len + LAYOUT_ALIGN - 1) & ~(uint64_t)(LAYOUT_ALIGN - 1);
   if (len == 0) len = LAYOUT_ALIGN;
@@ -136,18 +168,47 @@ int64_t arena_alloc(arena_t *a, uint64_t len) {
     a->regs = r;
     a->cap = cap;
   }
-  size_t n = a->count;
-  int64_t rc = LARDER_EAGAIN;
-  for (size_t g = 0; g <= n; g++) {
-    uint64_t start = gap_start(a, g), end = gap_end(a, g);
-    if (end < start || end - start < len) continue;
-    memmove(&a->regs[g + 1], &a->regs[g], (n - g) * sizeof(region));
-    a->regs[g].offset = start;
-    a->regs[g].len = len;
-    a->count++;
-    a->used += len;
-    rc = (int64_t)start;
-    break;
+  int64_t rc = place_locked(a, len);
+  pthread_mutex_unlock(&a->lock);
+  return rc;
+}
+
+int arena_alloc_parts(arena_t *a, const uint64_t *lens, size_t n, int64_t *offs) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t len = (lens[i] + LAYOUT_ALIGN - 1) & ~(uint64_t)(LAYOUT_ALIGN - 1);
+    total += len ? len : LAYOUT_ALIGN;
+    offs[i] = -1;
+  }
+  if (total > a->size) return LARDER_ELIMIT;
+  pthread_mutex_lock(&a->lock);
+  int rc = 0;
+  if (a->cap - a->count < n) {
+    size_t cap = a->cap ? a->cap : 16;
+    while (cap - a->count < n) cap *= 2;
+    region *r = realloc(a->regs, cap * sizeof(*r));
+    if (r == NULL) rc = LARDER_ENOMEM;
+    else {
+      a->regs = r;
+      a->cap = cap;
+    }
+  }
+  /* Largest first: first fit decreasing leaves the small parts the gaps
+   * the large ones could not use. */
+  for (size_t placed = 0; rc == 0 && placed < n; placed++) {
+    size_t pick = n;
+    for (size_t i = 0; i < n; i++)
+      if (offs[i] < 0 && (pick == n || lens[i] > lens[pick])) pick = i;
+    uint64_t len = (lens[pick] + LAYOUT_ALIGN - 1) & ~(uint64_t)(LAYOUT_ALIGN - 1);
+    int64_t off = place_locked(a, len ? len : LAYOUT_ALIGN);
+    if (off < 0) rc = (int)off;
+    else offs[pick] = off;
+  }
+  if (rc) {
+    for (size_t i = 0; i < n; i++) {
+      if (offs[i] >= 0) (void)release_locked(a, (uint64_t)offs[i]);
+      offs[i] = -1;
+    }
   }
   pthread_mutex_unlock(&a->lock);
   return rc;
@@ -155,19 +216,7 @@ int64_t arena_alloc(arena_t *a, uint64_t len) {
 
 int arena_release(arena_t *a, uint64_t offset) {
   pthread_mutex_lock(&a->lock);
-  int rc = LARDER_EINVAL;
-  size_t lo = 0, hi = a->count;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (a->regs[mid].offset < offset) lo = mid + 1;
-    else hi = mid;
-  }
-  if (lo < a->count && a->regs[lo].offset == offset) {
-    a->used -= a->regs[lo].len;
-    memmove(&a->regs[lo], &a->regs[lo + 1], (a->count - lo - 1) * sizeof(region));
-    a->count--;
-    rc = 0;
-  }
+  int rc = release_locked(a, offset);
   pthread_mutex_unlock(&a->lock);
   return rc;
 }

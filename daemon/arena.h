@@ -50,6 +50,14 @@ uint64_t arena_used(arena_t *a);
  * fit. */
 int64_t arena_alloc(arena_t *a, uint64_t len);
 
+/* Reserves n regions of lens[i] bytes each (each aligned, placed first
+ * fit, the largest first) and sets offs[i], all or none: for a batch that
+ * no single gap holds, placed column by column (a batch's buffers need not
+ * be contiguous).  Returns 0, LARDER_EAGAIN when they do not all fit now
+ * (offs[i] are then -1), LARDER_ELIMIT when their total can never fit, or
+ * LARDER_ENOMEM.  Each region is released on its own. */
+int arena_alloc_parts(arena_t *a, const uint64_t *lens, size_t n, int64_t *offs);
+
 /* Releases the region that starts at offset.  Returns 0 or LARDER_EINVAL
  * for an offset that is not a live allocation. */
 int arena_release(arena_t *a, uint64_t offset);

@@ -48,6 +48,10 @@ typedef struct pbatch {
   char message[300];
   int64_t arena_off;
   uint64_t arena_len;
+  /* When no gap held the batch whole: one region per column, each
+   * released on its own (room_free); NULL for one region at arena_off. */
+  int64_t *parts;
+  int num_parts;
   layout_node_t *nodes;
   int num_nodes;
   uint64_t assemble_ns;
@@ -58,6 +62,8 @@ typedef struct pbatch {
 typedef struct sent {
   uint64_t seq;
   int64_t arena_off;
+  int64_t *parts; /* the batch's, moved here when it was sent */
+  int num_parts;
   uint64_t rows, bytes;
 } sent_t;
 
@@ -239,6 +245,15 @@ static uint64_t linear(const stream_t *s, uint64_t epoch, uint64_t batch) {
   return epoch * s->batches_per_epoch + batch;
 }
 
+/* Gives a batch's arena room back: the region at off, or its parts. */
+static void room_free(stream_t *s, int64_t off, const int64_t *parts, int num_parts) {
+  if (parts == NULL) {
+    arena_release(s->arena, (uint64_t)off);
+    return;
+  }
+  for (int i = 0; i < num_parts; i++) arena_release(s->arena, (uint64_t)parts[i]);
+}
+
 static void pbatch_free(stream_t *s, pbatch_t *b) {
   for (int i = 0; i < b->num_units; i++) {
     units_unwait(b->units[i], s);
@@ -250,6 +265,7 @@ static void pbatch_free(stream_t *s, pbatch_t *b) {
   free(b->sample_slot);
   free(b->samples);
   free(b->nodes);
+  free(b->parts);
   free(b);
 }
 
@@ -388,6 +404,7 @@ static void stream_destroy(stream_t *s) {
   free(s->pinned);
   free(s->plan_slot);
   free(s->counted);
+  for (int i = 0; i < s->num_sent; i++) free(s->sent[i].parts);
   free(s->sent);
   shuffle_epoch_close(s->plan_ep);
   shuffle_epoch_close(s->pin_ep);
@@ -1226,6 +1243,37 @@ static void assemble_work(work_t *w) {
     total += (uint64_t)sizes[c];
   }
   int64_t off = arena_alloc(s->arena, total);
+  free(b->parts);
+  b->parts = NULL;
+  b->num_parts = 0;
+  if (off == LARDER_EAGAIN && nc > 1) {
+    /* Bug fix (tests: daemon_arena_fragments): with a small arena, the
+     * batches a trainer held could leave free room only in gaps each too
+     * small for the next batch, and the stream waited for good for a
+     * release the trainer, holding less than its window, need not make.
+     * A batch's buffers need not be contiguous: place it column by
+     * column. */
+    int64_t *parts = malloc((size_t)nc * sizeof(int64_t));
+    uint64_t *lens = malloc((size_t)nc * sizeof(uint64_t));
+    if (parts == NULL || lens == NULL) {
+      free(parts);
+      free(lens);
+      b->error = LARDER_ENOMEM;
+      goto out;
+    }
+    for (int c = 0; c < nc; c++) lens[c] = (uint64_t)sizes[c];
+    int prc = arena_alloc_parts(s->arena, lens, (size_t)nc, parts);
+    free(lens);
+    if (prc == 0) {
+      b->parts = parts;
+      b->num_parts = nc;
+      off = parts[0];
+      for (int c = 1; c < nc; c++)
+        if (parts[c] < off) off = parts[c];
+    } else {
+      free(parts);
+    }
+  }
   if (off == LARDER_EAGAIN) {
     b->error = LARDER_EAGAIN;
     goto out;
@@ -1244,6 +1292,7 @@ static void assemble_work(work_t *w) {
   uint8_t *dst = base + off;
   int node = 0;
   for (int c = 0; c < nc; c++) {
+    if (b->parts) dst = base + b->parts[c];
     if (from_rows[c]) {
       layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 0, base, dst,
                          b->nodes + node);
@@ -1261,7 +1310,9 @@ static void assemble_work(work_t *w) {
       b->error = rc;
       snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
                larder_strerror(rc));
-      arena_release(s->arena, (uint64_t)off);
+      room_free(s, off, b->parts, b->num_parts);
+      free(b->parts);
+      b->parts = NULL;
       goto out;
     }
     dst += sizes[c];
@@ -1286,7 +1337,7 @@ static void assemble_done(work_t *w, int status) {
   STATS_ADD(&s->srv->stats, assemble_ns, b->assemble_ns);
   STATS_ADD(&s->st, assemble_ns, b->assemble_ns);
   if (s->closed) {
-    if (b->error == 0) arena_release(s->arena, (uint64_t)b->arena_off);
+    if (b->error == 0) room_free(s, b->arena_off, b->parts, b->num_parts);
     pbatch_t **pp = &s->q_head;
     while (*pp && *pp != b) pp = &(*pp)->next;
     if (*pp) *pp = b->next;
@@ -1426,7 +1477,8 @@ static int send_batch(stream_t *s, pbatch_t *b) {
     free(layout);
     if (rc) return rc;
   }
-  s->sent[s->num_sent++] = (sent_t){b->seq, b->arena_off, (uint64_t)b->n, bytes};
+  s->sent[s->num_sent++] = (sent_t){b->seq, b->arena_off, b->parts, b->num_parts, (uint64_t)b->n, bytes};
+  b->parts = NULL; /* the sent entry has them now */
   STATS_ADD(&s->st, batches, 1);
   STATS_ADD(&s->st, rows, b->n);
   STATS_ADD(&s->st, bytes, bytes);
@@ -1455,7 +1507,8 @@ static void send_end(stream_t *s) {
 static int release_one(stream_t *s, uint64_t seq, uint64_t wait_ns, uint64_t compute_ns) {
   for (int i = 0; i < s->num_sent; i++) {
     if (s->sent[i].seq != seq) continue;
-    arena_release(s->arena, (uint64_t)s->sent[i].arena_off);
+    room_free(s, s->sent[i].arena_off, s->sent[i].parts, s->sent[i].num_parts);
+    free(s->sent[i].parts);
     s->sent[i] = s->sent[--s->num_sent];
     STATS_ADD(&s->st, wait_ns, wait_ns);
     STATS_ADD(&s->st, compute_ns, compute_ns);
@@ -1697,7 +1750,9 @@ again:
     if (!busy && later) {
       for (pbatch_t *b = noroom->next; b; b = b->next) {
         if (b->state != PB_READY) continue;
-        arena_release(s->arena, (uint64_t)b->arena_off);
+        room_free(s, b->arena_off, b->parts, b->num_parts);
+        free(b->parts);
+        b->parts = NULL;
         b->state = PB_WAITING;
       }
       noroom->state = PB_WAITING;
@@ -1872,10 +1927,13 @@ static void open_done(work_t *w, int status) {
       util_human_bytes(want, sizeof(want), (double)units * (double)avg);
       util_human_bytes(have, sizeof(have), (double)cap);
       o->rc = LARDER_ELIMIT;
+      /* Bug fix (tests: daemon_stream_shuffle_window_limit): the message named
+       * memory_limit for a cap that may be shuffle_window_bytes. */
       snprintf(o->err, sizeof(o->err),
                "shuffle_window %u units holds about %s of decoded rows, more than the "
-               "daemon's memory_limit allows (%s)",
-               o->params.shuffle_window, want, have);
+               "daemon allows (%s, its %s)",
+               o->params.shuffle_window, want, have,
+               cap == srv->cfg.memory_limit ? "memory_limit" : "shuffle_window_bytes");
     }
   }
   if (o->rc) {
@@ -1929,6 +1987,18 @@ static void open_done(work_t *w, int status) {
     return;
   }
   s->batches_per_epoch = shuffle_batches_per_epoch(s->plan);
+  /* Bug fix (tests: daemon_stream_options): with drop_last and a global
+   * batch larger than the dataset an epoch has no batch, and an unbounded
+   * stream of such epochs ended at once, as if it had run its course.  A
+   * bounded one ends at once still, as a DataLoader's would. */
+  if (s->batches_per_epoch == 0 && s->epochs == 0) {
+    refuse_open(c, s, o, LARDER_EINVAL,
+                "an unbounded stream with no batch in an epoch: %llu samples are fewer than one "
+                "global batch (%u rows x %u ranks), and drop_last drops them",
+                (unsigned long long)shuffle_num_samples(s->plan), p->batch_size,
+                s->params.world_size);
+    return;
+  }
   if (s->batches_per_epoch && !start_position_fits(p->start_epoch, p->start_batch,
                                                    s->batches_per_epoch)) {
     /* Bug fix (tests: daemon_open_checks): the epoch wrapped to a small

@@ -12,7 +12,7 @@ packages=(
   protobuf-c-compiler libprotobuf-c-dev
   libsnappy-dev libzstd-dev liblz4-dev zlib1g-dev libbrotli-dev
   libinih-dev libsystemd-dev systemd
-  nginx-light iproute2 tmux
+  nginx-light iproute2 tmux python3
 )
 
 missing=()

@@ -153,6 +153,15 @@ TEST_IMPL(client_export_then_release) {
   struct ArrowSchema schema;
   struct ArrowArray array;
   ASSERT_OK(larder_batch_export(first, &schema, &array));
+  /* A second export is refused and touches nothing: the batch belongs to
+   * the first array.  (Bug fix: it succeeded, and each array's release
+   * released the batch, the second one whichever batch reused its
+   * struct.) */
+  struct ArrowSchema schema2 = {0};
+  struct ArrowArray array2 = {0};
+  ASSERT_EQ(larder_batch_export(first, &schema2, &array2), LARDER_EINVAL);
+  ASSERT_NULL(schema2.release);
+  ASSERT_NULL(array2.release);
   larder_batch_release(first);
   ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b));
   ASSERT_UINT_EQ(dh_batch_hash(first), ref.b[0].hash);
@@ -428,6 +437,99 @@ TEST_IMPL(client_local_rank_host) {
   return 0;
 }
 
+/*
+ * Rank and world size come from the first variable set of RANK,
+ * SLURM_PROCID, LOCAL_RANK and of WORLD_SIZE, SLURM_NTASKS: the others are
+ * not read.  (Bug fix: all were parsed, so a LOCAL_RANK of "gpu0" or a
+ * SLURM_NTASKS of "x" beside RANK and WORLD_SIZE failed the open.)  The
+ * one read must be a number, and the error names it.
+ */
+TEST_IMPL(client_rank_env) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  o.rank = -1;
+  o.world_size = -1;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  ASSERT_OK(setenv("RANK", "1", 1));
+  ASSERT_OK(setenv("WORLD_SIZE", "2", 1));
+  ASSERT_OK(setenv("SLURM_PROCID", "x", 1));
+  ASSERT_OK(setenv("SLURM_NTASKS", "y", 1));
+  ASSERT_OK(setenv("LOCAL_RANK", "gpu0", 1));
+  larder_stream_t *s;
+  int rc = larder_stream_open(c, &o, &s);
+  if (rc) ASSERT_FAIL_("open: %s", larder_client_last_error(c));
+  ASSERT_EQ(larder_stream_batches_per_epoch(s), (DH_STD_ROWS + 127) / 128);
+  larder_stream_close(s);
+  ASSERT_OK(unsetenv("RANK"));
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "SLURM_PROCID=\"x\"");
+  ASSERT_OK(unsetenv("SLURM_PROCID"));
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "LOCAL_RANK=\"gpu0\"");
+  ASSERT_OK(setenv("LOCAL_RANK", "1", 1));
+  ASSERT_OK(unsetenv("WORLD_SIZE"));
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "SLURM_NTASKS=\"y\"");
+  ASSERT_OK(setenv("SLURM_NTASKS", "2", 1));
+  rc = larder_stream_open(c, &o, &s);
+  if (rc) ASSERT_FAIL_("open: %s", larder_client_last_error(c));
+  ASSERT_EQ(larder_stream_batches_per_epoch(s), (DH_STD_ROWS + 127) / 128);
+  larder_stream_close(s);
+  ASSERT_OK(unsetenv("SLURM_NTASKS"));
+  ASSERT_OK(unsetenv("LOCAL_RANK"));
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * A NULL column name (or source vector) fails the open with LARDER_EINVAL
+ * and a message, and the client goes on.  (Bug
+ * fix: a NULL column crashed in protobuf-c's packing, as a Python caller
+ * found with a None in its list.)
+ */
+TEST_IMPL(client_open_null_vectors) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  larder_stream_options_t bad = o;
+  static const char *const cols[] = {"id", NULL};
+  bad.columns = cols;
+  bad.num_columns = 2;
+  ASSERT_EQ(larder_stream_open(c, &bad, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "column 1 of 2 is NULL");
+  bad = o;
+  bad.sources = NULL;
+  ASSERT_EQ(larder_stream_open(c, &bad, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "at least one source");
+  /* A NULL entry among the sources is an empty one, which the daemon
+   * refuses by name. */
+  static const char *const srcs[] = {NULL};
+  bad = o;
+  bad.sources = srcs;
+  bad.num_sources = 1;
+  ASSERT_EQ(larder_stream_open(c, &bad, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "empty source");
+  int rc = larder_stream_open(c, &o, &s);
+  if (rc) ASSERT_FAIL_("open: %s", larder_client_last_error(c));
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b));
+  larder_batch_release(b);
+  larder_stream_close(s);
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* A fake daemon                                                             */
 
@@ -437,10 +539,11 @@ TEST_IMPL(client_local_rank_host) {
 #define FAKE_LAYOUT (FAKE_MAX_NODES * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS)
 
 /* The schemas: "std" is x int64 (nullable), s string, l list<int32>;
- * "large" is ls large_string, ll large_list<int32>. */
+ * "large" is ls large_string, ll large_list<int32>; "map" is m
+ * map<int32, int32> with a nullable key (as Parquet allows). */
 typedef struct fake_schema {
   Larder__Field root, a, b, c, item;
-  Larder__Field *root_children[3], *list_children[1];
+  Larder__Field *root_children[3], *list_children[1], *entry_children[2];
   int num_nodes;
 } fake_schema;
 
@@ -483,6 +586,28 @@ static void large_schema(fake_schema *fs) {
   fs->num_nodes = 3;
 }
 
+static void map_schema(fake_schema *fs) {
+  field_init(&fs->root, "", LARDER_TYPE_STRUCT);
+  field_init(&fs->a, "m", LARDER_TYPE_MAP);
+  fs->a.nullable = 1;
+  field_init(&fs->b, "entries", LARDER_TYPE_STRUCT);
+  field_init(&fs->c, "key", LARDER_TYPE_INT32);
+  fs->c.nullable = 1;
+  field_init(&fs->item, "value", LARDER_TYPE_INT32);
+  fs->item.nullable = 1;
+  fs->entry_children[0] = &fs->c;
+  fs->entry_children[1] = &fs->item;
+  fs->b.n_children = 2;
+  fs->b.children = fs->entry_children;
+  fs->list_children[0] = &fs->b;
+  fs->a.n_children = 1;
+  fs->a.children = fs->list_children;
+  fs->root_children[0] = &fs->a;
+  fs->root.n_children = 1;
+  fs->root.children = fs->root_children;
+  fs->num_nodes = 4;
+}
+
 /* A good batch of 4 rows of each schema, in the arena as fake_fill lays it
  * out: one line per node (length, null count, validity, offsets and
  * values as offset and length). */
@@ -491,6 +616,12 @@ static const uint64_t std_layout[FAKE_LAYOUT] = {
     4, 0, 0, 0, 64,  20, 128, 10, /* s: "a", "bb", "ccc", "dddd" */
     4, 0, 0, 0, 192, 20, 0,   0,  /* l: [], [1], [2, 3], [4, 5, 6] */
     6, 0, 0, 0, 0,   0,  256, 24, /* item */
+};
+static const uint64_t map_layout[FAKE_LAYOUT] = {
+    4, 0, 0, 0, 192, 20, 0,   0,  /* m: {}, {1: 1}, {2: 2, 3: 3}, {4: 4, 5: 5, 6: 6} */
+    6, 0, 0, 0, 0,   0,  0,   0,  /* entries */
+    6, 0, 0, 0, 0,   0,  256, 24, /* key */
+    6, 0, 0, 0, 0,   0,  256, 24, /* value */
 };
 static const uint64_t large_layout[FAKE_LAYOUT] = {
     4, 0, 0, 0, 512, 40, 128, 10, /* ls: as s */
@@ -877,6 +1008,62 @@ TEST_IMPL(client_fake_ring_rewritten) {
  * LARGE_LIST's second Arrow buffer was its values, absent, rather than
  * its offsets.)
  */
+/*
+ * A map exports with its entries and keys non-nullable, as Arrow requires,
+ * whatever the Parquet key column said; its values keep their flag.  A
+ * batch with a null key cannot be an Arrow map: its export fails with
+ * LARDER_EUNSUPPORTED and leaves the batch to the caller, whose accessors
+ * still read it.  (Bug fix: the key exported nullable, which importers
+ * refuse.)
+ */
+TEST_IMPL(client_fake_map_keys) {
+  fake_schema fs;
+  map_schema(&fs);
+  fake_t f;
+  fake_init(&f, &fs);
+  /* Entry 0's key is null in the second batch. */
+  f.arena[320] = 0x3e;
+  larder_client_t *c;
+  larder_stream_t *s;
+  ASSERT_OK(fake_open(&f, &c, &s));
+  fake_send_batch(&f, 0, map_layout);
+  uint64_t null_key[FAKE_LAYOUT];
+  memcpy(null_key, map_layout, sizeof(null_key));
+  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT] = 1;
+  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET] = 320;
+  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH] = 1;
+  fake_send_batch(&f, 1, null_key);
+  larder_batch_t *b;
+  int rc = larder_stream_next(s, 5000, &b);
+  if (rc) ASSERT_FAIL_("next: %s", larder_client_last_error(c));
+  struct ArrowSchema schema;
+  struct ArrowArray array;
+  ASSERT_OK(larder_batch_export(b, &schema, &array));
+  const struct ArrowSchema *m = schema.children[0];
+  ASSERT_STR_EQ(m->format, "+m");
+  ASSERT(m->flags & ARROW_FLAG_NULLABLE);
+  ASSERT_EQ(m->children[0]->flags & ARROW_FLAG_NULLABLE, 0);
+  ASSERT_EQ(m->children[0]->children[0]->flags & ARROW_FLAG_NULLABLE, 0);
+  ASSERT(m->children[0]->children[1]->flags & ARROW_FLAG_NULLABLE);
+  array.release(&array);
+  schema.release(&schema);
+  rc = larder_stream_next(s, 5000, &b);
+  if (rc) ASSERT_FAIL_("next: %s", larder_client_last_error(c));
+  struct ArrowSchema schema2 = {0};
+  struct ArrowArray array2 = {0};
+  ASSERT_EQ(larder_batch_export(b, &schema2, &array2), LARDER_EUNSUPPORTED);
+  ASSERT_NULL(schema2.release);
+  ASSERT_NULL(array2.release);
+  const larder_array_t *key = larder_array_child(larder_array_child(larder_batch_column(b, 0), 0), 0);
+  ASSERT_EQ(larder_array_null_count(key), 1);
+  ASSERT_EQ(larder_array_validity(key)[0] & 1, 0);
+  larder_batch_release(b);
+  larder_stream_close(s);
+  larder_client_close(c);
+  fake_free(&f);
+  return 0;
+}
+
 TEST_IMPL(client_fake_large_types) {
   fake_schema fs;
   large_schema(&fs);

@@ -675,6 +675,15 @@ TEST_IMPL(daemon_stream_shuffle_window_limit) {
   ASSERT_GT(r.n, 0);
   dh_run_free(&r);
   dh_stop(&d);
+  /* With a default window larger than memory_limit, that default is the
+   * cap, and the error names it (it named memory_limit). */
+  static const char *const fl2[] = {"--memory_limit=16K", "--shuffle_window_bytes=64K", NULL};
+  dh_init(&d, "d2", fl2);
+  dh_start(&d);
+  o.shuffle_window = DH_STD_UNITS;
+  ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_ELIMIT);
+  ASSERT_STR_CONTAINS(err, "(64.0 KiB, its shuffle_window_bytes)");
+  dh_stop(&d);
   return 0;
 }
 
@@ -751,8 +760,8 @@ TEST_IMPL(daemon_stream_windows_admission) {
 /*
  * Stream options at their edges: invalid ones fail the open with a clear
  * error; no shuffle gives the dataset's order; a global batch larger than
- * the dataset gives one padded batch, or none with drop_last; unbounded
- * epochs keep going; max_clients refuses a connection with ELIMIT.
+ * the dataset gives one padded batch, or none with drop_last (and an
+ * unbounded stream of such epochs is refused); unbounded epochs keep going; max_clients refuses a connection with ELIMIT.
  */
 TEST_IMPL(daemon_stream_options) {
   dh_daemon d;
@@ -871,6 +880,10 @@ TEST_IMPL(daemon_stream_options) {
   ASSERT_EQ(r.batches_per_epoch, 0);
   ASSERT_EQ(r.n, 0);
   dh_run_free(&r);
+  /* Unbounded, such a stream would never yield a batch: refused. */
+  o.epochs = 0;
+  ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(err, "no batch in an epoch");
 
   /* Unbounded epochs: 3.5 epochs' worth, then the client stops. */
   std_opts(&o, 500, 0);
@@ -1162,6 +1175,100 @@ TEST_IMPL(daemon_arena_model) {
   /* Empty again: the whole arena in one piece. */
   ASSERT_EQ(arena_alloc(a, size), 0);
   arena_destroy(a);
+  return 0;
+}
+
+/*
+ * arena_alloc_parts places a batch that no single gap holds in several,
+ * all or nothing: aligned, disjoint regions inside the arena; a set whose
+ * largest part fits nowhere leaves nothing allocated (EAGAIN); one whose
+ * total exceeds the arena fails with ELIMIT.
+ */
+TEST_IMPL(daemon_arena_parts) {
+  arena_t *a;
+  ASSERT_OK(arena_create(32768, "larder-test-arena", &a));
+  /* Two batches, the first released: gaps of 12032 and 8448 bytes. */
+  int64_t first = arena_alloc(a, 12032), held = arena_alloc(a, 12288);
+  ASSERT_EQ(first, 0);
+  ASSERT_EQ(held, 12032);
+  ASSERT_OK(arena_release(a, 0));
+  ASSERT_EQ(arena_alloc(a, 12300), LARDER_EAGAIN);
+  const uint64_t fits[3] = {4000, 7000, 8000};
+  int64_t off[3];
+  ASSERT_OK(arena_alloc_parts(a, fits, 3, off));
+  for (int i = 0; i < 3; i++) {
+    uint64_t len = (fits[i] + LAYOUT_ALIGN - 1) & ~(uint64_t)(LAYOUT_ALIGN - 1);
+    ASSERT_EQ((uint64_t)off[i] % LAYOUT_ALIGN, 0);
+    ASSERT((uint64_t)off[i] + len <= 32768);
+    ASSERT((uint64_t)off[i] + len <= 12032 || off[i] >= 24320);
+    for (int j = 0; j < i; j++) ASSERT(off[i] != off[j]);
+  }
+  uint64_t used = arena_used(a);
+  for (int i = 0; i < 3; i++) ASSERT_OK(arena_release(a, (uint64_t)off[i]));
+  /* 11000 takes the first gap; 9000 then fits nowhere. */
+  const uint64_t no[2] = {9000, 11000};
+  ASSERT_EQ(arena_alloc_parts(a, no, 2, off), LARDER_EAGAIN);
+  ASSERT_EQ(off[0], -1);
+  ASSERT_EQ(off[1], -1);
+  ASSERT_EQ(arena_used(a), used - 4032 - 7040 - 8000);
+  ASSERT_EQ(arena_used(a), 12288);
+  const uint64_t huge[2] = {20000, 20000};
+  ASSERT_EQ(arena_alloc_parts(a, huge, 2, off), LARDER_ELIMIT);
+  ASSERT_OK(arena_release(a, (uint64_t)held));
+  ASSERT_EQ(arena_used(a), 0);
+  arena_destroy(a);
+  return 0;
+}
+
+/*
+ * A trainer that keeps its current batch while it asks for the next (and
+ * releases the one before after), in an arena of about three batches with
+ * a window of three: the batch it holds can leave free room only in gaps
+ * each too small for the next batch whole.  The stream must go on, with
+ * the batches of a run in a large arena.  (Bug fix: it waited for good
+ * for a release that the trainer, holding one batch of its three, need not
+ * make, and said nothing.)  Both transports.
+ */
+TEST_IMPL(daemon_arena_fragments) {
+  char path[1024];
+  test_data_path(path, sizeof(path), "parquet-testing/data/delta_byte_array.parquet");
+  const char *src[1] = {path};
+  for (int frames = 0; frames < 2; frames++) {
+    static const char *const frames_flag[] = {"--shm_ring=false", NULL};
+    dh_daemon d;
+    dh_init(&d, frames ? "frames" : "ring", frames ? frames_flag : NULL);
+    dh_start(&d);
+    larder_stream_options_t o;
+    dh_opts(&o, src, 100, 1, 1);
+    dh_run ref = {0};
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
+    ASSERT_EQ(ref.n, 10);
+    o.arena_bytes = 32768;
+    o.window = 3;
+    o.epochs = 3;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s;
+    int rc = larder_stream_open(c, &o, &s);
+    if (rc) ASSERT_FAIL_("open: %s", larder_client_last_error(c));
+    larder_batch_t *prev = NULL, *b;
+    size_t k = 0;
+    while ((rc = larder_stream_next(s, 10000 * dh_slow(), &b)) == 0) {
+      if (larder_batch_epoch(b) == 0) ASSERT_UINT_EQ(dh_batch_hash(b), ref.b[k].hash);
+      k++;
+      if (prev) larder_batch_release(prev);
+      prev = b;
+    }
+    if (rc != LARDER_EEOF)
+      ASSERT_FAIL_("%s after %zu batches: %s", frames ? "frames" : "ring", k,
+                   larder_client_last_error(c));
+    ASSERT_EQ(k, 30);
+    larder_batch_release(prev);
+    larder_stream_close(s);
+    larder_client_close(c);
+    dh_run_free(&ref);
+    dh_stop(&d);
+  }
   return 0;
 }
 
