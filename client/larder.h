@@ -260,8 +260,11 @@ int larder_stream_open(larder_client_t *client, const larder_stream_options_t *o
  * ends it with its own errors; the library ends it itself with
  * LARDER_EPROTO when the daemon sends a malformed batch (a buffer outside
  * the arena or too small for its array) and LARDER_ENOMEM when it cannot
- * allocate one.  Once ended, every later call returns that error.  The
- * thread that owns the stream.
+ * allocate one.  Once ended, every later call returns that error.  A
+ * signal does not end the wait (it goes on after EINTR): a caller that
+ * must act on signals while it waits, such as Python's KeyboardInterrupt
+ * through ctypes, calls with a finite timeout in a loop.  The thread that
+ * owns the stream.
  */
 int larder_stream_next(larder_stream_t *stream, int timeout_ms, larder_batch_t **out);
 
