@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +176,31 @@ static int daemonize(const char *log_file) {
   return 0;
 }
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* Moves the cache's database aside (so that a crash meanwhile leaves no
+ * half-deleted one where the store looks) and deletes it.  Returns 0, or
+ * LARDER_EIO with a message in err.  The main thread, before the loop. */
+static int discard_cache_db(const char *cache_dir, char *err, size_t errlen) {
+  char db[PATH_MAX], aside[PATH_MAX];
+  snprintf(db, sizeof(db), "%s/db", cache_dir);
+  snprintf(aside, sizeof(aside), "%s/db.discarded.%ld", cache_dir, (long)getpid());
+  if (rename(db, aside) != 0) {
+    snprintf(err, errlen, "cannot move the corrupt database aside: %s", strerror(errno));
+    return LARDER_EIO;
+  }
+  if (nftw(aside, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    /* The new cache can start beside what is left of the old one. */
+    log_warn("could not delete all of %s: %s", aside, strerror(errno));
+  }
+  return 0;
+}
+
 /* Everything between parsing the command line and the end of serving; main
  * owns srv and frees it whatever this returns, so every early exit here
  * (a bad flag, a cache that will not open) leaks nothing. */
@@ -263,6 +289,18 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   so.flush_threads = flushes ? (int)(flushes > 64 ? 64 : flushes)
                              : store_default_flush_threads(srv->workers);
   int rc = store_open(&so, &srv->store, err, sizeof(err));
+  if (rc == LARDER_ECORRUPT) {
+    /* Bug fix (tests: daemon_cache_corrupt_at_start): a cache that RocksDB
+     * found corrupt at open (a lost .sst file, a damaged CURRENT or
+     * MANIFEST, after a disk fault) stopped the daemon from starting, and
+     * systemd restarted it in a loop: every trainer on the node was down
+     * for the sake of a cache whose contents the sources hold anyway.  It
+     * is discarded and started anew, once. */
+    log_err("the cache in %s is corrupt (%s): discarding it and starting an empty one",
+            srv->cfg.cache_dir, err);
+    rc = discard_cache_db(srv->cfg.cache_dir, err, sizeof(err));
+    if (rc == 0) rc = store_open(&so, &srv->store, err, sizeof(err));
+  }
   if (rc) {
     log_err("cannot open the cache in %s: %s", srv->cfg.cache_dir, err);
     return 1;

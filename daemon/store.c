@@ -1472,7 +1472,12 @@ static int open_db(store_t *st, char *err, size_t errlen) {
   }
   char *e = NULL;
   st->db = rocksdb_open(st->dbopts, st->dbdir, &e);
+  /* A file the database's own records name but the directory lacks (a
+   * MANIFEST that CURRENT names, a table file) is corruption, whatever
+   * error RocksDB calls it: the caller may discard such a cache. */
+  int missing = e != NULL && strstr(e, "No such file or directory") != NULL;
   int rc = rdb_take(&e, err, errlen);
+  if (rc == LARDER_EIO && missing) rc = LARDER_ECORRUPT;
   if (rc == 0 && st->db == NULL) rc = LARDER_EIO;
   if (rc != 0 && st->db != NULL) {
     rocksdb_close(st->db);

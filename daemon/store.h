@@ -96,7 +96,9 @@ int store_default_flush_threads(int workers);
 /*
  * Opens (creating if needed) the cache in opts->dir and loads its index.
  * Returns 0 or a negative code with a message in err (errlen bytes).  A
- * database that RocksDB cannot open is reported, not deleted.  Any thread.
+ * database that RocksDB cannot open is reported, not deleted:
+ * LARDER_ECORRUPT when its files are damaged or missing (larderd then
+ * discards it).  Any thread.
  */
 int store_open(const store_options_t *opts, store_t **out, char *err,
                size_t errlen);

@@ -203,6 +203,54 @@ TEST_IMPL(daemon_cache_restart_warm) {
   return 0;
 }
 
+/*
+ * A cache that RocksDB finds corrupt at open (a damaged CURRENT file, one
+ * naming a missing MANIFEST, lost table files) is discarded with an error in the log, and the daemon
+ * starts with an empty one and serves the same batches, decoding them
+ * again.  (Bug fix: the daemon refused to start, and systemd restarted it
+ * in a loop.)
+ */
+TEST_IMPL(daemon_cache_corrupt_at_start) {
+  std_setup();
+  larder_stream_options_t o;
+  std_opts(&o, 100, 1);
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  dh_run a = {0}, b = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &a));
+  dh_stop(&d);
+  for (int round = 0; round < 3; round++) {
+    char path[1200];
+    if (round < 2) {
+      /* A CURRENT file of garbage, then one naming no MANIFEST there is. */
+      snprintf(path, sizeof(path), "%s/db/CURRENT", d.cache);
+      FILE *f = fopen(path, "w");
+      ASSERT_NOT_NULL(f);
+      fputs(round == 0 ? "garbage" : "MANIFEST-999999\n", f);
+      fclose(f);
+    } else {
+      /* Every table file, lost. */
+      ASSERT_EQ(test_system("ls %s/db/*.sst >/dev/null 2>&1", d.cache), 0);
+      ASSERT_EQ(test_system("rm -f %s/db/*.sst", d.cache), 0);
+    }
+    dh_start(&d);
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &b));
+    dh_expect_same(&a, &b);
+    dh_run_free(&b);
+    char *log = dh_read_log(&d);
+    int seen = 0;
+    for (const char *p = log; (p = strstr(p, "is corrupt")) != NULL; p++) seen++;
+    ASSERT_EQ(seen, round + 1);
+    ASSERT_STR_CONTAINS(log, "discarding it and starting an empty one");
+    free(log);
+    if (round == 0) ASSERT_GT(dh_stat(&d, "units_decoded"), 0);
+    dh_stop(&d);
+  }
+  dh_run_free(&a);
+  return 0;
+}
+
 /* A client streaming job `o` until the daemon dies, checking each batch
  * against the clean run. */
 typedef struct kill_reader {
