@@ -41,6 +41,7 @@ typedef struct dataset_file {
   int64_t mtime_ns;        /* local files */
   int64_t ctime_ns;
   uint64_t ino;
+  uint64_t footer_hash;    /* local files: dataset_footer_hash at open */
   char identity[160];      /* "size=N;mtime=T;ino=I;ctime=C" or "size=N;etag=E" */
   uint64_t object_id;      /* hash of path and identity */
   pq_file *pq;
@@ -136,5 +137,12 @@ int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
 uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes);
 /* The rows a window of `units` units holds on average. */
 uint64_t dataset_window_rows(const dataset_t *ds, uint64_t units);
+
+/* A hash of the last footer_length + 8 bytes of the local file open as fd
+ * (its footer and tail) into *out.  A unit's decode compares it with the
+ * one taken at open when only the file's ctime changed (chmod, chown, a
+ * new hard link): the same footer says the content stayed, and the stream
+ * goes on.  Returns 0, LARDER_EIO or LARDER_ENOMEM.  Any thread. */
+int dataset_footer_hash(int fd, uint64_t size, uint32_t footer_length, uint64_t *out);
 
 #endif /* LARDER_DATASET_H */

@@ -698,10 +698,21 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     rc = pq_source_open_file(&src, f->path, &err);
     if (rc) return unit_fail(u, rc, err.msg);
     struct stat st;
-    if (fstat((int)src.fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
-        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != f->mtime_ns ||
-        (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec != f->ctime_ns ||
-        (uint64_t)st.st_ino != f->ino) {
+    int same = fstat((int)src.fd, &st) == 0 && (uint64_t)st.st_size == f->size &&
+               (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == f->mtime_ns &&
+               (uint64_t)st.st_ino == f->ino;
+    /* Bug fix (tests: daemon_cache_chmod_file): a change of the ctime
+     * alone (chmod, chown, a new hard link such as rsync --link-dest
+     * makes) ended every stream reading the file.  A rewrite with its
+     * size and mtime put back changes the ctime too, so the ctime alone
+     * cannot tell them apart: the footer can, its statistics and offsets
+     * being the content's.  The same footer lets the stream go on. */
+    uint64_t footer;
+    if (same && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec != f->ctime_ns)
+      same = dataset_footer_hash((int)src.fd, f->size, pq_file_meta(f->pq)->footer_length,
+                                 &footer) == 0 &&
+             footer == f->footer_hash;
+    if (!same) {
       pq_source_close_file(&src);
       snprintf(msg, sizeof(msg), "%s: the file changed since the stream opened; reopen the stream",
                f->path);
