@@ -767,7 +767,10 @@ static void stats_human(server_t *srv, sbuf *b) {
             fmt_bytes(y, sizeof(y), (double)st.capacity_bytes),
             st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
             fmt_count(z, sizeof(z), st.entries), fmt_count(w, sizeof(w), st.objects),
-            st.admission_disabled ? "OFF (the cache disk is full)" : "on");
+            !st.admission_disabled ? "on"
+            : st.write_error == LARDER_EIO
+                ? "OFF (writes to the cache disk failed: see the log)"
+                : "OFF (the cache disk is full)");
   uint64_t hit = STATS_GET(&srv->stats, cache_hit_bytes), miss = STATS_GET(&srv->stats, cache_miss_bytes);
   if (hit + miss)
     sb_printf(b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",

@@ -439,6 +439,26 @@ static void on_signal(uv_signal_t *h, int signum) {
  * are closed without flushing. */
 #define SHUTDOWN_GRACE_NS (5ull * 1000000000ull)
 
+/* From the tick: entries that failed their checksum since the last report,
+ * logged at most once a minute.  Each is dropped and rebuilt from the
+ * sources, so trainers see nothing, and nothing else would tell an
+ * operator that the cache's disk returns bad data. */
+static void note_cache_faults(server_t *srv) {
+  if (srv->store == NULL) return;
+  uint64_t now = util_now_ns();
+  if (srv->checksum_logged_ns && now - srv->checksum_logged_ns < 60ull * 1000000000ull) return;
+  store_stats_t st;
+  store_stats_get(srv->store, &st);
+  if (st.checksum_failures <= srv->checksum_failures_logged) return;
+  log_warn("cache: %llu entries failed their checksum since %s (each dropped, and rebuilt "
+           "from its source when read); the disk under %s may be failing: larderctl verify "
+           "checks every entry",
+           (unsigned long long)(st.checksum_failures - srv->checksum_failures_logged),
+           srv->checksum_logged_ns ? "the last report" : "the start", srv->cfg.cache_dir);
+  srv->checksum_failures_logged = st.checksum_failures;
+  srv->checksum_logged_ns = now;
+}
+
 static void on_tick(uv_timer_t *t) {
   server_t *srv = t->data;
   if (srv->shutting_down) {
@@ -465,6 +485,7 @@ static void on_tick(uv_timer_t *t) {
   units_retry(srv);
   conn_expire_partial(srv);
   admin_tick(srv); /* rate samples for larderctl stats */
+  note_cache_faults(srv);
 }
 
 static int start_fetcher(server_t *srv) {

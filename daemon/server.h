@@ -266,6 +266,8 @@ struct server {
    * whether the workers run boosted, and whether the system refused. */
   uint64_t boost_wait_ns, boost_compute_ns, boost_from_ns;
   int boost_on, boost_refused;
+  /* The cache's checksum failures last logged, and when (note_cache_faults). */
+  uint64_t checksum_failures_logged, checksum_logged_ns;
 
   uv_pipe_t listener;
   /* Out of descriptors (server.c): a second descriptor of the listening
