@@ -488,9 +488,9 @@ TEST_IMPL(client_rank_env) {
 
 /*
  * A NULL column name (or source vector) fails the open with LARDER_EINVAL
- * and a message, and the client goes on.  (Bug
- * fix: a NULL column crashed in protobuf-c's packing, as a Python caller
- * found with a None in its list.)
+ * and a message, and the client goes on.  (Bug fix: a NULL column crashed
+ * in protobuf-c's packing, as a Python caller found with a None in its
+ * list.)
  */
 TEST_IMPL(client_open_null_vectors) {
   dh_daemon d;

@@ -251,6 +251,28 @@ TEST_IMPL(daemon_cache_corrupt_at_start) {
   return 0;
 }
 
+/* Overwrites path, file f of the std dataset, in place with other values
+ * of the same size, and puts its mtime back, as cp -p or rsync -t leave a
+ * file.  The footer's statistics are varints: it looks for a variant of
+ * the values whose file has exactly the old size.  Returns the variant. */
+static int rewrite_same_size(const char *path, int f) {
+  char tmp[1300];
+  snprintf(tmp, sizeof(tmp), "%s/rewrite-%d.v", test_tmpdir(), f);
+  struct stat st, sv;
+  ASSERT_OK(stat(path, &st));
+  dh_spec spec = dh_std_spec;
+  for (spec.variant = 1; spec.variant < 200; spec.variant++) {
+    dh_write_file(&spec, f, tmp);
+    ASSERT_OK(stat(tmp, &sv));
+    if (sv.st_size == st.st_size) break;
+  }
+  ASSERT_EQ(sv.st_size, st.st_size);
+  ASSERT_OK(test_system("cat '%s' > '%s'", tmp, path));
+  struct timespec keep[2] = {st.st_atim, st.st_mtim};
+  ASSERT_OK(utimensat(AT_FDCWD, path, keep, 0));
+  return spec.variant;
+}
+
 /* Reads s to its end, checking each batch against ref from position *k.
  * Returns the stream's last code (LARDER_EEOF at a clean end). */
 static int read_against(larder_stream_t *s, const dh_run *ref, size_t *k) {
@@ -315,22 +337,7 @@ TEST_IMPL(daemon_cache_chmod_file) {
       if (rc != LARDER_EEOF) ASSERT_FAIL_("after chmod: %s", larder_client_last_error(c));
       ASSERT_EQ(k, ref.n);
     } else {
-      /* The same size needs a variant whose varint statistics come out
-       * as long. */
-      char tmp[1300];
-      snprintf(tmp, sizeof(tmp), "%s/part-001.v", test_tmpdir());
-      struct stat st, sv;
-      ASSERT_OK(stat(path, &st));
-      dh_spec spec = dh_std_spec;
-      for (spec.variant = 1; spec.variant < 200; spec.variant++) {
-        dh_write_file(&spec, 1, tmp);
-        ASSERT_OK(stat(tmp, &sv));
-        if (sv.st_size == st.st_size) break;
-      }
-      ASSERT_EQ(sv.st_size, st.st_size);
-      ASSERT_OK(test_system("cat '%s' > '%s'", tmp, path));
-      struct timespec keep[2] = {st.st_atim, st.st_mtim};
-      ASSERT_OK(utimensat(AT_FDCWD, path, keep, 0));
+      rewrite_same_size(path, 1);
       int rc = read_against(s, &ref, &k);
       ASSERT_EQ(rc, LARDER_EIO);
       ASSERT_STR_CONTAINS(larder_client_last_error(c), "part-001.parquet");
@@ -801,24 +808,11 @@ TEST_IMPL(daemon_cache_changed_file) {
   /* File 1 overwritten in place by other values of the same size, its old
    * mtime put back, as cp -p or rsync -t leave it: the warm daemon must
    * serve the new values. */
-  char path1[1200], tmp1[1200];
+  char path1[1200];
   snprintf(path1, sizeof(path1), "%s/part-001.parquet", dir);
-  snprintf(tmp1, sizeof(tmp1), "%s/part-001.v1", test_tmpdir());
-  /* The footer's statistics are varints: find a variant of the values
-   * whose file has exactly the old size. */
-  struct stat st1, sv1;
+  struct stat st1;
   ASSERT_OK(stat(path1, &st1));
-  dh_spec spec1 = dh_std_spec;
-  for (spec1.variant = 1; spec1.variant < 200; spec1.variant++) {
-    dh_write_file(&spec1, 1, tmp1);
-    ASSERT_OK(stat(tmp1, &sv1));
-    if (sv1.st_size == st1.st_size) break;
-  }
-  ASSERT_EQ(sv1.st_size, st1.st_size);
-  rewritten = spec1.variant;
-  ASSERT_OK(test_system("cat '%s' > '%s'", tmp1, path1));
-  struct timespec keep[2] = {st1.st_atim, st1.st_mtim};
-  ASSERT_OK(utimensat(AT_FDCWD, path1, keep, 0));
+  rewritten = rewrite_same_size(path1, 1);
   struct stat st1b;
   ASSERT_OK(stat(path1, &st1b));
   ASSERT_EQ(st1b.st_size, st1.st_size);
