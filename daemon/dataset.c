@@ -322,8 +322,7 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
   if (rc == 0) {
     rc = pq_file_open(&src, &opts->pq, &f->pq, &perr);
     if (rc == 0) {
-      rc = dataset_footer_hash((int)src.fd, f->size, pq_file_meta(f->pq)->footer_length,
-                               &f->footer_hash);
+      rc = dataset_footer_hash(&src, pq_file_meta(f->pq)->footer_length, &f->footer_hash);
       if (rc) snprintf(perr.msg, sizeof(perr.msg), "%s: cannot read its footer again", path);
     }
     pq_source_close_file(&src);
@@ -333,24 +332,15 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
   return rc;
 }
 
-int dataset_footer_hash(int fd, uint64_t size, uint32_t footer_length, uint64_t *out) {
+int dataset_footer_hash(const pq_source *src, uint32_t footer_length, uint64_t *out) {
   uint64_t len = (uint64_t)footer_length + PQ_TAIL_SIZE;
-  if (len > size) return LARDER_EIO;
+  if (len > src->size) return LARDER_EIO;
   uint8_t *buf = malloc(len);
   if (buf == NULL) return LARDER_ENOMEM;
-  uint64_t got = 0;
-  while (got < len) {
-    ssize_t n = pread(fd, buf + got, len - got, (off_t)(size - len + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      free(buf);
-      return LARDER_EIO;
-    }
-    got += (uint64_t)n;
-  }
-  *out = util_hash64(buf, len, 0x666f6f746572ull);
+  int rc = src->read(src, src->size - len, len, buf);
+  if (rc == 0) *out = util_hash64(buf, len, 0x666f6f746572ull);
   free(buf);
-  return 0;
+  return rc;
 }
 
 /* The units a row group of row_bytes decoded bytes (every column) is cut

@@ -138,11 +138,12 @@ uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes);
 /* The rows a window of `units` units holds on average. */
 uint64_t dataset_window_rows(const dataset_t *ds, uint64_t units);
 
-/* A hash of the last footer_length + 8 bytes of the local file open as fd
+/* A hash of the last footer_length + 8 bytes of the local file open as src
  * (its footer and tail) into *out.  A unit's decode compares it with the
  * one taken at open when only the file's ctime changed (chmod, chown, a
  * new hard link): the same footer says the content stayed, and the stream
- * goes on.  Returns 0, LARDER_EIO or LARDER_ENOMEM.  Any thread. */
-int dataset_footer_hash(int fd, uint64_t size, uint32_t footer_length, uint64_t *out);
+ * goes on.  Returns 0, LARDER_EIO, LARDER_ECORRUPT (the file shrank) or
+ * LARDER_ENOMEM.  Any thread. */
+int dataset_footer_hash(const pq_source *src, uint32_t footer_length, uint64_t *out);
 
 #endif /* LARDER_DATASET_H */

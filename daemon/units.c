@@ -709,8 +709,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
      * being the content's.  The same footer lets the stream go on. */
     uint64_t footer;
     if (same && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec != f->ctime_ns)
-      same = dataset_footer_hash((int)src.fd, f->size, pq_file_meta(f->pq)->footer_length,
-                                 &footer) == 0 &&
+      same = dataset_footer_hash(&src, pq_file_meta(f->pq)->footer_length, &footer) == 0 &&
              footer == f->footer_hash;
     if (!same) {
       pq_source_close_file(&src);
