@@ -44,7 +44,7 @@
      "fills the cache no faster than they flush (0 = workers / 4, at least 2 " \
      "and at most 8; at most 64)")                                             \
   XX(workers, U64, "0", 0,                                                     \
-     "worker threads for decoding, cache I/O and batch assembly (0 = cores)")  \
+     "worker threads for decoding, cache I/O and batch assembly (0 = the cores larderd may run on, by its CPU affinity)")  \
   XX(worker_nice, U64, "10", 0,                                                \
      "niceness the workers add to the daemon's (at most 19), so that when "    \
      "cores are short the loop that hands out batches, and the trainers, run " \

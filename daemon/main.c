@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +205,23 @@ static int discard_cache_db(const char *cache_dir, char *err, size_t errlen) {
 /* Everything between parsing the command line and the end of serving; main
  * owns srv and frees it whatever this returns, so every early exit here
  * (a bad flag, a cache that will not open) leaks nothing. */
+/*
+ * Returns the number of cores this process may run on: its CPU affinity,
+ * which taskset, systemd's CPUAffinity= and a container's cpuset narrow,
+ * or every online core where the mask cannot be read (a host of more cores
+ * than a cpu_set_t holds).  The default worker count.
+ *
+ * Bug fix (tests: daemon_workers_affinity): the default counted every
+ * online core, so a daemon confined to 2 cores of 16 started 16 workers
+ * that took turns on its 2, and preempted the loop that hands batches out.
+ */
+static int usable_cores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores > 0 ? (int)cores : 2;
+}
+
 static int larderd_run(server_t *srv, int argc, char **argv) {
   const char *config_path = NULL;
   int explicit_config = 0;
@@ -277,8 +295,7 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   }
   srv->on_ready = on_ready;
   util_heap_setup();
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  srv->workers = srv->cfg.workers ? (int)srv->cfg.workers : (int)(cores > 0 ? cores : 2);
+  srv->workers = srv->cfg.workers ? (int)srv->cfg.workers : usable_cores();
 
   store_options_t so;
   store_options_init(&so);

@@ -6,6 +6,7 @@
  * stream options and limits, a second instance, and SIGHUP reloads.
  */
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -2471,5 +2472,56 @@ TEST_IMPL(daemon_loop_slice) {
     ASSERT_EQ(worker, default_slice);
     dh_stop(&d);
   }
+  return 0;
+}
+
+/* Starts d with this process's CPU affinity narrowed to its first core, as
+ * taskset or systemd's CPUAffinity= would start it, and puts the affinity
+ * back. */
+static void start_on_one_core(dh_daemon *d) {
+  cpu_set_t saved, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  int first = 0;
+  while (first < CPU_SETSIZE && !CPU_ISSET(first, &saved)) first++;
+  ASSERT_LT(first, CPU_SETSIZE);
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  dh_start(d);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+}
+
+/* Bug fix: the default worker count was every online core, even for a
+ * daemon confined to fewer, whose workers then took turns on its cores. */
+TEST_IMPL(daemon_workers_affinity) {
+  dh_daemon d;
+  dh_init(&d, "affinity", NULL);
+  start_on_one_core(&d);
+  char *status = dh_admin(&d, "status");
+  ASSERT_NOT_NULL(status);
+  ASSERT_EQ(dh_json_u64(status, "workers"), 1);
+  free(status);
+  int nices[4];
+  ASSERT_EQ(dh_thread_nices(d.pid, "larderd-work", nices, 4), 1);
+  /* It serves on its one worker. */
+  larder_stream_options_t o;
+  std_opts(&o, 100, 1);
+  dh_run r = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &r));
+  int64_t rows = 0;
+  for (size_t i = 0; i < r.n; i++) rows += r.b[i].rows;
+  ASSERT_EQ(rows, DH_STD_ROWS);
+  dh_run_free(&r);
+  dh_stop(&d);
+
+  /* A configured count still wins over the affinity. */
+  static const char *const fl[] = {"--workers=3", NULL};
+  dh_init(&d, "affinity-flag", fl);
+  start_on_one_core(&d);
+  status = dh_admin(&d, "status");
+  ASSERT_NOT_NULL(status);
+  ASSERT_EQ(dh_json_u64(status, "workers"), 3);
+  free(status);
+  dh_stop(&d);
   return 0;
 }
