@@ -271,6 +271,21 @@ bench-shuffle:
 	$(MAKE) --no-print-directory V=release build/release/bin/label-mix
 	build/release/bin/label-mix
 
+# A PyTorch training loop fed by larder on a GPU, against the same loop fed
+# from host memory: the GPU's idle time that larder adds.  It needs python3
+# with torch and a CUDA device; without them it runs a host stand-in that
+# checks the bindings only.  Not part of `make bench`: a GPU host rarely has
+# Debian's libraries, so it usually runs from a bundle (bench/bundle.sh; see
+# the README's Benchmarks).  BENCH_SOURCE as for bench-serve.
+.PHONY: bench-torch
+bench-torch: deps
+	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/lib/liblarder.so
+	@src=$${BENCH_SOURCE:-bench/work/zstd-v1.parquet}; \
+	  if [ -z "$${BENCH_SOURCE:-}" ] && [ ! -f "$$src" ]; then \
+	    (cd bench && { [ -d node_modules/@duckdb ] || npm ci --no-audit --no-fund --loglevel=error; }) && \
+	    node bench/gen-dataset.mjs bench/work >/dev/null; fi; \
+	  python3 bench/torch-trainer.py build/release "$$src"
+
 # ---------------------------------------------------------------------------
 
 demo: deps

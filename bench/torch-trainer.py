@@ -249,7 +249,7 @@ def main():
                     print(json.dumps(r), flush=True)
                 for r in rows:
                     print(f"  step {step_us:6.0f} us, epoch {r['epoch']}{' (cold)' if r['epoch'] == 0 else '       '}: "
-                          f"GPU busy {100 * r['busy']:6.2f}% (peer from host memory {100 * peer_busy:6.2f}%), "
+                          f"{'GPU' if torch is not None else 'stand-in'} busy {100 * r['busy']:6.2f}% (peer from host memory {100 * peer_busy:6.2f}%), "
                           f"idle added by larder {100 * r['added_idle']:6.2f}%, liblarder stall "
                           f"{100 * r['larder_stall']:5.2f}%, {r['bytes'] / r['wall_s'] / 1e9:5.2f} GB/s "
                           f"to the {'GPU' if torch is not None else 'host buffer'}", flush=True)
