@@ -795,6 +795,16 @@ static void stats_human(server_t *srv, sbuf *b) {
   }
   free(ds);
 
+  /* What memory_limit and footer_memory bound. */
+  sb_puts(b, "\nMemory\n");
+  sb_printf(b, "  units       %s of %s (memory_limit)\n",
+            fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, memory_bytes)),
+            fmt_bytes(y, sizeof(y), (double)srv->cfg.memory_limit));
+  sb_printf(b, "  footers     %s of %s (footer_memory) · %s files\n",
+            fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, footer_bytes)),
+            fmt_bytes(y, sizeof(y), (double)srv->cfg.footer_memory),
+            fmt_count(z, sizeof(z), STATS_GET(&srv->stats, footer_files)));
+
   /* Remote fetches. */
   sb_puts(b, "\nFetch\n");
   sb_printf(b, "  fetched     %s since the start · %.1f MB/s now\n",
@@ -1965,6 +1975,8 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
   pq_options_init(&p->dopts.pq);
   p->dopts.pq.verify_crc = srv->cfg.verify_crc;
   p->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
+  p->dopts.footers = srv->footers;
+  p->dopts.footer_limit = srv->cfg.footer_memory;
   p->dopts.allowed_roots = (const char *const *)p->roots;
   int remote = 0;
   for (size_t i = 0; i < n; i++) remote |= remote_is_url(pos[i]);

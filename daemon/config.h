@@ -59,6 +59,10 @@
      "the kernel holds it to 100-100000)")                                     \
   XX(memory_limit, SIZE, "8G", 1,                                              \
      "bytes of decoded units held in memory for shuffling, all streams")       \
+  XX(footer_memory, SIZE, "1G", 1,                                             \
+     "bytes of parsed Parquet footers held for the files that open streams "   \
+     "read, each file's once however many streams read it; an open that "      \
+     "would pass it fails")                                                    \
   XX(unit_rows, U64, "4096", 0,                                                \
      "rows per shuffle unit at most (cut from row groups; <= 65536)")          \
   XX(unit_bytes, SIZE, "4M", 0,                                                \

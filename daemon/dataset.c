@@ -264,6 +264,79 @@ static const remote_object_t *find_remote(const dataset_options_t *opts, const c
   return NULL;
 }
 
+/* What a parse of one file's footer needs (footers_parse_cb's arg): the
+ * file (path and name set), its remote object if it is one, the options. */
+typedef struct parse_args {
+  const dataset_file_t *file;
+  const remote_object_t *remote;
+  const pq_options *opts;
+} parse_args_t;
+
+/* Parses a local file's footer and hashes it (dataset_footer_hash). */
+static int local_parse(void *arg, pq_file **out, uint64_t *hash, char *err, size_t errlen) {
+  const parse_args_t *a = arg;
+  const char *path = a->file->path;
+  pq_source src;
+  pq_error perr = {0, ""};
+  int rc = pq_source_open_file(&src, path, &perr);
+  if (rc == 0) {
+    rc = pq_file_open(&src, a->opts, out, &perr);
+    if (rc == 0) {
+      rc = dataset_footer_hash(&src, pq_file_meta(*out)->footer_length, hash);
+      if (rc) {
+        snprintf(perr.msg, sizeof(perr.msg), "%s: cannot read its footer again", path);
+        pq_file_close(*out);
+        *out = NULL;
+      }
+    }
+    pq_source_close_file(&src);
+  }
+  if (rc) snprintf(err, errlen, "%s", perr.msg);
+  return rc;
+}
+
+/* Parses the footer that a remote object's resolution fetched. */
+static int remote_parse(void *arg, pq_file **out, uint64_t *hash, char *err, size_t errlen) {
+  const parse_args_t *a = arg;
+  pq_error perr = {0, ""};
+  *hash = 0;
+  int rc = pq_file_parse(a->remote->footer, a->remote->footer_len, a->remote->size, a->opts,
+                         a->file->name, out, &perr);
+  if (rc) snprintf(err, errlen, "%s", perr.msg);
+  return rc;
+}
+
+/*
+ * Gives f its parsed footer, path and identity set, through the footer
+ * table when opts names one (shared with every other dataset that reads
+ * this version of the file) and by parsing it itself otherwise, then its
+ * projection.  Returns 0 or a negative code with a message in err.
+ */
+static int take_footer(dataset_file_t *f, footers_parse_cb parse, const remote_object_t *remote,
+                       const char *const *columns, size_t ncols, const dataset_options_t *opts,
+                       char *err, size_t errlen) {
+  parse_args_t a = {f, remote, &opts->pq};
+  uint64_t hash = 0;
+  int rc;
+  if (opts->footers) {
+    rc = footers_acquire(opts->footers, f->path, f->identity, &opts->pq, opts->footer_limit, parse,
+                         &a, &f->footer, err, errlen);
+    if (rc == 0) {
+      f->pq = footers_file(f->footer);
+      hash = footers_hash(f->footer);
+    }
+  } else {
+    rc = parse(&a, &f->owned_pq, &hash, err, errlen);
+    f->pq = f->owned_pq;
+  }
+  if (rc) return rc;
+  if (!remote) f->footer_hash = hash;
+  pq_error perr = {0, ""};
+  rc = pq_projection_create(f->pq, columns, ncols, &f->proj, &perr);
+  if (rc) snprintf(err, errlen, "%s", perr.msg);
+  return rc;
+}
+
 static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *const *columns,
                        size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
   f->remote = 1;
@@ -273,11 +346,7 @@ static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *
   snprintf(f->identity, sizeof(f->identity), "size=%llu;etag=%s", (unsigned long long)o->size,
            o->etag[0] ? o->etag : o->last_modified);
   f->object_id = util_hash64(f->path, strlen(f->path), util_hash64(f->identity, strlen(f->identity), 0));
-  pq_error perr = {0, ""};
-  int rc = pq_file_parse(o->footer, o->footer_len, o->size, &opts->pq, f->name, &f->pq, &perr);
-  if (rc == 0) rc = pq_projection_create(f->pq, columns, ncols, &f->proj, &perr);
-  if (rc) snprintf(err, errlen, "%s", perr.msg);
-  return rc;
+  return take_footer(f, remote_parse, o, columns, ncols, opts, err, errlen);
 }
 
 static int open_file(dataset_file_t *f, const char *path, const char *const *columns,
@@ -316,20 +385,7 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
            (unsigned long long)f->size, (long long)f->mtime_ns, (unsigned long long)f->ino,
            (long long)f->ctime_ns);
   f->object_id = util_hash64(path, strlen(path), util_hash64(f->identity, strlen(f->identity), 0));
-  pq_source src;
-  pq_error perr = {0, ""};
-  int rc = pq_source_open_file(&src, path, &perr);
-  if (rc == 0) {
-    rc = pq_file_open(&src, &opts->pq, &f->pq, &perr);
-    if (rc == 0) {
-      rc = dataset_footer_hash(&src, pq_file_meta(f->pq)->footer_length, &f->footer_hash);
-      if (rc) snprintf(perr.msg, sizeof(perr.msg), "%s: cannot read its footer again", path);
-    }
-    pq_source_close_file(&src);
-  }
-  if (rc == 0) rc = pq_projection_create(f->pq, columns, ncols, &f->proj, &perr);
-  if (rc) snprintf(err, errlen, "%s", perr.msg);
-  return rc;
+  return take_footer(f, local_parse, NULL, columns, ncols, opts, err, errlen);
 }
 
 int dataset_footer_hash(const pq_source *src, uint32_t footer_length, uint64_t *out) {
@@ -520,6 +576,7 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     return LARDER_ENOMEM;
   }
   ds->refs = 1;
+  ds->footers = opts->footers;
   ds->files = calloc(files.n, sizeof(dataset_file_t));
   if (ds->files == NULL) {
     rc = LARDER_ENOMEM;
@@ -632,7 +689,8 @@ void dataset_free(dataset_t *ds) {
   if (ds == NULL) return;
   for (uint32_t i = 0; i < ds->num_files; i++) {
     pq_projection_free(ds->files[i].proj);
-    pq_file_close(ds->files[i].pq);
+    if (ds->files[i].footer) footers_release(ds->footers, ds->files[i].footer);
+    pq_file_close(ds->files[i].owned_pq);
     free(ds->files[i].path);
     free(ds->files[i].name);
   }

@@ -7,6 +7,9 @@
  *   (paths, globs, directories; remote URLs in remote.c), each with its
  *   identity (size, mtime, inode and ctime, or size and ETag), its parsed footer and the
  *   stream's column projection, and the units cut from its row groups.
+ * - Footers come from the daemon's footer table (footers.h) when the options
+ *   name one: the datasets of several streams over the same files then hold
+ *   one parse of each, counted within footer_memory.
  * - Units: each row group is cut into ceil(rows / n) units of nearly equal
  *   size, where n = min(unit_rows, unit_bytes / estimated bytes per row),
  *   the estimate coming from the footer's uncompressed sizes of all the
@@ -27,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "footers.h"
 #include "layout.h"
 #include "parquet.h"
 #include "remote.h"
@@ -44,7 +48,9 @@ typedef struct dataset_file {
   uint64_t footer_hash;    /* local files: dataset_footer_hash at open */
   char identity[160];      /* "size=N;mtime=T;ino=I;ctime=C" or "size=N;etag=E" */
   uint64_t object_id;      /* hash of path and identity */
-  pq_file *pq;
+  const pq_file *pq;       /* the parsed footer: footer's, or owned_pq */
+  footer_t *footer;        /* its entry in the footer table, or NULL */
+  pq_file *owned_pq;       /* without a footer table: this dataset's own */
   pq_projection *proj;
   uint32_t first_unit, num_units;
   uint32_t first_rg;       /* index of its row group 0 in dataset.rg_busy */
@@ -73,6 +79,11 @@ typedef struct dataset_options {
   /* The remote sources, already resolved (remote.h). */
   const remote_object_t *remote;
   size_t num_remote;
+  /* The daemon's footer table, which parses each file's footer once for
+   * every dataset that reads it, and the most bytes its entries may take
+   * (footer_memory); NULL: the dataset parses its own, unbounded. */
+  footers_t *footers;
+  uint64_t footer_limit;
 } dataset_options_t;
 
 typedef struct dataset {
@@ -92,6 +103,7 @@ typedef struct dataset {
    * decode the same pages (atomic; the only mutable part of a dataset). */
   int *rg_busy;
   uint32_t num_rgs;
+  footers_t *footers;      /* where its files' footers came from, or NULL */
 } dataset_t;
 
 /*

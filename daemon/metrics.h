@@ -42,6 +42,12 @@
  *   larder_cache_hit_bytes_total     counter  bytes served from the cache
  *   larder_cache_miss_bytes_total    counter  bytes decoded because the cache lacked them
  *   larder_memory_bytes              gauge    decoded unit bytes held in memory
+ *   larder_footer_bytes              gauge    bytes of parsed Parquet footers held for
+ *                                             open streams (within footer_memory)
+ *   larder_footer_files              gauge    parsed footers held: one per version of a
+ *                                             file, shared by every stream that reads it
+ *   larder_footers_parsed_total      counter  Parquet footers parsed
+ *   larder_footers_shared_total      counter  footers a stream took from another's parse
  *   larder_fetch_bytes_total         counter  bytes fetched from remote sources
  *   larder_fetch_requests_total      counter  remote requests completed
  *   larder_fetch_retries_total       counter  remote requests retried

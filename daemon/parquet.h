@@ -324,6 +324,9 @@ void pq_file_close(pq_file *file);
 
 const pq_file_meta_t *pq_file_meta(const pq_file *file);
 const char *pq_file_name(const pq_file *file);
+/* The bytes the parsed footer takes in memory (its structs and strings,
+ * and the blocks they were taken from).  Any thread. */
+uint64_t pq_file_memory(const pq_file *file);
 
 /* Static display names: "INT64", "SNAPPY", "RLE_DICTIONARY", "REQUIRED". */
 const char *pq_physical_name(int physical);

@@ -78,6 +78,9 @@ void pq_buf_free(pq_buf_t *b);
 typedef struct pq_arena {
   struct pq_arena_block *head;
   size_t used, limit;
+  /* The size of a new block (0 = 64 KiB), unless one allocation needs more;
+   * and the bytes of every block, headers included, taken so far. */
+  size_t block_bytes, reserved;
 } pq_arena_t;
 
 /* Returns zeroed, 16-byte aligned memory, or NULL past the limit or when

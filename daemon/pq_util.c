@@ -70,9 +70,11 @@ void *pq_arena_alloc(pq_arena_t *arena, size_t size) {
   if (arena->used + size > arena->limit || arena->used + size < size) return NULL;
   struct pq_arena_block *b = arena->head;
   if (b == NULL || b->size - b->used < size) {
-    size_t bsize = size > 65536 ? size : 65536;
+    size_t block = arena->block_bytes ? arena->block_bytes : 65536;
+    size_t bsize = size > block ? size : block;
     b = malloc(sizeof(*b) + bsize);
     if (b == NULL) return NULL;
+    arena->reserved += sizeof(*b) + bsize;
     b->next = arena->head;
     b->used = 0;
     b->size = bsize;
@@ -102,6 +104,7 @@ void pq_arena_free(pq_arena_t *arena) {
   }
   arena->head = NULL;
   arena->used = 0;
+  arena->reserved = 0;
 }
 
 /* ------------------------------------------------------------------------ */

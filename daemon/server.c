@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -459,6 +460,32 @@ static void note_cache_faults(server_t *srv) {
   srv->checksum_logged_ns = now;
 }
 
+static void trim_work(work_t *w) {
+  (void)w;
+  malloc_trim(0);
+}
+
+static void trim_done(work_t *w, int cancelled) {
+  (void)cancelled;
+  server_t *srv = w->data;
+  srv->trim_queued = 0;
+  server_task_end(srv);
+}
+
+/* Hands the heap that many freed footers left back to the system, on a
+ * worker when none has batch work: glibc keeps it otherwise (a stream over
+ * 20,000 small files left 2 GB of RSS after it closed, 109 MB after a
+ * trim), and a trim of a large heap takes milliseconds the loop should not
+ * spend.  Loop thread. */
+static void trim_heap(server_t *srv) {
+  if (srv->trim_queued || !footers_trim_due(srv->footers)) return;
+  srv->trim_work.data = srv;
+  if (work_queue_background(srv->pool, &srv->trim_work, trim_work, trim_done) == 0) {
+    srv->trim_queued = 1;
+    server_task_begin(srv);
+  }
+}
+
 static void on_tick(uv_timer_t *t) {
   server_t *srv = t->data;
   if (srv->shutting_down) {
@@ -486,6 +513,7 @@ static void on_tick(uv_timer_t *t) {
   conn_expire_partial(srv);
   admin_tick(srv); /* rate samples for larderctl stats */
   note_cache_faults(srv);
+  trim_heap(srv);
 }
 
 static int start_fetcher(server_t *srv) {
@@ -540,10 +568,17 @@ int server_run(server_t *srv) {
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);
   units_init(srv);
+  if (footers_create(&srv->stats, &srv->footers) != 0) {
+    log_err("out of memory");
+    units_shutdown(srv);
+    return 1;
+  }
   int nice = srv->cfg.worker_nice > 19 ? 19 : (int)srv->cfg.worker_nice;
   if (work_pool_start(srv->loop, srv->workers, nice, flush_frames, srv, &srv->pool) != 0) {
     log_err("cannot start %d worker threads", srv->workers);
     units_shutdown(srv);
+    footers_destroy(srv->footers);
+    srv->footers = NULL;
     return 1;
   }
   if (start_fetcher(srv) != 0) log_warn("remote sources are unavailable: cannot start libcurl");
@@ -586,6 +621,8 @@ int server_run(server_t *srv) {
     uv_run(srv->loop, UV_RUN_DEFAULT);
     units_shutdown(srv);
     admin_shutdown(srv);
+    footers_destroy(srv->footers);
+    srv->footers = NULL;
     acl_free(srv->acl);
     srv->acl = NULL;
     for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
@@ -600,6 +637,8 @@ int server_run(server_t *srv) {
   uv_run(srv->loop, UV_RUN_DEFAULT);
   units_shutdown(srv);
   admin_shutdown(srv);
+  footers_destroy(srv->footers);
+  srv->footers = NULL;
   metrics_stop(srv);
   acl_free(srv->acl);
   srv->acl = NULL;

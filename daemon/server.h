@@ -257,6 +257,9 @@ struct server {
   config_t cfg;
   char *config_path;
   store_t *store;
+  footers_t *footers;     /* parsed footers shared by datasets (footers.h) */
+  work_t trim_work;       /* a malloc_trim after many footers were freed */
+  int trim_queued;
   stats_global_t stats;
   uint64_t started_ns;
   int64_t started_unix;

@@ -33,6 +33,12 @@
   XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
   XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
   XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                 \
+  XX(footer_bytes, GAUGE, "bytes of parsed Parquet footers held for open "     \
+                          "streams (within footer_memory)")                    \
+  XX(footer_files, GAUGE, "parsed footers held: one per version of a file, "   \
+                          "shared by every stream that reads it")              \
+  XX(footers_parsed, COUNTER, "Parquet footers parsed")                        \
+  XX(footers_shared, COUNTER, "footers a stream took from another's parse")    \
   XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                \
   XX(fetch_requests, COUNTER, "remote requests completed")                     \
   XX(fetch_retries, COUNTER, "remote requests retried")                        \

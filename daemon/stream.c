@@ -2318,6 +2318,8 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   pq_options_init(&o->dopts.pq);
   o->dopts.pq.verify_crc = srv->cfg.verify_crc;
   o->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
+  o->dopts.footers = srv->footers;
+  o->dopts.footer_limit = srv->cfg.footer_memory;
   {
     /* larder ACL: local paths stay inside local_roots (a copy: a reload
      * may change the key while the open runs on a worker). */

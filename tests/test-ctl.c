@@ -109,6 +109,9 @@ TEST_IMPL(ctl_status_stats) {
   ASSERT_STR_CONTAINS(r.out, "Cache");
   ASSERT_STR_CONTAINS(r.out, "hit ratio");
   ASSERT_STR_CONTAINS(r.out, "Fetch");
+  /* The stream's open files: their footers, within footer_memory. */
+  ASSERT_STR_CONTAINS(r.out, "(memory_limit)");
+  ASSERT_STR_CONTAINS(r.out, "(footer_memory) · 4 files");
   ASSERT_STR_CONTAINS(r.out, "Clients");
   ASSERT_STR_CONTAINS(r.out, line);
   ASSERT_STR_CONTAINS(r.out, std_dir);
