@@ -1695,7 +1695,13 @@ again:
     if (b->state != PB_WAITING) continue;
     /* A READY unit stays READY while the batch holds it, so each pump
      * looks only at the units not seen ready yet (a batch draws on
-     * hundreds of units, and the pump runs several times per batch). */
+     * hundreds of units, and the pump runs several times per batch).  The
+     * batch waits for its first unit still loading, and the pump looks on
+     * from there when that one is loaded.  Bug fix: the pump waited for
+     * every loading unit of each planned batch, so each unit's load woke it
+     * to rescan them all; with a window of 60,000 small units (20,000
+     * files of 300 rows) the loop thread spent 13 s on that, most of the
+     * time to a trainer's first batch. */
     int ready = 1;
     for (int i = b->units_ready; i < b->num_units; i++) {
       unit_t *u = b->units[i];
@@ -1705,10 +1711,13 @@ again:
       }
       if (u->state == UNIT_LOADING) {
         ready = 0;
-        units_wait(u, s);
-      } else if (ready && i == b->units_ready) {
-        b->units_ready++;
+        if (units_wait(u, s) != 0) {
+          stream_fail(s, LARDER_ENOMEM, "out of memory");
+          return;
+        }
+        break;
       }
+      b->units_ready++;
     }
     /* Twice as many assemblies as there are workers: a worker that
      * finishes one finds the next queued instead of sleeping until the loop
