@@ -1499,17 +1499,30 @@ typedef struct verify_job {
   job_t j;
   uint64_t checked, bad;
   int rc;
+  char err[512];
 } verify_job_t;
 
 static void verify_work(job_t *j) {
   verify_job_t *v = (verify_job_t *)j;
-  v->rc = store_verify(j->srv->store, &v->checked, &v->bad);
+  v->rc = store_verify(j->srv->store, &v->checked, &v->bad, v->err, sizeof(v->err));
 }
 
 static void verify_after(job_t *j) {
   verify_job_t *v = (verify_job_t *)j;
+  if (v->rc == LARDER_ECORRUPT) {
+    /* The scan stopped at a damaged table file: values past it were not
+     * read, and reads of them fail (and are decoded again) until the file
+     * goes. */
+    job_fail(j, v->rc,
+             "verify: stopped after %" PRIu64 " values (%" PRIu64 " bad, dropped): %s; stop "
+             "larderd and remove %s to start an empty cache (the sources hold everything "
+             "in it)",
+             v->checked, v->bad, v->err[0] ? v->err : larder_strerror(v->rc),
+             j->srv->cfg.cache_dir);
+    return;
+  }
   if (v->rc) {
-    job_fail(j, v->rc, "verify: %s", larder_strerror(v->rc));
+    job_fail(j, v->rc, "verify: %s", v->err[0] ? v->err : larder_strerror(v->rc));
     return;
   }
   log_notice("admin verify: %" PRIu64 " values checked, %" PRIu64 " bad ones dropped", v->checked,

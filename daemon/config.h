@@ -38,6 +38,11 @@
      "bytes of decoded data the cache keeps (exceeded by at most one unit)")   \
   XX(cache_idle_evict, U64, "604800", 1,                                       \
      "seconds after which an unread cache entry is evicted first")            \
+  XX(cache_verify_blocks, BOOL, "true", 0,                                     \
+     "check RocksDB's own block and blob checksums on every cache read, "      \
+     "beside larder's own: off is faster (Debian's RocksDB computes them in "  \
+     "software), but a damaged table block on the cache disk then aborts "    \
+     "the daemon")                                                             \
   XX(cache_flush_threads, U64, "0", 0,                                         \
      "RocksDB memtables written to disk at once; the cache keeps this many "   \
      "plus 2 memtables of 64 MiB in memory, and a cold epoch on many cores "   \

@@ -302,6 +302,7 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   so.dir = srv->cfg.cache_dir;
   so.capacity_bytes = srv->cfg.cache_capacity;
   so.idle_evict_s = (uint32_t)srv->cfg.cache_idle_evict;
+  so.skip_block_checksums = !srv->cfg.cache_verify_blocks;
   uint64_t flushes = srv->cfg.cache_flush_threads;
   so.flush_threads = flushes ? (int)(flushes > 64 ? 64 : flushes)
                              : store_default_flush_threads(srv->workers);
