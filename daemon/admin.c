@@ -669,6 +669,10 @@ static void stats_json(server_t *srv, sbuf *b) {
               ",\"write_errors\":%" PRIu64 "}",
               st.reserved_bytes, st.objects, st.hit_bytes, st.puts, st.put_bytes,
               st.evicted_bytes, st.rejected, st.checksum_failures, st.write_errors);
+  } else {
+    /* Serving without a cache: why (larderd could not open it at start). */
+    sb_puts(b, ",\"cache_error\":");
+    sb_json(b, srv->cache_error);
   }
   admin_rates_t r;
   admin_global_rates(srv, &r);
@@ -762,15 +766,21 @@ static void stats_human(server_t *srv, sbuf *b) {
   memset(&st, 0, sizeof(st));
   if (srv->store) store_stats_get(srv->store, &st);
   sb_printf(b, "\nCache  %s\n", srv->cfg.cache_dir);
-  sb_printf(b, "  used        %s of %s (%.0f%%) · %s entries · %s objects · admission %s\n",
-            fmt_bytes(x, sizeof(x), (double)st.used_bytes),
-            fmt_bytes(y, sizeof(y), (double)st.capacity_bytes),
-            st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
-            fmt_count(z, sizeof(z), st.entries), fmt_count(w, sizeof(w), st.objects),
-            !st.admission_disabled ? "on"
-            : st.write_error == LARDER_EIO
-                ? "OFF (writes to the cache disk failed: see the log)"
-                : "OFF (the cache disk is full)");
+  if (srv->store == NULL) {
+    sb_printf(b, "  none        serving without a cache, every epoch decoded from the sources: "
+                 "%s (restart larderd once the cache directory is usable)\n",
+              srv->cache_error[0] ? srv->cache_error : "it could not be opened");
+  } else {
+    sb_printf(b, "  used        %s of %s (%.0f%%) · %s entries · %s objects · admission %s\n",
+              fmt_bytes(x, sizeof(x), (double)st.used_bytes),
+              fmt_bytes(y, sizeof(y), (double)st.capacity_bytes),
+              st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
+              fmt_count(z, sizeof(z), st.entries), fmt_count(w, sizeof(w), st.objects),
+              !st.admission_disabled ? "on"
+              : st.write_error == LARDER_EIO
+                  ? "OFF (writes to the cache disk failed: see the log)"
+                  : "OFF (the cache disk is full)");
+  }
   uint64_t hit = STATS_GET(&srv->stats, cache_hit_bytes), miss = STATS_GET(&srv->stats, cache_miss_bytes);
   if (hit + miss)
     sb_printf(b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",

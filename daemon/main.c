@@ -319,6 +319,20 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
     rc = discard_cache_db(srv->cfg.cache_dir, err, sizeof(err));
     if (rc == 0) rc = store_open(&so, &srv->store, err, sizeof(err));
   }
+  if (rc == LARDER_ENOSPC || rc == LARDER_EACCES || rc == LARDER_EIO) {
+    /* Bug fix (tests: daemon_cache_unusable): a cache that could not be
+     * opened (a full disk, a read-only or failing filesystem, a directory
+     * that cannot be made) stopped the daemon from starting, and every
+     * trainer on the node with it.  It serves without a cache instead, as
+     * it does once a disk fills while it runs; a cache that another larderd
+     * holds (LARDER_EBUSY), or a configuration error, still stops it. */
+    log_err("cannot open the cache in %s: %s; serving without a cache, every epoch decoded "
+            "from the sources, until larderd is restarted with a usable cache_dir",
+            srv->cfg.cache_dir, err);
+    snprintf(srv->cache_error, sizeof(srv->cache_error), "%s", err);
+    srv->store = NULL;
+    rc = 0;
+  }
   if (rc) {
     log_err("cannot open the cache in %s: %s", srv->cfg.cache_dir, err);
     return 1;

@@ -4,9 +4,12 @@
  * fills, column entries shared between projections, and changed files.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -762,6 +765,74 @@ TEST_IMPL(daemon_cache_damaged_table) {
   dh_run_free(&r0);
   dh_run_free(&r1);
   dh_stop(&d);
+  return 0;
+}
+
+/* Serves the standard dataset twice from d, which has no cache: the same
+ * rows each time, the second decoded again; the stats and the log say why
+ * there is no cache (want in both), and the cache's admin commands fail
+ * with a message instead of taking the daemon down. */
+static void expect_cacheless(dh_daemon *d, const char *want) {
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  dh_run r0 = {0}, r1 = {0};
+  r0.check_rows = r1.check_rows = 1;
+  ASSERT_OK(dh_collect(d->socket, &o, 0, &r0));
+  uint64_t decoded = dh_stat(d, "units_decoded");
+  ASSERT_GE(decoded, DH_STD_UNITS);
+  /* No unit stays in memory (memory_limit=1), and none is cached. */
+  ASSERT_OK(dh_collect(d->socket, &o, 0, &r1));
+  dh_expect_same(&r0, &r1);
+  ASSERT_GE(dh_stat(d, "units_decoded"), decoded + DH_STD_UNITS);
+  char *json = dh_admin(d, "stats");
+  ASSERT_NOT_NULL(json);
+  ASSERT_STR_CONTAINS(json, "\"cache_error\":");
+  ASSERT_STR_CONTAINS(json, want);
+  free(json);
+  char *log = dh_read_log(d);
+  ASSERT_STR_CONTAINS(log, "serving without a cache");
+  ASSERT_STR_CONTAINS(log, want);
+  free(log);
+  char *reply = dh_admin(d, "verify");
+  free(reply);
+  ASSERT(dh_alive(d));
+  dh_run_free(&r0);
+  dh_run_free(&r1);
+}
+
+/*
+ * A cache that cannot be opened at startup: larderd serves without one,
+ * decoding every epoch, and says why.  Bug fix: it refused to start, and
+ * systemd restarted it in a loop while every trainer on the node waited.
+ * Two cases: RocksDB cannot open its directory (a file stands in its way,
+ * as a failing filesystem would answer), and a full disk (a tmpfs with less
+ * free than the cache needs to open, where a mount is allowed).
+ */
+TEST_IMPL(daemon_cache_unusable) {
+  std_setup();
+  static const char *const fl[] = {"--memory_limit=1", NULL};
+  dh_daemon d;
+  dh_init(&d, "blocked", fl);
+  char path[700];
+  ASSERT_EQ(test_system("mkdir -p '%s' && : > '%s/db'", d.cache, d.cache), 0);
+  dh_start(&d);
+  expect_cacheless(&d, "is not a directory");
+  dh_stop(&d);
+
+  dh_daemon f;
+  dh_init(&f, "full", fl);
+  ASSERT_EQ(test_system("mkdir -p '%s'", f.cache), 0);
+  if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", f.cache, "tmpfs", 0, "size=32m") != 0) {
+    fprintf(stderr, "cannot mount a tmpfs here (%s): the full disk is skipped\n", strerror(errno));
+    return 0;
+  }
+  snprintf(path, sizeof(path), "%s/ballast", f.cache);
+  ASSERT_EQ(test_system("head -c 20M /dev/zero > '%s'", path), 0);
+  dh_start(&f);
+  expect_cacheless(&f, "no space left");
+  dh_stop(&f);
+  umount(f.cache);
   return 0;
 }
 
