@@ -627,6 +627,33 @@ static void name_of(int64_t id, char *buf, size_t size) {
   buf[n + extra] = '\0';
 }
 
+long dh_damage_largest_table(const char *db_dir) {
+  char path[PATH_MAX], best[PATH_MAX] = "";
+  DIR *dh = opendir(db_dir);
+  ASSERT_NOT_NULL(dh);
+  off_t best_size = 0;
+  struct dirent *e;
+  while ((e = readdir(dh)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (n < 4 || strcmp(e->d_name + n - 4, ".sst") != 0) continue;
+    struct stat sb;
+    snprintf(path, sizeof(path), "%s/%s", db_dir, e->d_name);
+    if (stat(path, &sb) == 0 && sb.st_size > best_size) {
+      best_size = sb.st_size;
+      snprintf(best, sizeof(best), "%s", path);
+    }
+  }
+  closedir(dh);
+  ASSERT_GT(best_size, 16384);
+  int fd = open(best, O_WRONLY | O_CLOEXEC);
+  ASSERT(fd >= 0);
+  static char junk[8192];
+  memset(junk, 0xA5, sizeof(junk));
+  ASSERT_EQ(pwrite(fd, junk, sizeof(junk), best_size / 3), (ssize_t)sizeof(junk));
+  close(fd);
+  return (long)best_size;
+}
+
 void dh_write_file(const dh_spec *spec, int fi, const char *path) {
   pqw_schema s[9] = {pqw_root(6),
                      pqw_leaf("id", PQ_INT64, PQ_REQUIRED),

@@ -140,6 +140,10 @@ typedef struct dh_spec {
 int64_t dh_dataset(const dh_spec *spec, const char *name, char *dir, size_t dirlen);
 /* Writes one file of the dataset (file index f of spec) at path. */
 void dh_write_file(const dh_spec *spec, int f, const char *path);
+/* Overwrites 8 KiB a third of the way into the largest RocksDB table file
+ * (.sst) in db_dir, as a failing disk might; returns that file's size
+ * (asserting one of more than 16 KiB is there). */
+long dh_damage_largest_table(const char *db_dir);
 /* The work directory (tests/work/daemon or $LARDER_TEST_WORK/daemon). */
 const char *dh_work_dir(void);
 

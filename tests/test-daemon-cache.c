@@ -3,7 +3,6 @@
  * cache of half the dataset keeps, warm restarts, kill -9 while the cache
  * fills, column entries shared between projections, and changed files.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -700,36 +699,6 @@ TEST_IMPL(daemon_cache_bad_entries) {
   return 0;
 }
 
-/* Overwrites 8 KiB in the middle of the largest table file of the cache
- * in cache_dir, as a failing disk might; returns that file's size. */
-static off_t damage_largest_table(const char *cache_dir) {
-  char db[700], path[1000], best[1000] = "";
-  snprintf(db, sizeof(db), "%s/db", cache_dir);
-  DIR *dh = opendir(db);
-  ASSERT_NOT_NULL(dh);
-  off_t best_size = 0;
-  struct dirent *e;
-  while ((e = readdir(dh)) != NULL) {
-    size_t n = strlen(e->d_name);
-    if (n < 4 || strcmp(e->d_name + n - 4, ".sst") != 0) continue;
-    struct stat sb;
-    snprintf(path, sizeof(path), "%s/%s", db, e->d_name);
-    if (stat(path, &sb) == 0 && sb.st_size > best_size) {
-      best_size = sb.st_size;
-      snprintf(best, sizeof(best), "%s", path);
-    }
-  }
-  closedir(dh);
-  ASSERT_GT(best_size, 32768);
-  int fd = open(best, O_WRONLY);
-  ASSERT(fd >= 0);
-  static char junk[8192];
-  memset(junk, 0xA5, sizeof(junk));
-  ASSERT_EQ(pwrite(fd, junk, sizeof(junk), best_size / 3), (ssize_t)sizeof(junk));
-  close(fd);
-  return best_size;
-}
-
 /*
  * A damaged table file in the cache (a failing disk): the units whose
  * entries lie in it are decoded again from their sources and served
@@ -748,7 +717,9 @@ TEST_IMPL(daemon_cache_damaged_table) {
   r0.check_rows = 1;
   ASSERT_OK(dh_collect(d.socket, &o, 0, &r0));
   dh_stop(&d);
-  damage_largest_table(d.cache);
+  char db[700];
+  snprintf(db, sizeof(db), "%s/db", d.cache);
+  dh_damage_largest_table(db);
 
   dh_start(&d);
   dh_run r1 = {0};

@@ -14,7 +14,6 @@
  *   mount dies with the test); without the privilege it is skipped and the
  *   hook-based test still covers the error path.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -31,6 +30,7 @@
 
 #include "../client/larder.h"
 #include "../daemon/store.h"
+#include "daemon-harness.h"
 #include "task.h"
 
 /* Test hooks defined in store.c. */
@@ -566,31 +566,9 @@ TEST_IMPL(store_verify_damaged_table) {
   for (uint64_t u = 0; u < 400; u++) ASSERT_EQ(put_unit(st, 1, 3, u, 2, sizes, u), 1);
   store_close(st);
 
-  /* Overwrite the middle of the largest table file. */
-  char db[700], path[1000], best[1000] = "";
+  char db[700];
   snprintf(db, sizeof(db), "%s/db", dir);
-  DIR *dh = opendir(db);
-  ASSERT_NOT_NULL(dh);
-  off_t best_size = 0;
-  struct dirent *e;
-  while ((e = readdir(dh)) != NULL) {
-    size_t n = strlen(e->d_name);
-    if (n < 4 || strcmp(e->d_name + n - 4, ".sst") != 0) continue;
-    struct stat sb;
-    snprintf(path, sizeof(path), "%s/%s", db, e->d_name);
-    if (stat(path, &sb) == 0 && sb.st_size > best_size) {
-      best_size = sb.st_size;
-      snprintf(best, sizeof(best), "%s", path);
-    }
-  }
-  closedir(dh);
-  ASSERT_GT(best_size, 16384);
-  int fd = open(best, O_WRONLY);
-  ASSERT(fd >= 0);
-  static char junk[8192];
-  memset(junk, 0xA5, sizeof(junk));
-  ASSERT_EQ(pwrite(fd, junk, sizeof(junk), best_size / 3), (ssize_t)sizeof(junk));
-  close(fd);
+  dh_damage_largest_table(db);
 
   /* Point reads of every entry: those in the damaged blocks fail with an
    * error (the daemon then decodes the unit from its source), the others
