@@ -583,7 +583,13 @@ static int on_prefetch_reply(const Larder__AdminReply *r, void *arg) {
     double failed = json_num_or(js, "failed_units", 0);
     printf("done in %s: %.0f units cached now, %.0f were cached already; the cache holds %s of %s\n",
            e, now_units, before, a, b);
-    if (na > 0)
+    char admission[160] = "";
+    json_str(js, "admission", admission, sizeof(admission));
+    /* Bug fix: the note blamed the cache's ranking even when admission was
+     * off (a full disk, failing writes), where more capacity helps nothing. */
+    if (na > 0 && admission[0] && strcmp(admission, "on") != 0)
+      printf("note: %.0f units were decoded but not kept: cache admission is %s\n", na, admission);
+    else if (na > 0)
       printf("note: %.0f units were decoded but not kept: the cache prefers data it ranks "
              "higher (raise cache_capacity to keep them all)\n",
              na);

@@ -1659,6 +1659,13 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   sb_num(&b, elapsed);
   sb_printf(&b, ",\"cache_used_bytes\":%" PRIu64 ",\"cache_capacity_bytes\":%" PRIu64,
             st.used_bytes, st.capacity_bytes);
+  /* Why units were not kept, for larderctl's note: the cache's ranking, or
+   * admission being off. */
+  sb_puts(&b, ",\"admission\":");
+  sb_json(&b, srv->store == NULL            ? "none: larderd runs without a cache (larderctl stats)"
+              : !st.admission_disabled      ? "on"
+              : st.write_error == LARDER_EIO ? "off: writes to the cache disk failed (see the log)"
+                                            : "off: the cache disk is full");
   if (p->first_error[0]) {
     sb_puts(&b, ",\"error\":");
     sb_json(&b, p->first_error);

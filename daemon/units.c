@@ -333,8 +333,9 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
         b->error = LARDER_EIO;
         char m[1024];
         snprintf(m, sizeof(m),
-                 "%.400s changed since the stream opened (size %llu, ETag %.100s, Last-Modified "
-                 "%.60s; now %llu, %.100s, %.60s); reopen the stream",
+                 "%.400s changed since the stream opened or the prefetch began (size %llu, ETag "
+                 "%.100s, Last-Modified %.60s; now %llu, %.100s, %.60s); reopen the stream, or "
+                 "run the prefetch again",
                  b->where, (unsigned long long)b->size, b->etag[0] ? b->etag : "none",
                  b->last_modified[0] ? b->last_modified : "none",
                  (unsigned long long)res->object_size, res->etag[0] ? res->etag : "none",
@@ -713,7 +714,11 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
              footer == f->footer_hash;
     if (!same) {
       pq_source_close_file(&src);
-      snprintf(msg, sizeof(msg), "%s: the file changed since the stream opened; reopen the stream",
+      /* Units are shared by streams and `larderctl prefetch`: the message
+       * fits both (bug fix: a prefetch was told to reopen its stream). */
+      snprintf(msg, sizeof(msg),
+               "%s: the file changed since the stream opened or the prefetch began; reopen the "
+               "stream, or run the prefetch again",
                f->path);
       return unit_fail(u, LARDER_EIO, msg);
     }

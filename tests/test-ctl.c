@@ -573,6 +573,9 @@ TEST_IMPL(ctl_prefetch_progress) {
   const char *done = strstr(r.out, "{\"event\":\"done\"");
   ASSERT_NOT_NULL(done);
   ASSERT_EQ(dh_json_u64(done, "cached_units"), units_total);
+  /* Whether the cache admits units at all, for the note on units not
+   * kept: here it does. */
+  ASSERT_STR_CONTAINS(done, "\"admission\":\"on\"");
   ASSERT_EQ(dh_json_u64(done, "failed_units"), 0);
   tc_out_free(&r);
   /* Run again: nothing to do. */
