@@ -38,11 +38,6 @@
      "bytes of decoded data the cache keeps (exceeded by at most one unit)")   \
   XX(cache_idle_evict, U64, "604800", 1,                                       \
      "seconds after which an unread cache entry is evicted first")            \
-  XX(cache_verify_blocks, BOOL, "true", 0,                                     \
-     "check RocksDB's own block and blob checksums on every cache read, "      \
-     "beside larder's own: off is faster (Debian's RocksDB computes them in "  \
-     "software), but a damaged table block on the cache disk then aborts "    \
-     "the daemon")                                                             \
   XX(cache_flush_threads, U64, "0", 0,                                         \
      "RocksDB memtables written to disk at once; the cache keeps this many "   \
      "plus 2 memtables of 64 MiB in memory, and a cold epoch on many cores "   \
@@ -96,6 +91,11 @@
      "seconds a client may take to send the rest of a frame it has begun; "    \
      "then its connection is closed, and the memory the frame held freed")     \
   XX(verify_crc, BOOL, "true", 1, "verify Parquet page CRCs when present")    \
+  XX(cache_verify_blocks, BOOL, "true", 0,                                     \
+     "check RocksDB's own block and blob checksums on every cache read, "      \
+     "beside larder's own: off is faster (Debian's RocksDB computes them in "  \
+     "software), but a damaged table block on the cache disk then aborts "    \
+     "the daemon")                                                             \
   XX(max_chunk_decoded_bytes, SIZE, "2G", 1,                                   \
      "ceiling on decoded bytes per Parquet column chunk (bomb guard): what "    \
      "one load of a unit decodes, not the rows it skips to reach the unit; a " \
