@@ -156,20 +156,6 @@ cpu_cost_us=$(python3 -c "print(($cpu_w1-$cpu_w0)/1e3/$all_batches)")
 # twice a second), so fewer epochs measure the machine more than the
 # daemon; the worst epoch is printed beside the mean.
 stall_epochs=7
-max_of() { # JSON lines on stdin, key: max over epochs >= $2
-  python3 -c "
-import json,sys
-rows=[json.loads(l) for l in sys.stdin if l.startswith('{')]
-print(max(r[sys.argv[1]] for r in rows if r['epoch']>=int(sys.argv[2])))" "$1" "$2"
-}
-# The median epoch beside the mean and the worst: one epoch of a VM's
-# hiccup moves the mean, and the median shows whether the others held.
-median_of() { # JSON lines on stdin, key: median over epochs >= $2
-  python3 -c "
-import json,sys,statistics
-rows=[json.loads(l) for l in sys.stdin if l.startswith('{')]
-print(statistics.median(r[sys.argv[1]] for r in rows if r['epoch']>=int(sys.argv[2])))" "$1" "$2"
-}
 compute_us=$(python3 -c "print(round(2*$cost_us))")
 # The daemon's stats around it: the Wake frames per batch are the socket
 # messages left once batches and releases go through the descriptor ring.
@@ -204,6 +190,9 @@ s4=$(stats)
 sim3=$("$client" run "$tmp/sock" "$file" --epochs "$stall_epochs" --batch-size "$batch" "${win[@]}" --seed 8 --compute-us "$compute3_us")
 s5=$(stats)
 assemble_sim3=$(assemble_us "$s4" "$s5")
+# Each trainer's mean over its warm epochs, with the median epoch and the
+# worst beside it: one epoch of a VM's hiccup moves the mean, and the
+# median shows whether the others held.
 trainers=$(python3 -c "
 import json,statistics,sys
 out=[]
