@@ -376,3 +376,22 @@ char **acl_split_roots(const char *spec, int *oom) {
   v[k] = NULL;
   return v;
 }
+
+int acl_peer_copy(acl_peer_t *dst, const acl_peer_t *src) {
+  *dst = *src;
+  dst->groups = NULL;
+  dst->num_groups = 0;
+  if (src->groups == NULL || src->num_groups <= 0) return 0;
+  gid_t *g = malloc((size_t)src->num_groups * sizeof(gid_t));
+  if (g == NULL) return LARDER_ENOMEM;
+  memcpy(g, src->groups, (size_t)src->num_groups * sizeof(gid_t));
+  dst->groups = g;
+  dst->num_groups = src->num_groups;
+  return 0;
+}
+
+void acl_peer_clear(acl_peer_t *p) {
+  free((void *)p->groups);
+  p->groups = NULL;
+  p->num_groups = 0;
+}

@@ -27,7 +27,10 @@
  * - Admin commands (evict, prefetch, verify, reload, config): root, the
  *   daemon's own user, or members of admin_group.
  * - Local paths: confined to local_roots (dataset.c resolves symlinks and
- *   ".." with realpath before checking); acl_split_roots parses the key.
+ *   ".." with realpath before checking, then opens each file below its
+ *   root without following links); acl_split_roots parses the key.  They
+ *   are opened with the peer's own credentials (cred.h), so that a client
+ *   reads only what it could open itself.
  *
  * Names (user=, group=) are resolved when the configuration is loaded.
  * Everything here runs on the loop thread; an acl_t is immutable once
@@ -47,6 +50,13 @@ typedef struct acl_peer {
   const gid_t *groups; /* supplementary groups (SO_PEERGROUPS), may be NULL */
   int num_groups;
 } acl_peer_t;
+
+/* Copies src into *dst with a copy of its groups, for work that outlives
+ * the connection's own (an open on a worker).  Returns 0 or LARDER_ENOMEM
+ * (*dst then has no groups).  Free with acl_peer_clear.  Any thread. */
+int acl_peer_copy(acl_peer_t *dst, const acl_peer_t *src);
+/* Frees the groups of a peer made by acl_peer_copy. */
+void acl_peer_clear(acl_peer_t *p);
 
 /* Builds the rules from the allow lines and the admin group ("" or NULL:
  * none).  Returns 0 or LARDER_EINVAL / LARDER_ENOMEM with a message. */

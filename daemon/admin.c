@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cred.h"
 #include "log.h"
 #include "metrics.h"
 #include "pq_inspect.h"
@@ -1484,6 +1485,21 @@ static void cmd_evict(conn_t *c, const Larder__AdminRequest *req) {
   else if (prefix) snprintf(e->what, sizeof(e->what), "prefix %s", prefix);
   else if (ndatasets) snprintf(e->what, sizeof(e->what), "dataset %s%s", datasets[0], ndatasets > 1 ? " ..." : "");
   else snprintf(e->what, sizeof(e->what), "%s%s", pos[0], npos > 1 ? " ..." : "");
+  /* Local datasets are resolved as the admin who named them, as a stream
+   * or a prefetch of theirs would be. */
+  cred_saved_t saved = {0};
+  if (ndatasets) {
+    acl_peer_t peer;
+    conn_peer(c, &peer);
+    char why[512];
+    rc = cred_enter(&peer, &saved, why, sizeof(why));
+    if (rc) {
+      free(datasets);
+      free(l.v);
+      job_fail(&e->j, rc, "%s", why);
+      return;
+    }
+  }
   for (size_t i = 0; i < l.n; i++) {
     const store_object_info_t *o = &l.v[i];
     int take = all;
@@ -1495,6 +1511,7 @@ static void cmd_evict(conn_t *c, const Larder__AdminRequest *req) {
     }
     if (take) e->ids[e->num_ids++] = o->id;
   }
+  if (ndatasets) cred_leave(&saved);
   free(datasets);
   free(l.v);
   if (npos && e->num_ids == 0) {
@@ -1586,6 +1603,7 @@ typedef struct prefetch_job {
   char **columns;
   size_t num_columns;
   char **roots;
+  acl_peer_t peer; /* who asked: local sources are opened as it */
   char *label;
   remote_object_t *remote;
   size_t num_remote;
@@ -1946,6 +1964,7 @@ static void pf_destroy(job_t *j) {
   free_list(p->sources, p->num_sources);
   free_list(p->columns, p->num_columns);
   free(p->roots);
+  acl_peer_clear(&p->peer);
   free(p->label);
   free(p->cached);
   free(p->rgs);
@@ -2008,6 +2027,11 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
   p->dopts.footers = srv->footers;
   p->dopts.footer_limit = srv->cfg.footer_memory;
   p->dopts.allowed_roots = (const char *const *)p->roots;
+  if (acl_peer_copy(&p->peer, &peer) != 0) {
+    job_fail(&p->j, LARDER_ENOMEM, "out of memory");
+    return;
+  }
+  p->dopts.peer = &p->peer;
   int remote = 0;
   for (size_t i = 0; i < n; i++) remote |= remote_is_url(pos[i]);
   log_notice("admin prefetch %s: started by pid %d uid %u", p->label, (int)c->pid, (unsigned)c->uid);

@@ -3,43 +3,97 @@
  * cutting row groups into units.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include "cred.h"
 #include "dataset.h"
 #include "layout.h"
 #include "util.h"
 
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
+/* A list of strings, each with a descriptor (-1: none) that the list
+ * owns. */
 typedef struct strlist {
   char **v;
+  int *fd;
   size_t n, cap;
 } strlist;
 
-static int strlist_add(strlist *l, const char *s) {
+/* Adds a copy of s with fd, which the list owns from then on (closed on
+ * failure too).  Returns 0 or LARDER_ENOMEM. */
+static int strlist_add_fd(strlist *l, const char *s, int fd) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? l->cap * 2 : 16;
     char **v = realloc(l->v, cap * sizeof(char *));
-    if (v == NULL) return LARDER_ENOMEM;
-    l->v = v;
+    if (v) l->v = v;
+    int *fds = v ? realloc(l->fd, cap * sizeof(int)) : NULL;
+    if (fds) l->fd = fds;
+    if (v == NULL || fds == NULL) {
+      if (fd >= 0) close(fd);
+      return LARDER_ENOMEM;
+    }
     l->cap = cap;
   }
   l->v[l->n] = strdup(s);
-  if (l->v[l->n] == NULL) return LARDER_ENOMEM;
+  if (l->v[l->n] == NULL) {
+    if (fd >= 0) close(fd);
+    return LARDER_ENOMEM;
+  }
+  l->fd[l->n] = fd;
   l->n++;
   return 0;
 }
 
+static int strlist_add(strlist *l, const char *s) { return strlist_add_fd(l, s, -1); }
+
 static void strlist_free(strlist *l) {
-  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+  for (size_t i = 0; i < l->n; i++) {
+    free(l->v[i]);
+    if (l->fd[i] >= 0) close(l->fd[i]);
+  }
   free(l->v);
+  free(l->fd);
+}
+
+typedef struct named_fd {
+  char *path;
+  int fd;
+} named_fd;
+
+static int cmp_named(const void *a, const void *b) {
+  return strcmp(((const named_fd *)a)->path, ((const named_fd *)b)->path);
+}
+
+/* Sorts l by its strings and drops repeats (closing their descriptors).
+ * Returns 0 or LARDER_ENOMEM (l unchanged). */
+static int strlist_sort_unique(strlist *l) {
+  if (l->n < 2) return 0;
+  named_fd *t = malloc(l->n * sizeof(*t));
+  if (t == NULL) return LARDER_ENOMEM;
+  for (size_t i = 0; i < l->n; i++) t[i] = (named_fd){l->v[i], l->fd[i]};
+  qsort(t, l->n, sizeof(*t), cmp_named);
+  size_t m = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    if (m && strcmp(l->v[m - 1], t[i].path) == 0) {
+      free(t[i].path);
+      if (t[i].fd >= 0) close(t[i].fd);
+      continue;
+    }
+    l->v[m] = t[i].path;
+    l->fd[m] = t[i].fd;
+    m++;
+  }
+  l->n = m;
+  free(t);
+  return 0;
 }
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
@@ -176,7 +230,89 @@ static int path_allowed(const char *src, const dataset_options_t *opts) {
   return lexically_inside(src, opts->allowed_roots);
 }
 
-/* Expands one local source into files. */
+/* Opens the file at rel below the directory rootfd for reading, never
+ * leaving that directory and following no symbolic link on the way (rel is
+ * a resolved path: it has none that it needs).  Returns the descriptor,
+ * or -1 with errno set (EXDEV or ELOOP: the path left the directory, or
+ * met a link, as it would when a directory on the way was swapped for a
+ * link after it was resolved). */
+static int open_beneath(int rootfd, const char *rel) {
+  struct open_how how;
+  memset(&how, 0, sizeof(how));
+  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  long fd = syscall(SYS_openat2, rootfd, rel, &how, sizeof(how));
+  if (fd >= 0 || errno != ENOSYS) return (int)fd;
+  /* Kernels before 5.6: one component at a time from the root, each
+   * opened relative to the last and none followed if it is a link. */
+  char buf[PATH_MAX];
+  if (snprintf(buf, sizeof(buf), "%s", rel) >= (int)sizeof(buf)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int dir = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+  char *save = NULL;
+  for (char *c = strtok_r(buf, "/", &save); c && dir >= 0;) {
+    char *next = strtok_r(NULL, "/", &save);
+    if (strcmp(c, ".") == 0 || strcmp(c, "..") == 0) {
+      close(dir);
+      errno = EXDEV;
+      return -1;
+    }
+    int flags = next ? O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+                     : O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW;
+    int fd2 = openat(dir, c, flags);
+    int e = errno;
+    close(dir);
+    errno = e;
+    dir = fd2;
+    c = next;
+  }
+  return dir;
+}
+
+/*
+ * Opens the local file at real (a resolved path) for reading, as the
+ * calling thread's credentials allow: below the root that holds it when
+ * roots are set, so that a directory swapped for a link between the
+ * resolution and the open cannot lead outside.  Sets *fd.  Returns 0,
+ * LARDER_EACCES ("not allowed", naming src only, or the kernel's refusal),
+ * LARDER_ENOENT, LARDER_ELIMIT (out of descriptors) or LARDER_EIO, with a
+ * message in err.
+ */
+static int open_local(const char *src, const char *real, const char *const *roots, int *fd,
+                      char *err, size_t errlen) {
+  *fd = -1;
+  int e = EXDEV;
+  if (roots == NULL) {
+    *fd = open(real, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    e = errno;
+  }
+  for (size_t i = 0; roots && roots[i] && *fd < 0; i++) {
+    char root[PATH_MAX];
+    if (realpath(roots[i], root) == NULL) continue;
+    size_t n = strlen(root);
+    if (n == 1) n = 0; /* the root "/" */
+    if (strncmp(real, root, n) != 0 || real[n] != '/') continue;
+    int rootfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0) {
+      e = errno;
+      continue;
+    }
+    *fd = open_beneath(rootfd, real + n + 1);
+    e = errno;
+    close(rootfd);
+  }
+  if (*fd >= 0) return 0;
+  if (e == EXDEV || e == ELOOP) return refuse_outside(src, err, errlen);
+  snprintf(err, errlen, "%s: %s", real, strerror(e));
+  return e == ENOENT                 ? LARDER_ENOENT
+         : e == EACCES || e == EPERM ? LARDER_EACCES
+         : e == EMFILE || e == ENFILE ? LARDER_ELIMIT
+                                     : LARDER_EIO;
+}
+
+/* Expands one local source into files, each opened. */
 static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
                         char *err, size_t errlen) {
   strlist found = {0};
@@ -252,7 +388,15 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
       rc = LARDER_EIO;
       break;
     }
-    rc = strlist_add(out, real);
+    int fd = -1;
+    rc = open_local(src, real, opts->allowed_roots, &fd, err, errlen);
+    if (rc == 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+      close(fd);
+      if (pattern) continue;
+      snprintf(err, errlen, "%s: not a regular file", found.v[i]);
+      rc = LARDER_EIO;
+    }
+    if (rc == 0) rc = strlist_add_fd(out, real, fd);
   }
   strlist_free(&found);
   return rc;
@@ -268,6 +412,7 @@ static const remote_object_t *find_remote(const dataset_options_t *opts, const c
  * file (path and name set), its remote object if it is one, the options. */
 typedef struct parse_args {
   const dataset_file_t *file;
+  int fd; /* local files: the descriptor opened at resolution */
   const remote_object_t *remote;
   const pq_options *opts;
 } parse_args_t;
@@ -278,7 +423,7 @@ static int local_parse(void *arg, pq_file **out, uint64_t *hash, char *err, size
   const char *path = a->file->path;
   pq_source src;
   pq_error perr = {0, ""};
-  int rc = pq_source_open_file(&src, path, &perr);
+  int rc = pq_source_open_fd(&src, a->fd, path, &perr);
   if (rc == 0) {
     rc = pq_file_open(&src, a->opts, out, &perr);
     if (rc == 0) {
@@ -315,15 +460,22 @@ static int remote_parse(void *arg, pq_file **out, uint64_t *hash, char *err, siz
 static int take_footer(dataset_file_t *f, footers_parse_cb parse, const remote_object_t *remote,
                        const char *const *columns, size_t ncols, const dataset_options_t *opts,
                        char *err, size_t errlen) {
-  parse_args_t a = {f, remote, &opts->pq};
+  parse_args_t a = {f, f->fd, remote, &opts->pq};
   uint64_t hash = 0;
   int rc;
   if (opts->footers) {
-    rc = footers_acquire(opts->footers, f->path, f->identity, &opts->pq, opts->footer_limit, parse,
-                         &a, &f->footer, err, errlen);
+    /* The table's key tells inodes apart, so that the descriptor an entry
+     * keeps is of the very file this dataset opened. */
+    char key[sizeof(f->identity) + 32];
+    snprintf(key, sizeof(key), "%s;dev=%llu", f->identity, (unsigned long long)f->dev);
+    rc = footers_acquire(opts->footers, f->path, key, &opts->pq, f->fd, opts->footer_limit,
+                         parse, &a, &f->footer, err, errlen);
     if (rc == 0) {
       f->pq = footers_file(f->footer);
       hash = footers_hash(f->footer);
+      /* The entry holds the file open for every dataset that shares it. */
+      if (f->fd >= 0) close(f->fd);
+      f->fd = -1;
     }
   } else {
     rc = parse(&a, &f->owned_pq, &hash, err, errlen);
@@ -349,9 +501,10 @@ static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *
   return take_footer(f, remote_parse, o, columns, ncols, opts, err, errlen);
 }
 
-static int open_file(dataset_file_t *f, const char *path, const char *const *columns,
+static int open_file(dataset_file_t *f, const char *path, int fd, const char *const *columns,
                      size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
   memset(f, 0, sizeof(*f));
+  f->fd = fd;
   f->path = strdup(path);
   if (f->path == NULL) return LARDER_ENOMEM;
   /* Bug fix (tests: remote_faults_wrong_bytes): messages named remote
@@ -368,10 +521,11 @@ static int open_file(dataset_file_t *f, const char *path, const char *const *col
   const remote_object_t *ro = remote_is_url(path) ? find_remote(opts, path) : NULL;
   if (ro) return open_remote(f, ro, columns, ncols, opts, err, errlen);
   struct stat st;
-  if (stat(path, &st) != 0) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
-    return LARDER_ENOENT;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    snprintf(err, errlen, "%s: %s", path, strerror(fd < 0 ? EBADF : errno));
+    return LARDER_EIO;
   }
+  f->dev = (uint64_t)st.st_dev;
   f->size = (uint64_t)st.st_size;
   f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
   f->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
@@ -533,6 +687,14 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
   }
   strlist files = {0};
   int rc = 0;
+  /* Local sources are resolved and opened as the client: what it cannot
+   * open, the daemon does not read for it.  From here on each file is read
+   * through the descriptor opened now, never by its path again. */
+  cred_saved_t saved;
+  int local = 0;
+  for (size_t i = 0; i < n; i++) local |= sources[i] && !remote_is_url(sources[i]);
+  if (local) rc = cred_enter(opts->peer, &saved, err, errlen);
+  if (rc) return rc;
   for (size_t i = 0; i < n && rc == 0; i++) {
     if (sources[i] == NULL || sources[i][0] == '\0') {
       snprintf(err, errlen, "empty source");
@@ -543,6 +705,7 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
       rc = expand_local(sources[i], opts, &files, err, errlen);
     }
   }
+  if (local) cred_leave(&saved);
   if (rc) {
     strlist_free(&files);
     return rc;
@@ -552,19 +715,12 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     strlist_free(&files);
     return rc;
   }
-  /* Sorted, without duplicates: the order is part of the dataset's identity.
-   * With no files (remote sources that listed nothing) files.v is NULL,
-   * which qsort must not be given even for no elements. */
-  if (files.n > 1) qsort(files.v, files.n, sizeof(char *), cmp_str);
-  size_t m = 0;
-  for (size_t i = 0; i < files.n; i++) {
-    if (m && strcmp(files.v[m - 1], files.v[i]) == 0) {
-      free(files.v[i]);
-      continue;
-    }
-    files.v[m++] = files.v[i];
+  /* Sorted, without duplicates: the order is part of the dataset's identity. */
+  if (rc == 0) rc = strlist_sort_unique(&files);
+  if (rc) {
+    strlist_free(&files);
+    return rc;
   }
-  files.n = m;
   if (files.n == 0) {
     strlist_free(&files);
     snprintf(err, errlen, "the sources name no files");
@@ -583,8 +739,12 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     goto fail;
   }
   ds->num_files = (uint32_t)files.n;
-  for (size_t i = 0; i < files.n && rc == 0; i++)
-    rc = open_file(&ds->files[i], files.v[i], columns, ncols, opts, err, errlen);
+  for (size_t i = 0; i < files.n; i++) ds->files[i].fd = -1;
+  for (size_t i = 0; i < files.n && rc == 0; i++) {
+    /* Each file's descriptor goes to its dataset_file (closed there). */
+    rc = open_file(&ds->files[i], files.v[i], files.fd[i], columns, ncols, opts, err, errlen);
+    files.fd[i] = -1;
+  }
   if (rc) goto fail;
 
   /* Every file must serve the same columns with the same types. */
@@ -691,6 +851,7 @@ void dataset_free(dataset_t *ds) {
     pq_projection_free(ds->files[i].proj);
     if (ds->files[i].footer) footers_release(ds->footers, ds->files[i].footer);
     pq_file_close(ds->files[i].owned_pq);
+    if (ds->files[i].fd >= 0) close(ds->files[i].fd);
     free(ds->files[i].path);
     free(ds->files[i].name);
   }
@@ -700,6 +861,10 @@ void dataset_free(dataset_t *ds) {
   layout_rowplan_free(ds->rowplan);
   free(ds->rg_busy);
   free(ds);
+}
+
+int dataset_file_fd(const dataset_file_t *f) {
+  return f->footer ? footers_fd(f->footer) : f->fd;
 }
 
 void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key) {

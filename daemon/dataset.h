@@ -18,6 +18,9 @@
  *   that decides the cut comes from the footers and the settings, so units
  *   (and with them the batch order) are a pure function of the dataset and
  *   the settings, whatever the projection.
+ * - Local files are resolved and opened once, at dataset_open, with the
+ *   credentials of the client it is opened for, and read through those
+ *   descriptors from then on (dataset_file_fd).
  * - dataset_open blocks (stat, glob, footer reads): call it from a worker
  *   thread.  A dataset is immutable once built and may be shared by
  *   threads; it is reference-counted by its users on the loop thread.
@@ -30,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "acl.h"
 #include "footers.h"
 #include "layout.h"
 #include "parquet.h"
@@ -45,6 +49,10 @@ typedef struct dataset_file {
   int64_t mtime_ns;        /* local files */
   int64_t ctime_ns;
   uint64_t ino;
+  uint64_t dev;
+  int fd;                  /* local files without a footer table: the
+                              descriptor opened at resolution (else -1;
+                              see dataset_file_fd) */
   uint64_t footer_hash;    /* local files: dataset_footer_hash at open */
   char identity[160];      /* "size=N;mtime=T;ino=I;ctime=C" or "size=N;etag=E" */
   uint64_t object_id;      /* hash of path and identity */
@@ -74,8 +82,13 @@ typedef struct dataset_options {
   uint64_t unit_bytes;
   pq_options pq;
   /* Local paths must resolve inside one of these roots (NULL-terminated;
-   * NULL = anywhere).  Symlinks and ".." are resolved first. */
+   * NULL = anywhere).  Symlinks and ".." are resolved first, and each file
+   * is then opened below its root without following links, so that a path
+   * changed after its resolution cannot lead outside. */
   const char *const *allowed_roots;
+  /* The client the dataset is opened for: local sources are resolved and
+   * opened with its credentials (cred.h).  NULL: the daemon's own. */
+  const acl_peer_t *peer;
   /* The remote sources, already resolved (remote.h). */
   const remote_object_t *remote;
   size_t num_remote;
@@ -123,6 +136,13 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
                  size_t ncols, const dataset_options_t *opts, dataset_t **out,
                  char *err, size_t errlen);
 void dataset_free(dataset_t *ds);
+
+/* The descriptor through which a local file of a dataset is read (opened
+ * when the dataset was, with its client's credentials, and kept while the
+ * dataset lives; shared through the footer table), or -1 for a remote
+ * object.  Nothing reads a dataset's local files by their path: a path may
+ * name another file by now.  The caller must not close it.  Any thread. */
+int dataset_file_fd(const dataset_file_t *f);
 
 /* The cache key of column c of unit u. */
 void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key);

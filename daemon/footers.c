@@ -8,10 +8,13 @@
  */
 #include "footers.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../client/larder.h"
 #include "util.h"
@@ -28,6 +31,7 @@ struct footer {
   pq_file *pq;         /* NULL while parsing */
   uint64_t footer_hash;
   uint64_t bytes;      /* counted in footers.bytes once parsed */
+  int fd;              /* local files: a descriptor of this version, or -1 */
   int refs;
   int parsing;
 };
@@ -59,6 +63,7 @@ int footers_create(stats_global_t *stats, footers_t **out) {
 }
 
 static void entry_free(footer_t *e) {
+  if (e->fd >= 0) close(e->fd);
   pq_file_close(e->pq);
   free(e->path);
   free(e->identity);
@@ -133,8 +138,8 @@ static void unlink_entry(footers_t *f, footer_t *e) {
 }
 
 int footers_acquire(footers_t *f, const char *path, const char *identity,
-                    const pq_options *opts, uint64_t limit, footers_parse_cb parse, void *arg,
-                    footer_t **out, char *err, size_t errlen) {
+                    const pq_options *opts, int fd, uint64_t limit, footers_parse_cb parse,
+                    void *arg, footer_t **out, char *err, size_t errlen) {
   *out = NULL;
   uint64_t key = entry_key(path, identity, opts);
   pthread_mutex_lock(&f->lock);
@@ -150,13 +155,21 @@ int footers_acquire(footers_t *f, const char *path, const char *identity,
   }
   e = calloc(1, sizeof(*e));
   char *p = strdup(path), *id = strdup(identity);
-  if (e == NULL || p == NULL || id == NULL) {
+  int own = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  if (e == NULL || p == NULL || id == NULL || (fd >= 0 && own < 0)) {
+    int e_no = errno;
     pthread_mutex_unlock(&f->lock);
     free(e);
     free(p);
     free(id);
+    if (own >= 0) close(own);
+    if (e && p && id) {
+      snprintf(err, errlen, "%s: %s", path, strerror(e_no));
+      return e_no == EMFILE || e_no == ENFILE ? LARDER_ELIMIT : LARDER_EIO;
+    }
     return LARDER_ENOMEM;
   }
+  e->fd = own;
   e->key = key;
   e->path = p;
   e->identity = id;
@@ -235,6 +248,7 @@ void footers_release(footers_t *f, footer_t *e) {
 
 const pq_file *footers_file(const footer_t *e) { return e->pq; }
 uint64_t footers_hash(const footer_t *e) { return e->footer_hash; }
+int footers_fd(const footer_t *e) { return e->fd; }
 
 int footers_trim_due(footers_t *f) {
   pthread_mutex_lock(&f->lock);

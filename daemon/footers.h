@@ -57,15 +57,19 @@ void footers_destroy(footers_t *f);
 /*
  * Sets *out to the entry of path's version `identity` parsed with opts,
  * holding one reference for the caller: the one in the table, or one that
- * parse makes now (with arg).  limit is the most bytes all entries may take
- * together (0 = no limit).  Returns 0; the code parse returned; or
+ * parse makes now (with arg).  fd is the caller's descriptor of that
+ * version of a local file (-1: remote), which a new entry keeps a duplicate
+ * of (footers_fd); identity must then tell inodes apart (device and inode
+ * number), so that an entry found is the same file as fd.  limit is the
+ * most bytes all entries may take together (0 = no limit).  Returns 0; the
+ * code parse returned; LARDER_ELIMIT when fd cannot be duplicated; or
  * LARDER_ELIMIT when this file's footer would take the entries past limit,
  * with a message naming footer_memory; or LARDER_ENOMEM.  Any thread; it
  * blocks for the parse, or for another thread's parse of the same footer.
  */
 int footers_acquire(footers_t *f, const char *path, const char *identity,
-                    const pq_options *opts, uint64_t limit, footers_parse_cb parse, void *arg,
-                    footer_t **out, char *err, size_t errlen);
+                    const pq_options *opts, int fd, uint64_t limit, footers_parse_cb parse,
+                    void *arg, footer_t **out, char *err, size_t errlen);
 /* Drops the caller's reference to e; the last one frees it.  Any thread. */
 void footers_release(footers_t *f, footer_t *e);
 
@@ -73,6 +77,11 @@ void footers_release(footers_t *f, footer_t *e);
 const pq_file *footers_file(const footer_t *e);
 /* The footer hash its parse returned. */
 uint64_t footers_hash(const footer_t *e);
+/* A descriptor of the file version the entry was parsed from (a duplicate
+ * of the fd its first acquire passed, kept while the entry lives), or -1
+ * for remote objects.  Loads read through it and never open the file by
+ * its path again.  Valid while the caller holds its reference. */
+int footers_fd(const footer_t *e);
 
 /*
  * Returns 1, once, when entries of 64 MiB or more were freed since it last

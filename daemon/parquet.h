@@ -106,6 +106,12 @@ typedef struct pq_source {
  * it with pq_source_close_file.  A file truncated while it is read makes the
  * reader fail with LARDER_EIO (SIGBUS is caught; see pq_util.c). */
 int pq_source_open_file(pq_source *src, const char *path, pq_error *err);
+/* The same over a descriptor the caller already holds (and keeps: the
+ * source works on a duplicate of it, closed by pq_source_close_file), for
+ * a file that must not be opened by its path again.  name is for
+ * messages.  Returns 0, LARDER_EIO (not a regular file) or LARDER_ELIMIT
+ * (out of descriptors).  Any thread. */
+int pq_source_open_fd(pq_source *src, int fd, const char *name, pq_error *err);
 void pq_source_close_file(pq_source *src);
 
 /* A source over len bytes at data, which the caller keeps alive. */

@@ -192,27 +192,13 @@ static void file_will_read(const pq_source *src, uint64_t off, uint64_t len) {
   madvise(base, n, MADV_WILLNEED);
 }
 
-int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
-  memset(src, 0, sizeof(*src));
-  src->fd = -1;
-  snprintf(src->name, sizeof(src->name), "%s", path);
-  /* Non-blocking, so that a FIFO put where a Parquet file was fails here
-   * instead of blocking a worker until a writer comes.  Bug fix (tests:
-   * parquet_hostile_fifo_source): every load of a source swapped for a
-   * FIFO held a worker, and two of them stopped the daemon. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    int e = errno;
-    int code = e == ENOENT                 ? LARDER_ENOENT
-               : e == EACCES               ? LARDER_EACCES
-               : e == EMFILE || e == ENFILE ? LARDER_ELIMIT
-                                           : LARDER_EIO;
-    return pq_error_set(err, code, "%s: %s", path, strerror(e));
-  }
+/* Takes fd (open for reading) as src's: checks that it is a regular file,
+ * makes its reads blocking and maps it.  Closes fd on failure. */
+static int source_take_fd(pq_source *src, int fd, const char *name, pq_error *err) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return pq_error_set(err, LARDER_EIO, "%s: not a regular file", path);
+    return pq_error_set(err, LARDER_EIO, "%s: not a regular file", name);
   }
   (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   src->read = file_read;
@@ -228,6 +214,39 @@ int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
     }
   }
   return 0;
+}
+
+static int open_errno_code(int e) {
+  return e == ENOENT                 ? LARDER_ENOENT
+         : e == EACCES               ? LARDER_EACCES
+         : e == EMFILE || e == ENFILE ? LARDER_ELIMIT
+                                     : LARDER_EIO;
+}
+
+int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
+  memset(src, 0, sizeof(*src));
+  src->fd = -1;
+  snprintf(src->name, sizeof(src->name), "%s", path);
+  /* Non-blocking, so that a FIFO put where a Parquet file was fails here
+   * instead of blocking a worker until a writer comes. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    int e = errno;
+    return pq_error_set(err, open_errno_code(e), "%s: %s", path, strerror(e));
+  }
+  return source_take_fd(src, fd, path, err);
+}
+
+int pq_source_open_fd(pq_source *src, int fd, const char *name, pq_error *err) {
+  memset(src, 0, sizeof(*src));
+  src->fd = -1;
+  snprintf(src->name, sizeof(src->name), "%s", name);
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) {
+    int e = errno;
+    return pq_error_set(err, open_errno_code(e), "%s: %s", name, strerror(e));
+  }
+  return source_take_fd(src, own, name, err);
 }
 
 void pq_source_close_file(pq_source *src) {

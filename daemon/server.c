@@ -23,6 +23,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "cred.h"
 #include "log.h"
 #include "metrics.h"
 #include "server.h"
@@ -253,6 +254,12 @@ static int listen_socket(server_t *srv) {
     return LARDER_EIO;
   }
   srv->listening = 1;
+  /* Before the workers start: they act as clients on local files. */
+  cred_init();
+  if (!cred_can_switch())
+    log_notice("local sources are served to uid %u and root alone: larderd lacks CAP_SETUID and "
+               "CAP_SETGID, which it needs to open files as its other clients",
+               (unsigned)geteuid());
   uv_os_fd_t lfd;
   if (uv_fileno((uv_handle_t *)&srv->listener, &lfd) == 0)
     srv->listen_spare = fcntl(lfd, F_DUPFD_CLOEXEC, 0);

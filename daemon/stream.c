@@ -1803,6 +1803,7 @@ typedef struct open_req {
   remote_object_t *remote;
   size_t num_remote;
   char **roots;      /* larder ACL: local_roots, split (NULL: anywhere) */
+  acl_peer_t peer;   /* the client, whose credentials open local files */
 } open_req_t;
 
 static void open_work(work_t *w) {
@@ -1820,6 +1821,7 @@ static void free_open_req(open_req_t *o) {
   conn_t *c = find_conn(o->srv, o->conn_id);
   if (c && c->pending_requests > 0) c->pending_requests--;
   free(o->roots);
+  acl_peer_clear(&o->peer);
   remote_objects_free(o->remote, o->num_remote);
   for (size_t i = 0; i < o->num_sources; i++) free(o->sources[i]);
   for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
@@ -2340,6 +2342,14 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
       return;
     }
     o->dopts.allowed_roots = (const char *const *)o->roots;
+    acl_peer_t peer;
+    conn_peer(c, &peer);
+    if (acl_peer_copy(&o->peer, &peer) != 0) {
+      free_open_req(o);
+      conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
+      return;
+    }
+    o->dopts.peer = &o->peer;
   }
   int remote = 0;
   for (size_t i = 0; i < o->num_sources; i++) remote |= remote_is_url(o->sources[i]);

@@ -696,7 +696,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     src.size = f->size;
     snprintf(src.name, sizeof(src.name), "%s", f->name);
   } else {
-    rc = pq_source_open_file(&src, f->path, &err);
+    rc = pq_source_open_fd(&src, dataset_file_fd(f), f->path, &err);
     if (rc) return unit_fail(u, rc, err.msg);
     struct stat st;
     int same = fstat((int)src.fd, &st) == 0 && (uint64_t)st.st_size == f->size &&
