@@ -19,81 +19,48 @@
 #include "layout.h"
 #include "util.h"
 
-/* A list of strings, each with a descriptor (-1: none) that the list
- * owns. */
 typedef struct strlist {
   char **v;
-  int *fd;
   size_t n, cap;
 } strlist;
 
-/* Adds a copy of s with fd, which the list owns from then on (closed on
- * failure too).  Returns 0 or LARDER_ENOMEM. */
-static int strlist_add_fd(strlist *l, const char *s, int fd) {
+static int strlist_add(strlist *l, const char *s) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? l->cap * 2 : 16;
     char **v = realloc(l->v, cap * sizeof(char *));
-    if (v) l->v = v;
-    int *fds = v ? realloc(l->fd, cap * sizeof(int)) : NULL;
-    if (fds) l->fd = fds;
-    if (v == NULL || fds == NULL) {
-      if (fd >= 0) close(fd);
-      return LARDER_ENOMEM;
-    }
+    if (v == NULL) return LARDER_ENOMEM;
+    l->v = v;
     l->cap = cap;
   }
   l->v[l->n] = strdup(s);
-  if (l->v[l->n] == NULL) {
-    if (fd >= 0) close(fd);
-    return LARDER_ENOMEM;
-  }
-  l->fd[l->n] = fd;
+  if (l->v[l->n] == NULL) return LARDER_ENOMEM;
   l->n++;
   return 0;
 }
 
-static int strlist_add(strlist *l, const char *s) { return strlist_add_fd(l, s, -1); }
-
 static void strlist_free(strlist *l) {
-  for (size_t i = 0; i < l->n; i++) {
-    free(l->v[i]);
-    if (l->fd[i] >= 0) close(l->fd[i]);
-  }
+  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
   free(l->v);
-  free(l->fd);
 }
 
-typedef struct named_fd {
-  char *path;
-  int fd;
-} named_fd;
-
-static int cmp_named(const void *a, const void *b) {
-  return strcmp(((const named_fd *)a)->path, ((const named_fd *)b)->path);
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Sorts l by its strings and drops repeats (closing their descriptors).
- * Returns 0 or LARDER_ENOMEM (l unchanged). */
-static int strlist_sort_unique(strlist *l) {
-  if (l->n < 2) return 0;
-  named_fd *t = malloc(l->n * sizeof(*t));
-  if (t == NULL) return LARDER_ENOMEM;
-  for (size_t i = 0; i < l->n; i++) t[i] = (named_fd){l->v[i], l->fd[i]};
-  qsort(t, l->n, sizeof(*t), cmp_named);
+/* Sorts l and drops repeats. */
+static void strlist_sort_unique(strlist *l) {
+  /* With no entries l->v is NULL, which qsort must not be given. */
+  if (l->n < 2) return;
+  qsort(l->v, l->n, sizeof(char *), cmp_str);
   size_t m = 0;
   for (size_t i = 0; i < l->n; i++) {
-    if (m && strcmp(l->v[m - 1], t[i].path) == 0) {
-      free(t[i].path);
-      if (t[i].fd >= 0) close(t[i].fd);
+    if (m && strcmp(l->v[m - 1], l->v[i]) == 0) {
+      free(l->v[i]);
       continue;
     }
-    l->v[m] = t[i].path;
-    l->fd[m] = t[i].fd;
-    m++;
+    l->v[m++] = l->v[i];
   }
   l->n = m;
-  free(t);
-  return 0;
 }
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
@@ -275,13 +242,14 @@ static int open_beneath(int rootfd, const char *rel) {
  * Opens the local file at real (a resolved path) for reading, as the
  * calling thread's credentials allow: below the root that holds it when
  * roots are set, so that a directory swapped for a link between the
- * resolution and the open cannot lead outside.  Sets *fd.  Returns 0,
- * LARDER_EACCES ("not allowed", naming src only, or the kernel's refusal),
+ * resolution and the open cannot lead outside.  Sets *fd to a regular
+ * file's descriptor.  Returns 0, LARDER_EACCES ("not allowed", or the
+ * kernel's refusal),
  * LARDER_ENOENT, LARDER_ELIMIT (out of descriptors) or LARDER_EIO, with a
  * message in err.
  */
-static int open_local(const char *src, const char *real, const char *const *roots, int *fd,
-                      char *err, size_t errlen) {
+static int open_local(const char *real, const char *const *roots, int *fd, char *err,
+                      size_t errlen) {
   *fd = -1;
   int e = EXDEV;
   if (roots == NULL) {
@@ -303,8 +271,15 @@ static int open_local(const char *src, const char *real, const char *const *root
     e = errno;
     close(rootfd);
   }
-  if (*fd >= 0) return 0;
-  if (e == EXDEV || e == ELOOP) return refuse_outside(src, err, errlen);
+  if (*fd >= 0) {
+    struct stat st;
+    if (fstat(*fd, &st) == 0 && S_ISREG(st.st_mode)) return 0;
+    close(*fd);
+    *fd = -1;
+    snprintf(err, errlen, "%s: not a regular file", real);
+    return LARDER_EIO;
+  }
+  if (e == EXDEV || e == ELOOP) return refuse_outside(real, err, errlen);
   snprintf(err, errlen, "%s: %s", real, strerror(e));
   return e == ENOENT                 ? LARDER_ENOENT
          : e == EACCES || e == EPERM ? LARDER_EACCES
@@ -312,7 +287,7 @@ static int open_local(const char *src, const char *real, const char *const *root
                                      : LARDER_EIO;
 }
 
-/* Expands one local source into files, each opened. */
+/* Expands one local source into the resolved paths of its files. */
 static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
                         char *err, size_t errlen) {
   strlist found = {0};
@@ -388,15 +363,7 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
       rc = LARDER_EIO;
       break;
     }
-    int fd = -1;
-    rc = open_local(src, real, opts->allowed_roots, &fd, err, errlen);
-    if (rc == 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
-      close(fd);
-      if (pattern) continue;
-      snprintf(err, errlen, "%s: not a regular file", found.v[i]);
-      rc = LARDER_EIO;
-    }
-    if (rc == 0) rc = strlist_add_fd(out, real, fd);
+    rc = strlist_add(out, real);
   }
   strlist_free(&found);
   return rc;
@@ -687,9 +654,8 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
   }
   strlist files = {0};
   int rc = 0;
-  /* Local sources are resolved and opened as the client: what it cannot
-   * open, the daemon does not read for it.  From here on each file is read
-   * through the descriptor opened now, never by its path again. */
+  /* Local sources are resolved, and below each file opened, as the
+   * client: what it cannot open, the daemon does not read for it. */
   cred_saved_t saved;
   int local = 0;
   for (size_t i = 0; i < n; i++) local |= sources[i] && !remote_is_url(sources[i]);
@@ -716,11 +682,7 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     return rc;
   }
   /* Sorted, without duplicates: the order is part of the dataset's identity. */
-  if (rc == 0) rc = strlist_sort_unique(&files);
-  if (rc) {
-    strlist_free(&files);
-    return rc;
-  }
+  strlist_sort_unique(&files);
   if (files.n == 0) {
     strlist_free(&files);
     snprintf(err, errlen, "the sources name no files");
@@ -741,9 +703,20 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
   ds->num_files = (uint32_t)files.n;
   for (size_t i = 0; i < files.n; i++) ds->files[i].fd = -1;
   for (size_t i = 0; i < files.n && rc == 0; i++) {
-    /* Each file's descriptor goes to its dataset_file (closed there). */
-    rc = open_file(&ds->files[i], files.v[i], files.fd[i], columns, ncols, opts, err, errlen);
-    files.fd[i] = -1;
+    /* Each file is opened as the client, then read through that
+     * descriptor alone, never by its path again.  One at a time: a file
+     * whose footer another dataset holds gives its descriptor back at once,
+     * so that an open of N files shared with other streams takes one more
+     * descriptor, not N. */
+    int fd = -1;
+    if (!remote_is_url(files.v[i])) {
+      rc = cred_enter(opts->peer, &saved, err, errlen);
+      if (rc) break;
+      rc = open_local(files.v[i], opts->allowed_roots, &fd, err, errlen);
+      cred_leave(&saved);
+      if (rc) break;
+    }
+    rc = open_file(&ds->files[i], files.v[i], fd, columns, ncols, opts, err, errlen);
   }
   if (rc) goto fail;
 

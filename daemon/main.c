@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -359,6 +360,13 @@ int main(int argc, char **argv) {
       printf("larderd %s\n", LARDERD_VERSION);
       return 0;
     }
+  }
+  /* Every local file that open streams read holds a descriptor: take all
+   * that the hard limit allows (the unit's LimitNOFILE). */
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &nofile);
   }
   server_t *srv = calloc(1, sizeof(*srv));
   if (srv == NULL || config_defaults(&srv->cfg) != 0) {
