@@ -1,8 +1,7 @@
 /*
- * config.c: defaults, the INI file (inih) and command-line overrides.
+ * config.c: defaults, the INI file and command-line overrides.
  */
 #include <errno.h>
-#include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,38 +178,123 @@ int config_is_secret(const char *key) {
          strcmp(key, "s3_access_key") == 0;
 }
 
+/* Whether an unknown key may be shown in an error: text that could be a key
+ * (lowercase letters, digits, '_' and '-', at most 40 of them), not a secret
+ * pasted where a key should be. */
+static int key_like(const char *name) {
+  size_t n = 0;
+  for (; name[n]; n++) {
+    char ch = name[n];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+      return 0;
+  }
+  return n > 0 && n <= 40;
+}
+
 int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen) {
   if (strcmp(key, "allow") == 0) return add_allow(cfg, value, err, errlen);
   const key_info *k = find_key(key);
   if (k == NULL) {
-    snprintf(err, errlen, "unknown setting '%s'", key);
+    if (key_like(key))
+      snprintf(err, errlen, "unknown setting '%s'", key);
+    else
+      snprintf(err, errlen,
+               "unknown setting (not shown: it is not lowercase letters, digits and '_', and "
+               "may be a secret on a line of its own)");
     return LARDER_EINVAL;
   }
   return set_value(cfg, k, value, err, errlen);
 }
 
-typedef struct load_ctx {
-  config_t *cfg;
-  char *err;
-  size_t errlen;
-  int failed;
-  const char *path;
-} load_ctx;
+/* The file is split into lines here, not by inih: inih's line buffer is
+ * fixed when the library is built (200 bytes in Debian's), and its errors
+ * give a line number without a reason.  The syntax is inih's, less
+ * continuation lines: "[section]" lines (ignored), "key = value" or
+ * "key : value" lines, comments from ';' or '#' at the start of a line or
+ * ';' after a space, blank lines, CR LF or LF line ends, and a UTF-8 byte
+ * order mark at the start of the file. */
 
-static int on_ini(void *user, const char *section, const char *name, const char *value) {
-  (void)section;
-  load_ctx *lc = user;
-  if (lc->failed) return 0;
-  char why[256];
-  if (config_set(lc->cfg, name, value, why, sizeof(why))) {
-    /* Debian's inih does not pass line numbers to handlers; the message
-     * names the key, which is as good for a config this small. */
-    snprintf(lc->err, lc->errlen, "%s: %s", lc->path, why);
-    lc->failed = 1;
-    return 0;
+/* What is wrong with the bytes of a line (len of them, without its line
+ * end), or NULL when nothing is: NUL and control characters other than the
+ * tab.  *col gets the 1-based column of the first bad byte. */
+static const char *line_junk(const char *s, size_t len, size_t *col, unsigned *byte) {
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '\t' || (ch >= 0x20 && ch != 0x7f)) continue;
+    *col = i + 1;
+    *byte = ch;
+    if (ch == '\0') return "a NUL byte (is this a binary file?)";
+    if (ch == '\r') return "a carriage return inside the line";
+    return "a control character";
   }
-  return 1;
+  return NULL;
+}
+
+/* The first of chars in s, or the start of an inline comment (';' after a
+ * space or tab), or the end of s. */
+static char *find_sep(char *s, const char *chars) {
+  int was_space = 0;
+  for (; *s; s++) {
+    if (chars && strchr(chars, *s)) return s;
+    if (*s == ';' && was_space) return s;
+    was_space = *s == ' ' || *s == '\t';
+  }
+  return s;
+}
+
+static char *strip(char *s) {
+  while (*s == ' ' || *s == '\t') s++;
+  size_t n = strlen(s);
+  while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = '\0';
+  return s;
+}
+
+/* Applies one line (NUL-terminated, len bytes before its line end, which
+ * is already cut off).  Returns 0 or a code with "path:lineno: why" in err. */
+static int apply_line(config_t *cfg, char *line, size_t len, const char *path, size_t lineno,
+                      char *err, size_t errlen) {
+  size_t col = 0;
+  unsigned byte = 0;
+  const char *junk = line_junk(line, len, &col, &byte);
+  if (junk) {
+    if (byte == 0 || byte == '\r')
+      snprintf(err, errlen, "%s:%zu: %s at column %zu", path, lineno, junk, col);
+    else
+      snprintf(err, errlen, "%s:%zu: %s (0x%02x) at column %zu", path, lineno, junk, byte, col);
+    return LARDER_EINVAL;
+  }
+  char *s = strip(line);
+  if (*s == '\0' || *s == ';' || *s == '#') return 0;
+  if (*s == '[') {
+    if (*find_sep(s + 1, "]") != ']') {
+      snprintf(err, errlen, "%s:%zu: a section header without its closing ']'", path, lineno);
+      return LARDER_EINVAL;
+    }
+    return 0; /* keys may sit in any section */
+  }
+  char *sep = find_sep(s, "=:");
+  if (*sep != '=' && *sep != ':') {
+    snprintf(err, errlen,
+             "%s:%zu: not a setting: no '=' (a setting is 'key = value'; a comment starts "
+             "with '#')",
+             path, lineno);
+    return LARDER_EINVAL;
+  }
+  char sepch = *sep;
+  *sep = '\0';
+  char *key = strip(s);
+  char *value = sep + 1;
+  *find_sep(value, NULL) = '\0';
+  value = strip(value);
+  if (*key == '\0') {
+    snprintf(err, errlen, "%s:%zu: no key before the '%c'", path, lineno, sepch);
+    return LARDER_EINVAL;
+  }
+  char why[512];
+  int rc = config_set(cfg, key, value, why, sizeof(why));
+  if (rc) snprintf(err, errlen, "%s:%zu: %s", path, lineno, why);
+  return rc;
 }
 
 int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
@@ -221,20 +305,38 @@ int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return LARDER_EIO;
   }
-  load_ctx lc = {cfg, err, errlen, 0, path};
-  int rc = ini_parse_file(f, on_ini, &lc);
+  char *line = NULL;
+  size_t cap = 0, lineno = 0;
+  ssize_t got;
+  int rc = 0;
+  errno = 0;
+  while (rc == 0 && (got = getline(&line, &cap, f)) >= 0) {
+    size_t len = (size_t)got;
+    lineno++;
+    if (len && line[len - 1] == '\n') line[--len] = '\0';
+    if (len && line[len - 1] == '\r') line[--len] = '\0';
+    char *start = line;
+    if (lineno == 1 && len >= 3 && memcmp(line, "\xEF\xBB\xBF", 3) == 0) {
+      start += 3;
+      len -= 3;
+    }
+    rc = apply_line(cfg, start, len, path, lineno, err, errlen);
+    errno = 0;
+  }
+  if (rc == 0 && (ferror(f) || errno == ENOMEM)) {
+    int e = errno ? errno : EIO;
+    snprintf(err, errlen, "%s:%zu: %s", path, lineno + 1, strerror(e));
+    rc = e == ENOMEM ? LARDER_ENOMEM : LARDER_EIO;
+  }
+  /* A secret's line stays in no buffer. */
+  if (line) explicit_bzero(line, cap);
+  free(line);
   fclose(f);
-  if (lc.failed) return LARDER_EINVAL;
-  if (rc > 0) {
-    snprintf(err, errlen, "%s:%d: syntax error", path, rc);
-    return LARDER_EINVAL;
-  }
-  if (rc < 0) {
-    snprintf(err, errlen, "%s: cannot parse", path);
-    return LARDER_EIO;
-  }
+  if (rc) return rc;
+  char *copy = strdup(path);
+  if (copy == NULL) return LARDER_ENOMEM;
   free(cfg->path);
-  cfg->path = strdup(path);
+  cfg->path = copy;
   return 0;
 }
 

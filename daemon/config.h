@@ -8,16 +8,23 @@
  *   The parser, `larderd --help-config`, the example config
  *   (config/larderd.conf.example, checked against this list by the tests)
  *   and the reload logic all come from that list.
- * - Sources, lowest precedence first: defaults, the file (INI syntax, parsed
- *   with inih; keys may sit in any section), then command-line
+ * - Sources, lowest precedence first: defaults, the file, then command-line
  *   `--key=value` flags.
+ * - The file is INI (config.c reads it; keys may sit in any section): lines
+ *   "key = value" (or "key : value"), "[section]", and comments from ';' or
+ *   '#' at the start of a line or ';' after a space.  Lines and values may
+ *   be of any length, as long as a flag's.  Leading spaces are ignored (a
+ *   line never continues the one before).
  * - Sizes accept K, M, G and T suffixes (powers of 1024); durations are
  *   seconds.
  * - `allow` is the one key that may repeat: each line adds a rule to the
  *   allowlist (acl.h documents the syntax); on the command line, every
  *   --allow=... flag adds one.
- * - Errors: config_load returns a negative code and a message naming the
- *   file, line and key.  Only the loop thread touches a config_t.
+ * - Errors: config_load_file returns a negative code and a message naming
+ *   the file, the line and what is wrong with it (a NUL or control byte and
+ *   its column, no '=', an unknown key, a bad value), never the line's text
+ *   beyond a key name, since it may be a secret.  Only the loop thread
+ *   touches a config_t.
  */
 #ifndef LARDER_CONFIG_H
 #define LARDER_CONFIG_H
@@ -197,8 +204,11 @@ typedef struct config {
 /* Fills cfg with the defaults.  Returns 0 or LARDER_ENOMEM. */
 int config_defaults(config_t *cfg);
 
-/* Applies the file at path (missing_ok: a missing file is not an error).
- * Returns 0 or a negative code with a message in err. */
+/* Applies the file at path (missing_ok: a missing file is not an error),
+ * its settings in order; cfg->path becomes a copy of path.  Returns 0, or
+ * LARDER_EINVAL (a line it refuses), LARDER_EIO (cannot read) or
+ * LARDER_ENOMEM with "path:line: why" in err; cfg then holds the settings
+ * before that line. */
 int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
                      size_t errlen);
 
