@@ -141,12 +141,15 @@
      "address buckets in the path (MinIO, Ceph) instead of the host name")     \
   XX(s3_list_max_keys, U64, "1000", 0,                                         \
      "keys per ListObjectsV2 page when listing s3:// prefixes (1 to 1000)")    \
-  XX(s3_profile, STR, "", 0,                                                   \
-     "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default)")         \
-  XX(s3_access_key, STR, "", 0,                                                \
+  XX(s3_profile, STR, "", 1,                                                   \
+     "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default); the "    \
+     "credentials, from wherever they come, are looked up again on SIGHUP")    \
+  XX(s3_access_key, STR, "", 1,                                                \
      "S3 access key (empty: $AWS_ACCESS_KEY_ID or the profile)")               \
-  XX(s3_secret_key, STR, "", 0, "S3 secret key (never logged)")                \
-  XX(s3_session_token, STR, "", 0, "S3 session token (never logged)")          \
+  XX(s3_secret_key, STR, "", 1, "S3 secret key (never logged)")                \
+  XX(s3_session_token, STR, "", 1,                                             \
+     "S3 session token (never logged); a reload puts a new one in force for "  \
+     "the next request")                                                       \
   XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")      \
   XX(log_file, STR, "", 0,                                                     \
      "append the log to this file instead of stderr (reopened on SIGHUP, for " \

@@ -374,6 +374,17 @@ int server_apply_access(server_t *srv, char *err, size_t errlen) {
   return 0;
 }
 
+/* Fills fo's S3 credentials: the configuration's, else the environment's,
+ * else those of the profile (fetch_load_credentials), whose strings go to
+ * owned[4] (the caller frees them).  Loop thread. */
+static void s3_credentials(const config_t *c, fetch_options_t *fo, char **owned) {
+  fo->s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
+  fo->s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
+  fo->s3_session_token =
+      c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
+  fetch_load_credentials(fo, c->s3_profile, owned, 4);
+}
+
 int server_reload(server_t *srv, char *summary, size_t len) {
   config_t next;
   char err[512];
@@ -412,10 +423,25 @@ int server_reload(server_t *srv, char *summary, size_t len) {
            restart);
   log_set_level(srv->cfg.log_level);
   if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
-  if (srv->fetch)
+  if (srv->fetch) {
     fetch_set_limits(srv->fetch, (uint32_t)srv->cfg.fetch_inflight_per_host,
                      srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,
                      (uint32_t)srv->cfg.fetch_retry_base_ms);
+    /* The credentials are looked up again, as at startup: the
+     * configuration's (their files read again), the environment, the
+     * profile's file. */
+    fetch_options_t fo;
+    char *owned[4];
+    fetch_options_init(&fo);
+    s3_credentials(&srv->cfg, &fo, owned);
+    if (fetch_set_credentials(srv->fetch, fo.s3_access_key, fo.s3_secret_key,
+                              fo.s3_session_token) != 0)
+      log_err("reload: out of memory; the S3 credentials stay as they were");
+    for (int i = 0; i < 4; i++) {
+      if (owned[i]) explicit_bzero(owned[i], strlen(owned[i]));
+      free(owned[i]);
+    }
+  }
   units_trim(srv);
   if (restart[0]) log_notice("reloaded; these keys changed but need a restart: %s", restart);
   else log_notice("reloaded the configuration");
@@ -534,11 +560,8 @@ static int start_fetcher(server_t *srv) {
   fo.s3_endpoint = c->s3_endpoint && *c->s3_endpoint ? c->s3_endpoint : getenv("AWS_ENDPOINT_URL");
   fo.s3_path_style = c->s3_path_style;
   fo.s3_list_max_keys = (uint32_t)c->s3_list_max_keys;
-  fo.s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
-  fo.s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
-  fo.s3_session_token = c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
   fo.stats = &srv->stats;
-  fetch_load_credentials(&fo, c->s3_profile, srv->cred_owned, 4);
+  s3_credentials(c, &fo, srv->cred_owned);
   return fetch_create(srv->loop, &fo, &srv->fetch);
 }
 
