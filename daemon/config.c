@@ -2,10 +2,13 @@
  * config.c: defaults, the INI file and command-line overrides.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../client/larder.h"
 #include "acl.h"
@@ -191,6 +194,137 @@ static int key_like(const char *name) {
   return n > 0 && n <= 40;
 }
 
+/* The largest secret file read: far beyond any credential, and small
+ * enough that a path to a device or a log by mistake fails at once. */
+#define SECRET_FILE_MAX (1u << 20)
+
+/* Reads the secret in the file at path (for key) into *out (malloc'd),
+ * without the spaces and line ends around it.  A FIFO or a device is
+ * refused rather than waited on (the loop thread reads it at reload).
+ * Returns 0, or LARDER_EIO / LARDER_EINVAL / LARDER_ENOMEM with a message
+ * naming key and path, never the content. */
+static int read_secret_file(const char *key, const char *path, char **out, char *err,
+                            size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    snprintf(err, errlen, "%s: cannot read %s: %s", key, path, strerror(errno));
+    return LARDER_EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "%s: %s is not a regular file", key, path);
+    close(fd);
+    return LARDER_EINVAL;
+  }
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  int rc = buf ? 0 : LARDER_ENOMEM;
+  while (rc == 0) {
+    if (n + 1 == cap) {
+      if (cap > SECRET_FILE_MAX) {
+        snprintf(err, errlen, "%s: %s is larger than %u bytes: not a secret", key, path,
+                 SECRET_FILE_MAX);
+        rc = LARDER_EINVAL;
+        break;
+      }
+      char *more = malloc(cap * 2);
+      if (more == NULL) {
+        rc = LARDER_ENOMEM;
+        break;
+      }
+      memcpy(more, buf, n);
+      explicit_bzero(buf, cap);
+      free(buf);
+      buf = more;
+      cap *= 2;
+    }
+    ssize_t got = read(fd, buf + n, cap - 1 - n);
+    if (got == 0) break;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      snprintf(err, errlen, "%s: cannot read %s: %s", key, path, strerror(errno));
+      rc = LARDER_EIO;
+      break;
+    }
+    n += (size_t)got;
+  }
+  close(fd);
+  if (rc == LARDER_ENOMEM) snprintf(err, errlen, "%s: out of memory reading %s", key, path);
+  if (rc == 0) {
+    buf[n] = '\0';
+    size_t a = 0;
+    while (a < n && (buf[a] == ' ' || buf[a] == '\t' || buf[a] == '\r' || buf[a] == '\n')) a++;
+    while (n > a && (buf[n - 1] == ' ' || buf[n - 1] == '\t' || buf[n - 1] == '\r' ||
+                     buf[n - 1] == '\n'))
+      n--;
+    memmove(buf, buf + a, n - a);
+    n -= a;
+    buf[n] = '\0';
+    if (n == 0) {
+      snprintf(err, errlen, "%s: %s is empty", key, path);
+      rc = LARDER_EINVAL;
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+      unsigned char ch = (unsigned char)buf[i];
+      if (ch < 0x20 || ch == 0x7f) {
+        snprintf(err, errlen,
+                 "%s: %s holds %s at byte %zu: a secret file holds one line, the secret",
+                 key, path, ch == '\n' ? "more than one line" : "a control character", i + 1);
+        rc = LARDER_EINVAL;
+      }
+    }
+  }
+  if (rc) {
+    if (buf) explicit_bzero(buf, cap);
+    free(buf);
+    return rc;
+  }
+  *out = buf;
+  return 0;
+}
+
+/* The key that pairs with k: s3_secret_key_file's is s3_secret_key and the
+ * other way round; NULL for keys that have no file. */
+static const key_info *secret_pair(const key_info *k) {
+  static const char suffix[] = "_file";
+  size_t n = strlen(k->name), s = sizeof(suffix) - 1;
+  char name[64];
+  if (n > s && strcmp(k->name + n - s, suffix) == 0) {
+    snprintf(name, sizeof(name), "%.*s", (int)(n - s), k->name);
+    return config_is_secret(name) ? find_key(name) : NULL;
+  }
+  if (!config_is_secret(k->name)) return NULL;
+  snprintf(name, sizeof(name), "%s%s", k->name, suffix);
+  return find_key(name);
+}
+
+static const char *str_field(const config_t *cfg, const key_info *k) {
+  const char *v = *(char *const *)(const void *)((const char *)cfg + k->offset);
+  return v ? v : "";
+}
+
+/* Sets a *_file key (kf) to path and its secret (ks) to the file's content;
+ * an empty path forgets the file and the secret read from it. */
+static int set_secret_file(config_t *cfg, const key_info *kf, const key_info *ks,
+                           const char *path, char *err, size_t errlen) {
+  const char *secret = "";
+  char *content = NULL;
+  if (*path) {
+    int rc = read_secret_file(kf->name, path, &content, err, errlen);
+    if (rc) return rc;
+    secret = content;
+  } else if (*str_field(cfg, kf) == '\0') {
+    return 0; /* no file before either: the secret stays as it is */
+  }
+  int rc = set_value(cfg, ks, secret, err, errlen);
+  if (rc == 0) rc = set_value(cfg, kf, path, err, errlen);
+  if (content) {
+    explicit_bzero(content, strlen(content));
+    free(content);
+  }
+  return rc;
+}
+
 int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen) {
   if (strcmp(key, "allow") == 0) return add_allow(cfg, value, err, errlen);
@@ -204,7 +338,12 @@ int config_set(config_t *cfg, const char *key, const char *value, char *err,
                "may be a secret on a line of its own)");
     return LARDER_EINVAL;
   }
-  return set_value(cfg, k, value, err, errlen);
+  const key_info *pair = secret_pair(k);
+  if (pair && !config_is_secret(k->name)) return set_secret_file(cfg, k, pair, value, err, errlen);
+  int rc = set_value(cfg, k, value, err, errlen);
+  /* A secret set itself no longer comes from its file. */
+  if (rc == 0 && pair) rc = set_value(cfg, pair, "", err, errlen);
+  return rc;
 }
 
 /* The file is split into lines here, not by inih: inih's line buffer is

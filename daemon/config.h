@@ -17,6 +17,14 @@
  *   line never continues the one before).
  * - Sizes accept K, M, G and T suffixes (powers of 1024); durations are
  *   seconds.
+ * - Secrets may come from files: setting s3_secret_key_file (likewise
+ *   s3_access_key_file, s3_session_token_file) reads the file there and
+ *   then, into s3_secret_key, and records its path; setting s3_secret_key
+ *   itself forgets the path: of the two, the one set last wins.  A reload
+ *   applies the file and the flags again, so it reads the files again.  A
+ *   file that cannot be read, is empty or holds more than one line is an
+ *   error naming the key and the path; a secret's value is never shown
+ *   (config_each shows "(set)").
  * - `allow` is the one key that may repeat: each line adds a rule to the
  *   allowlist (acl.h documents the syntax); on the command line, every
  *   --allow=... flag adds one.
@@ -150,6 +158,17 @@
   XX(s3_session_token, STR, "", 1,                                             \
      "S3 session token (never logged); a reload puts a new one in force for "  \
      "the next request")                                                       \
+  XX(s3_access_key_file, STR, "", 1,                                           \
+     "file holding s3_access_key, read at start and again at every reload "    \
+     "(the spaces and line end around it are dropped; of s3_access_key and "   \
+     "s3_access_key_file, the one set last wins; empty: none)")                \
+  XX(s3_secret_key_file, STR, "", 1,                                           \
+     "file holding s3_secret_key, so that the secret need not sit in this "    \
+     "file: read at start and again at every reload, like s3_access_key_file") \
+  XX(s3_session_token_file, STR, "", 1,                                        \
+     "file holding s3_session_token, read at start and again at every "        \
+     "reload, like s3_access_key_file: to rotate a token, rewrite the file "   \
+     "and send SIGHUP (larderctl reload)")                                     \
   XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")      \
   XX(log_file, STR, "", 0,                                                     \
      "append the log to this file instead of stderr (reopened on SIGHUP, for " \
@@ -215,8 +234,11 @@ int config_defaults(config_t *cfg);
 int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
                      size_t errlen);
 
-/* Applies one "key=value" setting (a command-line flag without its "--").
- * Returns 0 or LARDER_EINVAL with a message. */
+/* Applies one "key=value" setting (a command-line flag without its "--");
+ * a *_file key reads its file now.  Returns 0, or LARDER_EINVAL (a bad
+ * value, a secret file that is empty or of several lines), LARDER_EIO (a
+ * secret file that cannot be read) or LARDER_ENOMEM, with a message that
+ * names the key (and the file), never a secret. */
 int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen);
 

@@ -331,17 +331,42 @@ static void begin_shutdown(server_t *srv, const char *why) {
  * reported as changed.  The flags are applied again on top of the file,
  * as main.c does at startup; they are read back from /proc/self/cmdline.
  */
-static void reapply_flags(config_t *next) {
+static int reapply_flags(config_t *next, char *err, size_t errlen) {
   FILE *f = fopen("/proc/self/cmdline", "r");
-  if (f == NULL) return;
-  char buf[65536];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  if (f == NULL) return 0;
+  /* The whole command line, however long its flags' values. */
+  size_t n = 0, cap = 65536;
+  char *buf = malloc(cap);
+  for (size_t got = 1; buf && got > 0; n += got) {
+    if (n + 1 == cap) {
+      char *more = realloc(buf, cap * 2);
+      if (more == NULL) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = more;
+      cap *= 2;
+    }
+    got = fread(buf + n, 1, cap - 1 - n, f);
+  }
   fclose(f);
-  buf[n] = '\0';
-  char *argv[512];
-  int argc = 0;
-  for (size_t i = 0; i < n && argc < 512; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
-  for (int i = 1; i < argc; i++) {
+  size_t argc = 0;
+  char **argv = NULL;
+  if (buf) {
+    buf[n] = '\0';
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1) argc++;
+    argv = malloc((argc ? argc : 1) * sizeof(char *));
+  }
+  if (argv == NULL) {
+    free(buf);
+    snprintf(err, errlen, "out of memory reading the command line");
+    return LARDER_ENOMEM;
+  }
+  argc = 0;
+  for (size_t i = 0; i < n; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
+  int rc = 0;
+  for (size_t i = 1; i < argc && rc == 0; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--config") == 0) {
       i++;
@@ -349,7 +374,7 @@ static void reapply_flags(config_t *next) {
     }
     if (strncmp(a, "--config=", 9) == 0 || strncmp(a, "--", 2) != 0) continue;
     const char *eq = strchr(a, '=');
-    char key[128], err[512];
+    char key[128];
     const char *value;
     if (eq) {
       snprintf(key, sizeof(key), "%.*s", (int)(eq - a - 2), a + 2);
@@ -360,8 +385,14 @@ static void reapply_flags(config_t *next) {
     } else {
       continue;
     }
-    if (config_set(next, key, value, err, sizeof(err)) != 0) log_warn("reload: %s", err);
+    /* A flag that held at startup fails now only when the file it names
+     * (s3_secret_key_file, ...) cannot be read: the reload is refused. */
+    rc = config_set(next, key, value, err, errlen);
   }
+  if (buf) explicit_bzero(buf, n); /* flags may hold secrets */
+  free(argv);
+  free(buf);
+  return rc;
 }
 
 int server_apply_access(server_t *srv, char *err, size_t errlen) {
@@ -401,7 +432,12 @@ int server_reload(server_t *srv, char *summary, size_t len) {
       return LARDER_EINVAL;
     }
   }
-  reapply_flags(&next);
+  if (reapply_flags(&next, err, sizeof(err)) != 0) {
+    log_err("reload: %s; keeping the current configuration", err);
+    snprintf(summary, len, "%s; keeping the current configuration", err);
+    config_free(&next);
+    return LARDER_EINVAL;
+  }
   /* larder ACL: check the new rules before anything changes. */
   acl_t *check;
   if (acl_create((const char *const *)next.allow, next.num_allow, next.admin_group, &check, err,

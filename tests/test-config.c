@@ -3,13 +3,21 @@
  * a key's documented range are refused with a message naming the key,
  * whichever way they come (file, flag or reload all go through
  * config_set); the file's lines may be of any length, and a line it
- * refuses gets a message naming the file, the line and the reason.
+ * refuses gets a message naming the file, the line and the reason; secrets
+ * may come from files (s3_*_file), read at start and at every reload, and
+ * never shown.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../daemon/config.h"
+#include "daemon-harness.h"
 #include "larder.h"
 #include "task.h"
 
@@ -216,5 +224,323 @@ TEST_IMPL(config_refuses_junk_lines) {
   ASSERT_OK(config_load_file(&cfg, missing, 1, err, sizeof(err)));
   config_free(&cfg);
   free(secret);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Secrets from files                                                        */
+
+/* Writes text to <tmpdir>/name and returns the path (malloc'd). */
+static char *write_secret(const char *name, const char *text) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/%s", test_tmpdir(), name);
+  FILE *f = fopen(path, "w");
+  ASSERT_NOT_NULL(f);
+  fputs(text, f);
+  ASSERT_OK(fclose(f));
+  return strdup(path);
+}
+
+typedef struct shown {
+  char text[200000];
+  size_t len;
+} shown_t;
+
+static void show_key(const char *key, const char *value, int live, void *arg) {
+  (void)live;
+  shown_t *s = arg;
+  s->len += (size_t)snprintf(s->text + s->len, sizeof(s->text) - s->len, "%s = %s\n", key, value);
+  ASSERT_LT(s->len, sizeof(s->text));
+}
+
+/* Expects config_set(key, value) to fail with code and a message holding
+ * what (and never secret). */
+static void expect_file_error(const char *key, const char *value, int code, const char *what,
+                              const char *secret) {
+  config_t cfg;
+  ASSERT_OK(config_defaults(&cfg));
+  char err[4096] = "";
+  ASSERT_EQ(config_set(&cfg, key, value, err, sizeof(err)), code);
+  fprintf(stderr, "%s\n", err);
+  ASSERT_STR_CONTAINS(err, key);
+  ASSERT_STR_CONTAINS(err, value);
+  ASSERT_STR_CONTAINS(err, what);
+  if (secret) ASSERT(strstr(err, secret) == NULL);
+  config_free(&cfg);
+}
+
+/*
+ * s3_access_key_file, s3_secret_key_file and s3_session_token_file fill
+ * their keys with the file's content, without the spaces and line end
+ * around it (a 4 KiB token included); loading the file again (what a
+ * reload does) reads them again; of a key and its file, the one set last
+ * wins, and an empty path forgets the file's secret.  A missing file, an
+ * empty one, one of two lines, a directory and a FIFO (not waited on) are
+ * errors naming the key and the path and never the secret, and in a
+ * config file they name its line too.  config_each shows "(set)".
+ */
+TEST_IMPL(config_secret_files) {
+  char *token = fake_secret(4096, 3), *token2 = fake_secret(4096, 4);
+  char *secret = fake_secret(38, 5);
+  char buf[8192];
+  char *key_path = write_secret("key", "AKIAEXAMPLEKEY\n");
+  snprintf(buf, sizeof(buf), "  %s\r\n", secret);
+  char *secret_path = write_secret("secret", buf);
+  snprintf(buf, sizeof(buf), "%s\n", token);
+  char *token_path = write_secret("token", buf);
+  char conf[16384];
+  int n = snprintf(conf, sizeof(conf),
+                   "[s3]\ns3_access_key_file = %s\ns3_secret_key_file = %s\n"
+                   "s3_session_token_file = %s\n",
+                   key_path, secret_path, token_path);
+  const char *path = write_conf("secrets.conf", conf, (size_t)n);
+  config_t cfg;
+  ASSERT_OK(config_defaults(&cfg));
+  char err[4096] = "";
+  if (config_load_file(&cfg, path, 0, err, sizeof(err)) != 0) ASSERT_FAIL_("%s", err);
+  ASSERT_STR_EQ(cfg.s3_access_key, "AKIAEXAMPLEKEY");
+  ASSERT_STR_EQ(cfg.s3_secret_key, secret);
+  ASSERT_STR_EQ(cfg.s3_session_token, token);
+  ASSERT_STR_EQ(cfg.s3_secret_key_file, secret_path);
+  ASSERT_STR_EQ(cfg.s3_session_token_file, token_path);
+  /* Shown as "(set)", the paths as they are. */
+  static shown_t shown;
+  shown.len = 0;
+  config_each(&cfg, show_key, &shown);
+  ASSERT_STR_CONTAINS(shown.text, "s3_secret_key = (set)\n");
+  ASSERT_STR_CONTAINS(shown.text, "s3_session_token = (set)\n");
+  ASSERT_STR_CONTAINS(shown.text, "s3_access_key = (set)\n");
+  ASSERT_STR_CONTAINS(shown.text, token_path);
+  ASSERT(strstr(shown.text, secret) == NULL);
+  ASSERT(strstr(shown.text, token) == NULL);
+  ASSERT(strstr(shown.text, "AKIAEXAMPLEKEY") == NULL);
+  config_free(&cfg);
+
+  /* The token file rewritten: loaded again, the new token. */
+  snprintf(buf, sizeof(buf), "%s\n", token2);
+  free(write_secret("token", buf));
+  ASSERT_OK(config_defaults(&cfg));
+  ASSERT_OK(config_load_file(&cfg, path, 0, err, sizeof(err)));
+  ASSERT_STR_EQ(cfg.s3_session_token, token2);
+  /* The last setting wins. */
+  ASSERT_OK(config_set(&cfg, "s3_session_token", "inline-token", err, sizeof(err)));
+  ASSERT_STR_EQ(cfg.s3_session_token, "inline-token");
+  ASSERT_STR_EQ(cfg.s3_session_token_file, "");
+  ASSERT_OK(config_set(&cfg, "s3_session_token_file", "", err, sizeof(err)));
+  ASSERT_STR_EQ(cfg.s3_session_token, "inline-token");
+  ASSERT_OK(config_set(&cfg, "s3-session-token-file", token_path, err, sizeof(err)));
+  ASSERT_STR_EQ(cfg.s3_session_token, token2);
+  ASSERT_OK(config_set(&cfg, "s3_session_token_file", "", err, sizeof(err)));
+  ASSERT_STR_EQ(cfg.s3_session_token, "");
+  ASSERT_STR_EQ(cfg.s3_session_token_file, "");
+  config_free(&cfg);
+
+  /* Errors name the key and the path, never the secret. */
+  char missing[4096], dir[4096], fifo[4096];
+  snprintf(missing, sizeof(missing), "%s/no-such-token", test_tmpdir());
+  snprintf(dir, sizeof(dir), "%s/a-directory", test_tmpdir());
+  snprintf(fifo, sizeof(fifo), "%s/a-fifo", test_tmpdir());
+  ASSERT_OK(mkdir(dir, 0700));
+  ASSERT_OK(mkfifo(fifo, 0600));
+  expect_file_error("s3_session_token_file", missing, LARDER_EIO,
+                    "cannot read", NULL);
+  expect_file_error("s3_session_token_file", missing, LARDER_EIO, "No such file", NULL);
+  char *empty = write_secret("empty", "\n \n");
+  expect_file_error("s3_secret_key_file", empty, LARDER_EINVAL, "is empty", NULL);
+  snprintf(buf, sizeof(buf), "%s\n%s\n", secret, token);
+  char *two = write_secret("two-lines", buf);
+  expect_file_error("s3_secret_key_file", two, LARDER_EINVAL, "more than one line", secret);
+  expect_file_error("s3_access_key_file", dir, LARDER_EINVAL, "not a regular file", NULL);
+  expect_file_error("s3_access_key_file", fifo, LARDER_EINVAL, "not a regular file", NULL);
+  /* In the file, with its line. */
+  n = snprintf(conf, sizeof(conf), "# secrets\ns3_secret_key_file = %s\ns3_session_token_file = %s\n",
+               secret_path, missing);
+  path = write_conf("missing.conf", conf, (size_t)n);
+  ASSERT_OK(config_defaults(&cfg));
+  ASSERT_EQ(config_load_file(&cfg, path, 0, err, sizeof(err)), LARDER_EIO);
+  char want[8192];
+  snprintf(want, sizeof(want), "%s:3: s3_session_token_file: cannot read %s", path, missing);
+  ASSERT_STR_CONTAINS(err, want);
+  ASSERT(strstr(err, secret) == NULL);
+  config_free(&cfg);
+  free(two);
+  free(empty);
+  free(key_path);
+  free(secret_path);
+  free(token_path);
+  free(secret);
+  free(token2);
+  free(token);
+  return 0;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Waits until the daemon's log holds `what` n times (or fails the test). */
+static void wait_log(const dh_daemon *d, const char *what, int n) {
+  double deadline = now_ms() + 20000.0 * dh_slow();
+  for (;;) {
+    char *log = dh_read_log(d);
+    int count = 0;
+    for (const char *p = log; p && (p = strstr(p, what)) != NULL; p++) count++;
+    free(log);
+    if (count >= n) return;
+    if (now_ms() > deadline) {
+      dh_print_log(d);
+      ASSERT_FAIL_("\"%s\" is not in the log %d times", what, n);
+    }
+    usleep(10000);
+  }
+}
+
+/* Asserts that none of secrets shows in the daemon's log or in reply. */
+static void expect_hidden(const dh_daemon *d, const char *reply, const char *const *secrets) {
+  char *log = dh_read_log(d);
+  ASSERT_NOT_NULL(log);
+  for (size_t i = 0; secrets[i]; i++) {
+    if (strstr(log, secrets[i])) ASSERT_FAIL_("the log shows secret %zu", i);
+    if (reply && strstr(reply, secrets[i])) ASSERT_FAIL_("larderctl config shows secret %zu", i);
+  }
+  free(log);
+}
+
+/*
+ * The daemon itself: a configuration with a 2 KiB allow line, a 64 KiB
+ * comment and secrets from files (a 4 KiB session token; the secret key's
+ * file named by a flag) starts, and `larderctl config` shows the allow line
+ * whole and the secrets as "(set)".  A SIGHUP reads the token file again
+ * (the reload names s3_session_token as changed); with the file gone the
+ * reload is refused, naming the key and the path, and the daemon keeps
+ * serving; back, it reloads.  A daemon whose secret file is missing does
+ * not start, and says which key and path.  No secret reaches the log.
+ */
+TEST_IMPL(config_daemon_long_lines_and_secret_files) {
+  char *token = fake_secret(4096, 6), *token2 = fake_secret(4096, 7);
+  char *secret = fake_secret(38, 8);
+  char buf[8192];
+  snprintf(buf, sizeof(buf), "%s\n", token);
+  char *token_path = write_secret("token", buf);
+  snprintf(buf, sizeof(buf), "%s\n", secret);
+  char *secret_path = write_secret("secret", buf);
+  char *key_path = write_secret("key", "AKIAEXAMPLEKEY\n");
+  char allow[2300];
+  int n = snprintf(allow, sizeof(allow), "s3://training-data/%01750d/", 9);
+  for (int u = 0; u < 16; u++)
+    n += snprintf(allow + n, sizeof(allow) - (size_t)n, " uid=%d gid=%d", 1000 + u, 2000 + u);
+  ASSERT_GE(n, 2048);
+  size_t big = 64 * 1024;
+  char *conf = malloc(big + 16384);
+  ASSERT_NOT_NULL(conf);
+  size_t len = (size_t)snprintf(conf, 16384,
+                                "[larderd]\nallow = %s\ns3_access_key_file = %s\n"
+                                "s3_session_token_file = %s\n#",
+                                allow, key_path, token_path);
+  memset(conf + len, 'c', big);
+  len += big;
+  len += (size_t)snprintf(conf + len, 16384, "\nmax_clients = 77\n");
+
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  char flag[160];
+  snprintf(flag, sizeof(flag), "--s3_secret_key_file=%s", secret_path);
+  ASSERT_LT(strlen(secret_path) + 21, sizeof(flag));
+  dh_flag(&d, flag);
+  FILE *f = fopen(d.config, "w");
+  ASSERT_NOT_NULL(f);
+  ASSERT_EQ(fwrite(conf, 1, len, f), len);
+  ASSERT_OK(fclose(f));
+  dh_start(&d);
+  const char *const secrets[] = {token, token2, secret, "AKIAEXAMPLEKEY", NULL};
+  char *reply = dh_admin(&d, "config");
+  ASSERT_NOT_NULL(reply);
+  char want[2600];
+  snprintf(want, sizeof(want), "{\"key\":\"allow\",\"value\":\"%s\"", allow);
+  ASSERT_STR_CONTAINS(reply, want);
+  ASSERT_STR_CONTAINS(reply, "{\"key\":\"max_clients\",\"value\":\"77\"");
+  ASSERT_STR_CONTAINS(reply, "{\"key\":\"s3_session_token\",\"value\":\"(set)\"");
+  ASSERT_STR_CONTAINS(reply, "{\"key\":\"s3_secret_key\",\"value\":\"(set)\"");
+  ASSERT_STR_CONTAINS(reply, "{\"key\":\"s3_access_key\",\"value\":\"(set)\"");
+  expect_hidden(&d, reply, secrets);
+  free(reply);
+
+  /* A new token: the reload reads it. */
+  snprintf(buf, sizeof(buf), "%s\n", token2);
+  free(write_secret("token", buf));
+  kill(d.pid, SIGHUP);
+  wait_log(&d, "reload changed:", 1);
+  {
+    char *log = dh_read_log(&d);
+    const char *line = strstr(log, "reload changed:");
+    ASSERT_NOT_NULL(line);
+    const char *end = strchr(line, '\n');
+    if (end == NULL) end = line + strlen(line);
+    char *tok = strstr(line, "s3_session_token");
+    if (tok == NULL || tok > end) ASSERT_FAIL_("%.*s", (int)(end - line), line);
+    free(log);
+  }
+  /* The token file gone: refused, naming the key and the path. */
+  ASSERT_OK(unlink(token_path));
+  kill(d.pid, SIGHUP);
+  wait_log(&d, "keeping the current configuration", 1);
+  {
+    char *log = dh_read_log(&d);
+    snprintf(buf, sizeof(buf), "s3_session_token_file: cannot read %s", token_path);
+    ASSERT_STR_CONTAINS(log, buf);
+    free(log);
+  }
+  reply = dh_admin(&d, "config");
+  ASSERT_NOT_NULL(reply);
+  ASSERT_STR_CONTAINS(reply, "{\"key\":\"s3_session_token\",\"value\":\"(set)\"");
+  free(reply);
+  /* The secret key's file (a flag) gone: refused too. */
+  snprintf(buf, sizeof(buf), "%s\n", token2);
+  free(write_secret("token", buf));
+  ASSERT_OK(unlink(secret_path));
+  kill(d.pid, SIGHUP);
+  wait_log(&d, "keeping the current configuration", 2);
+  {
+    char *log = dh_read_log(&d);
+    snprintf(buf, sizeof(buf), "s3_secret_key_file: cannot read %s", secret_path);
+    ASSERT_STR_CONTAINS(log, buf);
+    free(log);
+  }
+  snprintf(buf, sizeof(buf), "%s\n", secret);
+  free(write_secret("secret", buf));
+  kill(d.pid, SIGHUP);
+  wait_log(&d, "reloaded", 2);
+  expect_hidden(&d, NULL, secrets);
+  dh_stop(&d);
+
+  /* A missing file at startup: the daemon does not start. */
+  dh_daemon m;
+  dh_init(&m, "missing", NULL);
+  ASSERT_OK(unlink(token_path));
+  f = fopen(m.config, "w");
+  ASSERT_NOT_NULL(f);
+  fprintf(f, "s3_access_key_file = %s\n\ns3_session_token_file = %s\n", key_path, token_path);
+  ASSERT_OK(fclose(f));
+  dh_spawn(&m);
+  int status = dh_wait_exit(&m, 30000 * dh_slow());
+  ASSERT(status != -1);
+  ASSERT(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 2);
+  {
+    char *log = dh_read_log(&m);
+    snprintf(buf, sizeof(buf), "%s:3: s3_session_token_file: cannot read %s", m.config, token_path);
+    ASSERT_STR_CONTAINS(log, buf);
+    free(log);
+  }
+  expect_hidden(&m, NULL, secrets);
+  free(conf);
+  free(key_path);
+  free(secret_path);
+  free(token_path);
+  free(secret);
+  free(token2);
+  free(token);
   return 0;
 }

@@ -1,3 +1,5 @@
 TEST_ENTRY(config_rejects_out_of_range, 10000)
 TEST_ENTRY(config_long_lines, 10000)
 TEST_ENTRY(config_refuses_junk_lines, 10000)
+TEST_ENTRY(config_secret_files, 10000)
+TEST_ENTRY(config_daemon_long_lines_and_secret_files, 120000)
