@@ -7,6 +7,7 @@
  * may come from files (s3_*_file), read at start and at every reload, and
  * never shown.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +18,8 @@
 #include <unistd.h>
 
 #include "../daemon/config.h"
-#include "daemon-harness.h"
 #include "larder.h"
+#include "remote-harness.h"
 #include "task.h"
 
 static void expect_refused(const char *key, const char *value, const char *why) {
@@ -541,6 +542,92 @@ TEST_IMPL(config_daemon_long_lines_and_secret_files) {
   free(token_path);
   free(secret);
   free(token2);
+  free(token);
+  return 0;
+}
+
+/*
+ * A session token rotated through its file reaches S3: against a front that
+ * wants a 2 KiB token, a daemon whose token file holds a stale one is
+ * denied; the file rewritten and a SIGHUP sent, the same stream opens and
+ * delivers every row, signed with the new token.  The secret key comes from
+ * its file too; neither secret nor token reaches the log.
+ */
+TEST_IMPL(config_s3_token_file_rotation) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  char data[1024];
+  ASSERT_EQ(dh_std_dataset(data, sizeof(data)), DH_STD_ROWS);
+  static const char *const vars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                     "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                                     "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL"};
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
+  char home[PATH_MAX];
+  snprintf(home, sizeof(home), "%s/nohome", test_tmpdir());
+  setenv("HOME", home, 1);
+  /* 2 KiB, twice a real token: the front's ready line, which repeats it,
+   * must fit rs_server.ready. */
+  char *token = fake_secret(2048, 9), *stale = fake_secret(2048, 10);
+  /* Uploaded without a token, then served only with one. */
+  rs_server s3;
+  rh_s3(&s3, "s3", NULL);
+  ASSERT_EQ(rh_s3_put(&s3, "data", "std/", data), 4);
+  rh_stop(&s3);
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof(dir), "%s/s3", test_tmpdir());
+  const char *front[] = {"--bucket", "data", "--session-token", token, NULL};
+  ASSERT_OK(rs_start_s3front(&s3, dir, front));
+
+  char buf[8192];
+  char *secret_path = write_secret("secret", "larder-test-secret\n");
+  snprintf(buf, sizeof(buf), "%s\n", stale);
+  char *token_path = write_secret("token", buf);
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--s3_path_style=true", NULL};
+  dh_init(&d, "d", fl);
+  char flag[160];
+  snprintf(flag, sizeof(flag), "--s3_endpoint=%s", s3.url);
+  dh_flag(&d, flag);
+  FILE *f = fopen(d.config, "w");
+  ASSERT_NOT_NULL(f);
+  fprintf(f, "[s3]\ns3_access_key = larder-test-key\ns3_secret_key_file = %s\n"
+             "s3_session_token_file = %s\n",
+          secret_path, token_path);
+  ASSERT_OK(fclose(f));
+  dh_start(&d);
+
+  const char *src[1] = {"s3://data/std/"};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 100, 11, 1);
+  o.num_sources = 1;
+  o.unit_rows = DH_STD_UNIT_ROWS;
+  o.arena_bytes = 8u << 20;
+  dh_run r = {0};
+  ASSERT_NE(dh_collect(d.socket, &o, 0, &r), 0);
+  fprintf(stderr, "stale token: %s\n", r.err);
+  ASSERT_STR_CONTAINS(r.err, "access denied");
+  dh_run_free(&r);
+
+  snprintf(buf, sizeof(buf), "%s\n", token);
+  free(write_secret("token", buf));
+  kill(d.pid, SIGHUP);
+  wait_log(&d, "reload changed:", 1);
+  dh_run ok = {0};
+  if (dh_collect(d.socket, &o, 0, &ok) != 0) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("after the reload: %s", ok.err);
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < ok.n; i++) rows += ok.b[i].rows;
+  ASSERT_EQ(rows, DH_STD_ROWS);
+  dh_run_free(&ok);
+  const char *const secrets[] = {token, stale, "larder-test-secret", NULL};
+  expect_hidden(&d, NULL, secrets);
+  dh_stop(&d);
+  rh_stop(&s3);
+  free(secret_path);
+  free(token_path);
+  free(stale);
   free(token);
   return 0;
 }
