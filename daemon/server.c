@@ -337,28 +337,27 @@ static int reapply_flags(config_t *next, char *err, size_t errlen) {
   /* The whole command line, however long its flags' values. */
   size_t n = 0, cap = 65536;
   char *buf = malloc(cap);
-  for (size_t got = 1; buf && got > 0; n += got) {
-    if (n + 1 == cap) {
+  for (;;) {
+    if (buf != NULL && n + 1 == cap) {
       char *more = realloc(buf, cap * 2);
-      if (more == NULL) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
+      if (more == NULL) free(buf);
       buf = more;
       cap *= 2;
     }
-    got = fread(buf + n, 1, cap - 1 - n, f);
+    if (buf == NULL) break;
+    size_t got = fread(buf + n, 1, cap - 1 - n, f);
+    if (got == 0) break;
+    n += got;
   }
   fclose(f);
   size_t argc = 0;
   char **argv = NULL;
-  if (buf) {
+  if (buf != NULL) {
     buf[n] = '\0';
     for (size_t i = 0; i < n; i += strlen(buf + i) + 1) argc++;
     argv = malloc((argc ? argc : 1) * sizeof(char *));
   }
-  if (argv == NULL) {
+  if (buf == NULL || argv == NULL) {
     free(buf);
     snprintf(err, errlen, "out of memory reading the command line");
     return LARDER_ENOMEM;
@@ -389,7 +388,7 @@ static int reapply_flags(config_t *next, char *err, size_t errlen) {
      * (s3_secret_key_file, ...) cannot be read: the reload is refused. */
     rc = config_set(next, key, value, err, errlen);
   }
-  if (buf) explicit_bzero(buf, n); /* flags may hold secrets */
+  explicit_bzero(buf, n); /* flags may hold secrets */
   free(argv);
   free(buf);
   return rc;
