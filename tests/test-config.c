@@ -192,9 +192,10 @@ TEST_IMPL(config_refuses_junk_lines) {
     size_t n = cases[k].len ? cases[k].len : strlen(cases[k].line);
     char *text = malloc(n + 64);
     ASSERT_NOT_NULL(text);
-    memcpy(text, "# ok\n[larderd]\n", 15);
+    static const char head[] = "# ok\n[larderd]\n", tail[] = "\nworkers = 1\n";
+    ASSERT_EQ(snprintf(text, n + 64, "%s", head), 15);
     memcpy(text + 15, cases[k].line, n);
-    memcpy(text + 15 + n, "\nworkers = 1\n", 13);
+    memcpy(text + 15 + n, tail, sizeof(tail));
     char name[32];
     snprintf(name, sizeof(name), "junk-%zu.conf", k);
     const char *path = write_conf(name, text, 15 + n + 13);
