@@ -221,9 +221,9 @@ static int read_secret_file(const char *key, const char *path, char **out, char 
   int rc = buf ? 0 : LARDER_ENOMEM;
   while (rc == 0) {
     if (n + 1 == cap) {
-      if (cap > SECRET_FILE_MAX) {
-        snprintf(err, errlen, "%s: %s is larger than %u bytes: not a secret", key, path,
-                 SECRET_FILE_MAX);
+      if (cap >= SECRET_FILE_MAX) {
+        snprintf(err, errlen, "%s: %s holds %u bytes or more: not a secret", key, path,
+                 SECRET_FILE_MAX - 1);
         rc = LARDER_EINVAL;
         break;
       }

@@ -18,13 +18,13 @@
  * - Sizes accept K, M, G and T suffixes (powers of 1024); durations are
  *   seconds.
  * - Secrets may come from files: setting s3_secret_key_file (likewise
- *   s3_access_key_file, s3_session_token_file) reads the file there and
- *   then, into s3_secret_key, and records its path; setting s3_secret_key
- *   itself forgets the path: of the two, the one set last wins.  A reload
+ *   s3_access_key_file, s3_session_token_file) reads the file at once into
+ *   s3_secret_key and records its path; setting s3_secret_key itself
+ *   forgets the path, so of the two the one set last wins.  A reload
  *   applies the file and the flags again, so it reads the files again.  A
- *   file that cannot be read, is empty or holds more than one line is an
- *   error naming the key and the path; a secret's value is never shown
- *   (config_each shows "(set)").
+ *   secret file that cannot be read, is not a regular file, is empty or
+ *   holds more than one line is an error naming the key and the path; a
+ *   secret's value is never shown (config_each shows "(set)").
  * - `allow` is the one key that may repeat: each line adds a rule to the
  *   allowlist (acl.h documents the syntax); on the command line, every
  *   --allow=... flag adds one.
@@ -227,10 +227,11 @@ typedef struct config {
 int config_defaults(config_t *cfg);
 
 /* Applies the file at path (missing_ok: a missing file is not an error),
- * its settings in order; cfg->path becomes a copy of path.  Returns 0, or
- * LARDER_EINVAL (a line it refuses), LARDER_EIO (cannot read) or
- * LARDER_ENOMEM with "path:line: why" in err; cfg then holds the settings
- * before that line. */
+ * its settings in order, reading the secret files it names; cfg->path
+ * becomes a copy of path.  Returns 0, or LARDER_EINVAL (a line it refuses),
+ * LARDER_EIO (it, or a secret file it names, cannot be read) or
+ * LARDER_ENOMEM, with "path:line: why" in err (just "path: why" when the
+ * file does not open); cfg then holds the settings before that line. */
 int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
                      size_t errlen);
 
