@@ -1,12 +1,14 @@
 /*
- * config.c: defaults, the INI file (inih) and command-line overrides.
+ * config.c: defaults, the INI file and command-line overrides.
  */
 #include <errno.h>
-#include <ini.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../client/larder.h"
 #include "acl.h"
@@ -179,38 +181,259 @@ int config_is_secret(const char *key) {
          strcmp(key, "s3_access_key") == 0;
 }
 
+/* Whether an unknown key may be shown in an error: text that could be a key
+ * (lowercase letters, digits, '_' and '-', at most 40 of them), not a secret
+ * pasted where a key should be. */
+static int key_like(const char *name) {
+  size_t n = 0;
+  for (; name[n]; n++) {
+    char ch = name[n];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+      return 0;
+  }
+  return n > 0 && n <= 40;
+}
+
+/* The largest secret file read: far beyond any credential, and small
+ * enough that a path to a device or a log by mistake fails at once. */
+#define SECRET_FILE_MAX (1u << 20)
+
+/* Reads the secret in the file at path (for key) into *out (malloc'd),
+ * without the spaces and line ends around it.  A FIFO or a device is
+ * refused rather than waited on (the loop thread reads it at reload).
+ * Returns 0, or LARDER_EIO / LARDER_EINVAL / LARDER_ENOMEM with a message
+ * naming key and path, never the content. */
+static int read_secret_file(const char *key, const char *path, char **out, char *err,
+                            size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    snprintf(err, errlen, "%s: cannot read %s: %s", key, path, strerror(errno));
+    return LARDER_EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "%s: %s is not a regular file", key, path);
+    close(fd);
+    return LARDER_EINVAL;
+  }
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  int rc = buf ? 0 : LARDER_ENOMEM;
+  while (rc == 0) {
+    if (n + 1 == cap) {
+      if (cap >= SECRET_FILE_MAX) {
+        snprintf(err, errlen, "%s: %s holds %u bytes or more: not a secret", key, path,
+                 SECRET_FILE_MAX - 1);
+        rc = LARDER_EINVAL;
+        break;
+      }
+      char *more = malloc(cap * 2);
+      if (more == NULL) {
+        rc = LARDER_ENOMEM;
+        break;
+      }
+      memcpy(more, buf, n);
+      explicit_bzero(buf, cap);
+      free(buf);
+      buf = more;
+      cap *= 2;
+    }
+    ssize_t got = read(fd, buf + n, cap - 1 - n);
+    if (got == 0) break;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      snprintf(err, errlen, "%s: cannot read %s: %s", key, path, strerror(errno));
+      rc = LARDER_EIO;
+      break;
+    }
+    n += (size_t)got;
+  }
+  close(fd);
+  if (rc == LARDER_ENOMEM) snprintf(err, errlen, "%s: out of memory reading %s", key, path);
+  if (rc == 0) {
+    buf[n] = '\0';
+    size_t a = 0;
+    while (a < n && (buf[a] == ' ' || buf[a] == '\t' || buf[a] == '\r' || buf[a] == '\n')) a++;
+    while (n > a && (buf[n - 1] == ' ' || buf[n - 1] == '\t' || buf[n - 1] == '\r' ||
+                     buf[n - 1] == '\n'))
+      n--;
+    memmove(buf, buf + a, n - a);
+    n -= a;
+    buf[n] = '\0';
+    if (n == 0) {
+      snprintf(err, errlen, "%s: %s is empty", key, path);
+      rc = LARDER_EINVAL;
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+      unsigned char ch = (unsigned char)buf[i];
+      if (ch < 0x20 || ch == 0x7f) {
+        snprintf(err, errlen,
+                 "%s: %s holds %s at byte %zu: a secret file holds one line, the secret",
+                 key, path, ch == '\n' ? "more than one line" : "a control character", i + 1);
+        rc = LARDER_EINVAL;
+      }
+    }
+  }
+  if (rc) {
+    if (buf) explicit_bzero(buf, cap);
+    free(buf);
+    return rc;
+  }
+  *out = buf;
+  return 0;
+}
+
+/* The key that pairs with k: s3_secret_key_file's is s3_secret_key and the
+ * other way round; NULL for keys that have no file. */
+static const key_info *secret_pair(const key_info *k) {
+  static const char suffix[] = "_file";
+  size_t n = strlen(k->name), s = sizeof(suffix) - 1;
+  char name[64];
+  if (n > s && strcmp(k->name + n - s, suffix) == 0) {
+    snprintf(name, sizeof(name), "%.*s", (int)(n - s), k->name);
+    return config_is_secret(name) ? find_key(name) : NULL;
+  }
+  if (!config_is_secret(k->name)) return NULL;
+  snprintf(name, sizeof(name), "%s%s", k->name, suffix);
+  return find_key(name);
+}
+
+static const char *str_field(const config_t *cfg, const key_info *k) {
+  const char *v = *(char *const *)(const void *)((const char *)cfg + k->offset);
+  return v ? v : "";
+}
+
+/* Sets a *_file key (kf) to path and its secret (ks) to the file's content;
+ * an empty path forgets the file and the secret read from it. */
+static int set_secret_file(config_t *cfg, const key_info *kf, const key_info *ks,
+                           const char *path, char *err, size_t errlen) {
+  const char *secret = "";
+  char *content = NULL;
+  if (*path) {
+    int rc = read_secret_file(kf->name, path, &content, err, errlen);
+    if (rc) return rc;
+    secret = content;
+  } else if (*str_field(cfg, kf) == '\0') {
+    return 0; /* no file before either: the secret stays as it is */
+  }
+  int rc = set_value(cfg, ks, secret, err, errlen);
+  if (rc == 0) rc = set_value(cfg, kf, path, err, errlen);
+  if (content) {
+    explicit_bzero(content, strlen(content));
+    free(content);
+  }
+  return rc;
+}
+
 int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen) {
   if (strcmp(key, "allow") == 0) return add_allow(cfg, value, err, errlen);
   const key_info *k = find_key(key);
   if (k == NULL) {
-    snprintf(err, errlen, "unknown setting '%s'", key);
+    if (key_like(key))
+      snprintf(err, errlen, "unknown setting '%s'", key);
+    else
+      snprintf(err, errlen,
+               "unknown setting (not shown: it is not lowercase letters, digits and '_', and "
+               "may be a secret on a line of its own)");
     return LARDER_EINVAL;
   }
-  return set_value(cfg, k, value, err, errlen);
+  const key_info *pair = secret_pair(k);
+  if (pair && !config_is_secret(k->name)) return set_secret_file(cfg, k, pair, value, err, errlen);
+  int rc = set_value(cfg, k, value, err, errlen);
+  /* A secret set itself no longer comes from its file. */
+  if (rc == 0 && pair) rc = set_value(cfg, pair, "", err, errlen);
+  return rc;
 }
 
-typedef struct load_ctx {
-  config_t *cfg;
-  char *err;
-  size_t errlen;
-  int failed;
-  const char *path;
-} load_ctx;
+/* The file is split into lines here, not by inih: inih's line buffer is
+ * fixed when the library is built (200 bytes in Debian's), and its errors
+ * give a line number without a reason.  The syntax is inih's, less
+ * continuation lines: "[section]" lines (ignored), "key = value" or
+ * "key : value" lines, comments from ';' or '#' at the start of a line or
+ * ';' after a space, blank lines, CR LF or LF line ends, and a UTF-8 byte
+ * order mark at the start of the file. */
 
-static int on_ini(void *user, const char *section, const char *name, const char *value) {
-  (void)section;
-  load_ctx *lc = user;
-  if (lc->failed) return 0;
-  char why[256];
-  if (config_set(lc->cfg, name, value, why, sizeof(why))) {
-    /* Debian's inih does not pass line numbers to handlers; the message
-     * names the key, which is as good for a config this small. */
-    snprintf(lc->err, lc->errlen, "%s: %s", lc->path, why);
-    lc->failed = 1;
-    return 0;
+/* What is wrong with the bytes of a line (len of them, without its line
+ * end), or NULL when nothing is: NUL and control characters other than the
+ * tab.  *col gets the 1-based column of the first bad byte. */
+static const char *line_junk(const char *s, size_t len, size_t *col, unsigned *byte) {
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '\t' || (ch >= 0x20 && ch != 0x7f)) continue;
+    *col = i + 1;
+    *byte = ch;
+    if (ch == '\0') return "a NUL byte (is this a binary file?)";
+    if (ch == '\r') return "a carriage return inside the line";
+    return "a control character";
   }
-  return 1;
+  return NULL;
+}
+
+/* The first of chars in s, or the start of an inline comment (';' after a
+ * space or tab), or the end of s. */
+static char *find_sep(char *s, const char *chars) {
+  int was_space = 0;
+  for (; *s; s++) {
+    if (chars && strchr(chars, *s)) return s;
+    if (*s == ';' && was_space) return s;
+    was_space = *s == ' ' || *s == '\t';
+  }
+  return s;
+}
+
+static char *strip(char *s) {
+  while (*s == ' ' || *s == '\t') s++;
+  size_t n = strlen(s);
+  while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = '\0';
+  return s;
+}
+
+/* Applies one line (NUL-terminated, len bytes before its line end, which
+ * is already cut off).  Returns 0 or a code with "path:lineno: why" in err. */
+static int apply_line(config_t *cfg, char *line, size_t len, const char *path, size_t lineno,
+                      char *err, size_t errlen) {
+  size_t col = 0;
+  unsigned byte = 0;
+  const char *junk = line_junk(line, len, &col, &byte);
+  if (junk) {
+    if (byte == 0 || byte == '\r')
+      snprintf(err, errlen, "%s:%zu: %s at column %zu", path, lineno, junk, col);
+    else
+      snprintf(err, errlen, "%s:%zu: %s (0x%02x) at column %zu", path, lineno, junk, byte, col);
+    return LARDER_EINVAL;
+  }
+  char *s = strip(line);
+  if (*s == '\0' || *s == ';' || *s == '#') return 0;
+  if (*s == '[') {
+    if (*find_sep(s + 1, "]") != ']') {
+      snprintf(err, errlen, "%s:%zu: a section header without its closing ']'", path, lineno);
+      return LARDER_EINVAL;
+    }
+    return 0; /* keys may sit in any section */
+  }
+  char *sep = find_sep(s, "=:");
+  if (*sep != '=' && *sep != ':') {
+    snprintf(err, errlen,
+             "%s:%zu: not a setting: no '=' (a setting is 'key = value'; a comment starts "
+             "with '#')",
+             path, lineno);
+    return LARDER_EINVAL;
+  }
+  char sepch = *sep;
+  *sep = '\0';
+  char *key = strip(s);
+  char *value = sep + 1;
+  *find_sep(value, NULL) = '\0';
+  value = strip(value);
+  if (*key == '\0') {
+    snprintf(err, errlen, "%s:%zu: no key before the '%c'", path, lineno, sepch);
+    return LARDER_EINVAL;
+  }
+  char why[512];
+  int rc = config_set(cfg, key, value, why, sizeof(why));
+  if (rc) snprintf(err, errlen, "%s:%zu: %s", path, lineno, why);
+  return rc;
 }
 
 int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
@@ -221,20 +444,38 @@ int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return LARDER_EIO;
   }
-  load_ctx lc = {cfg, err, errlen, 0, path};
-  int rc = ini_parse_file(f, on_ini, &lc);
+  char *line = NULL;
+  size_t cap = 0, lineno = 0;
+  ssize_t got;
+  int rc = 0;
+  errno = 0;
+  while (rc == 0 && (got = getline(&line, &cap, f)) >= 0) {
+    size_t len = (size_t)got;
+    lineno++;
+    if (len && line[len - 1] == '\n') line[--len] = '\0';
+    if (len && line[len - 1] == '\r') line[--len] = '\0';
+    char *start = line;
+    if (lineno == 1 && len >= 3 && memcmp(line, "\xEF\xBB\xBF", 3) == 0) {
+      start += 3;
+      len -= 3;
+    }
+    rc = apply_line(cfg, start, len, path, lineno, err, errlen);
+    errno = 0;
+  }
+  if (rc == 0 && (ferror(f) || errno == ENOMEM)) {
+    int e = errno ? errno : EIO;
+    snprintf(err, errlen, "%s:%zu: %s", path, lineno + 1, strerror(e));
+    rc = e == ENOMEM ? LARDER_ENOMEM : LARDER_EIO;
+  }
+  /* A secret's line stays in no buffer. */
+  if (line) explicit_bzero(line, cap);
+  free(line);
   fclose(f);
-  if (lc.failed) return LARDER_EINVAL;
-  if (rc > 0) {
-    snprintf(err, errlen, "%s:%d: syntax error", path, rc);
-    return LARDER_EINVAL;
-  }
-  if (rc < 0) {
-    snprintf(err, errlen, "%s: cannot parse", path);
-    return LARDER_EIO;
-  }
+  if (rc) return rc;
+  char *copy = strdup(path);
+  if (copy == NULL) return LARDER_ENOMEM;
   free(cfg->path);
-  cfg->path = strdup(path);
+  cfg->path = copy;
   return 0;
 }
 

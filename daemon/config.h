@@ -8,16 +8,31 @@
  *   The parser, `larderd --help-config`, the example config
  *   (config/larderd.conf.example, checked against this list by the tests)
  *   and the reload logic all come from that list.
- * - Sources, lowest precedence first: defaults, the file (INI syntax, parsed
- *   with inih; keys may sit in any section), then command-line
+ * - Sources, lowest precedence first: defaults, the file, then command-line
  *   `--key=value` flags.
+ * - The file is INI (config.c reads it; keys may sit in any section): lines
+ *   "key = value" (or "key : value"), "[section]", and comments from ';' or
+ *   '#' at the start of a line or ';' after a space.  Lines and values may
+ *   be of any length, as long as a flag's.  Leading spaces are ignored (a
+ *   line never continues the one before).
  * - Sizes accept K, M, G and T suffixes (powers of 1024); durations are
  *   seconds.
+ * - Secrets may come from files: setting s3_secret_key_file (likewise
+ *   s3_access_key_file, s3_session_token_file) reads the file at once into
+ *   s3_secret_key and records its path; setting s3_secret_key itself
+ *   forgets the path, so of the two the one set last wins.  A reload
+ *   applies the file and the flags again, so it reads the files again.  A
+ *   secret file that cannot be read, is not a regular file, is empty or
+ *   holds more than one line is an error naming the key and the path; a
+ *   secret's value is never shown (config_each shows "(set)").
  * - `allow` is the one key that may repeat: each line adds a rule to the
  *   allowlist (acl.h documents the syntax); on the command line, every
  *   --allow=... flag adds one.
- * - Errors: config_load returns a negative code and a message naming the
- *   file, line and key.  Only the loop thread touches a config_t.
+ * - Errors: config_load_file returns a negative code and a message naming
+ *   the file, the line and what is wrong with it (a NUL or control byte and
+ *   its column, no '=', an unknown key, a bad value), never the line's text
+ *   beyond a key name, since it may be a secret.  Only the loop thread
+ *   touches a config_t.
  */
 #ifndef LARDER_CONFIG_H
 #define LARDER_CONFIG_H
@@ -134,12 +149,26 @@
      "address buckets in the path (MinIO, Ceph) instead of the host name")     \
   XX(s3_list_max_keys, U64, "1000", 0,                                         \
      "keys per ListObjectsV2 page when listing s3:// prefixes (1 to 1000)")    \
-  XX(s3_profile, STR, "", 0,                                                   \
-     "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default)")         \
-  XX(s3_access_key, STR, "", 0,                                                \
+  XX(s3_profile, STR, "", 1,                                                   \
+     "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default); the "    \
+     "credentials, from wherever they come, are looked up again on SIGHUP")    \
+  XX(s3_access_key, STR, "", 1,                                                \
      "S3 access key (empty: $AWS_ACCESS_KEY_ID or the profile)")               \
-  XX(s3_secret_key, STR, "", 0, "S3 secret key (never logged)")                \
-  XX(s3_session_token, STR, "", 0, "S3 session token (never logged)")          \
+  XX(s3_secret_key, STR, "", 1, "S3 secret key (never logged)")                \
+  XX(s3_session_token, STR, "", 1,                                             \
+     "S3 session token (never logged); a reload puts a new one in force for "  \
+     "the next request")                                                       \
+  XX(s3_access_key_file, STR, "", 1,                                           \
+     "file holding s3_access_key, read at start and again at every reload "    \
+     "(the spaces and line end around it are dropped; of s3_access_key and "   \
+     "s3_access_key_file, the one set last wins; empty: none)")                \
+  XX(s3_secret_key_file, STR, "", 1,                                           \
+     "file holding s3_secret_key, so that the secret need not sit in this "    \
+     "file: read at start and again at every reload, like s3_access_key_file") \
+  XX(s3_session_token_file, STR, "", 1,                                        \
+     "file holding s3_session_token, read at start and again at every "        \
+     "reload, like s3_access_key_file: to rotate a token, rewrite the file "   \
+     "and send SIGHUP (larderctl reload)")                                     \
   XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")      \
   XX(log_file, STR, "", 0,                                                     \
      "append the log to this file instead of stderr (reopened on SIGHUP, for " \
@@ -197,13 +226,20 @@ typedef struct config {
 /* Fills cfg with the defaults.  Returns 0 or LARDER_ENOMEM. */
 int config_defaults(config_t *cfg);
 
-/* Applies the file at path (missing_ok: a missing file is not an error).
- * Returns 0 or a negative code with a message in err. */
+/* Applies the file at path (missing_ok: a missing file is not an error),
+ * its settings in order, reading the secret files it names; cfg->path
+ * becomes a copy of path.  Returns 0, or LARDER_EINVAL (a line it refuses),
+ * LARDER_EIO (it, or a secret file it names, cannot be read) or
+ * LARDER_ENOMEM, with "path:line: why" in err (just "path: why" when the
+ * file does not open); cfg then holds the settings before that line. */
 int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
                      size_t errlen);
 
-/* Applies one "key=value" setting (a command-line flag without its "--").
- * Returns 0 or LARDER_EINVAL with a message. */
+/* Applies one "key=value" setting (a command-line flag without its "--");
+ * a *_file key reads its file now.  Returns 0, or LARDER_EINVAL (a bad
+ * value, a secret file that is empty or of several lines), LARDER_EIO (a
+ * secret file that cannot be read) or LARDER_ENOMEM, with a message that
+ * names the key (and the file), never a secret. */
 int config_set(config_t *cfg, const char *key, const char *value, char *err,
                size_t errlen);
 

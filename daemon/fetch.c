@@ -55,7 +55,10 @@ struct fetch {
   uv_timer_t timer;
   fetch_options_t opts;
   char aws_sigv4[128];
-  char userpwd[512];
+  /* The S3 credentials, owned (opts.s3_access_key, s3_secret_key and
+   * s3_session_token point at them), and "access:secret" for libcurl. */
+  char *cred[3];
+  char *userpwd;
   fetch_req_t *q_head, *q_tail; /* queued, in ask order */
   host_slot_t *hosts;
   uint64_t inflight_bytes;
@@ -180,6 +183,13 @@ void fetch_redact(const char *url, char *buf, size_t size) {
 /* ------------------------------------------------------------------------ */
 /* Credentials                                                               */
 
+/* Frees a secret string after overwriting it. */
+static void free_secret(char *s) {
+  if (s == NULL) return;
+  explicit_bzero(s, strlen(s));
+  free(s);
+}
+
 static char *dup_trim(const char *s) {
   while (isspace((unsigned char)*s)) s++;
   size_t n = strlen(s);
@@ -214,13 +224,15 @@ void fetch_load_credentials(fetch_options_t *o, const char *profile, char **owne
   if (profile == NULL || *profile == '\0') profile = "default";
   FILE *fp = fopen(path, "r");
   if (fp == NULL) return;
-  char line[1024];
+  /* Lines are read whole: a session token's is as long as the token. */
+  char *line = NULL;
+  size_t cap = 0;
   int in = 0;
   /* Bug fix (tests: remote_s3_credentials): the loop used to stop once
    * fewer than three owned slots were left, so with the daemon's four a
    * profile's aws_session_token, read after its two keys, was never
    * loaded.  Each value checks for a slot as it is stored instead. */
-  while (fgets(line, sizeof(line), fp)) {
+  while (getline(&line, &cap, fp) >= 0) {
     char *p = line;
     while (isspace((unsigned char)*p)) p++;
     if (*p == '[') {
@@ -249,8 +261,10 @@ void fetch_load_credentials(fetch_options_t *o, const char *profile, char **owne
       }
     }
     free(key);
-    free(val);
+    free_secret(val);
   }
+  if (line) explicit_bzero(line, cap);
+  free(line);
   fclose(fp);
 }
 
@@ -360,6 +374,8 @@ static void maybe_done(fetch_t *f) {
     f->hosts = hs->next;
     free(hs);
   }
+  for (int i = 0; i < 3; i++) free_secret(f->cred[i]);
+  free_secret(f->userpwd);
   free(f);
   done(arg);
 }
@@ -653,9 +669,17 @@ static int setup_easy(fetch_req_t *r) {
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, f->aws_sigv4);
     curl_easy_setopt(e, CURLOPT_USERPWD, f->userpwd);
     if (f->opts.s3_session_token && *f->opts.s3_session_token) {
-      char tok[4096];
-      snprintf(tok, sizeof(tok), "x-amz-security-token: %s", f->opts.s3_session_token);
-      r->headers = curl_slist_append(r->headers, tok);
+      static const char name[] = "x-amz-security-token: ";
+      size_t n = strlen(f->opts.s3_session_token);
+      char *tok = malloc(sizeof(name) + n);
+      if (tok == NULL) return LARDER_ENOMEM;
+      memcpy(tok, name, sizeof(name) - 1);
+      memcpy(tok + sizeof(name) - 1, f->opts.s3_session_token, n + 1);
+      struct curl_slist *h = curl_slist_append(r->headers, tok);
+      explicit_bzero(tok, sizeof(name) + n);
+      free(tok);
+      if (h == NULL) return LARDER_ENOMEM;
+      r->headers = h;
     }
     /* S3 wants the payload hash in a header; a GET has an empty body. */
     r->headers = curl_slist_append(
@@ -1267,8 +1291,13 @@ int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out) {
   }
   snprintf(f->aws_sigv4, sizeof(f->aws_sigv4), "aws:amz:%s:s3",
            opts->s3_region && *opts->s3_region ? opts->s3_region : "us-east-1");
-  if (opts->s3_access_key && opts->s3_secret_key)
-    snprintf(f->userpwd, sizeof(f->userpwd), "%s:%s", opts->s3_access_key, opts->s3_secret_key);
+  f->opts.s3_access_key = f->opts.s3_secret_key = f->opts.s3_session_token = NULL;
+  if (fetch_set_credentials(f, opts->s3_access_key, opts->s3_secret_key,
+                            opts->s3_session_token) != 0) {
+    curl_multi_cleanup(f->multi);
+    free(f);
+    return LARDER_ENOMEM;
+  }
   curl_multi_setopt(f->multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
   curl_multi_setopt(f->multi, CURLMOPT_SOCKETDATA, f);
   curl_multi_setopt(f->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
@@ -1334,6 +1363,39 @@ void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
   fetch_shutdown(f);
   uv_timer_stop(&f->timer);
   uv_close((uv_handle_t *)&f->timer, on_fetch_timer_close);
+}
+
+int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret_key,
+                          const char *session_token) {
+  const char *in[3] = {access_key, secret_key, session_token};
+  char *cred[3] = {NULL, NULL, NULL}, *userpwd = NULL;
+  int ok = 1;
+  for (int i = 0; i < 3; i++)
+    if (in[i] && (cred[i] = strdup(in[i])) == NULL) ok = 0;
+  if (ok && access_key && secret_key) {
+    size_t a = strlen(access_key), b = strlen(secret_key);
+    if ((userpwd = malloc(a + b + 2)) == NULL) {
+      ok = 0;
+    } else {
+      memcpy(userpwd, access_key, a);
+      userpwd[a] = ':';
+      memcpy(userpwd + a + 1, secret_key, b + 1);
+    }
+  }
+  if (!ok) {
+    for (int i = 0; i < 3; i++) free_secret(cred[i]);
+    return LARDER_ENOMEM;
+  }
+  for (int i = 0; i < 3; i++) {
+    free_secret(f->cred[i]);
+    f->cred[i] = cred[i];
+  }
+  free_secret(f->userpwd);
+  f->userpwd = userpwd;
+  f->opts.s3_access_key = f->cred[0];
+  f->opts.s3_secret_key = f->cred[1];
+  f->opts.s3_session_token = f->cred[2];
+  return 0;
 }
 
 void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,

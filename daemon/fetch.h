@@ -78,6 +78,14 @@ typedef struct fetch_options {
 
 void fetch_options_init(fetch_options_t *opts);
 
+/* Replaces the S3 credentials (each may be NULL: none), copying them: the
+ * fetcher owns its credentials from fetch_create on, and a request signs
+ * each attempt with those in force when it starts (SIGHUP rotates a session
+ * token without a restart).  Returns 0, or LARDER_ENOMEM with the old ones
+ * kept.  Loop thread. */
+int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret_key,
+                          const char *session_token);
+
 /* Changes the limits at run time (SIGHUP). */
 void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,
                       uint32_t retry_base_ms);

@@ -338,17 +338,41 @@ static void begin_shutdown(server_t *srv, const char *why) {
  * reported as changed.  The flags are applied again on top of the file,
  * as main.c does at startup; they are read back from /proc/self/cmdline.
  */
-static void reapply_flags(config_t *next) {
+static int reapply_flags(config_t *next, char *err, size_t errlen) {
   FILE *f = fopen("/proc/self/cmdline", "r");
-  if (f == NULL) return;
-  char buf[65536];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  if (f == NULL) return 0;
+  /* The whole command line, however long its flags' values. */
+  size_t n = 0, cap = 65536;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (buf != NULL && n + 1 == cap) {
+      char *more = realloc(buf, cap * 2);
+      if (more == NULL) free(buf);
+      buf = more;
+      cap *= 2;
+    }
+    if (buf == NULL) break;
+    size_t got = fread(buf + n, 1, cap - 1 - n, f);
+    if (got == 0) break;
+    n += got;
+  }
   fclose(f);
-  buf[n] = '\0';
-  char *argv[512];
-  int argc = 0;
-  for (size_t i = 0; i < n && argc < 512; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
-  for (int i = 1; i < argc; i++) {
+  size_t argc = 0;
+  char **argv = NULL;
+  if (buf != NULL) {
+    buf[n] = '\0';
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1) argc++;
+    argv = malloc((argc ? argc : 1) * sizeof(char *));
+  }
+  if (buf == NULL || argv == NULL) {
+    free(buf);
+    snprintf(err, errlen, "out of memory reading the command line");
+    return LARDER_ENOMEM;
+  }
+  argc = 0;
+  for (size_t i = 0; i < n; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
+  int rc = 0;
+  for (size_t i = 1; i < argc && rc == 0; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--config") == 0) {
       i++;
@@ -356,7 +380,7 @@ static void reapply_flags(config_t *next) {
     }
     if (strncmp(a, "--config=", 9) == 0 || strncmp(a, "--", 2) != 0) continue;
     const char *eq = strchr(a, '=');
-    char key[128], err[512];
+    char key[128];
     const char *value;
     if (eq) {
       snprintf(key, sizeof(key), "%.*s", (int)(eq - a - 2), a + 2);
@@ -367,8 +391,14 @@ static void reapply_flags(config_t *next) {
     } else {
       continue;
     }
-    if (config_set(next, key, value, err, sizeof(err)) != 0) log_warn("reload: %s", err);
+    /* A flag that held at startup fails now only when the file it names
+     * (s3_secret_key_file, ...) cannot be read: the reload is refused. */
+    rc = config_set(next, key, value, err, errlen);
   }
+  explicit_bzero(buf, n); /* flags may hold secrets */
+  free(argv);
+  free(buf);
+  return rc;
 }
 
 int server_apply_access(server_t *srv, char *err, size_t errlen) {
@@ -379,6 +409,17 @@ int server_apply_access(server_t *srv, char *err, size_t errlen) {
   acl_free(srv->acl);
   srv->acl = a;
   return 0;
+}
+
+/* Fills fo's S3 credentials: the configuration's, else the environment's,
+ * else those of the profile (fetch_load_credentials), whose strings go to
+ * owned[4] (the caller frees them).  Loop thread. */
+static void s3_credentials(const config_t *c, fetch_options_t *fo, char **owned) {
+  fo->s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
+  fo->s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
+  fo->s3_session_token =
+      c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
+  fetch_load_credentials(fo, c->s3_profile, owned, 4);
 }
 
 int server_reload(server_t *srv, char *summary, size_t len) {
@@ -397,7 +438,12 @@ int server_reload(server_t *srv, char *summary, size_t len) {
       return LARDER_EINVAL;
     }
   }
-  reapply_flags(&next);
+  if (reapply_flags(&next, err, sizeof(err)) != 0) {
+    log_err("reload: %s; keeping the current configuration", err);
+    snprintf(summary, len, "%s; keeping the current configuration", err);
+    config_free(&next);
+    return LARDER_EINVAL;
+  }
   /* larder ACL: check the new rules before anything changes. */
   acl_t *check;
   if (acl_create((const char *const *)next.allow, next.num_allow, next.admin_group, &check, err,
@@ -419,10 +465,25 @@ int server_reload(server_t *srv, char *summary, size_t len) {
            restart);
   log_set_level(srv->cfg.log_level);
   if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
-  if (srv->fetch)
+  if (srv->fetch) {
     fetch_set_limits(srv->fetch, (uint32_t)srv->cfg.fetch_inflight_per_host,
                      srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,
                      (uint32_t)srv->cfg.fetch_retry_base_ms);
+    /* The credentials are looked up again, as at startup: the
+     * configuration's (their files read again), the environment, the
+     * profile's file. */
+    fetch_options_t fo;
+    char *owned[4];
+    fetch_options_init(&fo);
+    s3_credentials(&srv->cfg, &fo, owned);
+    if (fetch_set_credentials(srv->fetch, fo.s3_access_key, fo.s3_secret_key,
+                              fo.s3_session_token) != 0)
+      log_err("reload: out of memory; the S3 credentials stay as they were");
+    for (int i = 0; i < 4; i++) {
+      if (owned[i]) explicit_bzero(owned[i], strlen(owned[i]));
+      free(owned[i]);
+    }
+  }
   units_trim(srv);
   if (restart[0]) log_notice("reloaded; these keys changed but need a restart: %s", restart);
   else log_notice("reloaded the configuration");
@@ -541,11 +602,8 @@ static int start_fetcher(server_t *srv) {
   fo.s3_endpoint = c->s3_endpoint && *c->s3_endpoint ? c->s3_endpoint : getenv("AWS_ENDPOINT_URL");
   fo.s3_path_style = c->s3_path_style;
   fo.s3_list_max_keys = (uint32_t)c->s3_list_max_keys;
-  fo.s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
-  fo.s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
-  fo.s3_session_token = c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
   fo.stats = &srv->stats;
-  fetch_load_credentials(&fo, c->s3_profile, srv->cred_owned, 4);
+  s3_credentials(c, &fo, srv->cred_owned);
   return fetch_create(srv->loop, &fo, &srv->fetch);
 }
 

@@ -1,1 +1,7 @@
 TEST_ENTRY(config_rejects_out_of_range, 10000)
+TEST_ENTRY(config_long_lines, 10000)
+TEST_ENTRY(config_refuses_junk_lines, 10000)
+TEST_ENTRY(config_secret_files, 10000)
+TEST_ENTRY(config_daemon_long_lines_and_secret_files, 120000)
+TEST_ENTRY(config_daemon_long_flag_reload, 60000)
+TEST_ENTRY(config_s3_token_file_rotation, 180000)
