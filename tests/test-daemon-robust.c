@@ -1278,9 +1278,10 @@ static void write_pqw_file(pqw_file *pf, const char *path) {
 
 /* Writes a file of 3 rows of an INT64 column 'id' and a required column
  * `second` of physical type `physical`, whose row group claims
- * `claimed_rows` rows. */
+ * `claimed_rows` rows and whose column chunks claim `claimed_values`
+ * values each (0: the 3 they hold). */
 static void write_id_file_claiming(const char *path, const char *second, int physical,
-                                   int64_t claimed_rows) {
+                                   int64_t claimed_rows, int64_t claimed_values) {
   pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
                        pqw_leaf(second, physical, PQ_REQUIRED)};
   pqw_file pf;
@@ -1300,12 +1301,39 @@ static void write_id_file_claiming(const char *path, const char *second, int phy
   for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
   pqw_file_add_row_group(&pf, claimed_rows, ch, 2);
   for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
+  if (claimed_values)
+    for (int i = 0; i < 2; i++) pf.rg[0].cols[i].num_values = claimed_values;
+  write_pqw_file(&pf, path);
+}
+
+/* Writes a file of 10 rows of an optional INT32 column 'a' whose one
+ * page claims 2^30 values: a single RLE run of nulls, a few bytes. */
+static void write_huge_page_file(const char *path) {
+  pqw_schema sch[2] = {pqw_root(1), pqw_leaf("a", PQ_INT32, PQ_OPTIONAL)};
+  pqw_file pf;
+  pqw_file_init(&pf, sch, 2);
+  pqw_chunk c;
+  pqw_chunk_init(&c, PQ_INT32, PQ_UNCOMPRESSED);
+  pqw_buf body = {0}, lv = {0};
+  pqw_uvarint(&lv, (uint64_t)1 << 31); /* an RLE run of 2^30 zeros */
+  pqw_u8(&lv, 0);
+  pqw_le32(&body, (uint32_t)lv.len);
+  pqw_put(&body, lv.data, lv.len);
+  pqw_page h;
+  pqw_page_init(&h, PQ_PAGE_DATA);
+  h.num_values = 1 << 30;
+  h.encoding = PQ_ENC_PLAIN;
+  pqw_chunk_page_raw(&c, &h, body.data, body.len, 0);
+  pqw_file_add_row_group(&pf, 10, &c, 1);
+  pqw_chunk_free(&c);
+  pqw_buf_free(&body);
+  pqw_buf_free(&lv);
   write_pqw_file(&pf, path);
 }
 
 /* The same, a truthful 3-row file. */
 static void write_id_file(const char *path, const char *second, int physical) {
-  write_id_file_claiming(path, second, physical, 3);
+  write_id_file_claiming(path, second, physical, 3, 0);
 }
 
 /*
@@ -1354,14 +1382,18 @@ TEST_IMPL(daemon_robust_empty_dataset) {
  * anything is planned for a billion rows.  (Bug fix: the daemon believed
  * the count, made the whole dataset one shuffle window, and allocated
  * gigabytes for its permutation: 4.4 GB of RSS against a memory_limit of
- * 64 MB.)  The daemon's memory stays flat and other clients carry on.
+ * 64 MB.)  Columns that agree with a claim of 2^62 values, and a page that
+ * claims 2^30, fail naming the file, the column and the row group, without
+ * advising a unit_rows that could not help.  The daemon's memory stays flat
+ * and other clients carry on.
  */
 TEST_IMPL(daemon_robust_huge_row_count) {
+  static const char *const fl[] = {"--max_chunk_decoded_bytes=64M", NULL};
   fixture f;
-  fx_start(&f, NULL, 1);
+  fx_start(&f, fl, 1);
   char path[1200];
   snprintf(path, sizeof(path), "%s/liar.parquet", test_tmpdir());
-  write_id_file_claiming(path, "x", PQ_INT64, 1ll << 30);
+  write_id_file_claiming(path, "x", PQ_INT64, 1ll << 30, 0);
   long rss0 = dh_rss_kb(f.d.pid);
   const char *src[1] = {path};
   larder_stream_options_t o;
@@ -1374,6 +1406,42 @@ TEST_IMPL(daemon_robust_huge_row_count) {
     ASSERT_STR_CONTAINS(r.err, "claims 1073741824 rows");
     dh_run_free(&r);
   }
+  /* Columns that agree with the lie, 2^62 values in a few bytes: the open
+   * fails naming the file, the column and the row group, and does not
+   * advise a unit_rows that no setting could satisfy. */
+  char huge[1200];
+  snprintf(huge, sizeof(huge), "%s/liar62.parquet", test_tmpdir());
+  write_id_file_claiming(huge, "x", PQ_INT64, 1ll << 62, 1ll << 62);
+  const char *hsrc[1] = {huge};
+  larder_stream_options_t ho;
+  dh_opts(&ho, hsrc, 64, 1, 1);
+  dh_run hr = {0};
+  int hrc = dh_collect(f.d.socket, &ho, 0, &hr);
+  fprintf(stderr, "the open of 2^62 values: %s\n", hr.err);
+  ASSERT_EQ(hrc, LARDER_ECORRUPT);
+  ASSERT_STR_CONTAINS(hr.err, "liar62.parquet");
+  ASSERT_STR_CONTAINS(hr.err, "column 'id'");
+  ASSERT_STR_CONTAINS(hr.err, "row group 0");
+  ASSERT_STR_CONTAINS(hr.err, "4611686018427387904 values");
+  ASSERT(strstr(hr.err, "unit_rows") == NULL);
+  dh_run_free(&hr);
+  /* A page that claims 2^30 nulls in a few bytes: its levels alone pass
+   * max_chunk_decoded_bytes, so the unit fails naming the file, the column
+   * and the row group, without advice about smaller units. */
+  char pg[1200];
+  snprintf(pg, sizeof(pg), "%s/liar-page.parquet", test_tmpdir());
+  write_huge_page_file(pg);
+  const char *psrc[1] = {pg};
+  larder_stream_options_t po;
+  dh_opts(&po, psrc, 4, 1, 1);
+  dh_run pr = {0};
+  int prc = dh_collect(f.d.socket, &po, 0, &pr);
+  fprintf(stderr, "the stream of a page of 2^30 values: %s\n", pr.err);
+  ASSERT_EQ(prc, LARDER_ELIMIT);
+  ASSERT_STR_CONTAINS(pr.err, "liar-page.parquet: column 'a', row group 0: ");
+  ASSERT_STR_CONTAINS(pr.err, "max_chunk_decoded_bytes");
+  ASSERT(strstr(pr.err, "unit_rows") == NULL);
+  dh_run_free(&pr);
   long rss = dh_rss_kb(f.d.pid);
   fprintf(stderr, "daemon RSS %ld -> %ld kB\n", rss0, rss);
   ASSERT_LE(rss - rss0, 64 * 1024 * dh_slow());
