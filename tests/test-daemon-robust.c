@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1250,6 +1251,103 @@ TEST_IMPL(daemon_robust_partial_frame) {
     close(fd);
   }
   fx_finish(&f, 30000);
+  return 0;
+}
+
+/*
+ * Connections that never say Hello are closed after hello_timeout, with an
+ * error saying why, and give their places back; until then they count
+ * against their user's max_clients_per_uid.  (Bug fix: they were kept for
+ * ever, 20 of 20 still open after 8 s, and four users with 256 each held
+ * all of max_clients.)  Another user's client streams meanwhile.
+ */
+TEST_IMPL(daemon_robust_no_hello) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "needs root, to connect as another user\n");
+    return TEST_SKIP;
+  }
+  static const char *const fl[] = {"--hello_timeout=1", "--max_clients_per_uid=3",
+                                   "--socket_mode=0666", NULL};
+  fixture f;
+  fx_start(&f, fl, 0);
+  ASSERT_OK(chmod(test_tmpdir(), 0755));
+  ASSERT_OK(chmod(f.d.dir, 0755));
+  /* The user without a Hello is a child as nobody, forked before the good
+   * client's thread starts (a fork copies only the calling thread). */
+  int p[2];
+  ASSERT_OK(pipe(p));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    double t0 = now_ms();
+    int h[3];
+    for (int i = 0; i < 3; i++) h[i] = dh_raw_connect(f.d.socket);
+    /* A fourth connection of the user is one too many, Hello or not. */
+    int x = dh_raw_connect(f.d.socket), x_code = 0;
+    int x_closed = dh_raw_wait_closed(x, 10000 * dh_slow(), &x_code);
+    close(x);
+    int codes[3] = {0, 0, 0}, closed = 0;
+    double waited = 1e9;
+    for (int i = 0; i < 3; i++) {
+      closed += dh_raw_wait_closed(h[i], 10000 * dh_slow(), &codes[i]);
+      double w = now_ms() - t0;
+      if (w < waited) waited = w;
+      close(h[i]);
+    }
+    /* Their places are free again. */
+    int y = dh_raw_connect(f.d.socket);
+    Larder__Frame *r = dh_raw_hello(y, WIRE_PROTOCOL_VERSION);
+    int hello_ok = r != NULL && r->msg_case == LARDER__FRAME__MSG_HELLO_REPLY;
+    wire_free(r);
+    close(y);
+    char out[200];
+    snprintf(out, sizeof(out), "%d %d %d %d %d %d %d %.0f", x_closed, x_code, closed, codes[0],
+             codes[1], codes[2], hello_ok, waited);
+    if (write(p[1], out, strlen(out) + 1) < 0) _exit(3);
+    _exit(0);
+  }
+  close(p[1]);
+  f.bg.socket = f.d.socket;
+  f.bg.o = f.o;
+  f.bg.ref = &f.ref;
+  ASSERT_OK(pthread_create(&f.bg.th, NULL, bg_main, &f.bg));
+  char buf[200] = "";
+  ssize_t n = read(p[0], buf, sizeof(buf) - 1);
+  close(p[0]);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  if (n <= 0) {
+    dh_print_log(&f.d);
+    ASSERT_FAIL_("the client without a Hello died (status 0x%x)", st);
+  }
+  fprintf(stderr, "nobody's client: %s\n", buf);
+  int x_closed, x_code, closed, c0, c1, c2, hello_ok;
+  double waited;
+  ASSERT_EQ(sscanf(buf, "%d %d %d %d %d %d %d %lf", &x_closed, &x_code, &closed, &c0, &c1, &c2,
+                   &hello_ok, &waited),
+            8);
+  ASSERT_EQ(x_closed, 1);
+  ASSERT_EQ(x_code, LARDER_ELIMIT);
+  ASSERT_EQ(closed, 3);
+  ASSERT_EQ(c0, LARDER_ETIMEDOUT);
+  ASSERT_EQ(c1, LARDER_ETIMEDOUT);
+  ASSERT_EQ(c2, LARDER_ETIMEDOUT);
+  ASSERT_DOUBLE_GE(waited, 1000.0);
+  ASSERT_EQ(hello_ok, 1);
+  /* One line for the three, whenever the daemon's log reaches the file. */
+  const char *line = "sent no Hello within hello_timeout (1 s; the last from uid 65534)";
+  char *log = NULL;
+  for (double end = now_ms() + 10000.0 * dh_slow();; usleep(10000)) {
+    free(log);
+    log = dh_read_log(&f.d);
+    if ((log && strstr(log, line)) || now_ms() > end) break;
+  }
+  ASSERT_STR_CONTAINS(log, line);
+  free(log);
+  fx_finish(&f, 150000);
   return 0;
 }
 
