@@ -164,6 +164,7 @@ typedef struct stream_info {
   uint64_t arena_bytes;
   uint32_t window;            /* batches its client may hold */
   uint64_t opened_ns;
+  const dataset_t *ds;        /* its files; NULL while the open resolves */
 } stream_info_t;
 void stream_info(const stream_t *s, stream_info_t *out);
 
