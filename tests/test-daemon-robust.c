@@ -1257,9 +1257,9 @@ TEST_IMPL(daemon_robust_partial_frame) {
 /*
  * Connections that never say Hello are closed after hello_timeout, with an
  * error saying why, and give their places back; until then they count
- * against their user's max_clients_per_uid.  (Bug fix: they were kept for
- * ever, 20 of 20 still open after 8 s, and four users with 256 each held
- * all of max_clients.)  Another user's client streams meanwhile.
+ * against their user's max_clients_per_uid, so that no user can hold more
+ * than that many (four users with 256 each would hold all of a max_clients
+ * of 1024).  Another user's client streams meanwhile.
  */
 TEST_IMPL(daemon_robust_no_hello) {
   if (geteuid() != 0) {
