@@ -188,8 +188,10 @@ static const char *const usage_of[][2] = {
               "Cache use and hit ratio per dataset, fetches, per-client batches/s, MB/s and\n"
               "stall, the stage breakdown and what limits throughput right now.  --watch\n"
               "refreshes in place (JSON Lines with --json)."},
-    {"clients", "larderctl clients [--json]\nThe connected trainers and their streams."},
-    {"ls", "larderctl ls [PREFIX] [--json]\nCached objects (files and URLs): id, identity, bytes, entries, last use."},
+    {"clients", "larderctl clients [--json]\nThe connected trainers and their streams: your own, or everyone's when an\n"
+                "admin asks (root, the daemon's user, admin_group)."},
+    {"ls", "larderctl ls [PREFIX] [--json]\nCached objects (files and URLs): id, identity, bytes, entries, last use: those\n"
+           "your open streams read, or all of them when an admin asks."},
     {"evict", "larderctl evict OBJECT... | --prefix URL-OR-PATH | --dataset SOURCE... | --all\n"
               "                [--dry-run] [--json]\n"
               "Drops cached data and reports the bytes freed.  OBJECT is an id or a name\n"

@@ -6,6 +6,13 @@
  *   evict, prefetch, verify, reload, config    root, the daemon's user, or
  *                                              admin_group (acl.h)
  *
+ * What one user sees of another: admins see every client, stream and
+ * cached object; anyone else sees only the clients of their own uid, their
+ * streams, and the cached objects those streams read (visible_to).  Pids,
+ * uids and source paths are another user's business: a path may name a
+ * project, a customer or a person.  Counters over everyone (clients,
+ * streams, bytes, rates, the cache's use) stay visible to all.
+ *
  * Replies are JSON when the request asks for it (stable keys, one object),
  * else text for people.  Long texts travel in several AdminReply frames
  * (more = 1), and so do progress (prefetch) and rows (cat); the last frame
@@ -539,6 +546,23 @@ static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Visibility                                                                */
+
+/* Whether the peer of conn may see everyone's clients, streams and objects:
+ * root, the daemon's user or admin_group (acl_is_admin).  Loop thread. */
+static int sees_all(const conn_t *self) {
+  acl_peer_t peer;
+  conn_peer(self, &peer);
+  return acl_is_admin(self->srv->acl, &peer);
+}
+
+/* Whether a listing for self (all: sees_all) may show connection c and its
+ * streams: an admin's may, anyone else's only for c of the same uid. */
+static int visible_to(const conn_t *self, int all, const conn_t *c) {
+  return all || c->uid == self->uid;
+}
+
+/* ------------------------------------------------------------------------ */
 /* status                                                                    */
 
 /* Connections that are trainers (not larderctl). */
@@ -620,13 +644,16 @@ typedef struct dsagg {
   uint64_t hit, miss;
 } dsagg_t;
 
-/* Streams grouped by dataset, with their cache hit and miss bytes. */
-static dsagg_t *datasets_of(server_t *srv, size_t *n) {
+/* The streams self may see (visible_to), grouped by dataset, with their
+ * cache hit and miss bytes.  Returns a calloc'd array of *n (the names
+ * point into the streams), or NULL when out of memory. */
+static dsagg_t *datasets_of(server_t *srv, const conn_t *self, int all, size_t *n) {
   *n = 0;
   uint64_t total = STATS_GET(&srv->stats, streams) + 1;
   dsagg_t *v = calloc(total, sizeof(*v));
   if (v == NULL) return NULL;
   for (conn_t *c = srv->conns; c; c = c->next) {
+    if (!visible_to(self, all, c)) continue;
     for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
       stream_info_t si;
       stream_info(s, &si);
@@ -646,7 +673,10 @@ static dsagg_t *datasets_of(server_t *srv, size_t *n) {
   return v;
 }
 
-static void stats_json(server_t *srv, sbuf *b) {
+/* Writes the stats object for self: every counter, and the datasets and
+ * streams self may see (visible_to). */
+static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
+  int all = sees_all(self);
   sb_printf(b, "{\"version\":\"%s\",\"uptime_s\":%.3f", LARDERD_VERSION,
             (double)(util_now_ns() - srv->started_ns) / 1e9);
 #define ADMIN_STAT_(name, kind, help) \
@@ -695,7 +725,7 @@ static void stats_json(server_t *srv, sbuf *b) {
   sb_json(b, v.text);
   sb_puts(b, "}");
   size_t nd = 0;
-  dsagg_t *ds = datasets_of(srv, &nd);
+  dsagg_t *ds = datasets_of(srv, self, all, &nd);
   sb_puts(b, ",\"datasets\":[");
   for (size_t i = 0; ds && i < nd; i++) {
     sb_puts(b, i ? ",{\"dataset\":" : "{\"dataset\":");
@@ -714,6 +744,7 @@ static void stats_json(server_t *srv, sbuf *b) {
   sb_printf(b, ",\"per_stream\":[");
   int first = 1;
   for (conn_t *c = srv->conns; c; c = c->next) {
+    if (!visible_to(self, all, c)) continue;
     for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
       const stats_stream_t *ss = stream_stats(s);
       stream_info_t si;
@@ -752,7 +783,10 @@ static void bar(sbuf *b, double frac, int width) {
   for (int i = n; i < width; i++) sb_put(b, " ", 1);
 }
 
-static void stats_human(server_t *srv, sbuf *b) {
+/* The same for people; the clients section lists the streams self may see
+ * and counts the others. */
+static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
+  int all = sees_all(self);
   char x[48], y[48], z[48], w[48];
   admin_rates_t r;
   admin_global_rates(srv, &r);
@@ -790,7 +824,7 @@ static void stats_human(server_t *srv, sbuf *b) {
   else
     sb_puts(b, "  hit ratio   - (nothing served yet)\n");
   size_t nd = 0;
-  dsagg_t *ds = datasets_of(srv, &nd);
+  dsagg_t *ds = datasets_of(srv, self, all, &nd);
   if (ds && nd) {
     sb_printf(b, "  %-48s %7s %10s\n", "DATASET", "STREAMS", "HIT RATIO");
     for (size_t i = 0; i < nd; i++) {
@@ -834,7 +868,12 @@ static void stats_human(server_t *srv, sbuf *b) {
   } else {
     sb_printf(b, "  %8s %6s %7s  %-36s %9s %8s %6s\n", "PID", "UID", "RANK", "DATASET", "BATCHES/S",
               "MB/S", "STALL");
+    uint64_t hidden = 0;
     for (conn_t *c = srv->conns; c; c = c->next) {
+      if (!visible_to(self, all, c)) {
+        hidden += (uint64_t)c->num_streams;
+        continue;
+      }
       for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
         stream_info_t si;
         stream_info(s, &si);
@@ -848,6 +887,9 @@ static void stats_human(server_t *srv, sbuf *b) {
                   fmt_fit(name, sizeof(name), si.dataset, 36), bps, byps / 1e6, st_s);
       }
     }
+    if (hidden)
+      sb_printf(b, "  (and %" PRIu64 " stream%s of other users, listed to admins only)\n", hidden,
+                hidden == 1 ? "" : "s");
   }
 
   /* Stages. */
@@ -874,8 +916,8 @@ static void stats_human(server_t *srv, sbuf *b) {
 
 static void cmd_stats(conn_t *c, const Larder__AdminRequest *req) {
   sbuf b = {0};
-  if (req->json) stats_json(c->srv, &b);
-  else stats_human(c->srv, &b);
+  if (req->json) stats_json(c->srv, c, &b);
+  else stats_human(c->srv, c, &b);
   reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
   free(b.s.data);
 }
@@ -883,8 +925,10 @@ static void cmd_stats(conn_t *c, const Larder__AdminRequest *req) {
 /* ------------------------------------------------------------------------ */
 /* clients                                                                   */
 
+/* Lists the connections self may see (visible_to), itself left out. */
 static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
   server_t *srv = self->srv;
+  int all = sees_all(self);
   sbuf b = {0};
   uint64_t now = util_now_ns();
   int n = 0;
@@ -893,7 +937,7 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
     sb_printf(&b, "%6s %8s %6s %6s  %-16s %10s %7s\n", "CLIENT", "PID", "UID", "GID", "NAME",
               "CONNECTED", "STREAMS");
   for (conn_t *c = srv->conns; c; c = c->next) {
-    if (c == self || c->closing || c->draining) continue;
+    if (c == self || c->closing || c->draining || !visible_to(self, all, c)) continue;
     double age = (double)(now - c->connected_ns) / 1e9;
     if (req->json) {
       sb_printf(&b, "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"gid\":%u,\"name\":",
@@ -954,7 +998,8 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
   else if (n == 0) {
     free(b.s.data);
     memset(&b, 0, sizeof(b));
-    sb_puts(&b, "no client is connected\n");
+    sb_puts(&b, all ? "no client is connected\n"
+                    : "no client of yours is connected (other users' are listed to admins only)\n");
   }
   reply(self, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
   free(b.s.data);
@@ -1013,10 +1058,59 @@ static const char *fmt_ago(char *buf, size_t size, int64_t unix_s) {
   return buf;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The objects a non-admin's ls shows: the files that the open streams of
+ * self's uid read (any of its connections), as a sorted array of object
+ * ids in *ids (free it; NULL when *n is 0).  Returns 0 or LARDER_ENOMEM.
+ * Loop thread. */
+static int own_objects(const conn_t *self, uint64_t **ids, size_t *n) {
+  *ids = NULL;
+  *n = 0;
+  size_t cap = 0;
+  for (conn_t *c = self->srv->conns; c; c = c->next) {
+    if (!visible_to(self, 0, c)) continue;
+    for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
+      stream_info_t si;
+      stream_info(s, &si);
+      for (uint32_t i = 0; si.ds && i < si.ds->num_files; i++) {
+        if (*n == cap) {
+          cap = cap ? cap * 2 : 64;
+          uint64_t *v = realloc(*ids, cap * sizeof(*v));
+          if (v == NULL) {
+            free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return LARDER_ENOMEM;
+          }
+          *ids = v;
+        }
+        (*ids)[(*n)++] = si.ds->files[i].object_id;
+      }
+    }
+  }
+  if (*n > 1) qsort(*ids, *n, sizeof(**ids), cmp_u64);
+  return 0;
+}
+
+/* Lists the cached objects: all of them to an admin, else those that the
+ * user's open streams read (own_objects). */
 static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
+  int all = sees_all(c);
+  uint64_t *own = NULL;
+  size_t num_own = 0;
+  if (!all && own_objects(c, &own, &num_own) != 0) {
+    reply_error(c, req->request_id, LARDER_ENOMEM, "cannot list the cache: %s",
+                larder_strerror(LARDER_ENOMEM));
+    return;
+  }
   objlist_t l;
   int rc = list_objects(c->srv, &l);
   if (rc) {
+    free(own);
     reply_error(c, req->request_id, rc, "cannot list the cache: %s", larder_strerror(rc));
     return;
   }
@@ -1032,6 +1126,7 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
   for (size_t i = 0; i < l.n; i++) {
     const store_object_info_t *o = &l.v[i];
     if (prefix && strncmp(o->name, prefix, strlen(prefix)) != 0) continue;
+    if (!all && (num_own == 0 || !bsearch(&o->id, own, num_own, sizeof(*own), cmp_u64))) continue;
     bytes += o->bytes;
     entries += o->entries;
     if (req->json) {
@@ -1058,7 +1153,14 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
     if (shown == 0) {
       free(b.s.data);
       memset(&b, 0, sizeof(b));
-      sb_printf(&b, "the cache holds nothing%s%s\n", prefix ? " under " : "", prefix ? prefix : "");
+      if (all)
+        sb_printf(&b, "the cache holds nothing%s%s\n", prefix ? " under " : "",
+                  prefix ? prefix : "");
+      else
+        sb_printf(&b,
+                  "the cache holds nothing%s%s that your open streams read (other users' "
+                  "objects are listed to admins only)\n",
+                  prefix ? " under " : "", prefix ? prefix : "");
     } else {
       sb_printf(&b, "%zu object%s, %s in %s entries (an entry is one column of one unit)\n", shown,
                 shown == 1 ? "" : "s", fmt_bytes(a, sizeof(a), (double)bytes),
@@ -1066,6 +1168,7 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
     }
   }
   free(l.v);
+  free(own);
   reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
   free(b.s.data);
 }

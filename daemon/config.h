@@ -105,6 +105,10 @@
   XX(frame_timeout, U64, "30", 1,                                             \
      "seconds a client may take to send the rest of a frame it has begun; "    \
      "then its connection is closed, and the memory the frame held freed")     \
+  XX(hello_timeout, U64, "5", 1,                                               \
+     "seconds a new connection may take to complete its handshake; then it "   \
+     "is closed, giving back its place in max_clients and "                    \
+     "max_clients_per_uid (0: no limit)")                                      \
   XX(verify_crc, BOOL, "true", 1, "verify Parquet page CRCs when present")    \
   XX(cache_verify_blocks, BOOL, "true", 0,                                     \
      "check RocksDB's own block and blob checksums on every cache read, "      \

@@ -615,20 +615,47 @@ static void process_frames(conn_t *c) {
   else if (off > 0 || c->partial_since_ns == 0) c->partial_since_ns = util_now_ns();
 }
 
-/* Bug fix (tests: daemon_robust_partial_frame): a client could begin a
- * frame of up to max_frame bytes and never finish it, holding that much
- * of the daemon's memory (and one of its uid's connections) for ever. */
+/*
+ * Two clocks bound what a connection may hold without making progress:
+ * - frame_timeout: a frame begun and never finished holds up to max_frame
+ *   bytes of the daemon's memory (tests: daemon_robust_partial_frame);
+ * - hello_timeout: a connection that never completes its handshake holds
+ *   a place in max_clients and in its user's max_clients_per_uid (tests:
+ *   daemon_robust_no_hello): four users with 256 such connections each
+ *   would lock everyone else out of a daemon of max_clients 1024.
+ * The tick runs this every second, so a limit of N seconds closes after
+ * N to N + 1.  Connections closed for want of a Hello are logged as one
+ * line per tick: a client opening hundreds of them must not flood the log.
+ */
 void conn_expire_partial(server_t *srv) {
   uint64_t now = util_now_ns(), limit = srv->cfg.frame_timeout * 1000000000ull;
-  if (limit == 0) return;
+  uint64_t hello_limit = srv->cfg.hello_timeout * 1000000000ull;
+  uint64_t no_hello = 0;
+  uid_t last_uid = 0;
   for (conn_t *c = srv->conns; c; c = c->next) {
-    if (c->closing || c->draining || c->read_paused || c->partial_since_ns == 0) continue;
+    if (c->closing || c->draining) continue;
+    if (hello_limit && !c->hello_done && now - c->connected_ns > hello_limit) {
+      STATS_ADD(&srv->stats, protocol_errors, 1);
+      conn_send_error(c, LARDER_ETIMEDOUT, 0, 0,
+                      "protocol error: no Hello within hello_timeout (%llu s) of connecting",
+                      (unsigned long long)srv->cfg.hello_timeout);
+      conn_shutdown(c);
+      no_hello++;
+      last_uid = c->uid;
+      continue;
+    }
+    if (limit == 0 || c->read_paused || c->partial_since_ns == 0) continue;
     if (now - c->partial_since_ns <= limit) continue;
     char what[160];
     snprintf(what, sizeof(what), "protocol error: a frame begun %llu s ago is still unfinished",
              (unsigned long long)((now - c->partial_since_ns) / 1000000000ull));
     protocol_error(c, LARDER_EPROTO, what);
   }
+  if (no_hello)
+    log_notice("closed %llu connection%s that sent no Hello within hello_timeout (%llu s; the "
+               "last from uid %u)",
+               (unsigned long long)no_hello, no_hello == 1 ? "" : "s",
+               (unsigned long long)srv->cfg.hello_timeout, (unsigned)last_uid);
 }
 
 void conn_accept(server_t *srv, uv_stream_t *listener) {
@@ -672,7 +699,9 @@ void conn_accept(server_t *srv, uv_stream_t *listener) {
     /* Without credentials nothing can be checked: treat it as nobody. */
     c->uid = c->gid = (uid_t)-2;
   }
-  /* larder per-client limits: connections per user. */
+  /* larder per-client limits: connections per user.  Every open connection
+   * counts, those still waiting for their Hello included: otherwise a user
+   * could hold any number of them (each until hello_timeout). */
   uint64_t same_uid = 0;
   for (conn_t *o = srv->conns; o; o = o->next)
     if (o->uid == c->uid && !o->closing && !o->draining) same_uid++;

@@ -60,10 +60,15 @@ extern "C" {
 
 typedef struct pq_error {
   int code;       /* a negative larder_errno_t, or 0 */
-  char msg[512];  /* "<file>: column <path>, row group <n>: <what>" */
+  char msg[512];  /* "<file>: column '<path>', row group <n>: <what>" */
+  /* With LARDER_ELIMIT: one page alone needs more decoded bytes than
+   * max_chunk_decoded_bytes (its header claims that many values), so
+   * reading fewer rows at once would not help. */
+  int whole_page;
 } pq_error;
 
-/* Formats msg into err (when err is not NULL) and returns code.  Any thread. */
+/* Formats msg into err (when err is not NULL), clears whole_page and
+ * returns code.  Any thread. */
 int pq_error_set(pq_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

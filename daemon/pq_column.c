@@ -101,17 +101,32 @@ static int leaf_fail(const pq_leaf *L, pq_error *err, int code,
   return pq_error_set(err, code, "%s: %s", where, what);
 }
 
-/* Charges n bytes against the chunk's ceiling before they are allocated. */
-static int charge(pq_leaf *L, uint64_t n, pq_error *err) {
-  if (n > L->opts->max_chunk_decoded_bytes ||
-      L->charged > L->opts->max_chunk_decoded_bytes - n)
+/* Charges n bytes against the chunk's ceiling before they are allocated.
+ * page_values >= 0: n is what one page needs as a whole (its levels, its
+ * values, its decompressed body), for a header that claims page_values
+ * values; such a page over the ceiling by itself sets err->whole_page, as
+ * no smaller read could decode it.  -1: n is what one read needs. */
+static int charge_page(pq_leaf *L, uint64_t n, int64_t page_values, pq_error *err) {
+  uint64_t max = L->opts->max_chunk_decoded_bytes;
+  if (page_values >= 0 && n > max) {
+    int rc = leaf_fail(L, err, LARDER_ELIMIT,
+                       "a page of %lld values needs %llu decoded bytes, more than the "
+                       "ceiling of %llu bytes per column chunk (max_chunk_decoded_bytes)",
+                       (long long)page_values, (unsigned long long)n,
+                       (unsigned long long)max);
+    if (err) err->whole_page = 1;
+    return rc;
+  }
+  if (n > max || L->charged > max - n)
     return leaf_fail(L, err, LARDER_ELIMIT,
                      "decoded size exceeds the ceiling of %llu bytes per "
                      "column chunk (max_chunk_decoded_bytes)",
-                     (unsigned long long)L->opts->max_chunk_decoded_bytes);
+                     (unsigned long long)max);
   L->charged += n;
   return 0;
 }
+
+static int charge(pq_leaf *L, uint64_t n, pq_error *err) { return charge_page(L, n, -1, err); }
 
 static int physical_width(pq_physical_t phys, int32_t type_length) {
   switch (phys) {
@@ -137,7 +152,9 @@ int pq_leaf_open(const struct pq_file *file, const pq_source *src,
                  const pq_options *opts, pq_codec_ctx *codec, int rg,
                  int leaf_index, pq_leaf **out, pq_error *err) {
   pq_leaf *L = calloc(1, sizeof(*L));
-  if (L == NULL) return pq_error_set(err, LARDER_ENOMEM, "out of memory");
+  if (L == NULL)
+    return pq_error_set(err, LARDER_ENOMEM, "%s: column '%s', row group %d: out of memory",
+                        file->name, file->meta.leaves[leaf_index]->path, rg);
   L->file = file;
   L->src = src;
   L->opts = opts;
@@ -343,11 +360,13 @@ static int plain_decode(pq_leaf *L, const uint8_t **pp, const uint8_t *end,
 /* ------------------------------------------------------------------------ */
 /* Pages                                                                     */
 
+/* Decompresses a page whose header claims page_values values. */
 static int decompress_into(pq_leaf *L, const uint8_t *src, size_t src_len,
-                           size_t dst_len, pq_buf_t *dst, pq_error *err) {
+                           size_t dst_len, int64_t page_values, pq_buf_t *dst,
+                           pq_error *err) {
   char why[200] = "";
   /* The ceiling first: its message names the setting to change. */
-  int rc = charge(L, dst_len, err);
+  int rc = charge_page(L, dst_len, page_values, err);
   if (rc) return rc;
   rc = pq_decompress_check(L->cc->codec, src, src_len, dst_len, why, sizeof(why));
   if (rc) return leaf_fail(L, err, rc, "cannot decompress page: %s", why);
@@ -375,7 +394,8 @@ static int load_dictionary(pq_leaf *L, const pq_page_header_t *h,
   const uint8_t *data = body;
   size_t len = (size_t)h->compressed_size;
   if (L->cc->codec != PQ_UNCOMPRESSED) {
-    int rc = decompress_into(L, body, len, (size_t)h->uncompressed_size, &L->page, err);
+    int rc = decompress_into(L, body, len, (size_t)h->uncompressed_size, h->num_values,
+                             &L->page, err);
     if (rc) return rc;
     data = L->page.data;
     len = L->page.len;
@@ -389,7 +409,7 @@ static int load_dictionary(pq_leaf *L, const pq_page_header_t *h,
     return leaf_fail(L, err, LARDER_ECORRUPT,
                      "dictionary declares %d values but holds %zu bytes",
                      h->num_values, len);
-  int rc = charge(L, len + (uint64_t)h->num_values * 4 + 4, err);
+  int rc = charge_page(L, len + (uint64_t)h->num_values * 4 + 4, h->num_values, err);
   if (rc) return rc;
   L->dict_values.len = 0;
   L->dict_offsets.len = 0;
@@ -666,7 +686,7 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
     L->first_page_seen = 1;
     int64_t num = h.num_values;
     uint64_t level_bytes = (uint64_t)num * 2 * ((L->max_def > 0) + (L->max_rep > 0));
-    int rc = charge(L, level_bytes, err);
+    int rc = charge_page(L, level_bytes, num, err);
     if (rc) return rc;
 
     const uint8_t *p, *end;
@@ -677,7 +697,7 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
         end = body + h.compressed_size;
       } else {
         rc = decompress_into(L, body, (size_t)h.compressed_size,
-                             (size_t)h.uncompressed_size, &L->page, err);
+                             (size_t)h.uncompressed_size, num, &L->page, err);
         if (rc) return rc;
         p = L->page.data;
         end = p + L->page.len;
@@ -717,7 +737,7 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
       size_t vlen = (size_t)(h.compressed_size - h.rep_length - h.def_length);
       size_t ulen = (size_t)(h.uncompressed_size - h.rep_length - h.def_length);
       if (h.is_compressed && L->cc->codec != PQ_UNCOMPRESSED && !(vlen == 0 && ulen == 0)) {
-        rc = decompress_into(L, p, vlen, ulen, &L->page, err);
+        rc = decompress_into(L, p, vlen, ulen, num, &L->page, err);
         if (rc) return rc;
         p = L->page.data;
         end = p + L->page.len;
@@ -734,7 +754,7 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
     }
     uint64_t vbytes = L->phys == PQ_BYTE_ARRAY ? (uint64_t)values * 4
                                                : (uint64_t)values * (uint64_t)L->width;
-    rc = charge(L, vbytes, err);
+    rc = charge_page(L, vbytes, num, err);
     if (rc) return rc;
     L->page_n = num;
     L->page_pos = 0;

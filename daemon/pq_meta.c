@@ -22,6 +22,13 @@
 #define PQ_ARENA_FACTOR 32
 #define PQ_ARENA_MIN (16u << 20)
 
+/* The fewest bytes a data page can take: its header alone, in Thrift's
+ * compact encoding, holds the page type, both sizes (a field header and a
+ * varint each) and the page's own header struct with its value count, and
+ * the structs' stop bytes: at least 11 bytes; 8 leaves room for any
+ * writer's quirks. */
+#define PQ_MIN_PAGE_BYTES 8
+
 typedef struct flat_element {
   const uint8_t *name;
   size_t name_len;
@@ -606,6 +613,20 @@ static int chunk_range(pq_column_chunk_t *cc, uint64_t data_end, char *why,
   }
   if (cc->num_values < 0 || cc->total_uncompressed_size < 0) {
     snprintf(why, why_len, "column chunk has negative sizes");
+    return -1;
+  }
+  /* A page holds at most INT32_MAX values (its header's count is an i32)
+   * and takes at least PQ_MIN_PAGE_BYTES of the chunk, so a count beyond
+   * what the chunk's bytes could hold is a lie about the file: the reader
+   * says so here, naming the chunk, before anyone plans units (or buffers)
+   * for 2^62 values. */
+  uint64_t pages_max = ((uint64_t)cc->total_compressed_size + PQ_MIN_PAGE_BYTES - 1) /
+                       PQ_MIN_PAGE_BYTES;
+  uint64_t pages_needed = ((uint64_t)cc->num_values + INT32_MAX - 1) / INT32_MAX;
+  if (pages_needed > pages_max) {
+    snprintf(why, why_len,
+             "column chunk claims %lld values in %lld bytes, more than its pages could hold",
+             (long long)cc->num_values, (long long)cc->total_compressed_size);
     return -1;
   }
   cc->range_offset = (uint64_t)start;

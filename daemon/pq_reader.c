@@ -32,6 +32,10 @@ struct pq_reader {
   int num_leaves;
   int64_t rows_left;
   int failed;
+  /* The column being read, for the message of a fault (a file truncated
+   * under the mapping): volatile, as the guard's siglongjmp lands after
+   * stores the compiler could otherwise keep in registers. */
+  const char *volatile at;
 };
 
 static void where_field(const pq_reader *r, const pq_field_t *f, char *buf,
@@ -69,7 +73,8 @@ int pq_reader_open(const pq_file *file, const pq_source *src,
                           "%s: column '%s' contains a group with no columns",
                           file->name, root->children[i].name);
   pq_reader *r = calloc(1, sizeof(*r));
-  if (r == NULL) return pq_error_set(err, LARDER_ENOMEM, "out of memory");
+  if (r == NULL)
+    return pq_error_set(err, LARDER_ENOMEM, "%s: row group %d: out of memory", file->name, rg);
   r->file = file;
   r->src = src;
   r->proj = proj;
@@ -82,7 +87,7 @@ int pq_reader_open(const pq_file *file, const pq_source *src,
   r->leaves = calloc((size_t)meta->num_leaves + 1, sizeof(pq_leaf *));
   int rc = 0;
   if (r->codec == NULL || r->leaves == NULL) {
-    rc = pq_error_set(err, LARDER_ENOMEM, "out of memory");
+    rc = pq_error_set(err, LARDER_ENOMEM, "%s: row group %d: out of memory", file->name, rg);
     goto fail;
   }
   for (int i = 0; i < meta->num_leaves; i++) {
@@ -510,11 +515,13 @@ static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t ro
 int64_t pq_reader_next(pq_reader *r, int64_t max_rows, pq_batch_t *out,
                        pq_error *err) {
   if (r->failed)
-    return pq_error_set(err, LARDER_EINVAL, "%s: reader used after an error",
-                        r->file->name);
+    return pq_error_set(err, LARDER_EINVAL, "%s: row group %d: reader used after an error",
+                        r->file->name, r->rg);
   int64_t rows = max_rows < r->rows_left ? max_rows : r->rows_left;
   const pq_field_t *root = pq_projection_schema(r->proj);
-  if (batch_shape(out, root)) return pq_error_set(err, LARDER_ENOMEM, "out of memory");
+  if (batch_shape(out, root))
+    return pq_error_set(err, LARDER_ENOMEM, "%s: row group %d: out of memory", r->file->name,
+                        r->rg);
   out->num_rows = 0;
   if (rows <= 0) {
     for (int i = 0; i < out->num_columns; i++) out->columns[i].length = 0;
@@ -524,11 +531,12 @@ int64_t pq_reader_next(pq_reader *r, int64_t max_rows, pq_batch_t *out,
   if (r->src->may_fault && PQ_GUARD_FAULTED(&guard)) {
     r->failed = 1;
     return pq_error_set(err, LARDER_EIO,
-                        "%s: row group %d: the file was truncated or changed while "
-                        "being read",
-                        r->file->name, r->rg);
+                        "%s: column '%s', row group %d: the file was truncated or changed "
+                        "while being read",
+                        r->file->name, r->at ? r->at : "?", r->rg);
   }
   for (int i = 0; i < root->num_children; i++) {
+    r->at = root->children[i].name;
     int rc = assemble(r, &root->children[i], &out->columns[i], rows, err);
     if (rc) {
       r->failed = 1;
@@ -564,7 +572,8 @@ static int64_t skip_guarded(pq_reader *r, const int64_t rows, pq_error *err);
 
 int64_t pq_reader_skip(pq_reader *r, int64_t rows, pq_error *err) {
   if (r->failed)
-    return pq_error_set(err, LARDER_EINVAL, "%s: reader used after an error", r->file->name);
+    return pq_error_set(err, LARDER_EINVAL, "%s: row group %d: reader used after an error",
+                        r->file->name, r->rg);
   if (rows > r->rows_left) rows = r->rows_left;
   if (rows <= 0) return 0;
   return skip_guarded(r, rows, err);
@@ -577,13 +586,15 @@ static int64_t skip_guarded(pq_reader *r, const int64_t rows, pq_error *err) {
   if (r->src->may_fault && PQ_GUARD_FAULTED(&guard)) {
     r->failed = 1;
     return pq_error_set(err, LARDER_EIO,
-                        "%s: row group %d: the file was truncated or changed while being read",
-                        r->file->name, r->rg);
+                        "%s: column '%s', row group %d: the file was truncated or changed "
+                        "while being read",
+                        r->file->name, r->at ? r->at : "?", r->rg);
   }
   /* Each column skips on its own: whole pages where it can, the rest by
    * decoding and dropping. */
   for (int i = 0; i < r->num_leaves; i++) {
     if (r->leaves[i] == NULL) continue;
+    r->at = r->file->meta.leaves[i]->path;
     int64_t n = pq_leaf_skip(r->leaves[i], rows, err);
     if (n != rows) {
       r->failed = 1;

@@ -19,6 +19,7 @@
 int pq_error_set(pq_error *err, int code, const char *fmt, ...) {
   if (err != NULL) {
     err->code = code;
+    err->whole_page = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof(err->msg), fmt, ap);

@@ -164,6 +164,7 @@ typedef struct stream_info {
   uint64_t arena_bytes;
   uint32_t window;            /* batches its client may hold */
   uint64_t opened_ns;
+  const dataset_t *ds;        /* its files; NULL while the open resolves */
 } stream_info_t;
 void stream_info(const stream_t *s, stream_info_t *out);
 
@@ -244,7 +245,9 @@ void conn_close(conn_t *c);
  * sleeps and after it hands over finished tasks. */
 void conn_flush_all(server_t *srv);
 /* Closes the connections that began a frame more than frame_timeout
- * seconds ago and have not finished it.  The loop's tick calls it. */
+ * seconds ago and have not finished it, and those that have not completed
+ * their handshake within hello_timeout seconds of connecting.  The loop's
+ * tick calls it, every second. */
 void conn_expire_partial(server_t *srv);
 /* Closes once the frames already queued have been written. */
 void conn_shutdown(conn_t *c);

@@ -227,6 +227,7 @@ void stream_info(const stream_t *s, stream_info_t *out) {
   out->arena_bytes = s->arena ? arena_size(s->arena) : 0;
   out->window = s->window;
   out->opened_ns = s->opened_ns;
+  out->ds = s->ds;
 }
 
 stream_t *stream_find(conn_t *c, uint32_t id) {

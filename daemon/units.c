@@ -762,7 +762,9 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     memset(blobs, 0, (size_t)nc * sizeof(*blobs));
     for (int c = 0; c < nc && rc == 0; c++) {
       rc = layout_serialize(&batch.columns[c], &blobs[c], &sizes[c]);
-      if (rc) pq_error_set(&err, rc, "out of memory serializing a unit");
+      if (rc)
+        pq_error_set(&err, rc, "%s: column '%s', row group %u: out of memory serializing a unit",
+                     f->name, ds->schema->children[c].name, du->rg);
     }
     int admitted = 0;
     if (rc == 0) offer_to_cache(srv, ds, k, blobs, sizes, &admitted);
@@ -791,7 +793,9 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
    * (each unit then meets its own errors when it is loaded). */
   if (rc && at > u->index) rc = 0;
   if (rc && at < u->index) return decode_run(srv, u, u->index);
-  if (rc == LARDER_ELIMIT) {
+  /* Smaller units help a ceiling passed by a run of reads, not one page
+   * that alone claims more values than the ceiling allows. */
+  if (rc == LARDER_ELIMIT && !err.whole_page) {
     char hint[sizeof(err.msg) + 200];
     snprintf(hint, sizeof(hint),
              "%s (unit of rows %llu-%llu of row group %u, decoded at once: a stream opened "

@@ -695,3 +695,194 @@ TEST_IMPL(acl_uid_arena_limit) {
   dh_stop(&d);
   return 0;
 }
+
+/* Waits up to timeout_ms until `larderctl ls --json` as root lists objects
+ * under every one of the n directories. */
+static void wait_listed(const char *socket, const char *const *dirs, int n, int timeout_ms) {
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    tc_out r;
+    tc_ctl(&r, NULL, socket, "ls", "--json", NULL);
+    EXPECT_RUN(&r, 0);
+    int all = 1;
+    for (int i = 0; i < n; i++) all = all && strstr(r.out, dirs[i]) != NULL;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) / 1e6;
+    if (all) {
+      tc_out_free(&r);
+      return;
+    }
+    if (ms > timeout_ms) {
+      tc_out_print("ls --json", &r);
+      ASSERT_FAIL_("the cache did not list the objects of all %d datasets in %d ms", n,
+                   timeout_ms);
+    }
+    tc_out_free(&r);
+    struct timespec ts = {0, 20000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Asserts that o's stdout does not contain needle. */
+static void expect_absent(const tc_out *o, const char *needle, const char *what) {
+  if (strstr(o->out, needle) == NULL) return;
+  tc_out_print(what, o);
+  ASSERT_FAIL_("%s shows \"%s\"", what, needle);
+}
+
+/*
+ * What one user sees of another: `larderctl clients`, `ls` and `stats` show
+ * a user who is not an admin their own clients, streams and cached objects
+ * only (no other user's pid, uid or source path), with the counters over
+ * everyone; root sees everything.  Here nobody holds a stream of one
+ * dataset and root one of another.
+ */
+TEST_IMPL(acl_listings_own_only) {
+  if (need_root()) return TEST_SKIP;
+  char std[1024], mine[1024];
+  ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
+  static const dh_spec nobody_spec = {2, 600, 0, 300, 0, 0, 0};
+  ASSERT_EQ(dh_dataset(&nobody_spec, "acl-listings-nobody", mine, sizeof(mine)), 1200);
+  dh_daemon d;
+  static const char *const fl[] = {"--socket_mode=0666", NULL};
+  dh_init(&d, "d", fl);
+  tc_open_tmpdir(d.dir);
+  dh_start(&d);
+
+  /* nobody's trainer: a child that holds one batch of its stream until the
+   * pipe `go` closes.  Forked before this process uses liblarder. */
+  int ready[2], go[2];
+  ASSERT_OK(pipe(ready));
+  ASSERT_OK(pipe(go));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(ready[0]);
+    close(go[1]);
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    larder_client_t *c;
+    if (larder_client_connect(d.socket, &c) != 0) _exit(3);
+    const char *src[1] = {mine};
+    larder_stream_options_t o;
+    dh_opts(&o, src, 16, 1, 1);
+    o.arena_bytes = 1u << 20;
+    larder_stream_t *s;
+    larder_batch_t *b;
+    if (larder_stream_open(c, &o, &s) != 0 || larder_stream_next(s, 60000, &b) != 0) _exit(4);
+    if (write(ready[1], "r", 1) != 1) _exit(5);
+    char x;
+    while (read(go[0], &x, 1) > 0) {
+    }
+    larder_batch_release(b);
+    larder_stream_close(s);
+    larder_client_close(c);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(go[0]);
+  char x = 0;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  close(ready[0]);
+
+  /* root's trainer. */
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  const char *src[1] = {std};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 16, 1, 1);
+  o.arena_bytes = 1u << 20;
+  larder_stream_t *s;
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+  const char *dirs[2] = {std, mine};
+  wait_listed(d.socket, dirs, 2, 30000 * dh_slow());
+
+  char child_pid[64], root_pid[64];
+  snprintf(child_pid, sizeof(child_pid), "\"pid\":%d,", (int)pid);
+  snprintf(root_pid, sizeof(root_pid), "\"pid\":%d,", (int)getpid());
+  tc_out r;
+
+  /* root sees both users. */
+  tc_ctl(&r, NULL, d.socket, "clients", "--json", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT(tc_json_valid(r.out));
+  ASSERT_STR_CONTAINS(r.out, child_pid);
+  ASSERT_STR_CONTAINS(r.out, root_pid);
+  ASSERT_STR_CONTAINS(r.out, std);
+  ASSERT_STR_CONTAINS(r.out, mine);
+  tc_out_free(&r);
+  tc_ctl(&r, NULL, d.socket, "stats", "--json", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "\"uid\":65534,");
+  ASSERT_STR_CONTAINS(r.out, "\"uid\":0,");
+  ASSERT_STR_CONTAINS(r.out, std);
+  ASSERT_STR_CONTAINS(r.out, mine);
+  tc_out_free(&r);
+
+  /* nobody sees its own. */
+  tc_ctl(&r, &nobody, d.socket, "clients", "--json", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT(tc_json_valid(r.out));
+  ASSERT_STR_CONTAINS(r.out, child_pid);
+  ASSERT_STR_CONTAINS(r.out, mine);
+  expect_absent(&r, root_pid, "nobody's clients --json");
+  expect_absent(&r, "\"uid\":0,", "nobody's clients --json");
+  expect_absent(&r, std, "nobody's clients --json");
+  tc_out_free(&r);
+  tc_ctl(&r, &nobody, d.socket, "clients", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, " 65534 ");
+  expect_absent(&r, std, "nobody's clients");
+  tc_out_free(&r);
+  tc_ctl(&r, &nobody, d.socket, "ls", "--json", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT(tc_json_valid(r.out));
+  ASSERT_STR_CONTAINS(r.out, mine);
+  expect_absent(&r, std, "nobody's ls --json");
+  tc_out_free(&r);
+  tc_ctl(&r, &nobody, d.socket, "ls", NULL);
+  EXPECT_RUN(&r, 0);
+  expect_absent(&r, std, "nobody's ls");
+  tc_out_free(&r);
+  tc_ctl(&r, &nobody, d.socket, "stats", "--json", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT(tc_json_valid(r.out));
+  ASSERT_STR_CONTAINS(r.out, "\"uid\":65534,");
+  ASSERT_STR_CONTAINS(r.out, mine);
+  ASSERT_EQ(dh_json_u64(r.out, "streams"), 2); /* the counters are everyone's */
+  expect_absent(&r, "\"uid\":0,", "nobody's stats --json");
+  expect_absent(&r, std, "nobody's stats --json");
+  tc_out_free(&r);
+  tc_ctl(&r, &nobody, d.socket, "stats", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "(and 1 stream of other users, listed to admins only)");
+  expect_absent(&r, std, "nobody's stats");
+  tc_out_free(&r);
+  /* Another user without streams sees none, and none of the objects. */
+  tc_cred plain = {4242, 4242, {0}, 0};
+  tc_ctl(&r, &plain, d.socket, "ls", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "listed to admins only");
+  expect_absent(&r, std, "uid 4242's ls");
+  expect_absent(&r, mine, "uid 4242's ls");
+  tc_out_free(&r);
+  tc_ctl(&r, &plain, d.socket, "clients", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "no client of yours is connected");
+  tc_out_free(&r);
+
+  larder_batch_release(b);
+  larder_stream_close(s);
+  larder_client_close(c);
+  close(go[1]);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT(WIFEXITED(st));
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  dh_stop(&d);
+  return 0;
+}

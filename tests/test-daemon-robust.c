@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1253,6 +1254,103 @@ TEST_IMPL(daemon_robust_partial_frame) {
   return 0;
 }
 
+/*
+ * Connections that never say Hello are closed after hello_timeout, with an
+ * error saying why, and give their places back; until then they count
+ * against their user's max_clients_per_uid, so that no user can hold more
+ * than that many (four users with 256 each would hold all of a max_clients
+ * of 1024).  Another user's client streams meanwhile.
+ */
+TEST_IMPL(daemon_robust_no_hello) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "needs root, to connect as another user\n");
+    return TEST_SKIP;
+  }
+  static const char *const fl[] = {"--hello_timeout=1", "--max_clients_per_uid=3",
+                                   "--socket_mode=0666", NULL};
+  fixture f;
+  fx_start(&f, fl, 0);
+  ASSERT_OK(chmod(test_tmpdir(), 0755));
+  ASSERT_OK(chmod(f.d.dir, 0755));
+  /* The user without a Hello is a child as nobody, forked before the good
+   * client's thread starts (a fork copies only the calling thread). */
+  int p[2];
+  ASSERT_OK(pipe(p));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    double t0 = now_ms();
+    int h[3];
+    for (int i = 0; i < 3; i++) h[i] = dh_raw_connect(f.d.socket);
+    /* A fourth connection of the user is one too many, Hello or not. */
+    int x = dh_raw_connect(f.d.socket), x_code = 0;
+    int x_closed = dh_raw_wait_closed(x, 10000 * dh_slow(), &x_code);
+    close(x);
+    int codes[3] = {0, 0, 0}, closed = 0;
+    double waited = 1e9;
+    for (int i = 0; i < 3; i++) {
+      closed += dh_raw_wait_closed(h[i], 10000 * dh_slow(), &codes[i]);
+      double w = now_ms() - t0;
+      if (w < waited) waited = w;
+      close(h[i]);
+    }
+    /* Their places are free again. */
+    int y = dh_raw_connect(f.d.socket);
+    Larder__Frame *r = dh_raw_hello(y, WIRE_PROTOCOL_VERSION);
+    int hello_ok = r != NULL && r->msg_case == LARDER__FRAME__MSG_HELLO_REPLY;
+    wire_free(r);
+    close(y);
+    char out[200];
+    snprintf(out, sizeof(out), "%d %d %d %d %d %d %d %.0f", x_closed, x_code, closed, codes[0],
+             codes[1], codes[2], hello_ok, waited);
+    if (write(p[1], out, strlen(out) + 1) < 0) _exit(3);
+    _exit(0);
+  }
+  close(p[1]);
+  f.bg.socket = f.d.socket;
+  f.bg.o = f.o;
+  f.bg.ref = &f.ref;
+  ASSERT_OK(pthread_create(&f.bg.th, NULL, bg_main, &f.bg));
+  char buf[200] = "";
+  ssize_t n = read(p[0], buf, sizeof(buf) - 1);
+  close(p[0]);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  if (n <= 0) {
+    dh_print_log(&f.d);
+    ASSERT_FAIL_("the client without a Hello died (status 0x%x)", st);
+  }
+  fprintf(stderr, "nobody's client: %s\n", buf);
+  int x_closed, x_code, closed, c0, c1, c2, hello_ok;
+  double waited;
+  ASSERT_EQ(sscanf(buf, "%d %d %d %d %d %d %d %lf", &x_closed, &x_code, &closed, &c0, &c1, &c2,
+                   &hello_ok, &waited),
+            8);
+  ASSERT_EQ(x_closed, 1);
+  ASSERT_EQ(x_code, LARDER_ELIMIT);
+  ASSERT_EQ(closed, 3);
+  ASSERT_EQ(c0, LARDER_ETIMEDOUT);
+  ASSERT_EQ(c1, LARDER_ETIMEDOUT);
+  ASSERT_EQ(c2, LARDER_ETIMEDOUT);
+  ASSERT_DOUBLE_GE(waited, 1000.0);
+  ASSERT_EQ(hello_ok, 1);
+  /* One line for the three, whenever the daemon's log reaches the file. */
+  const char *line = "sent no Hello within hello_timeout (1 s; the last from uid 65534)";
+  char *log = NULL;
+  for (double end = now_ms() + 10000.0 * dh_slow();; usleep(10000)) {
+    free(log);
+    log = dh_read_log(&f.d);
+    if ((log && strstr(log, line)) || now_ms() > end) break;
+  }
+  ASSERT_STR_CONTAINS(log, line);
+  free(log);
+  fx_finish(&f, 150000);
+  return 0;
+}
+
 static void copy_file(const char *from, const char *to, size_t keep) {
   size_t len;
   uint8_t *p = test_read_file(from, &len);
@@ -1278,9 +1376,10 @@ static void write_pqw_file(pqw_file *pf, const char *path) {
 
 /* Writes a file of 3 rows of an INT64 column 'id' and a required column
  * `second` of physical type `physical`, whose row group claims
- * `claimed_rows` rows. */
+ * `claimed_rows` rows and whose column chunks claim `claimed_values`
+ * values each (0: the 3 they hold). */
 static void write_id_file_claiming(const char *path, const char *second, int physical,
-                                   int64_t claimed_rows) {
+                                   int64_t claimed_rows, int64_t claimed_values) {
   pqw_schema sch[3] = {pqw_root(2), pqw_leaf("id", PQ_INT64, PQ_REQUIRED),
                        pqw_leaf(second, physical, PQ_REQUIRED)};
   pqw_file pf;
@@ -1300,12 +1399,39 @@ static void write_id_file_claiming(const char *path, const char *second, int phy
   for (int i = 0; i < 2; i++) pqw_chunk_build(&ch[i], &v[i], NULL, &co);
   pqw_file_add_row_group(&pf, claimed_rows, ch, 2);
   for (int i = 0; i < 2; i++) pqw_chunk_free(&ch[i]);
+  if (claimed_values)
+    for (int i = 0; i < 2; i++) pf.rg[0].cols[i].num_values = claimed_values;
+  write_pqw_file(&pf, path);
+}
+
+/* Writes a file of 10 rows of an optional INT32 column 'a' whose one
+ * page claims 2^30 values: a single RLE run of nulls, a few bytes. */
+static void write_huge_page_file(const char *path) {
+  pqw_schema sch[2] = {pqw_root(1), pqw_leaf("a", PQ_INT32, PQ_OPTIONAL)};
+  pqw_file pf;
+  pqw_file_init(&pf, sch, 2);
+  pqw_chunk c;
+  pqw_chunk_init(&c, PQ_INT32, PQ_UNCOMPRESSED);
+  pqw_buf body = {0}, lv = {0};
+  pqw_uvarint(&lv, (uint64_t)1 << 31); /* an RLE run of 2^30 zeros */
+  pqw_u8(&lv, 0);
+  pqw_le32(&body, (uint32_t)lv.len);
+  pqw_put(&body, lv.data, lv.len);
+  pqw_page h;
+  pqw_page_init(&h, PQ_PAGE_DATA);
+  h.num_values = 1 << 30;
+  h.encoding = PQ_ENC_PLAIN;
+  pqw_chunk_page_raw(&c, &h, body.data, body.len, 0);
+  pqw_file_add_row_group(&pf, 10, &c, 1);
+  pqw_chunk_free(&c);
+  pqw_buf_free(&body);
+  pqw_buf_free(&lv);
   write_pqw_file(&pf, path);
 }
 
 /* The same, a truthful 3-row file. */
 static void write_id_file(const char *path, const char *second, int physical) {
-  write_id_file_claiming(path, second, physical, 3);
+  write_id_file_claiming(path, second, physical, 3, 0);
 }
 
 /*
@@ -1354,14 +1480,18 @@ TEST_IMPL(daemon_robust_empty_dataset) {
  * anything is planned for a billion rows.  (Bug fix: the daemon believed
  * the count, made the whole dataset one shuffle window, and allocated
  * gigabytes for its permutation: 4.4 GB of RSS against a memory_limit of
- * 64 MB.)  The daemon's memory stays flat and other clients carry on.
+ * 64 MB.)  Columns that agree with a claim of 2^62 values, and a page that
+ * claims 2^30, fail naming the file, the column and the row group, without
+ * advising a unit_rows that could not help.  The daemon's memory stays flat
+ * and other clients carry on.
  */
 TEST_IMPL(daemon_robust_huge_row_count) {
+  static const char *const fl[] = {"--max_chunk_decoded_bytes=64M", NULL};
   fixture f;
-  fx_start(&f, NULL, 1);
+  fx_start(&f, fl, 1);
   char path[1200];
   snprintf(path, sizeof(path), "%s/liar.parquet", test_tmpdir());
-  write_id_file_claiming(path, "x", PQ_INT64, 1ll << 30);
+  write_id_file_claiming(path, "x", PQ_INT64, 1ll << 30, 0);
   long rss0 = dh_rss_kb(f.d.pid);
   const char *src[1] = {path};
   larder_stream_options_t o;
@@ -1374,6 +1504,42 @@ TEST_IMPL(daemon_robust_huge_row_count) {
     ASSERT_STR_CONTAINS(r.err, "claims 1073741824 rows");
     dh_run_free(&r);
   }
+  /* Columns that agree with the lie, 2^62 values in a few bytes: the open
+   * fails naming the file, the column and the row group, and does not
+   * advise a unit_rows that no setting could satisfy. */
+  char huge[1200];
+  snprintf(huge, sizeof(huge), "%s/liar62.parquet", test_tmpdir());
+  write_id_file_claiming(huge, "x", PQ_INT64, 1ll << 62, 1ll << 62);
+  const char *hsrc[1] = {huge};
+  larder_stream_options_t ho;
+  dh_opts(&ho, hsrc, 64, 1, 1);
+  dh_run hr = {0};
+  int hrc = dh_collect(f.d.socket, &ho, 0, &hr);
+  fprintf(stderr, "the open of 2^62 values: %s\n", hr.err);
+  ASSERT_EQ(hrc, LARDER_ECORRUPT);
+  ASSERT_STR_CONTAINS(hr.err, "liar62.parquet");
+  ASSERT_STR_CONTAINS(hr.err, "column 'id'");
+  ASSERT_STR_CONTAINS(hr.err, "row group 0");
+  ASSERT_STR_CONTAINS(hr.err, "4611686018427387904 values");
+  ASSERT(strstr(hr.err, "unit_rows") == NULL);
+  dh_run_free(&hr);
+  /* A page that claims 2^30 nulls in a few bytes: its levels alone pass
+   * max_chunk_decoded_bytes, so the unit fails naming the file, the column
+   * and the row group, without advice about smaller units. */
+  char pg[1200];
+  snprintf(pg, sizeof(pg), "%s/liar-page.parquet", test_tmpdir());
+  write_huge_page_file(pg);
+  const char *psrc[1] = {pg};
+  larder_stream_options_t po;
+  dh_opts(&po, psrc, 4, 1, 1);
+  dh_run pr = {0};
+  int prc = dh_collect(f.d.socket, &po, 0, &pr);
+  fprintf(stderr, "the stream of a page of 2^30 values: %s\n", pr.err);
+  ASSERT_EQ(prc, LARDER_ELIMIT);
+  ASSERT_STR_CONTAINS(pr.err, "liar-page.parquet: column 'a', row group 0: ");
+  ASSERT_STR_CONTAINS(pr.err, "max_chunk_decoded_bytes");
+  ASSERT(strstr(pr.err, "unit_rows") == NULL);
+  dh_run_free(&pr);
   long rss = dh_rss_kb(f.d.pid);
   fprintf(stderr, "daemon RSS %ld -> %ld kB\n", rss0, rss);
   ASSERT_LE(rss - rss0, 64 * 1024 * dh_slow());

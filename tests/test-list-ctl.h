@@ -1,5 +1,5 @@
 /* larderctl against a running daemon (test-ctl.c) and access control under
- * other users (test-acl.c). */
+ * other users (test-acl.c, test-local-access.c). */
 TEST_ENTRY(acl_rules, 30000)
 TEST_ENTRY(acl_allowlist_uids, 120000)
 TEST_ENTRY(acl_admin_uids, 120000)
@@ -10,6 +10,7 @@ TEST_ENTRY(local_access_uids, 120000)
 TEST_ENTRY(local_access_cred_threads, 30000)
 TEST_ENTRY(local_access_swap_race, 300000)
 TEST_ENTRY(local_access_swap_streams, 300000)
+TEST_ENTRY(acl_listings_own_only, 120000)
 TEST_ENTRY(ctl_usage, 60000)
 TEST_ENTRY(ctl_status_stats, 120000)
 TEST_ENTRY(ctl_evict_while_streaming, 120000)

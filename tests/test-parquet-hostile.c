@@ -123,8 +123,8 @@ static int read_all(const uint8_t *data, size_t len, const pq_options *opts,
   return read_all_ex(data, len, opts, 1000, 0, err, NULL);
 }
 
-/* The read must fail with `code`, naming the file, the column (when not
- * NULL) and the reason (each of the NULL-terminated `what` strings). */
+/* The read must fail with `code`, naming the file, the column and its row
+ * group (when column is not NULL) and the reason. */
 static void expect_fail_at(int line, const uint8_t *data, size_t len, const pq_options *opts, int code,
                         const char *column, const char *what) {
   for (int no_map = 0; no_map < 2; no_map++) {
@@ -137,7 +137,7 @@ static void expect_fail_at(int line, const uint8_t *data, size_t len, const pq_o
     ASSERT_STR_CONTAINS(err.msg, HOSTILE_NAME);
     if (column) {
       char col[160];
-      snprintf(col, sizeof(col), "column '%s'", column);
+      snprintf(col, sizeof(col), "column '%s', row group ", column);
       ASSERT_STR_CONTAINS(err.msg, col);
     }
     if (what) ASSERT_STR_CONTAINS(err.msg, what);
@@ -1103,6 +1103,75 @@ TEST_IMPL(parquet_hostile_huge_num_values) {
   return 0;
 }
 
+/*
+ * Counts no file could hold: a row group and its column chunk claiming 2^62
+ * values (and, alone, a chunk claiming 2^40 in a few bytes) fail the open
+ * as corrupt, naming the file, the column and the row group; a page whose
+ * header claims more values than the ceiling allows to decode says that
+ * the page alone is too big (err.whole_page), which larderd uses to leave
+ * out its advice about smaller units.
+ */
+TEST_IMPL(parquet_hostile_absurd_value_count) {
+  static const int64_t claims[][2] = {{1ll << 62, 1ll << 62}, {10, 1ll << 40}};
+  for (size_t i = 0; i < ARRAY_LEN(claims); i++) {
+    pqw_file f;
+    simple_file(&f, 10, PQ_UNCOMPRESSED);
+    f.rg[0].num_rows = claims[i][0];
+    f.rg[0].cols[0].num_values = claims[i][1];
+    size_t len;
+    uint8_t *d = pqw_file_finish(&f, &len);
+    char what[64];
+    snprintf(what, sizeof(what), "claims %lld values", (long long)claims[i][1]);
+    expect_fail(d, len, NULL, LARDER_ECORRUPT, "a", what);
+    pq_source src;
+    init_source(&src, d, len, 0);
+    pq_file *pf = NULL;
+    pq_error err;
+    ASSERT_EQ(pq_file_open(&src, NULL, &pf, &err), LARDER_ECORRUPT);
+    ASSERT_STR_CONTAINS(err.msg, HOSTILE_NAME ": column 'a', row group 0: ");
+    ASSERT(strstr(err.msg, "unit_rows") == NULL);
+    free(d);
+  }
+  /* A page of 2^30 nulls in a few bytes: its levels alone pass the ceiling. */
+  pqw_chunk c;
+  pqw_chunk_init(&c, PQ_INT32, PQ_UNCOMPRESSED);
+  pqw_buf body = {0}, lv = {0};
+  pqw_uvarint(&lv, (uint64_t)1 << 31); /* one RLE run of 2^30 zeros */
+  pqw_u8(&lv, 0);
+  pqw_le32(&body, (uint32_t)lv.len);
+  pqw_put(&body, lv.data, lv.len);
+  page_v1(&c, 1 << 30, &body, PQ_ENC_PLAIN);
+  size_t len;
+  uint8_t *d = file_of(kOptInt, 2, &c, 1, 10, &len);
+  pq_options o;
+  pq_options_init(&o);
+  o.max_chunk_decoded_bytes = 16 << 20;
+  expect_fail(d, len, &o, LARDER_ELIMIT, "a", "a page of 1073741824 values");
+  pq_error err;
+  ASSERT_EQ(read_all(d, len, &o, &err), LARDER_ELIMIT);
+  ASSERT_EQ(err.whole_page, 1);
+  ASSERT_STR_CONTAINS(err.msg, "max_chunk_decoded_bytes");
+  free(d);
+  pqw_buf_free(&body);
+  pqw_buf_free(&lv);
+  /* A ceiling passed by reads, each within it, is not the page's alone. */
+  enum { PER_PAGE = 100000, PAGES = 4 };
+  int32_t *v = calloc(PER_PAGE * PAGES, sizeof(int32_t));
+  ASSERT_NOT_NULL(v);
+  pqw_values vals = vals_fixed(PQ_INT32, v, PER_PAGE * PAGES);
+  pqw_chunk_opts co = {0};
+  co.page_entries = PER_PAGE;
+  pqw_chunk big;
+  pqw_chunk_build(&big, &vals, NULL, &co);
+  d = file_of(kReqInt, 2, &big, 1, PER_PAGE * PAGES, &len);
+  o.max_chunk_decoded_bytes = 1 << 20;
+  ASSERT_EQ(read_all(d, len, &o, &err), LARDER_ELIMIT);
+  ASSERT_EQ(err.whole_page, 0);
+  free(d);
+  free(v);
+  return 0;
+}
+
 /* Small pages that decompress to far more than their header declares. */
 TEST_IMPL(parquet_hostile_decompression_bomb) {
   static const struct {
@@ -1831,6 +1900,7 @@ TEST_IMPL(parquet_hostile_file_truncated_while_read) {
     while ((rc = pq_reader_next(r, 5000, &b, &err)) > 0) got += rc;
     ASSERT_EQ(rc, LARDER_EIO);
     ASSERT_STR_CONTAINS(err.msg, path);
+    ASSERT_STR_CONTAINS(err.msg, "column 'a', row group 0");
     ASSERT_STR_CONTAINS(err.msg, "truncated or changed");
     ASSERT_LT(got, 200000);
     /* The reader stays failed; closing everything is fine. */
