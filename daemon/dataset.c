@@ -742,11 +742,12 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
   }
   /* Before anything is planned or allocated from the footers' row counts:
    * every row has at least one value (a null, or a level) in every column
-   * the stream reads, and the units they make stay countable.  Bug fix
-   * (tests: daemon_robust_huge_row_count): a footer claiming 2^30 rows in
-   * a few bytes was believed, and the daemon planned a billion-row window
-   * (gigabytes of permutation) before any read found out. */
+   * the stream reads, and the units they make stay countable, so that a
+   * footer claiming 2^30 rows in a few bytes never plans a billion-row
+   * window.  A row group that no unit size could cut into few enough units
+   * is named as the footer's lie it is, not as a setting to raise. */
   uint64_t units = 0;
+  const uint64_t max_rows = DATASET_MAX_UNITS * 65536;
   for (uint32_t i = 0; i < ds->num_files; i++) {
     const pq_file_meta_t *fm = pq_file_meta(ds->files[i].pq);
     for (int g = 0; g < fm->num_row_groups; g++) {
@@ -760,6 +761,14 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
         snprintf(err, errlen, "%s: row group %d claims %lld rows, but column '%s' holds %lld values",
                  ds->files[i].name, g, (long long)rg->num_rows, fm->leaves[c]->path,
                  (long long)rg->columns[c].num_values);
+        rc = LARDER_ECORRUPT;
+        goto fail;
+      }
+      if ((uint64_t)rg->num_rows > max_rows) {
+        snprintf(err, errlen,
+                 "%s: row group %d claims %lld rows, more than any dataset may hold (%llu); its "
+                 "footer is likely corrupt",
+                 ds->files[i].name, g, (long long)rg->num_rows, (unsigned long long)max_rows);
         rc = LARDER_ECORRUPT;
         goto fail;
       }
