@@ -2466,9 +2466,16 @@ TEST_IMPL(daemon_loop_slice) {
     dh_daemon d;
     dh_init(&d, i ? "off" : "on", i ? off : two);
     dh_start(&d);
-    long long loop, worker;
-    daemon_slices(d.pid, &loop, &worker);
-    ASSERT_EQ(loop, i ? default_slice : 100000);
+    /* The workers start, and name themselves, in their own time: wait
+     * for one to show up rather than expect it by now. */
+    long long loop, worker, want = i ? default_slice : 100000;
+    double deadline = now_ms() + 30000.0 * dh_slow();
+    for (;;) {
+      daemon_slices(d.pid, &loop, &worker);
+      if ((worker != 0 && loop == want) || now_ms() > deadline) break;
+      usleep(10000);
+    }
+    ASSERT_EQ(loop, want);
     ASSERT_EQ(worker, default_slice);
     dh_stop(&d);
   }
