@@ -6,7 +6,8 @@
 #                   the tests of threads under TSan, then a bounded fuzzing run
 #   make demo       run the main job end to end on a built-in dataset
 #   make lint       clang-tidy and cppcheck
-#   make fuzz       libFuzzer over the footer parser and page decoders
+#   make fuzz       libFuzzer over the footer parser, the page decoders and
+#                   the protocol's frames
 #   make bench      every benchmark (bench-decode, ...)
 #
 # V=release|asan|ubsan|tsan|debug picks the build flavour; each has its own tree
@@ -212,13 +213,20 @@ FUZZ_SECONDS ?= 300
 FUZZ_B := build/fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
                -fno-sanitize-recover=undefined -Wall -Wextra -Werror
-FUZZ_TARGETS := fuzz-footer fuzz-pages
+FUZZ_TARGETS := fuzz-footer fuzz-pages fuzz-wire
 
 fuzz-build: $(addprefix $(FUZZ_B)/,$(FUZZ_TARGETS))
 
 $(FUZZ_B)/fuzz-%: tests/fuzz/fuzz-%.c $(PQ_SRCS) $(COMMON_SRCS) daemon/*.h
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) $< $(PQ_SRCS) $(COMMON_SRCS) $(PQ_LIBS) -lm -o $@
+
+# The protocol's frames, as a peer sends them (client/wire.c and the
+# generated protobuf-c code).
+$(FUZZ_B)/fuzz-wire: tests/fuzz/fuzz-wire.c client/wire.c client/error.c $(PROTO_C) client/wire.h
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Wno-unused-parameter -I$(GEN) -Iclient $< client/wire.c client/error.c \
+	  $(PROTO_C) $(CLIENT_LIBS) -o $@
 
 # Each target gets half the time; the corpus starts from the conformance
 # files and whatever earlier runs found.
