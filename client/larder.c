@@ -98,6 +98,8 @@ struct larder_stream {
   uint8_t *arena;
   uint64_t arena_size;
   uint64_t batches_per_epoch, num_samples;
+  uint32_t partitions, partitions_first, partitions_last;
+  char note[512];
   queued_t *q_head, *q_tail;
   int ended;   /* EndOfStream received */
   int error;   /* the error that ended the stream */
@@ -660,6 +662,7 @@ void larder_stream_options_init(larder_stream_options_t *o) {
   o->epochs = 1;
   o->rank = -1;
   o->world_size = -1;
+  o->local_world_size = -1;
   /* Thirty-two: the window is what carries a trainer over the moments the
    * daemon falls behind (a worker or the loop preempted, a vCPU taken by
    * the host), and a window of 4 or 8 batches covers well under a
@@ -912,8 +915,15 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     else
       cuda = 0;
   }
+  /* Ranks per node: torchrun's, else Slurm's, else one node. */
+  int local = opts->local_world_size;
+  if (rc == 0 && local < 0)
+    rc = env_int(c, env_set("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "SLURM_NTASKS_PER_NODE",
+                 0, 1, &local);
   if (rc) return rc;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
+  req.partitions = opts->partitions;
+  req.local_world_size = (uint32_t)local;
   req.request_id = ++c->next_request_id;
   char **sources = calloc(opts->num_sources, sizeof(char *));
   if (sources == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");
@@ -999,6 +1009,10 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   s->refs = 1;
   s->batches_per_epoch = rep->batches_per_epoch;
   s->num_samples = rep->num_samples;
+  s->partitions = rep->partitions ? rep->partitions : 1;
+  s->partitions_first = rep->partitions_first;
+  s->partitions_last = rep->partitions ? rep->partitions_last : 1;
+  snprintf(s->note, sizeof(s->note), "%s", rep->note ? rep->note : "");
   s->arena_size = rep->arena_bytes;
   s->pos_epoch = opts->start_epoch;
   s->pos_batch = opts->start_batch;
@@ -1073,6 +1087,15 @@ void larder_stream_position(const larder_stream_t *s, uint64_t *epoch, uint64_t 
 }
 
 uint64_t larder_stream_batches_per_epoch(const larder_stream_t *s) { return s->batches_per_epoch; }
+
+void larder_stream_partitions(const larder_stream_t *s, uint32_t *partitions, uint32_t *first,
+                              uint32_t *last) {
+  if (partitions) *partitions = s->partitions;
+  if (first) *first = s->partitions_first;
+  if (last) *last = s->partitions_last;
+}
+
+const char *larder_stream_note(const larder_stream_t *s) { return s->note; }
 uint64_t larder_stream_num_samples(const larder_stream_t *s) { return s->num_samples; }
 int larder_stream_num_columns(const larder_stream_t *s) { return s->schema.num_children; }
 

@@ -215,6 +215,15 @@ typedef struct larder_stream_options {
   uint64_t arena_bytes;        /* 0 = daemon's default */
   int memory_kind;             /* 0 = host; 1 = CUDA (reserved: LARDER_EUNSUPPORTED) */
   int cuda_device;
+  uint32_t partitions;         /* node partitions P (0: the daemon's
+                                  `partitions`, default 1): with P > 1
+                                  the ranks of each node read, fetch and
+                                  cache only their node's partitions of
+                                  the data; batch_size * world_size must
+                                  be a multiple of P */
+  int32_t local_world_size;    /* ranks per node; -1 (default):
+                                  $LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE,
+                                  else world_size (one node) */
 } larder_stream_options_t;
 
 /* Fills opts with the defaults above.  Any thread. */
@@ -289,6 +298,20 @@ void larder_stream_position(const larder_stream_t *stream, uint64_t *epoch, uint
 
 uint64_t larder_stream_batches_per_epoch(const larder_stream_t *stream);
 uint64_t larder_stream_num_samples(const larder_stream_t *stream);
+
+/*
+ * The node partitions the stream reads with: *partitions is P (1 without
+ * partitions) and [*first, *last) the partitions of this rank's node (node
+ * rank / local_world_size).  Any pointer may be NULL.  Any thread.
+ */
+void larder_stream_partitions(const larder_stream_t *stream, uint32_t *partitions,
+                              uint32_t *first, uint32_t *last);
+
+/* What the daemon said the trainer should know of the stream at open (for
+ * instance that the node count does not divide the partitions, so that
+ * nodes share some), or "" when nothing; valid while the stream is.  Any
+ * thread. */
+const char *larder_stream_note(const larder_stream_t *stream);
 
 /* The stream's columns: a STRUCT array description with no data. */
 int larder_stream_num_columns(const larder_stream_t *stream);

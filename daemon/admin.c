@@ -967,9 +967,11 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
         sb_printf(&b,
                   ",\"files\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"batches_per_epoch\":%" PRIu64
                   ",\"epochs\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
-                  ",\"arena_bytes\":%" PRIu64 ",\"window\":%u,\"stall\":",
+                  ",\"arena_bytes\":%" PRIu64 ",\"window\":%u,\"partitions\":%u,"
+                  "\"node_partitions\":[%u,%u],\"stall\":",
                   si.num_files, si.total_rows, si.batches_per_epoch, si.epochs,
-                  STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes, si.window);
+                  STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes, si.window,
+                  si.partitions, si.part_first, si.part_last);
         if (stall >= 0) sb_num(&b, stall);
         else sb_puts(&b, "null");
         sb_puts(&b, "}");
@@ -982,12 +984,16 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
         char epochs[32];
         if (si.epochs) snprintf(epochs, sizeof(epochs), "of %" PRIu64, si.epochs);
         else snprintf(epochs, sizeof(epochs), "(unbounded)");
+        char parts[48] = "";
+        if (si.partitions > 1)
+          snprintf(parts, sizeof(parts), " · partitions %u-%u of %u", si.part_first,
+                   si.part_last - 1, si.partitions);
         sb_printf(&b,
-                  "         stream %u: rank %u/%u · %s · %.1f epochs %s · %" PRIu64
+                  "         stream %u: rank %u/%u%s · %s · %.1f epochs %s · %" PRIu64
                   " batches (%s) · stall %s\n",
-                  si.id, si.rank, si.world_size, fmt_fit(name, sizeof(name), si.dataset, 48),
-                  (double)done / (double)bpe, epochs, done,
-                  fmt_bytes(a, sizeof(a), (double)STATS_GET(ss, bytes)), st_s);
+                  si.id, si.rank, si.world_size, parts,
+                  fmt_fit(name, sizeof(name), si.dataset, 48), (double)done / (double)bpe, epochs,
+                  done, fmt_bytes(a, sizeof(a), (double)STATS_GET(ss, bytes)), st_s);
       }
       k++;
     }

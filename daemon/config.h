@@ -89,6 +89,10 @@
      "keep each row group's units together in the shuffle: a cold remote "     \
      "epoch then streams at the network's rate, but each window mixes fewer "  \
      "places (no good for files sorted by label)")                             \
+  XX(partitions, U64, "1", 1,                                                  \
+     "node partitions of each dataset, for streams that do not choose: the "  \
+     "ranks of each node (local_world_size) read, fetch and cache only "      \
+     "their node's share (1: none)")                                          \
   XX(prefetch_batches, U64, "8", 1,                                            \
      "batches prepared ahead of each stream, beyond those its client holds; " \
      "at least the stream's window")                                          \

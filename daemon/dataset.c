@@ -867,9 +867,12 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
 
 int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
                          int row_group_blocks, shuffle_plan_t **out) {
+  /* Partitions are made of whole row groups whatever the order within
+   * them, so that no row group is fetched by two nodes. */
+  int groups = row_group_blocks || params->partitions > 1;
   uint64_t *rows = malloc((size_t)ds->num_units * sizeof(*rows));
-  uint32_t *blocks = row_group_blocks ? malloc((size_t)ds->num_units * sizeof(*blocks)) : NULL;
-  if (rows == NULL || (row_group_blocks && blocks == NULL)) {
+  uint32_t *blocks = groups ? malloc((size_t)ds->num_units * sizeof(*blocks)) : NULL;
+  if (rows == NULL || (groups && blocks == NULL)) {
     free(rows);
     free(blocks);
     return LARDER_ENOMEM;
@@ -882,7 +885,10 @@ int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
     if (i > 0 && u->file == u[-1].file && u->rg == u[-1].rg) blocks[nb - 1]++;
     else blocks[nb++] = 1;
   }
-  int rc = shuffle_plan_create_blocked(rows, ds->num_units, blocks, nb, params, out);
+  int rc = params->partitions > 1
+               ? shuffle_plan_create_partitioned(rows, ds->num_units, blocks, nb,
+                                                 row_group_blocks, params, out)
+               : shuffle_plan_create_blocked(rows, ds->num_units, blocks, nb, params, out);
   free(rows);
   free(blocks);
   return rc;

@@ -48,6 +48,8 @@ typedef struct rgbuf rgbuf_t;
 #define STREAM_MAX_WINDOW 1024u
 /* The most rows a batch may have (OpenStream.batch_size). */
 #define STREAM_MAX_BATCH (1u << 20)
+/* The most node partitions a stream may ask for (OpenStream.partitions). */
+#define STREAM_MAX_PARTITIONS 65536u
 
 /* ------------------------------------------------------------------------ */
 /* Units: decoded units held in memory (units.c)                             */
@@ -163,6 +165,8 @@ typedef struct stream_info {
   uint64_t batches_per_epoch, epochs;
   uint64_t arena_bytes;
   uint32_t window;            /* batches its client may hold */
+  uint32_t partitions;        /* P (1: none) */
+  uint32_t part_first, part_last; /* its node's partitions */
   uint64_t opened_ns;
   const dataset_t *ds;        /* its files; NULL while the open resolves */
 } stream_info_t;

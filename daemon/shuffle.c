@@ -21,7 +21,9 @@
  *   bijection, so each step keeps every bit of what came before, and the
  *   GAMMA offsets keep a key of zeros away from the fixed point mix64(0) = 0.
  *   Purposes: UNITS = 1 (index 0), WINDOW = 2 (index = window number),
- *   BLOCK = 3 (index = block number in dataset order).
+ *   BLOCK = 3 (index = block number in dataset order), PARTITION = 4 (epoch
+ *   0, index 0: the groups' order for the partitions; epoch 0, index
+ *   p + 1: partition p's seed, the first output of that stream).
  * - bounded(s, n) for 1 <= n < 2^64 is Lemire's "nearly divisionless"
  *   method: x = next(s); m = x * n as a 128-bit product; while the low 64
  *   bits of m are below (2^64 - n) mod n, draw again; the result is the high
@@ -43,6 +45,14 @@
  *   the window row perm[q].  (A window of no rows draws nothing.)
  * - Epoch position p (0 <= p < N) is position p - start(w) of the window w
  *   that contains it; positions past N (padding) are taken mod N.
+ * - Partitions (P > 1): the groups are permuted by Fisher-Yates with stream
+ *   (seed, 0, PARTITION, 0); walking them in that order with A rows before
+ *   a group of R rows, the group goes to partition
+ *   min(P - 1, floor((2A + R) * P / 2N)) (its middle row's share of N).
+ *   Partition p's units keep dataset order and make a plan of their own
+ *   with seed next64 of the state stream_state(seed, 0, PARTITION, p + 1),
+ *   window_units max(1, W / P), batch_size G / P, world_size 1, rank 0; its
+ *   blocks are the groups when block_order is set.
  *
  * Costs
  * -----
@@ -87,6 +97,7 @@
 #define PURPOSE_UNITS 1
 #define PURPOSE_WINDOW 2
 #define PURPOSE_BLOCK 3
+#define PURPOSE_PARTITION 4
 #define NO_WINDOW UINT64_MAX
 
 /* A window's row order, shared by the cursors of one plan (see get_window):
@@ -119,6 +130,12 @@ struct shuffle_plan {
   uint32_t *block_first; /* num_blocks + 1: first unit of each block */
   int packed;            /* windows hold (unit in window, row) pairs */
   unsigned row_bits;     /* bits of the row in a packed entry */
+  /* Partitioned plans (nparts > 1) keep a plan per partition instead of
+   * an order of their own. */
+  uint32_t nparts;
+  shuffle_plan_t **part;
+  uint32_t **part_unit;  /* per partition: its unit index -> dataset unit */
+  uint64_t slice;        /* S = G / P */
 };
 
 /* The row order of one window; a slot is free while index is NO_WINDOW.
@@ -154,6 +171,8 @@ struct shuffle_epoch {
   uint32_t pending_filled;
   uint32_t pending_first;
   uint32_t pending_unit;
+  /* Partitioned plans: a cursor per partition, opened when first used. */
+  struct shuffle_epoch **sub;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -285,6 +304,9 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
                                 const shuffle_params_t *params, shuffle_plan_t **out) {
   if (out == NULL) return LARDER_EINVAL;
   *out = NULL;
+  if (params && params->partitions > 1)
+    return shuffle_plan_create_partitioned(unit_rows, num_units, block_units, num_blocks,
+                                           block_units != NULL, params, out);
   if (block_units != NULL) {
     uint64_t sum = 0;
     for (uint32_t b = 0; b < num_blocks; b++) {
@@ -368,6 +390,12 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
 
 void shuffle_plan_free(shuffle_plan_t *plan) {
   if (plan == NULL) return;
+  for (uint32_t p = 0; p < plan->nparts; p++) {
+    if (plan->part) shuffle_plan_free(plan->part[p]);
+    if (plan->part_unit) free(plan->part_unit[p]);
+  }
+  free(plan->part);
+  free(plan->part_unit);
   /* Every cursor is closed by now, so no permutation is left. */
   if (plan->cache) {
     pthread_mutex_destroy(&plan->cache->lock);
@@ -376,6 +404,162 @@ void shuffle_plan_free(shuffle_plan_t *plan) {
   free(plan->start);
   free(plan->block_first);
   free(plan);
+}
+
+int shuffle_partition_assign(const uint64_t *unit_rows, uint32_t num_units,
+                             const uint32_t *group_units, uint32_t num_groups,
+                             uint32_t partitions, uint64_t seed, uint32_t *unit_part) {
+  if (unit_rows == NULL || unit_part == NULL || partitions == 0 || num_units == 0)
+    return LARDER_EINVAL;
+  if (group_units == NULL) num_groups = num_units;
+  uint32_t *first = malloc(((size_t)num_groups + 1) * sizeof(*first));
+  uint32_t *order = malloc((size_t)num_groups * sizeof(*order));
+  uint64_t *rows = malloc((size_t)num_groups * sizeof(*rows));
+  uint8_t *filled = calloc(partitions, 1);
+  int rc = first && order && rows && filled ? 0 : LARDER_ENOMEM;
+  uint64_t n = 0;
+  for (uint32_t g = 0, u = 0; rc == 0 && g < num_groups; g++) {
+    uint32_t len = group_units ? group_units[g] : 1;
+    if (len == 0 || len > num_units - u) {
+      rc = LARDER_EINVAL;
+      break;
+    }
+    first[g] = u;
+    rows[g] = 0;
+    for (uint32_t i = 0; i < len; i++) rows[g] += unit_rows[u + i];
+    n += rows[g];
+    u += len;
+    first[g + 1] = u;
+    order[g] = g;
+  }
+  if (rc == 0 && (n == 0 || first[num_groups] != num_units)) rc = LARDER_EINVAL;
+  if (rc == 0) {
+    fisher_yates(order, num_groups, stream_state(seed, 0, PURPOSE_PARTITION, 0));
+    uint64_t acc = 0;
+    for (uint32_t k = 0; k < num_groups; k++) {
+      uint32_t g = order[k];
+      /* (2A + R) * P / 2N, in 128 bits: N and P are below 2^64 and 2^32. */
+      unsigned __int128 mid = (unsigned __int128)(2 * acc + rows[g]) * partitions;
+      uint64_t p = (uint64_t)(mid / ((unsigned __int128)2 * n));
+      if (p >= partitions) p = partitions - 1;
+      for (uint32_t u = first[g]; u < first[g + 1]; u++) unit_part[u] = (uint32_t)p;
+      if (rows[g]) filled[p] = 1;
+      acc += rows[g];
+    }
+    for (uint32_t p = 0; p < partitions && rc == 0; p++)
+      if (!filled[p]) rc = LARDER_EINVAL;
+  }
+  free(first);
+  free(order);
+  free(rows);
+  free(filled);
+  return rc;
+}
+
+void shuffle_node_partitions(uint32_t partitions, uint32_t nodes, uint32_t node,
+                             uint32_t *first, uint32_t *last) {
+  if (nodes == 0) nodes = 1;
+  if (node >= nodes) node = nodes - 1;
+  /* Node n's ranks take offsets [n*G/N, (n+1)*G/N) of each global batch,
+   * and partition p offsets [p*G/P, (p+1)*G/P). */
+  *first = (uint32_t)((uint64_t)node * partitions / nodes);
+  *last = (uint32_t)(((uint64_t)(node + 1) * partitions + nodes - 1) / nodes);
+  if (*last > partitions) *last = partitions;
+}
+
+int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_units,
+                                    const uint32_t *group_units, uint32_t num_groups,
+                                    int block_order, const shuffle_params_t *params,
+                                    shuffle_plan_t **out) {
+  if (out == NULL || params == NULL) return LARDER_EINVAL;
+  *out = NULL;
+  uint32_t np = params->partitions;
+  if (np < 2) {
+    shuffle_params_t one = *params;
+    one.partitions = 0;
+    return shuffle_plan_create_blocked(unit_rows, num_units, block_order ? group_units : NULL,
+                                       num_groups, &one, out);
+  }
+  if (unit_rows == NULL || num_units == 0 || params->batch_size == 0 ||
+      params->batch_size > INT_MAX || params->world_size == 0 ||
+      params->rank >= params->world_size || params->window_units == 0)
+    return LARDER_EINVAL;
+  uint64_t g = (uint64_t)params->world_size * params->batch_size;
+  if (g % np != 0 || g / np > INT_MAX) return LARDER_EINVAL;
+  uint32_t *unit_part = malloc((size_t)num_units * sizeof(*unit_part));
+  shuffle_plan_t *plan = calloc(1, sizeof(*plan));
+  if (unit_part == NULL || plan == NULL) {
+    free(unit_part);
+    free(plan);
+    return LARDER_ENOMEM;
+  }
+  int rc = shuffle_partition_assign(unit_rows, num_units, group_units, num_groups, np,
+                                    params->seed, unit_part);
+  plan->params = *params;
+  plan->params.shuffle = params->shuffle != 0;
+  plan->params.drop_last = params->drop_last != 0;
+  plan->num_units = num_units;
+  plan->global_batch = g;
+  plan->slice = g / np;
+  plan->nparts = np;
+  plan->part = calloc(np, sizeof(*plan->part));
+  plan->part_unit = calloc(np, sizeof(*plan->part_unit));
+  uint32_t *count = calloc(np, sizeof(*count));
+  uint64_t *prows = malloc((size_t)num_units * sizeof(*prows));
+  uint32_t *pgroups = malloc((size_t)num_units * sizeof(*pgroups));
+  if (rc == 0 && (plan->part == NULL || plan->part_unit == NULL || count == NULL ||
+                  prows == NULL || pgroups == NULL))
+    rc = LARDER_ENOMEM;
+  for (uint32_t u = 0; rc == 0 && u < num_units; u++) count[unit_part[u]]++;
+  for (uint32_t p = 0; rc == 0 && p < np; p++) {
+    plan->part_unit[p] = malloc((size_t)count[p] * sizeof(uint32_t));
+    if (plan->part_unit[p] == NULL) rc = LARDER_ENOMEM;
+  }
+  uint64_t min_n = UINT64_MAX, max_n = 0;
+  for (uint32_t p = 0; rc == 0 && p < np; p++) {
+    /* Partition p's units in dataset order, and its groups among them. */
+    uint32_t k = 0, ng = 0;
+    for (uint32_t gi = 0, u = 0; u < num_units; gi++) {
+      uint32_t len = group_units ? group_units[gi] : 1;
+      if (unit_part[u] == p) {
+        for (uint32_t i = 0; i < len; i++) {
+          plan->part_unit[p][k] = u + i;
+          prows[k++] = unit_rows[u + i];
+        }
+        pgroups[ng++] = len;
+      }
+      u += len;
+    }
+    shuffle_params_t sp = *params;
+    uint64_t state = stream_state(params->seed, 0, PURPOSE_PARTITION, (uint64_t)p + 1);
+    sp.seed = next64(&state);
+    sp.window_units = params->window_units / np ? params->window_units / np : 1;
+    sp.batch_size = (uint32_t)plan->slice;
+    sp.world_size = 1;
+    sp.rank = 0;
+    sp.partitions = 0;
+    sp.local_world_size = 0;
+    rc = shuffle_plan_create_blocked(prows, k, block_order ? pgroups : NULL, ng, &sp,
+                                     &plan->part[p]);
+    if (rc == 0) {
+      uint64_t pn = plan->part[p]->num_samples;
+      plan->num_samples += pn;
+      if (pn < min_n) min_n = pn;
+      if (pn > max_n) max_n = pn;
+    }
+  }
+  free(unit_part);
+  free(count);
+  free(prows);
+  free(pgroups);
+  if (rc) {
+    shuffle_plan_free(plan);
+    return rc;
+  }
+  plan->batches = plan->params.drop_last ? min_n / plan->slice
+                                         : max_n / plan->slice + (max_n % plan->slice != 0);
+  *out = plan;
+  return 0;
 }
 
 uint64_t shuffle_num_samples(const shuffle_plan_t *plan) {
@@ -403,6 +587,15 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
   ep->plan = plan;
   ep->epoch = epoch;
   ep->win[0].index = ep->win[1].index = NO_WINDOW;
+  if (plan->nparts > 1) {
+    ep->sub = calloc(plan->nparts, sizeof(*ep->sub));
+    if (ep->sub == NULL) {
+      free(ep);
+      return LARDER_ENOMEM;
+    }
+    *out = ep;
+    return 0;
+  }
   if (!plan->params.shuffle) {
     ep->start = plan->start; /* borrowed: dataset order */
     *out = ep;
@@ -514,6 +707,13 @@ static void pending_drop(shuffle_epoch_t *ep) {
 
 void shuffle_epoch_close(shuffle_epoch_t *ep) {
   if (ep == NULL) return;
+  if (ep->sub) {
+    for (uint32_t p = 0; p < ep->plan->nparts; p++) shuffle_epoch_close(ep->sub[p]);
+    free(ep->sub);
+    free(ep->seen);
+    free(ep);
+    return;
+  }
   if (ep->order != NULL) free(ep->start); /* else borrowed from the plan */
   free(ep->order);
   perm_unref(ep->plan->cache, ep->win[0].shared);
@@ -751,21 +951,76 @@ static uint64_t batch_position(const shuffle_plan_t *plan, uint64_t b) {
          (uint64_t)plan->params.rank * plan->params.batch_size;
 }
 
+/* Partition p's cursor, opened when first needed. */
+static int sub_cursor(shuffle_epoch_t *ep, uint32_t p, shuffle_epoch_t **out) {
+  if (ep->sub[p] == NULL) {
+    int rc = shuffle_epoch_open(ep->plan->part[p], ep->epoch, &ep->sub[p]);
+    if (rc < 0) return rc;
+  }
+  *out = ep->sub[p];
+  return 0;
+}
+
+/* Writes the samples at offsets [o, o + n) of global batch b (o + n <= G),
+ * in dataset unit indices. */
+static int map_global(shuffle_epoch_t *ep, uint64_t b, uint64_t o, uint64_t n,
+                      shuffle_sample_t *out) {
+  const shuffle_plan_t *plan = ep->plan;
+  if (plan->nparts <= 1) return map_positions(ep, b * plan->global_batch + o, n, out);
+  while (n > 0) {
+    uint32_t p = (uint32_t)(o / plan->slice);
+    uint64_t within = o - (uint64_t)p * plan->slice;
+    uint64_t take = plan->slice - within;
+    if (take > n) take = n;
+    shuffle_epoch_t *sub;
+    int rc = sub_cursor(ep, p, &sub);
+    if (rc == 0) rc = map_positions(sub, b * plan->slice + within, take, out);
+    if (rc < 0) return rc;
+    const uint32_t *to = plan->part_unit[p];
+    for (uint64_t k = 0; k < take; k++) out[k].unit = to[out[k].unit];
+    out += take;
+    o += take;
+    n -= take;
+  }
+  return 0;
+}
+
 int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
                         shuffle_sample_t *out) {
   if (ep == NULL || out == NULL || batch >= ep->plan->batches)
     return LARDER_EINVAL;
   const shuffle_plan_t *plan = ep->plan;
-  int rc = map_positions(ep, batch_position(plan, batch),
-                         plan->params.batch_size, out);
+  int rc = map_global(ep, batch, (uint64_t)plan->params.rank * plan->params.batch_size,
+                      plan->params.batch_size, out);
   return rc < 0 ? rc : (int)plan->params.batch_size;
 }
+
+static int prepare_at(shuffle_epoch_t *ep, uint64_t x, uint64_t budget);
 
 int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget) {
   if (ep == NULL || batch >= ep->plan->batches) return LARDER_EINVAL;
   const shuffle_plan_t *plan = ep->plan;
   if (!plan->params.shuffle || plan->num_samples == 0) return 1;
-  uint64_t x = batch_position(plan, batch) % plan->num_samples;
+  if (plan->nparts <= 1) return prepare_at(ep, batch_position(plan, batch) % plan->num_samples, budget);
+  /* Each partition the rank's part of the batch draws on, in turn. */
+  uint64_t o = (uint64_t)plan->params.rank * plan->params.batch_size;
+  uint64_t end = o + plan->params.batch_size;
+  while (o < end) {
+    uint32_t p = (uint32_t)(o / plan->slice);
+    uint64_t within = o - (uint64_t)p * plan->slice;
+    shuffle_epoch_t *sub;
+    int rc = sub_cursor(ep, p, &sub);
+    if (rc == 0) rc = prepare_at(sub, (batch * plan->slice + within) % sub->plan->num_samples, budget);
+    if (rc <= 0) return rc;
+    o += plan->slice - within;
+  }
+  return 1;
+}
+
+/* shuffle_epoch_prepare for the window holding epoch position x (< N) of
+ * an unpartitioned cursor. */
+static int prepare_at(shuffle_epoch_t *ep, uint64_t x, uint64_t budget) {
+  const shuffle_plan_t *plan = ep->plan;
   uint64_t w = find_unit(ep->start, 0, plan->num_units, x) / plan->params.window_units;
   if (ep->win[0].index == w || ep->win[1].index == w) return 1;
   /* Another cursor of the plan made it already (perhaps while this one
@@ -831,11 +1086,11 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
   uint32_t count = 0;
   int rc = 0;
   for (uint64_t b = first; b < last && count < max && rc == 0; b++) {
-    uint64_t p = batch_position(plan, b);
+    uint64_t p = (uint64_t)plan->params.rank * plan->params.batch_size;
     uint64_t left = plan->params.batch_size;
     while (left > 0 && count < max) {
       uint64_t n = left < CHUNK ? left : CHUNK;
-      rc = map_positions(ep, p, n, buf);
+      rc = map_global(ep, b, p, n, buf);
       if (rc < 0) break;
       for (uint64_t k = 0; k < n && count < max; k++) count = units_add(ep, buf[k].unit, units, count);
       p += n;
@@ -856,15 +1111,61 @@ static uint32_t add_unit_span(shuffle_epoch_t *ep, uint32_t from, uint32_t to,
   return count;
 }
 
+static uint32_t window_units_at(shuffle_epoch_t *ep, uint64_t p0, uint64_t len,
+                                uint32_t *units, uint32_t count, uint32_t max);
+
 int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
                                uint32_t *units, uint32_t max) {
   int go = units_begin(ep, first, &last, units, &max);
   if (go <= 0) return go;
   const shuffle_plan_t *plan = ep->plan;
+  uint32_t count = 0;
+  if (plan->nparts <= 1) {
+    count = window_units_at(ep, first * plan->global_batch,
+                            (last - first) * plan->global_batch, units, 0, max);
+    units_end(ep, units, count);
+    return (int)count;
+  }
+  /* The partitions this rank's node draws on: its ranks' offsets of each
+   * global batch. */
+  uint32_t l = plan->params.local_world_size ? plan->params.local_world_size
+                                             : plan->params.world_size;
+  uint64_t node = plan->params.rank / l, bs = plan->params.batch_size;
+  uint64_t lo = node * l * bs, hi = lo + (uint64_t)l * bs;
+  if (hi > plan->global_batch) hi = plan->global_batch;
+  int rc = 0;
+  for (uint32_t p = (uint32_t)(lo / plan->slice); p < plan->nparts && rc == 0 && count < max;
+       p++) {
+    if ((uint64_t)p * plan->slice >= hi) break;
+    shuffle_epoch_t *sub;
+    rc = sub_cursor(ep, p, &sub);
+    if (rc < 0) break;
+    uint32_t pn = sub->plan->num_units;
+    if (sub->seen == NULL) sub->seen = calloc(((size_t)pn + 63) / 64, sizeof(uint64_t));
+    uint32_t *local = malloc((size_t)(pn ? pn : 1) * sizeof(*local));
+    if (sub->seen == NULL || local == NULL) {
+      free(local);
+      rc = LARDER_ENOMEM;
+      break;
+    }
+    uint32_t k = window_units_at(sub, first * plan->slice, (last - first) * plan->slice, local,
+                                 0, pn);
+    units_end(sub, local, k);
+    for (uint32_t i = 0; i < k && count < max; i++)
+      count = units_add(ep, plan->part_unit[p][local[i]], units, count);
+    free(local);
+  }
+  units_end(ep, units, count);
+  return rc < 0 ? rc : (int)count;
+}
+
+/* Appends to units (from count, up to max) the units of the windows that
+ * epoch positions [p0, p0 + len) of an unpartitioned cursor draw on,
+ * wrapping past N; returns the new count. */
+static uint32_t window_units_at(shuffle_epoch_t *ep, uint64_t p0, uint64_t len,
+                                uint32_t *units, uint32_t count, uint32_t max) {
+  const shuffle_plan_t *plan = ep->plan;
   uint64_t n = plan->num_samples;
-  /* The global positions of the batches (every rank's), as at most two
-   * ranges of the epoch's order: padding wraps around to its start. */
-  uint64_t p0 = first * plan->global_batch, len = (last - first) * plan->global_batch;
   uint64_t ranges[2][2];
   int nr = 1;
   if (len >= n) {
@@ -880,7 +1181,7 @@ int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t las
       nr = 2;
     }
   }
-  uint32_t count = 0, nu = plan->num_units;
+  uint32_t nu = plan->num_units;
   uint32_t w = plan->params.shuffle ? plan->params.window_units : 1;
   for (int r = 0; r < nr; r++) {
     /* The units holding the range's ends, widened to whole windows. */
@@ -890,6 +1191,5 @@ int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t las
     uint64_t to = ((uint64_t)i1 / w + 1) * w;
     count = add_unit_span(ep, from, to < nu ? (uint32_t)to : nu, units, count, max);
   }
-  units_end(ep, units, count);
-  return (int)count;
+  return count;
 }

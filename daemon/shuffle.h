@@ -54,6 +54,31 @@
  * Every rank computes its slice from the same global order, so the ranks of
  * one epoch together see every sample exactly once (minus the dropped tail,
  * plus the padding).
+ *
+ * Node partitions (partitions = P > 1)
+ * ------------------------------------
+ * For jobs over many nodes, each node fetching and caching 1/N of the data:
+ * 7. The row groups (the groups a plan is made with; the atoms, so that no
+ *    row group is read on two nodes) are split into P partitions of nearly
+ *    equal rows by the seed alone, the same in every epoch
+ *    (shuffle_partition_assign).
+ * 8. Each partition p has an order of its own, made by steps 1-6 over its
+ *    units with the seed derived from (seed, p), windows of
+ *    max(1, window_units / P) units (so that the windows a global batch
+ *    draws on together hold window_units units, as with one partition) and
+ *    a batch of S = G / P samples (G must be a multiple of P).
+ * 9. Global batch k is the concatenation, partition after partition, of
+ *    positions [k*S, (k+1)*S) of each partition's order; rank r receives
+ *    positions [r*batch_size, (r+1)*batch_size) of it, as in step 4.  So
+ *    global batch k mixes the whole dataset, is the same for any world size
+ *    with the same G, and the ranks r of node n = r / local_world_size of N
+ *    nodes, when N divides P, read partitions [n*P/N, (n+1)*P/N) alone
+ *    (shuffle_node_partitions).  When N does not divide P, a node's ranks
+ *    straddle a partition that a neighbour reads too.
+ * 10. Batches per epoch: with drop_last, floor(min_p N_p / S), the larger
+ *    partitions' tails dropped; else ceil(max_p N_p / S), the smaller
+ *    partitions padded by wrapping around their own order (repeating their
+ *    own samples, as in step 5).
  */
 #ifndef LARDER_SHUFFLE_H
 #define LARDER_SHUFFLE_H
@@ -68,6 +93,9 @@ typedef struct shuffle_params {
   uint32_t world_size;   /* >= 1 */
   uint32_t rank;         /* < world_size */
   int drop_last;         /* else the last batch is padded */
+  uint32_t partitions;   /* P, node partitions (below); 0 or 1: none */
+  uint32_t local_world_size; /* ranks per node, for the partitions a node
+                                reads; 0: world_size (one node) */
 } shuffle_params_t;
 
 typedef struct shuffle_sample {
@@ -104,6 +132,42 @@ void shuffle_plan_free(shuffle_plan_t *plan);
 int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
                                 const uint32_t *block_units, uint32_t num_blocks,
                                 const shuffle_params_t *params, shuffle_plan_t **out);
+
+/*
+ * The node partitions of a dataset: assigns each of num_groups groups of
+ * consecutive units (group_units[g] units each, summing to num_units; NULL:
+ * every unit a group) to one of `partitions` partitions, writing each
+ * unit's partition to unit_part[num_units].  The groups are permuted by
+ * Fisher-Yates with stream (seed, 0, PARTITION, 0) and cut, in that order,
+ * into P runs at the rows closest to p * N / P: each partition holds N / P
+ * rows give or take a group.  A function of the rows, the groups, P and the
+ * seed alone.  Returns 0, LARDER_EINVAL (a partition would be empty: fewer
+ * groups with rows than P), or LARDER_ENOMEM.  Any thread.
+ */
+int shuffle_partition_assign(const uint64_t *unit_rows, uint32_t num_units,
+                             const uint32_t *group_units, uint32_t num_groups,
+                             uint32_t partitions, uint64_t seed, uint32_t *unit_part);
+
+/* The partitions [*first, *last) that node `node` of `nodes` reads when
+ * nodes divides partitions, or that it touches when it does not (its ranks'
+ * part of each global batch, step 9).  Any thread. */
+void shuffle_node_partitions(uint32_t partitions, uint32_t nodes, uint32_t node,
+                             uint32_t *first, uint32_t *last);
+
+/*
+ * A plan with params->partitions = P > 1 (steps 7-10): groups as in
+ * shuffle_partition_assign (the row groups: NULL, every unit alone), and
+ * block_order whether each partition's order keeps a group's units
+ * together (shuffle_plan_create_blocked) or mixes them singly.  Returns 0;
+ * LARDER_EINVAL for what shuffle_plan_create refuses, a global batch that
+ * is not a multiple of P, or a partition that would be empty; or
+ * LARDER_ENOMEM.  shuffle_plan_create and _blocked hand plans with P > 1
+ * here (their blocks, if any, as the groups, in block order).  Any thread.
+ */
+int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_units,
+                                    const uint32_t *group_units, uint32_t num_groups,
+                                    int block_order, const shuffle_params_t *params,
+                                    shuffle_plan_t **out);
 
 /* Total samples N, and the batches every rank gets per epoch. */
 uint64_t shuffle_num_samples(const shuffle_plan_t *plan);
@@ -152,7 +216,7 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
 
 /*
  * The units of the windows that batches [first, last) draw from, for every
- * rank, window after window: a superset of what shuffle_epoch_units
+ * rank (with partitions, every rank of this rank's node), window after window: a superset of what shuffle_epoch_units
  * returns for them (all of it once a window is drawn on by a few batches,
  * as rows are mixed across the whole window), found from the unit order
  * alone, without the windows' row permutations, in time proportional to

@@ -125,6 +125,8 @@ struct stream {
   dataset_t *ds;
   shuffle_plan_t *plan;
   shuffle_params_t params;
+  uint32_t part_first, part_last; /* the partitions of its rank's node */
+  char note[384];           /* told the client at open; "" when nothing */
   uint64_t epochs;          /* 0 = unbounded */
   uint64_t batches_per_epoch;
   int num_nodes;            /* arrays per batch */
@@ -226,6 +228,9 @@ void stream_info(const stream_t *s, stream_info_t *out) {
   out->epochs = s->epochs;
   out->arena_bytes = s->arena ? arena_size(s->arena) : 0;
   out->window = s->window;
+  out->partitions = s->params.partitions > 1 ? s->params.partitions : 1;
+  out->part_first = s->part_first;
+  out->part_last = s->part_last;
   out->opened_ns = s->opened_ns;
   out->ds = s->ds;
 }
@@ -1833,6 +1838,27 @@ static void free_open_req(open_req_t *o) {
 
 /* Refuses an open once its stream is made: the client gets the error, and
  * the stream and the request go. */
+/* The partitions of s's node (shuffle_node_partitions), and the note that
+ * tells a job whose node count does not divide them that nodes share. */
+static void stream_set_partitions(stream_t *s) {
+  const shuffle_params_t *p = &s->params;
+  uint32_t l = p->local_world_size ? p->local_world_size : p->world_size;
+  uint32_t nodes = (p->world_size + l - 1) / l, node = p->rank / l;
+  s->note[0] = '\0';
+  if (p->partitions <= 1) {
+    s->part_first = 0;
+    s->part_last = 1;
+    return;
+  }
+  shuffle_node_partitions(p->partitions, nodes, node, &s->part_first, &s->part_last);
+  if (p->partitions % nodes != 0)
+    snprintf(s->note, sizeof(s->note),
+             "%u nodes (%u ranks, %u a node) do not divide %u partitions: node %u reads "
+             "partitions %u to %u, which it shares with its neighbours; with a node count "
+             "that divides the partitions each node reads its own",
+             nodes, p->world_size, l, p->partitions, node, s->part_first, s->part_last - 1);
+}
+
 static void refuse_open(conn_t *c, stream_t *s, open_req_t *o, int code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static void refuse_open(conn_t *c, stream_t *s, open_req_t *o, int code, const char *fmt, ...) {
@@ -1979,6 +2005,11 @@ static void open_done(work_t *w, int status) {
   s->params.world_size = p->world_size ? p->world_size : 1;
   s->params.rank = p->rank;
   s->params.drop_last = p->drop_last;
+  s->params.partitions = p->partitions ? p->partitions : (uint32_t)srv->cfg.partitions;
+  if (s->params.partitions == 0) s->params.partitions = 1;
+  s->params.local_world_size =
+      p->local_world_size && p->local_world_size < s->params.world_size ? p->local_world_size
+                                                                        : s->params.world_size;
   s->epochs = p->epochs;
   s->window = p->window ? p->window : LARDER_DEFAULT_WINDOW;
   s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
@@ -1991,8 +2022,26 @@ static void open_done(work_t *w, int status) {
   s->counted = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
   int rc = s->pinned && s->plan_slot && s->counted ? 0 : LARDER_ENOMEM;
   if (rc == 0) memset(s->plan_slot, 0xff, ((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
+  uint64_t global_batch = (uint64_t)s->params.batch_size * s->params.world_size;
+  if (rc == 0 && s->params.partitions > 1 &&
+      (s->params.partitions > STREAM_MAX_PARTITIONS || global_batch % s->params.partitions)) {
+    refuse_open(c, s, o, LARDER_EINVAL,
+                "partitions %u: the global batch (%u rows x %u ranks = %llu) must be a multiple "
+                "of the partitions, at most %u",
+                s->params.partitions, p->batch_size, s->params.world_size,
+                (unsigned long long)global_batch, STREAM_MAX_PARTITIONS);
+    return;
+  }
   if (rc == 0)
     rc = dataset_shuffle_plan(s->ds, &s->params, srv->cfg.shuffle_row_groups, &s->plan);
+  if (rc == LARDER_EINVAL && s->params.partitions > 1) {
+    refuse_open(c, s, o, rc,
+                "partitions %u: the dataset's row groups with rows are fewer than that, and a "
+                "partition is made of whole row groups",
+                s->params.partitions);
+    return;
+  }
+  if (rc == 0) stream_set_partitions(s);
   if (rc) {
     refuse_open(c, s, o, rc, "invalid stream settings (batch_size %u, rank %u of %u)",
                 p->batch_size, p->rank, s->params.world_size);
@@ -2129,16 +2178,21 @@ static void open_done(work_t *w, int status) {
   reply.arena_bytes = arena_size(s->arena);
   reply.num_files = s->ds->num_files;
   reply.num_units = s->ds->num_units;
+  reply.partitions = s->params.partitions;
+  reply.partitions_first = s->part_first;
+  reply.partitions_last = s->part_last;
+  reply.note = s->note;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
   f.open_stream_reply = &reply;
   reply.ring_bytes = s->ring ? s->ring_size : 0;
   int fds[2] = {arena_fd(s->arena), s->ring_fd};
   log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
-           "window %u units",
+           "window %u units, partitions %u (its node's: %u to %u)%s%s",
            s->id, (int)c->pid, s->ds->num_files, s->ds->num_units,
            (unsigned long long)s->ds->total_rows, (unsigned long long)s->batches_per_epoch,
-           s->params.window_units);
+           s->params.window_units, s->params.partitions, s->part_first, s->part_last - 1,
+           s->note[0] ? "; " : "", s->note);
   rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
   field_proto_free(reply.schema);
   if (rc == LARDER_EBUSY) {
