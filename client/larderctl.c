@@ -198,11 +198,14 @@ static const char *const usage_of[][2] = {
               "from `larderctl ls`; --dataset takes the sources as trainers name them\n"
               "(paths, globs, directories, URLs, S3 prefixes).  Streams reading it keep\n"
               "working: what they need again is fetched and decoded again."},
-    {"prefetch", "larderctl prefetch SOURCE... [--columns a,b] [--unit-rows N] [--json]\n"
+    {"prefetch", "larderctl prefetch SOURCE... [--columns a,b] [--unit-rows N]\n"
+                 "                  [--partitions P --nodes N --node n --seed S] [--json]\n"
                  "Warms the cache with a dataset before training: a progress bar on a terminal\n"
                  "(plain lines otherwise, JSON Lines with --json).  Resumable: what is cached\n"
                  "already is skipped, so running it again continues where it stopped.  Use the\n"
-                 "columns and unit_rows the trainers use: the cache is per column and unit."},
+                 "columns and unit_rows the trainers use: the cache is per column and unit.\n"
+                 "With --partitions, only the row groups of node n's partitions (of N nodes),\n"
+                 "as streams with that seed and partitions cut them."},
     {"verify", "larderctl verify [--json]\nReads every cached value, checks its checksum and drops the bad ones."},
     {"reload", "larderctl reload [--json]\nReloads the daemon's configuration (like SIGHUP) and says what changed."},
     {"config", "larderctl config [--json]\nThe configuration in effect (secrets hidden)."},
@@ -387,9 +390,16 @@ static int cmd_prefetch(int argc, char **argv) {
       free_args(args, n);
       return puts(usage_for("prefetch")), 0;
     }
-    if (strcmp(a, "--columns") == 0 || strncmp(a, "--columns=", 10) == 0 ||
-        strcmp(a, "--unit-rows") == 0 || strncmp(a, "--unit-rows=", 12) == 0) {
-      int cols = a[2] == 'c';
+    static const char *const valued[] = {"columns", "unit-rows", "partitions", "nodes", "node",
+                                         "seed"};
+    const char *key = NULL;
+    for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]) && key == NULL; k++) {
+      size_t kl = strlen(valued[k]);
+      if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, valued[k], kl) == 0 &&
+          (a[2 + kl] == '\0' || a[2 + kl] == '='))
+        key = valued[k];
+    }
+    if (key) {
       const char *v = strchr(a, '=');
       if (v) v++;
       else if (i + 1 < argc) v = argv[++i];
@@ -397,7 +407,7 @@ static int cmd_prefetch(int argc, char **argv) {
         free_args(args, n);
         return usage_error("prefetch", "%s needs a value", a);
       }
-      args[n++] = opt_arg(cols ? "columns" : "unit-rows", v);
+      args[n++] = opt_arg(key, v);
     } else if (a[0] == '-' && a[1]) {
       free_args(args, n);
       return usage_error("prefetch", "unknown option %s", a);

@@ -48,6 +48,7 @@
 #include "pq_inspect.h"
 #include "remote.h"
 #include "server.h"
+#include "shuffle.h"
 #include "util.h"
 
 #define RATE_SAMPLES 6           /* one a second: rates over up to 5 s */
@@ -1713,6 +1714,10 @@ typedef struct prefetch_job {
   size_t num_columns;
   char **roots;
   acl_peer_t peer; /* who asked: local sources are opened as it */
+  /* --partitions P --nodes N --node n --seed S: the row groups of node n's
+   * partitions alone (shuffle_partition_assign). */
+  uint64_t partitions, nodes, node, seed;
+  uint32_t units_total; /* the units it warms: the dataset's, or the node's */
   char *label;
   remote_object_t *remote;
   size_t num_remote;
@@ -1776,7 +1781,7 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
             ",\"done_bytes\":%" PRIu64 ",\"cached_before_units\":%" PRIu64
             ",\"cached_before_bytes\":%" PRIu64 ",\"cached_units\":%" PRIu64
             ",\"not_admitted_units\":%" PRIu64 ",\"failed_units\":%" PRIu64 ",\"bytes_per_s\":",
-            p->ds->num_files, p->ds->num_units, done_units, p->total_bytes, p->done_bytes,
+            p->ds->num_files, p->units_total, done_units, p->total_bytes, p->done_bytes,
             p->before_units, p->before_bytes, p->cached_units, p->not_admitted, p->failed);
   sb_num(&b, rate);
   sb_puts(&b, ",\"eta_s\":");
@@ -2010,21 +2015,57 @@ static void pf_opened(job_t *j) {
     job_fail(j, LARDER_ENOMEM, "out of memory");
     return;
   }
+  uint32_t *part = NULL, pfirst = 0, plast = 1;
+  if (p->partitions > 1) {
+    /* The node's partitions, as its streams cut them: whole row groups. */
+    uint64_t *rows = malloc((size_t)ds->num_units * sizeof(*rows));
+    uint32_t *groups = malloc((size_t)ds->num_units * sizeof(*groups));
+    part = malloc((size_t)ds->num_units * sizeof(*part));
+    int rc = rows && groups && part ? 0 : LARDER_ENOMEM;
+    uint32_t ng = 0;
+    for (uint32_t k = 0; rc == 0 && k < ds->num_units; k++) {
+      const dataset_unit_t *u = &ds->units[k];
+      rows[k] = u->rows;
+      if (k > 0 && u->file == u[-1].file && u->rg == u[-1].rg) groups[ng - 1]++;
+      else groups[ng++] = 1;
+    }
+    if (rc == 0)
+      rc = shuffle_partition_assign(rows, ds->num_units, groups, ng, (uint32_t)p->partitions,
+                                    p->seed, part);
+    free(rows);
+    free(groups);
+    if (rc) {
+      free(part);
+      job_fail(j, rc, "prefetch: %s",
+               rc == LARDER_EINVAL ? "the dataset has fewer row groups with rows than partitions"
+                                   : "out of memory");
+      return;
+    }
+    shuffle_node_partitions((uint32_t)p->partitions, (uint32_t)p->nodes, (uint32_t)p->node,
+                            &pfirst, &plast);
+  }
+  uint32_t units_in = 0;
   for (uint32_t k = 0; k < ds->num_units; k++) {
     const dataset_unit_t *u = &ds->units[k];
+    if (part && (part[k] < pfirst || part[k] >= plast)) continue;
+    units_in++;
     p->total_bytes += u->est_bytes;
     if (p->cached[k]) {
       p->before_units++;
       p->before_bytes += u->est_bytes;
     }
-    if (k == 0 || u->file != ds->units[k - 1].file || u->rg != ds->units[k - 1].rg)
+    if (p->num_rgs == 0 || u->file != ds->units[p->rgs[p->num_rgs - 1].end - 1].file ||
+        u->rg != ds->units[p->rgs[p->num_rgs - 1].end - 1].rg ||
+        p->rgs[p->num_rgs - 1].end != k)
       p->rgs[p->num_rgs++].next = k;
     p->rgs[p->num_rgs - 1].end = k + 1;
   }
+  free(part);
+  p->units_total = units_in;
   p->done_bytes = p->before_bytes;
   p->started_ns = p->last_progress_ns = util_now_ns();
   pf_event(p, "start", 0);
-  if (p->before_units == ds->num_units) {
+  if (p->before_units == units_in) {
     pf_event(p, "done", 1);
     return;
   }
@@ -2109,10 +2150,31 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
     reply_error(c, req->request_id, LARDER_EINVAL, "prefetch: bad --unit-rows %s", ur);
     return;
   }
+  uint64_t partitions = 1, nodes = 1, node = 0, seed = 0;
+  static const char *const part_opts[] = {"partitions", "nodes", "node", "seed"};
+  uint64_t *part_vals[] = {&partitions, &nodes, &node, &seed};
+  for (int k = 0; k < 4; k++) {
+    const char *v = opt_value(req, part_opts[k]);
+    if (v && parse_u64(v, part_vals[k]) != 0) {
+      reply_error(c, req->request_id, LARDER_EINVAL, "prefetch: bad --%s %s", part_opts[k], v);
+      return;
+    }
+  }
+  if (partitions == 0 || partitions > STREAM_MAX_PARTITIONS || nodes == 0 ||
+      nodes > STREAM_MAX_PARTITIONS || node >= nodes) {
+    reply_error(c, req->request_id, LARDER_EINVAL,
+                "prefetch: --partitions must be 1 to %u, and --node below --nodes",
+                STREAM_MAX_PARTITIONS);
+    return;
+  }
   prefetch_job_t *p = job_new(c, req, JOB_PREFETCH, sizeof(prefetch_job_t));
   if (p == NULL) return;
   p->j.cancel = pf_cancel;
   p->j.destroy = pf_destroy;
+  p->partitions = partitions;
+  p->nodes = nodes;
+  p->node = node;
+  p->seed = seed;
   p->sources = calloc(n + 1, sizeof(char *));
   for (size_t i = 0; p->sources && i < n; i++) {
     p->sources[i] = strdup(pos[i]);

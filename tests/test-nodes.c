@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "remote-harness.h"
+#include "test-ctl-common.h"
 
 #define NODES_MAX 4
 #define LOCAL 2
@@ -206,5 +207,75 @@ TEST_IMPL(daemon_partitions_nodes) {
   }
   for (int i = 0; i < 3; i++)
     for (int e = 0; e < 2; e++) free(runs[i].ids[e]);
+  return 0;
+}
+
+/*
+ * larderctl prefetch --partitions 4 --nodes 2 --node 1 warms node 1's
+ * cache with its half alone: the prefetch fetches about half the dataset's
+ * column bytes, and node 1's two ranks then read their first epoch without
+ * fetching anything.
+ */
+TEST_IMPL(daemon_partitions_prefetch) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_mid_dataset(dir, sizeof(dir)), DH_MID_ROWS);
+  rs_server ng;
+  rh_nginx(&ng, "ngp", dir, NULL);
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(ng.url, dir, urls, RH_MAX_FILES);
+  char log_path[PATH_MAX];
+  rh_nginx_log("ngp", log_path, sizeof(log_path));
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", NULL};
+  dh_init(&d, "p", fl);
+  dh_start(&d);
+  const char *argv[RH_MAX_FILES + 16];
+  int a = 0;
+  argv[a++] = tc_ctl_bin();
+  argv[a++] = "--socket";
+  argv[a++] = d.socket;
+  argv[a++] = "prefetch";
+  for (int i = 0; i < nf; i++) argv[a++] = urls[i];
+  static const char *const opts[] = {"--unit-rows", "512", "--partitions", "4", "--nodes", "2",
+                                     "--node", "1", "--seed", "77", "--json"};
+  for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) argv[a++] = opts[i];
+  argv[a] = NULL;
+  tc_out r;
+  tc_run(&r, NULL, 120000 * dh_slow(), argv);
+  if (r.status != 0) tc_out_print("prefetch", &r);
+  ASSERT_EQ(r.status, 0);
+  ASSERT_STR_CONTAINS(r.out, "\"event\":\"done\"");
+  tc_out_free(&r);
+  rh_wait_lines(log_path, 1, 2000);
+  int64_t prefetched = column_bytes(log_path);
+  uint64_t whole = rh_projected_bytes(dir, NULL, 0, 1u << 20);
+  fprintf(stderr, "prefetch of node 1 of 2: %" PRId64 " column bytes of %" PRIu64 "\n",
+          prefetched, whole);
+  ASSERT_GE((double)prefetched, 0.4 * (double)whole);
+  ASSERT_LE((double)prefetched, 0.6 * (double)whole);
+  larder_stream_options_t o[LOCAL];
+  dh_run got[LOCAL];
+  memset(got, 0, sizeof(got));
+  for (int l = 0; l < LOCAL; l++) {
+    dh_opts(&o[l], (const char *const *)urls, GLOBAL / 4, 77, 1);
+    o[l].num_sources = (size_t)nf;
+    o[l].unit_rows = 512;
+    o[l].shuffle_window = 16;
+    o[l].world_size = 4;
+    o[l].rank = LOCAL + l;
+    o[l].local_world_size = LOCAL;
+    o[l].partitions = PARTS;
+  }
+  dh_collect_many(d.socket, o, LOCAL, got);
+  for (int l = 0; l < LOCAL; l++) {
+    if (got[l].rc) ASSERT_FAIL_("rank %d: %s", LOCAL + l, got[l].err);
+    dh_run_free(&got[l]);
+  }
+  ASSERT_EQ(column_bytes(log_path), prefetched);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  dh_stop(&d);
+  rh_stop(&ng);
   return 0;
 }
