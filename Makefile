@@ -8,7 +8,8 @@
 #   make lint       clang-tidy and cppcheck
 #   make fuzz       libFuzzer over the footer parser, the page decoders and
 #                   the protocol's frames
-#   make bench      every benchmark (bench-decode, ...)
+#   make bench      every benchmark (bench-decode, ...; bench-nodes for many
+#                   nodes)
 #
 # V=release|asan|ubsan|tsan|debug picks the build flavour; each has its own tree
 # under build/.
@@ -248,7 +249,7 @@ lint: $(PROTO_H)
 # ---------------------------------------------------------------------------
 # Benchmarks
 
-bench: bench-decode bench-serve bench-store bench-shuffle bench-remote
+bench: bench-decode bench-serve bench-store bench-shuffle bench-remote bench-nodes
 
 # Remote shards from nginx behind a bandwidth cap (tests/remote): epoch-1
 # throughput against curl, time to first batch, stalls, remote bytes.
@@ -272,6 +273,13 @@ bench-store: deps
 bench-decode: deps
 	$(MAKE) --no-print-directory V=release $(BENCH_DECODE)
 	bench/bench-decode.sh $(BENCH_DECODE)
+
+# Many nodes simulated on one machine: object-store egress and cache per
+# node for 1, 2 and 4 nodes with node partitions, against the dataset.
+.PHONY: bench-nodes
+bench-nodes: deps
+	$(MAKE) --no-print-directory V=release $(LARDERD) $(LARDERCTL) $(EXAMPLE_TRAINER)
+	bench/bench-nodes.sh build/release
 
 # Label mixing of the shuffle on sorted synthetic datasets (no files needed).
 .PHONY: bench-shuffle

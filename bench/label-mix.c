@@ -189,6 +189,50 @@ static int run_epoch_blocked(const dataset_t *d, int shuffle, uint32_t window_un
   return 0;
 }
 
+/* One epoch of world_size 1 over `parts` node partitions (shuffle.h steps
+ * 7-10) of row groups of group_units units, units mixed singly; TV over
+ * its batches. */
+static int run_epoch_parts(const dataset_t *d, uint32_t window_units, uint32_t group_units,
+                           uint32_t parts, result_t *res) {
+  shuffle_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.seed = 1;
+  p.shuffle = 1;
+  p.window_units = window_units;
+  p.batch_size = BATCH;
+  p.world_size = 1;
+  p.drop_last = 1;
+  p.partitions = parts;
+  uint32_t ng = 0, *groups = xmalloc(((size_t)d->units / group_units + 1) * sizeof(*groups));
+  for (uint32_t u = 0; u < d->units; u += group_units)
+    groups[ng++] = d->units - u < group_units ? d->units - u : group_units;
+  shuffle_plan_t *plan;
+  int rc = shuffle_plan_create_partitioned(d->rows, d->units, groups, ng, 0, &p, &plan);
+  free(groups);
+  if (rc < 0) return rc;
+  shuffle_sample_t *s = xmalloc(BATCH * sizeof(*s));
+  shuffle_epoch_t *ep;
+  double t0 = bench_now_s();
+  rc = shuffle_epoch_open(plan, 0, &ep);
+  uint64_t batches = shuffle_batches_per_epoch(plan);
+  double sum = 0;
+  for (uint64_t b = 0; b < batches && rc >= 0; b++) {
+    rc = shuffle_epoch_batch(ep, b, s);
+    uint32_t hist[CLASSES] = {0};
+    for (uint32_t i = 0; i < BATCH && rc >= 0; i++)
+      hist[(d->prefix[s[i].unit] + s[i].row) * CLASSES / d->n]++;
+    sum += batch_tv(hist, d->share);
+  }
+  res->secs = bench_now_s() - t0;
+  if (ep) shuffle_epoch_close(ep);
+  shuffle_plan_free(plan);
+  free(s);
+  if (rc < 0) return rc;
+  res->tv = sum / (double)batches;
+  res->samples = batches * BATCH;
+  return 0;
+}
+
 static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units,
                      uint32_t world, uint32_t rank, result_t *res) {
   return run_epoch_blocked(d, shuffle, window_units, world, rank, 0, res);
@@ -307,6 +351,31 @@ int main(int argc, char **argv) {
         printf("%8u %12u %8.4f %8.4f %6.2f\n", bw[wi], bb[bi] ? bb[bi] : 1, r.tv, uni,
                r.tv / uni);
       }
+    dataset_free(&b);
+  }
+
+  /* Node partitions: the whole dataset still mixes into every global
+   * batch, each partition's windows holding window / P units. */
+  printf("\n%" PRIu64 " rows in units of 4096 rows, row groups of 8 units: node partitions "
+         "(goal: P = 4 within 1.10 of P = 1)\n",
+         biggest);
+  printf("%8s %6s %8s %8s %10s %8s\n", "window", "P", "mean TV", "uniform", "vs P = 1",
+         "epoch ms");
+  {
+    dataset_t b;
+    dataset_init(&b, biggest, 4096);
+    static const uint32_t pw[] = {64, 512};
+    static const uint32_t pp[] = {1, 2, 4, 8};
+    for (size_t wi = 0; wi < sizeof(pw) / sizeof(pw[0]); wi++) {
+      double one = 0;
+      for (size_t pi = 0; pi < sizeof(pp) / sizeof(pp[0]); pi++) {
+        result_t r;
+        if (run_epoch_parts(&b, pw[wi], 8, pp[pi], &r) < 0) exit(1);
+        if (pp[pi] == 1) one = r.tv;
+        printf("%8u %6u %8.4f %8.4f %10.3f %8.1f\n", pw[wi], pp[pi], r.tv, uni, r.tv / one,
+               r.secs * 1e3);
+      }
+    }
     dataset_free(&b);
   }
 

@@ -68,6 +68,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--rank") && v) o.rank = atoi(argv[++i]);
     else if (!strcmp(a, "--world-size") && v) o.world_size = atoi(argv[++i]);
     else if (!strcmp(a, "--window") && v) o.window = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(a, "--partitions") && v) o.partitions = (uint32_t)atoi(argv[++i]);
+    else if (!strcmp(a, "--local-world-size") && v) o.local_world_size = atoi(argv[++i]);
+    else if (!strcmp(a, "--unit-rows") && v) o.unit_rows = (uint32_t)atoi(argv[++i]);
     else if (!strcmp(a, "--no-shuffle")) o.shuffle = 0;
     else if (a[0] == '-') {
       fprintf(stderr, "example-trainer: unknown option %s\n", a);
@@ -105,6 +108,10 @@ int main(int argc, char **argv) {
   printf("stream: %llu samples, %llu batches of %u per epoch\n",
          (unsigned long long)larder_stream_num_samples(s),
          (unsigned long long)larder_stream_batches_per_epoch(s), o.batch_size);
+  uint32_t parts, pfirst, plast;
+  larder_stream_partitions(s, &parts, &pfirst, &plast);
+  if (parts > 1) printf("partitions: %u to %u of %u\n", pfirst, plast - 1, parts);
+  if (larder_stream_note(s)[0]) printf("note: %s\n", larder_stream_note(s));
   uint64_t epoch = 0, batches = 0, rows = 0, bytes = 0, sum = 0;
   uint64_t w0 = 0, c0 = 0;
   double t0 = now_s();
