@@ -19,6 +19,10 @@
 extern const char *ctl_socket;
 const char *ctl_socket_path(void);
 
+/* Prints a command's failure (ctl_daemon.c): on stderr, and with json also
+ * as {"error":{"code":NAME,"message":MSG}} on stdout.  Returns code. */
+int ctl_fail(int json, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Commands that talk to the daemon (ctl_daemon.c). */
 int ctl_cmd_status(int json);
 int ctl_cmd_stats(int json, int watch, double interval, long count);

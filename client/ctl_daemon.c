@@ -190,29 +190,50 @@ static int send_request(ctl_conn_t *c, uint32_t id, const char *command, char **
 /* What a command does with each reply frame: return 0 to go on. */
 typedef int (*reply_fn)(const Larder__AdminReply *r, void *arg);
 
+/* The error output of a failed command: "larderctl: MESSAGE" on stderr, or,
+ * with --json, {"error":{"code":"LARDER_...","message":"..."}} on stdout
+ * as well, so that a script reading JSON always gets JSON.  Returns code. */
+int ctl_fail(int json, int code, const char *fmt, ...) {
+  char msg[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  size_t n = strlen(msg);
+  while (n && msg[n - 1] == '\n') msg[--n] = '\0';
+  fprintf(stderr, "larderctl: %s\n", msg);
+  if (json) {
+    printf("{\"error\":{\"code\":\"%s\",\"message\":\"", larder_err_name(code ? code : LARDER_EIO));
+    for (const char *q = msg; *q; q++) {
+      unsigned char ch = (unsigned char)*q;
+      if (ch == '"' || ch == '\\') printf("\\%c", ch);
+      else if (ch < 0x20) printf("\\u%04x", ch);
+      else putchar(ch);
+    }
+    printf("\"}}\n");
+    fflush(stdout);
+  }
+  return code;
+}
+
 /* Sends one request and hands every reply frame to fn until the last.
  * Returns the final code (0, the daemon's error code, or a connection
  * error, reported on stderr). */
 static int run_request(ctl_conn_t *c, uint32_t id, const char *command, char **args, size_t nargs,
                        int json, int dry_run, reply_fn fn, void *arg) {
   int rc = send_request(c, id, command, args, nargs, json, dry_run);
-  if (rc) {
-    fprintf(stderr, "larderctl: cannot send the request: %s\n", larder_strerror(rc));
-    return rc;
-  }
+  if (rc) return ctl_fail(json, rc, "cannot send the request: %s", larder_strerror(rc));
   for (;;) {
     Larder__Frame *f = recv_frame(c, -1, &rc);
-    if (f == NULL) {
-      fprintf(stderr, "larderctl: %s\n",
-              rc == LARDER_ECLOSED ? "larderd closed the connection (did it stop?)"
-                                   : larder_strerror(rc));
-      return rc ? rc : LARDER_ECLOSED;
-    }
+    if (f == NULL)
+      return ctl_fail(json, rc ? rc : LARDER_ECLOSED, "%s",
+                      rc == LARDER_ECLOSED ? "larderd closed the connection (did it stop?)"
+                                           : larder_strerror(rc));
     if (f->msg_case == LARDER__FRAME__MSG_ERROR) {
-      fprintf(stderr, "larderctl: %s\n",
-              f->error->message && *f->error->message ? f->error->message
-                                                      : larder_strerror(f->error->code));
       rc = f->error->code ? f->error->code : LARDER_EPROTO;
+      ctl_fail(json, rc, "%s",
+               f->error->message && *f->error->message ? f->error->message
+                                                       : larder_strerror(f->error->code));
       wire_free(f);
       return rc;
     }
@@ -224,9 +245,7 @@ static int run_request(ctl_conn_t *c, uint32_t id, const char *command, char **a
     int more = r->more;
     int code = r->code;
     if (code && !more) {
-      const char *t = r->text && *r->text ? r->text : larder_strerror(code);
-      size_t n = strlen(t);
-      fprintf(stderr, "larderctl: %s%s", t, n && t[n - 1] == '\n' ? "" : "\n");
+      ctl_fail(json, code, "%s", r->text && *r->text ? r->text : larder_strerror(code));
       wire_free(f);
       return code;
     }
@@ -285,7 +304,7 @@ static int simple(const char *command, char **args, size_t nargs, int json, int 
   ctl_conn_t c;
   char err[1024];
   if (ctl_connect(&c, err, sizeof(err)) != 0) {
-    fprintf(stderr, "larderctl: %s\n", err);
+    ctl_fail(json, LARDER_ECONNECT, "%s", err);
     return 1;
   }
   collect_t out = {0};
@@ -380,8 +399,10 @@ int ctl_cmd_status(int json) {
         if ((unsigned char)*p >= 0x20) putchar(*p);
       }
       printf("\"}\n");
-    } else {
+    } else if (strstr(err, "(is it running?")) {
       printf("larderd is not running: %s\n", err);
+    } else {
+      printf("larderd cannot be reached: %s\n", err);
     }
     return 1;
   }
@@ -408,7 +429,7 @@ int ctl_cmd_stats(int json, int watch, double interval, long count) {
   ctl_conn_t c;
   char err[1024];
   if (ctl_connect(&c, err, sizeof(err)) != 0) {
-    fprintf(stderr, "larderctl: %s\n", err);
+    ctl_fail(json, LARDER_ECONNECT, "%s", err);
     return 1;
   }
   int tty = isatty(1) && !json;
@@ -608,7 +629,7 @@ int ctl_cmd_prefetch(char **args, size_t nargs, int json) {
   ctl_conn_t c;
   char err[1024];
   if (ctl_connect(&c, err, sizeof(err)) != 0) {
-    fprintf(stderr, "larderctl: %s\n", err);
+    ctl_fail(json, LARDER_ECONNECT, "%s", err);
     return 1;
   }
   progress_t p;
@@ -663,7 +684,7 @@ int ctl_cat_remote(const char *url, const char *columns, int64_t offset, int64_t
   ctl_conn_t c;
   char err[1024];
   if (ctl_connect(&c, err, sizeof(err)) != 0) {
-    fprintf(stderr, "larderctl: %s\n", err);
+    ctl_fail(0, LARDER_ECONNECT, "%s", err);
     free(cols);
     return 1;
   }

@@ -3,15 +3,16 @@
  * throughput and the stall fraction (the share of time the trainer waited
  * for data instead of computing) per epoch.
  *
- *   example-trainer [--socket PATH] [--batch-size N] [--epochs N]
- *                   [--compute-ms X] [--columns a,b] [--seed N]
- *                   [--rank R --world-size W] SOURCE...
+ *   example-trainer [OPTIONS] SOURCE...     (--help lists them)
  *
  * --compute-ms simulates the model's step per batch, so that the stall
  * fraction means what it means on a GPU: 0% when data is always ready, 100%
  * when the trainer does nothing but wait.  Like a trainer waiting on its
  * GPU, it sleeps through the step and leaves the CPU free.
  */
+#include <errno.h>
+#include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,40 +46,99 @@ static uint64_t touch(const larder_array_t *a) {
   return h;
 }
 
+static const char usage_text[] =
+    "usage: example-trainer [OPTIONS] SOURCE...\n"
+    "Reads a dataset from larderd as one rank of a trainer, printing each epoch's\n"
+    "throughput and stall (the share of time spent waiting for data).\n"
+    "\n"
+    "  --socket PATH            larderd's socket (default: $LARDER_SOCKET, else the\n"
+    "                           daemon's default)\n"
+    "  --batch-size N           rows per batch on this rank (default 256)\n"
+    "  --epochs N               stop at epoch N, counted from 0 (default 1; 0: never)\n"
+    "  --compute-ms X           sleep X ms per batch, as a model's step would (default 0)\n"
+    "  --columns a,b.c          read these columns only (default: all)\n"
+    "  --seed N                 shuffle seed (default 0)\n"
+    "  --no-shuffle             dataset order\n"
+    "  --rank R                 this rank (default: $RANK, else 0)\n"
+    "  --world-size W           ranks in the job (default: $WORLD_SIZE, else 1)\n"
+    "  --local-world-size L     ranks per node (default: $LOCAL_WORLD_SIZE, else W)\n"
+    "  --partitions P           node partitions (default: the daemon's, 1)\n"
+    "  --unit-rows N            rows per shuffle unit (default: the daemon's)\n"
+    "  --window N               batches the trainer may hold (default 32)\n"
+    "  --help                   this text\n";
+
+/* Parses a whole decimal number in [min, max] for option name, or exits
+ * with a usage error: "--batch-size abc" must not become 0. */
+static long long number(const char *name, const char *v, long long min, long long max) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end != '\0' || x < min || x > max) {
+    fprintf(stderr, "example-trainer: --%s %s: a whole number from %lld to %lld\n%s", name, v,
+            min, max, usage_text);
+    exit(2);
+  }
+  return x;
+}
+
 int main(int argc, char **argv) {
   const char *socket = NULL, *columns = NULL;
   larder_stream_options_t o;
   larder_stream_options_init(&o);
   o.epochs = 1;
   double compute_ms = 0;
-  const char *sources[256];
-  size_t ns = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    /* argv[i] is not NULL for i < argc (C11 5.1.2.2.1), which the analyzer
-     * does not know. */
-    /* NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker) */
-    if (!strcmp(a, "--socket") && v) socket = argv[++i];
-    else if (!strcmp(a, "--batch-size") && v) o.batch_size = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(a, "--epochs") && v) o.epochs = (uint64_t)atoll(argv[++i]);
-    else if (!strcmp(a, "--compute-ms") && v) compute_ms = atof(argv[++i]);
-    else if (!strcmp(a, "--columns") && v) columns = argv[++i];
-    else if (!strcmp(a, "--seed") && v) o.seed = (uint64_t)atoll(argv[++i]);
-    else if (!strcmp(a, "--rank") && v) o.rank = atoi(argv[++i]);
-    else if (!strcmp(a, "--world-size") && v) o.world_size = atoi(argv[++i]);
-    else if (!strcmp(a, "--window") && v) o.window = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(a, "--partitions") && v) o.partitions = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(a, "--local-world-size") && v) o.local_world_size = atoi(argv[++i]);
-    else if (!strcmp(a, "--unit-rows") && v) o.unit_rows = (uint32_t)atoi(argv[++i]);
-    else if (!strcmp(a, "--no-shuffle")) o.shuffle = 0;
-    else if (a[0] == '-') {
-      fprintf(stderr, "example-trainer: unknown option %s\n", a);
-      return 2;
-    } else if (ns < 256) sources[ns++] = a;
+  enum { O_BATCH = 256, O_EPOCHS, O_COMPUTE, O_COLUMNS, O_SEED, O_NOSHUF, O_RANK, O_WORLD,
+         O_LOCAL, O_PARTS, O_UNIT, O_WINDOW, O_SOCKET, O_HELP };
+  static const struct option longopts[] = {
+      {"socket", required_argument, NULL, O_SOCKET},
+      {"batch-size", required_argument, NULL, O_BATCH},
+      {"epochs", required_argument, NULL, O_EPOCHS},
+      {"compute-ms", required_argument, NULL, O_COMPUTE},
+      {"columns", required_argument, NULL, O_COLUMNS},
+      {"seed", required_argument, NULL, O_SEED},
+      {"no-shuffle", no_argument, NULL, O_NOSHUF},
+      {"rank", required_argument, NULL, O_RANK},
+      {"world-size", required_argument, NULL, O_WORLD},
+      {"local-world-size", required_argument, NULL, O_LOCAL},
+      {"partitions", required_argument, NULL, O_PARTS},
+      {"unit-rows", required_argument, NULL, O_UNIT},
+      {"window", required_argument, NULL, O_WINDOW},
+      {"help", no_argument, NULL, O_HELP},
+      {NULL, 0, NULL, 0}};
+  int opt;
+  while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (opt) {
+      case O_SOCKET: socket = optarg; break;
+      case O_BATCH: o.batch_size = (uint32_t)number("batch-size", optarg, 1, 1 << 20); break;
+      case O_EPOCHS: o.epochs = (uint64_t)number("epochs", optarg, 0, INT64_MAX); break;
+      case O_COMPUTE: {
+        char *end;
+        errno = 0;
+        compute_ms = strtod(optarg, &end);
+        if (errno || end == optarg || *end || compute_ms < 0) {
+          fprintf(stderr, "example-trainer: --compute-ms %s: a number of milliseconds\n%s",
+                  optarg, usage_text);
+          return 2;
+        }
+        break;
+      }
+      case O_COLUMNS: columns = optarg; break;
+      case O_SEED: o.seed = (uint64_t)number("seed", optarg, 0, INT64_MAX); break;
+      case O_NOSHUF: o.shuffle = 0; break;
+      case O_RANK: o.rank = (int32_t)number("rank", optarg, 0, (1 << 24) - 1); break;
+      case O_WORLD: o.world_size = (int32_t)number("world-size", optarg, 1, 1 << 24); break;
+      case O_LOCAL: o.local_world_size = (int32_t)number("local-world-size", optarg, 1, 1 << 24); break;
+      case O_PARTS: o.partitions = (uint32_t)number("partitions", optarg, 1, 1 << 16); break;
+      case O_UNIT: o.unit_rows = (uint32_t)number("unit-rows", optarg, 64, 65536); break;
+      case O_WINDOW: o.window = (uint32_t)number("window", optarg, 1, 1024); break;
+      case O_HELP: fputs(usage_text, stdout); return 0;
+      default: fputs(usage_text, stderr); return 2;
+    }
   }
+  const char **sources = (const char **)argv + optind;
+  size_t ns = (size_t)(argc - optind);
   if (ns == 0) {
-    fprintf(stderr, "usage: example-trainer [options] SOURCE...\n");
+    fprintf(stderr, "example-trainer: no source given\n%s", usage_text);
     return 2;
   }
   char *colbuf = NULL;
@@ -95,7 +155,7 @@ int main(int argc, char **argv) {
   larder_client_t *c;
   int rc = larder_client_connect(socket, &c);
   if (rc) {
-    fprintf(stderr, "example-trainer: cannot connect to larderd: %s\n", larder_strerror(rc));
+    fprintf(stderr, "example-trainer: %s\n", larder_connect_error());
     return 1;
   }
   larder_stream_t *s;

@@ -579,8 +579,26 @@ static Larder__Frame *wait_reply(larder_client_t *c, uint32_t id, int timeout_ms
 
 /* ------------------------------------------------------------------------ */
 
+static __thread char connect_err[1024];
+
+const char *larder_connect_error(void) { return connect_err; }
+
+/* Sets the calling thread's connect error from errno e at path. */
+static void connect_failed(const char *path, int e) {
+  const char *hint = e == ENOENT || e == ECONNREFUSED
+                         ? " (is larderd running? $LARDER_SOCKET or the socket argument choose "
+                           "another socket)"
+                     : e == EACCES || e == EPERM
+                         ? " (the socket admits its owner and group only: is this user in the "
+                           "larder group?)"
+                         : "";
+  snprintf(connect_err, sizeof(connect_err), "cannot connect to larderd at %s: %s%s", path,
+           strerror(e), hint);
+}
+
 int larder_client_connect(const char *socket_path, larder_client_t **out) {
   *out = NULL;
+  connect_err[0] = '\0';
   if (socket_path == NULL) socket_path = getenv("LARDER_SOCKET");
   if (socket_path == NULL || socket_path[0] == '\0') socket_path = LARDER_DEFAULT_SOCKET;
   (void)pthread_once(&fork_watch_once, fork_watch);
@@ -595,11 +613,15 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   memset(&addr, 0, sizeof(addr));
   addr.sun_family = AF_UNIX;
   if (strlen(socket_path) >= sizeof(addr.sun_path)) {
+    snprintf(connect_err, sizeof(connect_err),
+             "the socket path %.900s is longer than a Unix socket's %zu bytes", socket_path,
+             sizeof(addr.sun_path) - 1);
     larder_client_close(c);
     return LARDER_EINVAL;
   }
   snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket_path);
   if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+    connect_failed(socket_path, errno);
     larder_client_close(c);
     return LARDER_ECONNECT;
   }
@@ -619,11 +641,17 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   Larder__Frame *r = wait_reply(c, 0, send_rc ? 2000 : 10000, &rc);
   if (r == NULL) {
     larder_client_close(c);
-    if (send_rc && (rc == 0 || rc == LARDER_ETIMEDOUT)) return send_rc;
-    return rc ? rc : LARDER_EPROTO;
+    if (send_rc && (rc == 0 || rc == LARDER_ETIMEDOUT)) rc = send_rc;
+    rc = rc ? rc : LARDER_EPROTO;
+    snprintf(connect_err, sizeof(connect_err), "larderd at %s did not complete the handshake: %s",
+             socket_path, larder_strerror(rc));
+    return rc;
   }
   if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
     rc = r->error->code ? r->error->code : LARDER_EPROTO;
+    snprintf(connect_err, sizeof(connect_err), "larderd at %s refused the connection: %s",
+             socket_path,
+             r->error->message && *r->error->message ? r->error->message : larder_strerror(rc));
     wire_free(r);
     larder_client_close(c);
     return rc;
@@ -896,6 +924,34 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   for (size_t i = 0; opts->columns && i < opts->num_columns; i++)
     if (opts->columns[i] == NULL)
       return set_err(c, LARDER_EINVAL, "column %zu of %zu is NULL", i, opts->num_columns);
+  /* Out-of-range settings fail here, naming the field, instead of turning
+   * into a default: 0 is not "ask the environment" (-1 is). */
+  if (opts->world_size == 0 || opts->world_size < -1)
+    return set_err(c, LARDER_EINVAL,
+                   "world_size %d: give the number of ranks, or -1 for $WORLD_SIZE",
+                   (int)opts->world_size);
+  if (opts->rank < -1)
+    return set_err(c, LARDER_EINVAL, "rank %d: give this rank (from 0), or -1 for $RANK",
+                   (int)opts->rank);
+  if (opts->rank >= 0 && opts->world_size > 0 && opts->rank >= opts->world_size)
+    return set_err(c, LARDER_EINVAL, "rank %d is not below world_size %d", (int)opts->rank,
+                   (int)opts->world_size);
+  if (opts->local_world_size == 0 || opts->local_world_size < -1)
+    return set_err(c, LARDER_EINVAL,
+                   "local_world_size %d: give the ranks per node, or -1 for $LOCAL_WORLD_SIZE",
+                   (int)opts->local_world_size);
+  if (opts->batch_size == 0)
+    return set_err(c, LARDER_EINVAL, "batch_size 0: a batch needs at least one row");
+  /* A variable that is set but empty is a launcher's mistake, not a
+   * request for the default. */
+  static const char *const must_not_be_empty[] = {"RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"};
+  for (size_t i = 0; i < sizeof(must_not_be_empty) / sizeof(must_not_be_empty[0]); i++) {
+    const char *v = getenv(must_not_be_empty[i]);
+    int used = i == 0 ? opts->rank < 0 : i == 1 ? opts->world_size < 0 : opts->local_world_size < 0;
+    if (used && v && *v == '\0')
+      return set_err(c, LARDER_EINVAL, "%s is set but empty: unset it, or give a number",
+                     must_not_be_empty[i]);
+  }
   int rank = opts->rank, world = opts->world_size, cuda = opts->cuda_device, rc = 0;
   /* Bug fix (tests: client_rank_env): every variable was parsed, so a
    * LOCAL_RANK or SLURM_NTASKS that is no number failed the open even

@@ -152,11 +152,16 @@ typedef struct larder_array larder_array_t;
  * socket), the code of the daemon's refusal (LARDER_ELIMIT for
  * max_clients, LARDER_EACCES, LARDER_ESHUTDOWN), LARDER_ECLOSED (closed
  * with no reason given), LARDER_ETIMEDOUT (no answer to the handshake
- * within 10 s), LARDER_EVERSION, LARDER_EPROTO or LARDER_ENOMEM.  With no
- * client there is no message to ask for: the code says it all.  Any
- * thread.
+ * within 10 s), LARDER_EVERSION, LARDER_EPROTO or LARDER_ENOMEM.  Why it failed, in words (the socket's
+ * path, the system's error, the daemon's message), is then
+ * larder_connect_error's.  Any thread.
  */
 int larder_client_connect(const char *socket_path, larder_client_t **out);
+
+/* Why the calling thread's last larder_client_connect failed ("" after one
+ * that succeeded): "cannot connect to larderd at PATH: ERROR (hint)" or the
+ * daemon's refusal.  Thread-local; valid until that thread's next connect. */
+const char *larder_connect_error(void);
 
 /* Closes the connection and every stream of the client; their batches must
  * have been released (or exported and released through Arrow).
@@ -202,7 +207,13 @@ typedef struct larder_stream_options {
                                   fails the open with LARDER_ELIMIT */
   uint32_t unit_rows;          /* rows per unit at most; 0 = daemon's;
                                   the daemon keeps it within 64..65536 */
-  uint64_t epochs;             /* default 1; 0 = unbounded */
+  uint64_t epochs;             /* the epoch the stream ends before, counted
+                                  from epoch 0, not from start_epoch: a
+                                  stream resumed at start_epoch 3 with
+                                  epochs 5 delivers epochs 3 and 4, so a
+                                  checkpoint's position resumes a job with
+                                  the same setting (default 1; 0 =
+                                  unbounded) */
   int32_t rank;                /* -1 (default): $RANK, else 0 */
   int32_t world_size;          /* -1 (default): $WORLD_SIZE, else 1;
                                   at most 65536 */

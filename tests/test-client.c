@@ -1114,3 +1114,62 @@ TEST_IMPL(client_fake_large_types) {
   }
   return 0;
 }
+
+/*
+ * Settings out of range fail at open with LARDER_EINVAL naming the field,
+ * instead of becoming a default: world_size 0 or below -1, rank below -1
+ * or not below world_size, local_world_size 0, a RANK or WORLD_SIZE set
+ * but empty.  A failed connect says why in larder_connect_error, with the
+ * socket's path and the system's error.
+ */
+TEST_IMPL(client_option_ranges) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  ASSERT_STR_EQ(larder_connect_error(), "");
+  static const struct {
+    int32_t rank, world, local;
+    const char *needle;
+  } bad[] = {{0, 0, -1, "world_size 0"},      {0, -2, -1, "world_size -2"},
+             {-2, 2, -1, "rank -2"},          {2, 2, -1, "rank 2 is not below world_size 2"},
+             {0, 1, 0, "local_world_size 0"}, {0, 1, -3, "local_world_size -3"}};
+  larder_stream_t *s;
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    larder_stream_options_t o;
+    std_opts(&o, 64, 1);
+    o.rank = bad[i].rank;
+    o.world_size = bad[i].world;
+    o.local_world_size = bad[i].local;
+    ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), bad[i].needle);
+  }
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  o.rank = -1;
+  o.world_size = 1;
+  ASSERT_OK(setenv("RANK", "", 1));
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "RANK is set but empty");
+  ASSERT_OK(unsetenv("RANK"));
+  o.rank = 0;
+  o.world_size = -1;
+  ASSERT_OK(setenv("WORLD_SIZE", "", 1));
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "WORLD_SIZE is set but empty");
+  ASSERT_OK(unsetenv("WORLD_SIZE"));
+  /* The same options with their fields in range open. */
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  larder_stream_close(s);
+  larder_client_close(c);
+
+  char missing[1024];
+  snprintf(missing, sizeof(missing), "%s/no-daemon.sock", test_tmpdir());
+  larder_client_t *none;
+  ASSERT_EQ(larder_client_connect(missing, &none), LARDER_ECONNECT);
+  ASSERT_STR_CONTAINS(larder_connect_error(), missing);
+  ASSERT_STR_CONTAINS(larder_connect_error(), strerror(ENOENT));
+  dh_stop(&d);
+  return 0;
+}

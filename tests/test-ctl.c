@@ -1103,3 +1103,70 @@ TEST_IMPL(ctl_systemd_verify) {
             0);
   return 0;
 }
+
+/*
+ * Failures say what failed, in the form asked for: with --json a failed
+ * command prints one JSON error object ({"error":{"code","message"}}) on
+ * stdout, for a daemon that cannot be reached and for one that refuses;
+ * status tells a socket the user may not open from a daemon that is not
+ * running; example-trainer refuses a number that is not one (it became 0).
+ */
+TEST_IMPL(ctl_errors_clear) {
+  char missing[1024];
+  snprintf(missing, sizeof(missing), "%s/none.sock", test_tmpdir());
+  tc_out r;
+  tc_ctl(&r, NULL, missing, "--json", "stats", NULL);
+  EXPECT_RUN(&r, 1);
+  EXPECT_JSON(&r);
+  ASSERT_STR_CONTAINS(r.out, "\"LARDER_ECONNECT\"");
+  ASSERT_STR_CONTAINS(r.out, missing);
+  tc_out_free(&r);
+  tc_ctl(&r, NULL, missing, "status", NULL);
+  EXPECT_RUN(&r, 1);
+  ASSERT_STR_CONTAINS(r.out, "not running");
+  tc_out_free(&r);
+
+  dh_daemon d;
+  static const char *const fl[] = {"--socket_mode=0600", NULL};
+  dh_init(&d, "d", fl);
+  tc_open_tmpdir(d.dir);
+  dh_start(&d);
+  if (geteuid() == 0) {
+    static const tc_cred nobody = {65534, 65534, {0}, 0};
+    tc_ctl(&r, &nobody, d.socket, "status", NULL);
+    EXPECT_RUN(&r, 1);
+    ASSERT_STR_CONTAINS(r.out, "cannot be reached");
+    ASSERT_STR_CONTAINS(r.out, strerror(EACCES));
+    ASSERT_NULL(strstr(r.out, "not running"));
+    tc_out_free(&r);
+  }
+  /* A refusal from the daemon: a bad option of a command. */
+  tc_ctl(&r, NULL, d.socket, "--json", "prefetch", "/no/such/dir", "--unit-rows", "abc", NULL);
+  EXPECT_RUN(&r, 1);
+  EXPECT_JSON(&r);
+  ASSERT_STR_CONTAINS(r.out, "\"LARDER_EINVAL\"");
+  ASSERT_STR_CONTAINS(r.out, "unit-rows");
+  tc_out_free(&r);
+  dh_stop(&d);
+
+  char trainer[PATH_MAX];
+  snprintf(trainer, sizeof(trainer), "%s", tc_ctl_bin());
+  char *slash = strrchr(trainer, '/');
+  ASSERT_NOT_NULL(slash);
+  snprintf(slash + 1, sizeof(trainer) - (size_t)(slash + 1 - trainer), "example-trainer");
+  const char *argv[] = {trainer, "--batch-size", "abc", "x.parquet", NULL};
+  tc_run(&r, NULL, 30000, argv);
+  EXPECT_RUN(&r, 2);
+  ASSERT_STR_CONTAINS(r.err, "--batch-size abc");
+  tc_out_free(&r);
+  const char *help[] = {trainer, "--help", NULL};
+  tc_run(&r, NULL, 30000, help);
+  EXPECT_RUN(&r, 0);
+  static const char *const flags[] = {"--socket", "--batch-size", "--epochs", "--compute-ms",
+                                      "--columns", "--seed", "--no-shuffle", "--rank",
+                                      "--world-size", "--local-world-size", "--partitions",
+                                      "--unit-rows", "--window"};
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) ASSERT_STR_CONTAINS(r.out, flags[i]);
+  tc_out_free(&r);
+  return 0;
+}

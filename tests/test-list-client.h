@@ -3,6 +3,7 @@
  * several streams, a dead daemon, the rank variables, NULL vectors, the
  * checks of what a (fake) daemon sends, and a map's export. */
 TEST_ENTRY(client_fork_releases, 120000)
+TEST_ENTRY(client_option_ranges, 60000)
 TEST_ENTRY(client_export_then_release, 60000)
 TEST_ENTRY(client_evloop_stall, 60000)
 TEST_ENTRY(client_frames_two_streams_wait, 60000)
