@@ -599,8 +599,9 @@ static void cmd_status(conn_t *c, const Larder__AdminRequest *req) {
               ",\"trainers\":%" PRIu64 ",\"streams\":%" PRIu64
               ",\"allowlist_rules\":%zu,\"metrics_endpoint\":",
               st.capacity_bytes, st.used_bytes, st.entries, srv->workers,
-              STATS_GET(&srv->stats, clients), count_trainers(srv), STATS_GET(&srv->stats, streams),
-              acl_num_rules(srv->acl));
+              /* the other connections: not the larderctl asking */
+              STATS_GET(&srv->stats, clients) - 1, count_trainers(srv),
+              STATS_GET(&srv->stats, streams), acl_num_rules(srv->acl));
     if (*metrics) sb_json(&b, metrics);
     else sb_puts(&b, "null");
     sb_puts(&b, ",\"metrics_textfile\":");
@@ -1221,16 +1222,39 @@ static void cmd_config(conn_t *c, const Larder__AdminRequest *req) {
   free(b.s.data);
 }
 
+/* Appends a JSON array of the keys in list ("a, b, c"; "" for none). */
+static void sb_key_list(sbuf *b, const char *list) {
+  sb_puts(b, "[");
+  int first = 1;
+  for (const char *p = list; *p;) {
+    while (*p == ' ' || *p == ',') p++;
+    size_t n = strcspn(p, ", ");
+    if (n == 0) break;
+    char key[128];
+    snprintf(key, sizeof(key), "%.*s", (int)(n < sizeof(key) - 1 ? n : sizeof(key) - 1), p);
+    if (!first) sb_puts(b, ",");
+    sb_json(b, key);
+    first = 0;
+    p += n;
+  }
+  sb_puts(b, "]");
+}
+
 static void cmd_reload(conn_t *c, const Larder__AdminRequest *req) {
-  char summary[2400];
-  int rc = server_reload(c->srv, summary, sizeof(summary));
+  char summary[2400], changed[1024], restart[512];
+  int rc = server_reload(c->srv, summary, sizeof(summary), changed, sizeof(changed), restart,
+                         sizeof(restart));
   if (rc) {
     reply_error(c, req->request_id, rc, "reload failed: %s", summary);
     return;
   }
   sbuf b = {0};
   if (req->json) {
-    sb_puts(&b, "{\"reloaded\":true,\"summary\":");
+    sb_puts(&b, "{\"reloaded\":true,\"changed\":");
+    sb_key_list(&b, changed);
+    sb_puts(&b, ",\"restart_needed\":");
+    sb_key_list(&b, restart);
+    sb_puts(&b, ",\"summary\":");
     sb_json(&b, summary);
     sb_puts(&b, "}");
   } else {

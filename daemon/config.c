@@ -587,8 +587,24 @@ void config_each(const config_t *cfg, void (*fn)(const char *key, const char *va
       case T_U64: {
         uint64_t n;
         memcpy(&n, field, sizeof(n));
-        if (strcmp(k->name, "socket_mode") == 0) snprintf(buf, sizeof(buf), "0%llo", (unsigned long long)n);
-        else snprintf(buf, sizeof(buf), "%llu", (unsigned long long)n);
+        if (strcmp(k->name, "socket_mode") == 0) {
+          snprintf(buf, sizeof(buf), "0%llo", (unsigned long long)n);
+        } else if (n == 0 && (strcmp(k->name, "workers") == 0 ||
+                              strcmp(k->name, "cache_flush_threads") == 0)) {
+          v = "auto"; /* chosen at startup from the cores (the key's doc) */
+        } else if (k->type == T_SIZE && n > 0) {
+          /* As a size is written: the largest unit that divides it. */
+          static const char units[] = "KMGTP";
+          int u = -1;
+          while (u < 4 && n % ((uint64_t)1024 << (10 * (u + 1))) == 0 &&
+                 n >= ((uint64_t)1024 << (10 * (u + 1))))
+            u++;
+          if (u < 0) snprintf(buf, sizeof(buf), "%llu", (unsigned long long)n);
+          else
+            snprintf(buf, sizeof(buf), "%llu%c", (unsigned long long)(n >> (10 * (u + 1))), units[u]);
+        } else {
+          snprintf(buf, sizeof(buf), "%llu", (unsigned long long)n);
+        }
         break;
       }
       case T_BOOL: {

@@ -422,10 +422,13 @@ static void s3_credentials(const config_t *c, fetch_options_t *fo, char **owned)
   fetch_load_credentials(fo, c->s3_profile, owned, 4);
 }
 
-int server_reload(server_t *srv, char *summary, size_t len) {
+int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,
+                  size_t changed_len, char *restart_out, size_t restart_len) {
   config_t next;
   char err[512];
   summary[0] = '\0';
+  if (changed_out && changed_len) changed_out[0] = '\0';
+  if (restart_out && restart_len) restart_out[0] = '\0';
   if (config_defaults(&next) != 0) {
     snprintf(summary, len, "out of memory");
     return LARDER_ENOMEM;
@@ -457,6 +460,8 @@ int server_reload(server_t *srv, char *summary, size_t len) {
   log_reopen();
   char restart[512], changed[1024];
   config_apply_live_report(&srv->cfg, &next, restart, sizeof(restart), changed, sizeof(changed));
+  if (changed_out && changed_len) snprintf(changed_out, changed_len, "%s", changed);
+  if (restart_out && restart_len) snprintf(restart_out, restart_len, "%s", restart);
   config_free(&next);
   if (server_apply_access(srv, err, sizeof(err)) != 0) log_err("reload: %s", err);
   metrics_config_changed(srv);
@@ -495,7 +500,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   server_t *srv = h->data;
   if (signum == SIGHUP) {
     char summary[2048];
-    server_reload(srv, summary, sizeof(summary));
+    server_reload(srv, summary, sizeof(summary), NULL, 0, NULL, 0);
   } else {
     begin_shutdown(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
   }

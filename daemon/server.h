@@ -379,9 +379,12 @@ int server_run(server_t *srv);
  * code with a message (the old rules are then kept). */
 int server_apply_access(server_t *srv, char *err, size_t errlen);
 /* Reloads the configuration (SIGHUP, larderctl reload); writes what
- * happened into summary.  Returns 0 or a negative code (the file is
- * broken: the current configuration stays). */
-int server_reload(server_t *srv, char *summary, size_t len);
+ * happened into summary, and the keys that changed and those that changed
+ * but need a restart, as "a, b" lists, into changed and restart (either
+ * may be NULL).  Returns 0 or a negative code (the file is broken: the
+ * current configuration stays). */
+int server_reload(server_t *srv, char *summary, size_t len, char *changed, size_t changed_len,
+                  char *restart, size_t restart_len);
 
 /*
  * Takes a trainer's report of the time it waited for batches and the time

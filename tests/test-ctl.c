@@ -1170,3 +1170,44 @@ TEST_IMPL(ctl_errors_clear) {
   tc_out_free(&r);
   return 0;
 }
+
+/*
+ * The numbers as an operator reads them: config shows sizes as written
+ * (1500M, not 1572864000) and "auto" for the values chosen at startup;
+ * status --json counts the other clients, not the larderctl asking;
+ * reload --json lists the keys that changed and those that need a restart.
+ */
+TEST_IMPL(ctl_output_forms) {
+  dh_daemon d;
+  static const char *const fl[] = {"--memory_limit=1500M", NULL};
+  dh_init(&d, "d", fl);
+  FILE *f = fopen(d.config, "w");
+  ASSERT_NOT_NULL(f);
+  fprintf(f, "max_clients = 77\nunit_bytes = 3M\n");
+  ASSERT_OK(fclose(f));
+  dh_start(&d);
+  tc_out r;
+  tc_ctl(&r, NULL, d.socket, "config", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "= 1500M\n");
+  ASSERT_STR_CONTAINS(r.out, "= 3M\n");
+  ASSERT_STR_CONTAINS(r.out, "cache_flush_threads          = auto\n");
+  tc_out_free(&r);
+  tc_ctl(&r, NULL, d.socket, "--json", "status", NULL);
+  EXPECT_RUN(&r, 0);
+  EXPECT_JSON(&r);
+  ASSERT_STR_CONTAINS(r.out, "\"clients\":0,");
+  tc_out_free(&r);
+  f = fopen(d.config, "w");
+  ASSERT_NOT_NULL(f);
+  fprintf(f, "max_clients = 78\nunit_bytes = 3M\nworker_nice = 11\n");
+  ASSERT_OK(fclose(f));
+  tc_ctl(&r, NULL, d.socket, "--json", "reload", NULL);
+  EXPECT_RUN(&r, 0);
+  EXPECT_JSON(&r);
+  ASSERT_STR_CONTAINS(r.out, "\"changed\":[\"max_clients\"]");
+  ASSERT_STR_CONTAINS(r.out, "\"restart_needed\":[\"worker_nice\"]");
+  tc_out_free(&r);
+  dh_stop(&d);
+  return 0;
+}
