@@ -1129,8 +1129,10 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
   size_t shown = 0;
   if (req->json) sb_puts(&b, "{\"objects\":[");
   else
-    sb_printf(&b, "%-16s  %-52s %-34s %10s %8s  %s\n", "ID", "OBJECT", "IDENTITY", "BYTES",
-              "ENTRIES", "LAST USE");
+    /* Fixed-width columns first, then the object and its identity whole:
+     * a name or an identity is never cut to fit a column. */
+    sb_printf(&b, "%-16s  %10s %8s  %-16s  %s\n", "ID", "BYTES", "ENTRIES", "LAST USE",
+              "OBJECT (IDENTITY)");
   for (size_t i = 0; i < l.n; i++) {
     const store_object_info_t *o = &l.v[i];
     if (prefix && strncmp(o->name, prefix, strlen(prefix)) != 0) continue;
@@ -1145,11 +1147,10 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
       sb_printf(&b, ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 ",\"last_use_unix\":%" PRId64 "}",
                 o->bytes, o->entries, o->last_use);
     } else {
-      char name[64], ident[48], a[32], ago[48];
-      sb_printf(&b, "%016" PRIx64 "  %-52s %-34s %10s %8" PRIu64 "  %s\n", o->id,
-                fmt_fit(name, sizeof(name), o->name, 52), fmt_fit(ident, sizeof(ident), o->identity, 34),
+      char a[32], ago[48];
+      sb_printf(&b, "%016" PRIx64 "  %10s %8" PRIu64 "  %-16s  %s (%s)\n", o->id,
                 fmt_bytes(a, sizeof(a), (double)o->bytes), o->entries,
-                fmt_ago(ago, sizeof(ago), o->last_use));
+                fmt_ago(ago, sizeof(ago), o->last_use), o->name, o->identity);
     }
     shown++;
   }
