@@ -387,6 +387,68 @@ static void mark_leaves(pq_projection *proj, const pq_field_t *f) {
   for (int i = 0; i < f->num_children; i++) mark_leaves(proj, &f->children[i]);
 }
 
+/* The edit distance between a and b (insertions, deletions, substitutions),
+ * or a large number for names of 64 bytes or more. */
+static size_t edit_distance(const char *a, const char *b) {
+  size_t n = strlen(a), m = strlen(b);
+  if (n >= 64 || m >= 64) return SIZE_MAX;
+  size_t row[65];
+  for (size_t j = 0; j <= m; j++) row[j] = j;
+  for (size_t i = 1; i <= n; i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= m; j++) {
+      size_t up = row[j];
+      size_t best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  return row[m];
+}
+
+/* The nearest dotted path to want among the descendants of f (the fields
+ * of structs, by name), into best and dist. */
+static void nearest_path(const pq_field_t *f, const char *prefix, const char *want,
+                         char *best, size_t best_size, size_t *dist) {
+  for (int i = 0; i < f->num_children; i++) {
+    const pq_field_t *c = &f->children[i];
+    char path[256];
+    snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", c->name ? c->name : "");
+    size_t d = edit_distance(path, want);
+    if (d < *dist) {
+      *dist = d;
+      snprintf(best, best_size, "%s", path);
+    }
+    if (c->type == LARDER_TYPE_STRUCT) nearest_path(c, path, want, best, best_size, dist);
+  }
+}
+
+/* For an unknown column want: " (did you mean 'x'?); the columns are a, b, ..."
+ * into hint, the suggestion only when it is close (a third of the name's
+ * letters, at least 2). */
+static void column_hint(const pq_field_t *schema, const char *want, char *hint, size_t size) {
+  char best[256] = "";
+  size_t dist = SIZE_MAX, used = 0;
+  nearest_path(schema, "", want, best, sizeof(best), &dist);
+  size_t len = strlen(want), near = len / 3 > 2 ? len / 3 : 2;
+  hint[0] = '\0';
+  if (best[0] && dist <= near)
+    used += (size_t)snprintf(hint, size, " (did you mean '%s'?)", best);
+  if (used < size)
+    used += (size_t)snprintf(hint + used, size - used, "; the columns are");
+  for (int i = 0; i < schema->num_children && used < size; i++) {
+    const char *name = schema->children[i].name ? schema->children[i].name : "";
+    if (used + strlen(name) + 8 >= size) {
+      snprintf(hint + used, size - used, " ...");
+      break;
+    }
+    used += (size_t)snprintf(hint + used, size - used, "%s %s", i ? "," : "", name);
+  }
+}
+
 int pq_projection_create(const pq_file *file, const char *const *columns,
                          size_t n, pq_projection **out, pq_error *err) {
   *out = NULL;
@@ -418,8 +480,10 @@ int pq_projection_create(const pq_file *file, const char *const *columns,
         goto fail;
       }
       if (r != 0 || columns[i][0] == '\0') {
-        rc = pq_error_set(err, LARDER_ENOENT, "%s: no column named '%s'",
-                          file->name, columns[i]);
+        char hint[400];
+        column_hint(meta->schema, columns[i], hint, sizeof(hint));
+        rc = pq_error_set(err, LARDER_ENOENT, "%s: no column named '%s'%s", file->name,
+                          columns[i], hint);
         goto fail;
       }
     }

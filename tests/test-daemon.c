@@ -2532,3 +2532,35 @@ TEST_IMPL(daemon_workers_affinity) {
   dh_stop(&d);
   return 0;
 }
+
+/*
+ * A column the files lack fails the open naming it, the nearest column's
+ * name when one is close (a typo), and the columns there are.
+ */
+TEST_IMPL(daemon_column_hint) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  const char *typo[] = {"id", "lable"};
+  o.columns = typo;
+  o.num_columns = 2;
+  larder_stream_t *s;
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_ENOENT);
+  const char *e = larder_client_last_error(c);
+  ASSERT_STR_CONTAINS(e, "no column named 'lable'");
+  ASSERT_STR_CONTAINS(e, "did you mean 'label'?");
+  ASSERT_STR_CONTAINS(e, "the columns are id, label, x, name");
+  const char *far[] = {"zzzzzzzzzzzz"};
+  o.columns = far;
+  o.num_columns = 1;
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_ENOENT);
+  ASSERT_NULL(strstr(larder_client_last_error(c), "did you mean"));
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "the columns are id");
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
