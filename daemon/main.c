@@ -223,6 +223,32 @@ static int usable_cores(void) {
   return cores > 0 ? (int)cores : 2;
 }
 
+/* Who holds the RocksDB lock of the cache in dir: ": larderd, pid N" (the
+ * holder's command name and pid, from the lock's fcntl record), or "" when
+ * that cannot be told. */
+static void cache_holder(const char *dir, char *out, size_t size) {
+  out[0] = '\0';
+  char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/db/LOCK", dir);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  struct flock fl;
+  memset(&fl, 0, sizeof(fl));
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  int got = fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK && fl.l_pid > 0;
+  close(fd);
+  if (!got) return;
+  char comm_path[64], comm[64] = "";
+  snprintf(comm_path, sizeof(comm_path), "/proc/%d/comm", (int)fl.l_pid);
+  FILE *f = fopen(comm_path, "r");
+  if (f) {
+    if (fgets(comm, sizeof(comm), f)) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+  }
+  snprintf(out, size, ": %s%spid %d", comm, comm[0] ? ", " : "", (int)fl.l_pid);
+}
+
 static int larderd_run(server_t *srv, int argc, char **argv) {
   const char *config_path = NULL;
   int explicit_config = 0;
@@ -333,6 +359,14 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
     snprintf(srv->cache_error, sizeof(srv->cache_error), "%s", err);
     srv->store = NULL;
     rc = 0;
+  }
+  if (rc == LARDER_EBUSY) {
+    char holder[512];
+    cache_holder(srv->cfg.cache_dir, holder, sizeof(holder));
+    log_err("cannot open the cache in %s: another process holds it%s (%s); give this larderd "
+            "a cache_dir of its own, or stop the other",
+            srv->cfg.cache_dir, holder, err);
+    return 1;
   }
   if (rc) {
     log_err("cannot open the cache in %s: %s", srv->cfg.cache_dir, err);

@@ -1217,3 +1217,30 @@ TEST_IMPL(ctl_output_forms) {
   dh_stop(&d);
   return 0;
 }
+
+/*
+ * A second larderd pointed at a cache another one holds stops at once,
+ * saying which process holds it (the RocksDB lock's holder, by pid).
+ */
+TEST_IMPL(ctl_cache_held) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  char bin[PATH_MAX], sock[700], cache[700], conf[700];
+  snprintf(bin, sizeof(bin), "%s", getenv("LARDERD_BIN") ? getenv("LARDERD_BIN") : "larderd");
+  snprintf(sock, sizeof(sock), "--socket=%s/second.sock", d.dir);
+  snprintf(cache, sizeof(cache), "--cache_dir=%s", d.cache);
+  snprintf(conf, sizeof(conf), "--config=%s", d.config);
+  const char *argv[] = {bin, conf, sock, cache, "--log_level=warning", NULL};
+  tc_out r;
+  tc_run(&r, NULL, 60000, argv);
+  EXPECT_RUN(&r, 1);
+  char want[64];
+  snprintf(want, sizeof(want), "pid %d", (int)d.pid);
+  ASSERT_STR_CONTAINS(r.err, "another process holds it");
+  ASSERT_STR_CONTAINS(r.err, want);
+  tc_out_free(&r);
+  ASSERT(dh_alive(&d));
+  dh_stop(&d);
+  return 0;
+}
