@@ -651,3 +651,20 @@ void config_print_reference(FILE *out) {
         "# allow = https://datasets.example.com/public/\n",
         out);
 }
+
+int config_systemd_credentials(config_t *cfg, char *err, size_t errlen) {
+  const char *dir = getenv("CREDENTIALS_DIRECTORY");
+  if (dir == NULL || *dir == '\0') return 0;
+  static const char *const names[] = {"s3_access_key", "s3_secret_key", "s3_session_token"};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    char file_key[64], path[4096];
+    snprintf(file_key, sizeof(file_key), "%s_file", names[i]);
+    const key_info *k = find_key(names[i]), *kf = find_key(file_key);
+    if (k == NULL || kf == NULL || *str_field(cfg, k) || *str_field(cfg, kf)) continue;
+    snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+    if (access(path, F_OK) != 0) continue;
+    int rc = config_set(cfg, file_key, path, err, errlen);
+    if (rc) return rc;
+  }
+  return 0;
+}

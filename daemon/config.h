@@ -274,4 +274,15 @@ void config_free(config_t *cfg);
 /* Writes every key with its default and documentation (the example file). */
 void config_print_reference(FILE *out);
 
+/*
+ * Secrets handed over by systemd (LoadCredential=s3_secret_key:PATH and the
+ * like, read from $CREDENTIALS_DIRECTORY): each of s3_access_key,
+ * s3_secret_key and s3_session_token that neither the configuration nor a
+ * flag sets, nor its *_file, comes from the credential file of its name
+ * when there is one, as if its *_file named it (read again at reload).
+ * Returns 0, or the code of a credential file that cannot be read, with a
+ * message naming the key and the path.
+ */
+int config_systemd_credentials(config_t *cfg, char *err, size_t errlen);
+
 #endif /* LARDER_CONFIG_H */

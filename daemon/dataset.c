@@ -326,8 +326,16 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
   if (!pattern) {
     struct stat st;
     if (stat(src, &st) != 0) {
-      snprintf(err, errlen, "%s: %s", src, strerror(errno));
-      return errno == ENOENT ? LARDER_ENOENT : errno == EACCES ? LARDER_EACCES : LARDER_EIO;
+      int e = errno;
+      /* A trainer's /tmp is not the daemon's when systemd gives the
+       * daemon a private one: say so rather than leave "no such file"
+       * for a file the trainer can see. */
+      int tmp = e == ENOENT && strncmp(src, "/tmp/", 5) == 0 && util_private_tmp();
+      snprintf(err, errlen, "%s: %s%s", src, strerror(e),
+               tmp ? " (larderd runs with a private /tmp, PrivateTmp=yes in larderd.service, "
+                     "so it does not see the trainers' /tmp: put datasets elsewhere)"
+                   : "");
+      return e == ENOENT ? LARDER_ENOENT : e == EACCES ? LARDER_EACCES : LARDER_EIO;
     }
     if (S_ISDIR(st.st_mode)) {
       /* A directory means its Parquet files (not recursive).  Its name

@@ -169,7 +169,9 @@ static int daemonize(const char *log_file) {
   if (log_file && *log_file) {
     int rc = log_open_file(log_file);
     if (rc) {
-      fprintf(stderr, "larderd: cannot open the log file %s: %s\n", log_file, strerror(-rc));
+      char hint[600];
+      fprintf(stderr, "larderd: cannot open the log file %s: %s%s\n", log_file, strerror(-rc),
+              util_sandbox_hint(-rc, log_file, 0, hint, sizeof(hint)));
       _exit(1);
     }
   } else {
@@ -301,6 +303,10 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
       return 2;
     }
   }
+  if (config_systemd_credentials(&srv->cfg, err, sizeof(err)) != 0) {
+    fprintf(stderr, "larderd: %s\n", err);
+    return 2;
+  }
   log_set_level(srv->cfg.log_level);
   if (srv->cfg.daemonize) {
     /* The working directory becomes /: relative paths must not change
@@ -315,8 +321,9 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   } else if (srv->cfg.log_file && *srv->cfg.log_file) {
     int rc = log_open_file(srv->cfg.log_file);
     if (rc) {
-      fprintf(stderr, "larderd: cannot open the log file %s: %s\n", srv->cfg.log_file,
-              strerror(-rc));
+      char hint[600];
+      fprintf(stderr, "larderd: cannot open the log file %s: %s%s\n", srv->cfg.log_file,
+              strerror(-rc), util_sandbox_hint(-rc, srv->cfg.log_file, 0, hint, sizeof(hint)));
       return 2;
     }
   }
@@ -353,9 +360,12 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
      * trainer on the node with it.  It serves without a cache instead, as
      * it does once a disk fills while it runs; a cache that another larderd
      * holds (LARDER_EBUSY), or a configuration error, still stops it. */
+    char hint[600];
+    int e = strstr(err, "Read-only file system") ? EROFS : rc == LARDER_EACCES ? EACCES : 0;
     log_err("cannot open the cache in %s: %s; serving without a cache, every epoch decoded "
-            "from the sources, until larderd is restarted with a usable cache_dir",
-            srv->cfg.cache_dir, err);
+            "from the sources, until larderd is restarted with a usable cache_dir%s",
+            srv->cfg.cache_dir, err,
+            util_sandbox_hint(e, srv->cfg.cache_dir, 1, hint, sizeof(hint)));
     snprintf(srv->cache_error, sizeof(srv->cache_error), "%s", err);
     srv->store = NULL;
     rc = 0;

@@ -178,7 +178,10 @@ static void write_textfile(metrics_t *m, int up) {
     uint64_t now = util_now_ns();
     /* Once a minute at most: a full disk must not flood the log. */
     if (now - last_warn_ns > 60ull * 1000000000ull) {
-      log_warn("cannot write the metrics file %s: %s", m->textfile, strerror(errno));
+      char hint[600];
+      int e = errno;
+      log_warn("cannot write the metrics file %s: %s%s", m->textfile, strerror(e),
+               util_sandbox_hint(e, m->textfile, 0, hint, sizeof(hint)));
       last_warn_ns = now;
     }
     unlink(tmp);

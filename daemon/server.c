@@ -441,7 +441,8 @@ int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,
       return LARDER_EINVAL;
     }
   }
-  if (reapply_flags(&next, err, sizeof(err)) != 0) {
+  if (reapply_flags(&next, err, sizeof(err)) != 0 ||
+      config_systemd_credentials(&next, err, sizeof(err)) != 0) {
     log_err("reload: %s; keeping the current configuration", err);
     snprintf(summary, len, "%s; keeping the current configuration", err);
     config_free(&next);

@@ -3,8 +3,10 @@
  */
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -95,4 +97,47 @@ void util_human_bytes(char *buf, size_t size, double v) {
     u++;
   }
   snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+const char *util_sandbox_hint(int err, const char *path, int is_dir, char *buf, size_t size) {
+  buf[0] = '\0';
+  const char *inv = getenv("INVOCATION_ID");
+  if (inv == NULL || *inv == '\0' || (err != EROFS && err != EACCES && err != EPERM)) return buf;
+  char dir[1024];
+  snprintf(dir, sizeof(dir), "%s", path);
+  if (!is_dir) {
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) *slash = '\0';
+  }
+  snprintf(buf, size,
+           " (larderd.service's hardening, ProtectSystem=strict, lets larderd write only the "
+           "paths it names: allow %s with a drop-in, `systemctl edit larderd`, holding "
+           "[Service] ReadWritePaths=%s, then restart larderd)",
+           dir, dir);
+  return buf;
+}
+
+static int private_tmp = -1;
+static pthread_once_t private_tmp_once = PTHREAD_ONCE_INIT;
+
+static void private_tmp_init(void) {
+  private_tmp = 0;
+  FILE *f = fopen("/proc/self/mountinfo", "r");
+  if (f == NULL) return;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    /* id parent major:minor root mountpoint ... */
+    char root[512], mnt[512];
+    if (sscanf(line, "%*s %*s %*s %511s %511s", root, mnt) == 2 && strcmp(mnt, "/tmp") == 0 &&
+        strstr(root, "systemd-private-") != NULL)
+      private_tmp = 1;
+  }
+  free(line);
+  fclose(f);
+}
+
+int util_private_tmp(void) {
+  pthread_once(&private_tmp_once, private_tmp_init);
+  return private_tmp;
 }

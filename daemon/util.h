@@ -36,4 +36,19 @@ int util_thread_slice(uint64_t slice_ns);
 /* Formats bytes as "12.3 MiB" into buf. */
 void util_human_bytes(char *buf, size_t size, double bytes);
 
+/*
+ * What an operator must change when larderd cannot write path (a file, or
+ * a directory when is_dir) because of err: under systemd (INVOCATION_ID is
+ * set) a read-only filesystem (EROFS) or a refusal (EACCES, EPERM) is
+ * usually larderd.service's ProtectSystem=strict, which a drop-in lifts
+ * with ReadWritePaths= for that directory.  Writes the hint, starting with
+ * a space, into buf ("" when there is none) and returns buf.
+ */
+const char *util_sandbox_hint(int err, const char *path, int is_dir, char *buf, size_t size);
+
+/* Whether the daemon's /tmp is a private one (systemd's PrivateTmp=yes):
+ * a mount at /tmp of a systemd-private-* directory.  Trainers' files under
+ * /tmp are then not the daemon's.  Reads /proc/self/mountinfo once. */
+int util_private_tmp(void);
+
 #endif /* LARDER_UTIL_H */

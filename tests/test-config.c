@@ -740,3 +740,46 @@ TEST_IMPL(config_s3_token_file_rotation) {
   free(token);
   return 0;
 }
+
+/*
+ * S3 secrets from systemd credentials (LoadCredential=, read from
+ * $CREDENTIALS_DIRECTORY): each secret the configuration leaves unset comes
+ * from the credential file of its name; one the configuration sets stays;
+ * a credential file that cannot be read fails, naming it.
+ */
+TEST_IMPL(config_systemd_credentials) {
+  char dir[1024];
+  snprintf(dir, sizeof(dir), "%s/credentials", test_tmpdir());
+  ASSERT_OK(mkdir(dir, 0700));
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/s3_secret_key", dir);
+  FILE *f = fopen(path, "w");
+  ASSERT_NOT_NULL(f);
+  fputs("CredentialSecret\n", f);
+  ASSERT_OK(fclose(f));
+  snprintf(path, sizeof(path), "%s/s3_access_key", dir);
+  f = fopen(path, "w");
+  ASSERT_NOT_NULL(f);
+  fputs("AKIACREDENTIAL\n", f);
+  ASSERT_OK(fclose(f));
+  ASSERT_OK(setenv("CREDENTIALS_DIRECTORY", dir, 1));
+  config_t cfg;
+  char err[1024] = "";
+  ASSERT_OK(config_defaults(&cfg));
+  ASSERT_OK(config_set(&cfg, "s3_access_key", "AKIAFROMCONFIG", err, sizeof(err)));
+  if (config_systemd_credentials(&cfg, err, sizeof(err)) != 0) ASSERT_FAIL_("%s", err);
+  ASSERT_STR_EQ(cfg.s3_secret_key, "CredentialSecret");
+  ASSERT_STR_EQ(cfg.s3_access_key, "AKIAFROMCONFIG");
+  ASSERT(cfg.s3_session_token == NULL || cfg.s3_session_token[0] == '\0');
+  config_free(&cfg);
+  /* An unreadable one (a directory in its place) is an error naming it. */
+  snprintf(path, sizeof(path), "%s/s3_session_token", dir);
+  ASSERT_OK(mkdir(path, 0700));
+  ASSERT_OK(config_defaults(&cfg));
+  ASSERT_EQ(config_systemd_credentials(&cfg, err, sizeof(err)), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(err, "s3_session_token_file");
+  ASSERT_STR_CONTAINS(err, path);
+  config_free(&cfg);
+  ASSERT_OK(unsetenv("CREDENTIALS_DIRECTORY"));
+  return 0;
+}

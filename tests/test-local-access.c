@@ -15,6 +15,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -22,6 +24,7 @@
 
 #include "../daemon/cred.h"
 #include "../daemon/dataset.h"
+#include "../daemon/util.h"
 #include "test-ctl-common.h"
 
 static const tc_cred nobody = {65534, 65534, {0}, 0};
@@ -396,5 +399,70 @@ TEST_IMPL(local_access_swap_streams) {
   ASSERT_GT(ok, 0);
   larder_client_close(c);
   dh_stop(&d);
+  return 0;
+}
+
+/*
+ * Under systemd's PrivateTmp the daemon's /tmp is not the trainers': a
+ * source under /tmp that the daemon cannot see says so, instead of a bare
+ * "No such file or directory".  (A child in a mount namespace of its own,
+ * with a systemd-private-* directory bound over /tmp, stands for the
+ * unit; skipped where mounts are not allowed.)  And a path the unit's
+ * ProtectSystem makes read-only gets the drop-in that allows it.
+ */
+TEST_IMPL(local_access_private_tmp) {
+  char hint[600];
+  ASSERT_OK(setenv("INVOCATION_ID", "0123456789abcdef", 1));
+  util_sandbox_hint(EROFS, "/srv/metrics/larder.prom", 0, hint, sizeof(hint));
+  ASSERT_STR_CONTAINS(hint, "ReadWritePaths=/srv/metrics");
+  util_sandbox_hint(EACCES, "/data/cache", 1, hint, sizeof(hint));
+  ASSERT_STR_CONTAINS(hint, "ReadWritePaths=/data/cache");
+  util_sandbox_hint(ENOENT, "/data/cache", 1, hint, sizeof(hint));
+  ASSERT_STR_EQ(hint, "");
+  ASSERT_OK(unsetenv("INVOCATION_ID"));
+  util_sandbox_hint(EROFS, "/data/cache", 1, hint, sizeof(hint));
+  ASSERT_STR_EQ(hint, "");
+
+  if (geteuid() != 0) return TEST_SKIP;
+  char file[700], priv[700];
+  snprintf(file, sizeof(file), "/tmp/larder-private-tmp-%d.parquet", (int)getpid());
+  FILE *f = fopen(file, "w");
+  ASSERT_NOT_NULL(f);
+  fputs("not parquet", f);
+  ASSERT_OK(fclose(f));
+  snprintf(priv, sizeof(priv), "%s/systemd-private-larder-tmp", test_tmpdir());
+  ASSERT_OK(mkdir(priv, 0700));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount(priv, "/tmp", NULL, MS_BIND, NULL) != 0)
+      _exit(77);
+    if (!util_private_tmp()) _exit(3);
+    dataset_options_t dopts;
+    memset(&dopts, 0, sizeof(dopts));
+    dopts.unit_rows = 4096;
+    dopts.unit_bytes = 4u << 20;
+    pq_options_init(&dopts.pq);
+    const char *src[1] = {file};
+    dataset_t *ds = NULL;
+    char err[1024];
+    int rc = dataset_open(src, 1, NULL, 0, &dopts, &ds, err, sizeof(err));
+    if (rc != LARDER_ENOENT) _exit(4);
+    if (strstr(err, "private /tmp") == NULL) _exit(5);
+    _exit(0);
+  }
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  unlink(file);
+  ASSERT(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    fprintf(stderr, "no mount namespace here\n");
+    return TEST_SKIP;
+  }
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  /* This process's /tmp is no private one. */
+  ASSERT_EQ(util_private_tmp(), 0);
   return 0;
 }
