@@ -1812,6 +1812,7 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   sb_puts(&b, ",\"eta_s\":");
   if (eta >= 0) sb_num(&b, eta);
   else sb_puts(&b, "null");
+  sb_printf(&b, ",\"concurrency\":%d", p->max_active);
   sb_puts(&b, ",\"elapsed_s\":");
   sb_num(&b, elapsed);
   sb_printf(&b, ",\"cache_used_bytes\":%" PRIu64 ",\"cache_capacity_bytes\":%" PRIu64,
@@ -2034,7 +2035,17 @@ static void pf_opened(job_t *j) {
   }
   dataset_t *ds = p->ds;
   p->rgs = calloc((size_t)ds->num_units + 1, sizeof(pf_rg_t));
-  p->max_active = j->srv->workers < 1 ? 1 : j->srv->workers > 64 ? 64 : j->srv->workers;
+  /* Row groups loading at once: a worker's worth for local files; for
+   * remote ones as many as the fetch settings let fly, since a load then
+   * waits on the network, not on a core (one per worker left a prefetch
+   * over HTTP at two or three requests where a stream made sixteen). */
+  int want = j->srv->workers;
+  for (uint32_t f = 0; f < ds->num_files; f++)
+    if (ds->files[f].remote && (int)j->srv->cfg.fetch_inflight_per_host > want) {
+      want = (int)j->srv->cfg.fetch_inflight_per_host;
+      break;
+    }
+  p->max_active = want < 1 ? 1 : want > 64 ? 64 : want;
   p->active = calloc((size_t)p->max_active + 1, sizeof(pf_active_t));
   if (p->rgs == NULL || p->active == NULL) {
     job_fail(j, LARDER_ENOMEM, "out of memory");

@@ -247,6 +247,9 @@ TEST_IMPL(daemon_partitions_prefetch) {
   if (r.status != 0) tc_out_print("prefetch", &r);
   ASSERT_EQ(r.status, 0);
   ASSERT_STR_CONTAINS(r.out, "\"event\":\"done\"");
+  /* Remote row groups load as many at once as the fetch settings allow
+   * (fetch_inflight_per_host, 16), not one per worker (2 here). */
+  ASSERT_STR_CONTAINS(r.out, "\"concurrency\":16");
   tc_out_free(&r);
   rh_wait_lines(log_path, 1, 2000);
   int64_t prefetched = column_bytes(log_path);
