@@ -737,6 +737,86 @@ static int bytes_append(bytes_t *b, const void *p, size_t n) {
   return 0;
 }
 
+/*
+ * A set of the keys of one reservation or put, for the checks that compare
+ * every key of a unit with every other (no two equal) or with every pending
+ * delete (a put supersedes the deletes of its own keys).  A unit of a file
+ * with 100k columns is one put of 100k keys: comparing pairs cost 34 s of a
+ * worker per unit, so the set is a hash table and each check is linear.
+ * The keys stay the caller's: they lie stride bytes apart from first (a
+ * store_key_t array, or the keys inside a store_entry_t array).
+ */
+typedef struct keyset {
+  const store_key_t *first;
+  size_t stride;
+  int n;
+  uint32_t *slot; /* key index + 1, 0 = empty; NULL when n is small */
+  size_t mask;
+} keyset_t;
+
+#define KEYSET_LINEAR 16 /* up to this many keys a scan beats a table */
+
+static const store_key_t *keyset_at(const keyset_t *ks, int i) {
+  return (const store_key_t *)((const char *)ks->first + (size_t)i * ks->stride);
+}
+
+static bool key_is(const store_key_t *k, const uint8_t *bytes, size_t len) {
+  return k->len == len && memcmp(k->bytes, bytes, len) == 0;
+}
+
+/* Looks key up among the first `upto` keys of ks (all of them once built). */
+static bool keyset_has_upto(const keyset_t *ks, const uint8_t *bytes, size_t len, int upto) {
+  if (ks->slot == NULL) {
+    for (int i = 0; i < upto; i++)
+      if (key_is(keyset_at(ks, i), bytes, len)) return true;
+    return false;
+  }
+  for (size_t at = hash_key(bytes, len) & ks->mask; ks->slot[at] != 0; at = (at + 1) & ks->mask)
+    if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), bytes, len)) return true;
+  return false;
+}
+
+static bool keyset_has(const keyset_t *ks, const uint8_t *bytes, size_t len) {
+  return keyset_has_upto(ks, bytes, len, ks->n);
+}
+
+static void keyset_free(keyset_t *ks) {
+  free(ks->slot);
+  ks->slot = NULL;
+}
+
+/* Builds the set of n keys (n >= 0, each len <= STORE_KEY_MAX, checked by
+ * the caller).  Returns 0; LARDER_EINVAL when two keys are equal;
+ * LARDER_ENOMEM.  On failure nothing is left to free.  The table is at most
+ * half full, so a probe run stays short whatever the keys.  Any thread. */
+static int keyset_build(keyset_t *ks, const store_key_t *first, size_t stride, int n) {
+  *ks = (keyset_t){first, stride, n, NULL, 0};
+  if (n <= KEYSET_LINEAR) {
+    for (int i = 1; i < n; i++) {
+      const store_key_t *k = keyset_at(ks, i);
+      if (keyset_has_upto(ks, k->bytes, k->len, i)) return LARDER_EINVAL;
+    }
+    return 0;
+  }
+  size_t cap = 64;
+  while (cap < (size_t)n * 2) cap <<= 1;
+  ks->slot = calloc(cap, sizeof(*ks->slot));
+  if (ks->slot == NULL) return LARDER_ENOMEM;
+  ks->mask = cap - 1;
+  for (int i = 0; i < n; i++) {
+    const store_key_t *k = keyset_at(ks, i);
+    size_t at = hash_key(k->bytes, k->len) & ks->mask;
+    for (; ks->slot[at] != 0; at = (at + 1) & ks->mask) {
+      if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), k->bytes, k->len)) {
+        keyset_free(ks);
+        return LARDER_EINVAL;
+      }
+    }
+    ks->slot[at] = (uint32_t)i + 1;
+  }
+  return 0;
+}
+
 /* Pending records: 'e' len key (an entry: delete 'v'+key and 'i'+key) or
  * 'o' 8 id (an object record).  A record that cannot be queued for lack of
  * memory is dropped: the entry is already gone from the index and at worst
@@ -770,9 +850,9 @@ static size_t make_obj_key(uint8_t *out, uint64_t id) {
 }
 
 /* Adds the deletes of pending records to b, skipping those superseded by
- * the keys of this put (skip_keys, n of them) and objects in skip_obj. */
+ * the keys of this put (skip_keys, or NULL) and objects in skip_obj. */
 static void pending_to_batch(const bytes_t *pend, rocksdb_writebatch_t *b,
-                             const store_entry_t *skip_keys, int n,
+                             const keyset_t *skip_keys,
                              uint64_t skip_obj, bool skip_obj_valid) {
   uint8_t k[1 + STORE_KEY_MAX];
   for (size_t off = 0; off + 2 <= pend->len;) {
@@ -781,11 +861,7 @@ static void pending_to_batch(const bytes_t *pend, rocksdb_writebatch_t *b,
     const uint8_t *key = pend->p + off + 2;
     off += 2u + len;
     if (type == 'e') {
-      bool skip = false;
-      for (int i = 0; i < n && !skip; i++)
-        skip = skip_keys[i].key.len == len &&
-               memcmp(skip_keys[i].key.bytes, key, len) == 0;
-      if (skip) continue;
+      if (skip_keys && keyset_has(skip_keys, key, len)) continue;
       size_t kl = make_key(k, PFX_VALUE, key, len);
       rocksdb_writebatch_delete(b, (const char *)k, kl);
       k[0] = PFX_INDEX;
@@ -1650,7 +1726,7 @@ static int flush_pending(store_t *st) {
   memset(&st->pending, 0, sizeof(st->pending));
   pthread_mutex_unlock(&st->mu);
   rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-  pending_to_batch(&taken, b, NULL, 0, 0, false);
+  pending_to_batch(&taken, b, NULL, 0, false);
   int rc = db_write(st, b);
   rocksdb_writebatch_destroy(b);
   pthread_mutex_lock(&st->mu);
@@ -1786,7 +1862,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
     pthread_mutex_unlock(&st->mu);
     if (rc == 0) {
       rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-      pending_to_batch(&taken, b, NULL, 0, obj->id, true);
+      pending_to_batch(&taken, b, NULL, obj->id, true);
       uint8_t k[9];
       make_obj_key(k, obj->id);
       rocksdb_writebatch_put(b, (const char *)k, sizeof(k),
@@ -1968,6 +2044,7 @@ int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
   return 0;
 }
 
+
 /* ------------------------------------------------------------------------ */
 /* Admission                                                                 */
 
@@ -2023,11 +2100,11 @@ int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
     if (keys[i].len > STORE_KEY_MAX || sizes[i] > UINT64_MAX / 4 - total)
       return LARDER_EINVAL;
     total += sizes[i];
-    for (int j = 0; j < i; j++)
-      if (keys[j].len == keys[i].len &&
-          memcmp(keys[j].bytes, keys[i].bytes, keys[i].len) == 0)
-        return LARDER_EINVAL;
   }
+  keyset_t ks;
+  int dup = keyset_build(&ks, keys, sizeof(keys[0]), n);
+  keyset_free(&ks);
+  if (dup != 0) return dup;
   int64_t mnow = mono_now(st);
   pthread_mutex_lock(&st->mu);
   if (st->writes_off) {
@@ -2136,17 +2213,18 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
     if (entries[i].key.len > STORE_KEY_MAX ||
         (entries[i].data == NULL && entries[i].size > 0))
       return LARDER_EINVAL;
-    for (int j = 0; j < i; j++)
-      if (entries[j].key.len == entries[i].key.len &&
-          memcmp(entries[j].key.bytes, entries[i].key.bytes,
-                 entries[i].key.len) == 0)
-        return LARDER_EINVAL;
   }
+  /* Kept until the batch is built: it also finds the pending deletes that
+   * this put supersedes. */
+  keyset_t ks;
+  int dup = keyset_build(&ks, &entries[0].key, sizeof(entries[0]), n);
+  if (dup != 0) return dup;
   entry_t **es = calloc((size_t)n, sizeof(entry_t *));
   uint8_t *hdrs = malloc((size_t)n * (VALUE_HDR + INDEX_REC));
   if (es == NULL || hdrs == NULL) {
     free(es);
     free(hdrs);
+    keyset_free(&ks);
     return LARDER_ENOMEM;
   }
   /* Checksums first, holding no lock. */
@@ -2180,6 +2258,7 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   if (rc != 0) {
     free(es);
     free(hdrs);
+    keyset_free(&ks);
     return rc;
   }
 
@@ -2209,7 +2288,8 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   if (write_obj && encode_object(&orec, o) != 0) write_obj = false;
   if (write_obj) o->on_disk = true;
   pthread_mutex_unlock(&st->mu);
-  pending_to_batch(&taken, b, entries, n, object_id, write_obj);
+  pending_to_batch(&taken, b, &ks, object_id, write_obj);
+  keyset_free(&ks);
   if (write_obj) {
     uint8_t k[9];
     make_obj_key(k, object_id);
