@@ -96,6 +96,7 @@ typedef struct pin_task {
   uint64_t epoch, first, last;
   uint32_t *idx;
   int n;
+  int next;                 /* idx[next ..] are not pinned yet */
 } pin_task_t;
 
 /* The row orders of the windows that batches [first, last) of an epoch
@@ -628,36 +629,64 @@ static void order_task_done(work_t *w, int status) {
   start_orders(s);
 }
 
+/*
+ * Units one turn of the loop pins at most.  A span's units number up to a
+ * whole shuffle window, which is the whole dataset when units are small (a
+ * million one-row row groups): acquiring them all in one turn (an
+ * allocation and a queued load each) held the loop for seconds, and other
+ * clients' connects timed out.  The rest are pinned in later turns, the
+ * task going once more through the pool (a task that runs nothing), so it
+ * also waits behind the loads it has just queued.
+ */
+#define PIN_SLICE 2048
+
+static void pin_task_resume(work_t *w) { (void)w; }
+
 static void pin_task_done(work_t *w, int status) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
   server_task_end(s->srv);
   s->tasks--;
-  s->pin_busy = 0;
   if (s->closed || status != 0 || s->srv->shutting_down) {
+    s->pin_busy = 0;
     free(t->idx);
     free(t);
     stream_maybe_free(s);
     return;
   }
-  rotate_pins(s);
   int n = t->idx ? t->n : 0;
-  if (n > 0 && n > s->cap_pins) {
-    pin_t *p = realloc(s->pins, (size_t)n * sizeof(pin_t));
-    if (p == NULL) n = 0;
-    else {
-      s->pins = p;
-      s->cap_pins = n;
+  if (t->next == 0) {
+    rotate_pins(s);
+    if (n > 0 && n > s->cap_pins) {
+      pin_t *p = realloc(s->pins, (size_t)n * sizeof(pin_t));
+      if (p == NULL) n = t->n = 0;
+      else {
+        s->pins = p;
+        s->cap_pins = n;
+      }
     }
   }
-  for (int i = 0; i < n; i++) {
-    unit_t *u = units_acquire(s->srv, s->ds, t->idx[i]);
-    if (u == NULL) break;
+  int end = n - t->next > PIN_SLICE ? t->next + PIN_SLICE : n;
+  for (; t->next < end; t->next++) {
+    unit_t *u = units_acquire(s->srv, s->ds, t->idx[t->next]);
+    if (u == NULL) {
+      t->next = n; /* out of memory: the rest is left to the planner */
+      break;
+    }
     s->pins[s->num_pins].u = u;
-    s->pins[s->num_pins].index = t->idx[i];
+    s->pins[s->num_pins].index = t->idx[t->next];
     s->num_pins++;
-    if (s->pinned) s->pinned[t->idx[i]] = u;
+    if (s->pinned) s->pinned[t->idx[t->next]] = u;
   }
+  if (t->next < n) {
+    /* pin_busy stays set: no other span starts until this one is done. */
+    s->tasks++;
+    server_task_begin(s->srv);
+    if (work_queue(s->srv->pool, &t->work, pin_task_resume, pin_task_done) == 0) return;
+    server_task_end(s->srv);
+    s->tasks--;
+  }
+  s->pin_busy = 0;
   /* Pins are a prefetch: a span they could not find (out of memory) is
    * skipped, and its batches load their units when planned. */
   s->order_wanted = 1;
