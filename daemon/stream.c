@@ -1832,14 +1832,39 @@ typedef struct open_req {
   remote_object_t *remote;
   size_t num_remote;
   char **roots;      /* larder ACL: local_roots, split (NULL: anywhere) */
+  uint64_t window_bytes; /* cfg.shuffle_window_bytes when it was asked */
+  int row_group_blocks;  /* cfg.shuffle_row_groups, likewise */
+  shuffle_plan_t *plan;  /* made by open_work; NULL: open_done makes it */
 } open_req_t;
 
+/* The stream's shuffle parameters, from its request and its dataset. */
+static void open_shuffle_params(const open_req_t *o, const dataset_t *ds, shuffle_params_t *sp) {
+  const Larder__OpenStream *p = &o->params;
+  memset(sp, 0, sizeof(*sp));
+  sp->seed = p->seed;
+  sp->shuffle = p->shuffle;
+  sp->window_units = p->shuffle_window ? p->shuffle_window
+                                       : dataset_window_units(ds, o->window_bytes);
+  sp->batch_size = p->batch_size;
+  sp->world_size = p->world_size ? p->world_size : 1;
+  sp->rank = p->rank;
+  sp->drop_last = p->drop_last;
+}
+
+/* The dataset, and its shuffle plan: both cost time linear in the units
+ * (a million for a file of a million small row groups, a fifth of a second
+ * for the plan), which the loop must not spend.  A plan refused here (bad
+ * settings, no memory) is made again by open_done, which reports why. */
 static void open_work(work_t *w) {
   open_req_t *o = w->data;
   o->rc = dataset_open((const char *const *)o->sources, o->num_sources,
                        (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
                        sizeof(o->err));
-  if (o->rc == 0) admin_register_objects(o->srv, o->ds); /* larder admin: names for ls, evict */
+  if (o->rc != 0) return;
+  admin_register_objects(o->srv, o->ds); /* larder admin: names for ls, evict */
+  shuffle_params_t sp;
+  open_shuffle_params(o, o->ds, &sp);
+  if (dataset_shuffle_plan(o->ds, &sp, o->row_group_blocks, &o->plan) != 0) o->plan = NULL;
 }
 
 static conn_t *find_conn(server_t *srv, uint64_t id);
@@ -1849,6 +1874,7 @@ static void free_open_req(open_req_t *o) {
   conn_t *c = find_conn(o->srv, o->conn_id);
   if (c && c->pending_requests > 0) c->pending_requests--;
   free(o->roots);
+  shuffle_plan_free(o->plan);
   remote_objects_free(o->remote, o->num_remote);
   for (size_t i = 0; i < o->num_sources; i++) free(o->sources[i]);
   for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
@@ -1997,14 +2023,7 @@ static void open_done(work_t *w, int status) {
   s->opened_ns = util_now_ns();
   s->validated_ns = s->opened_ns;
   STATS_ADD(&srv->stats, streams, 1);
-  s->params.seed = p->seed;
-  s->params.shuffle = p->shuffle;
-  s->params.window_units = p->shuffle_window ? p->shuffle_window
-                                             : dataset_window_units(s->ds, srv->cfg.shuffle_window_bytes);
-  s->params.batch_size = p->batch_size;
-  s->params.world_size = p->world_size ? p->world_size : 1;
-  s->params.rank = p->rank;
-  s->params.drop_last = p->drop_last;
+  open_shuffle_params(o, s->ds, &s->params);
   s->epochs = p->epochs;
   s->window = p->window ? p->window : LARDER_DEFAULT_WINDOW;
   s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
@@ -2017,8 +2036,12 @@ static void open_done(work_t *w, int status) {
   s->counted = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
   int rc = s->pinned && s->plan_slot && s->counted ? 0 : LARDER_ENOMEM;
   if (rc == 0) memset(s->plan_slot, 0xff, ((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
-  if (rc == 0)
-    rc = dataset_shuffle_plan(s->ds, &s->params, srv->cfg.shuffle_row_groups, &s->plan);
+  if (rc == 0 && o->plan) {
+    s->plan = o->plan;
+    o->plan = NULL;
+  } else if (rc == 0) {
+    rc = dataset_shuffle_plan(s->ds, &s->params, o->row_group_blocks, &s->plan);
+  }
   if (rc) {
     refuse_open(c, s, o, rc, "invalid stream settings (batch_size %u, rank %u of %u)",
                 p->batch_size, p->rank, s->params.world_size);
@@ -2358,6 +2381,8 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
   o->dopts.footers = srv->footers;
   o->dopts.footer_limit = srv->cfg.footer_memory;
+  o->window_bytes = srv->cfg.shuffle_window_bytes;
+  o->row_group_blocks = srv->cfg.shuffle_row_groups;
   {
     /* larder ACL: local paths stay inside local_roots (a copy: a reload
      * may change the key while the open runs on a worker). */
