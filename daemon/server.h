@@ -323,6 +323,8 @@ struct server {
   uint64_t rgbuf_ahead_bytes;    /* read ahead into memory, not used yet */
   uint64_t rgbuf_held_bytes;     /* held until their units have decoded */
   int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
+  uint64_t acquiring_owner; /* the work owner (work.h) of the loads that
+                               units_acquire starts: the stream's */
   int in_read_ahead;      /* stream_read_ahead_all is running */
   int tasks_in_flight;    /* every work_queue task not yet done */
 

@@ -122,6 +122,10 @@ struct stream {
   int end_sent;
   int tasks;                /* worker tasks in flight */
   int pumping;              /* stream_pump frames on the stack */
+  uint64_t owner;           /* its tasks' work owner (work.h): its dataset's
+                               key, which the ranks of a job share, so they
+                               share the workers as one */
+  int owner_held;           /* work_pool_hold_owner(owner) from open to destroy */
 
   dataset_t *ds;
   shuffle_plan_t *plan;
@@ -393,6 +397,8 @@ static void window_unreserve(stream_t *s) {
 }
 
 static void stream_destroy(stream_t *s) {
+  if (s->owner_held) work_pool_release_owner(s->srv->pool, s->owner);
+  s->owner_held = 0;
   window_unreserve(s);
   while (s->q_head) {
     pbatch_t *b = s->q_head;
@@ -609,6 +615,7 @@ static void start_orders(stream_t *s) {
   t->first = s->order_first;
   t->last = s->order_last;
   t->work.data = t;
+  t->work.owner = s->owner;
   s->order_wanted = 0;
   s->order_task = t;
   s->tasks++;
@@ -667,6 +674,8 @@ static void pin_task_done(work_t *w, int status) {
     }
   }
   int end = n - t->next > PIN_SLICE ? t->next + PIN_SLICE : n;
+  uint64_t outer = s->srv->acquiring_owner;
+  s->srv->acquiring_owner = s->owner; /* the loads are this stream's work */
   for (; t->next < end; t->next++) {
     unit_t *u = units_acquire(s->srv, s->ds, t->idx[t->next]);
     if (u == NULL) {
@@ -678,6 +687,7 @@ static void pin_task_done(work_t *w, int status) {
     s->num_pins++;
     if (s->pinned) s->pinned[t->idx[t->next]] = u;
   }
+  s->srv->acquiring_owner = outer;
   if (t->next < n) {
     /* pin_busy stays set: no other span starts until this one is done. */
     s->tasks++;
@@ -721,6 +731,7 @@ static void advance_pins(stream_t *s) {
   t->last = t->first + s->pin_span;
   if (t->last > s->batches_per_epoch) t->last = s->batches_per_epoch;
   t->work.data = t;
+  t->work.owner = s->owner;
   s->tasks++;
   s->pin_busy = 1;
   server_task_begin(s->srv);
@@ -855,8 +866,13 @@ static void advance_read_ahead(stream_t *s) {
 }
 
 void stream_read_ahead_all(server_t *srv) {
+  uint64_t outer = srv->acquiring_owner;
   for (conn_t *c = srv->conns; c; c = c->next)
-    for (stream_t *s = c->streams; s; s = s->next_in_conn) advance_read_ahead(s);
+    for (stream_t *s = c->streams; s; s = s->next_in_conn) {
+      srv->acquiring_owner = s->owner; /* the loads are this stream's work */
+      advance_read_ahead(s);
+    }
+  srv->acquiring_owner = outer;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1071,6 +1087,7 @@ static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
     return LARDER_ENOMEM;
   }
   c->work.data = c;
+  c->work.owner = s->owner;
   s->next = c;
   s->plan_busy = 1;
   s->tasks++;
@@ -1423,6 +1440,7 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
   b->state = PB_ASSEMBLING;
   b->release_mark = s->releases;
   b->work.data = b;
+  b->work.owner = s->owner;
   s->tasks++;
   server_task_begin(s->srv);
   if (work_queue_quiet(s->srv->pool, &b->work, assemble_work, assemble_done,
@@ -1682,7 +1700,11 @@ static void pump_once(stream_t *s);
  * on to read it (a connection whose client vanished as a batch went out). */
 static void stream_pump(stream_t *s) {
   s->pumping++;
+  /* Loads the pump starts (planning, read-ahead) are this stream's work. */
+  uint64_t outer = s->srv->acquiring_owner;
+  s->srv->acquiring_owner = s->owner;
   pump_once(s);
+  s->srv->acquiring_owner = outer;
   s->pumping--;
   atomic_store_explicit(&s->window_full, !s->closed && s->num_sent >= (int)s->window,
                         memory_order_relaxed);
@@ -2017,6 +2039,7 @@ static void open_done(work_t *w, int status) {
   s->srv = srv;
   s->ring_fd = -1;
   s->ds = o->ds;
+  s->owner = s->ds->key ? s->ds->key : 1;
   o->ds = NULL;
   s->id = ++c->next_stream_id;
   s->request_id = o->request_id;
@@ -2160,6 +2183,10 @@ static void open_done(work_t *w, int status) {
     if (s->pin_span < s->prefetch) s->pin_span = s->prefetch;
   }
   s->conn = c;
+  /* Held while it lives: a worker stays free for its next batch while
+   * another job's costly units queue (work.h, Fairness). */
+  work_pool_hold_owner(srv->pool, s->owner);
+  s->owner_held = 1;
   s->next_in_conn = c->streams;
   c->streams = s;
   c->num_streams++;
@@ -2236,6 +2263,7 @@ static char **copy_strings(char **v, size_t n) {
 static void queue_open(open_req_t *o) {
   server_t *srv = o->srv;
   o->work.data = o;
+  o->work.owner = o->conn_id;
   server_task_begin(srv);
   if (work_queue(srv->pool, &o->work, open_work, open_done) != 0) {
     server_task_end(srv);

@@ -1107,6 +1107,9 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
   ds->refs++;
   u->index = index;
   u->srv = srv;
+  /* Its load, and any retry of it, is the work of the stream that first
+   * asked for it (work.h, Fairness). */
+  u->work.owner = srv->acquiring_owner;
   if (htab_insert(&srv->unit_table, &u->hnode, h) != 0) {
     ds->refs--;
     unit_free_data(u);
