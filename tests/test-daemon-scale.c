@@ -30,6 +30,18 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Writes out's bytes to path, under a temporary name then renamed: a test
+ * killed midway leaves no half file for the next run to trust. */
+static void write_whole(const char *path, const pqw_buf *out) {
+  char tmp[1100];
+  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+  FILE *fp = fopen(tmp, "wb");
+  ASSERT_NOT_NULL(fp);
+  ASSERT_EQ(fwrite(out->data, 1, out->len, fp), out->len);
+  ASSERT_OK(fclose(fp));
+  ASSERT_OK(rename(tmp, path));
+}
+
 /* Writes (once) a file of rgs row groups of one row each, one required
  * int64 column `id` holding the row's index; copies its path into path.
  * The footer is about 45 bytes a row group, so a million fit the reader's
@@ -97,16 +109,86 @@ static void many_rg_file(int rgs, char *path, size_t len) {
   pqw_t_struct_end(&t);
   pqw_tail(&out, meta_start);
   free(offset);
-  /* Written under a temporary name and renamed: a test killed midway
-   * leaves no half file for the next run to trust. */
-  char tmp[1100];
-  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
-  FILE *fp = fopen(tmp, "wb");
-  ASSERT_NOT_NULL(fp);
-  ASSERT_EQ(fwrite(out.data, 1, out.len, fp), out.len);
-  ASSERT_OK(fclose(fp));
-  ASSERT_OK(rename(tmp, path));
+  write_whole(path, &out);
   pqw_buf_free(&out);
+}
+
+/* Writes (once) a file of rgs row groups of rows rows and cols required
+ * int64 columns c0, c1, ... (each a single PLAIN page holding the row
+ * numbers); copies its path into path.  A unit of it costs a decode and a
+ * cache write per column: with thousands of columns, a costly unit from a
+ * small file. */
+static void wide_file(int cols, int rows, int rgs, char *path, size_t len) {
+  snprintf(path, len, "%s/wide-%dx%dx%d.parquet", dh_work_dir(), cols, rows, rgs);
+  struct stat st;
+  if (stat(path, &st) == 0) return;
+  pqw_buf page = {0};
+  pqw_buf body = {0};
+  for (int r = 0; r < rows; r++) pqw_le64(&body, (uint64_t)r);
+  pqw_page h;
+  pqw_page_init(&h, PQ_PAGE_DATA);
+  h.num_values = rows;
+  pqw_page_header(&page, &h, body.data, body.len, body.len);
+  pqw_put(&page, body.data, body.len);
+  const int64_t chunk_len = (int64_t)page.len;
+  pqw_buf out = {0};
+  pqw_put(&out, "PAR1", 4);
+  const int64_t first = (int64_t)out.len;
+  for (int64_t k = 0; k < (int64_t)rgs * cols; k++) pqw_put(&out, page.data, page.len);
+  size_t meta_start = out.len;
+  pqw_thrift t;
+  pqw_t_init(&t, &out);
+  pqw_t_push(&t);
+  pqw_t_i32(&t, 1, 1);
+  pqw_t_list_begin(&t, 2, PQ_TT_STRUCT, (uint64_t)cols + 1);
+  pqw_t_push(&t);
+  pqw_t_string(&t, 4, "schema");
+  pqw_t_i32(&t, 5, cols);
+  pqw_t_struct_end(&t);
+  char name[32];
+  for (int c = 0; c < cols; c++) {
+    snprintf(name, sizeof(name), "c%d", c);
+    pqw_t_push(&t);
+    pqw_t_i32(&t, 1, PQ_INT64);
+    pqw_t_i32(&t, 3, PQ_REQUIRED);
+    pqw_t_string(&t, 4, name);
+    pqw_t_struct_end(&t);
+  }
+  pqw_t_i64(&t, 3, (int64_t)rows * rgs);
+  pqw_t_list_begin(&t, 4, PQ_TT_STRUCT, (uint64_t)rgs);
+  for (int g = 0; g < rgs; g++) {
+    pqw_t_push(&t);
+    pqw_t_list_begin(&t, 1, PQ_TT_STRUCT, (uint64_t)cols);
+    for (int c = 0; c < cols; c++) {
+      int64_t off = first + ((int64_t)g * cols + c) * chunk_len;
+      snprintf(name, sizeof(name), "c%d", c);
+      pqw_t_push(&t);
+      pqw_t_i64(&t, 2, off + chunk_len);
+      pqw_t_struct_begin(&t, 3);
+      pqw_t_i32(&t, 1, PQ_INT64);
+      pqw_t_list_begin(&t, 2, PQ_TT_I32, 2);
+      pqw_t_val_int(&t, PQ_ENC_PLAIN);
+      pqw_t_val_int(&t, PQ_ENC_RLE);
+      pqw_t_list_begin(&t, 3, PQ_TT_BINARY, 1);
+      pqw_t_val_binary(&t, name, strlen(name));
+      pqw_t_i32(&t, 4, 0);
+      pqw_t_i64(&t, 5, rows);
+      pqw_t_i64(&t, 6, chunk_len);
+      pqw_t_i64(&t, 7, chunk_len);
+      pqw_t_i64(&t, 9, off);
+      pqw_t_struct_end(&t);
+      pqw_t_struct_end(&t);
+    }
+    pqw_t_i64(&t, 2, chunk_len * cols);
+    pqw_t_i64(&t, 3, rows);
+    pqw_t_struct_end(&t);
+  }
+  pqw_t_struct_end(&t);
+  pqw_tail(&out, meta_start);
+  write_whole(path, &out);
+  pqw_buf_free(&out);
+  pqw_buf_free(&page);
+  pqw_buf_free(&body);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -206,6 +288,153 @@ TEST_IMPL(daemon_scale_million_units) {
   }
   ASSERT_EQ(o.samples, RGS);
   ASSERT_GT(asked, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Costly units beside cheap ones                                            */
+
+typedef struct costly {
+  const char *socket;
+  const char *path;
+  atomic_int phase;    /* 0 opening, 1 reading, 2 done */
+  atomic_int stop;
+  int batches;
+  int rc;
+  char err[512];
+} costly_t;
+
+/* Reads a stream over the wide file until told to stop or it ends. */
+static void *costly_main(void *arg) {
+  costly_t *x = arg;
+  larder_client_t *c = NULL;
+  x->rc = larder_client_connect(x->socket, &c);
+  larder_stream_t *s = NULL;
+  if (x->rc == 0) {
+    const char *src[1] = {x->path};
+    larder_stream_options_t opts;
+    dh_opts(&opts, src, 64, 5, 1);
+    opts.unit_rows = 64;
+    opts.arena_bytes = 64u << 20;
+    x->rc = larder_stream_open(c, &opts, &s);
+  }
+  if (x->rc == 0) {
+    atomic_store(&x->phase, 1);
+    while (!atomic_load(&x->stop)) {
+      larder_batch_t *b = NULL;
+      x->rc = larder_stream_next(s, 500, &b);
+      if (x->rc == LARDER_ETIMEDOUT) continue;
+      if (x->rc != 0) break;
+      larder_batch_release(b);
+      x->batches++;
+    }
+    if (x->rc == LARDER_EEOF || x->rc == LARDER_ETIMEDOUT) x->rc = 0;
+    larder_stream_close(s);
+  }
+  if (x->rc != 0 && c) snprintf(x->err, sizeof(x->err), "%s", larder_client_last_error(c));
+  if (c) larder_client_close(c);
+  atomic_store(&x->phase, 2);
+  return NULL;
+}
+
+/* Reads the cheap stream to the end of its current epoch; returns the
+ * seconds it took from the first batch of the next. */
+static double cheap_epoch(larder_stream_t *s, larder_client_t *c) {
+  double t0 = now_s();
+  uint64_t epoch = UINT64_MAX;
+  for (;;) {
+    larder_batch_t *b = NULL;
+    int rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    if (rc) ASSERT_FAIL_("cheap stream: %d %s", rc, larder_client_last_error(c));
+    uint64_t e = larder_batch_epoch(b);
+    int last = larder_batch_index(b) + 1 == larder_stream_batches_per_epoch(s);
+    larder_batch_release(b);
+    if (epoch == UINT64_MAX) epoch = e;
+    ASSERT_EQ(e, epoch);
+    if (last) return now_s() - t0;
+  }
+}
+
+/*
+ * A client whose units are costly (a file of 3000 columns: each unit is
+ * 3000 column decodes and cache writes, tens of milliseconds) beside one
+ * reading a small dataset from memory, one batch at a time: the cheap
+ * client's 30 epochs take within 2x of their time alone, all the while
+ * the costly client's units decode (it must not have finished: then the
+ * test showed nothing).  The workers serve the
+ * two jobs in turn, and the costly one runs on at most workers - 1 while
+ * the cheap one's stream is open.  Without that, two workers both decoding
+ * costly units made each of the cheap client's batches wait for one.
+ */
+TEST_IMPL(daemon_scale_costly_beside_cheap) {
+  enum { WIDE_COLS = 20000, WIDE_RGS = 8 };
+  char wide[1024];
+  double t0 = now_s();
+  wide_file(WIDE_COLS, 64, WIDE_RGS, wide, sizeof(wide));
+  printf("  wide file ready in %.2f s\n", now_s() - t0);
+  /* One batch prepared ahead, and a client window of one: each of the
+   * cheap client's batches is a worker task that it waits for, as a
+   * trainer waits on a cold or memory-short epoch. */
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--prefetch_batches=1", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+
+  char mid_dir[1024];
+  ASSERT_EQ(dh_mid_dataset(mid_dir, sizeof(mid_dir)), DH_MID_ROWS);
+  const char *src[1] = {mid_dir};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 512, 1, 0);
+  o.unit_rows = 512;
+  o.window = 1;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  cheap_epoch(s, c); /* cold: loads every unit */
+  enum { EPOCHS = 30 };
+  double alone = 0, beside = 0;
+  for (int k = 0; k < EPOCHS; k++) alone += cheap_epoch(s, c);
+
+  costly_t x = {d.socket, wide, 0, 0, 0, 0, ""};
+  atomic_init(&x.phase, 0);
+  atomic_init(&x.stop, 0);
+  pthread_t th;
+  ASSERT_OK(pthread_create(&th, NULL, costly_main, &x));
+  /* Measure once its loads are under way: it has decoded a unit, so the
+   * workers know its units for costly ones. */
+  uint64_t cheap_units = dh_stat(&d, "units_decoded");
+  double t1 = now_s(), deadline = t1 + 60.0 * dh_slow();
+  while (dh_stat(&d, "units_decoded") == cheap_units && atomic_load(&x.phase) < 2 &&
+         now_s() < deadline) {
+    struct timespec ts = {0, 5 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  ASSERT_EQ(atomic_load(&x.phase), 1);
+  double t2 = now_s();
+  for (int k = 0; k < EPOCHS; k++) beside += cheap_epoch(s, c);
+  double t3 = now_s();
+  uint64_t costly_units = dh_stat(&d, "units_decoded") - cheap_units;
+  int busy = atomic_load(&x.phase) == 1 && costly_units < WIDE_RGS;
+  printf("  the costly client's first unit after %.2f s, %" PRIu64 " units in the %.2f s "
+         "measured\n", t2 - t1, costly_units, t3 - t2);
+  int costly_batches = x.batches;
+  atomic_store(&x.stop, 1);
+  pthread_join(th, NULL);
+  printf("  cheap client's %d epochs alone %.3f s, beside costly units %.3f s (%.2fx); the "
+         "costly client had %d of %d batches\n",
+         EPOCHS, alone, beside, beside / alone, costly_batches, WIDE_RGS);
+  fflush(stdout);
+  if (x.rc != 0) {
+    dh_print_log(&d);
+    ASSERT_FAIL_("costly stream: %d %s", x.rc, x.err);
+  }
+  ASSERT_DOUBLE_LE(beside, 2.0 * alone + 0.005);
+  /* The costly client must still have been loading, or nothing was shown. */
+  ASSERT(busy);
+  larder_stream_close(s);
+  larder_client_close(c);
   dh_stop(&d);
   return 0;
 }
