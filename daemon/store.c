@@ -109,9 +109,13 @@
  *
  * Before the disk gets full, store_reserve also checks statvfs: it refuses
  * a unit unless the filesystem would keep max(1 GiB, 5%) free (at most 10%
- * of a small filesystem, at least 32 MiB) plus one memtable's worth for the
- * flush.  admission_disabled reports either condition.  store_open refuses
- * (LARDER_ENOSPC) a disk with less than 16 MiB free.
+ * of a small filesystem, at least twice what an open needs) plus one
+ * memtable's worth for the flush.  admission_disabled reports either
+ * condition, and store_stats what the refusing check found free and
+ * wanted.  store_open refuses (LARDER_ENOSPC) a disk with less than 16 MiB
+ * free.  Both reservations scale down on a small filesystem (scale_to_disk:
+ * a memtable of at most 1/16 of it, an open needing at most 1/8 free), so
+ * that a 32 MiB cache holds what fits.
  *
  * Test hooks (not in store.h; tests/test-store.c declares them)
  * -------------------------------------------------------------
@@ -615,6 +619,9 @@ struct store {
   int writes_off_code;  /* what later writes return meanwhile */
   int64_t retry_at;     /* monotonic seconds: when to reopen */
   bool low_space;       /* the last statvfs check refused */
+  uint64_t open_free;   /* free bytes open_db needs (scaled to the disk) */
+  uint64_t low_avail, low_need; /* the refusing check's free bytes, and
+                                   what it wanted free (statistics) */
   bool reopen_running;  /* a reopen thread is at work (mu) */
   bool reopen_started;  /* reopen_tid must be joined */
   pthread_t reopen_tid;
@@ -1532,6 +1539,28 @@ static int build_order(store_t *st) {
 
 static int flush_pending(store_t *st);
 
+/*
+ * Scales the space the cache reserves to its filesystem, so that a small
+ * one (a 32 MiB tmpfs) caches what fits instead of nothing: a memtable of
+ * at most a sixteenth of the disk (at least 1 MiB), since its flush needs
+ * that much free, and an open that needs at most an eighth of the disk
+ * free (at least 1 MiB, at most OPEN_MIN_FREE).  With the 64 MiB memtable
+ * and 32 MiB reserve meant for real disks, a 32 MiB cache never admitted a
+ * unit while 28 MiB were free.  A filesystem it cannot measure keeps the
+ * defaults.  store_open, before the RocksDB options are made.
+ */
+static void scale_to_disk(store_t *st) {
+  st->open_free = OPEN_MIN_FREE;
+  struct statvfs sv;
+  if (statvfs(st->dir, &sv) != 0) return;
+  uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize;
+  if (total == 0) return;
+  uint64_t mt = total / 16 > MIB ? total / 16 : MIB;
+  if (st->write_buffer > mt) st->write_buffer = mt;
+  uint64_t of = total / 8 > MIB ? total / 8 : MIB;
+  if (of < st->open_free) st->open_free = of;
+}
+
 static bool free_space_below(const char *dir, uint64_t bytes) {
   struct statvfs sv;
   return statvfs(dir, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < bytes;
@@ -1541,9 +1570,11 @@ static bool free_space_below(const char *dir, uint64_t bytes) {
 static int open_db(store_t *st, char *err, size_t errlen) {
   /* RocksDB writes its LOG header, a MANIFEST and a WAL at open; on a full
    * disk its logger would abort the process (see setup_rocksdb_options). */
-  if (free_space_below(st->dir, OPEN_MIN_FREE)) {
-    set_err(err, errlen, "%s: no space left on device%s", st->dir,
-            " (the cache needs 16 MiB free to open)");
+  if (free_space_below(st->dir, st->open_free)) {
+    char need[64];
+    snprintf(need, sizeof(need), " (the cache needs %llu KiB free to open)",
+             (unsigned long long)(st->open_free / 1024));
+    set_err(err, errlen, "%s: no space left on device%s", st->dir, need);
     return LARDER_ENOSPC;
   }
   char *e = NULL;
@@ -1570,7 +1601,7 @@ static void *reopen_main(void *arg) {
   pthread_mutex_lock(&st->wmu);
   int rc = LARDER_ENOSPC;
   /* Keep the old handle serving reads while there is no room to open. */
-  if (!free_space_below(st->dir, OPEN_MIN_FREE + st->write_buffer)) {
+  if (!free_space_below(st->dir, st->open_free + st->write_buffer)) {
     pthread_rwlock_wrlock(&st->dblk);
     if (st->db != NULL) rocksdb_close(st->db);
     st->db = NULL;
@@ -1641,6 +1672,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   st->min_blob = opts->min_blob_size ? opts->min_blob_size : DEFAULT_MIN_BLOB;
   st->write_buffer =
       opts->write_buffer_bytes ? opts->write_buffer_bytes : DEFAULT_WRITE_BUFFER;
+  scale_to_disk(st);
   st->flush_threads = opts->flush_threads > 0 ? opts->flush_threads : DEFAULT_FLUSH_THREADS;
   st->idle_s = opts->idle_evict_s ? opts->idle_evict_s : DEFAULT_IDLE_S;
   st->persist_granularity = st->idle_s / 8 < 3600 ? st->idle_s / 8 : 3600;
@@ -1799,6 +1831,10 @@ void store_set_capacity(store_t *st, uint64_t capacity_bytes) {
 }
 
 /* Whether the filesystem keeps its reserve after `need` more bytes. */
+/* Whether the disk has room for need more bytes of values and what the
+ * cache keeps free besides: max(1 GiB, 5%) but at most 10% of the disk,
+ * never under twice what a reopen needs, plus one memtable for its flush.
+ * Records what it found for store_stats.  Takes mu. */
 static bool disk_has_room(store_t *st, uint64_t need) {
   struct statvfs sv;
   if (statvfs(st->dbdir, &sv) != 0) return true; /* unknown: let RocksDB say */
@@ -1807,8 +1843,13 @@ static bool disk_has_room(store_t *st, uint64_t need) {
   uint64_t keep = total / 20 > GIB ? total / 20 : GIB;
   if (keep > total / 10) keep = total / 10;
   /* Never so little that the cache could not be opened again. */
-  if (keep < 2 * OPEN_MIN_FREE) keep = 2 * OPEN_MIN_FREE;
-  return avail >= need + keep + st->write_buffer;
+  if (keep < 2 * st->open_free) keep = 2 * st->open_free;
+  bool room = avail >= need + keep + st->write_buffer;
+  pthread_mutex_lock(&st->mu);
+  st->low_avail = avail;
+  st->low_need = need + keep + st->write_buffer;
+  pthread_mutex_unlock(&st->mu);
+  return room;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2558,6 +2599,8 @@ void store_stats_get(store_t *st, store_stats_t *out) {
   out->entries = st->present;
   out->objects = st->live_objects;
   out->admission_disabled = st->writes_off || st->low_space;
+  out->disk_free_bytes = st->low_space ? st->low_avail : 0;
+  out->disk_needed_bytes = st->low_space ? st->low_need : 0;
   out->write_error = st->writes_off ? st->writes_off_code : st->low_space ? LARDER_ENOSPC : 0;
   pthread_mutex_unlock(&st->mu);
 }

@@ -621,13 +621,27 @@ static int disk_full_warned;
 static void note_refusal(server_t *srv) {
   store_stats_t st;
   store_stats_get(srv->store, &st);
-  if (st.admission_disabled && !__atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED))
-    log_warn("cache in %s: %s: admission is off, new data is served from its sources without "
-             "being cached; what is cached stays readable",
-             srv->cfg.cache_dir,
+  if (!st.admission_disabled || __atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED))
+    return;
+  char why[200];
+  if (st.disk_needed_bytes > 0) {
+    /* Not full: fuller than the cache lets it get.  Say by how much. */
+    char have[32], want[32];
+    util_human_bytes(have, sizeof(have), (double)st.disk_free_bytes);
+    util_human_bytes(want, sizeof(want), (double)st.disk_needed_bytes);
+    snprintf(why, sizeof(why),
+             "too little space on the device: %s free, and a unit needs %s free (itself, "
+             "the space the cache keeps free, and a memtable's flush)",
+             have, want);
+  } else {
+    snprintf(why, sizeof(why), "%s",
              st.write_error == LARDER_ENOSPC
                  ? "no space left on the device"
                  : "writes fail (is the directory still there, writable, on a healthy disk?)");
+  }
+  log_warn("cache in %s: %s: admission is off, new data is served from its sources without "
+           "being cached; what is cached stays readable",
+           srv->cfg.cache_dir, why);
 }
 
 /* Called when the cache admitted a unit: a full disk is over. */
