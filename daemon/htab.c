@@ -19,7 +19,7 @@ void htab_free(htab_t *t) {
 /* Doubles the buckets; keeps the old ones when memory is short. */
 static void grow(htab_t *t) {
   size_t n = (t->mask + 1) * 2;
-  htab_node_t **nb = calloc(n, sizeof(*nb));
+  htab_node_t **nb = calloc(n, sizeof(htab_node_t *));
   if (nb == NULL) return;
   for (size_t i = 0; i <= t->mask; i++) {
     htab_node_t *e = t->buckets[i];
@@ -37,7 +37,7 @@ static void grow(htab_t *t) {
 
 int htab_insert(htab_t *t, htab_node_t *n, uint64_t h) {
   if (t->buckets == NULL) {
-    t->buckets = calloc(HTAB_MIN_BUCKETS, sizeof(*t->buckets));
+    t->buckets = calloc(HTAB_MIN_BUCKETS, sizeof(htab_node_t *));
     if (t->buckets == NULL) return LARDER_ENOMEM;
     t->mask = HTAB_MIN_BUCKETS - 1;
     t->count = 0;

@@ -124,8 +124,9 @@ struct stream {
   int pumping;              /* stream_pump frames on the stack */
   uint64_t owner;           /* its tasks' work owner (work.h): its dataset's
                                key, which the ranks of a job share, so they
-                               share the workers as one */
-  int owner_held;           /* work_pool_hold_owner(owner) from open to destroy */
+                               share the workers as one; held
+                               (work_pool_hold_owner) while nonzero, from
+                               the open's reply to stream_destroy */
 
   dataset_t *ds;
   shuffle_plan_t *plan;
@@ -397,8 +398,8 @@ static void window_unreserve(stream_t *s) {
 }
 
 static void stream_destroy(stream_t *s) {
-  if (s->owner_held) work_pool_release_owner(s->srv->pool, s->owner);
-  s->owner_held = 0;
+  if (s->owner) work_pool_release_owner(s->srv->pool, s->owner);
+  s->owner = 0;
   window_unreserve(s);
   while (s->q_head) {
     pbatch_t *b = s->q_head;
@@ -676,16 +677,17 @@ static void pin_task_done(work_t *w, int status) {
   int end = n - t->next > PIN_SLICE ? t->next + PIN_SLICE : n;
   uint64_t outer = s->srv->acquiring_owner;
   s->srv->acquiring_owner = s->owner; /* the loads are this stream's work */
-  for (; t->next < end; t->next++) {
-    unit_t *u = units_acquire(s->srv, s->ds, t->idx[t->next]);
+  const uint32_t *idx = t->idx;
+  for (; idx != NULL && t->next < end; t->next++) {
+    unit_t *u = units_acquire(s->srv, s->ds, idx[t->next]);
     if (u == NULL) {
       t->next = n; /* out of memory: the rest is left to the planner */
       break;
     }
     s->pins[s->num_pins].u = u;
-    s->pins[s->num_pins].index = t->idx[t->next];
+    s->pins[s->num_pins].index = idx[t->next];
     s->num_pins++;
-    if (s->pinned) s->pinned[t->idx[t->next]] = u;
+    if (s->pinned) s->pinned[idx[t->next]] = u;
   }
   s->srv->acquiring_owner = outer;
   if (t->next < n) {
@@ -2039,7 +2041,6 @@ static void open_done(work_t *w, int status) {
   s->srv = srv;
   s->ring_fd = -1;
   s->ds = o->ds;
-  s->owner = s->ds->key ? s->ds->key : 1;
   o->ds = NULL;
   s->id = ++c->next_stream_id;
   s->request_id = o->request_id;
@@ -2185,8 +2186,8 @@ static void open_done(work_t *w, int status) {
   s->conn = c;
   /* Held while it lives: a worker stays free for its next batch while
    * another job's costly units queue (work.h, Fairness). */
+  s->owner = s->ds->key ? s->ds->key : 1;
   work_pool_hold_owner(srv->pool, s->owner);
-  s->owner_held = 1;
   s->next_in_conn = c->streams;
   c->streams = s;
   c->num_streams++;
