@@ -28,16 +28,18 @@
  * ring, and a free worker serves them in turn, one task each, so one
  * owner's thousand queued units wait behind another's next batch, not the
  * other way round.  Turns alone are not enough when tasks take long: with
- * every worker on one owner's 30 s units, another owner's cheap task still
- * waits for one to finish.  So while more than one owner is present (has
- * tasks waiting or running, or is held: work_pool_hold_owner), an owner
- * whose tasks are costly (they averaged COSTLY_NS or more of late) runs on
- * at most workers - 1 workers, and the last one stays for the others, idle
- * if they have nothing queued at that moment.  An owner of cheap tasks may
- * take every worker, since any other owner's task then waits for little:
- * reserving a worker for it would cost throughput for nothing (a job's
- * ranks, sharing their loads, and the trainer that computes while the
- * daemon works).  One worker (workers = 1) is never reserved.
+ * every worker on costly units (30 s each), another owner's cheap task
+ * still waits for one to finish.  So an owner is costly when its tasks
+ * averaged COSTLY_NS or more of late, and while some owner present (with
+ * tasks waiting or running, or held: work_pool_hold_owner) is not costly,
+ * costly owners' tasks run on at most workers - 1 workers together: the
+ * last one stays for the cheap owners, idle if they have nothing queued at
+ * that moment.  Costly owners share the rest in turn, and have every
+ * worker when no cheap owner is present.  Cheap tasks are never held back:
+ * any other owner's task waits for little behind them, and reserving a
+ * worker would cost throughput for nothing (a job's ranks sharing their
+ * loads, a trainer computing while the daemon works).  One worker
+ * (workers = 1) is never reserved.
  *
  * Owners live in a table (htab) while present; an owner's entry goes when
  * it has no task and no hold.  A task of owner 0, or one whose owner entry
@@ -53,6 +55,8 @@ typedef struct owner {
   int running;                /* its foreground tasks on workers */
   uint64_t avg_ns;            /* its foreground tasks' run time, a moving
                                  average (1/8 per task) */
+  int costly;                 /* avg_ns >= COSTLY_NS */
+  int counted_cheap;          /* counted in present_cheap */
   work_t *head, *tail;        /* its foreground tasks waiting */
   struct owner *prev, *next;  /* in the ring while it has tasks waiting */
 } owner_t;
@@ -79,6 +83,8 @@ struct work_pool {
   owner_t nobody;        /* owner 0's tasks, and those of an owner with no entry */
   owner_t *ring;         /* owners with foreground tasks waiting: the next
                             to serve, then the others in turn */
+  int present_cheap;     /* owners present and not costly */
+  int costly_running;    /* workers running costly owners' tasks */
   work_t *bg_head, *bg_tail; /* background tasks: taken when no foreground
                                 task waits */
   work_t *done_head, *done_tail;
@@ -124,9 +130,24 @@ static owner_t *owner_find(work_pool_t *p, uint64_t key, int create) {
   return o;
 }
 
-/* Frees o's entry once it has no task and no hold.  Under mu. */
+/* Brings present_cheap up to date for o, present or not.  Under mu. */
+static void recount(work_pool_t *p, owner_t *o, int present) {
+  int cheap = present && !o->costly;
+  if (cheap == o->counted_cheap) return;
+  p->present_cheap += cheap ? 1 : -1;
+  o->counted_cheap = cheap;
+}
+
+/* Frees o's entry once it has no task and no hold, and counts it again
+ * either way (call after any change to its tasks, holds or cost).  An
+ * entry in the table is present; nobody while it has tasks.  Under mu. */
 static void owner_maybe_free(work_pool_t *p, owner_t *o) {
-  if (o == &p->nobody || o->holds > 0 || o->running > 0 || o->head != NULL) return;
+  int busy = o->holds > 0 || o->running > 0 || o->head != NULL;
+  if (o == &p->nobody || busy) {
+    recount(p, o, o != &p->nobody || busy);
+    return;
+  }
+  recount(p, o, 0);
   htab_remove(&p->owners, &o->node);
   free(o);
 }
@@ -155,20 +176,14 @@ static void ring_remove(work_pool_t *p, owner_t *o) {
   o->prev = o->next = NULL;
 }
 
-/* Owners present: with an entry in the table, plus nobody while it has
- * tasks.  Under mu. */
-static size_t owners_present(const work_pool_t *p) {
-  return p->owners.count + (p->nobody.head != NULL || p->nobody.running > 0);
-}
-
 /* The next foreground task to start, taken off its owner's queue, or NULL
  * when none may start now (see Fairness).  Under mu. */
 static work_t *take_foreground(work_pool_t *p) {
   if (p->ring == NULL) return NULL;
-  int cap = p->num_threads > 1 ? p->num_threads - 1 : 1;
-  int shared = owners_present(p) > 1;
+  int held_back = p->num_threads > 1 && p->present_cheap > 0 &&
+                  p->costly_running >= p->num_threads - 1;
   owner_t *o = p->ring;
-  while (shared && o->running >= cap && o->avg_ns >= COSTLY_NS) {
+  while (held_back && o->costly) {
     o = o->next;
     if (o == p->ring) return NULL;
   }
@@ -184,6 +199,8 @@ static work_t *take_foreground(work_pool_t *p) {
   }
   o->running++;
   w->queued_on = o;
+  w->ran_costly = o->costly;
+  p->costly_running += o->costly;
   atomic_fetch_sub_explicit(&p->todo_count, 1, memory_order_relaxed);
   return w;
 }
@@ -236,6 +253,9 @@ static void *worker_main(void *arg) {
     w->queued_on = NULL;
     if (o != NULL) {
       o->avg_ns = o->avg_ns - o->avg_ns / 8 + ran / 8;
+      o->costly = o->avg_ns >= COSTLY_NS;
+      p->costly_running -= w->ran_costly;
+      w->ran_costly = 0;
       o->running--;
       owner_maybe_free(p, o);
       /* A task that waited for its owner's turn may start now. */
@@ -414,6 +434,7 @@ static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done
     else o->head = w;
     o->tail = w;
     if (o->head == w) ring_add(p, o);
+    owner_maybe_free(p, o); /* counts it: it has a task, so it stays */
     atomic_fetch_add_explicit(&p->todo_count, 1, memory_order_relaxed);
   }
   if (p->idle > 0) pthread_cond_signal(&p->cond);
@@ -470,7 +491,10 @@ void work_pool_hold_owner(work_pool_t *p, uint64_t owner) {
   if (p == NULL || owner == 0) return;
   pthread_mutex_lock(&p->mu);
   owner_t *o = owner_find(p, owner, 1);
-  if (o) o->holds++; /* no memory: the owner counts only while it has tasks */
+  if (o) {
+    o->holds++;
+    owner_maybe_free(p, o); /* counts it */
+  } /* no memory: the owner counts only while it has tasks */
   pthread_mutex_unlock(&p->mu);
 }
 

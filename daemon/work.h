@@ -26,12 +26,13 @@
  * - Order: each owner's tasks start in the order they were queued; owners
  *   with tasks waiting take turns, one task each; background tasks
  *   (work_queue_background) start only when no other task is waiting.
- * - Fairness: while more than one owner is present (has tasks waiting or
- *   running, or is held with work_pool_hold_owner), an owner whose tasks
- *   have taken 10 ms or more each of late runs on at most workers - 1
- *   workers (unless there is one worker): one job's costly units cannot
- *   take every worker while another job's cheap ones wait behind them.
- *   Background tasks count for no owner.
+ * - Fairness: owners whose tasks have taken 10 ms or more each of late
+ *   are costly, and while an owner that is not costly is present (has
+ *   tasks waiting or running, or is held with work_pool_hold_owner),
+ *   costly owners' tasks run on at most workers - 1 workers together
+ *   (unless there is one worker): jobs with costly units cannot take every
+ *   worker while another job's cheap ones wait behind them.  Background
+ *   tasks count for no owner.
  * - Errors: negative larder_errno_t.
  */
 #ifndef LARDER_WORK_H
@@ -60,6 +61,7 @@ struct work {
   work_done_cb done;
   const atomic_int *quiet_while; /* see work_queue_quiet */
   struct owner *queued_on;       /* its owner's entry while queued or running */
+  int ran_costly;                /* counted in the pool's costly workers */
   work_t *next;
 };
 

@@ -773,3 +773,74 @@ TEST_IMPL(work_costly_owner_leaves_a_worker) {
   ASSERT_OK(uv_loop_close(&loop));
   return 0;
 }
+
+/*
+ * Several costly owners (three jobs of wide files) together run on at most
+ * workers - 1 workers while a cheap owner is held; the cheap owner's task
+ * starts on the worker left.  Released, the costly ones have every worker.
+ */
+TEST_IMPL(work_costly_owners_share_the_rest) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 3, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0, gate = 0;
+  int done = 0;
+  enum { WARM = 8, GATED = 3 };
+  static const uint64_t costly[3] = {11, 12, 13};
+  ordered_t warm[3][WARM], g[3][GATED], b[1];
+  for (int k = 0; k < 3; k++) {
+    work_pool_hold_owner(p, costly[k]);
+    ordered_init(warm[k], WARM, &next_seq, &done);
+    for (int i = 0; i < WARM; i++) {
+      warm[k][i].work.owner = costly[k];
+      warm[k][i].sleep_ms = 30;
+      ASSERT_OK(work_queue(p, &warm[k][i].work, ordered_run, ordered_done));
+    }
+  }
+  run_until_done(&loop, &done, 3 * WARM);
+  work_pool_hold_owner(p, 6); /* cheap: no task measured yet */
+  for (int k = 0; k < 3; k++) {
+    ordered_init(g[k], GATED, &next_seq, &done);
+    for (int i = 0; i < GATED; i++) {
+      g[k][i].work.owner = costly[k];
+      g[k][i].gate = &gate;
+      g[k][i].sleep_ms = 30;
+      ASSERT_OK(work_queue(p, &g[k][i].work, ordered_run, ordered_done));
+    }
+  }
+  /* Two start, and no third. */
+  int started = 0;
+  for (int i = 0; i < 10000 && started < 2; i++) {
+    started = count_started(g[0], GATED) + count_started(g[1], GATED) +
+              count_started(g[2], GATED);
+    struct timespec sl = {0, 1000000L};
+    nanosleep(&sl, NULL);
+  }
+  ASSERT_EQ(started, 2);
+  struct timespec sl = {0, 50000000L};
+  nanosleep(&sl, NULL);
+  ASSERT_EQ(count_started(g[0], GATED) + count_started(g[1], GATED) + count_started(g[2], GATED),
+            2);
+  ordered_init(b, 1, &next_seq, &done);
+  b[0].work.owner = 6;
+  ASSERT_OK(work_queue(p, &b[0].work, ordered_run, ordered_done));
+  run_until_done(&loop, &done, 3 * WARM + 1);
+  /* The cheap owner goes: the third worker takes a costly task. */
+  work_pool_release_owner(p, 6);
+  started = 0;
+  for (int i = 0; i < 10000 && started < 3; i++) {
+    started = count_started(g[0], GATED) + count_started(g[1], GATED) +
+              count_started(g[2], GATED);
+    struct timespec w = {0, 1000000L};
+    nanosleep(&w, NULL);
+  }
+  ASSERT_EQ(started, 3);
+  atomic_store(&gate, 1);
+  run_until_done(&loop, &done, 3 * WARM + 1 + 3 * GATED);
+  for (int k = 0; k < 3; k++) work_pool_release_owner(p, costly[k]);
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
