@@ -473,6 +473,10 @@ void stream_close(stream_t *s) {
   s->q_tail = NULL;
   for (pbatch_t *b = s->q_head; b; b = b->next) s->q_tail = b;
   release_pins(s);
+  /* Its window's room goes back now, with its pins, not when its last
+   * task ends: an open that follows the close at once (the workers take
+   * other owners' tasks in turn, work.h) must find it free. */
+  window_unreserve(s);
   /* A queued order task is background work, which may wait long while
    * other streams keep the workers busy: the stream takes it back rather
    * than stay allocated (its arena with it) until a worker is free. */
