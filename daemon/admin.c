@@ -314,8 +314,8 @@ typedef struct job job_t;
 typedef struct admin_state {
   gsample_t g[RATE_SAMPLES];
   int ng;
-  srate_t *rates;
-  size_t num_rates, cap_rates;
+  srate_t *rates;         /* rates[0 .. num_sorted) by (conn_id, stream) */
+  size_t num_rates, cap_rates, num_sorted;
   job_t *jobs;
 } admin_state_t;
 
@@ -344,10 +344,29 @@ static void stream_now(const stream_t *s, ssample_t *x) {
   x->compute = STATS_GET(st, compute_ns);
 }
 
+static int cmp_rate_key(uint64_t conn_a, uint32_t stream_a, const srate_t *b) {
+  if (conn_a != b->conn_id) return conn_a < b->conn_id ? -1 : 1;
+  return (stream_a > b->stream) - (stream_a < b->stream);
+}
+
+static int cmp_rate(const void *a, const void *b) {
+  const srate_t *x = a;
+  return cmp_rate_key(x->conn_id, x->stream, b);
+}
+
+/* The samples of a stream, or NULL: a binary search of the sorted rates,
+ * so that a tick over every stream costs O(S log S), not O(S^2) (clients
+ * may open tens of thousands of streams, and the tick runs on the loop). */
 static srate_t *find_rate(admin_state_t *as, uint64_t conn_id, uint32_t stream) {
   if (as == NULL) return NULL;
-  for (size_t i = 0; i < as->num_rates; i++)
-    if (as->rates[i].conn_id == conn_id && as->rates[i].stream == stream) return &as->rates[i];
+  size_t lo = 0, hi = as->num_sorted;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = cmp_rate_key(conn_id, stream, &as->rates[mid]);
+    if (c == 0) return &as->rates[mid];
+    if (c < 0) hi = mid;
+    else lo = mid + 1;
+  }
   return NULL;
 }
 
@@ -384,11 +403,14 @@ void admin_tick(server_t *srv) {
       stream_now(s, &r->s[r->n++]);
     }
   }
-  /* Streams that ended lose their samples. */
+  /* Streams that ended lose their samples; those new this tick (appended,
+   * each stream once) join the sorted order. */
   size_t k = 0;
   for (size_t i = 0; i < as->num_rates; i++)
     if (as->rates[i].seen) as->rates[k++] = as->rates[i];
   as->num_rates = k;
+  qsort(as->rates, as->num_rates, sizeof(*as->rates), cmp_rate);
+  as->num_sorted = as->num_rates;
 }
 
 void admin_stream_rates(server_t *srv, const conn_t *c, const stream_t *s, double *batches_per_s,

@@ -33,6 +33,11 @@
  * timer on the next loop iteration, never from inside fetch_get. */
 enum { RQ_QUEUED, RQ_RUNNING, RQ_BACKOFF, RQ_DEFERRED, RQ_DONE };
 
+/* Objects kept whole at most: every request for a fresh range and every
+ * object kept walks the list, and small objects (a footer and a few rows
+ * each) would otherwise number in the millions within max_whole_bytes. */
+#define WHOLES_MAX 1024
+
 /* Objects whose server ignored Range, kept whole so they are read once. */
 typedef struct whole_obj {
   struct whole_obj *next;
@@ -43,10 +48,15 @@ typedef struct whole_obj {
   char last_modified[64];
 } whole_obj_t;
 
+/* A host's running requests, for max_inflight_per_host.  A slot lives
+ * while requests name it (refs), so the list holds the hosts of live
+ * requests only: clients name any number of hosts over a daemon's life,
+ * and each request's lookup walks the list. */
 typedef struct host_slot {
   struct host_slot *next;
   char name[256];
   uint32_t inflight;
+  uint32_t refs;       /* requests whose host it is */
 } host_slot_t;
 
 struct fetch {
@@ -67,6 +77,7 @@ struct fetch {
   fetch_req_t *live;            /* every request not finished yet */
   whole_obj_t *wholes;          /* most recently used first */
   uint64_t whole_bytes;
+  uint32_t num_wholes;          /* at most WHOLES_MAX */
   int closing;
   int handles_open; /* uv handles not yet closed (timer + polls + reqs) */
   void (*done)(void *);
@@ -338,15 +349,32 @@ static void host_of(const char *url, char *host, size_t size) {
   snprintf(host, size, "%.*s", (int)n, s);
 }
 
+/* The slot of host name, with a reference for the caller's request;
+ * NULL when out of memory (the request then counts for no host). */
 static host_slot_t *host_slot(fetch_t *f, const char *name) {
   for (host_slot_t *h = f->hosts; h; h = h->next)
-    if (strcmp(h->name, name) == 0) return h;
+    if (strcmp(h->name, name) == 0) {
+      h->refs++;
+      return h;
+    }
   host_slot_t *h = calloc(1, sizeof(*h));
   if (h == NULL) return NULL;
   snprintf(h->name, sizeof(h->name), "%s", name);
+  h->refs = 1;
   h->next = f->hosts;
   f->hosts = h;
   return h;
+}
+
+/* Drops a request's reference to h; the last one frees the slot. */
+static void host_unref(fetch_t *f, host_slot_t *h) {
+  if (--h->refs > 0) return;
+  for (host_slot_t **pp = &f->hosts; *pp; pp = &(*pp)->next)
+    if (*pp == h) {
+      *pp = h->next;
+      break;
+    }
+  free(h);
 }
 
 static void whole_free(fetch_t *f, whole_obj_t *w);
@@ -858,6 +886,7 @@ static whole_obj_t *find_whole(fetch_t *f, const char *url) {
 
 static void whole_free(fetch_t *f, whole_obj_t *w) {
   f->whole_bytes -= w->size;
+  f->num_wholes--;
   free(w->url);
   free(w->data);
   free(w);
@@ -866,7 +895,7 @@ static void whole_free(fetch_t *f, whole_obj_t *w) {
 /*
  * Keeps w (the answer of a server that ignores Range) at the front,
  * replacing an older copy of the same object (a fresh read), then drops the
- * least recently used objects beyond max_whole_bytes (bug fix, tests:
+ * least recently used objects beyond max_whole_bytes or WHOLES_MAX (tests:
  * remote_http_no_range: every object of such a server was kept for the
  * daemon's lifetime, so a dataset larger than memory could not be read
  * from one).  The newest object always stays, whatever its size.
@@ -882,7 +911,9 @@ static void whole_keep(fetch_t *f, whole_obj_t *w) {
   w->next = f->wholes;
   f->wholes = w;
   f->whole_bytes += w->size;
-  while (f->whole_bytes > f->opts.max_whole_bytes && f->wholes->next) {
+  f->num_wholes++;
+  while ((f->whole_bytes > f->opts.max_whole_bytes || f->num_wholes > WHOLES_MAX) &&
+         f->wholes->next) {
     whole_obj_t **pp = &f->wholes->next;
     while ((*pp)->next) pp = &(*pp)->next;
     whole_obj_t *last = *pp;
@@ -1232,6 +1263,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
 static void on_req_close(uv_handle_t *h) {
   fetch_req_t *r = h->data;
   fetch_t *f = r->f;
+  if (r->host) host_unref(f, r->host);
   if (r->easy) curl_easy_cleanup(r->easy);
   curl_slist_free_all(r->headers);
   free(r->buf);

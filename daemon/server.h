@@ -31,6 +31,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "fetch.h"
+#include "htab.h"
 #include "layout.h"
 #include "shuffle.h"
 #include "stats.h"
@@ -92,7 +93,7 @@ struct unit {
 
   stream_t **waiters;     /* streams to tell when it is READY or FAILED */
   int num_waiters, cap_waiters;
-  unit_t *hnext;          /* hash chain */
+  htab_node_t hnode;      /* in srv->unit_table; hnode.hash is its hash */
   unit_t *lru_prev, *lru_next; /* idle list (refs == 0, READY) */
   work_t work;
   server_t *srv;
@@ -313,8 +314,7 @@ struct server {
   uint64_t next_conn_id;
 
   /* units.c */
-  unit_t **unit_table;
-  size_t unit_buckets, unit_count;
+  htab_t unit_table;       /* units by hash; grows with them (htab.h) */
   unit_t *lru_head, *lru_tail;
   uint64_t unit_bytes;
   int loads_in_flight;
@@ -323,13 +323,15 @@ struct server {
   /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
   fetch_t *fetch;
   char *cred_owned[4];
-  rgbuf_t **rgbuf_table;
-  size_t rgbuf_buckets;
+  htab_t rgbuf_table;      /* row-group buffers by hash (htab.h) */
+  rgbuf_t *rgbuf_held_head; /* buffers held for their row group's units */
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
   uint64_t rgbuf_fetching_bytes; /* asked for and not yet arrived */
   uint64_t rgbuf_ahead_bytes;    /* read ahead into memory, not used yet */
   uint64_t rgbuf_held_bytes;     /* held until their units have decoded */
   int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
+  uint64_t acquiring_owner; /* the work owner (work.h) of the loads that
+                               units_acquire starts: the stream's */
   int in_read_ahead;      /* stream_read_ahead_all is running */
   int tasks_in_flight;    /* every work_queue task not yet done */
 

@@ -109,9 +109,13 @@
  *
  * Before the disk gets full, store_reserve also checks statvfs: it refuses
  * a unit unless the filesystem would keep max(1 GiB, 5%) free (at most 10%
- * of a small filesystem, at least 32 MiB) plus one memtable's worth for the
- * flush.  admission_disabled reports either condition.  store_open refuses
- * (LARDER_ENOSPC) a disk with less than 16 MiB free.
+ * of a small filesystem, at least twice what an open needs) plus one
+ * memtable's worth for the flush.  admission_disabled reports either
+ * condition, and store_stats what the refusing check found free and
+ * wanted.  store_open refuses (LARDER_ENOSPC) a disk with less than 16 MiB
+ * free.  Both reservations scale down on a small filesystem (scale_to_disk:
+ * a memtable of at most 1/16 of it, an open needing at most 1/8 free), so
+ * that a 32 MiB cache holds what fits.
  *
  * Test hooks (not in store.h; tests/test-store.c declares them)
  * -------------------------------------------------------------
@@ -615,6 +619,9 @@ struct store {
   int writes_off_code;  /* what later writes return meanwhile */
   int64_t retry_at;     /* monotonic seconds: when to reopen */
   bool low_space;       /* the last statvfs check refused */
+  uint64_t open_free;   /* free bytes open_db needs (scaled to the disk) */
+  uint64_t low_avail, low_need; /* the refusing check's free bytes, and
+                                   what it wanted free (statistics) */
   bool reopen_running;  /* a reopen thread is at work (mu) */
   bool reopen_started;  /* reopen_tid must be joined */
   pthread_t reopen_tid;
@@ -737,6 +744,86 @@ static int bytes_append(bytes_t *b, const void *p, size_t n) {
   return 0;
 }
 
+/*
+ * A set of the keys of one reservation or put, for the checks that compare
+ * every key of a unit with every other (no two equal) or with every pending
+ * delete (a put supersedes the deletes of its own keys).  A unit of a file
+ * with 100k columns is one put of 100k keys: comparing pairs cost 34 s of a
+ * worker per unit, so the set is a hash table and each check is linear.
+ * The keys stay the caller's: they lie stride bytes apart from first (a
+ * store_key_t array, or the keys inside a store_entry_t array).
+ */
+typedef struct keyset {
+  const store_key_t *first;
+  size_t stride;
+  int n;
+  uint32_t *slot; /* key index + 1, 0 = empty; NULL when n is small */
+  size_t mask;
+} keyset_t;
+
+#define KEYSET_LINEAR 16 /* up to this many keys a scan beats a table */
+
+static const store_key_t *keyset_at(const keyset_t *ks, int i) {
+  return (const store_key_t *)((const char *)ks->first + (size_t)i * ks->stride);
+}
+
+static bool key_is(const store_key_t *k, const uint8_t *bytes, size_t len) {
+  return k->len == len && memcmp(k->bytes, bytes, len) == 0;
+}
+
+/* Looks key up among the first `upto` keys of ks (all of them once built). */
+static bool keyset_has_upto(const keyset_t *ks, const uint8_t *bytes, size_t len, int upto) {
+  if (ks->slot == NULL) {
+    for (int i = 0; i < upto; i++)
+      if (key_is(keyset_at(ks, i), bytes, len)) return true;
+    return false;
+  }
+  for (size_t at = hash_key(bytes, len) & ks->mask; ks->slot[at] != 0; at = (at + 1) & ks->mask)
+    if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), bytes, len)) return true;
+  return false;
+}
+
+static bool keyset_has(const keyset_t *ks, const uint8_t *bytes, size_t len) {
+  return keyset_has_upto(ks, bytes, len, ks->n);
+}
+
+static void keyset_free(keyset_t *ks) {
+  free(ks->slot);
+  ks->slot = NULL;
+}
+
+/* Builds the set of n keys (n >= 0, each len <= STORE_KEY_MAX, checked by
+ * the caller).  Returns 0; LARDER_EINVAL when two keys are equal;
+ * LARDER_ENOMEM.  On failure nothing is left to free.  The table is at most
+ * half full, so a probe run stays short whatever the keys.  Any thread. */
+static int keyset_build(keyset_t *ks, const store_key_t *first, size_t stride, int n) {
+  *ks = (keyset_t){first, stride, n, NULL, 0};
+  if (n <= KEYSET_LINEAR) {
+    for (int i = 1; i < n; i++) {
+      const store_key_t *k = keyset_at(ks, i);
+      if (keyset_has_upto(ks, k->bytes, k->len, i)) return LARDER_EINVAL;
+    }
+    return 0;
+  }
+  size_t cap = 64;
+  while (cap < (size_t)n * 2) cap <<= 1;
+  ks->slot = calloc(cap, sizeof(*ks->slot));
+  if (ks->slot == NULL) return LARDER_ENOMEM;
+  ks->mask = cap - 1;
+  for (int i = 0; i < n; i++) {
+    const store_key_t *k = keyset_at(ks, i);
+    size_t at = hash_key(k->bytes, k->len) & ks->mask;
+    for (; ks->slot[at] != 0; at = (at + 1) & ks->mask) {
+      if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), k->bytes, k->len)) {
+        keyset_free(ks);
+        return LARDER_EINVAL;
+      }
+    }
+    ks->slot[at] = (uint32_t)i + 1;
+  }
+  return 0;
+}
+
 /* Pending records: 'e' len key (an entry: delete 'v'+key and 'i'+key) or
  * 'o' 8 id (an object record).  A record that cannot be queued for lack of
  * memory is dropped: the entry is already gone from the index and at worst
@@ -770,9 +857,9 @@ static size_t make_obj_key(uint8_t *out, uint64_t id) {
 }
 
 /* Adds the deletes of pending records to b, skipping those superseded by
- * the keys of this put (skip_keys, n of them) and objects in skip_obj. */
+ * the keys of this put (skip_keys, or NULL) and objects in skip_obj. */
 static void pending_to_batch(const bytes_t *pend, rocksdb_writebatch_t *b,
-                             const store_entry_t *skip_keys, int n,
+                             const keyset_t *skip_keys,
                              uint64_t skip_obj, bool skip_obj_valid) {
   uint8_t k[1 + STORE_KEY_MAX];
   for (size_t off = 0; off + 2 <= pend->len;) {
@@ -781,11 +868,7 @@ static void pending_to_batch(const bytes_t *pend, rocksdb_writebatch_t *b,
     const uint8_t *key = pend->p + off + 2;
     off += 2u + len;
     if (type == 'e') {
-      bool skip = false;
-      for (int i = 0; i < n && !skip; i++)
-        skip = skip_keys[i].key.len == len &&
-               memcmp(skip_keys[i].key.bytes, key, len) == 0;
-      if (skip) continue;
+      if (skip_keys && keyset_has(skip_keys, key, len)) continue;
       size_t kl = make_key(k, PFX_VALUE, key, len);
       rocksdb_writebatch_delete(b, (const char *)k, kl);
       k[0] = PFX_INDEX;
@@ -1456,6 +1539,28 @@ static int build_order(store_t *st) {
 
 static int flush_pending(store_t *st);
 
+/*
+ * Scales the space the cache reserves to its filesystem, so that a small
+ * one (a 32 MiB tmpfs) caches what fits instead of nothing: a memtable of
+ * at most a sixteenth of the disk (at least 1 MiB), since its flush needs
+ * that much free, and an open that needs at most an eighth of the disk
+ * free (at least 1 MiB, at most OPEN_MIN_FREE).  With the 64 MiB memtable
+ * and 32 MiB reserve meant for real disks, a 32 MiB cache never admitted a
+ * unit while 28 MiB were free.  A filesystem it cannot measure keeps the
+ * defaults.  store_open, before the RocksDB options are made.
+ */
+static void scale_to_disk(store_t *st) {
+  st->open_free = OPEN_MIN_FREE;
+  struct statvfs sv;
+  if (statvfs(st->dir, &sv) != 0) return;
+  uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize;
+  if (total == 0) return;
+  uint64_t mt = total / 16 > MIB ? total / 16 : MIB;
+  if (st->write_buffer > mt) st->write_buffer = mt;
+  uint64_t of = total / 8 > MIB ? total / 8 : MIB;
+  if (of < st->open_free) st->open_free = of;
+}
+
 static bool free_space_below(const char *dir, uint64_t bytes) {
   struct statvfs sv;
   return statvfs(dir, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize < bytes;
@@ -1465,9 +1570,11 @@ static bool free_space_below(const char *dir, uint64_t bytes) {
 static int open_db(store_t *st, char *err, size_t errlen) {
   /* RocksDB writes its LOG header, a MANIFEST and a WAL at open; on a full
    * disk its logger would abort the process (see setup_rocksdb_options). */
-  if (free_space_below(st->dir, OPEN_MIN_FREE)) {
-    set_err(err, errlen, "%s: no space left on device%s", st->dir,
-            " (the cache needs 16 MiB free to open)");
+  if (free_space_below(st->dir, st->open_free)) {
+    char need[64];
+    snprintf(need, sizeof(need), " (the cache needs %llu KiB free to open)",
+             (unsigned long long)(st->open_free / 1024));
+    set_err(err, errlen, "%s: no space left on device%s", st->dir, need);
     return LARDER_ENOSPC;
   }
   char *e = NULL;
@@ -1494,7 +1601,7 @@ static void *reopen_main(void *arg) {
   pthread_mutex_lock(&st->wmu);
   int rc = LARDER_ENOSPC;
   /* Keep the old handle serving reads while there is no room to open. */
-  if (!free_space_below(st->dir, OPEN_MIN_FREE + st->write_buffer)) {
+  if (!free_space_below(st->dir, st->open_free + st->write_buffer)) {
     pthread_rwlock_wrlock(&st->dblk);
     if (st->db != NULL) rocksdb_close(st->db);
     st->db = NULL;
@@ -1565,6 +1672,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   st->min_blob = opts->min_blob_size ? opts->min_blob_size : DEFAULT_MIN_BLOB;
   st->write_buffer =
       opts->write_buffer_bytes ? opts->write_buffer_bytes : DEFAULT_WRITE_BUFFER;
+  scale_to_disk(st);
   st->flush_threads = opts->flush_threads > 0 ? opts->flush_threads : DEFAULT_FLUSH_THREADS;
   st->idle_s = opts->idle_evict_s ? opts->idle_evict_s : DEFAULT_IDLE_S;
   st->persist_granularity = st->idle_s / 8 < 3600 ? st->idle_s / 8 : 3600;
@@ -1650,7 +1758,7 @@ static int flush_pending(store_t *st) {
   memset(&st->pending, 0, sizeof(st->pending));
   pthread_mutex_unlock(&st->mu);
   rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-  pending_to_batch(&taken, b, NULL, 0, 0, false);
+  pending_to_batch(&taken, b, NULL, 0, false);
   int rc = db_write(st, b);
   rocksdb_writebatch_destroy(b);
   pthread_mutex_lock(&st->mu);
@@ -1723,6 +1831,10 @@ void store_set_capacity(store_t *st, uint64_t capacity_bytes) {
 }
 
 /* Whether the filesystem keeps its reserve after `need` more bytes. */
+/* Whether the disk has room for need more bytes of values and what the
+ * cache keeps free besides: max(1 GiB, 5%) but at most 10% of the disk,
+ * never under twice what a reopen needs, plus one memtable for its flush.
+ * Records what it found for store_stats.  Takes mu. */
 static bool disk_has_room(store_t *st, uint64_t need) {
   struct statvfs sv;
   if (statvfs(st->dbdir, &sv) != 0) return true; /* unknown: let RocksDB say */
@@ -1731,8 +1843,13 @@ static bool disk_has_room(store_t *st, uint64_t need) {
   uint64_t keep = total / 20 > GIB ? total / 20 : GIB;
   if (keep > total / 10) keep = total / 10;
   /* Never so little that the cache could not be opened again. */
-  if (keep < 2 * OPEN_MIN_FREE) keep = 2 * OPEN_MIN_FREE;
-  return avail >= need + keep + st->write_buffer;
+  if (keep < 2 * st->open_free) keep = 2 * st->open_free;
+  bool room = avail >= need + keep + st->write_buffer;
+  pthread_mutex_lock(&st->mu);
+  st->low_avail = avail;
+  st->low_need = need + keep + st->write_buffer;
+  pthread_mutex_unlock(&st->mu);
+  return room;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1786,7 +1903,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
     pthread_mutex_unlock(&st->mu);
     if (rc == 0) {
       rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-      pending_to_batch(&taken, b, NULL, 0, obj->id, true);
+      pending_to_batch(&taken, b, NULL, obj->id, true);
       uint8_t k[9];
       make_obj_key(k, obj->id);
       rocksdb_writebatch_put(b, (const char *)k, sizeof(k),
@@ -1968,6 +2085,7 @@ int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
   return 0;
 }
 
+
 /* ------------------------------------------------------------------------ */
 /* Admission                                                                 */
 
@@ -2023,11 +2141,11 @@ int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
     if (keys[i].len > STORE_KEY_MAX || sizes[i] > UINT64_MAX / 4 - total)
       return LARDER_EINVAL;
     total += sizes[i];
-    for (int j = 0; j < i; j++)
-      if (keys[j].len == keys[i].len &&
-          memcmp(keys[j].bytes, keys[i].bytes, keys[i].len) == 0)
-        return LARDER_EINVAL;
   }
+  keyset_t ks;
+  int dup = keyset_build(&ks, keys, sizeof(keys[0]), n);
+  keyset_free(&ks);
+  if (dup != 0) return dup;
   int64_t mnow = mono_now(st);
   pthread_mutex_lock(&st->mu);
   if (st->writes_off) {
@@ -2136,17 +2254,18 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
     if (entries[i].key.len > STORE_KEY_MAX ||
         (entries[i].data == NULL && entries[i].size > 0))
       return LARDER_EINVAL;
-    for (int j = 0; j < i; j++)
-      if (entries[j].key.len == entries[i].key.len &&
-          memcmp(entries[j].key.bytes, entries[i].key.bytes,
-                 entries[i].key.len) == 0)
-        return LARDER_EINVAL;
   }
+  /* Kept until the batch is built: it also finds the pending deletes that
+   * this put supersedes. */
+  keyset_t ks;
+  int dup = keyset_build(&ks, &entries[0].key, sizeof(entries[0]), n);
+  if (dup != 0) return dup;
   entry_t **es = calloc((size_t)n, sizeof(entry_t *));
   uint8_t *hdrs = malloc((size_t)n * (VALUE_HDR + INDEX_REC));
   if (es == NULL || hdrs == NULL) {
     free(es);
     free(hdrs);
+    keyset_free(&ks);
     return LARDER_ENOMEM;
   }
   /* Checksums first, holding no lock. */
@@ -2180,6 +2299,7 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   if (rc != 0) {
     free(es);
     free(hdrs);
+    keyset_free(&ks);
     return rc;
   }
 
@@ -2209,7 +2329,8 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   if (write_obj && encode_object(&orec, o) != 0) write_obj = false;
   if (write_obj) o->on_disk = true;
   pthread_mutex_unlock(&st->mu);
-  pending_to_batch(&taken, b, entries, n, object_id, write_obj);
+  pending_to_batch(&taken, b, &ks, object_id, write_obj);
+  keyset_free(&ks);
   if (write_obj) {
     uint8_t k[9];
     make_obj_key(k, object_id);
@@ -2478,6 +2599,8 @@ void store_stats_get(store_t *st, store_stats_t *out) {
   out->entries = st->present;
   out->objects = st->live_objects;
   out->admission_disabled = st->writes_off || st->low_space;
+  out->disk_free_bytes = st->low_space ? st->low_avail : 0;
+  out->disk_needed_bytes = st->low_space ? st->low_need : 0;
   out->write_error = st->writes_off ? st->writes_off_code : st->low_space ? LARDER_ENOSPC : 0;
   pthread_mutex_unlock(&st->mu);
 }

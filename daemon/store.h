@@ -76,7 +76,8 @@ typedef struct store_options {
   uint64_t min_blob_size;   /* values at least this big go to blob files;
                                0 = 4096 */
   uint64_t block_cache_bytes;  /* RocksDB block cache; 0 = 32 MiB */
-  uint64_t write_buffer_bytes; /* RocksDB memtable size; 0 = 64 MiB */
+  uint64_t write_buffer_bytes; /* RocksDB memtable size; 0 = 64 MiB; at
+                               most 1/16 of the filesystem (store.c) */
   int flush_threads;        /* memtables flushed at once; 0 = 2.  The store
                                keeps flush_threads + 2 memtables, so that
                                puts go on while that many flush */
@@ -218,6 +219,10 @@ typedef struct store_stats {
   uint64_t checksum_failures, write_errors;
   int admission_disabled; /* the disk filled up, or writes failed; see store.c */
   int write_error;        /* why writes stopped: LARDER_ENOSPC, LARDER_EIO, or 0 */
+  /* While the disk has too little room (admission off, writes not failed):
+   * its free bytes at the last check, and the free bytes the cache wanted
+   * then (the unit, its reserve, a memtable's flush); else 0. */
+  uint64_t disk_free_bytes, disk_needed_bytes;
 } store_stats_t;
 
 void store_stats_get(store_t *st, store_stats_t *out);

@@ -96,6 +96,7 @@ typedef struct pin_task {
   uint64_t epoch, first, last;
   uint32_t *idx;
   int n;
+  int next;                 /* idx[next ..] are not pinned yet */
 } pin_task_t;
 
 /* The row orders of the windows that batches [first, last) of an epoch
@@ -121,6 +122,11 @@ struct stream {
   int end_sent;
   int tasks;                /* worker tasks in flight */
   int pumping;              /* stream_pump frames on the stack */
+  uint64_t owner;           /* its tasks' work owner (work.h): its dataset's
+                               key, which the ranks of a job share, so they
+                               share the workers as one; held
+                               (work_pool_hold_owner) while nonzero, from
+                               the open's reply to stream_destroy */
 
   dataset_t *ds;
   shuffle_plan_t *plan;
@@ -398,6 +404,8 @@ static void window_unreserve(stream_t *s) {
 }
 
 static void stream_destroy(stream_t *s) {
+  if (s->owner) work_pool_release_owner(s->srv->pool, s->owner);
+  s->owner = 0;
   window_unreserve(s);
   while (s->q_head) {
     pbatch_t *b = s->q_head;
@@ -471,6 +479,10 @@ void stream_close(stream_t *s) {
   s->q_tail = NULL;
   for (pbatch_t *b = s->q_head; b; b = b->next) s->q_tail = b;
   release_pins(s);
+  /* Its window's room goes back now, with its pins, not when its last
+   * task ends: an open that follows the close at once (the workers take
+   * other owners' tasks in turn, work.h) must find it free. */
+  window_unreserve(s);
   /* A queued order task is background work, which may wait long while
    * other streams keep the workers busy: the stream takes it back rather
    * than stay allocated (its arena with it) until a worker is free. */
@@ -614,6 +626,7 @@ static void start_orders(stream_t *s) {
   t->first = s->order_first;
   t->last = s->order_last;
   t->work.data = t;
+  t->work.owner = s->owner;
   s->order_wanted = 0;
   s->order_task = t;
   s->tasks++;
@@ -634,36 +647,68 @@ static void order_task_done(work_t *w, int status) {
   start_orders(s);
 }
 
+/*
+ * Units one turn of the loop pins at most.  A span's units number up to a
+ * whole shuffle window, which is the whole dataset when units are small (a
+ * million one-row row groups): acquiring them all in one turn (an
+ * allocation and a queued load each) held the loop for seconds, and other
+ * clients' connects timed out.  The rest are pinned in later turns, the
+ * task going once more through the pool (a task that runs nothing), so it
+ * also waits behind the loads it has just queued.
+ */
+#define PIN_SLICE 2048
+
+static void pin_task_resume(work_t *w) { (void)w; }
+
 static void pin_task_done(work_t *w, int status) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
   server_task_end(s->srv);
   s->tasks--;
-  s->pin_busy = 0;
   if (s->closed || status != 0 || s->srv->shutting_down) {
+    s->pin_busy = 0;
     free(t->idx);
     free(t);
     stream_maybe_free(s);
     return;
   }
-  rotate_pins(s);
   int n = t->idx ? t->n : 0;
-  if (n > 0 && n > s->cap_pins) {
-    pin_t *p = realloc(s->pins, (size_t)n * sizeof(pin_t));
-    if (p == NULL) n = 0;
-    else {
-      s->pins = p;
-      s->cap_pins = n;
+  if (t->next == 0) {
+    rotate_pins(s);
+    if (n > 0 && n > s->cap_pins) {
+      pin_t *p = realloc(s->pins, (size_t)n * sizeof(pin_t));
+      if (p == NULL) n = t->n = 0;
+      else {
+        s->pins = p;
+        s->cap_pins = n;
+      }
     }
   }
-  for (int i = 0; i < n; i++) {
-    unit_t *u = units_acquire(s->srv, s->ds, t->idx[i]);
-    if (u == NULL) break;
+  int end = n - t->next > PIN_SLICE ? t->next + PIN_SLICE : n;
+  uint64_t outer = s->srv->acquiring_owner;
+  s->srv->acquiring_owner = s->owner; /* the loads are this stream's work */
+  const uint32_t *idx = t->idx;
+  for (; idx != NULL && t->next < end; t->next++) {
+    unit_t *u = units_acquire(s->srv, s->ds, idx[t->next]);
+    if (u == NULL) {
+      t->next = n; /* out of memory: the rest is left to the planner */
+      break;
+    }
     s->pins[s->num_pins].u = u;
-    s->pins[s->num_pins].index = t->idx[i];
+    s->pins[s->num_pins].index = idx[t->next];
     s->num_pins++;
-    if (s->pinned) s->pinned[t->idx[i]] = u;
+    if (s->pinned) s->pinned[idx[t->next]] = u;
   }
+  s->srv->acquiring_owner = outer;
+  if (t->next < n) {
+    /* pin_busy stays set: no other span starts until this one is done. */
+    s->tasks++;
+    server_task_begin(s->srv);
+    if (work_queue(s->srv->pool, &t->work, pin_task_resume, pin_task_done) == 0) return;
+    server_task_end(s->srv);
+    s->tasks--;
+  }
+  s->pin_busy = 0;
   /* Pins are a prefetch: a span they could not find (out of memory) is
    * skipped, and its batches load their units when planned. */
   s->order_wanted = 1;
@@ -698,6 +743,7 @@ static void advance_pins(stream_t *s) {
   t->last = t->first + s->pin_span;
   if (t->last > s->batches_per_epoch) t->last = s->batches_per_epoch;
   t->work.data = t;
+  t->work.owner = s->owner;
   s->tasks++;
   s->pin_busy = 1;
   server_task_begin(s->srv);
@@ -832,8 +878,13 @@ static void advance_read_ahead(stream_t *s) {
 }
 
 void stream_read_ahead_all(server_t *srv) {
+  uint64_t outer = srv->acquiring_owner;
   for (conn_t *c = srv->conns; c; c = c->next)
-    for (stream_t *s = c->streams; s; s = s->next_in_conn) advance_read_ahead(s);
+    for (stream_t *s = c->streams; s; s = s->next_in_conn) {
+      srv->acquiring_owner = s->owner; /* the loads are this stream's work */
+      advance_read_ahead(s);
+    }
+  srv->acquiring_owner = outer;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1048,6 +1099,7 @@ static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
     return LARDER_ENOMEM;
   }
   c->work.data = c;
+  c->work.owner = s->owner;
   s->next = c;
   s->plan_busy = 1;
   s->tasks++;
@@ -1400,6 +1452,7 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
   b->state = PB_ASSEMBLING;
   b->release_mark = s->releases;
   b->work.data = b;
+  b->work.owner = s->owner;
   s->tasks++;
   server_task_begin(s->srv);
   if (work_queue_quiet(s->srv->pool, &b->work, assemble_work, assemble_done,
@@ -1659,7 +1712,11 @@ static void pump_once(stream_t *s);
  * on to read it (a connection whose client vanished as a batch went out). */
 static void stream_pump(stream_t *s) {
   s->pumping++;
+  /* Loads the pump starts (planning, read-ahead) are this stream's work. */
+  uint64_t outer = s->srv->acquiring_owner;
+  s->srv->acquiring_owner = s->owner;
   pump_once(s);
+  s->srv->acquiring_owner = outer;
   s->pumping--;
   atomic_store_explicit(&s->window_full, !s->closed && s->num_sent >= (int)s->window,
                         memory_order_relaxed);
@@ -1810,14 +1867,45 @@ typedef struct open_req {
   size_t num_remote;
   char **roots;      /* larder ACL: local_roots, split (NULL: anywhere) */
   acl_peer_t peer;   /* the client, whose credentials open local files */
+  uint64_t window_bytes; /* cfg.shuffle_window_bytes when it was asked */
+  int row_group_blocks;  /* cfg.shuffle_row_groups, likewise */
+  uint32_t partitions;   /* cfg.partitions, likewise */
+  shuffle_plan_t *plan;  /* made by open_work; NULL: open_done makes it */
 } open_req_t;
 
+/* The stream's shuffle parameters, from its request and its dataset. */
+static void open_shuffle_params(const open_req_t *o, const dataset_t *ds, shuffle_params_t *sp) {
+  const Larder__OpenStream *p = &o->params;
+  memset(sp, 0, sizeof(*sp));
+  sp->seed = p->seed;
+  sp->shuffle = p->shuffle;
+  sp->window_units = p->shuffle_window ? p->shuffle_window
+                                       : dataset_window_units(ds, o->window_bytes);
+  sp->batch_size = p->batch_size;
+  sp->world_size = p->world_size ? p->world_size : 1;
+  sp->rank = p->rank;
+  sp->drop_last = p->drop_last;
+  sp->partitions = p->partitions ? p->partitions : o->partitions;
+  if (sp->partitions == 0) sp->partitions = 1;
+  sp->local_world_size = p->local_world_size && p->local_world_size < sp->world_size
+                             ? p->local_world_size
+                             : sp->world_size;
+}
+
+/* The dataset, and its shuffle plan: both cost time linear in the units
+ * (a million for a file of a million small row groups, a fifth of a second
+ * for the plan), which the loop must not spend.  A plan refused here (bad
+ * settings, no memory) is made again by open_done, which reports why. */
 static void open_work(work_t *w) {
   open_req_t *o = w->data;
   o->rc = dataset_open((const char *const *)o->sources, o->num_sources,
                        (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
                        sizeof(o->err));
-  if (o->rc == 0) admin_register_objects(o->srv, o->ds); /* larder admin: names for ls, evict */
+  if (o->rc != 0) return;
+  admin_register_objects(o->srv, o->ds); /* larder admin: names for ls, evict */
+  shuffle_params_t sp;
+  open_shuffle_params(o, o->ds, &sp);
+  if (dataset_shuffle_plan(o->ds, &sp, o->row_group_blocks, &o->plan) != 0) o->plan = NULL;
 }
 
 static conn_t *find_conn(server_t *srv, uint64_t id);
@@ -1828,6 +1916,7 @@ static void free_open_req(open_req_t *o) {
   if (c && c->pending_requests > 0) c->pending_requests--;
   free(o->roots);
   acl_peer_clear(&o->peer);
+  shuffle_plan_free(o->plan);
   remote_objects_free(o->remote, o->num_remote);
   for (size_t i = 0; i < o->num_sources; i++) free(o->sources[i]);
   for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
@@ -1997,19 +2086,7 @@ static void open_done(work_t *w, int status) {
   s->opened_ns = util_now_ns();
   s->validated_ns = s->opened_ns;
   STATS_ADD(&srv->stats, streams, 1);
-  s->params.seed = p->seed;
-  s->params.shuffle = p->shuffle;
-  s->params.window_units = p->shuffle_window ? p->shuffle_window
-                                             : dataset_window_units(s->ds, srv->cfg.shuffle_window_bytes);
-  s->params.batch_size = p->batch_size;
-  s->params.world_size = p->world_size ? p->world_size : 1;
-  s->params.rank = p->rank;
-  s->params.drop_last = p->drop_last;
-  s->params.partitions = p->partitions ? p->partitions : (uint32_t)srv->cfg.partitions;
-  if (s->params.partitions == 0) s->params.partitions = 1;
-  s->params.local_world_size =
-      p->local_world_size && p->local_world_size < s->params.world_size ? p->local_world_size
-                                                                        : s->params.world_size;
+  open_shuffle_params(o, s->ds, &s->params);
   s->epochs = p->epochs;
   s->window = p->window ? p->window : LARDER_DEFAULT_WINDOW;
   s->prefetch = (uint32_t)srv->cfg.prefetch_batches;
@@ -2032,8 +2109,12 @@ static void open_done(work_t *w, int status) {
                 (unsigned long long)global_batch, STREAM_MAX_PARTITIONS);
     return;
   }
-  if (rc == 0)
-    rc = dataset_shuffle_plan(s->ds, &s->params, srv->cfg.shuffle_row_groups, &s->plan);
+  if (rc == 0 && o->plan) {
+    s->plan = o->plan;
+    o->plan = NULL;
+  } else if (rc == 0) {
+    rc = dataset_shuffle_plan(s->ds, &s->params, o->row_group_blocks, &s->plan);
+  }
   if (rc == LARDER_EINVAL && s->params.partitions > 1) {
     refuse_open(c, s, o, rc,
                 "partitions %u: the dataset's row groups with rows are fewer than that, and a "
@@ -2160,6 +2241,10 @@ static void open_done(work_t *w, int status) {
     if (s->pin_span < s->prefetch) s->pin_span = s->prefetch;
   }
   s->conn = c;
+  /* Held while it lives: a worker stays free for its next batch while
+   * another job's costly units queue (work.h, Fairness). */
+  s->owner = s->ds->key ? s->ds->key : 1;
+  work_pool_hold_owner(srv->pool, s->owner);
   s->next_in_conn = c->streams;
   c->streams = s;
   c->num_streams++;
@@ -2241,6 +2326,7 @@ static char **copy_strings(char **v, size_t n) {
 static void queue_open(open_req_t *o) {
   server_t *srv = o->srv;
   o->work.data = o;
+  o->work.owner = o->conn_id;
   server_task_begin(srv);
   if (work_queue(srv->pool, &o->work, open_work, open_done) != 0) {
     server_task_end(srv);
@@ -2386,6 +2472,9 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->dopts.pq.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
   o->dopts.footers = srv->footers;
   o->dopts.footer_limit = srv->cfg.footer_memory;
+  o->window_bytes = srv->cfg.shuffle_window_bytes;
+  o->row_group_blocks = srv->cfg.shuffle_row_groups;
+  o->partitions = (uint32_t)srv->cfg.partitions;
   {
     /* larder ACL: local paths stay inside local_roots (a copy: a reload
      * may change the key while the open runs on a worker). */

@@ -35,9 +35,16 @@ static uint64_t columns_hash_of(const dataset_t *ds) {
   return util_hash64(ds->column_hash, (size_t)ds->num_columns * 8, 0x636f6c73ull);
 }
 
+/*
+ * The units table and the row-group buffers' table are keyed by what
+ * clients open (any number of files and row groups), so both grow with
+ * their entries (htab.h): the loop looks a unit up on every acquire and
+ * read-ahead, and must never walk a long chain (4096 fixed buckets made
+ * chains of 250 at a million units, and the loop stopped answering).
+ */
 void units_init(server_t *srv) {
-  srv->unit_buckets = 4096;
-  srv->unit_table = calloc(srv->unit_buckets, sizeof(unit_t *));
+  memset(&srv->unit_table, 0, sizeof(srv->unit_table));
+  memset(&srv->rgbuf_table, 0, sizeof(srv->rgbuf_table));
 }
 
 static void lru_remove(server_t *srv, unit_t *u) {
@@ -71,10 +78,7 @@ static void unit_free_data(unit_t *u) {
 }
 
 static void unit_destroy(server_t *srv, unit_t *u) {
-  unit_t **pp = &srv->unit_table[u->hash % srv->unit_buckets];
-  while (*pp && *pp != u) pp = &(*pp)->hnext;
-  if (*pp) *pp = u->hnext;
-  srv->unit_count--;
+  htab_remove(&srv->unit_table, &u->hnode);
   srv->unit_bytes -= u->bytes;
   STATS_SUB(&srv->stats, memory_bytes, u->bytes);
   unit_free_data(u);
@@ -132,7 +136,7 @@ typedef struct rb_part {
 } rb_part_t;
 
 struct rgbuf {
-  uint64_t hash;
+  htab_node_t hnode;       /* in srv->rgbuf_table; hnode.hash is its hash */
   uint64_t object_id;
   uint32_t rg;
   uint64_t columns_hash;
@@ -165,8 +169,8 @@ struct rgbuf {
   unit_t **waiters;
   int num_waiters, cap_waiters;
   server_t *srv;
-  rgbuf_t *hnext;
   rgbuf_t *lru_prev, *lru_next;
+  rgbuf_t *held_prev, *held_next; /* in srv->rgbuf_held_head while held */
 };
 
 static int queue_load(server_t *srv, unit_t *u);
@@ -180,10 +184,25 @@ static void rb_lru_remove(server_t *srv, rgbuf_t *b) {
   b->lru_prev = b->lru_next = NULL;
 }
 
+/* The list of held buffers (rgbuf_t.held), so that expiring holds walks
+ * them only, not every buffer. */
+static void rb_held_link(server_t *srv, rgbuf_t *b) {
+  b->held_prev = NULL;
+  b->held_next = srv->rgbuf_held_head;
+  if (b->held_next) b->held_next->held_prev = b;
+  srv->rgbuf_held_head = b;
+}
+
+static void rb_held_unlink(server_t *srv, rgbuf_t *b) {
+  if (b->held_prev) b->held_prev->held_next = b->held_next;
+  else if (srv->rgbuf_held_head == b) srv->rgbuf_held_head = b->held_next;
+  if (b->held_next) b->held_next->held_prev = b->held_prev;
+  b->held_prev = b->held_next = NULL;
+}
+
 static void rb_destroy(server_t *srv, rgbuf_t *b) {
-  rgbuf_t **pp = &srv->rgbuf_table[b->hash % srv->rgbuf_buckets];
-  while (*pp && *pp != b) pp = &(*pp)->hnext;
-  if (*pp) *pp = b->hnext;
+  htab_remove(&srv->rgbuf_table, &b->hnode);
+  if (b->held) rb_held_unlink(srv, b);
   for (int i = 0; i < b->num_parts; i++) {
     if (b->parts[i].req) fetch_cancel(b->parts[i].req);
     free(b->parts[i].data);
@@ -366,6 +385,7 @@ static void rb_unhold(rgbuf_t *b) {
   b->mem_ahead = 0;
   if (!b->held) return;
   b->held = 0;
+  rb_held_unlink(srv, b);
   srv->rgbuf_held_bytes -= b->held_bytes;
   b->held_bytes = 0;
   rb_release(srv, b);
@@ -389,10 +409,11 @@ static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index,
   uint64_t key[3] = {f->object_id, du->rg, ch};
   uint64_t h = util_hash64(key, sizeof(key), 0x726762ull);
   if (hash) *hash = h;
-  if (srv->rgbuf_table == NULL) return NULL;
-  for (rgbuf_t *b = srv->rgbuf_table[h % srv->rgbuf_buckets]; b; b = b->hnext)
-    if (b->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch)
+  for (htab_node_t *n = htab_chain(&srv->rgbuf_table, h); n; n = n->next) {
+    rgbuf_t *b = HTAB_ENTRY(n, rgbuf_t, hnode);
+    if (n->hash == h && b->object_id == f->object_id && b->rg == du->rg && b->columns_hash == ch)
       return b;
+  }
   return NULL;
 }
 
@@ -409,14 +430,12 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
     if (!ahead) rb_promote(found);
     return found;
   }
-  if (srv->rgbuf_table == NULL) {
-    srv->rgbuf_buckets = 1024;
-    srv->rgbuf_table = calloc(srv->rgbuf_buckets, sizeof(rgbuf_t *));
-    if (srv->rgbuf_table == NULL) return NULL;
-  }
   rgbuf_t *b = calloc(1, sizeof(*b));
   if (b == NULL) return NULL;
-  b->hash = h;
+  if (htab_insert(&srv->rgbuf_table, &b->hnode, h) != 0) {
+    free(b);
+    return NULL;
+  }
   b->object_id = f->object_id;
   b->rg = du->rg;
   b->columns_hash = ch;
@@ -426,8 +445,6 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   snprintf(b->etag, sizeof(b->etag), "%s", f->etag);
   snprintf(b->last_modified, sizeof(b->last_modified), "%s", f->last_modified);
   fetch_redact(f->path, b->where, sizeof(b->where));
-  b->hnext = srv->rgbuf_table[h % srv->rgbuf_buckets];
-  srv->rgbuf_table[h % srv->rgbuf_buckets] = b;
   pq_range_t *ranges = NULL;
   pq_error err = {0, ""};
   int n = pq_projection_ranges(f->pq, f->proj, (int)du->rg, &ranges, &err);
@@ -485,10 +502,17 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
    * before its first use, or between two of its units, would fetch it
    * again within the epoch.  Holds take at most a quarter of memory_limit
    * (units_read_ahead stops there). */
-  for (uint32_t k = f->first_unit; k < f->first_unit + f->num_units; k++)
-    b->units_left += ds->units[k].rg == du->rg && !(srv->store && cached_already(srv->store, ds, k));
+  /* A row group's units are adjacent in ds->units (dataset.c makes them
+   * in order), so this walks the row group's units only: the file's would
+   * cost the loop O(units of the file) per row group, quadratic in a file
+   * of many small row groups. */
+  uint32_t first = unit_index;
+  while (first > f->first_unit && ds->units[first - 1].rg == du->rg) first--;
+  for (uint32_t k = first; k < f->first_unit + f->num_units && ds->units[k].rg == du->rg; k++)
+    b->units_left += !(srv->store && cached_already(srv->store, ds, k));
   if (hold) {
     b->held = 1;
+    rb_held_link(srv, b);
     b->held_ns = util_now_ns();
     b->held_bytes = b->charged;
     srv->rgbuf_held_bytes += b->held_bytes;
@@ -597,13 +621,27 @@ static int disk_full_warned;
 static void note_refusal(server_t *srv) {
   store_stats_t st;
   store_stats_get(srv->store, &st);
-  if (st.admission_disabled && !__atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED))
-    log_warn("cache in %s: %s: admission is off, new data is served from its sources without "
-             "being cached; what is cached stays readable",
-             srv->cfg.cache_dir,
+  if (!st.admission_disabled || __atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED))
+    return;
+  char why[200];
+  if (st.disk_needed_bytes > 0) {
+    /* Not full: fuller than the cache lets it get.  Say by how much. */
+    char have[32], want[32];
+    util_human_bytes(have, sizeof(have), (double)st.disk_free_bytes);
+    util_human_bytes(want, sizeof(want), (double)st.disk_needed_bytes);
+    snprintf(why, sizeof(why),
+             "too little space on the device: %s free, and a unit needs %s free (itself, "
+             "the space the cache keeps free, and a memtable's flush)",
+             have, want);
+  } else {
+    snprintf(why, sizeof(why), "%s",
              st.write_error == LARDER_ENOSPC
                  ? "no space left on the device"
                  : "writes fail (is the directory still there, writable, on a healthy disk?)");
+  }
+  log_warn("cache in %s: %s: admission is off, new data is served from its sources without "
+           "being cached; what is cached stays readable",
+           srv->cfg.cache_dir, why);
 }
 
 /* Called when the cache admitted a unit: a full disk is over. */
@@ -1044,8 +1082,9 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
   uint64_t oid = ds->files[du->file].object_id;
   uint64_t ch = columns_hash_of(ds);
   uint64_t h = unit_hash(oid, du->rg, du->row_start, du->rows, ch);
-  for (unit_t *u = srv->unit_table[h % srv->unit_buckets]; u; u = u->hnext) {
-    if (u->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
+  for (htab_node_t *n = htab_chain(&srv->unit_table, h); n; n = n->next) {
+    unit_t *u = HTAB_ENTRY(n, unit_t, hnode);
+    if (n->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
         u->rows == du->rows && u->columns_hash == ch) {
       if (u->state == UNIT_FAILED && u->refs == 0) {
         /* A failure is not cached: try again for the next ask. */
@@ -1073,7 +1112,6 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
     free(u);
     return NULL;
   }
-  u->hash = h;
   u->object_id = oid;
   u->rg = du->rg;
   u->row_start = du->row_start;
@@ -1087,9 +1125,15 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
   ds->refs++;
   u->index = index;
   u->srv = srv;
-  u->hnext = srv->unit_table[h % srv->unit_buckets];
-  srv->unit_table[h % srv->unit_buckets] = u;
-  srv->unit_count++;
+  /* Its load, and any retry of it, is the work of the stream that first
+   * asked for it (work.h, Fairness). */
+  u->work.owner = srv->acquiring_owner;
+  if (htab_insert(&srv->unit_table, &u->hnode, h) != 0) {
+    ds->refs--;
+    unit_free_data(u);
+    free(u);
+    return NULL;
+  }
   if (queue_load(srv, u) != 0) {
     unit_fail(u, LARDER_ENOMEM, "cannot queue the load");
     u->state = UNIT_FAILED;
@@ -1105,10 +1149,12 @@ static int unit_in_pool(server_t *srv, const dataset_t *ds, uint32_t index) {
   uint64_t oid = ds->files[du->file].object_id;
   uint64_t ch = columns_hash_of(ds);
   uint64_t h = unit_hash(oid, du->rg, du->row_start, du->rows, ch);
-  for (unit_t *u = srv->unit_table[h % srv->unit_buckets]; u; u = u->hnext)
-    if (u->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
+  for (htab_node_t *n = htab_chain(&srv->unit_table, h); n; n = n->next) {
+    const unit_t *u = HTAB_ENTRY(n, unit_t, hnode);
+    if (n->hash == h && u->object_id == oid && u->rg == du->rg && u->row_start == du->row_start &&
         u->rows == du->rows && u->columns_hash == ch)
       return u->state != UNIT_FAILED;
+  }
   return 0;
 }
 
@@ -1229,17 +1275,14 @@ void units_unwait(unit_t *u, stream_t *s) {
 /* Ends the holds of read-ahead buffers older than max_age_ns (all of them
  * for 0). */
 static void rb_unhold_all(server_t *srv, uint64_t max_age_ns) {
-  if (srv->rgbuf_table == NULL) return;
   uint64_t now = util_now_ns();
-  for (size_t i = 0; i < srv->rgbuf_buckets; i++) {
-    rgbuf_t *b = srv->rgbuf_table[i];
-    while (b) {
-      /* rb_unhold may destroy b (a failed one), unlinking it from this
-       * chain: step first. */
-      rgbuf_t *next = b->hnext;
-      if (b->held && (max_age_ns == 0 || now - b->held_ns > max_age_ns)) rb_unhold(b);
-      b = next;
-    }
+  rgbuf_t *b = srv->rgbuf_held_head;
+  while (b) {
+    /* rb_unhold unlinks b from this list and may destroy it (a failed
+     * one): step first.  It releases b alone, so next stays valid. */
+    rgbuf_t *next = b->held_next;
+    if (max_age_ns == 0 || now - b->held_ns > max_age_ns) rb_unhold(b);
+    b = next;
   }
 }
 
@@ -1260,13 +1303,11 @@ void units_shutdown(server_t *srv) {
     lru_remove(srv, u);
     unit_destroy(srv, u);
   }
-  free(srv->unit_table);
-  srv->unit_table = NULL;
+  htab_free(&srv->unit_table);
   while (srv->rgbuf_lru_head) {
     rgbuf_t *b = srv->rgbuf_lru_head;
     rb_lru_remove(srv, b);
     rb_destroy(srv, b);
   }
-  free(srv->rgbuf_table);
-  srv->rgbuf_table = NULL;
+  htab_free(&srv->rgbuf_table);
 }

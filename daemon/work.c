@@ -16,7 +16,50 @@
 #include <unistd.h>
 
 #include "../client/larder.h"
+#include "htab.h"
 #include "log.h"
+#include "util.h"
+
+/*
+ * Fairness between owners
+ * -----------------------
+ * Each foreground task waits in its owner's queue (work_t.owner: a client,
+ * 0 for tasks of no one in particular).  Owners with waiting tasks form a
+ * ring, and a free worker serves them in turn, one task each, so one
+ * owner's thousand queued units wait behind another's next batch, not the
+ * other way round.  Turns alone are not enough when tasks take long: with
+ * every worker on costly units (30 s each), another owner's cheap task
+ * still waits for one to finish.  So an owner is costly when its tasks
+ * averaged COSTLY_NS or more of late, and while some owner present (with
+ * tasks waiting or running, or held: work_pool_hold_owner) is not costly,
+ * costly owners' tasks run on at most workers - 1 workers together: the
+ * last one stays for the cheap owners, idle if they have nothing queued at
+ * that moment.  Costly owners share the rest in turn, and have every
+ * worker when no cheap owner is present.  Cheap tasks are never held back:
+ * any other owner's task waits for little behind them, and reserving a
+ * worker would cost throughput for nothing (a job's ranks sharing their
+ * loads, a trainer computing while the daemon works).  One worker
+ * (workers = 1) is never reserved.
+ *
+ * Owners live in a table (htab) while present; an owner's entry goes when
+ * it has no task and no hold.  A task of owner 0, or one whose owner entry
+ * cannot be allocated, waits in the pool's own entry (nobody), which is
+ * never freed.
+ */
+#define COSTLY_NS 10000000ull /* 10 ms */
+
+typedef struct owner {
+  htab_node_t node;           /* in owners, by key; not for nobody */
+  uint64_t key;
+  int holds;                  /* work_pool_hold_owner */
+  int running;                /* its foreground tasks on workers */
+  uint64_t avg_ns;            /* its foreground tasks' run time, a moving
+                                 average (1/8 per task) */
+  int costly;                 /* avg_ns >= COSTLY_NS */
+  int counted_cheap;          /* counted in present_cheap */
+  work_t *head, *tail;        /* its foreground tasks waiting */
+  struct owner *prev, *next;  /* in the ring while it has tasks waiting */
+} owner_t;
 
 struct work_pool {
   uv_poll_t poll;     /* the eventfd, readable when tasks are done */
@@ -36,8 +79,14 @@ struct work_pool {
 
   pthread_mutex_t mu;
   pthread_cond_t cond;   /* tasks queued, or stopping */
-  work_t *todo_head, *todo_tail;
-  work_t *bg_head, *bg_tail; /* background tasks: taken when todo is empty */
+  htab_t owners;         /* owner_t by key, while present */
+  owner_t nobody;        /* owner 0's tasks, and those of an owner with no entry */
+  owner_t *ring;         /* owners with foreground tasks waiting: the next
+                            to serve, then the others in turn */
+  int present_cheap;     /* owners present and not costly */
+  int costly_running;    /* workers running costly owners' tasks */
+  work_t *bg_head, *bg_tail; /* background tasks: taken when no foreground
+                                task waits */
   work_t *done_head, *done_tail;
   int idle;              /* workers waiting on cond */
   int stopping;
@@ -57,6 +106,103 @@ struct work_pool {
 static int set_nice(pid_t tid, int nice) {
   if (nice > 19) nice = 19;
   return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? 0 : errno;
+}
+
+static uint64_t owner_hash(uint64_t key) { return util_hash64(&key, sizeof(key), 0x6f776e72ull); }
+
+/* The entry of owner key, made when create is set; NULL when there is none
+ * (or no memory for one).  Under mu. */
+static owner_t *owner_find(work_pool_t *p, uint64_t key, int create) {
+  if (key == 0) return &p->nobody;
+  uint64_t h = owner_hash(key);
+  for (htab_node_t *n = htab_chain(&p->owners, h); n; n = n->next) {
+    owner_t *o = HTAB_ENTRY(n, owner_t, node);
+    if (n->hash == h && o->key == key) return o;
+  }
+  if (!create) return NULL;
+  owner_t *o = calloc(1, sizeof(*o));
+  if (o == NULL) return NULL;
+  o->key = key;
+  if (htab_insert(&p->owners, &o->node, h) != 0) {
+    free(o);
+    return NULL;
+  }
+  return o;
+}
+
+/* Brings present_cheap up to date for o, present or not.  Under mu. */
+static void recount(work_pool_t *p, owner_t *o, int present) {
+  int cheap = present && !o->costly;
+  if (cheap == o->counted_cheap) return;
+  p->present_cheap += cheap ? 1 : -1;
+  o->counted_cheap = cheap;
+}
+
+/* Frees o's entry once it has no task and no hold, and counts it again
+ * either way (call after any change to its tasks, holds or cost).  An
+ * entry in the table is present; nobody while it has tasks.  Under mu. */
+static void owner_maybe_free(work_pool_t *p, owner_t *o) {
+  int busy = o->holds > 0 || o->running > 0 || o->head != NULL;
+  if (o == &p->nobody || busy) {
+    recount(p, o, o != &p->nobody || busy);
+    return;
+  }
+  recount(p, o, 0);
+  htab_remove(&p->owners, &o->node);
+  free(o);
+}
+
+static void ring_add(work_pool_t *p, owner_t *o) {
+  if (p->ring == NULL) {
+    o->prev = o->next = o;
+    p->ring = o;
+    return;
+  }
+  /* Last in turn: just before the one served next. */
+  o->next = p->ring;
+  o->prev = p->ring->prev;
+  o->prev->next = o;
+  p->ring->prev = o;
+}
+
+static void ring_remove(work_pool_t *p, owner_t *o) {
+  if (o->next == o) {
+    p->ring = NULL;
+  } else {
+    o->prev->next = o->next;
+    o->next->prev = o->prev;
+    if (p->ring == o) p->ring = o->next;
+  }
+  o->prev = o->next = NULL;
+}
+
+/* The next foreground task to start, taken off its owner's queue, or NULL
+ * when none may start now (see Fairness).  Under mu. */
+static work_t *take_foreground(work_pool_t *p) {
+  if (p->ring == NULL) return NULL;
+  int held_back = p->num_threads > 1 && p->present_cheap > 0 &&
+                  p->costly_running >= p->num_threads - 1;
+  owner_t *o = p->ring;
+  while (held_back && o->costly) {
+    o = o->next;
+    if (o == p->ring) return NULL;
+  }
+  work_t *w = o->head;
+  o->head = w->next;
+  w->next = NULL;
+  if (o->head == NULL) {
+    o->tail = NULL;
+    ring_remove(p, o);
+    /* ring_remove moved the turn on when o was next. */
+  } else {
+    p->ring = o->next;
+  }
+  o->running++;
+  w->queued_on = o;
+  w->ran_costly = o->costly;
+  p->costly_running += o->costly;
+  atomic_fetch_sub_explicit(&p->todo_count, 1, memory_order_relaxed);
+  return w;
 }
 
 static void *worker_main(void *arg) {
@@ -79,29 +225,42 @@ static void *worker_main(void *arg) {
   p->tids[p->num_tids++] = tid;
   if (!p->boosted && p->nice_delta > 0) set_nice(tid, p->base_nice + p->nice_delta);
   for (;;) {
-    while (p->todo_head == NULL && p->bg_head == NULL && !p->stopping) {
-      p->idle++;
-      pthread_cond_wait(&p->cond, &p->mu);
-      p->idle--;
-    }
-    work_t *w;
-    if (p->todo_head != NULL) {
-      w = p->todo_head;
-      p->todo_head = w->next;
-      if (p->todo_head == NULL) p->todo_tail = NULL;
-      atomic_fetch_sub_explicit(&p->todo_count, 1, memory_order_relaxed);
-    } else if (p->bg_head != NULL) {
+    work_t *w = take_foreground(p);
+    if (w == NULL && p->bg_head != NULL &&
+        atomic_load_explicit(&p->todo_count, memory_order_relaxed) == 0) {
       w = p->bg_head;
       p->bg_head = w->next;
       if (p->bg_head == NULL) p->bg_tail = NULL;
-    } else {
-      break; /* stopping, nothing left to run */
+      w->next = NULL;
+      w->queued_on = NULL;
+    }
+    if (w == NULL) {
+      /* work_pool_stop empties the queues as it sets stopping (under mu). */
+      if (p->stopping) break;
+      p->idle++;
+      pthread_cond_wait(&p->cond, &p->mu);
+      p->idle--;
+      continue;
     }
     pthread_mutex_unlock(&p->mu);
 
+    uint64_t t0 = util_now_ns();
     w->run(w);
+    uint64_t ran = util_now_ns() - t0;
 
     pthread_mutex_lock(&p->mu);
+    owner_t *o = w->queued_on;
+    w->queued_on = NULL;
+    if (o != NULL) {
+      o->avg_ns = o->avg_ns - o->avg_ns / 8 + ran / 8;
+      o->costly = o->avg_ns >= COSTLY_NS;
+      p->costly_running -= w->ran_costly;
+      w->ran_costly = 0;
+      o->running--;
+      owner_maybe_free(p, o);
+      /* A task that waited for its owner's turn may start now. */
+      if (p->ring != NULL && p->idle > 0) pthread_cond_signal(&p->cond);
+    }
     w->next = NULL;
     if (p->done_tail) p->done_tail->next = w;
     else p->done_head = w;
@@ -177,6 +336,17 @@ static void on_check(uv_check_t *h) {
 static void on_handle_closed(uv_handle_t *h) {
   work_pool_t *p = h->data;
   if (--p->closing_handles > 0) return;
+  /* Owners still held (their holders stop with the pool) or left by
+   * cancelled tasks: no task waits or runs any more. */
+  for (size_t i = 0; p->owners.buckets && i <= p->owners.mask; i++) {
+    htab_node_t *n = p->owners.buckets[i];
+    while (n) {
+      htab_node_t *next = n->next;
+      free(HTAB_ENTRY(n, owner_t, node));
+      n = next;
+    }
+  }
+  htab_free(&p->owners);
   close(p->efd);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cond);
@@ -251,12 +421,22 @@ static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done
     pthread_mutex_unlock(&p->mu);
     return LARDER_ESHUTDOWN;
   }
-  work_t **head = background ? &p->bg_head : &p->todo_head;
-  work_t **tail = background ? &p->bg_tail : &p->todo_tail;
-  if (*tail) (*tail)->next = w;
-  else *head = w;
-  *tail = w;
-  if (!background) atomic_fetch_add_explicit(&p->todo_count, 1, memory_order_relaxed);
+  if (background) {
+    w->queued_on = NULL;
+    if (p->bg_tail) p->bg_tail->next = w;
+    else p->bg_head = w;
+    p->bg_tail = w;
+  } else {
+    owner_t *o = owner_find(p, w->owner, 1);
+    if (o == NULL) o = &p->nobody; /* no memory: served, only not apart */
+    w->queued_on = o;
+    if (o->tail) o->tail->next = w;
+    else o->head = w;
+    o->tail = w;
+    if (o->head == w) ring_add(p, o);
+    owner_maybe_free(p, o); /* counts it: it has a task, so it stays */
+    atomic_fetch_add_explicit(&p->todo_count, 1, memory_order_relaxed);
+  }
   if (p->idle > 0) pthread_cond_signal(&p->cond);
   pthread_mutex_unlock(&p->mu);
   return 0;
@@ -293,12 +473,42 @@ int work_cancel(work_pool_t *p, work_t *w) {
   if (p == NULL) return LARDER_EBUSY;
   pthread_mutex_lock(&p->mu);
   int found = unlink_work(&p->bg_head, &p->bg_tail, w);
-  if (!found && unlink_work(&p->todo_head, &p->todo_tail, w)) {
+  /* A waiting foreground task is on the queue of the owner it names in
+   * queued_on; a running one names it too, but is on no queue. */
+  owner_t *o = found ? NULL : w->queued_on;
+  if (o != NULL && unlink_work(&o->head, &o->tail, w)) {
     found = 1;
+    w->queued_on = NULL;
     atomic_fetch_sub_explicit(&p->todo_count, 1, memory_order_relaxed);
+    if (o->head == NULL) ring_remove(p, o);
+    owner_maybe_free(p, o);
   }
   pthread_mutex_unlock(&p->mu);
   return found ? 0 : LARDER_EBUSY;
+}
+
+void work_pool_hold_owner(work_pool_t *p, uint64_t owner) {
+  if (p == NULL || owner == 0) return;
+  pthread_mutex_lock(&p->mu);
+  owner_t *o = owner_find(p, owner, 1);
+  if (o) {
+    o->holds++;
+    owner_maybe_free(p, o); /* counts it */
+  } /* no memory: the owner counts only while it has tasks */
+  pthread_mutex_unlock(&p->mu);
+}
+
+void work_pool_release_owner(work_pool_t *p, uint64_t owner) {
+  if (p == NULL || owner == 0) return;
+  pthread_mutex_lock(&p->mu);
+  owner_t *o = owner_find(p, owner, 0);
+  if (o && o->holds > 0) {
+    o->holds--;
+    owner_maybe_free(p, o);
+    /* One owner fewer: another's tasks may start now. */
+    if (p->ring != NULL && p->idle > 0) pthread_cond_broadcast(&p->cond);
+  }
+  pthread_mutex_unlock(&p->mu);
 }
 
 int work_pool_foreground_waiting(work_pool_t *p) {
@@ -308,10 +518,18 @@ int work_pool_foreground_waiting(work_pool_t *p) {
 void work_pool_stop(work_pool_t *p) {
   pthread_mutex_lock(&p->mu);
   p->stopping = 1;
-  work_t *cancelled = p->todo_head;
-  if (p->todo_tail) p->todo_tail->next = p->bg_head;
-  else cancelled = p->bg_head;
-  p->todo_head = p->todo_tail = NULL;
+  /* Every waiting task, foreground (owner by owner, in turn) then
+   * background, is cancelled. */
+  work_t *cancelled = NULL, **tail = &cancelled;
+  while (p->ring != NULL) {
+    owner_t *o = p->ring;
+    *tail = o->head;
+    tail = &o->tail->next;
+    o->head = o->tail = NULL;
+    ring_remove(p, o);
+  }
+  *tail = p->bg_head;
+  for (work_t *w = cancelled; w; w = w->next) w->queued_on = NULL;
   p->bg_head = p->bg_tail = NULL;
   atomic_store_explicit(&p->todo_count, 0, memory_order_relaxed);
   pthread_cond_broadcast(&p->cond);

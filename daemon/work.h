@@ -23,14 +23,23 @@
  * - Ownership: the caller owns each work_t and keeps it alive until its
  *   done callback has run.  The pool is freed in its handle's close
  *   callback, after work_pool_stop.
- * - Order: tasks start in the order they were queued, background tasks
- *   (work_queue_background) only when no other task is waiting.
+ * - Order: each owner's tasks start in the order they were queued; owners
+ *   with tasks waiting take turns, one task each; background tasks
+ *   (work_queue_background) start only when no other task is waiting.
+ * - Fairness: owners whose tasks have taken 10 ms or more each of late
+ *   are costly, and while an owner that is not costly is present (has
+ *   tasks waiting or running, or is held with work_pool_hold_owner),
+ *   costly owners' tasks run on at most workers - 1 workers together
+ *   (unless there is one worker): jobs with costly units cannot take every
+ *   worker while another job's cheap ones wait behind them.  Background
+ *   tasks count for no owner.
  * - Errors: negative larder_errno_t.
  */
 #ifndef LARDER_WORK_H
 #define LARDER_WORK_H
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <uv.h>
 
 typedef struct work work_t;
@@ -42,11 +51,17 @@ typedef void (*work_run_cb)(work_t *w);
 typedef void (*work_done_cb)(work_t *w, int status);
 
 struct work {
-  void *data; /* the caller's */
+  void *data;     /* the caller's */
+  uint64_t owner; /* the caller's: whom the task is for (larderd: a
+                     stream's dataset key, which a job's ranks share), read
+                     when it is queued; 0 (as calloc leaves it) for tasks
+                     of no one in particular */
   /* Private. */
   work_run_cb run;
   work_done_cb done;
   const atomic_int *quiet_while; /* see work_queue_quiet */
+  struct owner *queued_on;       /* its owner's entry while queued or running */
+  int ran_costly;                /* counted in the pool's costly workers */
   work_t *next;
 };
 
@@ -112,6 +127,18 @@ int work_queue_quiet(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb do
  * (started, done, or not queued) LARDER_EBUSY, and the done callback runs
  * as usual.  Loop thread. */
 int work_cancel(work_pool_t *p, work_t *w);
+
+/*
+ * Holds owner present (see Fairness) until a matching
+ * work_pool_release_owner, whether or not it has tasks: a stream is held
+ * from open to close, so that a worker stays free for it between its
+ * batches, while another owner's costly tasks queue.  Holds count; owner 0
+ * is never held.  Out of memory, the hold is dropped (the owner then counts
+ * only while it has tasks).  Loop thread (any thread holding no pool
+ * lock would do).
+ */
+void work_pool_hold_owner(work_pool_t *p, uint64_t owner);
+void work_pool_release_owner(work_pool_t *p, uint64_t owner);
 
 /* Nonzero when tasks queued with work_queue wait for a worker (a hint: the
  * count is read without the pool's lock).  Any thread. */

@@ -798,12 +798,73 @@ TEST_IMPL(daemon_cache_unusable) {
     fprintf(stderr, "cannot mount a tmpfs here (%s): the full disk is skipped\n", strerror(errno));
     return 0;
   }
+  /* 2 MiB free: less than the 4 MiB that a cache on 32 MiB needs to open. */
   snprintf(path, sizeof(path), "%s/ballast", f.cache);
-  ASSERT_EQ(test_system("head -c 20M /dev/zero > '%s'", path), 0);
+  ASSERT_EQ(test_system("head -c 30M /dev/zero > '%s'", path), 0);
   dh_start(&f);
   expect_cacheless(&f, "no space left");
   dh_stop(&f);
   umount(f.cache);
+  return 0;
+}
+
+/*
+ * A small cache filesystem (a 32 MiB tmpfs) caches what fits: its memtable
+ * and the space it keeps free scale to the disk.  With the 64 MiB memtable
+ * and 32 MiB reserve meant for large disks it cached nothing, and the log
+ * said there was no space left while 28 MiB were free.  On one too full to
+ * admit anything (8 MiB free) the log says how much is free and how much
+ * the cache wants free.  Skipped where mounts are not allowed.
+ */
+TEST_IMPL(daemon_cache_small_disk) {
+  std_setup();
+  static const char *const fl[] = {"--memory_limit=1", NULL};
+  dh_daemon d;
+  dh_init(&d, "small", fl);
+  ASSERT_EQ(test_system("mkdir -p '%s'", d.cache), 0);
+  if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", d.cache, "tmpfs", 0, "size=32m") != 0) {
+    fprintf(stderr, "cannot mount a tmpfs here (%s): skipped\n", strerror(errno));
+    return TEST_SKIP;
+  }
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  dh_run r0 = {0}, r1 = {0};
+  r0.check_rows = r1.check_rows = 1;
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &r0));
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &r1)); /* memory_limit=1: from the cache */
+  dh_expect_same(&r0, &r1);
+  uint64_t from_cache = dh_stat(&d, "units_from_cache");
+  printf("  32 MiB cache: %" PRIu64 " unit reads from it over two passes of %d units\n", from_cache,
+         DH_STD_UNITS);
+  ASSERT_GE(from_cache, DH_STD_UNITS);
+  char *log = dh_read_log(&d);
+  ASSERT(strstr(log, "no space left") == NULL && strstr(log, "too little space") == NULL);
+  free(log);
+  dh_stop(&d);
+  umount(d.cache);
+
+  dh_daemon f;
+  dh_init(&f, "fuller", fl);
+  ASSERT_EQ(test_system("mkdir -p '%s'", f.cache), 0);
+  ASSERT_OK(mount("tmpfs", f.cache, "tmpfs", 0, "size=32m"));
+  char path[700];
+  snprintf(path, sizeof(path), "%s/ballast", f.cache);
+  ASSERT_EQ(test_system("head -c 24M /dev/zero > '%s'", path), 0);
+  dh_start(&f);
+  dh_run r2 = {0};
+  ASSERT_OK(dh_collect(f.socket, &o, 0, &r2));
+  ASSERT_EQ(dh_stat(&f, "units_from_cache"), 0);
+  log = dh_read_log(&f);
+  ASSERT_STR_CONTAINS(log, "too little space on the device: ");
+  ASSERT_STR_CONTAINS(log, "free, and a unit needs ");
+  free(log);
+  dh_stop(&f);
+  umount(f.cache);
+  dh_run_free(&r0);
+  dh_run_free(&r1);
+  dh_run_free(&r2);
   return 0;
 }
 

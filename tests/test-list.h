@@ -2,6 +2,7 @@
 #include "test-list-codec.h"
 #include "test-list-wire.h"
 #include "test-list-work.h"
+#include "test-list-htab.h"
 #include "test-list-config.h"
 #include "test-list-parquet.h"
 #include "test-list-shuffle.h"

@@ -630,3 +630,217 @@ TEST_IMPL(work_pool_fault_signals) {
   ASSERT_OK(uv_loop_close(&loop));
   return 0;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Fairness between owners                                                   */
+
+/* With one worker, owners with tasks waiting take turns: a task of owner Y
+ * queued behind ten of owner X runs after X's next one, not after all ten;
+ * each owner's tasks keep their order. */
+TEST_IMPL(work_owners_take_turns) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 1, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0, gate = 0;
+  int done = 0;
+  ordered_t t[12];
+  ordered_init(t, 12, &next_seq, &done);
+  t[0].gate = &gate;
+  for (int i = 0; i < 10; i++) {
+    t[i].work.owner = 7;
+    ASSERT_OK(work_queue(p, &t[i].work, ordered_run, ordered_done));
+  }
+  wait_started(&t[0]);
+  t[10].work.owner = 9;
+  ASSERT_OK(work_queue(p, &t[10].work, ordered_run, ordered_done));
+  t[11].work.owner = 9;
+  ASSERT_OK(work_queue(p, &t[11].work, ordered_run, ordered_done));
+  atomic_store(&gate, 1);
+  run_until_done(&loop, &done, 12);
+  ASSERT_EQ(t[0].seq, 0);
+  ASSERT_EQ(t[1].seq, 1);  /* X's turn */
+  ASSERT_EQ(t[10].seq, 2); /* then Y's */
+  ASSERT_EQ(t[2].seq, 3);
+  ASSERT_EQ(t[11].seq, 4);
+  for (int i = 3; i < 10; i++) ASSERT_EQ(t[i].seq, i + 2);
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/* Counts the tasks of ts[0 .. n) that have started. */
+static int count_started(ordered_t *ts, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++) k += atomic_load(&ts[i].started);
+  return k;
+}
+
+/* Waits up to 10 s for count_started(ts, n) to reach want. */
+static int wait_count_started(ordered_t *ts, int n, int want) {
+  for (int i = 0; i < 10000 && count_started(ts, n) < want; i++) {
+    struct timespec sl = {0, 1000000L};
+    nanosleep(&sl, NULL);
+  }
+  return count_started(ts, n);
+}
+
+/*
+ * An owner whose tasks are costly (20 ms each, above the pool's 10 ms) runs
+ * on at most workers - 1 of the workers while another owner is held: the
+ * held owner's task starts at once while the costly ones hold their
+ * workers.  Alone, the costly owner takes every worker; and an owner of
+ * cheap tasks takes every worker beside a held one.  Tasks that hold their
+ * worker until a gate opens make this exact, not a matter of timing.
+ */
+TEST_IMPL(work_costly_owner_leaves_a_worker) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 3, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0, gate = 0;
+  int done = 0;
+  enum { WARM = 12, HELD = 6, CHEAP = 6 };
+  /* Held as a stream holds its job: the owner's entry, and the cost it has
+   * measured, last between its tasks. */
+  work_pool_hold_owner(p, 5);
+  ordered_t warm[WARM], a[HELD], b[1], c[CHEAP], alone[HELD];
+  /* Owner 5's tasks measure as costly: 20 ms each. */
+  ordered_init(warm, WARM, &next_seq, &done);
+  for (int i = 0; i < WARM; i++) {
+    warm[i].work.owner = 5;
+    warm[i].sleep_ms = 20;
+    ASSERT_OK(work_queue(p, &warm[i].work, ordered_run, ordered_done));
+  }
+  run_until_done(&loop, &done, WARM);
+  /* Alone, its gated tasks take all three workers. */
+  ordered_init(alone, HELD, &next_seq, &done);
+  for (int i = 0; i < HELD; i++) {
+    alone[i].work.owner = 5;
+    alone[i].gate = &gate;
+    alone[i].sleep_ms = 20; /* costly still, after the gate */
+    ASSERT_OK(work_queue(p, &alone[i].work, ordered_run, ordered_done));
+  }
+  ASSERT_EQ(wait_count_started(alone, HELD, 3), 3);
+  atomic_store(&gate, 1);
+  run_until_done(&loop, &done, WARM + HELD);
+  atomic_store(&gate, 0);
+  /* Owner 6 is held (a stream between batches): owner 5 gets two. */
+  work_pool_hold_owner(p, 6);
+  ordered_init(a, HELD, &next_seq, &done);
+  for (int i = 0; i < HELD; i++) {
+    a[i].work.owner = 5;
+    a[i].gate = &gate;
+    a[i].sleep_ms = 20;
+    ASSERT_OK(work_queue(p, &a[i].work, ordered_run, ordered_done));
+  }
+  ASSERT_EQ(wait_count_started(a, HELD, 2), 2);
+  struct timespec sl = {0, 50000000L}; /* a third would have started by now */
+  nanosleep(&sl, NULL);
+  ASSERT_EQ(count_started(a, HELD), 2);
+  /* Owner 6's task starts on the worker left for it, while 5's hold theirs. */
+  ordered_init(b, 1, &next_seq, &done);
+  b[0].work.owner = 6;
+  ASSERT_OK(work_queue(p, &b[0].work, ordered_run, ordered_done));
+  run_until_done(&loop, &done, WARM + HELD + 1);
+  ASSERT_EQ(count_started(a, HELD), 2);
+  /* Cheap tasks (owner 8, 0 ms) are not held back: three at once. */
+  atomic_store(&gate, 1);
+  run_until_done(&loop, &done, WARM + 2 * HELD + 1);
+  atomic_store(&gate, 0);
+  ordered_init(c, CHEAP, &next_seq, &done);
+  for (int i = 0; i < CHEAP; i++) {
+    c[i].work.owner = 8;
+    ASSERT_OK(work_queue(p, &c[i].work, ordered_run, ordered_done));
+  }
+  run_until_done(&loop, &done, WARM + 2 * HELD + 1 + CHEAP);
+  ordered_t g[3];
+  ordered_init(g, 3, &next_seq, &done);
+  for (int i = 0; i < 3; i++) {
+    g[i].work.owner = 8;
+    g[i].gate = &gate;
+    ASSERT_OK(work_queue(p, &g[i].work, ordered_run, ordered_done));
+  }
+  ASSERT_EQ(wait_count_started(g, 3, 3), 3);
+  atomic_store(&gate, 1);
+  run_until_done(&loop, &done, WARM + 2 * HELD + 1 + CHEAP + 3);
+  work_pool_release_owner(p, 6);
+  work_pool_release_owner(p, 6); /* one too many: no effect */
+  work_pool_release_owner(p, 5);
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
+
+/*
+ * Several costly owners (three jobs of wide files) together run on at most
+ * workers - 1 workers while a cheap owner is held; the cheap owner's task
+ * starts on the worker left.  Released, the costly ones have every worker.
+ */
+TEST_IMPL(work_costly_owners_share_the_rest) {
+  uv_loop_t loop;
+  ASSERT_OK(uv_loop_init(&loop));
+  work_pool_t *p;
+  ASSERT_OK(work_pool_start(&loop, 3, 0, NULL, NULL, &p));
+  atomic_int next_seq = 0, gate = 0;
+  int done = 0;
+  enum { WARM = 8, GATED = 3 };
+  static const uint64_t costly[3] = {11, 12, 13};
+  ordered_t warm[3][WARM], g[3][GATED], b[1];
+  for (int k = 0; k < 3; k++) {
+    work_pool_hold_owner(p, costly[k]);
+    ordered_init(warm[k], WARM, &next_seq, &done);
+    for (int i = 0; i < WARM; i++) {
+      warm[k][i].work.owner = costly[k];
+      warm[k][i].sleep_ms = 30;
+      ASSERT_OK(work_queue(p, &warm[k][i].work, ordered_run, ordered_done));
+    }
+  }
+  run_until_done(&loop, &done, 3 * WARM);
+  work_pool_hold_owner(p, 6); /* cheap: no task measured yet */
+  for (int k = 0; k < 3; k++) {
+    ordered_init(g[k], GATED, &next_seq, &done);
+    for (int i = 0; i < GATED; i++) {
+      g[k][i].work.owner = costly[k];
+      g[k][i].gate = &gate;
+      g[k][i].sleep_ms = 30;
+      ASSERT_OK(work_queue(p, &g[k][i].work, ordered_run, ordered_done));
+    }
+  }
+  /* Two start, and no third. */
+  int started = 0;
+  for (int i = 0; i < 10000 && started < 2; i++) {
+    started = count_started(g[0], GATED) + count_started(g[1], GATED) +
+              count_started(g[2], GATED);
+    struct timespec sl = {0, 1000000L};
+    nanosleep(&sl, NULL);
+  }
+  ASSERT_EQ(started, 2);
+  struct timespec sl = {0, 50000000L};
+  nanosleep(&sl, NULL);
+  ASSERT_EQ(count_started(g[0], GATED) + count_started(g[1], GATED) + count_started(g[2], GATED),
+            2);
+  ordered_init(b, 1, &next_seq, &done);
+  b[0].work.owner = 6;
+  ASSERT_OK(work_queue(p, &b[0].work, ordered_run, ordered_done));
+  run_until_done(&loop, &done, 3 * WARM + 1);
+  /* The cheap owner goes: the third worker takes a costly task. */
+  work_pool_release_owner(p, 6);
+  started = 0;
+  for (int i = 0; i < 10000 && started < 3; i++) {
+    started = count_started(g[0], GATED) + count_started(g[1], GATED) +
+              count_started(g[2], GATED);
+    struct timespec w = {0, 1000000L};
+    nanosleep(&w, NULL);
+  }
+  ASSERT_EQ(started, 3);
+  atomic_store(&gate, 1);
+  run_until_done(&loop, &done, 3 * WARM + 1 + 3 * GATED);
+  for (int k = 0; k < 3; k++) work_pool_release_owner(p, costly[k]);
+  work_pool_stop(p);
+  ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));
+  ASSERT_OK(uv_loop_close(&loop));
+  return 0;
+}
