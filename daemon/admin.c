@@ -2272,7 +2272,7 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
     }
     p->j.async++;
     server_task_begin(srv);
-    int rc = remote_resolve(srv->fetch, (const char *const *)p->sources, p->num_sources,
+    int rc = remote_resolve(srv->fetch, srv->remote_footers, (const char *const *)p->sources, p->num_sources,
                             (uint32_t)srv->cfg.footer_guess, (uint32_t)64 << 20, pf_resolved, p);
     if (rc) {
       p->j.async--;
@@ -2722,7 +2722,7 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
   }
   r->j.async++;
   server_task_begin(srv);
-  rc = remote_resolve(srv->fetch, (const char *const *)&r->url, 1, (uint32_t)srv->cfg.footer_guess,
+  rc = remote_resolve(srv->fetch, srv->remote_footers, (const char *const *)&r->url, 1, (uint32_t)srv->cfg.footer_guess,
                       (uint32_t)64 << 20, rj_resolved, r);
   if (rc) {
     r->j.async--;

@@ -143,6 +143,10 @@
      "column chunks closer than this are read with one range request")         \
   XX(fetch_part_bytes, SIZE, "4M", 1,                                          \
      "longest single range request; longer ranges are fetched in parts")       \
+  XX(remote_footer_memory, SIZE, "64M", 0,                                     \
+     "bytes of remote objects' raw footers kept for the streams that open "   \
+     "them later (revalidated with a conditional request, or by a listing's " \
+     "ETag; 0: keep none)")                                                   \
   XX(footer_guess, SIZE, "64K", 1,                                             \
      "bytes read from the end of a remote object to find its footer")          \
   XX(revalidate, U64, "0", 1,                                                  \

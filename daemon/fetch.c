@@ -114,6 +114,8 @@ struct fetch_req {
   uint64_t known_size;     /* fetch_range_t.object_size */
   char known_etag[128];
   char known_lm[64];
+  char reval_etag[128];    /* fetch_range_t.revalidate_* */
+  char reval_lm[64];
   long http_status;
   char content_range[128];
   char etag[128];
@@ -684,6 +686,15 @@ static int setup_easy(fetch_req_t *r) {
       snprintf(cond, sizeof(cond), "If-Modified-Since: %s", w->last_modified);
       r->headers = curl_slist_append(r->headers, cond);
       r->conditional = 1;
+    } else if (w == NULL && r->reval_etag[0]) {
+      /* The caller keeps this version's bytes (a footer): 2 marks it. */
+      snprintf(cond, sizeof(cond), "If-None-Match: %.200s", r->reval_etag);
+      r->headers = curl_slist_append(r->headers, cond);
+      r->conditional = 2;
+    } else if (w == NULL && r->reval_lm[0]) {
+      snprintf(cond, sizeof(cond), "If-Modified-Since: %s", r->reval_lm);
+      r->headers = curl_slist_append(r->headers, cond);
+      r->conditional = 2;
     }
   }
   if (strncmp(r->url, "s3://", 5) == 0) {
@@ -1111,6 +1122,13 @@ static void completed(fetch_req_t *r, CURLcode cc) {
           r->res.object_size = total;
         }
       }
+    } else if (st == 304 && r->conditional == 2) {
+      /* The caller's copy is current: no bytes, and its validators. */
+      r->res.not_modified = 1;
+      r->len = 0;
+      if (r->etag[0] == '\0') snprintf(r->etag, sizeof(r->etag), "%s", r->reval_etag);
+      if (r->last_modified[0] == '\0')
+        snprintf(r->last_modified, sizeof(r->last_modified), "%s", r->reval_lm);
     } else if (st == 304 && r->conditional && find_whole(f, r->url)) {
       /* The object kept whole is still current. */
       if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
@@ -1456,6 +1474,11 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
   if (range) {
     r->range = *range;
     r->range.etag = r->range.last_modified = NULL; /* copied below */
+    r->range.revalidate_etag = r->range.revalidate_last_modified = NULL;
+    if (range->revalidate_etag)
+      snprintf(r->reval_etag, sizeof(r->reval_etag), "%s", range->revalidate_etag);
+    if (range->revalidate_last_modified)
+      snprintf(r->reval_lm, sizeof(r->reval_lm), "%s", range->revalidate_last_modified);
     r->ahead = range->ahead != 0;
     r->ranged = range->suffix == 0;
     r->expect = range->suffix ? 0 : range->length;

@@ -119,6 +119,8 @@ typedef struct fetch_result {
   char etag[128];
   char last_modified[64];
   int whole_object;       /* the server ignored Range */
+  int not_modified;       /* a 304 to fetch_range_t.revalidate_*: the
+                             caller's copy is current (no bytes) */
   uint64_t fetch_ns;      /* time from start to completion, retries included */
   int attempts;
 } fetch_result_t;
@@ -140,6 +142,12 @@ typedef struct fetch_range {
   uint64_t object_size;
   const char *etag;
   const char *last_modified;
+  /* The caller keeps a copy of this version of the object's range (a
+   * footer): with fresh, the request is conditional on it (If-None-Match,
+   * else If-Modified-Since), and a 304 completes with not_modified set and
+   * no bytes.  NULL / "": not conditional.  Copied. */
+  const char *revalidate_etag;
+  const char *revalidate_last_modified;
 } fetch_range_t;
 
 #define FETCH_LIST_BODY_MAX ((uint64_t)64 << 20)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../client/larder.h"
+#include "htab.h"
 #include "log.h"
 #include "parquet.h"
 #include "remote.h"
@@ -53,6 +54,7 @@ static void warn_unvalidated(const char *url) {
 
 typedef struct resolve_ctx {
   fetch_t *f;
+  remote_footers_t *fc;
   remote_cb cb;
   void *arg;
   uint32_t guess, max_footer;
@@ -64,10 +66,162 @@ typedef struct resolve_ctx {
   int done;
 } resolve_ctx_t;
 
+typedef struct fentry fentry_t;
+
 typedef struct footer_req {
   resolve_ctx_t *rc;
   size_t index;    /* in rc->objs */
+  fentry_t *e;     /* its URL's entry in the footer set, or NULL */
 } footer_req_t;
+
+/* ------------------------------------------------------------------------ */
+/* The footer set                                                            */
+
+/* A resolution waiting for another's read of the same URL. */
+typedef struct waiter {
+  struct waiter *next;
+  resolve_ctx_t *rc;
+  size_t index;
+} waiter_t;
+
+struct fentry {
+  htab_node_t node;       /* by the URL's hash */
+  fentry_t *prev, *next;  /* recency, most recent first (entries with a footer) */
+  char *url;
+  uint64_t size;
+  char etag[128];
+  char last_modified[64];
+  uint8_t *footer;        /* NULL until a read gave one */
+  uint32_t footer_len;
+  int reading;            /* a read of it is under way */
+  waiter_t *waiters;      /* resolutions taking that read's result */
+};
+
+struct remote_footers {
+  htab_t by_url;
+  fentry_t *head, *tail;
+  uint64_t bytes, limit;
+  stats_global_t *stats;
+};
+
+int remote_footers_create(uint64_t limit, stats_global_t *stats, remote_footers_t **out) {
+  *out = calloc(1, sizeof(**out));
+  if (*out == NULL) return LARDER_ENOMEM;
+  (*out)->limit = limit;
+  (*out)->stats = stats;
+  return 0;
+}
+
+static void fentry_unlink_lru(remote_footers_t *fc, fentry_t *e) {
+  if (e->prev) e->prev->next = e->next;
+  else if (fc->head == e) fc->head = e->next;
+  if (e->next) e->next->prev = e->prev;
+  else if (fc->tail == e) fc->tail = e->prev;
+  e->prev = e->next = NULL;
+}
+
+static void fentry_drop_footer(remote_footers_t *fc, fentry_t *e) {
+  if (e->footer == NULL) return;
+  fentry_unlink_lru(fc, e);
+  fc->bytes -= e->footer_len;
+  if (fc->stats) STATS_SUB(fc->stats, remote_footer_bytes, e->footer_len);
+  free(e->footer);
+  e->footer = NULL;
+  e->footer_len = 0;
+}
+
+static void fentry_free(remote_footers_t *fc, fentry_t *e) {
+  fentry_drop_footer(fc, e);
+  htab_remove(&fc->by_url, &e->node);
+  free(e->url);
+  free(e);
+}
+
+void remote_footers_free(remote_footers_t *fc) {
+  if (fc == NULL) return;
+  for (size_t b = 0; fc->by_url.buckets && b <= fc->by_url.mask; b++)
+    while (fc->by_url.buckets[b])
+      fentry_free(fc, HTAB_ENTRY(fc->by_url.buckets[b], fentry_t, node));
+  htab_free(&fc->by_url);
+  free(fc);
+}
+
+static uint64_t url_hash(const char *url) { return util_hash64(url, strlen(url), 0x666f6f74ull); }
+
+static fentry_t *fentry_find(remote_footers_t *fc, const char *url) {
+  uint64_t h = url_hash(url);
+  for (htab_node_t *n = htab_chain(&fc->by_url, h); n; n = n->next) {
+    if (n->hash != h) continue;
+    fentry_t *e = HTAB_ENTRY(n, fentry_t, node);
+    if (strcmp(e->url, url) == 0) return e;
+  }
+  return NULL;
+}
+
+static fentry_t *fentry_add(remote_footers_t *fc, const char *url) {
+  fentry_t *e = calloc(1, sizeof(*e));
+  if (e) e->url = strdup(url);
+  if (e == NULL || e->url == NULL || htab_insert(&fc->by_url, &e->node, url_hash(url)) != 0) {
+    if (e) free(e->url);
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+/* Keeps o's footer and validators in e (most recent), then lets the least
+ * recent footers go until the set is within its limit.  An entry being
+ * read keeps its place in the table, footer or not. */
+static void fentry_keep(remote_footers_t *fc, fentry_t *e, const remote_object_t *o) {
+  fentry_drop_footer(fc, e);
+  e->size = o->size;
+  snprintf(e->etag, sizeof(e->etag), "%s", o->etag);
+  snprintf(e->last_modified, sizeof(e->last_modified), "%s", o->last_modified);
+  if (o->footer && o->footer_len && o->footer_len <= fc->limit &&
+      (o->etag[0] || o->last_modified[0])) {
+    e->footer = malloc(o->footer_len);
+    if (e->footer) {
+      memcpy(e->footer, o->footer, o->footer_len);
+      e->footer_len = o->footer_len;
+      fc->bytes += o->footer_len;
+      if (fc->stats) STATS_ADD(fc->stats, remote_footer_bytes, o->footer_len);
+      e->next = fc->head;
+      if (fc->head) fc->head->prev = e;
+      fc->head = e;
+      if (fc->tail == NULL) fc->tail = e;
+    }
+  }
+  while (fc->bytes > fc->limit && fc->tail) {
+    fentry_t *old = fc->tail;
+    if (old->reading) {
+      fentry_drop_footer(fc, old);
+    } else {
+      fentry_free(fc, old);
+    }
+  }
+}
+
+/* Gives o the footer and validators that e holds.  Returns 0 or
+ * LARDER_ENOMEM. */
+static int fentry_give(remote_footers_t *fc, fentry_t *e, remote_object_t *o) {
+  uint8_t *copy = malloc(e->footer_len ? e->footer_len : 1);
+  if (copy == NULL) return LARDER_ENOMEM;
+  memcpy(copy, e->footer, e->footer_len);
+  free(o->footer);
+  o->footer = copy;
+  o->footer_len = e->footer_len;
+  o->size = e->size;
+  snprintf(o->etag, sizeof(o->etag), "%s", e->etag);
+  snprintf(o->last_modified, sizeof(o->last_modified), "%s", e->last_modified);
+  if (e->footer && fc->head != e) {
+    fentry_unlink_lru(fc, e);
+    e->next = fc->head;
+    if (fc->head) fc->head->prev = e;
+    fc->head = e;
+    if (fc->tail == NULL) fc->tail = e;
+  }
+  return 0;
+}
 
 static void maybe_finish(resolve_ctx_t *rc) {
   if (rc->pending > 0 || rc->done) return;
@@ -124,25 +278,70 @@ static int add_object(resolve_ctx_t *rc, const char *url, uint64_t size, const c
   return (int)rc->n++;
 }
 
+/* The end of fr's read, whatever came of it (status 0: rc->objs[index]
+ * has its footer): the footer set keeps what it read, and every resolution
+ * that waited on the read takes the same footer, or the same failure. */
+static void footer_done(footer_req_t *fr, int status, const char *msg) {
+  resolve_ctx_t *rc = fr->rc;
+  remote_object_t *o = &rc->objs[fr->index];
+  if (status) fail(rc, status, msg);
+  fentry_t *e = fr->e;
+  if (e) {
+    remote_footers_t *fc = rc->fc;
+    if (status == 0) fentry_keep(fc, e, o);
+    e->reading = 0;
+    waiter_t *w = e->waiters;
+    e->waiters = NULL;
+    while (w) {
+      waiter_t *next = w->next;
+      remote_object_t *wo = &w->rc->objs[w->index];
+      if (status) {
+        fail(w->rc, status, msg);
+      } else {
+        uint8_t *copy = malloc(o->footer_len ? o->footer_len : 1);
+        if (copy == NULL) {
+          fail(w->rc, LARDER_ENOMEM, "out of memory");
+        } else {
+          memcpy(copy, o->footer, o->footer_len);
+          free(wo->footer);
+          wo->footer = copy;
+          wo->footer_len = o->footer_len;
+          wo->size = o->size;
+          snprintf(wo->etag, sizeof(wo->etag), "%s", o->etag);
+          snprintf(wo->last_modified, sizeof(wo->last_modified), "%s", o->last_modified);
+          if (fc->stats) STATS_ADD(fc->stats, remote_footers_shared, 1);
+        }
+      }
+      w->rc->pending--;
+      maybe_finish(w->rc);
+      free(w);
+      w = next;
+    }
+    if (e->footer == NULL) fentry_free(fc, e);
+  }
+  free(fr);
+  rc->pending--;
+  maybe_finish(rc);
+}
+
 static void on_footer_rest(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   footer_req_t *fr = arg;
   resolve_ctx_t *rc = fr->rc;
   remote_object_t *o = &rc->objs[fr->index];
-  if (res->status) {
-    fail(rc, res->status, res->message);
+  int status = res->status;
+  char m[1300];
+  if (status) {
+    snprintf(m, sizeof(m), "%s", res->message);
   } else if (res->length != o->footer_len) {
-    char m[700];
     char where[600];
     fetch_redact(o->url, where, sizeof(where));
     snprintf(m, sizeof(m), "%s: short footer read", where);
-    fail(rc, LARDER_EREMOTE, m);
+    status = LARDER_EREMOTE;
   } else {
     o->footer = fetch_req_steal(req, &(uint64_t){0});
   }
   fetch_req_free(req);
-  free(fr);
-  rc->pending--;
-  maybe_finish(rc);
+  footer_done(fr, status, m);
 }
 
 static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
@@ -150,11 +349,27 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   resolve_ctx_t *rc = fr->rc;
   remote_object_t *o = &rc->objs[fr->index];
   char msg[1024], where[600];
+  int status = 0;
+  msg[0] = '\0';
   /* Messages name the object without credentials or query (bug fix, tests:
    * remote_faults_wrong_bytes). */
   fetch_redact(o->url, where, sizeof(where));
   if (res->status) {
-    fail(rc, res->status, res->message);
+    status = res->status;
+    snprintf(msg, sizeof(msg), "%s", res->message);
+    goto done;
+  }
+  if (res->not_modified && fr->e && fr->e->footer) {
+    /* The footer kept is still the object's. */
+    status = fentry_give(rc->fc, fr->e, o);
+    if (status) snprintf(msg, sizeof(msg), "out of memory");
+    else if (rc->fc->stats) STATS_ADD(rc->fc->stats, remote_footers_revalidated, 1);
+    goto done;
+  }
+  if (res->not_modified) {
+    status = LARDER_EREMOTE;
+    snprintf(msg, sizeof(msg), "%s: HTTP 304 to a footer read whose footer is no longer kept",
+             where);
     goto done;
   }
   if (res->etag[0]) snprintf(o->etag, sizeof(o->etag), "%s", res->etag);
@@ -164,7 +379,7 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   if (o->size < 12 || res->length < 8) {
     snprintf(msg, sizeof(msg), "%s: not a Parquet file: %llu bytes is too short", where,
              (unsigned long long)o->size);
-    fail(rc, LARDER_ECORRUPT, msg);
+    status = LARDER_ECORRUPT;
     goto done;
   }
   pq_options po;
@@ -174,59 +389,92 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   pq_error perr = {0, ""};
   int prc = pq_footer_length(res->data + res->length - 8, o->size, &po, &flen, where, &perr);
   if (prc) {
-    fail(rc, prc, perr.msg);
+    status = prc;
+    snprintf(msg, sizeof(msg), "%s", perr.msg);
     goto done;
   }
   o->footer_len = flen;
   if ((uint64_t)flen + 8 <= res->length) {
     o->footer = malloc(flen ? flen : 1);
     if (o->footer == NULL) {
-      fail(rc, LARDER_ENOMEM, "out of memory");
+      status = LARDER_ENOMEM;
+      snprintf(msg, sizeof(msg), "out of memory");
       goto done;
     }
     memcpy(o->footer, res->data + res->length - 8 - flen, flen);
   } else {
-    /* The footer is bigger than the first guess: one more, exact read. */
-    footer_req_t *more = malloc(sizeof(*more));
+    /* The footer is bigger than the first guess: one more, exact read,
+     * which ends this read in its place. */
     fetch_range_t r = {o->size - 8 - flen, flen, 0};
-    if (more == NULL) {
-      fail(rc, LARDER_ENOMEM, "out of memory");
-      goto done;
+    if (fetch_get(rc->f, o->url, &r, on_footer_rest, fr) != NULL) {
+      fetch_req_free(req);
+      return;
     }
-    *more = *fr;
-    rc->pending++;
-    if (fetch_get(rc->f, o->url, &r, on_footer_rest, more) == NULL) {
-      free(more);
-      rc->pending--;
-      fail(rc, LARDER_ENOMEM, "out of memory");
-    }
+    status = LARDER_ENOMEM;
+    snprintf(msg, sizeof(msg), "out of memory");
   }
 done:
   fetch_req_free(req);
-  free(fr);
-  rc->pending--;
-  maybe_finish(rc);
+  footer_done(fr, status, msg);
 }
 
 static void read_footer(resolve_ctx_t *rc, size_t index) {
+  remote_object_t *o = &rc->objs[index];
+  remote_footers_t *fc = rc->fc;
+  fentry_t *e = fc ? fentry_find(fc, o->url) : NULL;
+  /* A listing named this very version: the footer kept is its footer. */
+  if (e && e->footer && !e->reading && o->etag[0] && e->etag[0] &&
+      remote_same_version(o->size, o->etag, NULL, e->size, e->etag, NULL)) {
+    if (fentry_give(fc, e, o) != 0) fail(rc, LARDER_ENOMEM, "out of memory");
+    else if (fc->stats) STATS_ADD(fc->stats, remote_footers_listed, 1);
+    return;
+  }
+  /* Another stream reads it now: take that read's result. */
+  if (e && e->reading) {
+    waiter_t *w = malloc(sizeof(*w));
+    if (w == NULL) {
+      fail(rc, LARDER_ENOMEM, "out of memory");
+      return;
+    }
+    w->rc = rc;
+    w->index = index;
+    w->next = e->waiters;
+    e->waiters = w;
+    rc->pending++;
+    return;
+  }
   footer_req_t *fr = malloc(sizeof(*fr));
   if (fr == NULL) {
     fail(rc, LARDER_ENOMEM, "out of memory");
     return;
   }
+  if (fc && e == NULL) e = fentry_add(fc, o->url);
+  if (e) e->reading = 1;
   fr->rc = rc;
   fr->index = index;
+  fr->e = e;
   /* fresh: the footer read is how a new stream sees the object's current
    * version, so it goes to the server even when the object is kept whole
    * (bug fix, tests: remote_hostile_no_range_change: a server that ignores
    * Range had its object kept whole and never asked again, and every new
-   * stream read the old version while it stayed in memory). */
+   * stream read the old version while it stayed in memory).  With a footer
+   * kept it asks whether that version is still current, and a 304 costs
+   * no bytes. */
   fetch_range_t r = {0, 0, rc->guess, 1, 0};
+  if (e && e->footer) {
+    r.revalidate_etag = e->etag;
+    r.revalidate_last_modified = e->last_modified;
+  }
   rc->pending++;
-  if (fetch_get(rc->f, rc->objs[index].url, &r, on_footer, fr) == NULL) {
-    rc->pending--;
-    free(fr);
+  if (fetch_get(rc->f, o->url, &r, on_footer, fr) == NULL) {
+    /* Nobody waits on it yet; the caller finishes rc. */
     fail(rc, LARDER_ENOMEM, "out of memory");
+    if (e) {
+      e->reading = 0;
+      if (e->footer == NULL) fentry_free(fc, e);
+    }
+    free(fr);
+    rc->pending--;
   }
 }
 
@@ -265,11 +513,12 @@ static void on_list(int status, const char *message, fetch_object_t *objects, si
   maybe_finish(rc);
 }
 
-int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t footer_guess,
-                   uint32_t max_footer, remote_cb cb, void *arg) {
+int remote_resolve(fetch_t *f, remote_footers_t *footers, const char *const *sources, size_t n,
+                   uint32_t footer_guess, uint32_t max_footer, remote_cb cb, void *arg) {
   resolve_ctx_t *rc = calloc(1, sizeof(*rc));
   if (rc == NULL) return LARDER_ENOMEM;
   rc->f = f;
+  rc->fc = footers;
   rc->cb = cb;
   rc->arg = arg;
   rc->guess = footer_guess < 64 ? 64 : footer_guess;

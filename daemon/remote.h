@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "fetch.h"
+#include "stats.h"
 
 typedef struct remote_object {
   char *url;
@@ -36,13 +37,34 @@ typedef void (*remote_cb)(int status, const char *message, remote_object_t *obje
                           size_t count, void *arg);
 
 /*
+ * The raw footers of remote objects, kept for the streams that open them
+ * later (prefix remote_footers_).  Keyed by URL with the version's
+ * validators (size, ETag, Last-Modified): a listing that names the same
+ * version takes the footer with no request at all, and a single object is
+ * revalidated with a conditional request (If-None-Match) that a current
+ * copy answers with 304 and no bytes.  Footer reads of one URL by streams
+ * opening at once (the ranks of a job) are one read, whose result every
+ * one of them takes.  Bounded by a byte limit: the least recently used
+ * footers go first.  Loop thread only.
+ */
+typedef struct remote_footers remote_footers_t;
+
+/* An empty set that keeps at most limit bytes of footers (0: keeps none,
+ * but still shares reads in flight); stats may be NULL.  Returns 0 or
+ * LARDER_ENOMEM. */
+int remote_footers_create(uint64_t limit, stats_global_t *stats, remote_footers_t **out);
+/* Frees the set; no resolution may be under way. */
+void remote_footers_free(remote_footers_t *fc);
+
+/*
  * Resolves the remote sources among sources[0..n) (local ones are skipped)
- * into objects sorted by URL, each with its footer.  footer_guess is the
- * size of the first suffix request.  Returns 0 (cb will run) or a negative
+ * into objects sorted by URL, each with its footer, taken from footers (may
+ * be NULL) where it holds the version.  footer_guess is the size of the
+ * first suffix request.  Returns 0 (cb will run) or a negative
  * code (it will not).
  */
-int remote_resolve(fetch_t *f, const char *const *sources, size_t n, uint32_t footer_guess,
-                   uint32_t max_footer, remote_cb cb, void *arg);
+int remote_resolve(fetch_t *f, remote_footers_t *footers, const char *const *sources, size_t n,
+                   uint32_t footer_guess, uint32_t max_footer, remote_cb cb, void *arg);
 
 void remote_objects_free(remote_object_t *objects, size_t count);
 

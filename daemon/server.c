@@ -639,9 +639,13 @@ int server_run(server_t *srv) {
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);
   units_init(srv);
-  if (footers_create(&srv->stats, &srv->footers) != 0) {
+  if (footers_create(&srv->stats, &srv->footers) != 0 ||
+      remote_footers_create(srv->cfg.remote_footer_memory, &srv->stats,
+                            &srv->remote_footers) != 0) {
     log_err("out of memory");
     units_shutdown(srv);
+    footers_destroy(srv->footers);
+    srv->footers = NULL;
     return 1;
   }
   int nice = srv->cfg.worker_nice > 19 ? 19 : (int)srv->cfg.worker_nice;
@@ -650,6 +654,8 @@ int server_run(server_t *srv) {
     units_shutdown(srv);
     footers_destroy(srv->footers);
     srv->footers = NULL;
+    remote_footers_free(srv->remote_footers);
+    srv->remote_footers = NULL;
     return 1;
   }
   if (start_fetcher(srv) != 0) log_warn("remote sources are unavailable: cannot start libcurl");
@@ -694,6 +700,8 @@ int server_run(server_t *srv) {
     admin_shutdown(srv);
     footers_destroy(srv->footers);
     srv->footers = NULL;
+    remote_footers_free(srv->remote_footers);
+    srv->remote_footers = NULL;
     acl_free(srv->acl);
     srv->acl = NULL;
     for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
@@ -710,6 +718,8 @@ int server_run(server_t *srv) {
   admin_shutdown(srv);
   footers_destroy(srv->footers);
   srv->footers = NULL;
+  remote_footers_free(srv->remote_footers);
+  srv->remote_footers = NULL;
   metrics_stop(srv);
   acl_free(srv->acl);
   srv->acl = NULL;

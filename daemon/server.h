@@ -266,6 +266,7 @@ struct server {
   char *config_path;
   store_t *store;
   footers_t *footers;     /* parsed footers shared by datasets (footers.h) */
+  remote_footers_t *remote_footers; /* raw remote footers kept (remote.h) */
   /* Why store is NULL: the cache could not be opened at startup. */
   char cache_error[512];
   work_t trim_work;       /* a malloc_trim after many footers were freed */

@@ -39,6 +39,14 @@
                           "shared by every stream that reads it")              \
   XX(footers_parsed, COUNTER, "Parquet footers parsed")                        \
   XX(footers_shared, COUNTER, "footers a stream took from another's parse")    \
+  XX(remote_footer_bytes, GAUGE, "bytes of remote footers kept for later "     \
+                                 "streams (within remote_footer_memory)")      \
+  XX(remote_footers_listed, COUNTER, "remote footers taken from those kept, "  \
+                                     "a listing naming the same version")      \
+  XX(remote_footers_revalidated, COUNTER, "remote footers taken from those "   \
+                                          "kept after a 304 (no bytes)")       \
+  XX(remote_footers_shared, COUNTER, "remote footer reads a stream took from " \
+                                     "another stream's read of the same URL")  \
   XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                \
   XX(fetch_requests, COUNTER, "remote requests completed")                     \
   XX(fetch_retries, COUNTER, "remote requests retried")                        \

@@ -2506,7 +2506,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
       return;
     }
     server_task_begin(srv);
-    int rc = remote_resolve(srv->fetch, (const char *const *)o->sources, o->num_sources,
+    int rc = remote_resolve(srv->fetch, srv->remote_footers, (const char *const *)o->sources, o->num_sources,
                             (uint32_t)srv->cfg.footer_guess, (uint32_t)64 << 20, on_resolved, o);
     if (rc) {
       server_task_end(srv);
