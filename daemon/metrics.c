@@ -210,7 +210,8 @@ int metrics_group(const char *job, const char *first_source) {
   dataset_label(first_source ? first_source : "", ds, sizeof(ds));
   if (job == NULL) job = "";
   int g = 1;
-  while (g <= num_groups && (strcmp(groups[g].job, job) || strcmp(groups[g].dataset, ds))) g++;
+  while (g <= num_groups && (strcmp(groups[g].job, job) != 0 || strcmp(groups[g].dataset, ds) != 0))
+    g++;
   if (g > num_groups) {
     if (num_groups < METRICS_MAX_JOBS && metrics_job_valid(job)) {
       g = ++num_groups;

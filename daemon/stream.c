@@ -201,10 +201,10 @@ struct stream {
   stats_stream_t st;
   char *label;              /* larder admin: its sources, for stats */
   char *job;                /* the trainer's job name (metrics_job_valid) */
-  int metrics_group;        /* its (job, dataset) in the metrics */
   uint64_t requested_ns;    /* the OpenStream's arrival */
   uint64_t opened_ns;
   int validating;           /* revalidation requests outstanding */
+  int metrics_group;        /* its (job, dataset) in the metrics */
   uint64_t validated_ns;    /* last revalidation */
   char *stale_msg;          /* a remote object changed: the error the stream
                                ends with once the epoch before is sent */

@@ -31,8 +31,9 @@ static char *scrape(int port) {
   for (;;) {
     if (len + 4096 > cap) {
       cap *= 2;
-      buf = realloc(buf, cap);
-      ASSERT_NOT_NULL(buf);
+      char *more = realloc(buf, cap);
+      ASSERT_NOT_NULL(more);
+      buf = more;
     }
     ssize_t n = read(s, buf + len, cap - len - 1);
     if (n <= 0) break;
@@ -163,7 +164,6 @@ TEST_IMPL(metrics_promtool) {
   larder_client_close(c);
 
   char *text = scrape(port);
-  if (getenv("DEBUG_SCRAPE")) fputs(text, stderr);
   check_text(text);
   char series[1200];
   snprintf(series, sizeof(series), "larder_batch_wait_seconds_count{job=\"train-a\",dataset=\"%s\"}",
