@@ -212,8 +212,11 @@ int metrics_group(const char *job, const char *first_source) {
   int g = 1;
   while (g <= num_groups && (strcmp(groups[g].job, job) != 0 || strcmp(groups[g].dataset, ds) != 0))
     g++;
+  /* A job that names itself "other" on a dataset named "other" joins the
+   * overflow group rather than print a second series with its labels. */
+  int is_other = strcmp(job, "other") == 0 && strcmp(ds, "other") == 0;
   if (g > num_groups) {
-    if (num_groups < METRICS_MAX_JOBS && metrics_job_valid(job)) {
+    if (num_groups < METRICS_MAX_JOBS && metrics_job_valid(job) && !is_other) {
       g = ++num_groups;
       snprintf(groups[g].job, sizeof(groups[g].job), "%s", job);
       snprintf(groups[g].dataset, sizeof(groups[g].dataset), "%s", ds);

@@ -215,7 +215,9 @@ TEST_IMPL(metrics_promtool) {
  * which never go down; the job comes from the options, else $LARDER_JOB;
  * one that is not short printable ASCII fails the open; label values are
  * escaped; `larderctl clients` shows the job; and past METRICS_MAX_JOBS
- * (64) label sets, the streams count in job="other",dataset="other".
+ * (64) label sets, the streams count in job="other",dataset="other" (as
+ * do those of a job "other" on a dataset "other", so that no series
+ * repeats).
  */
 TEST_IMPL(metrics_job_groups) {
   char std[1024];
@@ -290,6 +292,17 @@ TEST_IMPL(metrics_job_groups) {
   ASSERT_EQ(value_of(text, series), 0);
   free(text);
 
+  /* A job named "other" on a dataset named "other" is the overflow group,
+   * not a second series with the same labels. */
+  char other[1100];
+  snprintf(other, sizeof(other), "%s/other", test_tmpdir());
+  ASSERT_OK(symlink(std, other));
+  src[0] = other;
+  o.job = "other";
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  larder_stream_close(s);
+  src[0] = std;
+
   /* 3 groups so far; 70 more jobs: 64 named groups in all, then "other". */
   for (int i = 0; i < 70; i++) {
     char job[32];
@@ -301,7 +314,7 @@ TEST_IMPL(metrics_job_groups) {
   text = scrape(port);
   check_text(text);
   ASSERT_EQ(count_lines(text, "larder_job_streams{"), 65);
-  ASSERT(value_of(text, "larder_job_streams{job=\"other\",dataset=\"other\"}") >= 0);
+  ASSERT_EQ(count_lines(text, "larder_job_streams{job=\"other\",dataset=\"other\"} 0\n"), 1);
   snprintf(series, sizeof(series), "larder_job_streams{job=\"job-60\",dataset=\"%s\"}", ds);
   ASSERT_EQ(value_of(text, series), 0);
   snprintf(series, sizeof(series), "larder_job_streams{job=\"job-61\",dataset=\"%s\"}", ds);
