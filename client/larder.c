@@ -980,6 +980,8 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.partitions = opts->partitions;
   req.local_world_size = (uint32_t)local;
+  const char *job = opts->job ? opts->job : getenv("LARDER_JOB");
+  req.job = (char *)(job ? job : ""); /* packing only reads it */
   req.request_id = ++c->next_request_id;
   char **sources = calloc(opts->num_sources, sizeof(char *));
   if (sources == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");

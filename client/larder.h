@@ -235,6 +235,10 @@ typedef struct larder_stream_options {
   int32_t local_world_size;    /* ranks per node; -1 (default):
                                   $LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE,
                                   else world_size (one node) */
+  const char *job;             /* the job's name in the daemon's metrics
+                                  (the job label) and larderctl clients;
+                                  NULL (default): $LARDER_JOB, else "";
+                                  at most 64 printable ASCII characters */
 } larder_stream_options_t;
 
 /* Fills opts with the defaults above.  Any thread. */

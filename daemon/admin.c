@@ -988,6 +988,8 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
         sb_printf(&b, "%s{\"stream\":%u,\"rank\":%u,\"world_size\":%u,\"dataset\":", k ? "," : "",
                   si.id, si.rank, si.world_size);
         sb_json(&b, si.dataset);
+        sb_puts(&b, ",\"job\":");
+        sb_json(&b, si.job);
         sb_printf(&b,
                   ",\"files\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"batches_per_epoch\":%" PRIu64
                   ",\"epochs\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
@@ -1008,10 +1010,11 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
         char epochs[32];
         if (si.epochs) snprintf(epochs, sizeof(epochs), "of %" PRIu64, si.epochs);
         else snprintf(epochs, sizeof(epochs), "(unbounded)");
-        char parts[48] = "";
+        char parts[48 + 80] = "";
         if (si.partitions > 1)
           snprintf(parts, sizeof(parts), " · partitions %u-%u of %u", si.part_first,
                    si.part_last - 1, si.partitions);
+        if (si.job[0]) snprintf(parts + strlen(parts), sizeof(parts) - strlen(parts), " · job %s", si.job);
         sb_printf(&b,
                   "         stream %u: rank %u/%u%s · %s · %.1f epochs %s · %" PRIu64
                   " batches (%s) · stall %s\n",

@@ -25,6 +25,7 @@
 #include "../client/larder.h"
 #include "fetch.h"
 #include "log.h"
+#include "metrics.h"
 #include "remote.h"
 #include "util.h"
 
@@ -1302,6 +1303,7 @@ static void finish(fetch_req_t *r, int status) {
   r->res.attempts = r->attempts;
   r->res.fetch_ns = util_now_ns() - r->start_ns;
   if (r->f->opts.stats && status == 0) STATS_ADD(r->f->opts.stats, fetch_ns, r->res.fetch_ns);
+  if (status == 0) metrics_observe_fetch(r->res.fetch_ns);
   if (r->cancelled) {
     fetch_req_free(r);
     return;

@@ -11,8 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fetch.h"
 #include "log.h"
 #include "metrics.h"
+#include "remote.h"
 #include "server.h"
 #include "util.h"
 
@@ -70,6 +72,213 @@ static void one(FILE *out, const char *name, const char *type, const char *help,
   fprintf(out, "%s %.17g\n", name, v);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Histograms                                                                */
+
+static const double bucket_s[] = {METRICS_BUCKETS};
+#define NUM_BUCKETS (sizeof(bucket_s) / sizeof(bucket_s[0]))
+
+/* Per bucket (not cumulative: one add per sample), the last for +Inf. */
+typedef struct hist {
+  uint64_t n[NUM_BUCKETS + 1];
+  uint64_t sum_ns;
+} hist_t;
+
+static void hist_observe(hist_t *h, uint64_t ns) {
+  double s = (double)ns / 1e9;
+  size_t i = 0;
+  while (i < NUM_BUCKETS && s > bucket_s[i]) i++;
+  __atomic_add_fetch(&h->n[i], 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&h->sum_ns, ns, __ATOMIC_RELAXED);
+}
+
+/* One histogram's samples; labels is "" or `a="x",b="y",` (ending in a
+ * comma, already escaped).  _count is the +Inf bucket's cumulative count,
+ * so the two always agree. */
+static void hist_render(FILE *out, const char *name, const char *labels, const hist_t *h) {
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= NUM_BUCKETS; i++) {
+    cum += __atomic_load_n(&h->n[i], __ATOMIC_RELAXED);
+    if (i < NUM_BUCKETS) fprintf(out, "%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", name, labels, bucket_s[i], cum);
+    else fprintf(out, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
+  }
+  size_t ll = strlen(labels);
+  /* Without the trailing comma for _sum and _count. */
+  if (ll) {
+    fprintf(out, "%s_sum{%.*s} %.9f\n", name, (int)(ll - 1), labels,
+            (double)__atomic_load_n(&h->sum_ns, __ATOMIC_RELAXED) / 1e9);
+    fprintf(out, "%s_count{%.*s} %" PRIu64 "\n", name, (int)(ll - 1), labels, cum);
+  } else {
+    fprintf(out, "%s_sum %.9f\n", name, (double)__atomic_load_n(&h->sum_ns, __ATOMIC_RELAXED) / 1e9);
+    fprintf(out, "%s_count %" PRIu64 "\n", name, cum);
+  }
+}
+
+static hist_t fetch_hist;
+
+void metrics_observe_fetch(uint64_t ns) { hist_observe(&fetch_hist, ns); }
+
+/* ------------------------------------------------------------------------ */
+/* Groups: (job, dataset)                                                    */
+
+typedef struct group {
+  char job[METRICS_MAX_LABEL + 1];
+  char dataset[METRICS_MAX_LABEL + 1];
+  int used;
+  int streams;            /* open */
+  stats_stream_t closed;  /* the totals of its closed streams */
+  hist_t wait, first_batch;
+} group_t;
+
+/* 1 .. METRICS_MAX_JOBS, then the overflow group; 0 is no group.  The
+ * names are written and read on the loop thread only; the histograms by
+ * atomic adds. */
+#define GROUP_OTHER (METRICS_MAX_JOBS + 1)
+static group_t groups[METRICS_MAX_JOBS + 2];
+static int num_groups; /* used of 1 .. METRICS_MAX_JOBS */
+
+int metrics_job_valid(const char *job) {
+  size_t n = 0;
+  for (; job[n]; n++)
+    if (job[n] < 0x20 || job[n] > 0x7e) return 0;
+  return n <= METRICS_MAX_LABEL;
+}
+
+/* Length of the valid UTF-8 sequence at s (1 .. 4), or 0. */
+static size_t utf8_len(const unsigned char *s) {
+  if (s[0] < 0x80) return 1;
+  size_t n = (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3 : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
+  if (n == 0 || (n == 2 && s[0] < 0xc2) || (n == 4 && s[0] > 0xf4)) return 0;
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  return n;
+}
+
+/* The dataset label of a source: its last path component that has no glob
+ * character (so "/data/imagenet/train/part-*.parquet" is "train"), taken
+ * from a URL only after its credentials and query are gone, as valid UTF-8
+ * with no control characters, cut to METRICS_MAX_LABEL bytes on a
+ * character's boundary.  Labels must be short and say nothing secret: the
+ * dataset label ends up in every series of its group and in dashboards. */
+static void dataset_label(const char *source, char *out, size_t size) {
+  char red[1024];
+  if (remote_is_url(source)) fetch_redact(source, red, sizeof(red));
+  else snprintf(red, sizeof(red), "%s", source);
+  red[strcspn(red, "?#")] = '\0';
+  char *path = red;
+  char *scheme = strstr(red, "://");
+  if (scheme) {
+    /* The path starts after the host; with none, the host is the name. */
+    char *slash = strchr(scheme + 3, '/');
+    path = slash ? slash : scheme + 3;
+  }
+  const char *best = NULL;
+  size_t best_len = 0;
+  for (char *p = path; *p;) {
+    size_t n = strcspn(p, "/");
+    if (n && strcspn(p, "*?[{") >= n) {
+      best = p;
+      best_len = n;
+    }
+    p += n;
+    if (*p == '/') p++;
+  }
+  if (best == NULL) {
+    best = path;
+    best_len = strlen(path);
+  }
+  size_t o = 0;
+  const unsigned char *u = (const unsigned char *)best;
+  for (size_t i = 0; i < best_len && u[i];) {
+    size_t n = utf8_len(u + i);
+    if (n == 0 || i + n > best_len || (n == 1 && (u[i] < 0x20 || u[i] == 0x7f))) {
+      if (o + 1 >= size) break;
+      out[o++] = '_';
+      i++;
+      continue;
+    }
+    if (o + n >= size) break;
+    memcpy(out + o, u + i, n);
+    o += n;
+    i += n;
+  }
+  out[o] = '\0';
+}
+
+int metrics_group(const char *job, const char *first_source) {
+  char ds[METRICS_MAX_LABEL + 1];
+  dataset_label(first_source ? first_source : "", ds, sizeof(ds));
+  if (job == NULL) job = "";
+  int g = 1;
+  while (g <= num_groups && (strcmp(groups[g].job, job) != 0 || strcmp(groups[g].dataset, ds) != 0))
+    g++;
+  /* A job that names itself "other" on a dataset named "other" joins the
+   * overflow group rather than print a second series with its labels. */
+  int is_other = strcmp(job, "other") == 0 && strcmp(ds, "other") == 0;
+  if (g > num_groups) {
+    if (num_groups < METRICS_MAX_JOBS && metrics_job_valid(job) && !is_other) {
+      g = ++num_groups;
+      snprintf(groups[g].job, sizeof(groups[g].job), "%s", job);
+      snprintf(groups[g].dataset, sizeof(groups[g].dataset), "%s", ds);
+    } else {
+      g = GROUP_OTHER;
+      snprintf(groups[g].job, sizeof(groups[g].job), "other");
+      snprintf(groups[g].dataset, sizeof(groups[g].dataset), "other");
+    }
+  }
+  groups[g].used = 1;
+  groups[g].streams++;
+  return g;
+}
+
+static group_t *group_at(int g) { return g > 0 && g <= GROUP_OTHER ? &groups[g] : NULL; }
+
+void metrics_group_stream_closed(int g, const stats_stream_t *st) {
+  group_t *gr = group_at(g);
+  if (gr == NULL) return;
+  gr->streams--;
+#define METRICS_CLOSED_(name, kind, help) STATS_ADD(&gr->closed, name, STATS_GET(st, name));
+  STATS_STREAM(METRICS_CLOSED_)
+#undef METRICS_CLOSED_
+}
+
+void metrics_observe_wait(int g, uint64_t ns) {
+  group_t *gr = group_at(g);
+  if (gr) hist_observe(&gr->wait, ns);
+}
+
+void metrics_observe_first_batch(int g, uint64_t ns) {
+  group_t *gr = group_at(g);
+  if (gr) hist_observe(&gr->first_batch, ns);
+}
+
+/* `job="..",dataset="..",` of group g, escaped. */
+static void group_labels(const group_t *gr, char *buf, size_t size) {
+  FILE *f = fmemopen(buf, size, "w");
+  if (f == NULL) {
+    buf[0] = '\0';
+    return;
+  }
+  fputs("job=\"", f);
+  label_value(f, gr->job);
+  fputs("\",dataset=\"", f);
+  label_value(f, gr->dataset);
+  fputs("\",", f);
+  fclose(f);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The exposition text                                                       */
+
+#define KIND_IS(kind, what) (strcmp(#kind, #what) == 0)
+
+/* "fetch_ns" -> "fetch". */
+static void strip_ns(const char *name, char *out, size_t size) {
+  size_t n = strlen(name);
+  if (n > 3 && strcmp(name + n - 3, "_ns") == 0) n -= 3;
+  snprintf(out, size, "%.*s", (int)n, name);
+}
+
 void metrics_render(server_t *srv, FILE *out, int up) {
   one(out, "larder_up", "gauge", "1 while larderd serves", up);
   family(out, "larder_build_info", "gauge", "larderd's version (always 1)");
@@ -78,16 +287,32 @@ void metrics_render(server_t *srv, FILE *out, int up) {
       (double)(util_now_ns() - srv->started_ns) / 1e9);
   one(out, "larder_start_time_seconds", "gauge", "unix time larderd started",
       (double)srv->started_unix);
-  /* The single definition in stats.h. */
-#define METRICS_GLOBAL_(name, kind, help)                                        \
-  {                                                                              \
-    int counter_ = strcmp(#kind, "COUNTER") == 0;                                \
-    const char *n_ = counter_ ? "larder_" #name "_total" : "larder_" #name;      \
-    one(out, n_, counter_ ? "counter" : "gauge", help,                           \
-        (double)STATS_GET(&srv->stats, name));                                   \
+  /* The single definition in stats.h; the stages after, as one family. */
+  char base[128], full[192];
+#define METRICS_GLOBAL_(name, kind, help)                                          \
+  if (KIND_IS(kind, COUNTER)) {                                                    \
+    one(out, "larder_" #name "_total", "counter", help,                            \
+        (double)STATS_GET(&srv->stats, name));                                     \
+  } else if (KIND_IS(kind, GAUGE)) {                                               \
+    one(out, "larder_" #name, "gauge", help, (double)STATS_GET(&srv->stats, name)); \
+  } else if (KIND_IS(kind, SECONDS)) {                                             \
+    strip_ns(#name, base, sizeof(base));                                           \
+    snprintf(full, sizeof(full), "larder_%s_seconds_total", base);                 \
+    one(out, full, "counter", help, (double)STATS_GET(&srv->stats, name) / 1e9);   \
   }
   STATS_GLOBAL(METRICS_GLOBAL_)
 #undef METRICS_GLOBAL_
+  family(out, "larder_stage_seconds_total", "counter",
+         "seconds spent in each stage (fetch: over requests; decode, cache_read, assemble: "
+         "over the workers)");
+#define METRICS_STAGE_(name, kind, help)                                           \
+  if (KIND_IS(kind, STAGE)) {                                                      \
+    strip_ns(#name, base, sizeof(base));                                           \
+    fprintf(out, "larder_stage_seconds_total{stage=\"%s\"} %.9f\n", base,          \
+            (double)STATS_GET(&srv->stats, name) / 1e9);                           \
+  }
+  STATS_GLOBAL(METRICS_STAGE_)
+#undef METRICS_STAGE_
   if (srv->store) {
     store_stats_t st;
     store_stats_get(srv->store, &st);
@@ -105,8 +330,6 @@ void metrics_render(server_t *srv, FILE *out, int up) {
     one(out, "larder_cache_lookup_hits_total", "counter", "cache lookups that hit", (double)st.hits);
     one(out, "larder_cache_lookup_misses_total", "counter", "cache lookups that missed",
         (double)st.misses);
-    one(out, "larder_cache_lookup_hit_bytes_total", "counter", "bytes read by lookups that hit",
-        (double)st.hit_bytes);
     one(out, "larder_cache_puts_total", "counter", "values written", (double)st.puts);
     one(out, "larder_cache_put_bytes_total", "counter", "bytes written", (double)st.put_bytes);
     one(out, "larder_cache_evictions_total", "counter", "values evicted", (double)st.evictions);
@@ -119,25 +342,80 @@ void metrics_render(server_t *srv, FILE *out, int up) {
     one(out, "larder_cache_write_errors_total", "counter", "failed cache writes",
         (double)st.write_errors);
   }
-  /* Per stream: one family at a time, one series per open stream. */
-#define METRICS_STREAM_(name, kind, help)                                          \
-  {                                                                                \
-    family(out, "larder_stream_" #name "_total", "counter", help);                 \
-    for (conn_t *c = srv->conns; c; c = c->next) {                                 \
-      for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {              \
-        stream_info_t si;                                                          \
-        stream_info(s, &si);                                                       \
-        fprintf(out,                                                               \
-                "larder_stream_" #name "_total{client=\"%" PRIu64 "\",stream=\"%u\"," \
-                "pid=\"%d\",uid=\"%u\",rank=\"%u\",world_size=\"%u\",dataset=\"",  \
-                c->id, si.id, (int)c->pid, (unsigned)c->uid, si.rank, si.world_size); \
-        label_value(out, si.dataset);                                              \
-        fprintf(out, "\"} %" PRIu64 "\n", STATS_GET(stream_stats(s), name));       \
-      }                                                                            \
-    }                                                                              \
+  family(out, "larder_fetch_request_duration_seconds", "histogram",
+         "seconds each successful remote request took, retries included");
+  hist_render(out, "larder_fetch_request_duration_seconds", "", &fetch_hist);
+
+  /* Per group: its closed streams' totals and its open streams' counters. */
+  /* Static: the loop thread alone renders. */
+  static stats_stream_t sum[GROUP_OTHER + 1];
+  memset(sum, 0, sizeof(sum));
+  for (int g = 1; g <= GROUP_OTHER; g++) {
+#define METRICS_SUM_(name, kind, help) sum[g].name = STATS_GET(&groups[g].closed, name);
+    STATS_STREAM(METRICS_SUM_)
+#undef METRICS_SUM_
+  }
+  for (conn_t *c = srv->conns; c; c = c->next) {
+    for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
+      stream_info_t si;
+      stream_info(s, &si);
+      if (group_at(si.metrics_group) == NULL) continue;
+      const stats_stream_t *st = stream_stats(s);
+#define METRICS_SUM_(name, kind, help) sum[si.metrics_group].name += STATS_GET(st, name);
+      STATS_STREAM(METRICS_SUM_)
+#undef METRICS_SUM_
+    }
+  }
+  static char labels[GROUP_OTHER + 1][4 * METRICS_MAX_LABEL + 32];
+  for (int g = 1; g <= GROUP_OTHER; g++)
+    if (groups[g].used) group_labels(&groups[g], labels[g], sizeof(labels[g]));
+  family(out, "larder_job_streams", "gauge", "open streams of the job on the dataset");
+  for (int g = 1; g <= GROUP_OTHER; g++)
+    if (groups[g].used)
+      fprintf(out, "larder_job_streams{%.*s} %d\n", (int)strlen(labels[g]) - 1, labels[g],
+              groups[g].streams);
+#define METRICS_STREAM_(name, kind, help)                                            \
+  if (!KIND_IS(kind, STAGE)) {                                                       \
+    if (KIND_IS(kind, SECONDS)) {                                                    \
+      strip_ns(#name, base, sizeof(base));                                           \
+      snprintf(full, sizeof(full), "larder_stream_%s_seconds_total", base);          \
+    } else {                                                                         \
+      snprintf(full, sizeof(full), "larder_stream_%s_total", #name);                 \
+    }                                                                                \
+    family(out, full, "counter", help);                                              \
+    for (int g = 1; g <= GROUP_OTHER; g++) {                                         \
+      if (!groups[g].used) continue;                                                 \
+      if (KIND_IS(kind, SECONDS))                                                    \
+        fprintf(out, "%s{%.*s} %.9f\n", full, (int)strlen(labels[g]) - 1, labels[g], \
+                (double)sum[g].name / 1e9);                                          \
+      else                                                                           \
+        fprintf(out, "%s{%.*s} %" PRIu64 "\n", full, (int)strlen(labels[g]) - 1,     \
+                labels[g], sum[g].name);                                             \
+    }                                                                                \
   }
   STATS_STREAM(METRICS_STREAM_)
 #undef METRICS_STREAM_
+  family(out, "larder_stream_stage_seconds_total", "counter",
+         "seconds in each stage of the units and batches the job's streams read");
+#define METRICS_STREAM_STAGE_(name, kind, help)                                    \
+  if (KIND_IS(kind, STAGE)) {                                                      \
+    strip_ns(#name, base, sizeof(base));                                           \
+    for (int g = 1; g <= GROUP_OTHER; g++)                                         \
+      if (groups[g].used)                                                          \
+        fprintf(out, "larder_stream_stage_seconds_total{%sstage=\"%s\"} %.9f\n",   \
+                labels[g], base, (double)sum[g].name / 1e9);                       \
+  }
+  STATS_STREAM(METRICS_STREAM_STAGE_)
+#undef METRICS_STREAM_STAGE_
+  family(out, "larder_batch_wait_seconds", "histogram",
+         "seconds the trainer waited for each batch, as liblarder reports it");
+  for (int g = 1; g <= GROUP_OTHER; g++)
+    if (groups[g].used) hist_render(out, "larder_batch_wait_seconds", labels[g], &groups[g].wait);
+  family(out, "larder_stream_first_batch_seconds", "histogram",
+         "seconds from a stream's open request to its first batch sent");
+  for (int g = 1; g <= GROUP_OTHER; g++)
+    if (groups[g].used)
+      hist_render(out, "larder_stream_first_batch_seconds", labels[g], &groups[g].first_batch);
 }
 
 static char *render_text(server_t *srv, int up, size_t *len) {

@@ -11,10 +11,10 @@
  *   last copy says larder_up 0.
  *
  * The names come from the same single definition as `larderctl stats`
- * (stats.h's X-macros): each STATS_GLOBAL entry is larder_<name>, with
- * _total for counters; each STATS_STREAM entry is larder_stream_<name>_total,
- * labelled per stream.  Durations keep the daemon's unit (nanoseconds, in
- * the _ns names).
+ * (stats.h's X-macros), in Prometheus's base units: durations are seconds
+ * (float), counters end in _total, and no series carries a pid, a client or
+ * a stream id, so that the series a daemon exports stay few however many
+ * trainers come and go.
  *
  * Metric names
  * ------------
@@ -41,6 +41,8 @@
  *                                             no stream wanting them any more
  *   larder_cache_hit_bytes_total     counter  bytes served from the cache
  *   larder_cache_miss_bytes_total    counter  bytes decoded because the cache lacked them
+ *     (the cache's byte hit ratio is hit / (hit + miss); the cache's own
+ *     count of the bytes its lookups returned is not exported a second time)
  *   larder_memory_bytes              gauge    decoded unit bytes held in memory
  *   larder_footer_bytes              gauge    bytes of parsed Parquet footers held for
  *                                             open streams (within footer_memory)
@@ -53,10 +55,10 @@
  *   larder_fetch_retries_total       counter  remote requests retried
  *   larder_fetch_errors_total        counter  remote requests that failed for good
  *   larder_fetch_inflight            gauge    remote requests in flight
- *   larder_fetch_ns_total            counter  time spent fetching (summed over requests)
- *   larder_decode_ns_total           counter  time spent decoding Parquet
- *   larder_cache_read_ns_total       counter  time spent reading the cache
- *   larder_assemble_ns_total         counter  time spent assembling batches
+ *   larder_stage_seconds_total{stage} counter seconds spent in each stage, summed over
+ *                                             the workers: stage="fetch" (over
+ *                                             requests), "decode", "cache_read",
+ *                                             "assemble"
  *   larder_workers_boosted           gauge    1 while trainers wait and the workers run at
  *                                             the daemon's priority (else worker_nice nicer)
  *   larder_worker_boosts_total       counter  times trainers waiting raised the workers' priority
@@ -76,7 +78,6 @@
  *   larder_cache_admission_disabled  gauge    1 while the disk is full and nothing is admitted
  *   larder_cache_lookup_hits_total   counter  cache lookups that hit
  *   larder_cache_lookup_misses_total counter  cache lookups that missed
- *   larder_cache_lookup_hit_bytes_total counter bytes read by lookups that hit
  *   larder_cache_puts_total          counter  values written
  *   larder_cache_put_bytes_total     counter  bytes written
  *   larder_cache_evictions_total     counter  values evicted
@@ -85,33 +86,68 @@
  *   larder_cache_checksum_failures_total counter corrupt values found and dropped
  *   larder_cache_write_errors_total  counter  failed cache writes
  *
- *   Per open stream, labelled client (connection id), stream (id within
- *   it), pid, uid, rank, world_size and dataset (its first source as the
- *   client named it, a URL without credentials or query string, and
- *   " (+N more)" when it has several), from STATS_STREAM:
- *   larder_stream_batches_total          counter  batches delivered
- *   larder_stream_rows_total             counter  rows delivered
- *   larder_stream_bytes_total            counter  batch bytes delivered
- *   larder_stream_wait_ns_total          counter  time the trainer blocked waiting for batches
- *   larder_stream_compute_ns_total       counter  time the trainer spent between batches
- *   larder_stream_fetch_ns_total         counter  fetch time of the units it read
- *   larder_stream_decode_ns_total        counter  decode time of the units it read
- *   larder_stream_cache_read_ns_total    counter  cache read time of the units it read
- *   larder_stream_assemble_ns_total      counter  time assembling its batches
- *   larder_stream_cache_hit_bytes_total  counter  unit bytes it read from the cache
- *   larder_stream_cache_miss_bytes_total counter  unit bytes decoded for it
- *   The stall fraction of a stream is
- *   rate(larder_stream_wait_ns_total) / (rate(larder_stream_wait_ns_total) +
- *   rate(larder_stream_compute_ns_total)).
+ *   Remote requests, as a histogram (any thread records them):
+ *   larder_fetch_request_duration_seconds histogram  each remote request that
+ *                                             succeeded, retries included
  *
- * Everything runs on the loop thread.
+ *   Per workload: the streams are grouped by job (the job the trainer named:
+ *   larder_stream_options_t.job, else $LARDER_JOB, else "") and dataset (a
+ *   short name of the stream's first source: its last path component
+ *   without glob characters, URLs without credentials or query, at most 64
+ *   bytes).  A group's counters sum its streams, open and closed, so they
+ *   only grow.  At most METRICS_MAX_JOBS groups: the streams of any
+ *   further (job, dataset) count in job="other",dataset="other".
+ *   larder_job_streams{job,dataset}  gauge    open streams of the group
+ *   From STATS_STREAM:
+ *   larder_stream_batches_total{job,dataset}          counter  batches delivered
+ *   larder_stream_rows_total{job,dataset}             counter  rows delivered
+ *   larder_stream_bytes_total{job,dataset}            counter  batch bytes delivered
+ *   larder_stream_wait_seconds_total{job,dataset}     counter  time the trainers blocked
+ *                                                              waiting for batches
+ *   larder_stream_compute_seconds_total{job,dataset}  counter  time the trainers spent
+ *                                                              between batches
+ *   larder_stream_stage_seconds_total{job,dataset,stage} counter  fetch, decode,
+ *                                                              cache_read and assemble
+ *                                                              time of the units and
+ *                                                              batches the streams read
+ *   larder_stream_cache_hit_bytes_total{job,dataset}  counter  unit bytes read from the cache
+ *   larder_stream_cache_miss_bytes_total{job,dataset} counter  unit bytes decoded for them
+ *   Histograms:
+ *   larder_batch_wait_seconds{job,dataset}         histogram  the trainer's wait for each
+ *                                                  batch (as liblarder reports it in the
+ *                                                  batch's release)
+ *   larder_stream_first_batch_seconds{job,dataset} histogram  from a stream's open
+ *                                                  request to its first batch sent
+ *   The stall fraction of a job is
+ *   rate(larder_stream_wait_seconds_total) / (rate(larder_stream_wait_seconds_total) +
+ *   rate(larder_stream_compute_seconds_total)).
+ *
+ * Every histogram has the buckets METRICS_BUCKETS (seconds), as _bucket{le},
+ * _sum and _count; they are counted with relaxed atomic adds, so a scrape
+ * may see a sample in _count a moment before its _sum.
+ *
+ * Rendering, the endpoint and the groups run on the loop thread; the
+ * observe functions may be called from any thread.  The groups and the
+ * fetch histogram are the process's (one daemon per process).
  */
 #ifndef LARDER_METRICS_H
 #define LARDER_METRICS_H
 
+#include <stdint.h>
 #include <stdio.h>
 
+#include "stats.h"
+
 typedef struct server server_t;
+
+/* Label sets of the per-workload series: at most this many (job, dataset)
+ * pairs, and then job="other",dataset="other". */
+#define METRICS_MAX_JOBS 64
+/* The longest job name a stream may give (bytes of printable ASCII), and
+ * the longest dataset label. */
+#define METRICS_MAX_LABEL 64
+/* Histogram bucket upper bounds, in seconds (+Inf follows). */
+#define METRICS_BUCKETS 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
 
 /* Starts what the configuration enables.  Returns 0 or a negative code
  * with a message (an address that cannot be bound). */
@@ -124,5 +160,21 @@ void metrics_config_changed(server_t *srv);
 void metrics_render(server_t *srv, FILE *out, int up);
 /* Where metrics go, for `larderctl status` ("" when off). */
 const char *metrics_endpoint(server_t *srv);
+
+/* Whether job is a job name a stream may give: at most METRICS_MAX_LABEL
+ * bytes of printable ASCII ("" is the default job). */
+int metrics_job_valid(const char *job);
+/* The group of a stream that opened with this job and first source, made
+ * on first use: a number > 0, which the stream keeps and passes to the
+ * functions below (0 means none: they ignore it).  Counts the stream as
+ * open in the group.  Loop thread. */
+int metrics_group(const char *job, const char *first_source);
+/* The stream has closed: its counters so far move into the group's
+ * totals.  Loop thread. */
+void metrics_group_stream_closed(int group, const stats_stream_t *st);
+/* Histogram samples, in nanoseconds.  Any thread. */
+void metrics_observe_wait(int group, uint64_t ns);
+void metrics_observe_first_batch(int group, uint64_t ns);
+void metrics_observe_fetch(uint64_t ns);
 
 #endif /* LARDER_METRICS_H */

@@ -170,6 +170,8 @@ typedef struct stream_info {
   uint32_t part_first, part_last; /* its node's partitions */
   uint64_t opened_ns;
   const dataset_t *ds;        /* its files; NULL while the open resolves */
+  const char *job;            /* as the trainer named it ("" when none) */
+  int metrics_group;          /* metrics_group's number (0: none) */
 } stream_info_t;
 void stream_info(const stream_t *s, stream_info_t *out);
 

@@ -2,10 +2,19 @@
  * stats.h: the daemon's counters, defined once (prefix stats_).
  *
  * STATS_GLOBAL and STATS_STREAM are X-macro lists: XX(name, kind, help)
- * with kind COUNTER (only grows) or GAUGE (goes up and down).  The daemon's
- * struct, the stats reply that larderctl prints, and the Prometheus names
- * (larder_<name>, with _total for counters) are all generated from them, so
- * the three can never disagree.
+ * with kind
+ *   COUNTER  only grows;
+ *   GAUGE    goes up and down;
+ *   SECONDS  a counter of nanoseconds (name ends in _ns);
+ *   STAGE    a counter of nanoseconds spent in one stage of a unit's or a
+ *            batch's way (name <stage>_ns).
+ * The daemon's struct, the stats reply that larderctl prints (the raw
+ * counters, nanoseconds included), and the Prometheus names are all
+ * generated from them, so the three can never disagree.  Prometheus takes
+ * base units (metrics.h): COUNTER is larder_<name>_total, GAUGE
+ * larder_<name>, SECONDS larder_<name less _ns>_seconds_total and STAGE one
+ * series of larder_stage_seconds_total{stage="<name less _ns>"}; the
+ * STATS_STREAM entries likewise with larder_stream_ in front.
  *
  * Counters are updated with relaxed atomic adds from any thread; readers
  * see each value whole but not a consistent snapshot across values.
@@ -52,10 +61,10 @@
   XX(fetch_retries, COUNTER, "remote requests retried")                        \
   XX(fetch_errors, COUNTER, "remote requests that failed for good")            \
   XX(fetch_inflight, GAUGE, "remote requests in flight")                       \
-  XX(fetch_ns, COUNTER, "time spent fetching (summed over requests)")          \
-  XX(decode_ns, COUNTER, "time spent decoding Parquet")                        \
-  XX(cache_read_ns, COUNTER, "time spent reading the cache")                   \
-  XX(assemble_ns, COUNTER, "time spent assembling batches")                   \
+  XX(fetch_ns, STAGE, "time spent fetching (summed over requests)")            \
+  XX(decode_ns, STAGE, "time spent decoding Parquet")                          \
+  XX(cache_read_ns, STAGE, "time spent reading the cache")                     \
+  XX(assemble_ns, STAGE, "time spent assembling batches")                     \
   XX(workers_boosted, GAUGE, "1 while trainers wait and the workers run at "   \
                              "the daemon's priority (else worker_nice nicer)") \
   XX(worker_boosts, COUNTER, "times trainers waiting raised the workers' "     \
@@ -69,12 +78,12 @@
   XX(batches, COUNTER, "batches delivered")                                    \
   XX(rows, COUNTER, "rows delivered")                                          \
   XX(bytes, COUNTER, "batch bytes delivered")                                  \
-  XX(wait_ns, COUNTER, "time the trainer blocked waiting for batches")        \
-  XX(compute_ns, COUNTER, "time the trainer spent between batches")           \
-  XX(fetch_ns, COUNTER, "fetch time of the units it read")                     \
-  XX(decode_ns, COUNTER, "decode time of the units it read")                   \
-  XX(cache_read_ns, COUNTER, "cache read time of the units it read")           \
-  XX(assemble_ns, COUNTER, "time assembling its batches")                      \
+  XX(wait_ns, SECONDS, "time the trainer blocked waiting for batches")        \
+  XX(compute_ns, SECONDS, "time the trainer spent between batches")           \
+  XX(fetch_ns, STAGE, "fetch time of the units it read")                       \
+  XX(decode_ns, STAGE, "decode time of the units it read")                     \
+  XX(cache_read_ns, STAGE, "cache read time of the units it read")             \
+  XX(assemble_ns, STAGE, "time assembling its batches")                        \
   XX(cache_hit_bytes, COUNTER, "unit bytes it read from the cache")            \
   XX(cache_miss_bytes, COUNTER, "unit bytes decoded for it")
 

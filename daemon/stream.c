@@ -26,6 +26,7 @@
 
 #include "../client/ring.h"
 #include "log.h"
+#include "metrics.h"
 #include "server.h"
 #include "util.h"
 
@@ -205,8 +206,11 @@ struct stream {
 
   stats_stream_t st;
   char *label;              /* larder admin: its sources, for stats */
+  char *job;                /* the trainer's job name (metrics_job_valid) */
+  uint64_t requested_ns;    /* the OpenStream's arrival */
   uint64_t opened_ns;
   int validating;           /* revalidation requests outstanding */
+  int metrics_group;        /* its (job, dataset) in the metrics */
   uint64_t validated_ns;    /* last revalidation */
   char *stale_msg;          /* a remote object changed: the error the stream
                                ends with once the epoch before is sent */
@@ -239,6 +243,8 @@ void stream_info(const stream_t *s, stream_info_t *out) {
   out->part_last = s->part_last;
   out->opened_ns = s->opened_ns;
   out->ds = s->ds;
+  out->job = s->job ? s->job : "";
+  out->metrics_group = s->metrics_group;
 }
 
 stream_t *stream_find(conn_t *c, uint32_t id) {
@@ -438,6 +444,7 @@ static void stream_destroy(stream_t *s) {
   if (s->ring_fd >= 0) close(s->ring_fd);
   STATS_SUB(&s->srv->stats, streams, 1);
   free(s->label);
+  free(s->job);
   free(s);
 }
 
@@ -463,6 +470,7 @@ void stream_close(stream_t *s) {
   /* Its tasks' ends free it now: each wakes the loop again. */
   atomic_store_explicit(&s->window_full, 0, memory_order_relaxed);
   unlink_from_conn(s);
+  metrics_group_stream_closed(s->metrics_group, &s->st);
   /* Queued batches drop their units now; one being assembled keeps its
    * units until its task returns. */
   pbatch_t **pp = &s->q_head;
@@ -1538,7 +1546,8 @@ static int send_batch(stream_t *s, pbatch_t *b) {
   }
   s->sent[s->num_sent++] = (sent_t){b->seq, b->arena_off, b->parts, b->num_parts, (uint64_t)b->n, bytes};
   b->parts = NULL; /* the sent entry has them now */
-  STATS_ADD(&s->st, batches, 1);
+  if (STATS_ADD(&s->st, batches, 1) == 1)
+    metrics_observe_first_batch(s->metrics_group, util_now_ns() - s->requested_ns);
   STATS_ADD(&s->st, rows, b->n);
   STATS_ADD(&s->st, bytes, bytes);
   STATS_ADD(&s->srv->stats, batches, 1);
@@ -1571,6 +1580,7 @@ static int release_one(stream_t *s, uint64_t seq, uint64_t wait_ns, uint64_t com
     s->sent[i] = s->sent[--s->num_sent];
     STATS_ADD(&s->st, wait_ns, wait_ns);
     STATS_ADD(&s->st, compute_ns, compute_ns);
+    metrics_observe_wait(s->metrics_group, wait_ns);
     server_trainer_report(s->srv, wait_ns, compute_ns);
     /* Batches that found the arena full can try again now. */
     s->releases++;
@@ -1871,6 +1881,8 @@ typedef struct open_req {
   int row_group_blocks;  /* cfg.shuffle_row_groups, likewise */
   uint32_t partitions;   /* cfg.partitions, likewise */
   shuffle_plan_t *plan;  /* made by open_work; NULL: open_done makes it */
+  char *job;         /* the trainer's job name, checked */
+  uint64_t requested_ns;
 } open_req_t;
 
 /* The stream's shuffle parameters, from its request and its dataset. */
@@ -1922,6 +1934,7 @@ static void free_open_req(open_req_t *o) {
   for (size_t i = 0; i < o->num_columns; i++) free(o->columns[i]);
   free(o->sources);
   free(o->columns);
+  free(o->job);
   free(o);
 }
 
@@ -2252,6 +2265,10 @@ static void open_done(work_t *w, int status) {
   /* larder admin: the sources as the client named them (URLs redacted),
    * for stats and metrics. */
   s->label = admin_sources_label(o->sources, o->num_sources);
+  s->job = o->job;
+  o->job = NULL;
+  s->requested_ns = o->requested_ns;
+  s->metrics_group = metrics_group(s->job, o->num_sources ? o->sources[0] : "");
   STATS_ADD(&srv->stats, streams_opened, 1);
 
   Larder__OpenStreamReply reply = LARDER__OPEN_STREAM_REPLY__INIT;
@@ -2441,8 +2458,15 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "a stream needs at least one source");
     return;
   }
+  /* The job is a metrics label: short and plain. */
+  if (req->job && !metrics_job_valid(req->job)) {
+    conn_send_error(c, LARDER_EINVAL, 0, req->request_id,
+                    "job: at most %d printable ASCII characters", METRICS_MAX_LABEL);
+    return;
+  }
   open_req_t *o = calloc(1, sizeof(*o));
-  if (o == NULL) {
+  if (o == NULL || (o->job = strdup(req->job ? req->job : "")) == NULL) {
+    free(o);
     conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
     return;
   }
@@ -2454,6 +2478,8 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->params = *req;
   o->params.sources = NULL;
   o->params.columns = NULL;
+  o->params.job = NULL;
+  o->requested_ns = util_now_ns();
   o->sources = copy_strings(req->sources, req->n_sources);
   o->num_sources = req->n_sources;
   o->columns = copy_strings(req->columns, req->n_columns);

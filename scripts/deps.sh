@@ -13,6 +13,7 @@ packages=(
   libsnappy-dev libzstd-dev liblz4-dev zlib1g-dev libbrotli-dev
   libinih-dev libsystemd-dev systemd
   nginx-light iproute2 tmux python3
+  prometheus
 )
 
 missing=()
@@ -41,6 +42,11 @@ fi
 # service must not hold port 80 or be needed.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled nginx >/dev/null 2>&1; then
   systemctl disable --now nginx >/dev/null 2>&1 || true
+fi
+# prometheus is there for promtool (the metrics test checks a scrape with
+# it); the package's server must not run on the host.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled prometheus >/dev/null 2>&1; then
+  systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 
 # npm test tools, pinned by tests/package-lock.json.  The stamp records the

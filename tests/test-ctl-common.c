@@ -352,6 +352,22 @@ int tc_prom_check(const char *text, char *err, size_t errlen, char (*names)[128]
     int fam = -1;
     for (int i = 0; i < nfam; i++)
       if (strcmp(types[i], name) == 0) fam = i;
+    /* A histogram's samples are its name with _bucket (labelled le), _sum
+     * and _count. */
+    static const char *const hsuffix[] = {"_bucket", "_sum", "_count"};
+    for (int k = 0; fam < 0 && k < 3; k++) {
+      size_t sl = strlen(hsuffix[k]), nl2 = strlen(name);
+      if (nl2 <= sl || strcmp(name + nl2 - sl, hsuffix[k]) != 0) continue;
+      for (int i = 0; i < nfam; i++)
+        if (strlen(types[i]) == nl2 - sl && strncmp(types[i], name, nl2 - sl) == 0 &&
+            (strcmp(kinds[i], "histogram") == 0 || (k > 0 && strcmp(kinds[i], "summary") == 0))) {
+          fam = i;
+          if (k == 0 && strstr(p + nlen, "le=\"") == NULL) {
+            snprintf(err, errlen, "line %d: a bucket without le", lineno);
+            goto out;
+          }
+        }
+    }
     if (fam < 0) {
       snprintf(err, errlen, "line %d: sample of %s before its # TYPE", lineno, name);
       goto out;

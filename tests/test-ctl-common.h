@@ -51,7 +51,8 @@ int tc_json_lines(const char *s);
 
 /* Validates Prometheus text exposition format 0.0.4: every sample belongs
  * to a family declared by # TYPE before it, names and labels are
- * well-formed, values parse, no series repeats, counters end in _total.
+ * well-formed, values parse, no series repeats, counters end in _total,
+ * a histogram's samples are its _bucket (with le), _sum and _count.
  * Returns the number of samples, or -1 with the reason in err.  Family
  * names go to names (up to max, each NUL-terminated, 128 bytes). */
 int tc_prom_check(const char *text, char *err, size_t errlen, char (*names)[128], int max,

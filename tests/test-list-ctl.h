@@ -1,5 +1,5 @@
 /* larderctl against a running daemon (test-ctl.c) and access control under
- * other users (test-acl.c, test-local-access.c). */
+ * other users (test-acl.c, test-local-access.c), and the metrics (test-metrics.c). */
 TEST_ENTRY(acl_rules, 30000)
 TEST_ENTRY(acl_allowlist_uids, 120000)
 TEST_ENTRY(acl_admin_uids, 120000)
@@ -21,6 +21,8 @@ TEST_ENTRY(ctl_evict_while_streaming, 120000)
 TEST_ENTRY(ctl_prefetch_progress, 300000)
 TEST_ENTRY(ctl_reload_sighup, 60000)
 TEST_ENTRY(ctl_metrics_scrape, 60000)
+TEST_ENTRY(metrics_promtool, 120000)
+TEST_ENTRY(metrics_job_groups, 120000)
 TEST_ENTRY(ctl_remote_inspect_cat, 120000)
 TEST_ENTRY(ctl_daemonize, 60000)
 TEST_ENTRY(ctl_systemd_verify, 600000)
