@@ -367,3 +367,114 @@ TEST_IMPL(remote_disk_full) {
   dh_run_free(&mref);
   return 0;
 }
+
+/* Per URL of an nginx access log: the footer reads (suffix ranges) that
+ * sent bytes, and those answered 304. */
+static void footer_reads(const char *log_path, int *sent, int *not_modified, int *files) {
+  rh_log lg;
+  rh_log_read(&lg, log_path);
+  char urls[RH_MAX_FILES][512];
+  int counts[RH_MAX_FILES];
+  int n = 0;
+  *sent = *not_modified = 0;
+  memset(counts, 0, sizeof(counts));
+  for (int i = 0; i < lg.n; i++) {
+    char req[512], range[64];
+    rh_field(lg.lines[i], "request", req, sizeof(req));
+    rh_field(lg.lines[i], "range", range, sizeof(range));
+    if (strncmp(range, "bytes=-", 7) != 0) continue;
+    int64_t status = rh_field_int(lg.lines[i], "status", 0);
+    if (status == 304) {
+      (*not_modified)++;
+      ASSERT_EQ(rh_field_int(lg.lines[i], "body_bytes_sent", -1), 0);
+      continue;
+    }
+    (*sent)++;
+    int k = 0;
+    while (k < n && strcmp(urls[k], req) != 0) k++;
+    if (k == n && n < RH_MAX_FILES) snprintf(urls[n++], sizeof(urls[0]), "%s", req);
+    if (k < RH_MAX_FILES) counts[k]++;
+  }
+  *files = n;
+  rh_log_free(&lg);
+}
+
+/*
+ * Footers are read once per object, not once per stream: four ranks
+ * opening together send one footer read per file (the others take its
+ * result, or revalidate it for no bytes); a later job's streams ask
+ * whether the footers kept are current, and nginx's 304s send no bytes.
+ * A file that changed is read again, and its new footer is the one used.
+ */
+TEST_IMPL(remote_footers_once) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  char dir[1024], copy[1100];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  snprintf(copy, sizeof(copy), "%s/std", test_tmpdir());
+  rh_copy_dir(dir, copy);
+  rs_server ng;
+  rh_nginx(&ng, "ng", copy, NULL);
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(ng.url, copy, urls, RH_MAX_FILES);
+  char log_path[PATH_MAX];
+  rh_nginx_log("ng", log_path, sizeof(log_path));
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  larder_stream_options_t o[4];
+  dh_run got[4];
+  memset(got, 0, sizeof(got));
+  for (int i = 0; i < 4; i++) {
+    dh_opts(&o[i], (const char *const *)urls, 50, 1, 1);
+    o[i].num_sources = (size_t)nf;
+    o[i].unit_rows = DH_STD_UNIT_ROWS;
+    o[i].world_size = 4;
+    o[i].rank = i;
+  }
+  dh_collect_many(d.socket, o, 4, got);
+  for (int i = 0; i < 4; i++) {
+    if (got[i].rc) ASSERT_FAIL_("rank %d: %s", i, got[i].err);
+    dh_run_free(&got[i]);
+  }
+  rh_wait_lines(log_path, 1, 2000);
+  int sent, not_modified, files;
+  footer_reads(log_path, &sent, &not_modified, &files);
+  fprintf(stderr, "4 ranks: %d footer reads with bytes, %d answered 304, over %d files\n", sent,
+          not_modified, files);
+  ASSERT_EQ(files, nf);
+  ASSERT_EQ(sent, nf);
+  /* A later job: conditional footer reads, no bytes. */
+  dh_run again = {0};
+  ASSERT_OK(dh_collect(d.socket, &o[0], 0, &again));
+  dh_run_free(&again);
+  footer_reads(log_path, &sent, &not_modified, &files);
+  fprintf(stderr, "a later job: %d footer reads with bytes, %d answered 304\n", sent,
+          not_modified);
+  ASSERT_EQ(sent, nf);
+  ASSERT_GE(not_modified, nf);
+  ASSERT_GE(dh_stat(&d, "remote_footers_revalidated"), (uint64_t)nf);
+  /* File 0 changes (another size, so nginx's ETag changes): read again,
+   * and the stream sees the new rows. */
+  char path[1300];
+  snprintf(path, sizeof(path), "%s/part-000.parquet", copy);
+  dh_spec spec = dh_std_spec;
+  spec.id_base = 1000000;
+  spec.rows_per_file = dh_std_spec.rows_per_file - 100;
+  dh_write_file(&spec, 0, path);
+  dh_run changed = {0};
+  ASSERT_OK(dh_collect(d.socket, &o[0], 0, &changed));
+  int newer = 0;
+  for (size_t b = 0; b < changed.n; b++)
+    for (int64_t k = 0; k < changed.b[b].rows && changed.b[b].ids; k++)
+      newer |= changed.b[b].ids[k] >= 1000000;
+  ASSERT(newer);
+  dh_run_free(&changed);
+  footer_reads(log_path, &sent, &not_modified, &files);
+  ASSERT_EQ(sent, nf + 1);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  dh_stop(&d);
+  rh_stop(&ng);
+  return 0;
+}
