@@ -50,6 +50,14 @@
  *                                             file, shared by every stream that reads it
  *   larder_footers_parsed_total      counter  Parquet footers parsed
  *   larder_footers_shared_total      counter  footers a stream took from another's parse
+ *   larder_remote_footer_bytes       gauge    bytes of remote footers kept for later
+ *                                             streams (within remote_footer_memory)
+ *   larder_remote_footers_listed_total counter remote footers taken from those kept, a
+ *                                             listing naming the same version
+ *   larder_remote_footers_revalidated_total counter remote footers taken from those
+ *                                             kept after a 304 (no bytes)
+ *   larder_remote_footers_shared_total counter remote footer reads a stream took from
+ *                                             another stream's read of the same URL
  *   larder_fetch_bytes_total         counter  bytes fetched from remote sources
  *   larder_fetch_requests_total      counter  remote requests completed
  *   larder_fetch_retries_total       counter  remote requests retried
