@@ -373,20 +373,57 @@ static void on_quiet_timer(uv_timer_t *t) {
   q->ran_at_timer = atomic_load(q->task->next_seq) > 0;
 }
 
-/* Runs the loop until a 300 ms timer fires, the task t queued before:
+/* Runs the loop until a timer of ms fires, the task t queued before:
  * returns what the timer saw of t. */
-static quiet_probe_t sleep_past(uv_loop_t *loop, ordered_t *t) {
+static quiet_probe_t sleep_past(uv_loop_t *loop, ordered_t *t, uint64_t ms) {
   quiet_probe_t q = {.task = t, .done_at_timer = -1};
   uv_timer_t timer;
   uv_timer_init(loop, &timer);
   timer.data = &q;
-  uv_timer_start(&timer, on_quiet_timer, 300, 0);
+  uv_timer_start(&timer, on_quiet_timer, ms, 0);
   while (q.done_at_timer < 0) uv_run(loop, UV_RUN_ONCE);
   /* The timer lives on this frame: its close finishes before it goes.
    * That turn of the loop passes its prepare, which takes finished tasks. */
   uv_close((uv_handle_t *)&timer, NULL);
   uv_run(loop, UV_RUN_NOWAIT);
   return q;
+}
+
+/* The loop thread, for quiet_run. */
+static pid_t quiet_loop_tid;
+
+/* Whether thread tid of this process is blocked in epoll_wait (where libuv
+ * sleeps), from /proc/self/task/TID/syscall. */
+static int in_epoll(pid_t tid) {
+  char path[64], buf[128] = "";
+  snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)tid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  int ok = fgets(buf, sizeof(buf), f) != NULL;
+  fclose(f);
+  if (!ok) return 0;
+  long nr = strtol(buf, NULL, 10);
+  int sleeping = 0;
+#ifdef SYS_epoll_wait
+  sleeping |= nr == SYS_epoll_wait;
+#endif
+#ifdef SYS_epoll_pwait
+  sleeping |= nr == SYS_epoll_pwait;
+#endif
+#ifdef SYS_epoll_pwait2
+  sleeping |= nr == SYS_epoll_pwait2;
+#endif
+  return sleeping;
+}
+
+/* A task that ends only once the loop sleeps (or after a minute), so that
+ * its end finds the loop asleep however loaded the machine. */
+static void quiet_run(work_t *w) {
+  for (int i = 0; i < 600000 && !in_epoll(quiet_loop_tid); i++) {
+    struct timespec ts = {0, 100000L};
+    nanosleep(&ts, NULL);
+  }
+  ordered_run(w);
 }
 
 /* A task queued with work_queue_quiet does not wake a sleeping loop while
@@ -406,8 +443,14 @@ TEST_IMPL(work_queue_quiet_wakes) {
   int done = 0;
   ordered_t t[3];
   ordered_init(t, 1, &next_seq, &done);
-  ASSERT_OK(work_queue_quiet(p, &t[0].work, ordered_run, ordered_done, &quiet));
-  quiet_probe_t q = sleep_past(&loop, &t[0]);
+  quiet_loop_tid = (pid_t)syscall(SYS_gettid);
+  ASSERT_OK(work_queue_quiet(p, &t[0].work, quiet_run, ordered_done, &quiet));
+  /* Timers until one finds the task ended (it ends while the loop sleeps):
+   * its done callback must not have run before that wakeup. */
+  quiet_probe_t q;
+  int rounds = 0;
+  do q = sleep_past(&loop, &t[0], 1000);
+  while (!q.ran_at_timer && q.done_at_timer == 0 && ++rounds < 120);
   ASSERT_EQ(q.ran_at_timer, 1);
   ASSERT_EQ(q.done_at_timer, 0);
   ASSERT_EQ(done, 1); /* taken once the loop woke */
@@ -419,8 +462,18 @@ TEST_IMPL(work_queue_quiet_wakes) {
   done = 0;
   ordered_init(t + 1, 1, &next_seq, &done);
   ASSERT_OK(work_queue_quiet(p, &t[1].work, ordered_run, ordered_done, &quiet));
-  q = sleep_past(&loop, &t[1]);
-  ASSERT_EQ(q.done_at_timer, 1);
+  {
+    quiet_probe_t late = {.task = &t[1], .done_at_timer = -1};
+    uv_timer_t timer;
+    uv_timer_init(&loop, &timer);
+    timer.data = &late;
+    uv_timer_start(&timer, on_quiet_timer, 60000, 0);
+    while (done == 0 && late.done_at_timer < 0) uv_run(&loop, UV_RUN_ONCE);
+    ASSERT_EQ(done, 1);
+    ASSERT_EQ(late.done_at_timer, -1); /* the end woke the loop, not the timer */
+    uv_close((uv_handle_t *)&timer, NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+  }
 
   /* Flag set while the task runs, cleared (on the loop thread) after it
    * ended: the loop takes it before it next sleeps. */
