@@ -26,7 +26,9 @@ larder_batch_describe, and the release), whatever its columns.
 import collections.abc
 import ctypes
 import os
+import struct
 import threading
+import weakref
 
 import numpy as np
 
@@ -241,10 +243,30 @@ def _unpack_bits(u8, n):
 # ---------------------------------------------------------------------------
 # Client
 
+class _Conn:
+    """The connection handle.  larder_client_close runs when the last
+    reference goes: the Client's, each Stream's, and through them each
+    live batch's, so that the connection outlives every batch of it (the
+    C library requires their release before the close)."""
+
+    __slots__ = ("h", "L", "pid", "__weakref__")
+
+    def __init__(self, L, h):
+        self.L, self.h, self.pid = L, h, os.getpid()
+
+    def __del__(self):
+        h, self.h = self.h, None
+        if h:
+            try:
+                self.L.larder_client_close(h)
+            except Exception:
+                pass
+
+
 class Client:
     """A connection to larderd (one per trainer process, or per loading
-    thread; see larder.h's threading rules).  Closing is deferred until
-    the batches still alive are released."""
+    thread; see larder.h's threading rules).  ``close()`` closes its
+    streams; the connection itself goes once the last batch is released."""
 
     def __init__(self, socket=None):
         L = library()
@@ -255,14 +277,20 @@ class Client:
         if rc != 0:
             where = socket or os.environ.get("LARDER_SOCKET") or "/run/larder/larderd.sock"
             raise error_for(rc, "%s (socket %s)" % (L.larder_strerror(rc).decode(), where))
-        self._h = h.value
-        self._pid = os.getpid()
-        self._closing = False
-        self._live = 0          # batches not yet released (all streams)
-        self._lock = threading.Lock()
+        self._conn = _Conn(L, h.value)
+        self._streams = weakref.WeakSet()
+        self.socket = socket
+
+    @property
+    def _h(self):
+        c = self._conn
+        if c is None or not c.h:
+            raise ValueError("larder: the client is closed")
+        return c.h
 
     def last_error(self):
-        return self._L.larder_client_last_error(self._h).decode(errors="replace") if self._h else ""
+        c = self._conn
+        return self._L.larder_client_last_error(c.h).decode(errors="replace") if c and c.h else ""
 
     def _error(self, rc):
         return error_for(rc, self.last_error() or None)
@@ -273,40 +301,24 @@ class Client:
         """Opens a stream; see larder_stream_options_t.  ``sources`` is a path
         (str) or a list of paths, globs, directories or URLs; ``epochs=0``
         is unbounded; rank/world_size None read RANK/WORLD_SIZE as in C."""
-        return Stream(self, sources, columns, batch_size, seed, shuffle, epochs, rank,
-                      world_size, drop_last, start, window, shuffle_window, unit_rows,
-                      arena_bytes)
+        st = Stream(self, sources, columns, batch_size, seed, shuffle, epochs, rank,
+                    world_size, drop_last, start, window, shuffle_window, unit_rows,
+                    arena_bytes)
+        self._streams.add(st)
+        return st
 
     def close(self):
-        """Closes the connection now, or once its last batch is released."""
-        with self._lock:
-            self._closing = True
-            if self._live > 0 or not self._h:
-                return
-            h, self._h = self._h, None
-        self._L.larder_client_close(h)
-
-    def _batch_gone(self):
-        with self._lock:
-            self._live -= 1
-            if not (self._closing and self._live == 0 and self._h):
-                return
-            h, self._h = self._h, None
-        self._L.larder_client_close(h)
+        """Closes the client's streams; batches still alive stay valid, and
+        the connection closes when the last of them is dropped."""
+        for st in list(self._streams):
+            st.close()
+        self._conn = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-    def __del__(self):
-        try:
-            if self._h and self._live == 0:
-                self._L.larder_client_close(self._h)
-                self._h = None
-        except Exception:
-            pass
 
 
 def connect(socket=None):
@@ -364,9 +376,7 @@ class Stream:
         self._h = h.value
         self.window = o.window
         self.batch_size = batch_size
-        self._live = 0
-        self._closing = False
-        self._lock = threading.Lock()
+        self._conn = client._conn  # the connection outlives the stream
         self._bp = P()
         self._bpref = ctypes.byref(self._bp)
         self._next = L.larder_stream_next
@@ -401,7 +411,7 @@ class Stream:
     @property
     def fields(self):
         """The columns' Field descriptions (known once a batch has come)."""
-        return None if self._plan is None else self._plan[0]
+        return getattr(self, "_fields", None)
 
     def fileno(self):
         """larder_stream_fd: readable while next() may have a batch."""
@@ -459,17 +469,15 @@ class Stream:
     def _make_plan(self, ptr):
         L = self._L
         n = L.larder_batch_describe(ptr, None, None, 0)
-        words = BATCH_INFO_WORDS + n * ARRAY_INFO_WORDS
-        buf = np.zeros(words, dtype=np.int64)
-        addr = buf.ctypes.data
         head = BATCH_INFO_WORDS
+        cbuf = (ctypes.c_int64 * (head + n * ARRAY_INFO_WORDS))()
+        addr = ctypes.addressof(cbuf)
         fn = L.larder_batch_describe
         args = (ctypes.c_void_p(addr), ctypes.c_void_p(addr + head * 8), n)
         fn(ptr, *args)
-        v = buf.tolist()
-        fields = []
-        for i in range(v[4]):
-            fields.append(_field_of(L, L.larder_batch_column(ptr, i)))
+        v = list(cbuf)
+        ncols = v[4]
+        fields = [_field_of(L, L.larder_batch_column(ptr, i)) for i in range(ncols)]
 
         # Types come from the describe vector, in slot order.
         def walk(f, idx):
@@ -479,12 +487,21 @@ class Stream:
                 walk(c, first + j)
         for i, f in enumerate(fields):
             walk(f, i)
-        # Fast path for each column: (name, column index, dtype or None).
-        fast = tuple((f.name, i, f.dtype) for i, f in enumerate(fields))
+        # The fast path unpacks the header and, per column, its length,
+        # null count and values pointer (words 6, 7 and 10); fixed-width
+        # columns are (name, index of length, index of values, dtype) into
+        # that tuple, and the rest are built by _build from the full vector.
+        fmt = "<%dq" % head + ("48x2q16xq8x" * ncols) + "%dx" % ((n - ncols) * ARRAY_INFO_WORDS * 8)
+        unpack = struct.Struct(fmt).unpack_from
+        fixed = tuple((f.name, head + 3 * i, head + 3 * i + 2, f.dtype)
+                      for i, f in enumerate(fields) if f.dtype is not None)
+        other = tuple((f.name, i, f) for i, f in enumerate(fields) if f.dtype is None)
         arena_size = v[7]
         owner = type("BatchMemory", (ctypes.c_char * arena_size,), {"__del__": _owner_del})
-        self._plan = (fields, fast, buf, args, n, owner)
+        self._release = L.larder_batch_release
+        self._fields = fields
         self._names = [f.name for f in fields]
+        self._plan = (fn, args, cbuf, unpack, owner, fixed, other)
 
     def close(self):
         """Closes the stream; batches still alive stay valid until dropped."""
@@ -506,11 +523,10 @@ class Stream:
 
 
 def _owner_del(self):
-    """A batch's region is released when its last view is gone."""
+    """A batch's region goes back to the daemon when its last view is gone.
+    Its stream (and so the connection) stays alive until after this."""
     try:
-        st = self._stream
-        st._L.larder_batch_release(self._ptr)
-        st.client._batch_gone()
+        self._b[0](self._b[1])
     except Exception:
         pass
 
@@ -531,7 +547,7 @@ class Batch(collections.abc.Mapping):
     dict of their fields.  A null slot holds zeros; ``mask(name)`` gives
     the validity (True = present), None when the column has no nulls."""
 
-    __slots__ = ("_stream", "_mem", "_u8", "_v", "_arrays", "num_rows", "epoch", "index",
+    __slots__ = ("_stream", "_ptr", "_ro", "_full", "_arrays", "num_rows", "epoch", "index",
                  "__weakref__")
 
     def __init__(self, stream, ptr):
@@ -539,34 +555,47 @@ class Batch(collections.abc.Mapping):
         if plan is None:
             stream._make_plan(ptr)
             plan = stream._plan
-        fields, fast, buf, args, n, owner = plan
-        stream._L.larder_batch_describe(ptr, *args)
-        v = buf.tolist()
-        mem = owner.from_address(v[6])
-        mem._ptr = ptr
-        mem._stream = stream
-        with stream.client._lock:
-            stream.client._live += 1
+        describe, args, cbuf, unpack, owner, fixed, other = plan
+        describe(ptr, *args)
+        # Only the words the fast path reads (struct skips the others):
+        # the header, then each column's length, null count and values.
+        v = unpack(cbuf)
         base = v[6]
-        u8 = _frombuffer(mem, _u8)
-        u8.flags.writeable = False
+        mem = owner.from_address(base)
+        mem._b = (stream._release, ptr, stream)
+        # Read-only, as the arena is mapped: a write would fault.
+        ro = memoryview(mem).toreadonly()
         self._stream = stream
-        self._mem = mem
-        self._u8 = u8
-        self._v = v
+        self._ptr = ptr
+        self._ro = ro
+        self._full = None
         self.num_rows = v[0]
         self.epoch = v[1]
         self.index = v[2]
-        arrays = {}
-        for name, i, dt in fast:
-            k = _HEAD + i * _W
-            if dt is not None:
-                length = v[k + 6]
-                arrays[name] = _frombuffer(u8, dt, length, v[k + 10] - base) if length else \
-                    np.zeros(0, dt)
-            else:
-                arrays[name] = _build(self, fields[i], i)
+        try:
+            arrays = {name: _frombuffer(ro, dt, v[kl], v[kv] - base)
+                      for name, kl, kv, dt in fixed}
+        except ValueError:  # a column of no rows: no buffer to view
+            arrays = {f.name: _build(self, f, i) for i, f in enumerate(stream._fields)}
+            other = ()
+        for name, i, f in other:
+            arrays[name] = _build(self, f, i)
+        if other and fixed:  # keep the stream's column order
+            arrays = {k: arrays[k] for k in stream._names}
         self._arrays = arrays
+
+    def _vector(self):
+        """The whole describe vector of this batch (the slow paths)."""
+        if self._full is None:
+            if self._ro is None:
+                raise ValueError("larder: the batch was released")
+            st = self._stream
+            n = (len(st._plan[2]) - BATCH_INFO_WORDS) // ARRAY_INFO_WORDS
+            buf = (ctypes.c_int64 * (BATCH_INFO_WORDS + n * ARRAY_INFO_WORDS))()
+            addr = ctypes.addressof(buf)
+            st._L.larder_batch_describe(self._ptr, addr, addr + BATCH_INFO_WORDS * 8, n)
+            self._full = list(buf)
+        return self._full
 
     # -- mapping
 
@@ -618,11 +647,12 @@ class Batch(collections.abc.Mapping):
         return self._mask_of(i)
 
     def _mask_of(self, idx):
+        v = self._vector()
         k = _HEAD + idx * _W
-        if self._v[k + 7] == 0:
+        if v[k + 7] == 0:
             return None
-        n = self._v[k + 6]
-        bits = _frombuffer(self._u8, _u8, (n + 7) // 8, self._v[k + 8] - self._v[6])
+        n = v[k + 6]
+        bits = _frombuffer(self._ro, _u8, (n + 7) // 8, v[k + 8] - v[6])
         return _unpack_bits(bits, n)
 
     def to_pylist(self, name):
@@ -645,8 +675,7 @@ class Batch(collections.abc.Mapping):
         back to the daemon now if no array taken from the batch is alive,
         else when the last one is dropped.  The batch is unusable after."""
         self._arrays = {}
-        self._mem = None
-        self._u8 = None
+        self._ro = None
 
     def __enter__(self):
         return self
@@ -667,7 +696,7 @@ class Batch(collections.abc.Mapping):
 
 def _build(batch, f, idx):
     """The array (or VarColumn, dict) of node idx of field f, zero-copy."""
-    v, u8 = batch._v, batch._u8
+    v, u8 = batch._vector(), batch._ro
     base = v[6]
     k = _HEAD + idx * _W
     t, width, ow, length = v[k], v[k + 1], v[k + 2], v[k + 6]
