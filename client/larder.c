@@ -1758,6 +1758,8 @@ int larder_batch_describe(const larder_batch_t *b, larder_batch_info_t *info,
     info->bytes = b->bytes;
     info->num_columns = b->num_columns;
     info->num_arrays = n;
+    info->arena = s->arena;
+    info->arena_size = s->arena_size;
   }
   int fill = max_arrays < n ? max_arrays : n;
   for (int i = 0; i < fill; i++) {

@@ -412,6 +412,11 @@ typedef struct larder_batch_info {
   uint64_t bytes;         /* larder_batch_bytes */
   int64_t num_columns;
   int64_t num_arrays;     /* columns and their children, all levels */
+  /* The stream's arena, which holds every buffer of the batch: a caller
+   * that maps it once (a Python buffer object) makes each array a view at
+   * an offset into it, and a bounds-checked one. */
+  const uint8_t *arena;
+  uint64_t arena_size;
 } larder_batch_info_t;
 
 /*

@@ -1145,6 +1145,9 @@ TEST_IMPL(client_batch_describe) {
   ASSERT_EQ(info.bytes, larder_batch_bytes(b));
   ASSERT_EQ(info.num_columns, 3);
   ASSERT_EQ(info.num_arrays, 4);
+  ASSERT(info.arena != NULL && info.arena_size >= 1024);
+  ASSERT((const uint8_t *)a[0].values >= info.arena);
+  ASSERT((const uint8_t *)a[0].values + a[0].values_size <= info.arena + info.arena_size);
   for (int i = 0; i < 3; i++) {
     const larder_array_t *col = larder_batch_column(b, i);
     ASSERT_EQ(a[i].type, (int64_t)larder_array_type(col));
