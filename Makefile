@@ -307,6 +307,10 @@ SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 DATADIR ?= $(PREFIX)/share
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+# The larder Python package goes where Debian's python3 looks for packages
+# of this prefix: /usr/lib/python3/dist-packages for /usr, else
+# PREFIX/lib/python3.X/dist-packages (/usr/local's is on its sys.path).
+PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/python3/dist-packages,$(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3)/dist-packages)
 
 .PHONY: install
 install:
@@ -331,6 +335,10 @@ install:
 	test -e $(DESTDIR)$(SYSCONFDIR)/larder/larderd.conf || \
 	  install -m 0644 config/larderd.conf.example $(DESTDIR)$(SYSCONFDIR)/larder/larderd.conf
 	install -m 0644 README.md $(DESTDIR)$(DATADIR)/doc/larder/
+	install -d $(DESTDIR)$(PYTHONDIR)/larder
+	install -m 0644 client/python/larder/*.py $(DESTDIR)$(PYTHONDIR)/larder/
+	printf '# Written by make install: where liblarder was installed.\nLIBDIR = "%s"\n' '$(LIBDIR)' \
+	  > $(DESTDIR)$(PYTHONDIR)/larder/_config.py
 
 clean:
 	rm -rf build

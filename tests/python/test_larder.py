@@ -377,3 +377,44 @@ def test_daemon_restart(own_daemon):
     got += [ids_of(b) for b in s]
     assert got == full
     c.close()
+
+
+# ---------------------------------------------------------------------------
+# Installing
+
+IMPORT_CHECK = "import larder, larder.torch; print(larder.__file__); print(larder.library()._name)"
+
+
+def test_make_install_finds_library(tmp_path):
+    """`make install PREFIX=...` puts the package where Debian's python3
+    finds it (with PYTHONPATH for a private prefix), and the package finds
+    the installed liblarder without LD_LIBRARY_PATH or LARDER_LIB."""
+    prefix = tmp_path / "prefix"
+    out = subprocess.run(["make", "--no-print-directory", "install", "PREFIX=%s" % prefix],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    site = prefix / "lib" / ("python%d.%d" % sys.version_info[:2]) / "dist-packages"
+    env = {k: v for k, v in os.environ.items() if k not in ("LARDER_LIB", "LD_LIBRARY_PATH")}
+    env["PYTHONPATH"] = str(site)
+    res = subprocess.run([sys.executable, "-c", IMPORT_CHECK], env=env, cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=DEADLINE)
+    assert res.returncode == 0, res.stderr
+    where, lib = res.stdout.split()
+    assert where.startswith(str(site)) and lib == str(prefix / "lib" / "liblarder.so.0")
+
+
+def test_pip_install_offline(tmp_path):
+    """`pip install ./client/python` builds and installs with no index."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=DEADLINE)
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    out = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-index",
+                          os.path.join(REPO, "client", "python")],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([str(venv / "bin" / "python"), "-c", IMPORT_CHECK], env=env,
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=DEADLINE)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[0].startswith(str(venv))
