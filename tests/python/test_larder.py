@@ -418,3 +418,56 @@ def test_pip_install_offline(tmp_path):
                          cwd=str(tmp_path), capture_output=True, text=True, timeout=DEADLINE)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split()[0].startswith(str(venv))
+
+
+# ---------------------------------------------------------------------------
+# Arrow PyCapsule interface
+
+_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def test_arrow_capsules(client):
+    """__arrow_c_schema__ / __arrow_c_array__ give a struct schema of the
+    columns and an array whose buffers are the arena's (the numpy views'
+    own memory); a consumer that moves the array out keeps the batch's
+    region until it releases it, and an unconsumed capsule releases on
+    destruction."""
+    from larder import _arrow
+    s = client.stream(PLAIN, batch_size=8, shuffle=False, epochs=0, window=1)
+    b = next(s)
+    sc = b.__arrow_c_schema__()
+    schema = ctypes.cast(_get_pointer(sc, b"arrow_schema"), ctypes.POINTER(_arrow.ArrowSchema)).contents
+    assert schema.format == b"+s" and schema.n_children == len(b)
+    names = [schema.children[i].contents.name.decode() for i in range(schema.n_children)]
+    assert names == list(b)
+    fmts = dict(zip(names, [schema.children[i].contents.format for i in range(schema.n_children)]))
+    assert fmts["id"] == b"i" and fmts["double_col"] == b"g" and fmts["string_col"] == b"z"
+    del sc, schema
+
+    sc, ac = b.__arrow_c_array__()
+    arr = ctypes.cast(_get_pointer(ac, b"arrow_array"), ctypes.POINTER(_arrow.ArrowArray)).contents
+    assert arr.length == 8 and arr.n_children == len(b)
+    col = arr.children[names.index("id")].contents
+    assert col.length == 8 and col.buffers[1] == b["id"].ctypes.data
+    # A consumer moves the array out of the capsule, as the interface says.
+    moved = _arrow.ArrowArray()
+    ctypes.memmove(ctypes.addressof(moved), ctypes.addressof(arr), ctypes.sizeof(moved))
+    arr.release = _arrow.ARRAY_RELEASE()
+    del sc, ac, arr, col
+    b.release()
+    del b
+    gc.collect()
+    with pytest.raises(larder.LarderTimeoutError):
+        s.next(timeout=0.5)   # the moved array still holds the only window slot
+    moved.release(ctypes.pointer(moved))
+    assert not moved.release
+    b = s.next(timeout=DEADLINE)
+    assert b is not None
+    # Unconsumed capsules release on destruction.
+    b.__arrow_c_array__()
+    b.release()
+    del b
+    gc.collect()
+    assert s.next(timeout=DEADLINE) is not None
+    assert not _arrow._live
