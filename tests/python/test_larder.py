@@ -471,3 +471,26 @@ def test_arrow_capsules(client):
     gc.collect()
     assert s.next(timeout=DEADLINE) is not None
     assert not _arrow._live
+
+
+def test_interrupt_after_batch_taken(client):
+    """An exception raised just after larder_stream_next took a batch (a
+    KeyboardInterrupt between the call and the Batch) loses nothing: the
+    next call returns that batch, and the sequence and window are intact."""
+    ref = client.stream(MAIN, columns=[MAIN_ID], batch_size=100, seed=8)
+    want = [ids_of(b) for b in ref]
+    # A window of 2: a for loop's variable holds the previous batch while
+    # next() waits for the following one.
+    s = client.stream(MAIN, columns=[MAIN_ID], batch_size=100, seed=8, window=2)
+    real = s._next
+
+    def interrupted(h, ms, out):
+        real(h, -1, out)  # waits until it takes a batch
+        s._next = real
+        raise KeyboardInterrupt
+    got = [ids_of(next(s))]
+    s._next = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        next(s)
+    got += [ids_of(b) for b in s]
+    assert got == want

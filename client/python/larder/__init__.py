@@ -14,7 +14,10 @@ anything still points into it.  ``batch.release()`` (or leaving ``with
 batch:``) drops only the Batch's own reference: the arrays taken from it
 stay valid, and the region goes back once they are dropped too.  Holding
 arrays of more batches than the stream's ``window`` blocks the stream: the
-daemon sends no batch while the client holds a full window.
+daemon sends no batch while the client holds a full window.  Note that in
+``for b in stream:`` the loop variable still holds the previous batch while
+the next one is awaited: with a window of 1, release it in the loop body
+(``b.release()``, or ``with b:``).
 
 The arrays are read-only (the arena is mapped read-only in the trainer):
 writing one in place through a torch tensor faults; copy first
@@ -377,6 +380,7 @@ class Stream:
         self.window = o.window
         self.batch_size = batch_size
         self._conn = client._conn  # the connection outlives the stream
+        self._stash = 0             # a batch taken that no Batch owns yet
         self._bp = P()
         self._bpref = ctypes.byref(self._bp)
         self._next = L.larder_stream_next
@@ -438,14 +442,31 @@ class Stream:
         (None: wait as long as it takes) raises LarderTimeoutError."""
         if self._h is None:
             raise ValueError("larder: the stream is closed")
-        rc = self._next(self._h, 0, self._bpref)
-        if rc == ETIMEDOUT:
-            rc = self._wait(timeout)
+        if self._stash:
+            return Batch(self, self._stash)
+        # An exception (KeyboardInterrupt) can be raised right after a call
+        # that took a batch, before any Batch owns it: the batch is kept in
+        # _stash then, and the next call returns it, so that none is lost
+        # (nor its window slot) and the sequence goes on unchanged.  Batch
+        # clears _stash in the same step (no call between) as it takes the
+        # release over.
+        bp = self._bp
+        bp.value = None
+        try:
+            rc = self._next(self._h, 0, self._bpref)
+            if rc == ETIMEDOUT:
+                rc = self._wait(timeout)
+            if rc == 0:
+                self._stash = bp.value
+        except BaseException:
+            if bp.value and not self._stash:
+                self._stash = bp.value
+            raise
         if rc != 0:
             if rc == EEOF:
                 return None
             raise self.client._error(rc)
-        return Batch(self, self._bp.value)
+        return Batch(self, self._stash)
 
     def _wait(self, timeout):
         # Sliced, so that a KeyboardInterrupt raised between the calls
@@ -563,6 +584,7 @@ class Batch(collections.abc.Mapping):
         base = v[6]
         mem = owner.from_address(base)
         mem._b = (stream._release, ptr, stream)
+        stream._stash = 0  # no call between: a signal cannot fall in between
         # Read-only, as the arena is mapped: a write would fault.
         ro = memoryview(mem).toreadonly()
         self._stream = stream
