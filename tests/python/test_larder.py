@@ -494,3 +494,27 @@ def test_interrupt_after_batch_taken(client):
         next(s)
     got += [ids_of(b) for b in s]
     assert got == want
+
+
+def test_arrow_pyarrow(client, daemon):
+    """pyarrow (where installed) imports a batch through the PyCapsule
+    interface, zero-copy, with the values `larderctl cat` prints, and the
+    imported record batch keeps the region after the Batch is gone."""
+    pa = pytest.importorskip("pyarrow")
+    s = client.stream(PLAIN, batch_size=8, shuffle=False, epochs=0, window=1)
+    b = next(s)
+    rb = pa.record_batch(b)
+    assert rb.num_rows == 8 and rb.schema.names == list(b)
+    want = cat(daemon, PLAIN)
+    assert rb.column(rb.schema.get_field_index("id")).to_pylist() == [r["id"] for r in want]
+    assert rb.column(rb.schema.get_field_index("double_col")).to_pylist() == \
+        [r["double_col"] for r in want]
+    assert rb.column(rb.schema.get_field_index("id")).buffers()[1].address == b["id"].ctypes.data
+    b.release()
+    del b
+    gc.collect()
+    with pytest.raises(larder.LarderTimeoutError):
+        s.next(timeout=0.5)   # the record batch holds the only window slot
+    del rb
+    gc.collect()
+    assert s.next(timeout=DEADLINE) is not None

@@ -139,3 +139,20 @@ def test_rank_from_torch_distributed(daemon, monkeypatch, tmp_path):
         assert ds.state_dict()["world_size"] == 1
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_pin_memory(daemon):
+    """With a GPU: pin_memory=True hands the loop pinned copies (from 0 and
+    2 workers), which go to the device with the batch's values."""
+    for workers in (0, 2):
+        ds = LarderDataset(lt.DATA + "/byte_stream_split.zstd.parquet", batch_size=50, seed=1,
+                           socket=daemon.socket, window=4)
+        ref = [b["f64"].clone() for b in LarderDataLoader(ds, num_workers=workers)]
+        n = 0
+        for b, want in zip(LarderDataLoader(ds, num_workers=workers, pin_memory=True), ref):
+            assert b["f64"].is_pinned()
+            on_gpu = b["f64"].cuda(non_blocking=True)
+            assert torch.equal(on_gpu.cpu(), want)
+            n += 1
+        assert n == len(ref) == 6
