@@ -1824,6 +1824,51 @@ const larder_array_t *larder_array_child(const larder_array_t *a, int i) {
   return i >= 0 && i < a->num_children ? &a->children[i] : NULL;
 }
 
+/* The batch's nodes are in slot order already (plan_stream): the columns
+ * first, each array's children contiguous, so an entry's index is its
+ * slot and its children's indexes follow from the pointer. */
+int larder_batch_describe(const larder_batch_t *b, larder_batch_info_t *info,
+                          larder_array_info_t *arrays, int max_arrays) {
+  if (b == NULL || max_arrays < 0 || (max_arrays > 0 && arrays == NULL)) return LARDER_EINVAL;
+  const larder_stream_t *s = b->stream;
+  int n = s->num_nodes;
+  if (info) {
+    info->num_rows = b->rows;
+    info->epoch = b->epoch;
+    info->index = b->index;
+    info->bytes = b->bytes;
+    info->num_columns = b->num_columns;
+    info->num_arrays = n;
+    info->arena = s->arena;
+    info->arena_size = s->arena_size;
+  }
+  int fill = max_arrays < n ? max_arrays : n;
+  for (int i = 0; i < fill; i++) {
+    const larder_array_t *a = &b->nodes[i];
+    larder_array_info_t *o = &arrays[i];
+    int64_t width = value_width(a->field);
+    o->type = a->field->type;
+    o->byte_width = width > 0 ? width : 0;
+    o->offset_width = (int64_t)offset_width(a->field->type);
+    o->num_children = a->num_children;
+    o->first_child = a->num_children ? (int64_t)(a->children - b->nodes) : -1;
+    o->parent = -1;
+    o->length = a->length;
+    o->null_count = a->null_count;
+    o->validity = a->null_count ? a->validity : NULL;
+    o->offsets = o->offset_width ? a->offsets : NULL;
+    o->values = a->values;
+    o->values_size = a->values_size;
+  }
+  /* Parents: a second pass, as a child's slot comes after its parent's. */
+  for (int i = 0; i < fill; i++)
+    for (int64_t j = 0; j < arrays[i].num_children; j++) {
+      int64_t c = arrays[i].first_child + j;
+      if (c < fill) arrays[c].parent = i;
+    }
+  return n;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Arrow C Data Interface export                                             */
 

@@ -408,6 +408,66 @@ uint64_t larder_array_values_size(const larder_array_t *a);
 int larder_array_num_children(const larder_array_t *a);
 const larder_array_t *larder_array_child(const larder_array_t *a, int i);
 
+/*
+ * Every buffer of a batch in one call, for FFIs (Python's ctypes) where
+ * each call costs more than the work it does: the accessors above take
+ * about 80 calls for a batch of 15 columns, this takes one.
+ *
+ * The arrays are listed in the batch's slot order: the columns first, in
+ * the stream's order (arrays[i] is column i for i < num_columns), then
+ * the children, each array's children contiguous from first_child.  The
+ * fields of an entry are those of the accessors of the same array:
+ * validity is NULL when null_count is 0; offsets are int32 or int64 as
+ * offset_width (4 or 8) says, NULL when offset_width is 0; byte_width is
+ * the bytes per value of the fixed-width types (0 for BOOL, whose values
+ * are bits, and for the variable-width and nested types).  The pointers
+ * are into the arena, valid until the batch is released (as for the
+ * accessors); the static facts of a column (name, nullable, unit, scale)
+ * come from the larder_array_* accessors, once per stream.  Every field
+ * is 8 bytes wide (on 64-bit hosts), so that an FFI can read a
+ * larder_batch_info_t followed by the entries as one vector of int64: a
+ * Python caller turns it into a list in one step.
+ */
+typedef struct larder_array_info {
+  int64_t type;           /* larder_type_t */
+  int64_t byte_width;     /* bytes per fixed-width value, else 0 */
+  int64_t offset_width;   /* 4, 8, or 0 when the type has no offsets */
+  int64_t num_children;
+  int64_t first_child;    /* index of its first child here, -1 when none */
+  int64_t parent;         /* index of its parent here, -1 for a column */
+  int64_t length;
+  int64_t null_count;
+  const uint8_t *validity;
+  const void *offsets;
+  const void *values;
+  uint64_t values_size;   /* bytes at values */
+} larder_array_info_t;
+
+typedef struct larder_batch_info {
+  int64_t num_rows;
+  uint64_t epoch;
+  uint64_t index;
+  uint64_t bytes;         /* larder_batch_bytes */
+  int64_t num_columns;
+  int64_t num_arrays;     /* columns and their children, all levels */
+  /* The stream's arena, which holds every buffer of the batch: a caller
+   * that maps it once (a Python buffer object) makes each array a view at
+   * an offset into it, and a bounds-checked one. */
+  const uint8_t *arena;
+  uint64_t arena_size;
+} larder_batch_info_t;
+
+/*
+ * Fills *info (when not NULL) and the first min(max_arrays, num_arrays)
+ * entries of arrays (NULL when max_arrays is 0) for batch, and returns
+ * num_arrays, the same for every batch of a stream: a caller sizes its
+ * array once, with a first call of max_arrays 0.  Returns LARDER_EINVAL
+ * for a NULL batch or a negative max_arrays.  Allocates nothing and
+ * cannot fail otherwise.  Any thread, as the accessors.
+ */
+int larder_batch_describe(const larder_batch_t *batch, larder_batch_info_t *info,
+                          larder_array_info_t *arrays, int max_arrays);
+
 /* ------------------------------------------------------------------------ */
 /* Arrow C Data Interface                                                    */
 

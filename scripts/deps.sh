@@ -14,6 +14,7 @@ packages=(
   libinih-dev libsystemd-dev systemd
   nginx-light iproute2 tmux python3
   prometheus
+  python3-numpy python3-torch python3-pytest python3-setuptools python3-pip python3-venv
 )
 
 missing=()

@@ -1173,3 +1173,105 @@ TEST_IMPL(client_option_ranges) {
   dh_stop(&d);
   return 0;
 }
+
+/*
+ * larder_batch_describe lists every array of a batch in slot order with
+ * the accessors' buffers: the std schema's three columns and the list's
+ * child (with parent and child indexes), the map schema's nesting two
+ * levels deep, a count-only call, a short array filled no further than
+ * its size, and the errors.
+ */
+TEST_IMPL(client_batch_describe) {
+  fake_schema fs;
+  std_schema(&fs);
+  fake_t f;
+  fake_init(&f, &fs);
+  larder_client_t *c;
+  larder_stream_t *s;
+  ASSERT_OK(fake_open(&f, &c, &s));
+  fake_send_batch(&f, 0, std_layout);
+  larder_batch_t *b;
+  int rc = larder_stream_next(s, 5000, &b);
+  if (rc) ASSERT_FAIL_("next: %s", larder_client_last_error(c));
+  ASSERT_EQ(larder_batch_describe(b, NULL, NULL, 0), 4);
+  larder_batch_info_t info;
+  larder_array_info_t a[6];
+  memset(a, 0xa5, sizeof(a));
+  ASSERT_EQ(larder_batch_describe(b, &info, a, 6), 4);
+  ASSERT_EQ(info.num_rows, 4);
+  ASSERT_EQ(info.epoch, larder_batch_epoch(b));
+  ASSERT_EQ(info.index, larder_batch_index(b));
+  ASSERT_EQ(info.bytes, larder_batch_bytes(b));
+  ASSERT_EQ(info.num_columns, 3);
+  ASSERT_EQ(info.num_arrays, 4);
+  ASSERT(info.arena != NULL && info.arena_size >= 1024);
+  ASSERT((const uint8_t *)a[0].values >= info.arena);
+  ASSERT((const uint8_t *)a[0].values + a[0].values_size <= info.arena + info.arena_size);
+  for (int i = 0; i < 3; i++) {
+    const larder_array_t *col = larder_batch_column(b, i);
+    ASSERT_EQ(a[i].type, (int64_t)larder_array_type(col));
+    ASSERT_EQ(a[i].length, larder_array_length(col));
+    ASSERT_EQ(a[i].null_count, larder_array_null_count(col));
+    ASSERT_PTR_EQ(a[i].validity, larder_array_validity(col));
+    ASSERT_PTR_EQ(a[i].values, larder_array_values(col));
+    ASSERT_EQ(a[i].values_size, larder_array_values_size(col));
+    ASSERT_EQ(a[i].parent, -1);
+  }
+  ASSERT_EQ(a[0].type, LARDER_TYPE_INT64);
+  ASSERT_EQ(a[0].byte_width, 8);
+  ASSERT_EQ(a[0].offset_width, 0);
+  ASSERT_NULL(a[0].offsets);
+  ASSERT_EQ(a[0].first_child, -1);
+  ASSERT_EQ(((const int64_t *)a[0].values)[3], 40);
+  ASSERT_EQ(a[1].type, LARDER_TYPE_STRING);
+  ASSERT_EQ(a[1].byte_width, 0);
+  ASSERT_EQ(a[1].offset_width, 4);
+  ASSERT_PTR_EQ(a[1].offsets, larder_array_offsets(larder_batch_column(b, 1)));
+  ASSERT_EQ(a[2].type, LARDER_TYPE_LIST);
+  ASSERT_EQ(a[2].offset_width, 4);
+  ASSERT_EQ(a[2].num_children, 1);
+  ASSERT_EQ(a[2].first_child, 3);
+  ASSERT_EQ(((const int32_t *)a[2].offsets)[4], 6);
+  const larder_array_t *item = larder_array_child(larder_batch_column(b, 2), 0);
+  ASSERT_EQ(a[3].type, LARDER_TYPE_INT32);
+  ASSERT_EQ(a[3].byte_width, 4);
+  ASSERT_EQ(a[3].parent, 2);
+  ASSERT_EQ(a[3].length, 6);
+  ASSERT_PTR_EQ(a[3].values, larder_array_values(item));
+  /* A short array: entries past max_arrays are left alone. */
+  larder_array_info_t two[3];
+  memset(two, 0x5a, sizeof(two));
+  ASSERT_EQ(larder_batch_describe(b, NULL, two, 2), 4);
+  ASSERT_PTR_EQ(two[1].values, a[1].values);
+  ASSERT_EQ(two[2].type, (int64_t)0x5a5a5a5a5a5a5a5aull);
+  ASSERT_EQ(larder_batch_describe(NULL, &info, a, 6), LARDER_EINVAL);
+  ASSERT_EQ(larder_batch_describe(b, &info, a, -1), LARDER_EINVAL);
+  ASSERT_EQ(larder_batch_describe(b, &info, NULL, 2), LARDER_EINVAL);
+  larder_batch_release(b);
+  larder_stream_close(s);
+  larder_client_close(c);
+  fake_free(&f);
+
+  map_schema(&fs);
+  fake_init(&f, &fs);
+  ASSERT_OK(fake_open(&f, &c, &s));
+  fake_send_batch(&f, 0, map_layout);
+  rc = larder_stream_next(s, 5000, &b);
+  if (rc) ASSERT_FAIL_("next: %s", larder_client_last_error(c));
+  ASSERT_EQ(larder_batch_describe(b, &info, a, 6), 4);
+  ASSERT_EQ(info.num_columns, 1);
+  ASSERT_EQ(a[0].type, LARDER_TYPE_MAP);
+  ASSERT_EQ(a[0].first_child, 1);
+  ASSERT_EQ(a[1].type, LARDER_TYPE_STRUCT);
+  ASSERT_EQ(a[1].parent, 0);
+  ASSERT_EQ(a[1].num_children, 2);
+  ASSERT_EQ(a[1].first_child, 2);
+  ASSERT_EQ(a[2].parent, 1);
+  ASSERT_EQ(a[3].parent, 1);
+  ASSERT_EQ(a[3].length, 6);
+  larder_batch_release(b);
+  larder_stream_close(s);
+  larder_client_close(c);
+  fake_free(&f);
+  return 0;
+}

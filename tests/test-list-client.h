@@ -1,7 +1,8 @@
 /* liblarder's own behaviour (test-client.c): fork safety, a batch
  * released twice or exported twice, stall accounting, frame mode with
  * several streams, a dead daemon, the rank variables, NULL vectors, the
- * checks of what a (fake) daemon sends, and a map's export. */
+ * checks of what a (fake) daemon sends, a map's export, and
+ * larder_batch_describe. */
 TEST_ENTRY(client_fork_releases, 120000)
 TEST_ENTRY(client_option_ranges, 60000)
 TEST_ENTRY(client_export_then_release, 60000)
@@ -18,3 +19,4 @@ TEST_ENTRY(client_fake_shm_checks, 30000)
 TEST_ENTRY(client_fake_ring_rewritten, 30000)
 TEST_ENTRY(client_fake_large_types, 30000)
 TEST_ENTRY(client_fake_map_keys, 30000)
+TEST_ENTRY(client_batch_describe, 30000)

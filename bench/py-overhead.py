@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""
+py-overhead.py: what the larder Python package adds per batch, for batches
+of 15 columns, against the bare library calls in the same run.
+
+    /usr/bin/python3 bench/py-overhead.py [BUILD_DIR] [--batches 20000] [--rounds 5]
+
+It starts BUILD_DIR/bin/larderd (default build/release) on a temporary
+socket and reads 15 int64 columns of a test file (batches of 64 rows,
+window 64, epochs without end) two ways, alternating, `rounds` times:
+
+  - package: ``for b in stream: cols = b.numpy()``: larder_stream_next,
+    larder_batch_describe, a numpy view per column, and the release when
+    the views go;
+  - peer: the bare larder_stream_next + larder_batch_release through
+    ctypes, which every client pays (the library's own work, and two
+    foreign calls).
+
+For each it prints the process's CPU time per batch (time.process_time:
+the daemon's work on the same cores does not count, nor the time this
+process waits) and liblarder's compute figure per batch (the wall time
+between next calls, which a loaded machine inflates).  The package's
+overhead is its CPU per batch less the peer's, the median over rounds.
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+
+SOURCE = os.path.join(REPO, "tests", "data", "parquet-testing", "data", "delta_binary_packed.parquet")
+COLUMNS = ["bitwidth%d" % i for i in range(15)]
+
+
+def run_package(stream, n):
+    w0, c0 = stream.stall
+    p0 = time.process_time()
+    for _ in range(n):
+        b = next(stream)
+        cols = b.numpy()
+        del b, cols
+    p1 = time.process_time()
+    w1, c1 = stream.stall
+    return (p1 - p0) / n * 1e6, (c1 - c0) / n / 1e3
+
+
+def run_peer(L, stream, n):
+    bp = ctypes.c_void_p()
+    ref = ctypes.byref(bp)
+    h = stream._h
+    nxt, rel = L.larder_stream_next, L.larder_batch_release
+    w0, c0 = stream.stall
+    p0 = time.process_time()
+    for _ in range(n):
+        if nxt(h, -1, ref) != 0:
+            raise RuntimeError("larder_stream_next failed")
+        rel(bp.value)
+    p1 = time.process_time()
+    w1, c1 = stream.stall
+    return (p1 - p0) / n * 1e6, (c1 - c0) / n / 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("build", nargs="?", default=os.path.join(REPO, "build", "release"))
+    ap.add_argument("--batches", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    os.environ.setdefault("LARDER_LIB", os.path.join(build, "lib", "liblarder.so"))
+    import larder
+    import test_ctypes as lt
+
+    with tempfile.TemporaryDirectory(prefix="larder-pyov-") as tmp:
+        d = lt.Daemon(build, tmp, ["--workers=2", "--log_level=warning", "--arena_bytes=16M"])
+        d.start()
+        try:
+            c = larder.Client(d.socket)
+            s = c.stream(SOURCE, columns=COLUMNS, batch_size=64, epochs=0, window=64, seed=1)
+            for _ in range(500):  # warm: the cache, the plan, the arena's pages
+                next(s).numpy()
+            rows = []
+            for r in range(args.rounds):
+                pk = run_package(s, args.batches)
+                pe = run_peer(larder.library(), s, args.batches)
+                rows.append((pk, pe))
+                print("round %d: package %.2f us CPU/batch (%.2f us between calls), "
+                      "peer next+release %.2f us CPU/batch (%.2f us between calls)"
+                      % (r, pk[0], pk[1], pe[0], pe[1]), flush=True)
+            over = statistics.median(pk[0] - pe[0] for pk, pe in rows)
+            print("python overhead per batch of %d columns: %.2f us (median of %d rounds; "
+                  "package %.2f us, peer %.2f us CPU per batch)"
+                  % (len(COLUMNS), over, args.rounds, statistics.median(pk[0] for pk, _ in rows),
+                     statistics.median(pe[0] for _, pe in rows)))
+            s.close()
+            c.close()
+        finally:
+            d.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Finding and declaring liblarder for ctypes.
+
+Every function the package calls is declared with its prototype: ctypes
+otherwise passes and returns C ints, which truncates 64-bit pointers.
+"""
+import ctypes
+import ctypes.util
+import os
+
+P = ctypes.c_void_p
+_u64p = ctypes.POINTER(ctypes.c_uint64)
+
+
+class StreamOptions(ctypes.Structure):
+    """The mirror of larder_stream_options_t (tests/python checks it against C)."""
+    _fields_ = [
+        ("sources", ctypes.POINTER(ctypes.c_char_p)),
+        ("num_sources", ctypes.c_size_t),
+        ("columns", ctypes.POINTER(ctypes.c_char_p)),
+        ("num_columns", ctypes.c_size_t),
+        ("batch_size", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64),
+        ("shuffle", ctypes.c_int),
+        ("shuffle_window", ctypes.c_uint32),
+        ("unit_rows", ctypes.c_uint32),
+        ("epochs", ctypes.c_uint64),
+        ("rank", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
+        ("drop_last", ctypes.c_int),
+        ("start_epoch", ctypes.c_uint64),
+        ("start_batch", ctypes.c_uint64),
+        ("window", ctypes.c_uint32),
+        ("arena_bytes", ctypes.c_uint64),
+        ("memory_kind", ctypes.c_int),
+        ("cuda_device", ctypes.c_int),
+    ]
+
+
+# larder_batch_info_t and larder_array_info_t: every field is 8 bytes, so
+# that the package reads them as one int64 vector (larder.h).
+BATCH_INFO_FIELDS = ("num_rows", "epoch", "index", "bytes", "num_columns", "num_arrays",
+                     "arena", "arena_size")
+ARRAY_INFO_FIELDS = ("type", "byte_width", "offset_width", "num_children", "first_child",
+                     "parent", "length", "null_count", "validity", "offsets", "values",
+                     "values_size")
+BATCH_INFO_WORDS = len(BATCH_INFO_FIELDS)
+ARRAY_INFO_WORDS = len(ARRAY_INFO_FIELDS)
+
+_PROTOS = {
+    "larder_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "larder_err_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "larder_type_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "larder_client_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(P)]),
+    "larder_client_close": (None, [P]),
+    "larder_client_last_error": (ctypes.c_char_p, [P]),
+    "larder_stream_options_init": (None, [ctypes.POINTER(StreamOptions)]),
+    "larder_stream_open": (ctypes.c_int, [P, ctypes.POINTER(StreamOptions), ctypes.POINTER(P)]),
+    "larder_stream_next": (ctypes.c_int, [P, ctypes.c_int, ctypes.POINTER(P)]),
+    "larder_stream_fd": (ctypes.c_int, [P]),
+    "larder_stream_position": (None, [P, _u64p, _u64p]),
+    "larder_stream_batches_per_epoch": (ctypes.c_uint64, [P]),
+    "larder_stream_num_samples": (ctypes.c_uint64, [P]),
+    "larder_stream_num_columns": (ctypes.c_int, [P]),
+    "larder_stream_column_name": (ctypes.c_char_p, [P, ctypes.c_int]),
+    "larder_stream_column_type": (ctypes.c_int, [P, ctypes.c_int]),
+    "larder_stream_stall": (None, [P, _u64p, _u64p]),
+    "larder_stream_flush": (ctypes.c_int, [P]),
+    "larder_stream_close": (None, [P]),
+    "larder_batch_release": (None, [P]),
+    "larder_batch_column": (P, [P, ctypes.c_int]),
+    "larder_batch_describe": (ctypes.c_int, [P, P, P, ctypes.c_int]),
+    "larder_batch_export": (ctypes.c_int, [P, P, P]),
+    "larder_array_name": (ctypes.c_char_p, [P]),
+    "larder_array_nullable": (ctypes.c_int, [P]),
+    "larder_array_byte_width": (ctypes.c_int32, [P]),
+    "larder_array_precision": (ctypes.c_int32, [P]),
+    "larder_array_scale": (ctypes.c_int32, [P]),
+    "larder_array_unit": (ctypes.c_int, [P]),
+    "larder_array_utc": (ctypes.c_int, [P]),
+    "larder_array_num_children": (ctypes.c_int, [P]),
+    "larder_array_child": (P, [P, ctypes.c_int]),
+}
+
+
+def _candidates():
+    """Where liblarder may be, in the order tried."""
+    env = os.environ.get("LARDER_LIB")
+    if env:
+        # An explicit choice: nothing else is tried, so that a wrong path
+        # fails loudly rather than loading another build.
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = [os.path.join(here, "liblarder.so"), os.path.join(here, "liblarder.so.0")]
+    try:
+        from . import _config  # written by `make install`: its LIBDIR
+        out += [os.path.join(_config.LIBDIR, "liblarder.so.0"),
+                os.path.join(_config.LIBDIR, "liblarder.so")]
+    except ImportError:
+        pass
+    # A source tree: client/python/larder -> build/release/lib.
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    out.append(os.path.join(repo, "build", "release", "lib", "liblarder.so"))
+    for prefix in ("/usr/local/lib", "/usr/lib", "/usr/lib/x86_64-linux-gnu",
+                   "/usr/lib/aarch64-linux-gnu"):
+        out.append(os.path.join(prefix, "liblarder.so.0"))
+    found = ctypes.util.find_library("larder")
+    if found:
+        out.append(found)
+    out.append("liblarder.so.0")  # the dynamic loader's own search
+    return out
+
+
+def load():
+    """Loads and declares liblarder; raises OSError naming what was tried."""
+    tried = []
+    lib = None
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path + " (absent)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    if lib is None:
+        raise OSError("larder: cannot load liblarder; set LARDER_LIB to its path. Tried: "
+                      + "; ".join(tried))
+    for name, (restype, argtypes) in _PROTOS.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise OSError("larder: %s lacks %s: an older liblarder than this package"
+                          % (lib._name, name)) from None
+        f.restype = restype
+        f.argtypes = argtypes
+    return lib
