@@ -108,6 +108,9 @@ class StreamOptions(ctypes.Structure):
         ("arena_bytes", ctypes.c_uint64),
         ("memory_kind", ctypes.c_int),
         ("cuda_device", ctypes.c_int),
+        ("partitions", ctypes.c_uint32),
+        ("local_world_size", ctypes.c_int32),
+        ("job", ctypes.c_char_p),
     ]
 
 
@@ -915,7 +918,8 @@ def test_abi(L, build_dir, tmp):
     defaults = {"num_sources": 0, "num_columns": 0, "batch_size": 256, "seed": 0, "shuffle": 1,
                 "shuffle_window": 0, "unit_rows": 0, "epochs": 1, "rank": -1, "world_size": -1,
                 "drop_last": 0, "start_epoch": 0, "start_batch": 0, "window": 32,
-                "arena_bytes": 0, "memory_kind": 0, "cuda_device": -1}
+                "arena_bytes": 0, "memory_kind": 0, "cuda_device": -1, "partitions": 0,
+                "local_world_size": -1}
     for k, v in defaults.items():
         check(getattr(o, k) == v, "larder_stream_options_init: %s = %r, larder.h says %r"
               % (k, getattr(o, k), v))

@@ -518,3 +518,20 @@ def test_arrow_pyarrow(client, daemon):
     del rb
     gc.collect()
     assert s.next(timeout=DEADLINE) is not None
+
+
+def test_partitions_and_job(client):
+    """Node partitions and the job reach the daemon: P = 1 is no partition,
+    and a file of one row group cannot be cut into two (its error says so);
+    a job name the daemon refuses fails the open."""
+    s = client.stream(MAIN, columns=[MAIN_ID], batch_size=64, partitions=1, job="py-test")
+    assert s.partitions == (1, 0, 1)
+    assert s.note == ""
+    s.close()
+    with pytest.raises(larder.LarderError) as e:
+        client.stream(MAIN, columns=[MAIN_ID], batch_size=64, partitions=2, world_size=2, rank=0,
+                      local_world_size=1)
+    assert e.value.name == "LARDER_EINVAL"
+    assert "row groups" in str(e.value)
+    with pytest.raises(larder.LarderError):
+        client.stream(MAIN, columns=[MAIN_ID], batch_size=64, job="x" * 65)

@@ -278,8 +278,11 @@ class Client:
         rc = L.larder_client_connect(os.fsencode(socket) if socket is not None else None,
                                      ctypes.byref(h))
         if rc != 0:
-            where = socket or os.environ.get("LARDER_SOCKET") or "/run/larder/larderd.sock"
-            raise error_for(rc, "%s (socket %s)" % (L.larder_strerror(rc).decode(), where))
+            why = L.larder_connect_error().decode(errors="replace")
+            if not why:
+                where = socket or os.environ.get("LARDER_SOCKET") or "/run/larder/larderd.sock"
+                why = "%s (socket %s)" % (L.larder_strerror(rc).decode(), where)
+            raise error_for(rc, why)
         self._conn = _Conn(L, h.value)
         self._streams = weakref.WeakSet()
         self.socket = socket
@@ -300,13 +303,17 @@ class Client:
 
     def stream(self, sources, columns=None, batch_size=256, seed=0, shuffle=True, epochs=1,
                rank=None, world_size=None, drop_last=False, start=(0, 0), window=None,
-               shuffle_window=0, unit_rows=0, arena_bytes=0):
+               shuffle_window=0, unit_rows=0, arena_bytes=0, partitions=0,
+               local_world_size=None, job=None):
         """Opens a stream; see larder_stream_options_t.  ``sources`` is a path
         (str) or a list of paths, globs, directories or URLs; ``epochs=0``
-        is unbounded; rank/world_size None read RANK/WORLD_SIZE as in C."""
+        is unbounded; rank/world_size None read RANK/WORLD_SIZE as in C.
+        ``partitions`` > 1 splits the data into node partitions, each node
+        (``local_world_size`` ranks, None: LOCAL_WORLD_SIZE) reading its own;
+        ``job`` names the job in the daemon's metrics."""
         st = Stream(self, sources, columns, batch_size, seed, shuffle, epochs, rank,
                     world_size, drop_last, start, window, shuffle_window, unit_rows,
-                    arena_bytes)
+                    arena_bytes, partitions, local_world_size, job)
         self._streams.add(st)
         return st
 
@@ -341,7 +348,8 @@ class Stream:
     next batch, for checkpoints (pass it as ``start`` to resume)."""
 
     def __init__(self, client, sources, columns, batch_size, seed, shuffle, epochs, rank,
-                 world_size, drop_last, start, window, shuffle_window, unit_rows, arena_bytes):
+                 world_size, drop_last, start, window, shuffle_window, unit_rows, arena_bytes,
+                 partitions=0, local_world_size=None, job=None):
         L = client._L
         self._L = L
         self.client = client
@@ -372,6 +380,12 @@ class Stream:
         o.shuffle_window = shuffle_window
         o.unit_rows = unit_rows
         o.arena_bytes = arena_bytes
+        o.partitions = partitions or 0
+        o.local_world_size = -1 if local_world_size is None else local_world_size
+        if job is not None:
+            jb = job.encode()
+            keep.append(jb)
+            o.job = jb
         h = P()
         rc = L.larder_stream_open(client._h, ctypes.byref(o), ctypes.byref(h))
         if rc != 0:
@@ -398,6 +412,20 @@ class Stream:
     @property
     def batches_per_epoch(self):
         return self._n_batches
+
+    @property
+    def partitions(self):
+        """(P, first, last): the node partitions and this rank's node's
+        [first, last) of them; (1, 0, 1) without partitions."""
+        p, a, b = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_uint32()
+        self._L.larder_stream_partitions(self._h, ctypes.byref(p), ctypes.byref(a),
+                                         ctypes.byref(b))
+        return (p.value, a.value, b.value)
+
+    @property
+    def note(self):
+        """What the daemon said the trainer should know at open ("" if nothing)."""
+        return self._L.larder_stream_note(self._h).decode(errors="replace")
 
     @property
     def position(self):

@@ -33,6 +33,9 @@ class StreamOptions(ctypes.Structure):
         ("arena_bytes", ctypes.c_uint64),
         ("memory_kind", ctypes.c_int),
         ("cuda_device", ctypes.c_int),
+        ("partitions", ctypes.c_uint32),
+        ("local_world_size", ctypes.c_int32),
+        ("job", ctypes.c_char_p),
     ]
 
 
@@ -60,6 +63,11 @@ _PROTOS = {
     "larder_stream_position": (None, [P, _u64p, _u64p]),
     "larder_stream_batches_per_epoch": (ctypes.c_uint64, [P]),
     "larder_stream_num_samples": (ctypes.c_uint64, [P]),
+    "larder_stream_partitions": (None, [P, ctypes.POINTER(ctypes.c_uint32),
+                                        ctypes.POINTER(ctypes.c_uint32),
+                                        ctypes.POINTER(ctypes.c_uint32)]),
+    "larder_stream_note": (ctypes.c_char_p, [P]),
+    "larder_connect_error": (ctypes.c_char_p, []),
     "larder_stream_num_columns": (ctypes.c_int, [P]),
     "larder_stream_column_name": (ctypes.c_char_p, [P, ctypes.c_int]),
     "larder_stream_column_type": (ctypes.c_int, [P, ctypes.c_int]),

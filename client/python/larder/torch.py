@@ -78,7 +78,8 @@ class LarderDataset(tud.IterableDataset):
 
     def __init__(self, sources, columns=None, batch_size=256, seed=0, shuffle=True,
                  drop_last=False, rank=None, world_size=None, socket=None, window=None,
-                 transform=None, output="torch", shuffle_window=0, unit_rows=0):
+                 transform=None, output="torch", shuffle_window=0, unit_rows=0, partitions=0,
+                 local_world_size=None, job=None):
         super().__init__()
         if isinstance(sources, (str, bytes, os.PathLike)):
             sources = [sources]
@@ -99,6 +100,10 @@ class LarderDataset(tud.IterableDataset):
             raise ValueError("larder: output is 'torch' or 'numpy'")
         self.output = output
         self.shuffle_window, self.unit_rows = shuffle_window, unit_rows
+        # Node partitions (larder.h): part of the order, so of the identity.
+        self.partitions = partitions or 0
+        self._local = local_world_size
+        self.job = job
         self.epoch = 0
         self._resume = None        # (epoch, batches consumed) to resume at
         self._consumed = 0         # batches of self.epoch the loop received
@@ -116,7 +121,18 @@ class LarderDataset(tud.IterableDataset):
         """What makes two datasets the same stream of rows."""
         return {"sources": self.sources, "columns": self.columns, "shuffle": bool(self.shuffle),
                 "drop_last": bool(self.drop_last), "shuffle_window": self.shuffle_window,
-                "unit_rows": self.unit_rows}
+                "unit_rows": self.unit_rows, "partitions": self.partitions}
+
+    def _local_world(self, nw):
+        """Ranks per node as the streams count them: the node's ranks, each
+        split into nw worker sub-ranks; None when unknown (one node)."""
+        local = self._local
+        if local is None:
+            for k in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+                if os.environ.get(k):
+                    local = int(os.environ[k])
+                    break
+        return None if local is None else local * nw
 
     def _fingerprint(self):
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()
@@ -174,7 +190,8 @@ class LarderDataset(tud.IterableDataset):
                 s = c.stream(self.sources, self.columns, batch_size=self.batch_size,
                              seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last,
                              rank=rank * nw, world_size=world * nw, epochs=1,
-                             shuffle_window=self.shuffle_window, unit_rows=self.unit_rows)
+                             shuffle_window=self.shuffle_window, unit_rows=self.unit_rows,
+                             partitions=self.partitions, local_world_size=self._local_world(nw))
                 self._len = (self._num_workers, len(s) * nw)
                 s.close()
         return self._len[1]
@@ -211,7 +228,9 @@ class LarderDataset(tud.IterableDataset):
                                    seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last,
                                    rank=rank * nw + role, world_size=world * nw,
                                    epochs=epoch + 1, start=(epoch, start), window=self.window,
-                                   shuffle_window=self.shuffle_window, unit_rows=self.unit_rows)
+                                   shuffle_window=self.shuffle_window, unit_rows=self.unit_rows,
+                                   partitions=self.partitions,
+                                   local_world_size=self._local_world(nw), job=self.job)
             tf = self.transform
             as_torch = self.output == "torch"
             try:
