@@ -95,7 +95,7 @@ def test_checkpoint_mismatch(daemon):
     other = LarderDataset(lt.DATA + "/byte_stream_split.zstd.parquet", socket=daemon.socket)
     with pytest.raises(ValueError, match="sources"):
         other.load_state_dict(state)
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ValueError, match="global_batch_size"):
         make(daemon, rank=0, world_size=2).load_state_dict(state)
     ds = make(daemon)
     ds.load_state_dict(dict(state, num_workers=2))
@@ -156,3 +156,28 @@ def test_cuda_pin_memory(daemon):
             assert torch.equal(on_gpu.cpu(), want)
             n += 1
         assert n == len(ref) == 6
+
+
+def test_resume_other_world_size(daemon):
+    """A checkpoint of one rank of a world of one resumes on two ranks with
+    the same global batch: between them they read the rest of the epoch's
+    global batches, each row of it once."""
+    ref = make(daemon, batch_size=2 * BS, rank=0, world_size=1)
+    ref.set_epoch(1)
+    full = [ids(b) for b in LarderDataLoader(ref)]
+    ds = make(daemon, batch_size=2 * BS, rank=0, world_size=1)
+    ds.set_epoch(1)
+    head = []
+    for i, b in enumerate(LarderDataLoader(ds)):
+        head.append(ids(b))
+        if i == 6:
+            break
+    state = ds.state_dict()
+    halves = []
+    for r in (0, 1):
+        half = make(daemon, batch_size=BS, rank=r, world_size=2)
+        half.load_state_dict(state)
+        halves.append([ids(b) for b in LarderDataLoader(half)])
+    assert len(halves[0]) == len(halves[1]) == len(full) - 7
+    for k, (a, b) in enumerate(zip(*halves)):
+        assert sorted(a + b) == sorted(full[7 + k])

@@ -29,8 +29,10 @@ loop received: the dataset counts them itself without workers, and
 LarderDataLoader counts them with workers (a plain DataLoader with
 workers cannot tell the dataset, and state_dict then refuses).
 ``load_state_dict()`` checks that the dataset (sources, columns, shuffle,
-drop_last), seed, global batch size, world size and N are the same, and
-the next iteration resumes at the exact batch.
+drop_last, partitions), seed, global batch size and N are the same, and
+the next iteration resumes at the exact batch.  The position counts global
+batches, so a job may resume on another number of ranks with the same
+global batch (batch_size times world size).
 """
 import hashlib
 import json
@@ -168,8 +170,9 @@ class LarderDataset(tud.IterableDataset):
             mine = self.identity()
             diffs += ["%s: checkpoint %r, dataset %r" % (k, state["identity"].get(k), mine[k])
                       for k in mine if state["identity"].get(k) != mine[k]] or ["dataset identity"]
-        for k, mine in (("seed", self.seed), ("global_batch_size", self.batch_size * world),
-                        ("world_size", world)):
+        # The position is of global batches: any world size with the same
+        # global batch resumes it (elastic), so the world size is not checked.
+        for k, mine in (("seed", self.seed), ("global_batch_size", self.batch_size * world)):
             if state[k] != mine:
                 diffs.append("%s: checkpoint %r, dataset %r" % (k, state[k], mine))
         if diffs:
