@@ -487,12 +487,27 @@ typedef struct verdict {
   char text[400];
 } verdict_t;
 
+static int jobs_running(server_t *srv, int *prefetches);
+
 static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
   uint64_t streams = STATS_GET(&srv->stats, streams);
   double stages = r->fetch_ns + r->decode_ns + r->cache_read_ns + r->assemble_ns;
   double busy = r->decode_ns + r->cache_read_ns + r->assemble_ns; /* worker time */
   double util = busy / (r->window_s * 1e9 * (srv->workers > 0 ? srv->workers : 1));
   double stall = r->wait_ns + r->compute_ns > 0 ? r->wait_ns / (r->wait_ns + r->compute_ns) : -1;
+  int prefetches = 0, jobs = jobs_running(srv, &prefetches);
+  if (streams == 0 && jobs > 0) {
+    v->limit = "admin";
+    if (prefetches)
+      snprintf(v->text, sizeof(v->text),
+               "prefetching: no trainer is reading; %d `larderctl prefetch` job%s warm%s the "
+               "cache",
+               prefetches, prefetches == 1 ? "" : "s", prefetches == 1 ? "s" : "");
+    else
+      snprintf(v->text, sizeof(v->text), "admin: no trainer is reading; %d admin job%s running",
+               jobs, jobs == 1 ? " is" : "s are");
+    return;
+  }
   if (streams == 0) {
     v->limit = "idle";
     snprintf(v->text, sizeof(v->text), "idle: no trainer is reading");
@@ -510,6 +525,17 @@ static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
              "the consumer (the trainers themselves): they wait for data %.1f%% of the time, "
              "so larder keeps up. Healthy.",
              stall * 100);
+    return;
+  }
+  if (stall >= 0 && r->compute_ns < 0.02 * (r->wait_ns + r->compute_ns)) {
+    /* A consumer that does nothing between batches waits all the time
+     * however fast larder is: its stall says nothing of a shortfall. */
+    v->limit = "consumer";
+    snprintf(v->text, sizeof(v->text),
+             "the consumer does no work between batches (a benchmark, or a loader that only "
+             "queues them): it waits for data %.0f%% of the time whatever larder does; "
+             "%.0f batches/s is larder's rate for it",
+             stall * 100, r->batches_per_s);
     return;
   }
   double st = stall >= 0 ? stall * 100 : 0;
@@ -1376,6 +1402,19 @@ static void job_finish(job_t *j, int code, const char *text) {
     reply(job_conn(j), j->request_id, code, text);
   }
   job_maybe_free(j);
+}
+
+/* The admin jobs running (prefetch, verify, evict, remote reads), and how
+ * many of them are prefetches. */
+static int jobs_running(server_t *srv, int *prefetches) {
+  int n = 0;
+  *prefetches = 0;
+  admin_state_t *as = srv->admin;
+  for (job_t *j = as ? as->jobs : NULL; j; j = j->next) {
+    n++;
+    *prefetches += j->kind == JOB_PREFETCH;
+  }
+  return n;
 }
 
 static void job_fail(job_t *j, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -478,3 +478,57 @@ TEST_IMPL(remote_footers_once) {
   rh_stop(&ng);
   return 0;
 }
+
+/*
+ * While a prefetch runs and no trainer reads, larderctl stats says the
+ * cache is being warmed, not "idle" (requests are slowed by the proxy so
+ * that the prefetch is still running when stats is asked).
+ */
+TEST_IMPL(remote_stats_during_prefetch) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  rs_server ng, fp;
+  rh_nginx(&ng, "ng", dir, NULL);
+  char fpdir[PATH_MAX];
+  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
+  static const char *const lat[] = {"--latency-ms", "400", NULL};
+  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, lat));
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--fetch_inflight_per_host=1", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  char cmd[8192];
+  int n = snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' prefetch --json", getenv("LARDERCTL_BIN"),
+                   d.socket);
+  for (int i = 0; i < nf; i++) n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " '%s'", urls[i]);
+  snprintf(cmd + n, sizeof(cmd) - (size_t)n, " > '%s/prefetch.out' 2>&1 &", test_tmpdir());
+  ASSERT_EQ(test_system("%s", cmd), 0);
+  int seen = 0;
+  double deadline = rh_now_ms() + 30000.0 * dh_slow();
+  while (!seen && rh_now_ms() < deadline) {
+    char *json = dh_admin(&d, "stats");
+    if (json && strstr(json, "\"limit\":\"admin\"") && strstr(json, "prefetch")) seen = 1;
+    free(json);
+    if (!seen) usleep(20000);
+  }
+  ASSERT(seen);
+  /* The prefetch ends; then the daemon is idle again. */
+  deadline = rh_now_ms() + 60000.0 * dh_slow();
+  int idle = 0;
+  while (!idle && rh_now_ms() < deadline) {
+    char *json = dh_admin(&d, "stats");
+    idle = json && strstr(json, "\"limit\":\"idle\"") != NULL;
+    free(json);
+    if (!idle) usleep(50000);
+  }
+  ASSERT(idle);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  dh_stop(&d);
+  rh_stop(&fp);
+  rh_stop(&ng);
+  return 0;
+}
