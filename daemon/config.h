@@ -73,7 +73,10 @@
      "worker's slice, milliseconds on a busy host (0 = the kernel's default; " \
      "the kernel holds it to 100-100000)")                                     \
   XX(memory_limit, SIZE, "8G", 1,                                              \
-     "bytes of decoded units held in memory for shuffling, all streams")       \
+     "bytes of decoded units held in memory for shuffling, all streams; a "    \
+     "stream whose window would pass it beside the open windows is refused "   \
+     "(LARDER_ELIMIT), but the first window always opens, up to "              \
+     "shuffle_window_bytes even when that is larger")                         \
   XX(footer_memory, SIZE, "1G", 1,                                             \
      "bytes of parsed Parquet footers held for the files that open streams "   \
      "read, each file's once however many streams read it; an open that "      \
