@@ -53,6 +53,8 @@ CFLAGS += -I$(GEN) -Iclient
 DAEMON_PKGS := libuv rocksdb libprotobuf-c inih libsystemd libcurl
 DAEMON_LIBS := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null)
 CLIENT_LIBS := $(shell pkg-config --libs libprotobuf-c 2>/dev/null)
+# larderctl reads the daemon's JSON events with jansson.
+CTL_LIBS := $(shell pkg-config --libs jansson 2>/dev/null)
 
 PQ_SRCS := $(sort $(wildcard daemon/pq_*.c))
 COMMON_SRCS := client/error.c
@@ -116,7 +118,7 @@ $(LARDERD): $(call obj,daemon/main.c $(DAEMON_LIB_SRCS)) $(PQ_LIB) $(LIBLARDER_A
 
 $(LARDERCTL): $(call obj,$(CTL_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) $(CLIENT_LIBS) -lm -o $@
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) $(CLIENT_LIBS) $(CTL_LIBS) -lm -o $@
 
 $(EXAMPLE_TRAINER): $(call obj,client/example-trainer.c) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)

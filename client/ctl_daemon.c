@@ -14,6 +14,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -335,48 +336,24 @@ static void human_dur(char *buf, size_t size, double s) {
 }
 
 /* Minimal readers for the flat JSON objects prefetch sends. */
-static int json_num(const char *js, const char *key, double *out) {
-  char pat[80];
-  snprintf(pat, sizeof(pat), "\"%s\":", key);
-  const char *p = strstr(js, pat);
-  if (p == NULL) return -1;
-  p += strlen(pat);
-  if (strncmp(p, "null", 4) == 0) return -1;
-  char *end;
-  double v = strtod(p, &end);
-  if (end == p) return -1;
-  *out = v;
+/* A number member of a JSON object (jansson), or -1 when absent or null. */
+static int json_num(const json_t *js, const char *key, double *out) {
+  const json_t *v = json_is_object(js) ? json_object_get(js, key) : NULL;
+  if (v == NULL || !json_is_number(v)) return -1;
+  *out = json_number_value(v);
   return 0;
 }
 
-static double json_num_or(const char *js, const char *key, double dflt) {
+static double json_num_or(const json_t *js, const char *key, double dflt) {
   double v;
   return json_num(js, key, &v) == 0 ? v : dflt;
 }
 
-/* A string value, unescaped (\uXXXX beyond ASCII becomes '?'). */
-static int json_str(const char *js, const char *key, char *out, size_t size) {
-  char pat[80];
-  snprintf(pat, sizeof(pat), "\"%s\":\"", key);
-  const char *p = strstr(js, pat);
-  if (p == NULL || size == 0) return -1;
-  p += strlen(pat);
-  size_t o = 0;
-  while (*p && *p != '"' && o + 1 < size) {
-    if (*p == '\\' && p[1]) {
-      p++;
-      char ch = *p == 'n' ? '\n' : *p == 't' ? '\t' : *p == 'r' ? '\r' : *p;
-      if (*p == 'u') {
-        ch = '?';
-        for (int i = 0; i < 4 && p[1]; i++) p++;
-      }
-      out[o++] = ch;
-      p++;
-    } else {
-      out[o++] = *p++;
-    }
-  }
-  out[o] = '\0';
+/* A string member, as UTF-8 (jansson decodes every escape), into out. */
+static int json_str(const json_t *js, const char *key, char *out, size_t size) {
+  const json_t *v = json_is_object(js) ? json_object_get(js, key) : NULL;
+  if (v == NULL || !json_is_string(v) || size == 0) return -1;
+  snprintf(out, size, "%s", json_string_value(v));
   return 0;
 }
 
@@ -516,7 +493,7 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void progress_line(const char *js, progress_t *p, char *line, size_t size, int bar) {
+static void progress_line(const json_t *js, progress_t *p, char *line, size_t size, int bar) {
   double total = json_num_or(js, "total_bytes", 0), done = json_num_or(js, "done_bytes", 0);
   double rate = json_num_or(js, "bytes_per_s", 0), eta = json_num_or(js, "eta_s", -1);
   double units = json_num_or(js, "units", 0), units_done = json_num_or(js, "units_done", 0);
@@ -549,15 +526,26 @@ static void progress_line(const char *js, progress_t *p, char *line, size_t size
   (void)p;
 }
 
+static int on_prefetch_event(const Larder__AdminReply *r, const json_t *js, progress_t *p);
+
 static int on_prefetch_reply(const Larder__AdminReply *r, void *arg) {
   progress_t *p = arg;
-  const char *js = r->text ? r->text : "";
+  json_t *js = json_loads(r->text ? r->text : "", 0, NULL);
   if (p->json) {
-    print_text(js);
+    print_text(r->text ? r->text : "");
     fflush(stdout);
     if (!r->more && json_num_or(js, "failed_units", 0) > 0) p->failed = 1;
+    json_decref(js);
     return 0;
   }
+  int rc = on_prefetch_event(r, js, p);
+  json_decref(js);
+  return rc;
+}
+
+/* Prints one prefetch event (start, progress, done) for a person. */
+static int on_prefetch_event(const Larder__AdminReply *r, const json_t *js, progress_t *p) {
+  (void)r;
   char ev[32] = "";
   json_str(js, "event", ev, sizeof(ev));
   char line[512], a[32], b[32];

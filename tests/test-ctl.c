@@ -1213,6 +1213,17 @@ TEST_IMPL(ctl_output_forms) {
   ASSERT_STR_CONTAINS(r.out, "\"changed\":[\"max_clients\"]");
   ASSERT_STR_CONTAINS(r.out, "\"restart_needed\":[\"worker_nice\"]");
   tc_out_free(&r);
+  /* A name JSON must escape (\u001b) reaches the person whole. */
+  char odd[1200];
+  std_opts(&(larder_stream_options_t){0}, 64, 1);
+  snprintf(odd, sizeof(odd), "%s/odd\x1bname", test_tmpdir());
+  ASSERT_EQ(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", odd, std_dir, odd), 0);
+  tc_ctl(&r, NULL, d.socket, "prefetch", odd, NULL);
+  EXPECT_RUN(&r, 0);
+  char want[1300];
+  snprintf(want, sizeof(want), "prefetch %s:", odd);
+  ASSERT_STR_CONTAINS(r.out, want);
+  tc_out_free(&r);
   dh_stop(&d);
   return 0;
 }
