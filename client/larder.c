@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "larder.h"
+#include "lcuda.h"
 #include "ring.h"
 #include "wire.h"
 
@@ -54,6 +55,8 @@ struct larder_array {
   uint64_t values_size;
   int num_children;
   larder_array_t *children;
+  int memory_kind;  /* LARDER_MEMORY_CUDA: the pointers above are device
+                       pointers (cuda_rebase_arrays) */
 };
 
 typedef struct queued {
@@ -162,6 +165,10 @@ struct larder_stream {
    * that next reads it only then: no system call on the hot path. */
   int efd, epfd;
   int signalled;
+  /* CUDA streams (client/cuda.c): the daemon's device region, which
+   * mirrors the arena byte for byte; NULL for host streams. */
+  lcuda_map_t *cuda;
+  int cuda_device;
 };
 
 struct larder_batch {
@@ -912,6 +919,13 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     else
       cuda = 0;
   }
+  /* CUDA (client/cuda.c): the driver must be there before the daemon
+   * allocates device memory for the stream. */
+  if (rc == 0 && opts->memory_kind != LARDER_MEMORY_HOST && opts->memory_kind != LARDER_MEMORY_CUDA)
+    rc = set_err(c, LARDER_EINVAL, "memory_kind %d is neither LARDER_MEMORY_HOST nor LARDER_MEMORY_CUDA",
+                 opts->memory_kind);
+  if (rc == 0 && opts->memory_kind == LARDER_MEMORY_CUDA)
+    rc = lcuda_check_device(cuda, c->err, sizeof(c->err));
   if (rc) return rc;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.request_id = ++c->next_request_id;
@@ -985,6 +999,14 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   }
   const Larder__OpenStreamReply *rep = r->open_stream_reply;
   uint64_t ring_size = rep->ring_bytes;
+  /* CUDA: the handle of the device region, kept until the arena is
+   * mapped. */
+  int want_cuda = opts->memory_kind == LARDER_MEMORY_CUDA;
+  uint8_t cuda_handle[LCUDA_IPC_HANDLE_BYTES];
+  size_t cuda_handle_len = rep->cuda_ipc_handle.len;
+  int cuda_reply_ok = !want_cuda || (rep->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA &&
+                                     cuda_handle_len == sizeof(cuda_handle) && rep->cuda_device == cuda);
+  if (want_cuda && cuda_reply_ok) memcpy(cuda_handle, rep->cuda_ipc_handle.data, sizeof(cuda_handle));
   larder_stream_t *s = calloc(1, sizeof(*s));
   if (s == NULL) {
     close(afd);
@@ -995,6 +1017,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   pthread_mutex_init(&s->lock, NULL);
   s->client = c;
   s->efd = s->epfd = -1;
+  s->cuda_device = -1;
   s->id = rep->stream_id;
   s->refs = 1;
   s->batches_per_epoch = rep->batches_per_epoch;
@@ -1044,6 +1067,13 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   }
   close(afd);
   if (rfd >= 0) close(rfd);
+  if (rc == 0 && want_cuda && !cuda_reply_ok)
+    rc = set_err(c, LARDER_EPROTO, "the daemon answered a CUDA stream without its device memory");
+  if (rc == 0 && want_cuda) {
+    rc = lcuda_map_open(cuda, cuda_handle, cuda_handle_len, s->arena_size, &s->cuda, c->err,
+                        sizeof(c->err));
+    s->cuda_device = cuda;
+  }
   if (rc == 0) {
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1097,6 +1127,7 @@ static void stream_free(larder_stream_t *s) {
   }
   if (s->arena) munmap(s->arena, s->arena_size);
   if (s->ring) munmap(s->ring, s->ring_size);
+  lcuda_map_close(s->cuda);
   free_field(&s->schema);
   free(s->plan);
   free(s->deep);
@@ -1292,6 +1323,23 @@ static int build_batch_arrays(const larder_stream_t *s, const wire_batch_t *b,
   }
   *bytes = total;
   return 0;
+}
+
+/* CUDA streams: turns the host pointers of a batch's arrays, checked by
+ * build_batch_arrays against the host mapping of the arena, into device
+ * pointers at the same offsets of the daemon's device region. */
+static void cuda_rebase_arrays(const larder_stream_t *s, larder_array_t *nodes) {
+  uintptr_t host = (uintptr_t)s->arena, dev = (uintptr_t)lcuda_map_base(s->cuda);
+#define CUDA_REBASE_(p) \
+  if (p) (p) = (__typeof__(p))(dev + ((uintptr_t)(p) - host))
+  for (int k = 0; k < s->num_nodes; k++) {
+    larder_array_t *a = &nodes[k];
+    CUDA_REBASE_(a->validity);
+    CUDA_REBASE_(a->offsets);
+    CUDA_REBASE_(a->values);
+    a->memory_kind = LARDER_MEMORY_CUDA;
+  }
+#undef CUDA_REBASE_
 }
 
 /* Sends a Wake frame for s: the daemon reads its ring.  Returns 0,
@@ -1516,6 +1564,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
                     ? build_batch_arrays(s, b, nodes, &batch->bytes)
                     : LARDER_EPROTO;
       batch->columns = nodes;
+      if (brc == 0 && s->cuda) cuda_rebase_arrays(s, nodes);
       wire_free(f);
       free(fast);
       if (brc) {
@@ -1621,6 +1670,10 @@ uint64_t larder_batch_epoch(const larder_batch_t *b) { return b->epoch; }
 uint64_t larder_batch_index(const larder_batch_t *b) { return b->index; }
 int larder_batch_num_columns(const larder_batch_t *b) { return b->num_columns; }
 uint64_t larder_batch_bytes(const larder_batch_t *b) { return b->bytes; }
+int larder_batch_memory_kind(const larder_batch_t *b) {
+  return b->stream->cuda ? LARDER_MEMORY_CUDA : LARDER_MEMORY_HOST;
+}
+int larder_batch_device(const larder_batch_t *b) { return b->stream->cuda_device; }
 
 const larder_array_t *larder_batch_column(const larder_batch_t *b, int i) {
   return i >= 0 && i < b->num_columns ? &b->columns[i] : NULL;
@@ -1742,6 +1795,15 @@ int larder_array_num_children(const larder_array_t *a) { return a->num_children;
 const larder_array_t *larder_array_child(const larder_array_t *a, int i) {
   return i >= 0 && i < a->num_children ? &a->children[i] : NULL;
 }
+int larder_array_memory_kind(const larder_array_t *a) { return a->memory_kind; }
+
+/* Hooks for the exports of client/cuda.c (lcuda.h). */
+int larder_internal_batch_take(larder_batch_t *b) {
+  if (b->exported) return LARDER_EINVAL;
+  b->exported = 1;
+  return 0;
+}
+void larder_internal_batch_release_taken(larder_batch_t *b) { batch_release(b, 0); }
 
 /* ------------------------------------------------------------------------ */
 /* Arrow C Data Interface export                                             */

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../client/ring.h"
+#include "cuda.h"
 #include "log.h"
 #include "server.h"
 #include "util.h"
@@ -203,6 +204,9 @@ struct stream {
   char *stale_msg;          /* a remote object changed: the error the stream
                                ends with once the epoch before is sent */
   uint8_t *stale;           /* by file: changed (cached data to drop) */
+  /* CUDA streams (cuda.h): the device region mirroring the arena; every
+   * batch's bytes are copied there before it is published. */
+  cuda_region_t *cuda;
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
@@ -420,6 +424,7 @@ static void stream_destroy(stream_t *s) {
   free(s->stale_msg);
   free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
+  cuda_region_close(s->cuda); /* unpins the arena: before it goes */
   arena_destroy(s->arena);
   if (s->ring) munmap(s->ring, s->ring_size);
   if (s->ring_fd >= 0) close(s->ring_fd);
@@ -1319,6 +1324,25 @@ static void assemble_work(work_t *w) {
     dst += sizes[c];
     node += layout_num_nodes(&schema->children[c]);
   }
+  if (s->cuda) {
+    /* CUDA: the batch's bytes to the same offsets of the device region,
+     * complete before the loop publishes the batch (cuda.h). */
+    int rc = 0;
+    if (b->parts) {
+      for (int c = 0; c < nc && rc == 0; c++)
+        rc = cuda_region_copy(s->cuda, (uint64_t)b->parts[c], (uint64_t)sizes[c], b->message,
+                              sizeof(b->message));
+    } else {
+      rc = cuda_region_copy(s->cuda, (uint64_t)off, total, b->message, sizeof(b->message));
+    }
+    if (rc) {
+      b->error = rc;
+      room_free(s, off, b->parts, b->num_parts);
+      free(b->parts);
+      b->parts = NULL;
+      goto out;
+    }
+  }
 out:
   layout_scratch_free(scratch);
   free(from_rows);
@@ -2080,6 +2104,16 @@ static void open_done(work_t *w, int status) {
                 rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
     return;
   }
+  uint8_t cuda_handle[CUDA_IPC_HANDLE_BYTES];
+  if (p->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
+    char why[600];
+    rc = cuda_region_open(p->cuda_device, arena_base(s->arena), arena_size(s->arena), &srv->stats,
+                          &s->cuda, cuda_handle, why, sizeof(why));
+    if (rc) {
+      refuse_open(c, s, o, rc, "larderd: %s", why);
+      return;
+    }
+  }
   if (p->ring && srv->cfg.shm_ring) {
     rc = ring_create(s, name);
     if (rc) {
@@ -2133,6 +2167,12 @@ static void open_done(work_t *w, int status) {
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
   f.open_stream_reply = &reply;
   reply.ring_bytes = s->ring ? s->ring_size : 0;
+  if (s->cuda) {
+    reply.memory_kind = LARDER__MEMORY_KIND__MEMORY_CUDA;
+    reply.cuda_ipc_handle.data = cuda_handle;
+    reply.cuda_ipc_handle.len = sizeof(cuda_handle);
+    reply.cuda_device = cuda_region_device(s->cuda);
+  }
   int fds[2] = {arena_fd(s->arena), s->ring_fd};
   log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
            "window %u units",
@@ -2281,13 +2321,21 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     req->rank, req->world_size);
     return;
   }
-  if (req->memory_kind != LARDER__MEMORY_KIND__MEMORY_HOST) {
-    /* The CUDA handoff is not built yet: a client that asks for device
-     * memory must not get host pointers it would hand to the GPU. */
+  if (req->memory_kind != LARDER__MEMORY_KIND__MEMORY_HOST &&
+      req->memory_kind != LARDER__MEMORY_KIND__MEMORY_CUDA) {
     conn_send_error(c, LARDER_EUNSUPPORTED, 0, req->request_id,
-                    "memory_kind %d: this daemon delivers batches in host memory only",
+                    "memory_kind %d: this daemon delivers batches in host or CUDA memory",
                     (int)req->memory_kind);
     return;
+  }
+  if (req->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
+    /* CUDA (cuda.h): the driver and the device, before any work. */
+    char why[600];
+    int rc = cuda_check(req->cuda_device, why, sizeof(why));
+    if (rc) {
+      conn_send_error(c, rc, 0, req->request_id, "larderd: %s", why);
+      return;
+    }
   }
   if (req->window > STREAM_MAX_WINDOW) {
     /* Bug fix (tests: daemon_stream_options): a larger window was cut to
