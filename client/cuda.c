@@ -234,9 +234,11 @@ int larder_batch_export_device(larder_batch_t *batch, struct ArrowSchema *schema
                                struct ArrowDeviceArray *array) {
   int cuda = larder_batch_memory_kind(batch) == LARDER_MEMORY_CUDA;
   int64_t device = larder_batch_device(batch);
-  memset(array, 0, sizeof(*array));
+  /* On an error the caller's structs are left as they were (a second
+   * export must not clobber the first). */
   int rc = larder_batch_export(batch, schema, &array->array);
   if (rc) return rc;
+  memset(array->reserved, 0, sizeof(array->reserved));
   array->device_type = cuda ? ARROW_DEVICE_CUDA : ARROW_DEVICE_CPU;
   array->device_id = cuda ? device : -1;
   /* The daemon synchronized the copy before it published the batch. */
