@@ -40,13 +40,19 @@ static CUcontext ctx[LCUDA_MAX_DEVICES]; /* under lock until set */
 /* A worker's CUDA stream per device, made on its first copy there. */
 static __thread CUstream tl_stream[LCUDA_MAX_DEVICES];
 
+/* Device regions are allocated in whole 2 MiB pages (the driver's large
+ * page): an allocation of its own, which the IPC handle maps from its
+ * first byte, never a piece of a shared one. */
+#define REGION_ALIGN ((uint64_t)2 << 20)
+
 struct cuda_region {
   const lcuda_api_t *api;
   int device;
   CUcontext ctx;
   CUdeviceptr dev;
   uint8_t *host;
-  uint64_t size;
+  uint64_t size;       /* the arena's, which copies stay within */
+  uint64_t dev_bytes;  /* allocated: size rounded up to REGION_ALIGN */
   int pinned;
   stats_global_t *stats;
 };
@@ -93,17 +99,18 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   r->ctx = c;
   r->host = host;
   r->size = size;
+  r->dev_bytes = (size + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
   r->stats = stats;
   char e[160];
   /* The loop thread makes the context current for these calls only: it
    * has no other, and the next region may be on another device. */
   CUresult cr = api->cuCtxSetCurrent(c);
-  if (cr == CUDA_SUCCESS) cr = api->cuMemAlloc(&r->dev, (size_t)size);
+  if (cr == CUDA_SUCCESS) cr = api->cuMemAlloc(&r->dev, (size_t)r->dev_bytes);
   if (cr != CUDA_SUCCESS) {
     rc = cr == CUDA_ERROR_OUT_OF_MEMORY ? LARDER_ENOMEM : LARDER_EIO;
     snprintf(err, errlen,
              "CUDA device %d: cannot allocate the stream's %llu bytes of device memory: %s%s",
-             device, (unsigned long long)size, lcuda_strerror(api, cr, e, sizeof(e)),
+             device, (unsigned long long)r->dev_bytes, lcuda_strerror(api, cr, e, sizeof(e)),
              rc == LARDER_ENOMEM ? "; open the stream with a smaller arena_bytes" : "");
     (void)api->cuCtxSetCurrent(NULL);
     free(r);
@@ -130,9 +137,9 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
                lcuda_strerror(api, cr, e, sizeof(e)));
   }
   (void)api->cuCtxSetCurrent(NULL);
-  __atomic_add_fetch(&device_bytes[device], size, __ATOMIC_RELAXED);
-  STATS_ADD(stats, cuda_device_bytes, size);
-  log_info("CUDA region of %llu bytes on device %d (arena %s)", (unsigned long long)size, device,
+  __atomic_add_fetch(&device_bytes[device], r->dev_bytes, __ATOMIC_RELAXED);
+  STATS_ADD(stats, cuda_device_bytes, r->dev_bytes);
+  log_info("CUDA region of %llu bytes on device %d (arena %s)", (unsigned long long)r->dev_bytes, device,
            r->pinned ? "pinned" : "pageable");
   *out = r;
   return 0;
@@ -185,8 +192,8 @@ void cuda_region_close(cuda_region_t *r) {
     log_warn("CUDA device %d: freeing a stream's region failed: %s", r->device,
              lcuda_strerror(api, cr, e, sizeof(e)));
   (void)api->cuCtxSetCurrent(NULL);
-  __atomic_sub_fetch(&device_bytes[r->device], r->size, __ATOMIC_RELAXED);
-  STATS_SUB(r->stats, cuda_device_bytes, r->size);
+  __atomic_sub_fetch(&device_bytes[r->device], r->dev_bytes, __ATOMIC_RELAXED);
+  STATS_SUB(r->stats, cuda_device_bytes, r->dev_bytes);
   free(r);
 }
 

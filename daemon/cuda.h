@@ -62,7 +62,8 @@ int cuda_check(int device, char *err, size_t errlen);
 
 /* Allocates the region of size bytes on device, mirroring host (the
  * arena's mapping, size bytes), pins host where it can, and writes the IPC
- * handle to handle.  Adds size to stats->cuda_device_bytes.  Returns 0,
+ * handle to handle.  The region takes size rounded up to 2 MiB, which it
+ * adds to stats->cuda_device_bytes.  Returns 0,
  * LARDER_EUNSUPPORTED, LARDER_EINVAL (device), LARDER_ENOMEM (device
  * memory exhausted, naming the device) or LARDER_EIO, with err set. */
 int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,

@@ -507,11 +507,13 @@ TEST_IMPL(cuda_two_devices) {
   char *json = dh_admin(&d, "stats");
   ASSERT_NOT_NULL(json);
   char want[128];
-  snprintf(want, sizeof(want), "{\"device\":0,\"bytes\":%llu}", (unsigned long long)c0.arena_bytes);
+  /* Regions are whole 2 MiB pages. */
+  ASSERT_UINT_EQ(c0.arena_bytes, 1u << 20);
+  snprintf(want, sizeof(want), "{\"device\":0,\"bytes\":%llu}", 2ull << 20);
   ASSERT_STR_CONTAINS(json, want);
   snprintf(want, sizeof(want), "{\"device\":1,\"bytes\":%llu}", (unsigned long long)c1.arena_bytes);
   ASSERT_STR_CONTAINS(json, want);
-  ASSERT_UINT_EQ(dh_json_u64(json, "cuda_device_bytes"), c0.arena_bytes + c1.arena_bytes);
+  ASSERT_UINT_EQ(dh_json_u64(json, "cuda_device_bytes"), 4ull << 20);
   free(json);
   int timeout = 60000 * dh_slow();
   for (;;) {
@@ -575,7 +577,7 @@ static void expect_host_works(const char *socket) {
 TEST_IMPL(cuda_errors) {
   if (use_driver()) return 0;
   int nd = num_devices();
-  if (!real_gpu()) ASSERT_OK(setenv("LARDER_FAKE_CUDA_MEM", "3000000", 1));
+  if (!real_gpu()) ASSERT_OK(setenv("LARDER_FAKE_CUDA_MEM", "5000000", 1));
   dh_daemon d;
   dh_init(&d, "d", NULL);
   dh_start(&d);
@@ -602,15 +604,15 @@ TEST_IMPL(cuda_errors) {
     close(fd);
   }
   if (!real_gpu()) {
-    /* 3,000,000 bytes per device: a 4 MiB arena does not fit. */
+    /* 5,000,000 bytes per device: an 8 MiB arena does not fit. */
     cuda_opts(&o, 100, 1, 1);
-    o.arena_bytes = 4u << 20;
+    o.arena_bytes = 8u << 20;
     ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_ENOMEM);
     ASSERT_STR_CONTAINS(err, "CUDA device 1");
     ASSERT_STR_CONTAINS(err, "arena_bytes");
     expect_host_works(d.socket);
     ASSERT_EQ(dh_stat(&d, "cuda_device_bytes"), 0);
-    /* Two 1 MiB arenas fit, a third does not. */
+    /* Two 1 MiB arenas fit (regions of 2 MiB each), a third does not. */
     o.arena_bytes = 1u << 20;
     larder_client_t *c;
     ASSERT_OK(larder_client_connect(d.socket, &c));
@@ -618,7 +620,7 @@ TEST_IMPL(cuda_errors) {
     ASSERT_OK(larder_stream_open(c, &o, &s[0]));
     ASSERT_OK(larder_stream_open(c, &o, &s[1]));
     ASSERT_EQ(larder_stream_open(c, &o, &s[2]), LARDER_ENOMEM);
-    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 2u << 20);
+    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
     larder_stream_close(s[0]);
     larder_stream_close(s[1]);
     larder_client_close(c);
