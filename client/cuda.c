@@ -333,7 +333,8 @@ int larder_batch_export_dlpack(larder_batch_t *batch, DLManagedTensor **tensors,
     dt->x = x;
     dt->shape[0] = larder_array_length(a);
     dt->shape[1] = ndim == 2 ? larder_array_byte_width(a) : 1;
-    dt->t.dl_tensor.data = (void *)(uintptr_t)larder_array_values(a);
+    /* DLPack's data is not const; the consumer owns the tensor. */
+    dt->t.dl_tensor.data = (void *)larder_array_values(a);
     dt->t.dl_tensor.device = dev;
     dt->t.dl_tensor.ndim = ndim;
     dt->t.dl_tensor.dtype = t;

@@ -54,9 +54,9 @@ struct larder_array {
   const void *values;
   uint64_t values_size;
   int num_children;
-  larder_array_t *children;
-  int memory_kind;  /* LARDER_MEMORY_CUDA: the pointers above are device
+  int memory_kind;  /* LARDER_MEMORY_CUDA: the buffer pointers are device
                        pointers (cuda_rebase_arrays) */
+  larder_array_t *children;
 };
 
 typedef struct queued {
@@ -166,9 +166,10 @@ struct larder_stream {
   int efd, epfd;
   int signalled;
   /* CUDA streams (client/cuda.c): the daemon's device region, which
-   * mirrors the arena byte for byte; NULL for host streams. */
-  lcuda_map_t *cuda;
+   * mirrors the arena byte for byte, and its device; NULL and -1 for host
+   * streams. */
   int cuda_device;
+  lcuda_map_t *cuda;
 };
 
 struct larder_batch {
@@ -1328,18 +1329,21 @@ static int build_batch_arrays(const larder_stream_t *s, const wire_batch_t *b,
 /* CUDA streams: turns the host pointers of a batch's arrays, checked by
  * build_batch_arrays against the host mapping of the arena, into device
  * pointers at the same offsets of the daemon's device region. */
+static const void *cuda_rebase(const void *p, uintptr_t host, uintptr_t dev) {
+  /* A device address is no host object: it can only be made from an
+   * integer. */
+  return p ? (const void *)(dev + ((uintptr_t)p - host)) : NULL; /* NOLINT(performance-no-int-to-ptr) */
+}
+
 static void cuda_rebase_arrays(const larder_stream_t *s, larder_array_t *nodes) {
   uintptr_t host = (uintptr_t)s->arena, dev = (uintptr_t)lcuda_map_base(s->cuda);
-#define CUDA_REBASE_(p) \
-  if (p) (p) = (__typeof__(p))(dev + ((uintptr_t)(p) - host))
   for (int k = 0; k < s->num_nodes; k++) {
     larder_array_t *a = &nodes[k];
-    CUDA_REBASE_(a->validity);
-    CUDA_REBASE_(a->offsets);
-    CUDA_REBASE_(a->values);
+    a->validity = cuda_rebase(a->validity, host, dev);
+    a->offsets = cuda_rebase(a->offsets, host, dev);
+    a->values = cuda_rebase(a->values, host, dev);
     a->memory_kind = LARDER_MEMORY_CUDA;
   }
-#undef CUDA_REBASE_
 }
 
 /* Sends a Wake frame for s: the daemon reads its ring.  Returns 0,
