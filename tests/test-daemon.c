@@ -823,7 +823,7 @@ TEST_IMPL(daemon_stream_options) {
   o.memory_kind = LARDER_MEMORY_CUDA;
   ASSERT_OK(setenv("LARDER_LIBCUDA", "/nonexistent/libcuda.so.1", 1));
   ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_EUNSUPPORTED);
-  ASSERT_STR_CONTAINS(err, "CUDA driver");
+  ASSERT_STR_CONTAINS(err, "CUDA device memory is unavailable");
   ASSERT_OK(unsetenv("LARDER_LIBCUDA"));
   /* Batches of more than 2^20 rows are refused; batches of 2^20 rows are
    * planned a few at a time (a stream of batches of 2^24 rows planned 32 at
