@@ -856,9 +856,10 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
             fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, footer_bytes)),
             fmt_bytes(y, sizeof(y), (double)srv->cfg.footer_memory),
             fmt_count(z, sizeof(z), STATS_GET(&srv->stats, footer_files)));
-  /* CUDA streams (cuda.h): device memory per GPU. */
-  sb_printf(b, "  gpu         %s (cuda_device_bytes)\n",
-            fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_device_bytes)));
+  /* CUDA streams (cuda.h): device memory per GPU, once one was used. */
+  if (cuda_devices_seen() > 0)
+    sb_printf(b, "  gpu         %s (cuda_device_bytes)\n",
+              fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_device_bytes)));
   for (int d = 0; d < cuda_devices_seen(); d++)
     sb_printf(b, "    device %-3d %s\n", d, fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
 

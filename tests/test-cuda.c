@@ -275,12 +275,14 @@ TEST_IMPL(cuda_values_match) {
 /*
  * A small arena, so that batches wrap around it and are split into one
  * region per column (the daemon's arena_alloc_parts): each part is copied
- * to the device, and the bytes still match the host stream's.
+ * to the device, and the bytes still match the host stream's.  Batches go
+ * as frames here (no descriptor ring), the other path to the trainer.
  */
 TEST_IMPL(cuda_small_arena) {
   if (use_driver()) return 0;
+  static const char *const frames_flags[] = {"--shm_ring=false", NULL};
   dh_daemon d;
-  dh_init(&d, "d", NULL);
+  dh_init(&d, "d", frames_flags);
   dh_start(&d);
   larder_stream_options_t ho, co;
   std_opts(&ho, 300, 1);
@@ -512,6 +514,19 @@ TEST_IMPL(cuda_two_devices) {
   ASSERT_STR_CONTAINS(json, want);
   ASSERT_UINT_EQ(dh_json_u64(json, "cuda_device_bytes"), 4ull << 20);
   free(json);
+  {
+    /* larderctl stats: a line per device. */
+    const char *ctl = getenv("LARDERCTL_BIN");
+    char cmd[1400], text[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' stats", ctl ? ctl : "larderctl", d.socket);
+    FILE *p = popen(cmd, "r");
+    ASSERT_NOT_NULL(p);
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    ASSERT_OK(pclose(p));
+    ASSERT_STR_CONTAINS(text, "(cuda_device_bytes)");
+    ASSERT_STR_CONTAINS(text, "device 1");
+  }
   int timeout = 60000 * dh_slow();
   for (;;) {
     larder_batch_t *hb, *b0, *b1;
