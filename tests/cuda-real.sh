@@ -13,6 +13,7 @@
 #   tar -xzf larder-bundle.tgz && cd larder-bundle
 #   bash tests/cuda-real.sh .            # the tests
 #   BENCH=1 bash tests/cuda-real.sh .    # the tests, then bench-cuda
+#                                         # (BENCH_SOURCE: its dataset)
 #
 # The driver is the host's libcuda.so.1; the tests read device memory back with cuMemcpyDtoH only.  Tests that need
 # two GPUs skip on one; those that need the test double's knobs (its
@@ -42,6 +43,17 @@ if [ $rc -ne 0 ]; then
   echo "cuda-real: tests FAILED (rc $rc): the failing assertion, with the driver's error string, is above" >&2
 fi
 if [ "${BENCH:-0}" != 0 ]; then
+  # Without BENCH_SOURCE or the bench's dataset, the tests' dataset (the
+  # 4 files of test-cuda.c's streams) copied 40 times, as distinct files,
+  # in batches of 16384 rows (about 1 MB).
+  if [ -z "${BENCH_SOURCE:-}" ] && [ ! -f "$root/bench/work/zstd-v1.parquet" ] &&
+     ls "$LARDER_TEST_WORK"/daemon/std/*.parquet >/dev/null 2>&1; then
+    export BENCH_SOURCE=$LARDER_TEST_WORK/bench-copies BENCH_BATCH=${BENCH_BATCH:-16384}
+    mkdir -p "$BENCH_SOURCE"
+    for i in $(seq 40); do
+      for f in "$LARDER_TEST_WORK"/daemon/std/*.parquet; do cp "$f" "$BENCH_SOURCE/$i-$(basename "$f")"; done
+    done
+  fi
   bash "$root/bench/bench-cuda.sh" "$dir" || rc=$?
 fi
 exit $rc
