@@ -214,12 +214,13 @@ check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(if $(CUDA_CFLAGS),$(FAKE_CUDA
 
 # The tests whose threads share a client or a stream, under ThreadSanitizer
 # (V=tsan): releases and Arrow exports on other threads, event loops, fork,
+# CUDA streams (workers copying batches to the device),
 # close during releases, SIGTERM mid-stream, and the chaos mix; larderd is
 # built with TSan too.  RocksDB is not, so its own atomics look like races
 # to TSan: tests/tsan.supp leaves them out.  Address randomization is off:
 # TSan's fixed shadow layout fails to start under the larger mmap entropy
 # of some kernels.
-THREAD_TESTS := client_ daemon_footers_shared daemon_release_ daemon_reader_moves daemon_close_release_threads daemon_evloop \
+THREAD_TESTS := client_ cuda_ daemon_footers_shared daemon_release_ daemon_reader_moves daemon_close_release_threads daemon_evloop \
                 daemon_ring_wakeups daemon_client_patterns daemon_robust_bad_release \
                 daemon_robust_chaos daemon_robust_sigterm_streams daemon_robust_corrupt_file \
                 daemon_cache_changed_file
