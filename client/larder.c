@@ -1196,7 +1196,23 @@ void larder_stream_close(larder_stream_t *s) {
    * failed here is not).  A forked child (the header forbids using a
    * client there, but it may close one) must not close the parent's stream
    * on the shared socket. */
-  if (!c->broken && (!s->error || s->failed_here) && !client_forked(c))
+  /* CUDA (lcuda.h): the daemon must not free device memory this process
+   * still maps, so the mapping closes before CloseStream goes, when no
+   * batch holds it; and CloseStream then goes for a stream the daemon
+   * ended too, which tells it to free the region it kept (daemon/cuda.h).
+   * Batches still held keep the mapping until their release. */
+  int cuda_unmapped = 0;
+  if (s->cuda && !client_forked(c)) {
+    pthread_mutex_lock(&s->lock);
+    int held = s->refs > 1;
+    pthread_mutex_unlock(&s->lock);
+    if (!held) {
+      lcuda_map_close(s->cuda);
+      s->cuda = NULL;
+      cuda_unmapped = 1;
+    }
+  }
+  if (!c->broken && (!s->error || s->failed_here || cuda_unmapped) && !client_forked(c))
     send_close_stream(c, s->id);
   while (s->q_head) {
     queued_t *q = s->q_head;

@@ -32,6 +32,44 @@ int cuda_check(int device, char *err, size_t errlen) {
   return lcuda_check_device(device, err, errlen);
 }
 
+/* Parked regions (cuda.h), loop thread only. */
+typedef struct parked {
+  struct parked *next;
+  uint64_t owner;
+  uint32_t stream_id;
+  cuda_region_t *r;
+} parked_t;
+static parked_t *parked;
+
+void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r) {
+  parked_t *p = malloc(sizeof(*p));
+  if (p == NULL) {
+    /* Out of memory: freed now, the trainer's mapping notwithstanding. */
+    cuda_region_close(r);
+    return;
+  }
+  *p = (parked_t){parked, owner, stream_id, r};
+  parked = p;
+}
+
+/* Frees the parked regions of owner (and of stream_id unless all). */
+static void unpark(uint64_t owner, uint32_t stream_id, int all) {
+  parked_t **pp = &parked;
+  while (*pp) {
+    parked_t *p = *pp;
+    if (p->owner == owner && (all || p->stream_id == stream_id)) {
+      *pp = p->next;
+      cuda_region_close(p->r);
+      free(p);
+    } else {
+      pp = &p->next;
+    }
+  }
+}
+
+void cuda_unpark(uint64_t owner, uint32_t stream_id) { unpark(owner, stream_id, 0); }
+void cuda_unpark_all(uint64_t owner) { unpark(owner, 0, 1); }
+
 #ifdef LARDER_HAVE_CUDA_H
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -181,6 +219,20 @@ int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, si
 int cuda_region_pinned(const cuda_region_t *r) { return r->pinned; }
 int cuda_region_device(const cuda_region_t *r) { return r->device; }
 
+void cuda_region_detach_host(cuda_region_t *r) {
+  const lcuda_api_t *api = r->api;
+  char e[160];
+  CUresult cr = api->cuCtxSetCurrent(r->ctx);
+  if (cr == CUDA_SUCCESS && r->pinned) cr = api->cuMemHostUnregister(r->host);
+  if (cr != CUDA_SUCCESS)
+    log_warn("CUDA device %d: unpinning a stream's arena failed: %s", r->device,
+             lcuda_strerror(api, cr, e, sizeof(e)));
+  (void)api->cuCtxSetCurrent(NULL);
+  r->pinned = 0;
+  r->host = NULL;
+  r->size = 0; /* copies fail: nothing lies within */
+}
+
 void cuda_region_close(cuda_region_t *r) {
   if (r == NULL) return;
   const lcuda_api_t *api = r->api;
@@ -227,6 +279,7 @@ int cuda_region_pinned(const cuda_region_t *r) {
   return 0;
 }
 int cuda_region_device(const cuda_region_t *r) { return r->device; }
+void cuda_region_detach_host(cuda_region_t *r) { (void)r; }
 void cuda_region_close(cuda_region_t *r) { (void)r; }
 
 #endif /* LARDER_HAVE_CUDA_H */

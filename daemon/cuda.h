@@ -78,9 +78,28 @@ int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, si
 int cuda_region_pinned(const cuda_region_t *r);
 int cuda_region_device(const cuda_region_t *r);
 
+/* Unpins the arena, which is about to be unmapped, and drops the
+ * region's reference to it: the region is then device memory only, and
+ * copies fail. */
+void cuda_region_detach_host(cuda_region_t *r);
+
 /* Frees the region and unpins the arena (before the arena is unmapped).
  * NULL is ignored. */
 void cuda_region_close(cuda_region_t *r);
+
+/*
+ * Regions kept for a live trainer.  The driver's rule: an exporter must not
+ * free memory a process still has open (cuIpcOpenMemHandle) before that
+ * process closes it.  liblarder closes its mapping before it sends
+ * CloseStream, and a dead trainer has none; but a stream the daemon ends
+ * itself (an error) may still be mapped.  Its region is parked under its
+ * connection (owner) and stream id until the client's CloseStream for it
+ * (cuda_unpark) or the connection's end (cuda_unpark_all), and counts in
+ * the stats until then.  Loop thread.
+ */
+void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r);
+void cuda_unpark(uint64_t owner, uint32_t stream_id);
+void cuda_unpark_all(uint64_t owner);
 
 /* The device bytes regions hold on device (0 for devices never used), and
  * the number of device ordinals that regions were ever opened on, plus

@@ -205,8 +205,13 @@ struct stream {
                                ends with once the epoch before is sent */
   uint8_t *stale;           /* by file: changed (cached data to drop) */
   /* CUDA streams (cuda.h): the device region mirroring the arena; every
-   * batch's bytes are copied there before it is published. */
+   * batch's bytes are copied there before it is published.  cuda_owner:
+   * the connection that may still map it, set when the daemon ended the
+   * stream on a live connection (the region is then parked, not freed);
+   * client_closed: the client's CloseStream closed it (it unmapped). */
   cuda_region_t *cuda;
+  uint64_t cuda_owner;
+  int client_closed;
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
@@ -396,6 +401,8 @@ static void window_unreserve(stream_t *s) {
   }
 }
 
+static conn_t *find_conn(server_t *srv, uint64_t id);
+
 static void stream_destroy(stream_t *s) {
   window_unreserve(s);
   while (s->q_head) {
@@ -424,7 +431,20 @@ static void stream_destroy(stream_t *s) {
   free(s->stale_msg);
   free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
-  cuda_region_close(s->cuda); /* unpins the arena: before it goes */
+  /* The region unpins the arena: before the arena goes. */
+  if (s->cuda) {
+    conn_t *owner = s->cuda_owner ? find_conn(s->srv, s->cuda_owner) : NULL;
+    cuda_region_t *r = s->cuda;
+    s->cuda = NULL;
+    if (owner && !owner->closing && !owner->draining) {
+      /* Parked: the host side goes with the arena, the device side waits
+       * for the client (cuda.h). */
+      cuda_region_detach_host(r);
+      cuda_park(s->cuda_owner, s->id, r);
+    } else {
+      cuda_region_close(r);
+    }
+  }
   arena_destroy(s->arena);
   if (s->ring) munmap(s->ring, s->ring_size);
   if (s->ring_fd >= 0) close(s->ring_fd);
@@ -452,6 +472,10 @@ static void unlink_from_conn(stream_t *s) {
 void stream_close(stream_t *s) {
   if (s->closed) return;
   s->closed = 1;
+  /* CUDA: ended by the daemon while its trainer is connected, which may
+   * still map the region (cuda.h). */
+  if (s->cuda && s->conn && !s->client_closed && !s->conn->closing && !s->conn->draining)
+    s->cuda_owner = s->conn->id;
   /* Its tasks' ends free it now: each wakes the loop again. */
   atomic_store_explicit(&s->window_full, 0, memory_order_relaxed);
   unlink_from_conn(s);
@@ -490,6 +514,16 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
   log_notice("stream %u of client pid %d failed: %s", s->id, s->conn ? (int)s->conn->pid : -1, msg);
   if (s->conn) conn_send_error(s->conn, code, s->id, 0, "%s", msg);
   stream_close(s);
+}
+
+void stream_client_close(conn_t *c, uint32_t id) {
+  stream_t *s = stream_find(c, id);
+  if (s) {
+    s->client_closed = 1;
+    stream_close(s);
+  } else {
+    cuda_unpark(c->id, id); /* a CUDA region kept for a stream ended before */
+  }
 }
 
 /* ------------------------------------------------------------------------ */

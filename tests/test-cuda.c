@@ -584,7 +584,8 @@ static void expect_host_works(const char *socket) {
  * liblarder and, asked directly, from larderd); device memory exhausted
  * (ENOMEM naming the device, the host streams unaffected, a smaller
  * arena then fits); releases of batches never sent (the existing protocol
- * error, the region freed with the connection).
+ * error); a stream the daemon ends keeps its region until the trainer
+ * closes it (or its connection ends), as the driver requires.
  */
 TEST_IMPL(cuda_errors) {
   if (use_driver()) return 0;
@@ -638,9 +639,11 @@ TEST_IMPL(cuda_errors) {
     larder_client_close(c);
     wait_cuda_bytes(&d, 0);
   }
-  {
-    /* A release of a batch never sent: the stream's protocol error; the
-     * region goes with the stream. */
+  for (int round = 0; round < 2; round++) {
+    /* A release of a batch never sent: the stream's protocol error.  The
+     * daemon ended the stream on a live connection, whose trainer may
+     * still map the region: it is kept until the client's CloseStream
+     * (round 0) or the connection's end (round 1). */
     cuda_opts(&o, 100, 1, 0);
     int fd = dh_raw_connect(d.socket);
     Larder__Frame *r = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
@@ -654,7 +657,8 @@ TEST_IMPL(cuda_errors) {
     uint32_t sid = r->open_stream_reply->stream_id;
     wire_free(r);
     if (arena >= 0) close(arena);
-    ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), o.arena_bytes);
+    uint64_t held = dh_stat(&d, "cuda_device_bytes");
+    ASSERT_GE(held, o.arena_bytes);
     Larder__Release rel = LARDER__RELEASE__INIT;
     rel.stream_id = sid;
     rel.seq = 12345;
@@ -674,8 +678,49 @@ TEST_IMPL(cuda_errors) {
       }
       wire_free(e);
     }
+    usleep(200000);
+    ASSERT_EQ(dh_stat(&d, "streams"), 0);
+    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+    if (round == 0) {
+      Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+      cs.stream_id = sid;
+      Larder__Frame cf = LARDER__FRAME__INIT;
+      cf.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+      cf.close_stream = &cs;
+      ASSERT_OK(dh_raw_send(fd, &cf));
+      wait_cuda_bytes(&d, 0);
+      close(fd);
+    } else {
+      close(fd);
+      wait_cuda_bytes(&d, 0);
+    }
+  }
+  {
+    /* Through liblarder: the daemon ends a CUDA stream (a batch larger
+     * than its arena); the region stays while the trainer may map it, and
+     * goes when the trainer closes the stream, on a connection that lives
+     * on. */
+    cuda_opts(&o, 4000, 1, 0);
+    o.arena_bytes = 64 << 10;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    larder_batch_t *b;
+    int rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    ASSERT(rc < 0 && rc != LARDER_ETIMEDOUT && rc != LARDER_EEOF);
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "arena");
+    usleep(200000);
+    ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), o.arena_bytes);
+    larder_stream_close(s);
     wait_cuda_bytes(&d, 0);
-    close(fd);
+    larder_stream_options_t ho;
+    std_opts(&ho, 100, 1);
+    ASSERT_OK(larder_stream_open(c, &ho, &s));
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    larder_batch_release(b);
+    larder_stream_close(s);
+    larder_client_close(c);
   }
   expect_host_works(d.socket);
   dh_stop(&d);
