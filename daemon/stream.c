@@ -142,6 +142,7 @@ struct stream {
   shuffle_epoch_t *pin_ep;  /* cursor of the pin tasks */
   uint64_t pin_ep_epoch;
   int pin_busy;             /* a pin task is in flight */
+  int client_closed;        /* CUDA: see `cuda` below */
   shuffle_epoch_t *order_ep; /* cursor of the order tasks */
   uint64_t order_ep_epoch;
   order_task_t *order_task; /* the order task in flight, if any */
@@ -211,7 +212,6 @@ struct stream {
    * client_closed: the client's CloseStream closed it (it unmapped). */
   cuda_region_t *cuda;
   uint64_t cuda_owner;
-  int client_closed;
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
