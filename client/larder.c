@@ -170,6 +170,7 @@ struct larder_stream {
    * streams. */
   int cuda_device;
   lcuda_map_t *cuda;
+  larder_client_t *cuda_client; /* set by a close with batches held */
 };
 
 struct larder_batch {
@@ -404,7 +405,7 @@ static void stream_signal(larder_stream_t *s, const larder_stream_t *reader) {
 }
 
 /* Sends CloseStream for stream id.  The reading thread. */
-static int send_close_stream(larder_client_t *c, uint32_t id);
+static int send_close_stream(larder_client_t *c, uint32_t id, int device_memory_held);
 
 /* Routes one frame, read by a call for `reader` (NULL: open or close).
  * Takes ownership of f. */
@@ -476,7 +477,7 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
     for (int i = 0; i < n; i++) close(c->fds[at + i]);
     memmove(c->fds + at, c->fds + at + n, (size_t)(c->num_fds - at - n) * sizeof(int));
     c->num_fds -= n;
-    if (f->open_stream_reply->stream_id) send_close_stream(c, f->open_stream_reply->stream_id);
+    if (f->open_stream_reply->stream_id) send_close_stream(c, f->open_stream_reply->stream_id, 0);
   }
   wire_free(f);
 }
@@ -1129,6 +1130,10 @@ static void stream_free(larder_stream_t *s) {
   if (s->arena) munmap(s->arena, s->arena_size);
   if (s->ring) munmap(s->ring, s->ring_size);
   lcuda_map_close(s->cuda);
+  /* A CUDA stream closed while batches held its region: now unmapped,
+   * the daemon may free it (see larder_stream_close). */
+  if (s->cuda && s->cuda_client && !client_forked(s->cuda_client) && !s->cuda_client->broken)
+    (void)send_close_stream(s->cuda_client, s->id, 0);
   free_field(&s->schema);
   free(s->plan);
   free(s->deep);
@@ -1172,9 +1177,10 @@ int larder_stream_flush(larder_stream_t *s) {
   return rc;
 }
 
-static int send_close_stream(larder_client_t *c, uint32_t id) {
+static int send_close_stream(larder_client_t *c, uint32_t id, int device_memory_held) {
   Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
   cs.stream_id = id;
+  cs.device_memory_held = device_memory_held;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
   f.close_stream = &cs;
@@ -1197,23 +1203,25 @@ void larder_stream_close(larder_stream_t *s) {
    * client there, but it may close one) must not close the parent's stream
    * on the shared socket. */
   /* CUDA (lcuda.h): the daemon must not free device memory this process
-   * still maps, so the mapping closes before CloseStream goes, when no
-   * batch holds it; and CloseStream then goes for a stream the daemon
-   * ended too, which tells it to free the region it kept (daemon/cuda.h).
-   * Batches still held keep the mapping until their release. */
-  int cuda_unmapped = 0;
+   * still maps.  With no batch held, the mapping closes before CloseStream
+   * goes, which then goes for a stream the daemon ended too (it kept the
+   * region: daemon/cuda.h).  With batches held, CloseStream says so, and
+   * the last release closes the mapping and sends a second one
+   * (stream_free), through cuda_client: the client outlives its batches. */
+  int cuda_unmapped = 0, cuda_held = 0;
   if (s->cuda && !client_forked(c)) {
     pthread_mutex_lock(&s->lock);
-    int held = s->refs > 1;
+    cuda_held = s->refs > 1;
+    if (cuda_held && !c->broken) s->cuda_client = c;
     pthread_mutex_unlock(&s->lock);
-    if (!held) {
+    if (!cuda_held) {
       lcuda_map_close(s->cuda);
       s->cuda = NULL;
       cuda_unmapped = 1;
     }
   }
   if (!c->broken && (!s->error || s->failed_here || cuda_unmapped) && !client_forked(c))
-    send_close_stream(c, s->id);
+    send_close_stream(c, s->id, cuda_held);
   while (s->q_head) {
     queued_t *q = s->q_head;
     s->q_head = q->next;

@@ -234,8 +234,9 @@ typedef struct larder_stream_options {
  * for the copy, and only then hands the batch over, so a batch is
  * complete on the device when larder_stream_next returns it (no event to
  * wait on).  Release, order, exactly-once and resume are as for host
- * streams.  The device region is freed when the daemon closes the stream:
- * release (or consume) a CUDA stream's batches before larder_stream_close.
+ * streams, and so is a batch held past larder_stream_close: the device
+ * memory stays until its last batch is released (release them before
+ * larder_client_close, as for any stream).
  * The CUDA driver is loaded at run time (libcuda.so.1, or
  * $LARDER_LIBCUDA); without it, or on a daemon without it, the open fails
  * with LARDER_EUNSUPPORTED and larder_client_last_error says what is

@@ -475,7 +475,7 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
       return;
     }
     case LARDER__FRAME__MSG_CLOSE_STREAM: {
-      stream_client_close(c, f->close_stream->stream_id);
+      stream_client_close(c, f->close_stream);
       conn_cancel_unsent(c, f->close_stream->stream_id);
       return;
     }

@@ -91,11 +91,13 @@ void cuda_region_close(cuda_region_t *r);
  * Regions kept for a live trainer.  The driver's rule: an exporter must not
  * free memory a process still has open (cuIpcOpenMemHandle) before that
  * process closes it.  liblarder closes its mapping before it sends
- * CloseStream, and a dead trainer has none; but a stream the daemon ends
- * itself (an error) may still be mapped.  Its region is parked under its
- * connection (owner) and stream id until the client's CloseStream for it
- * (cuda_unpark) or the connection's end (cuda_unpark_all), and counts in
- * the stats until then.  Loop thread.
+ * CloseStream, or says in it that it still maps the region (it holds
+ * batches: device_memory_held), and a dead trainer has none; a stream the
+ * daemon ends itself (an error) may still be mapped too.  The region of
+ * either is parked under its connection (owner) and stream id until the
+ * client's CloseStream for it without device_memory_held (cuda_unpark) or
+ * the connection's end (cuda_unpark_all), and counts in the stats until
+ * then.  Loop thread.
  */
 void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r);
 void cuda_unpark(uint64_t owner, uint32_t stream_id);

@@ -516,13 +516,15 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
   stream_close(s);
 }
 
-void stream_client_close(conn_t *c, uint32_t id) {
-  stream_t *s = stream_find(c, id);
+void stream_client_close(conn_t *c, const Larder__CloseStream *cs) {
+  stream_t *s = stream_find(c, cs->stream_id);
   if (s) {
-    s->client_closed = 1;
+    /* A client that still maps the CUDA region (it holds batches) frees
+     * it with a second CloseStream: the region is parked till then. */
+    s->client_closed = !cs->device_memory_held;
     stream_close(s);
-  } else {
-    cuda_unpark(c->id, id); /* a CUDA region kept for a stream ended before */
+  } else if (!cs->device_memory_held) {
+    cuda_unpark(c->id, cs->stream_id); /* a CUDA region kept for a stream ended before */
   }
 }
 

@@ -428,6 +428,59 @@ TEST_IMPL(cuda_exports) {
 }
 
 /*
+ * A CUDA stream closed while the trainer holds its batches (one directly,
+ * one as DLPack tensors): the batches stay valid on the device, as a host
+ * stream's do, and the daemon keeps the region, which the driver forbids
+ * freeing while this process maps it (the test double aborts larderd if
+ * it does), until the last one is released; then it goes.
+ */
+TEST_IMPL(cuda_close_holding) {
+  if (use_driver()) return 0;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 1);
+  cuda_opts(&co, 100, 1, 0);
+  larder_client_t *hc, *cc;
+  ASSERT_OK(larder_client_connect(d.socket, &hc));
+  ASSERT_OK(larder_client_connect(d.socket, &cc));
+  larder_stream_t *hs, *cs;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  ASSERT_OK(larder_stream_open(cc, &co, &cs));
+  int timeout = 60000 * dh_slow();
+  larder_batch_t *hb[2], *cb[2];
+  for (int i = 0; i < 2; i++) {
+    ASSERT_OK(larder_stream_next(hs, timeout, &hb[i]));
+    ASSERT_OK(larder_stream_next(cs, timeout, &cb[i]));
+  }
+  DLManagedTensor *t[DH_NUM_COLS];
+  ASSERT_EQ(larder_batch_export_dlpack(cb[1], t, DH_NUM_COLS), 4);
+  uint64_t held = dh_stat(&d, "cuda_device_bytes");
+  ASSERT_GE(held, co.arena_bytes);
+  larder_stream_close(cs);
+  usleep(300000);
+  ASSERT_EQ(dh_stat(&d, "streams"), 1); /* the host stream's */
+  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+  expect_same_batch(0, hb[0], cb[0]);
+  expect_dev_bytes(0, t[DH_COL_ID]->dl_tensor.data,
+                   larder_array_values(larder_batch_column(hb[1], DH_COL_ID)),
+                   (size_t)larder_array_values_size(larder_batch_column(hb[1], DH_COL_ID)), "id");
+  larder_batch_release(cb[0]);
+  usleep(200000);
+  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+  for (int i = 0; i < DH_NUM_COLS; i++)
+    if (t[i]) t[i]->deleter(t[i]);
+  wait_cuda_bytes(&d, 0);
+  for (int i = 0; i < 2; i++) larder_batch_release(hb[i]);
+  larder_stream_close(hs);
+  larder_client_close(hc);
+  larder_client_close(cc);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * A trainer killed mid-epoch, holding batches of a CUDA stream: the daemon
  * frees its device region (cuda_device_bytes back to 0) and serves the
  * next trainer.
@@ -774,6 +827,7 @@ TEST_IMPL(cuda_values_match) {
 TEST_IMPL(cuda_small_arena) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_exports) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_no_driver) {

@@ -13,7 +13,11 @@
  *   1 GiB) fail with CUDA_ERROR_OUT_OF_MEMORY.
  * - IPC: a handle holds a magic, the exporter's pid, the memfd's number,
  *   the size and the device; cuIpcOpenMemHandle maps /proc/<pid>/fd/<fd>
- *   (so, like the real one, it needs the exporter alive).
+ *   (so, like the real one, it needs the exporter alive).  Each allocation
+ *   has a page of importer slots, shared the same way, where an open
+ *   records its process and a close clears it: cuMemFree of memory that a
+ *   live process still has open, undefined behaviour in CUDA, aborts the
+ *   exporter with a message (a dead or zombie importer does not count).
  * - Copies are memcpy, checked to stay inside a known mapping; streams and
  *   synchronization are no-ops.  cuMemHostRegister succeeds unless
  *   $LARDER_FAKE_CUDA_NO_PIN is set.
@@ -37,7 +41,13 @@ typedef struct fake_handle {
   int32_t pid, fd;
   uint64_t size;
   int32_t device;
+  int32_t importers_fd; /* the page of importer slots */
 } fake_handle;
+
+#define FAKE_SLOTS 64
+typedef struct importers {
+  int32_t pid[FAKE_SLOTS]; /* 0: free */
+} importers;
 
 struct CUctx_st {
   int device;
@@ -50,6 +60,9 @@ typedef struct mapping {
   int fd;       /* allocations: the memfd; imports: -1 */
   int device;
   int imported;
+  int ifd;          /* allocations: the importers page's memfd */
+  importers *imp;   /* the importers page, mapped */
+  int slot;         /* imports: the slot it took, or -1 */
 } mapping;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -231,12 +244,41 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   m->size = bytesize;
   m->fd = fd;
   m->device = dev;
+  m->slot = -1;
+  m->ifd = memfd_create("larder-fake-cuda-importers", MFD_CLOEXEC);
+  void *ip = MAP_FAILED;
+  if (m->ifd >= 0 && ftruncate(m->ifd, sizeof(importers)) == 0)
+    ip = mmap(NULL, sizeof(importers), PROT_READ | PROT_WRITE, MAP_SHARED, m->ifd, 0);
+  if (ip == MAP_FAILED) {
+    if (m->ifd >= 0) close(m->ifd);
+    munmap(p, bytesize);
+    close(fd);
+    free(m);
+    pthread_mutex_lock(&lock);
+    used[dev] -= bytesize;
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->imp = ip;
   pthread_mutex_lock(&lock);
   m->next = maps;
   maps = m;
   pthread_mutex_unlock(&lock);
   *dptr = (CUdeviceptr)m->base;
   return CUDA_SUCCESS;
+}
+
+/* Whether process pid is alive (not gone, not a zombie). */
+static int alive(int pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
 }
 
 /* Unlinks and returns the mapping that starts at base (imported or not),
@@ -256,6 +298,18 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   NEED_INIT();
   mapping *m = take_mapping((uintptr_t)dptr, 0);
   if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < FAKE_SLOTS; i++) {
+    int pid = __atomic_load_n(&m->imp->pid[i], __ATOMIC_ACQUIRE);
+    if (pid && alive(pid)) {
+      fprintf(stderr,
+              "fake CUDA: cuMemFree of device memory that process %d still has open "
+              "(cuIpcOpenMemHandle without cuIpcCloseMemHandle): undefined behaviour in CUDA\n",
+              pid);
+      abort();
+    }
+  }
+  munmap(m->imp, sizeof(importers));
+  close(m->ifd);
   munmap((void *)m->base, m->size);
   close(m->fd);
   free(m);
@@ -275,13 +329,14 @@ CUresult CUDAAPI cuMemFreeHost(void *p) {
 
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
   NEED_INIT();
-  fake_handle h = {FAKE_MAGIC, (int32_t)getpid(), -1, 0, 0};
+  fake_handle h = {FAKE_MAGIC, (int32_t)getpid(), -1, 0, 0, -1};
   pthread_mutex_lock(&lock);
   for (mapping *m = maps; m; m = m->next)
     if (!m->imported && m->base == (uintptr_t)dptr) {
       h.fd = m->fd;
       h.size = m->size;
       h.device = m->device;
+      h.importers_fd = m->ifd;
     }
   pthread_mutex_unlock(&lock);
   if (h.fd < 0) return CUDA_ERROR_INVALID_VALUE;
@@ -304,10 +359,24 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, u
   void *p = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  mapping *m = calloc(1, sizeof(*m));
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.importers_fd);
+  int ifd = open(path, O_RDWR | O_CLOEXEC);
+  void *ip = ifd >= 0 ? mmap(NULL, sizeof(importers), PROT_READ | PROT_WRITE, MAP_SHARED, ifd, 0)
+                      : MAP_FAILED;
+  if (ifd >= 0) close(ifd);
+  mapping *m = ip != MAP_FAILED ? calloc(1, sizeof(*m)) : NULL;
   if (m == NULL) {
+    if (ip != MAP_FAILED) munmap(ip, sizeof(importers));
     munmap(p, h.size);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return ip == MAP_FAILED ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->imp = ip;
+  m->slot = -1;
+  for (int i = 0; i < FAKE_SLOTS && m->slot < 0; i++) {
+    int32_t zero = 0;
+    if (__atomic_compare_exchange_n(&m->imp->pid[i], &zero, (int32_t)getpid(), 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      m->slot = i;
   }
   m->base = (uintptr_t)p;
   m->size = h.size;
@@ -326,6 +395,8 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   NEED_INIT();
   mapping *m = take_mapping((uintptr_t)dptr, 1);
   if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (m->slot >= 0) __atomic_store_n(&m->imp->pid[m->slot], 0, __ATOMIC_RELEASE);
+  munmap(m->imp, sizeof(importers));
   munmap((void *)m->base, m->size);
   free(m);
   return CUDA_SUCCESS;
