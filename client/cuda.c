@@ -116,6 +116,34 @@ int lcuda_check_device(int device, char *err, size_t errlen) {
   return 0;
 }
 
+int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen) {
+  int rc = lcuda_check_device(device, err, errlen);
+  if (rc) return rc;
+  const lcuda_api_t *api = lcuda_load(err, errlen);
+  CUdevice d;
+  CUuuid u;
+  CUresult r = api->cuDeviceGet(&d, device);
+  if (r == CUDA_SUCCESS) r = api->cuDeviceGetUuid(&u, d);
+  if (r != CUDA_SUCCESS) {
+    char e[160];
+    snprintf(err, errlen, "CUDA device %d: cannot read its UUID: %s", device,
+             lcuda_strerror(api, r, e, sizeof(e)));
+    return LARDER_EIO;
+  }
+  memcpy(uuid, u.bytes, 16);
+  return 0;
+}
+
+int lcuda_device_by_uuid(const uint8_t uuid[16]) {
+  char err[256];
+  const lcuda_api_t *api = lcuda_load(err, sizeof(err));
+  for (int i = 0; api && i < api->num_devices && i < LCUDA_MAX_DEVICES; i++) {
+    uint8_t u[16];
+    if (lcuda_device_uuid(i, u, err, sizeof(err)) == 0 && memcmp(u, uuid, 16) == 0) return i;
+  }
+  return -1;
+}
+
 struct lcuda_map {
   const lcuda_api_t *api;
   int device;
@@ -221,6 +249,16 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_
 uint64_t lcuda_map_base(const lcuda_map_t *m) {
   (void)m;
   return 0;
+}
+
+int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen) {
+  (void)uuid;
+  return lcuda_check_device(device, err, errlen);
+}
+
+int lcuda_device_by_uuid(const uint8_t uuid[16]) {
+  (void)uuid;
+  return -1;
 }
 
 void lcuda_map_close(lcuda_map_t *m) { (void)m; }

@@ -926,8 +926,9 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (rc == 0 && opts->memory_kind != LARDER_MEMORY_HOST && opts->memory_kind != LARDER_MEMORY_CUDA)
     rc = set_err(c, LARDER_EINVAL, "memory_kind %d is neither LARDER_MEMORY_HOST nor LARDER_MEMORY_CUDA",
                  opts->memory_kind);
+  uint8_t cuda_uuid[16];
   if (rc == 0 && opts->memory_kind == LARDER_MEMORY_CUDA)
-    rc = lcuda_check_device(cuda, c->err, sizeof(c->err));
+    rc = lcuda_device_uuid(cuda, cuda_uuid, c->err, sizeof(c->err));
   if (rc) return rc;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.request_id = ++c->next_request_id;
@@ -961,6 +962,10 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   req.arena_bytes = opts->arena_bytes;
   req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
   req.cuda_device = cuda;
+  if (opts->memory_kind == LARDER_MEMORY_CUDA) {
+    req.cuda_device_uuid.data = cuda_uuid;
+    req.cuda_device_uuid.len = sizeof(cuda_uuid);
+  }
   req.ring = 1;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
@@ -1007,7 +1012,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   uint8_t cuda_handle[LCUDA_IPC_HANDLE_BYTES];
   size_t cuda_handle_len = rep->cuda_ipc_handle.len;
   int cuda_reply_ok = !want_cuda || (rep->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA &&
-                                     cuda_handle_len == sizeof(cuda_handle) && rep->cuda_device == cuda);
+                                     cuda_handle_len == sizeof(cuda_handle));
   if (want_cuda && cuda_reply_ok) memcpy(cuda_handle, rep->cuda_ipc_handle.data, sizeof(cuda_handle));
   larder_stream_t *s = calloc(1, sizeof(*s));
   if (s == NULL) {

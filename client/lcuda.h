@@ -32,7 +32,7 @@
 
 #define LCUDA_FUNCS(XX)                                                         \
   XX(cuInit) XX(cuDriverGetVersion) XX(cuGetErrorString) XX(cuGetErrorName)     \
-  XX(cuDeviceGetCount) XX(cuDeviceGet) XX(cuDeviceGetName)                      \
+  XX(cuDeviceGetCount) XX(cuDeviceGet) XX(cuDeviceGetName) XX(cuDeviceGetUuid)  \
   XX(cuDevicePrimaryCtxRetain) XX(cuDevicePrimaryCtxRelease)                    \
   XX(cuCtxPushCurrent) XX(cuCtxPopCurrent) XX(cuCtxSetCurrent)                  \
   XX(cuCtxSynchronize) XX(cuMemAlloc) XX(cuMemFree) XX(cuMemGetInfo)            \
@@ -73,6 +73,12 @@ const lcuda_api_t *lcuda_load(char *err, size_t errlen);
  * err says what is missing) or LARDER_EINVAL (err names the device and
  * the count).  Any thread. */
 int lcuda_check_device(int device, char *err, size_t errlen);
+
+/* The UUID of device (an ordinal of this process, checked): 0, or a
+ * negative code with err set. */
+int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen);
+/* This process's ordinal of the device with that UUID, or -1. */
+int lcuda_device_by_uuid(const uint8_t uuid[16]);
 
 /* ------------------------------------------------------------------------ */
 /* The trainer's side (client/cuda.c)                                        */

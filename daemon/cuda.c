@@ -32,6 +32,8 @@ int cuda_check(int device, char *err, size_t errlen) {
   return lcuda_check_device(device, err, errlen);
 }
 
+int cuda_device_by_uuid(const uint8_t *uuid) { return lcuda_device_by_uuid(uuid); }
+
 /* Parked regions (cuda.h), loop thread only. */
 typedef struct parked {
   struct parked *next;

@@ -59,6 +59,8 @@ typedef struct cuda_region cuda_region_t;
 /* Whether the driver loads and device exists: 0, LARDER_EUNSUPPORTED (err
  * says what is missing) or LARDER_EINVAL (err names the device). */
 int cuda_check(int device, char *err, size_t errlen);
+/* This process's ordinal of the device with that 16-byte UUID, or -1. */
+int cuda_device_by_uuid(const uint8_t *uuid);
 
 /* Allocates the region of size bytes on device, mirroring host (the
  * arena's mapping, size bytes), pins host where it can, and writes the IPC

@@ -2364,10 +2364,22 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     (int)req->memory_kind);
     return;
   }
+  int cuda_device = req->cuda_device;
   if (req->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
-    /* CUDA (cuda.h): the driver and the device, before any work. */
+    /* CUDA (cuda.h): the driver and the device, before any work.  The
+     * trainer's device is found by its UUID: its ordinal may differ from
+     * this process's (CUDA_VISIBLE_DEVICES). */
     char why[600];
     int rc = cuda_check(req->cuda_device, why, sizeof(why));
+    if (req->cuda_device_uuid.len == 16 && (rc == 0 || rc == LARDER_EINVAL)) {
+      cuda_device = cuda_device_by_uuid(req->cuda_device_uuid.data);
+      rc = cuda_device >= 0 ? 0 : LARDER_EINVAL;
+      if (rc)
+        snprintf(why, sizeof(why),
+                 "the trainer's CUDA device %d is none of the GPUs larderd sees (by UUID): "
+                 "larderd and the trainer must see the same GPUs",
+                 req->cuda_device);
+    }
     if (rc) {
       conn_send_error(c, rc, 0, req->request_id, "larderd: %s", why);
       return;
@@ -2398,6 +2410,9 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->params = *req;
   o->params.sources = NULL;
   o->params.columns = NULL;
+  o->params.cuda_device = cuda_device; /* this process's ordinal */
+  o->params.cuda_device_uuid.data = NULL;
+  o->params.cuda_device_uuid.len = 0;
   o->sources = copy_strings(req->sources, req->n_sources);
   o->num_sources = req->n_sources;
   o->columns = copy_strings(req->columns, req->n_columns);

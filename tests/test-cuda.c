@@ -611,6 +611,56 @@ TEST_IMPL(cuda_two_devices) {
   return 0;
 }
 
+static int open_err(const char *socket, const larder_stream_options_t *o, char *err, size_t len);
+
+/*
+ * A trainer whose CUDA_VISIBLE_DEVICES renumbers the GPUs (the double's
+ * LARDER_FAKE_CUDA_VISIBLE): its device 0 is larderd's device 1, found by
+ * UUID; the region lands there, and the bytes match.  A trainer's device
+ * that larderd does not see at all is refused with LARDER_EINVAL.
+ */
+TEST_IMPL(cuda_visible_devices) {
+  if (use_driver()) return 0;
+  if (real_gpu()) {
+    fprintf(stderr, "skipped: needs the test double's LARDER_FAKE_CUDA_VISIBLE\n");
+    return 0;
+  }
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_VISIBLE", "1", 1));
+  ASSERT_EQ(num_devices(), 1);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 1);
+  cuda_opts(&co, 100, 1, 0);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &co, &s));
+  char *json = dh_admin(&d, "stats");
+  ASSERT_NOT_NULL(json);
+  ASSERT_STR_CONTAINS(json, "{\"device\":0,\"bytes\":0},{\"device\":1,\"bytes\":2097152}");
+  free(json);
+  larder_stream_close(s);
+  larder_client_close(c);
+  wait_cuda_bytes(&d, 0);
+  ASSERT_EQ(compare_streams(d.socket, &ho, &co, &d), (DH_STD_ROWS + 99) / 100);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  /* A daemon that sees one GPU, a trainer its other. */
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_DEVICES", "1", 1));
+  ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_VISIBLE"));
+  dh_start(&d);
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_DEVICES", "2", 1));
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_VISIBLE", "1", 1));
+  char err[1024];
+  ASSERT_EQ(open_err(d.socket, &co, err, sizeof(err)), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(err, "none of the GPUs larderd sees");
+  ASSERT_EQ(dh_stat(&d, "cuda_device_bytes"), 0);
+  dh_stop(&d);
+  return 0;
+}
+
 static int open_err(const char *socket, const larder_stream_options_t *o, char *err, size_t len) {
   larder_client_t *c;
   ASSERT_OK(larder_client_connect(socket, &c));
@@ -829,6 +879,7 @@ TEST_IMPL(cuda_exports) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_visible_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_no_driver) {
   dh_daemon d;

@@ -6,7 +6,9 @@
  * at it, the path both larderd and liblarder dlopen.
  *
  * - Devices: $LARDER_FAKE_CUDA_DEVICES of them (default 2; 0 makes cuInit
- *   fail with CUDA_ERROR_NO_DEVICE).
+ *   fail with CUDA_ERROR_NO_DEVICE).  $LARDER_FAKE_CUDA_VISIBLE, a list of
+ *   them ("1" or "1,0"), renumbers them for this process as
+ *   CUDA_VISIBLE_DEVICES does; cuDeviceGetUuid tells them apart.
  * - "Device memory" is shared memory: cuMemAlloc makes a memfd and maps
  *   it; the CUdeviceptr is the mapping's address in the calling process.
  *   Allocations past $LARDER_FAKE_CUDA_MEM bytes per device (default
@@ -76,13 +78,34 @@ static __thread struct CUctx_st *ctx_stack[16];
 static __thread int ctx_depth;
 static char stream_token[FAKE_MAX_DEVICES];
 
-static int num_devices(void) {
+static int physical_devices(void) {
   const char *v = getenv("LARDER_FAKE_CUDA_DEVICES");
   int n = v && *v ? atoi(v) : 2;
   if (n < 0) n = 0;
   if (n > FAKE_MAX_DEVICES) n = FAKE_MAX_DEVICES;
   return n;
 }
+
+/* This process's ordinal i as a physical device, or -1; the count of
+ * ordinals when i < 0. */
+static int visible(int i) {
+  const char *v = getenv("LARDER_FAKE_CUDA_VISIBLE");
+  int n = physical_devices();
+  if (v == NULL || *v == '\0') return i < 0 ? n : (i < n ? i : -1);
+  int k = 0;
+  for (const char *p = v; *p;) {
+    char *end;
+    long d = strtol(p, &end, 10);
+    if (end == p || d < 0 || d >= n) break;
+    if (k == i) return (int)d;
+    k++;
+    p = *end == ',' ? end + 1 : end;
+    if (*end != ',') break;
+  }
+  return i < 0 ? k : -1;
+}
+
+static int num_devices(void) { return visible(-1); }
 
 static size_t mem_limit(void) {
   const char *v = getenv("LARDER_FAKE_CUDA_MEM");
@@ -152,13 +175,23 @@ CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
 CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
   NEED_INIT();
   if (dev < 0 || dev >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
-  snprintf(name, (size_t)len, "larder fake CUDA device %d (test double)", dev);
+  snprintf(name, (size_t)len, "larder fake CUDA device %d (test double)", visible(dev));
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
   NEED_INIT();
   if (dev < 0 || dev >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  memset(uuid->bytes, 0, sizeof(uuid->bytes));
+  snprintf(uuid->bytes, sizeof(uuid->bytes), "fake-gpu-%d", visible(dev));
+  return CUDA_SUCCESS;
+}
+
+/* Contexts and memory are per physical device. */
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ordinal) {
+  NEED_INIT();
+  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  int dev = visible(ordinal);
   pthread_mutex_lock(&lock);
   ctxs[dev].device = dev;
   ctx_refs[dev]++;
@@ -167,9 +200,10 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice ordinal) {
   NEED_INIT();
-  if (dev < 0 || dev >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  int dev = visible(ordinal);
   pthread_mutex_lock(&lock);
   int bad = ctx_refs[dev] <= 0;
   if (!bad) ctx_refs[dev]--;
