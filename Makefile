@@ -50,9 +50,25 @@ PROTO_C := $(GEN)/larder.pb-c.c
 PROTO_H := $(GEN)/larder.pb-c.h
 CFLAGS += -I$(GEN) -Iclient
 
+# CUDA streams (client/cuda.c, daemon/cuda.c): the driver is loaded at run
+# time (dlopen), so only the toolkit's cuda.h is needed to build them.
+# Without it everything else builds, and CUDA streams are refused with
+# LARDER_EUNSUPPORTED.
+CUDA_HOME ?= /usr/local/cuda
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
+  CUDA_CFLAGS := -DLARDER_HAVE_CUDA_H -I$(CUDA_HOME)/include
+else
+  CUDA_CFLAGS :=
+  ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
+    $(info larder: no $(CUDA_HOME)/include/cuda.h: building without the CUDA path (CUDA streams are refused; set CUDA_HOME))
+  endif
+endif
+CFLAGS += $(CUDA_CFLAGS)
+FAKE_CUDA := $(B)/lib/fake-cuda/libcuda.so.1
+
 DAEMON_PKGS := libuv rocksdb libprotobuf-c inih libsystemd libcurl
 DAEMON_LIBS := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null)
-CLIENT_LIBS := $(shell pkg-config --libs libprotobuf-c 2>/dev/null)
+CLIENT_LIBS := $(shell pkg-config --libs libprotobuf-c 2>/dev/null) -ldl
 # larderctl reads the daemon's JSON events with jansson.
 CTL_LIBS := $(shell pkg-config --libs jansson 2>/dev/null)
 
@@ -61,7 +77,7 @@ COMMON_SRCS := client/error.c
 # Every daemon module but main.c: the daemon links them, and so do the
 # unit tests.
 DAEMON_LIB_SRCS := $(filter-out daemon/main.c $(PQ_SRCS),$(sort $(wildcard daemon/*.c)))
-CLIENT_SRCS := client/larder.c client/wire.c client/error.c
+CLIENT_SRCS := client/larder.c client/wire.c client/error.c client/cuda.c
 CTL_SRCS := client/larderctl.c client/ctl_parquet.c client/ctl_daemon.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
 TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c tests/remote-harness.c tests/remote/rs.c
@@ -80,12 +96,13 @@ BENCH_DECODE := $(B)/bin/bench-decode
 LABEL_MIX := $(B)/bin/label-mix
 SERVE_CLIENT := $(B)/bin/serve-client
 BENCH_STORE := $(B)/bin/bench-store
+BENCH_CUDA := $(B)/bin/bench-cuda
 
 .PHONY: all deps test check check-unit check-compat check-config check-python check-readme demo lint fuzz fuzz-build \
         bench bench-decode bench-serve bench-remote bench-store clean
 
 all: $(LARDERD) $(LARDERCTL) $(LIBLARDER_SO) $(LIBLARDER_A) $(EXAMPLE_TRAINER) \
-     $(RUN_TESTS) $(BENCH_DECODE)
+     $(RUN_TESTS) $(BENCH_DECODE) $(if $(CUDA_CFLAGS),$(FAKE_CUDA) $(BENCH_CUDA))
 
 # Generated protobuf-c code, built from proto/ and never committed.
 $(PROTO_C) $(PROTO_H): proto/larder.proto
@@ -114,7 +131,7 @@ $(LIBLARDER_SO): $(call obj,$(CLIENT_SRCS)) $(PROTO_O)
 
 $(LARDERD): $(call obj,daemon/main.c $(DAEMON_LIB_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) $(DAEMON_LIBS) -lm -o $@
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) $(DAEMON_LIBS) -ldl -lm -o $@
 
 $(LARDERCTL): $(call obj,$(CTL_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
@@ -126,7 +143,20 @@ $(EXAMPLE_TRAINER): $(call obj,client/example-trainer.c) $(LIBLARDER_A)
 
 $(RUN_TESTS): $(call obj,$(TEST_SRCS) $(DAEMON_LIB_SRCS)) $(PQ_LIB) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lbrotlienc $(DAEMON_LIBS) -lm -o $@
+	$(CC) $(LDFLAGS) $^ $(PQ_LIBS) -lbrotlienc $(DAEMON_LIBS) -ldl -lm -o $@
+
+# The test double of the CUDA driver (tests/cuda-fake/): "device memory" in
+# shared memory, IPC across processes.  The tests load it through
+# LARDER_LIBCUDA, the path larderd and liblarder dlopen.  Built without
+# sanitizers: it is loaded into processes of every flavour.
+$(FAKE_CUDA): tests/cuda-fake/fake-cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -g -O1 -fPIC -shared $(CUDA_CFLAGS) \
+	  -Wl,-soname,libcuda.so.1 $< -pthread -o $@
+
+$(BENCH_CUDA): $(call obj,bench/bench-cuda.c) $(LIBLARDER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(CLIENT_LIBS) -lm -o $@
 
 $(BENCH_DECODE): $(call obj,bench/bench-decode.c) $(PQ_LIB) $(call obj,$(COMMON_SRCS))
 	@mkdir -p $(dir $@)
@@ -185,17 +215,18 @@ check-config: $(LARDERD)
 
 # The daemon's integration tests (test-daemon*.c) run the larderd of the
 # same flavour, and the CLI tests its larderctl.
-check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL)
+check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(if $(CUDA_CFLAGS),$(FAKE_CUDA))
 	LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) LARDERCTL_BIN=$(LARDERCTL) $(RUN_TESTS)
 
 # The tests whose threads share a client or a stream, under ThreadSanitizer
 # (V=tsan): releases and Arrow exports on other threads, event loops, fork,
+# CUDA streams (workers copying batches to the device),
 # close during releases, SIGTERM mid-stream, and the chaos mix; larderd is
 # built with TSan too.  RocksDB is not, so its own atomics look like races
 # to TSan: tests/tsan.supp leaves them out.  Address randomization is off:
 # TSan's fixed shadow layout fails to start under the larger mmap entropy
 # of some kernels.
-THREAD_TESTS := client_ daemon_footers_shared daemon_release_ daemon_reader_moves daemon_close_release_threads daemon_evloop \
+THREAD_TESTS := client_ cuda_ daemon_footers_shared daemon_release_ daemon_reader_moves daemon_close_release_threads daemon_evloop \
                 daemon_ring_wakeups daemon_client_patterns daemon_robust_bad_release \
                 daemon_robust_chaos daemon_robust_sigterm_streams daemon_robust_corrupt_file \
                 daemon_cache_changed_file
@@ -247,9 +278,9 @@ fuzz: fuzz-build
 LINT_SRCS := $(sort $(PQ_SRCS) $(DAEMON_LIB_SRCS) daemon/main.c $(CLIENT_SRCS) $(CTL_SRCS) \
                client/example-trainer.c)
 lint: $(PROTO_H)
-	clang-tidy --quiet $(LINT_SRCS) -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Iclient
+	clang-tidy --quiet $(LINT_SRCS) -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Iclient $(CUDA_CFLAGS)
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
-	  --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ $(LINT_SRCS)
+	  --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ $(if $(CUDA_CFLAGS),-DLARDER_HAVE_CUDA_H) $(LINT_SRCS)
 
 # ---------------------------------------------------------------------------
 # Benchmarks
@@ -306,6 +337,16 @@ bench-torch: deps
 	    (cd bench && { [ -d node_modules/@duckdb ] || npm ci --no-audit --no-fund --loglevel=error; }) && \
 	    node bench/gen-dataset.mjs bench/work >/dev/null; fi; \
 	  python3 bench/torch-trainer.py build/release "$$src"
+
+# The CUDA handoff on a real GPU host (not part of `make bench`; no GPU is
+# needed to build it): HtoD bandwidth larder achieves per GPU beside a
+# plain cuMemcpyHtoD from pinned memory, the daemon's CPU per batch on the
+# CUDA path beside the host path, and a trainer's stall at a step just over
+# that cost.  From a bundle: see bench/bundle.sh and tests/cuda-real.sh.
+.PHONY: bench-cuda
+bench-cuda: deps
+	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/bin/bench-cuda
+	bench/bench-cuda.sh build/release
 
 # ---------------------------------------------------------------------------
 

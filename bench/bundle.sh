@@ -15,10 +15,19 @@
 # goes to OUT_DIR/lib, for a Python trainer that loads it with ctypes (it
 # needs the host's own loader, so OUT_DIR/lib's libprotobuf-c.so.1 must be
 # loaded first: see bench/torch-trainer.py).
+#
+# When built, run-tests and bench-cuda come too, with what the CUDA check
+# of a GPU host needs (tests/cuda-real.sh, tests/data, bench/bench-cuda.sh
+# and bench/work/zstd-v1.parquet if generated), laid out as in the source
+# tree: on the GPU host, `bash OUT_DIR/tests/cuda-real.sh OUT_DIR`.
 set -euo pipefail
 build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
 progs=(larderd larderctl serve-client)
+# Optional: the CUDA check's programs (tests/cuda-real.sh), when built.
+for p in run-tests bench-cuda; do
+  if [ -x "$build/bin/$p" ]; then progs+=("$p"); fi
+done
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/real" "$out/lib"
@@ -53,4 +62,13 @@ exec "\$d/lib/$loader" --library-path "\$d/lib" "\$d/real/$p" "\$@"
 EOF
   chmod +x "$out/bin/$p"
 done
+# The CUDA check's scripts and data, where its scripts look for them.
+src=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out/tests" "$out/bench"
+cp "$src/tests/cuda-real.sh" "$out/tests/"
+cp "$src/bench/bench-cuda.sh" "$out/bench/"
+cp -r "$src/tests/data" "$out/tests/"
+if [ -f "$src/bench/work/zstd-v1.parquet" ]; then
+  mkdir -p "$out/bench/work" && cp "$src/bench/work/zstd-v1.parquet" "$out/bench/work/"
+fi
 echo "bundle: $out ($(du -sh "$out" | cut -f1), $(find "$out/lib" -type f | wc -l) libraries)"

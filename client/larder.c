@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "larder.h"
+#include "lcuda.h"
 #include "ring.h"
 #include "wire.h"
 
@@ -53,6 +54,8 @@ struct larder_array {
   const void *values;
   uint64_t values_size;
   int num_children;
+  int memory_kind;  /* LARDER_MEMORY_CUDA: the buffer pointers are device
+                       pointers (cuda_rebase_arrays) */
   larder_array_t *children;
 };
 
@@ -164,6 +167,12 @@ struct larder_stream {
    * that next reads it only then: no system call on the hot path. */
   int efd, epfd;
   int signalled;
+  /* CUDA streams (client/cuda.c): the daemon's device region, which
+   * mirrors the arena byte for byte, and its device; NULL and -1 for host
+   * streams. */
+  int cuda_device;
+  lcuda_map_t *cuda;
+  larder_client_t *cuda_client; /* set by a close with batches held */
 };
 
 struct larder_batch {
@@ -398,7 +407,7 @@ static void stream_signal(larder_stream_t *s, const larder_stream_t *reader) {
 }
 
 /* Sends CloseStream for stream id.  The reading thread. */
-static int send_close_stream(larder_client_t *c, uint32_t id);
+static int send_close_stream(larder_client_t *c, uint32_t id, int device_memory_held);
 
 /* Routes one frame, read by a call for `reader` (NULL: open or close).
  * Takes ownership of f. */
@@ -470,7 +479,7 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
     for (int i = 0; i < n; i++) close(c->fds[at + i]);
     memmove(c->fds + at, c->fds + at + n, (size_t)(c->num_fds - at - n) * sizeof(int));
     c->num_fds -= n;
-    if (f->open_stream_reply->stream_id) send_close_stream(c, f->open_stream_reply->stream_id);
+    if (f->open_stream_reply->stream_id) send_close_stream(c, f->open_stream_reply->stream_id, 0);
   }
   wire_free(f);
 }
@@ -976,6 +985,14 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (rc == 0 && local < 0)
     rc = env_int(c, env_set("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "SLURM_NTASKS_PER_NODE",
                  0, 1, &local);
+  /* CUDA (client/cuda.c): the driver must be there before the daemon
+   * allocates device memory for the stream. */
+  if (rc == 0 && opts->memory_kind != LARDER_MEMORY_HOST && opts->memory_kind != LARDER_MEMORY_CUDA)
+    rc = set_err(c, LARDER_EINVAL, "memory_kind %d is neither LARDER_MEMORY_HOST nor LARDER_MEMORY_CUDA",
+                 opts->memory_kind);
+  uint8_t cuda_uuid[16];
+  if (rc == 0 && opts->memory_kind == LARDER_MEMORY_CUDA)
+    rc = lcuda_device_uuid(cuda, cuda_uuid, c->err, sizeof(c->err));
   if (rc) return rc;
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.partitions = opts->partitions;
@@ -1013,6 +1030,10 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   req.arena_bytes = opts->arena_bytes;
   req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
   req.cuda_device = cuda;
+  if (opts->memory_kind == LARDER_MEMORY_CUDA) {
+    req.cuda_device_uuid.data = cuda_uuid;
+    req.cuda_device_uuid.len = sizeof(cuda_uuid);
+  }
   req.ring = 1;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
@@ -1053,6 +1074,14 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   }
   const Larder__OpenStreamReply *rep = r->open_stream_reply;
   uint64_t ring_size = rep->ring_bytes;
+  /* CUDA: the handle of the device region, kept until the arena is
+   * mapped. */
+  int want_cuda = opts->memory_kind == LARDER_MEMORY_CUDA;
+  uint8_t cuda_handle[LCUDA_IPC_HANDLE_BYTES];
+  size_t cuda_handle_len = rep->cuda_ipc_handle.len;
+  int cuda_reply_ok = !want_cuda || (rep->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA &&
+                                     cuda_handle_len == sizeof(cuda_handle));
+  if (want_cuda && cuda_reply_ok) memcpy(cuda_handle, rep->cuda_ipc_handle.data, sizeof(cuda_handle));
   larder_stream_t *s = calloc(1, sizeof(*s));
   if (s == NULL) {
     close(afd);
@@ -1063,6 +1092,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   pthread_mutex_init(&s->lock, NULL);
   s->client = c;
   s->efd = s->epfd = -1;
+  s->cuda_device = -1;
   s->id = rep->stream_id;
   s->refs = 1;
   s->batches_per_epoch = rep->batches_per_epoch;
@@ -1116,6 +1146,13 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   }
   close(afd);
   if (rfd >= 0) close(rfd);
+  if (rc == 0 && want_cuda && !cuda_reply_ok)
+    rc = set_err(c, LARDER_EPROTO, "the daemon answered a CUDA stream without its device memory");
+  if (rc == 0 && want_cuda) {
+    rc = lcuda_map_open(cuda, cuda_handle, cuda_handle_len, s->arena_size, &s->cuda, c->err,
+                        sizeof(c->err));
+    s->cuda_device = cuda;
+  }
   if (rc == 0) {
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1178,6 +1215,11 @@ static void stream_free(larder_stream_t *s) {
   }
   if (s->arena) munmap(s->arena, s->arena_size);
   if (s->ring) munmap(s->ring, s->ring_size);
+  lcuda_map_close(s->cuda);
+  /* A CUDA stream closed while batches held its region: now unmapped,
+   * the daemon may free it (see larder_stream_close). */
+  if (s->cuda && s->cuda_client && !client_forked(s->cuda_client) && !s->cuda_client->broken)
+    (void)send_close_stream(s->cuda_client, s->id, 0);
   free_field(&s->schema);
   free(s->plan);
   free(s->deep);
@@ -1221,9 +1263,10 @@ int larder_stream_flush(larder_stream_t *s) {
   return rc;
 }
 
-static int send_close_stream(larder_client_t *c, uint32_t id) {
+static int send_close_stream(larder_client_t *c, uint32_t id, int device_memory_held) {
   Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
   cs.stream_id = id;
+  cs.device_memory_held = device_memory_held;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
   f.close_stream = &cs;
@@ -1245,8 +1288,26 @@ void larder_stream_close(larder_stream_t *s) {
    * failed here is not).  A forked child (the header forbids using a
    * client there, but it may close one) must not close the parent's stream
    * on the shared socket. */
-  if (!c->broken && (!s->error || s->failed_here) && !client_forked(c))
-    send_close_stream(c, s->id);
+  /* CUDA (lcuda.h): the daemon must not free device memory this process
+   * still maps.  With no batch held, the mapping closes before CloseStream
+   * goes, which then goes for a stream the daemon ended too (it kept the
+   * region: daemon/cuda.h).  With batches held, CloseStream says so, and
+   * the last release closes the mapping and sends a second one
+   * (stream_free), through cuda_client: the client outlives its batches. */
+  int cuda_unmapped = 0, cuda_held = 0;
+  if (s->cuda && !client_forked(c)) {
+    pthread_mutex_lock(&s->lock);
+    cuda_held = s->refs > 1;
+    if (cuda_held && !c->broken) s->cuda_client = c;
+    pthread_mutex_unlock(&s->lock);
+    if (!cuda_held) {
+      lcuda_map_close(s->cuda);
+      s->cuda = NULL;
+      cuda_unmapped = 1;
+    }
+  }
+  if (!c->broken && (!s->error || s->failed_here || cuda_unmapped) && !client_forked(c))
+    send_close_stream(c, s->id, cuda_held);
   while (s->q_head) {
     queued_t *q = s->q_head;
     s->q_head = q->next;
@@ -1373,6 +1434,26 @@ static int build_batch_arrays(const larder_stream_t *s, const wire_batch_t *b,
   }
   *bytes = total;
   return 0;
+}
+
+/* CUDA streams: turns the host pointers of a batch's arrays, checked by
+ * build_batch_arrays against the host mapping of the arena, into device
+ * pointers at the same offsets of the daemon's device region. */
+static const void *cuda_rebase(const void *p, uintptr_t host, uintptr_t dev) {
+  /* A device address is no host object: it can only be made from an
+   * integer. */
+  return p ? (const void *)(dev + ((uintptr_t)p - host)) : NULL; /* NOLINT(performance-no-int-to-ptr) */
+}
+
+static void cuda_rebase_arrays(const larder_stream_t *s, larder_array_t *nodes) {
+  uintptr_t host = (uintptr_t)s->arena, dev = (uintptr_t)lcuda_map_base(s->cuda);
+  for (int k = 0; k < s->num_nodes; k++) {
+    larder_array_t *a = &nodes[k];
+    a->validity = cuda_rebase(a->validity, host, dev);
+    a->offsets = cuda_rebase(a->offsets, host, dev);
+    a->values = cuda_rebase(a->values, host, dev);
+    a->memory_kind = LARDER_MEMORY_CUDA;
+  }
 }
 
 /* Sends a Wake frame for s: the daemon reads its ring.  Returns 0,
@@ -1597,6 +1678,7 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
                     ? build_batch_arrays(s, b, nodes, &batch->bytes)
                     : LARDER_EPROTO;
       batch->columns = nodes;
+      if (brc == 0 && s->cuda) cuda_rebase_arrays(s, nodes);
       wire_free(f);
       free(fast);
       if (brc) {
@@ -1702,6 +1784,10 @@ uint64_t larder_batch_epoch(const larder_batch_t *b) { return b->epoch; }
 uint64_t larder_batch_index(const larder_batch_t *b) { return b->index; }
 int larder_batch_num_columns(const larder_batch_t *b) { return b->num_columns; }
 uint64_t larder_batch_bytes(const larder_batch_t *b) { return b->bytes; }
+int larder_batch_memory_kind(const larder_batch_t *b) {
+  return b->stream->cuda ? LARDER_MEMORY_CUDA : LARDER_MEMORY_HOST;
+}
+int larder_batch_device(const larder_batch_t *b) { return b->stream->cuda_device; }
 
 const larder_array_t *larder_batch_column(const larder_batch_t *b, int i) {
   return i >= 0 && i < b->num_columns ? &b->columns[i] : NULL;
@@ -1823,6 +1909,15 @@ int larder_array_num_children(const larder_array_t *a) { return a->num_children;
 const larder_array_t *larder_array_child(const larder_array_t *a, int i) {
   return i >= 0 && i < a->num_children ? &a->children[i] : NULL;
 }
+int larder_array_memory_kind(const larder_array_t *a) { return a->memory_kind; }
+
+/* Hooks for the exports of client/cuda.c (lcuda.h). */
+int larder_internal_batch_take(larder_batch_t *b) {
+  if (b->exported) return LARDER_EINVAL;
+  b->exported = 1;
+  return 0;
+}
+void larder_internal_batch_release_taken(larder_batch_t *b) { batch_release(b, 0); }
 
 /* The batch's nodes are in slot order already (plan_stream): the columns
  * first, each array's children contiguous, so an entry's index is its

@@ -224,8 +224,10 @@ typedef struct larder_stream_options {
                                   LARDER_DEFAULT_WINDOW, 32),
                                   at most LARDER_MAX_WINDOW */
   uint64_t arena_bytes;        /* 0 = daemon's default */
-  int memory_kind;             /* 0 = host; 1 = CUDA (reserved: LARDER_EUNSUPPORTED) */
-  int cuda_device;
+  int memory_kind;             /* LARDER_MEMORY_HOST (default) or
+                                  LARDER_MEMORY_CUDA: see below */
+  int cuda_device;             /* CUDA streams: the device ordinal;
+                                  -1 (default): $LOCAL_RANK, else 0 */
   uint32_t partitions;         /* node partitions P (0: the daemon's
                                   `partitions`, default 1): with P > 1
                                   the ranks of each node read, fetch and
@@ -240,6 +242,33 @@ typedef struct larder_stream_options {
                                   NULL (default): $LARDER_JOB, else "";
                                   at most 64 printable ASCII characters */
 } larder_stream_options_t;
+
+/*
+ * Where a stream's batches live (memory_kind).
+ *
+ * LARDER_MEMORY_CUDA: every buffer of every batch (values, validity
+ * bitmaps, offsets) is in device memory of cuda_device, and every accessor
+ * that returns a buffer pointer (larder_array_validity, _offsets,
+ * _large_offsets, _values, and the Arrow and DLPack exports) returns a
+ * device pointer, valid in any context of this process on that device
+ * (PyTorch's included: it uses the primary context too).  The bytes are
+ * those a host stream with the same options delivers, at the same
+ * offsets: the daemon assembles each batch in host memory as for a host
+ * stream, copies it into a device region that mirrors the arena, waits
+ * for the copy, and only then hands the batch over, so a batch is
+ * complete on the device when larder_stream_next returns it (no event to
+ * wait on).  Release, order, exactly-once and resume are as for host
+ * streams, and so is a batch held past larder_stream_close: the device
+ * memory stays until its last batch is released (release them before
+ * larder_client_close, as for any stream).
+ * The CUDA driver is loaded at run time (libcuda.so.1, or
+ * $LARDER_LIBCUDA); without it, or on a daemon without it, the open fails
+ * with LARDER_EUNSUPPORTED and larder_client_last_error says what is
+ * missing.  A device that does not exist fails with LARDER_EINVAL, device
+ * memory exhausted with LARDER_ENOMEM, both naming the device.
+ */
+#define LARDER_MEMORY_HOST 0
+#define LARDER_MEMORY_CUDA 1
 
 /* Fills opts with the defaults above.  Any thread. */
 void larder_stream_options_init(larder_stream_options_t *opts);
@@ -377,6 +406,11 @@ const larder_array_t *larder_batch_column_by_name(const larder_batch_t *batch, c
  * 64-byte boundary, so the batch takes up to 63 bytes more per buffer:
  * size arena_bytes with that room (and more, as batches vary). */
 uint64_t larder_batch_bytes(const larder_batch_t *batch);
+/* LARDER_MEMORY_HOST or LARDER_MEMORY_CUDA: where the buffers of the
+ * batch's arrays are (the stream's memory_kind), and the CUDA device
+ * ordinal (-1 for host memory).  Any thread. */
+int larder_batch_memory_kind(const larder_batch_t *batch);
+int larder_batch_device(const larder_batch_t *batch);
 
 /* Gives the batch's arena region back to the daemon (see
  * larder_stream_flush for when the release goes out), and frees the
@@ -407,6 +441,9 @@ const void *larder_array_values(const larder_array_t *a);
 uint64_t larder_array_values_size(const larder_array_t *a);
 int larder_array_num_children(const larder_array_t *a);
 const larder_array_t *larder_array_child(const larder_array_t *a, int i);
+/* LARDER_MEMORY_HOST or LARDER_MEMORY_CUDA: whether the pointers above
+ * are host or device pointers (its batch's larder_batch_memory_kind). */
+int larder_array_memory_kind(const larder_array_t *a);
 
 /*
  * Every buffer of a batch in one call, for FFIs (Python's ctypes) where
@@ -520,6 +557,86 @@ struct ArrowArray {
  */
 int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
                         struct ArrowArray *array);
+
+/* ------------------------------------------------------------------------ */
+/* Arrow C Device Data Interface and DLPack (device memory, and host too)    */
+
+/* As the Arrow C Device Data Interface defines them (ABI-stable). */
+#ifndef ARROW_C_DEVICE_DATA_INTERFACE
+#define ARROW_C_DEVICE_DATA_INTERFACE
+typedef int32_t ArrowDeviceType;
+#define ARROW_DEVICE_CPU 1
+#define ARROW_DEVICE_CUDA 2
+#define ARROW_DEVICE_CUDA_HOST 3
+struct ArrowDeviceArray {
+  struct ArrowArray array;
+  int64_t device_id;
+  ArrowDeviceType device_type;
+  void *sync_event;
+  int64_t reserved[3];
+};
+#endif /* ARROW_C_DEVICE_DATA_INTERFACE */
+
+/*
+ * As larder_batch_export, into an ArrowDeviceArray: device_type
+ * ARROW_DEVICE_CUDA and device_id the stream's device for a CUDA stream
+ * (ARROW_DEVICE_CPU and -1 for a host stream), and sync_event NULL: the
+ * batch is complete on the device before larder_stream_next returns it.
+ * Ownership moves to array->array as for larder_batch_export; the same
+ * return codes.
+ */
+int larder_batch_export_device(larder_batch_t *batch, struct ArrowSchema *schema,
+                               struct ArrowDeviceArray *array);
+
+/* As dlpack.h (v0.8 and later) defines them: the subset liblarder fills. */
+#ifndef DLPACK_DLPACK_H_
+#define DLPACK_DLPACK_H_
+typedef enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 } DLDeviceType;
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+typedef enum { kDLInt = 0U, kDLUInt = 1U, kDLFloat = 2U, kDLBfloat = 4U, kDLBool = 6U } DLDataTypeCode;
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+typedef struct {
+  void *data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+#endif /* DLPACK_DLPACK_H_ */
+
+/*
+ * Exports the batch's fixed-width columns as DLPack tensors, without
+ * copying: tensors[i] (for i below n, n at most the batch's columns) is
+ * column i's values as a 1-D tensor of its rows (FIXED_BINARY: 2-D, rows
+ * by byte_width, of uint8), on the batch's device (kDLCUDA and the
+ * device for a CUDA stream, kDLCPU for a host one), or NULL for a column
+ * that is not fixed-width (BOOL's bits, strings, lists, structs, maps,
+ * decimals).  A null slot holds zero bytes (larder_array_validity says
+ * which; DLPack has no validity).  Types: INT*, UINT* as kDLInt/kDLUInt,
+ * FLOAT16/32/64 as kDLFloat, DATE32 and TIME32 as int32, TIME64 and
+ * TIMESTAMP as int64.  Ownership of the batch moves to the tensors: each
+ * holds a reference, its deleter drops it, and the last one releases the
+ * batch (larder_batch_release is then ignored, as after an Arrow export).
+ * Deleters may run on any thread, once each.  Returns the number of
+ * tensors made (at least 1), LARDER_EUNSUPPORTED when no column is
+ * fixed-width (the batch still belongs to the caller), LARDER_EINVAL for
+ * a batch exported already or a bad n, LARDER_ENOMEM.
+ */
+int larder_batch_export_dlpack(larder_batch_t *batch, DLManagedTensor **tensors, int n);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "cred.h"
+#include "cuda.h"
 #include "log.h"
 #include "metrics.h"
 #include "pq_inspect.h"
@@ -733,6 +734,12 @@ static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
   sb_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(&srv->stats, name));
   STATS_GLOBAL(ADMIN_STAT_)
 #undef ADMIN_STAT_
+  /* CUDA streams: device bytes per GPU ordinal (cuda.h). */
+  sb_puts(b, ",\"cuda_devices\":[");
+  for (int d = 0; d < cuda_devices_seen(); d++)
+    sb_printf(b, "%s{\"device\":%d,\"bytes\":%" PRIu64 "}", d ? "," : "", d,
+              cuda_device_bytes_of(d));
+  sb_puts(b, "]");
   if (srv->store) {
     store_stats_t st;
     store_stats_get(srv->store, &st);
@@ -899,6 +906,12 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
             fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, footer_bytes)),
             fmt_bytes(y, sizeof(y), (double)srv->cfg.footer_memory),
             fmt_count(z, sizeof(z), STATS_GET(&srv->stats, footer_files)));
+  /* CUDA streams (cuda.h): device memory per GPU, once one was used. */
+  if (cuda_devices_seen() > 0)
+    sb_printf(b, "  gpu         %s (cuda_device_bytes)\n",
+              fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_device_bytes)));
+  for (int d = 0; d < cuda_devices_seen(); d++)
+    sb_printf(b, "    device %-3d %s\n", d, fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
 
   /* Remote fetches. */
   sb_puts(b, "\nFetch\n");

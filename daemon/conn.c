@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cuda.h"
 #include "log.h"
 #include "server.h"
 #include "util.h"
@@ -105,6 +106,7 @@ void conn_close(conn_t *c) {
   if (c->closing) return;
   c->closing = 1;
   while (c->streams) stream_close(c->streams);
+  cuda_unpark_all(c->id); /* CUDA regions kept for the client (cuda.h) */
   admin_conn_closed(c); /* its admin jobs (prefetch, cat) stop */
   uv_read_stop((uv_stream_t *)&c->pipe);
   uv_timer_stop(&c->fd_timer);
@@ -473,8 +475,7 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
       return;
     }
     case LARDER__FRAME__MSG_CLOSE_STREAM: {
-      stream_t *s = stream_find(c, f->close_stream->stream_id);
-      if (s) stream_close(s);
+      stream_client_close(c, f->close_stream);
       conn_cancel_unsent(c, f->close_stream->stream_id);
       return;
     }

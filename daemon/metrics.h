@@ -76,6 +76,8 @@
  *                                             in a ring
  *     (Wakes per batch delivered is the system calls a ring saves: near 0
  *     while trainers keep up, about 1 while they wait on the daemon.)
+ *   larder_cuda_device_bytes         gauge    GPU memory held for CUDA streams (the device
+ *                                             regions that mirror their arenas), all GPUs
  *
  *   The cache (store.h's store_stats_t):
  *   larder_cache_capacity_bytes      gauge    bytes of decoded data the cache keeps at most

@@ -142,6 +142,9 @@ void stream_release(stream_t *s, const Larder__Release *rel);
 void stream_wake(stream_t *s);
 /* Ends a stream: the client asked, or its connection went away. */
 void stream_close(stream_t *s);
+/* The client's CloseStream: closes its stream, or frees what the daemon
+ * kept of a stream ended before (a CUDA region, cuda.h). */
+void stream_client_close(conn_t *c, const Larder__CloseStream *cs);
 /* Called when a unit the stream waits for is READY or FAILED. */
 void stream_units_changed(stream_t *s);
 /* Ends a stream with an error sent to its client. */

@@ -72,7 +72,9 @@
   XX(ring_streams, COUNTER, "streams opened with a descriptor ring")           \
   XX(ring_wakes_sent, COUNTER, "Wake frames sent to clients asleep on a ring") \
   XX(ring_wakes_received, COUNTER, "Wake frames from clients: releases "      \
-                                   "written in a ring")
+                                   "written in a ring")                        \
+  XX(cuda_device_bytes, GAUGE, "GPU memory held for CUDA streams (the device " \
+                               "regions that mirror their arenas), all GPUs")
 
 #define STATS_STREAM(XX)                                                      \
   XX(batches, COUNTER, "batches delivered")                                    \

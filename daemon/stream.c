@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../client/ring.h"
+#include "cuda.h"
 #include "log.h"
 #include "metrics.h"
 #include "server.h"
@@ -150,6 +151,7 @@ struct stream {
   shuffle_epoch_t *pin_ep;  /* cursor of the pin tasks */
   uint64_t pin_ep_epoch;
   int pin_busy;             /* a pin task is in flight */
+  int client_closed;        /* CUDA: see `cuda` below */
   shuffle_epoch_t *order_ep; /* cursor of the order tasks */
   uint64_t order_ep_epoch;
   order_task_t *order_task; /* the order task in flight, if any */
@@ -215,6 +217,13 @@ struct stream {
   char *stale_msg;          /* a remote object changed: the error the stream
                                ends with once the epoch before is sent */
   uint8_t *stale;           /* by file: changed (cached data to drop) */
+  /* CUDA streams (cuda.h): the device region mirroring the arena; every
+   * batch's bytes are copied there before it is published.  cuda_owner:
+   * the connection that may still map it, set when the daemon ended the
+   * stream on a live connection (the region is then parked, not freed);
+   * client_closed: the client's CloseStream closed it (it unmapped). */
+  cuda_region_t *cuda;
+  uint64_t cuda_owner;
 };
 
 uint32_t stream_id(const stream_t *s) { return s->id; }
@@ -409,6 +418,8 @@ static void window_unreserve(stream_t *s) {
   }
 }
 
+static conn_t *find_conn(server_t *srv, uint64_t id);
+
 static void stream_destroy(stream_t *s) {
   if (s->owner) work_pool_release_owner(s->srv->pool, s->owner);
   s->owner = 0;
@@ -439,6 +450,20 @@ static void stream_destroy(stream_t *s) {
   free(s->stale_msg);
   free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
+  /* The region unpins the arena: before the arena goes. */
+  if (s->cuda) {
+    conn_t *owner = s->cuda_owner ? find_conn(s->srv, s->cuda_owner) : NULL;
+    cuda_region_t *r = s->cuda;
+    s->cuda = NULL;
+    if (owner && !owner->closing && !owner->draining) {
+      /* Parked: the host side goes with the arena, the device side waits
+       * for the client (cuda.h). */
+      cuda_region_detach_host(r);
+      cuda_park(s->cuda_owner, s->id, r);
+    } else {
+      cuda_region_close(r);
+    }
+  }
   arena_destroy(s->arena);
   if (s->ring) munmap(s->ring, s->ring_size);
   if (s->ring_fd >= 0) close(s->ring_fd);
@@ -467,6 +492,10 @@ static void unlink_from_conn(stream_t *s) {
 void stream_close(stream_t *s) {
   if (s->closed) return;
   s->closed = 1;
+  /* CUDA: ended by the daemon while its trainer is connected, which may
+   * still map the region (cuda.h). */
+  if (s->cuda && s->conn && !s->client_closed && !s->conn->closing && !s->conn->draining)
+    s->cuda_owner = s->conn->id;
   /* Its tasks' ends free it now: each wakes the loop again. */
   atomic_store_explicit(&s->window_full, 0, memory_order_relaxed);
   unlink_from_conn(s);
@@ -510,6 +539,18 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
   log_notice("stream %u of client pid %d failed: %s", s->id, s->conn ? (int)s->conn->pid : -1, msg);
   if (s->conn) conn_send_error(s->conn, code, s->id, 0, "%s", msg);
   stream_close(s);
+}
+
+void stream_client_close(conn_t *c, const Larder__CloseStream *cs) {
+  stream_t *s = stream_find(c, cs->stream_id);
+  if (s) {
+    /* A client that still maps the CUDA region (it holds batches) frees
+     * it with a second CloseStream: the region is parked till then. */
+    s->client_closed = !cs->device_memory_held;
+    stream_close(s);
+  } else if (!cs->device_memory_held) {
+    cuda_unpark(c->id, cs->stream_id); /* a CUDA region kept for a stream ended before */
+  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1384,6 +1425,25 @@ static void assemble_work(work_t *w) {
     dst += sizes[c];
     node += layout_num_nodes(&schema->children[c]);
   }
+  if (s->cuda) {
+    /* CUDA: the batch's bytes to the same offsets of the device region,
+     * complete before the loop publishes the batch (cuda.h). */
+    int rc = 0;
+    if (b->parts) {
+      for (int c = 0; c < nc && rc == 0; c++)
+        rc = cuda_region_copy(s->cuda, (uint64_t)b->parts[c], (uint64_t)sizes[c], b->message,
+                              sizeof(b->message));
+    } else {
+      rc = cuda_region_copy(s->cuda, (uint64_t)off, total, b->message, sizeof(b->message));
+    }
+    if (rc) {
+      b->error = rc;
+      room_free(s, off, b->parts, b->num_parts);
+      free(b->parts);
+      b->parts = NULL;
+      goto out;
+    }
+  }
 out:
   layout_scratch_free(scratch);
   free(from_rows);
@@ -2223,6 +2283,16 @@ static void open_done(work_t *w, int status) {
                 rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
     return;
   }
+  uint8_t cuda_handle[CUDA_IPC_HANDLE_BYTES];
+  if (p->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
+    char why[600];
+    rc = cuda_region_open(p->cuda_device, arena_base(s->arena), arena_size(s->arena), &srv->stats,
+                          &s->cuda, cuda_handle, why, sizeof(why));
+    if (rc) {
+      refuse_open(c, s, o, rc, "larderd: %s", why);
+      return;
+    }
+  }
   if (p->ring && srv->cfg.shm_ring) {
     rc = ring_create(s, name);
     if (rc) {
@@ -2288,6 +2358,12 @@ static void open_done(work_t *w, int status) {
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
   f.open_stream_reply = &reply;
   reply.ring_bytes = s->ring ? s->ring_size : 0;
+  if (s->cuda) {
+    reply.memory_kind = LARDER__MEMORY_KIND__MEMORY_CUDA;
+    reply.cuda_ipc_handle.data = cuda_handle;
+    reply.cuda_ipc_handle.len = sizeof(cuda_handle);
+    reply.cuda_device = cuda_region_device(s->cuda);
+  }
   int fds[2] = {arena_fd(s->arena), s->ring_fd};
   log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
            "window %u units, partitions %u (its node's: %u to %u)%s%s",
@@ -2438,13 +2514,33 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     req->rank, req->world_size);
     return;
   }
-  if (req->memory_kind != LARDER__MEMORY_KIND__MEMORY_HOST) {
-    /* The CUDA handoff is not built yet: a client that asks for device
-     * memory must not get host pointers it would hand to the GPU. */
+  if (req->memory_kind != LARDER__MEMORY_KIND__MEMORY_HOST &&
+      req->memory_kind != LARDER__MEMORY_KIND__MEMORY_CUDA) {
     conn_send_error(c, LARDER_EUNSUPPORTED, 0, req->request_id,
-                    "memory_kind %d: this daemon delivers batches in host memory only",
+                    "memory_kind %d: this daemon delivers batches in host or CUDA memory",
                     (int)req->memory_kind);
     return;
+  }
+  int cuda_device = req->cuda_device;
+  if (req->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
+    /* CUDA (cuda.h): the driver and the device, before any work.  The
+     * trainer's device is found by its UUID: its ordinal may differ from
+     * this process's (CUDA_VISIBLE_DEVICES). */
+    char why[600];
+    int rc = cuda_check(req->cuda_device, why, sizeof(why));
+    if (req->cuda_device_uuid.len == 16 && (rc == 0 || rc == LARDER_EINVAL)) {
+      cuda_device = cuda_device_by_uuid(req->cuda_device_uuid.data);
+      rc = cuda_device >= 0 ? 0 : LARDER_EINVAL;
+      if (rc)
+        snprintf(why, sizeof(why),
+                 "the trainer's CUDA device %d is none of the GPUs larderd sees (by UUID): "
+                 "larderd and the trainer must see the same GPUs",
+                 req->cuda_device);
+    }
+    if (rc) {
+      conn_send_error(c, rc, 0, req->request_id, "larderd: %s", why);
+      return;
+    }
   }
   if (req->window > STREAM_MAX_WINDOW) {
     /* Bug fix (tests: daemon_stream_options): a larger window was cut to
@@ -2480,6 +2576,9 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   o->params.columns = NULL;
   o->params.job = NULL;
   o->requested_ns = util_now_ns();
+  o->params.cuda_device = cuda_device; /* this process's ordinal */
+  o->params.cuda_device_uuid.data = NULL;
+  o->params.cuda_device_uuid.len = 0;
   o->sources = copy_strings(req->sources, req->n_sources);
   o->num_sources = req->n_sources;
   o->columns = copy_strings(req->columns, req->n_columns);

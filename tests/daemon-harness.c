@@ -1278,6 +1278,8 @@ Larder__Frame *dh_raw_open_ring(int fd, uint32_t request_id, const larder_stream
   req.start_batch = o->start_batch;
   req.window = o->window;
   req.arena_bytes = o->arena_bytes;
+  req.memory_kind = (Larder__MemoryKind)o->memory_kind;
+  req.cuda_device = o->cuda_device > 0 ? o->cuda_device : 0;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
   f.open_stream = &req;

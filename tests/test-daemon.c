@@ -817,12 +817,14 @@ TEST_IMPL(daemon_stream_options) {
     if (arena >= 0) close(arena);
     close(fd);
   }
-  /* Device memory is refused until the CUDA handoff exists (it was served
-   * as host memory). */
+  /* Device memory without a CUDA driver is refused, saying what is
+   * missing (test-cuda.c has the rest). */
   std_opts(&o, 64, 1);
-  o.memory_kind = 1;
+  o.memory_kind = LARDER_MEMORY_CUDA;
+  ASSERT_OK(setenv("LARDER_LIBCUDA", "/nonexistent/libcuda.so.1", 1));
   ASSERT_EQ(open_rc(d.socket, &o, err, sizeof(err)), LARDER_EUNSUPPORTED);
-  ASSERT_STR_CONTAINS(err, "host memory only");
+  ASSERT_STR_CONTAINS(err, "CUDA device memory is unavailable");
+  ASSERT_OK(unsetenv("LARDER_LIBCUDA"));
   /* Batches of more than 2^20 rows are refused; batches of 2^20 rows are
    * planned a few at a time (a stream of batches of 2^24 rows planned 32 at
    * once, gigabytes of daemon memory). */

@@ -9,5 +9,6 @@
 #include "test-list-store.h"
 #include "test-list-daemon.h"
 #include "test-list-client.h"
+#include "test-list-cuda.h"
 #include "test-list-ctl.h"
 #include "test-list-remote.h"

@@ -1,0 +1,398 @@
+/*
+ * cuda.c: liblarder's CUDA side: the driver loader that larderd shares
+ * (lcuda_load), the trainer's mapping of a stream's device region
+ * (lcuda_map_*), and the exports of device batches through the Arrow C
+ * Device Data Interface and DLPack.  See lcuda.h and larder.h.
+ *
+ * Invariants:
+ * - The driver table, once loaded, is never unloaded: device pointers and
+ *   contexts outlive any one stream.
+ * - A mapping retains its device's primary context for as long as it is
+ *   open, and makes it current only around its own calls (push/pop), so
+ *   the caller's current context (PyTorch's) is never changed.
+ * - A mapping is closed only by the process that opened it.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lcuda.h"
+
+#ifdef LARDER_HAVE_CUDA_H
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static lcuda_api_t *loaded; /* under load_lock until set, then immutable */
+
+const char *lcuda_strerror(const lcuda_api_t *api, CUresult r, char *buf, size_t len) {
+  const char *name = NULL, *text = NULL;
+  if (api && api->cuGetErrorName) (void)api->cuGetErrorName(r, &name);
+  if (api && api->cuGetErrorString) (void)api->cuGetErrorString(r, &text);
+  snprintf(buf, len, "%s (%s)", name ? name : "CUDA error", text ? text : "no description");
+  if (name == NULL) snprintf(buf, len, "CUDA error %d", (int)r);
+  return buf;
+}
+
+const lcuda_api_t *lcuda_load(char *err, size_t errlen) {
+  pthread_mutex_lock(&load_lock);
+  lcuda_api_t *api = loaded;
+  pthread_mutex_unlock(&load_lock);
+  if (api) return api;
+  const char *path = getenv("LARDER_LIBCUDA");
+  if (path == NULL || *path == '\0') path = "libcuda.so.1";
+  api = calloc(1, sizeof(*api));
+  if (api == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  snprintf(api->path, sizeof(api->path), "%s", path);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    const char *why = dlerror();
+    snprintf(err, errlen,
+             "CUDA device memory is unavailable: cannot load the CUDA driver %s (%s); "
+             "install the NVIDIA driver or set LARDER_LIBCUDA",
+             path, why ? why : "not found");
+    free(api);
+    return NULL;
+  }
+#define LCUDA_RESOLVE_(name)                                                         \
+  if (ok) {                                                                          \
+    *(void **)(&api->name) = dlsym(h, LCUDA_SYMBOL(name));                           \
+    if (api->name == NULL) {                                                         \
+      snprintf(err, errlen,                                                          \
+               "CUDA device memory is unavailable: the CUDA driver %s lacks %s "     \
+               "(a driver older than the toolkit larder was built with?)",           \
+               path, LCUDA_SYMBOL(name));                                            \
+      ok = 0;                                                                        \
+    }                                                                                \
+  }
+  int ok = 1;
+  LCUDA_FUNCS(LCUDA_RESOLVE_)
+#undef LCUDA_RESOLVE_
+  CUresult r = CUDA_SUCCESS;
+  if (ok && (r = api->cuInit(0)) != CUDA_SUCCESS) {
+    char e[160];
+    snprintf(err, errlen, "CUDA device memory is unavailable: cuInit with %s failed: %s", path,
+             lcuda_strerror(api, r, e, sizeof(e)));
+    ok = 0;
+  }
+  if (ok && (r = api->cuDeviceGetCount(&api->num_devices)) != CUDA_SUCCESS) {
+    char e[160];
+    snprintf(err, errlen, "CUDA device memory is unavailable: cuDeviceGetCount failed: %s",
+             lcuda_strerror(api, r, e, sizeof(e)));
+    ok = 0;
+  }
+  if (ok) (void)api->cuDriverGetVersion(&api->driver_version);
+  if (!ok) {
+    dlclose(h);
+    free(api);
+    return NULL;
+  }
+  /* The handle stays open for the process's life: the table points into
+   * it.  Two threads that loaded at once keep the first table. */
+  pthread_mutex_lock(&load_lock);
+  if (loaded == NULL) {
+    loaded = api;
+    api = NULL;
+  }
+  lcuda_api_t *out = loaded;
+  pthread_mutex_unlock(&load_lock);
+  free(api);
+  return out;
+}
+
+int lcuda_check_device(int device, char *err, size_t errlen) {
+  const lcuda_api_t *api = lcuda_load(err, errlen);
+  if (api == NULL) return LARDER_EUNSUPPORTED;
+  if (device < 0 || device >= api->num_devices || device >= LCUDA_MAX_DEVICES) {
+    snprintf(err, errlen, "cuda_device %d: this host has %d CUDA device%s (0 .. %d)", device,
+             api->num_devices, api->num_devices == 1 ? "" : "s", api->num_devices - 1);
+    return LARDER_EINVAL;
+  }
+  return 0;
+}
+
+int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen) {
+  int rc = lcuda_check_device(device, err, errlen);
+  if (rc) return rc;
+  const lcuda_api_t *api = lcuda_load(err, errlen);
+  CUdevice d;
+  CUuuid u;
+  CUresult r = api->cuDeviceGet(&d, device);
+  if (r == CUDA_SUCCESS) r = api->cuDeviceGetUuid(&u, d);
+  if (r != CUDA_SUCCESS) {
+    char e[160];
+    snprintf(err, errlen, "CUDA device %d: cannot read its UUID: %s", device,
+             lcuda_strerror(api, r, e, sizeof(e)));
+    return LARDER_EIO;
+  }
+  memcpy(uuid, u.bytes, 16);
+  return 0;
+}
+
+int lcuda_device_by_uuid(const uint8_t uuid[16]) {
+  char err[256];
+  const lcuda_api_t *api = lcuda_load(err, sizeof(err));
+  for (int i = 0; api && i < api->num_devices && i < LCUDA_MAX_DEVICES; i++) {
+    uint8_t u[16];
+    if (lcuda_device_uuid(i, u, err, sizeof(err)) == 0 && memcmp(u, uuid, 16) == 0) return i;
+  }
+  return -1;
+}
+
+struct lcuda_map {
+  const lcuda_api_t *api;
+  int device;
+  pid_t pid;
+  CUcontext ctx;
+  CUdeviceptr base;
+  uint64_t size;
+};
+
+int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_t size,
+                   lcuda_map_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  int rc = lcuda_check_device(device, err, errlen);
+  if (rc) return rc;
+  const lcuda_api_t *api = lcuda_load(err, errlen);
+  if (handle_len != sizeof(CUipcMemHandle) || handle_len != LCUDA_IPC_HANDLE_BYTES) {
+    snprintf(err, errlen, "the daemon sent a CUDA IPC handle of %zu bytes, not %d", handle_len,
+             LCUDA_IPC_HANDLE_BYTES);
+    return LARDER_EPROTO;
+  }
+  lcuda_map_t *m = calloc(1, sizeof(*m));
+  if (m == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return LARDER_ENOMEM;
+  }
+  m->api = api;
+  m->device = device;
+  m->pid = getpid();
+  m->size = size;
+  char e[160];
+  CUdevice dev;
+  CUresult r = api->cuDeviceGet(&dev, device);
+  if (r == CUDA_SUCCESS) r = api->cuDevicePrimaryCtxRetain(&m->ctx, dev);
+  if (r != CUDA_SUCCESS) {
+    snprintf(err, errlen, "CUDA device %d: cannot retain its primary context: %s", device,
+             lcuda_strerror(api, r, e, sizeof(e)));
+    free(m);
+    return LARDER_EIO;
+  }
+  CUipcMemHandle h;
+  memcpy(&h, handle, sizeof(h));
+  r = api->cuCtxPushCurrent(m->ctx);
+  if (r == CUDA_SUCCESS) {
+    r = api->cuIpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    CUcontext popped;
+    (void)api->cuCtxPopCurrent(&popped);
+  }
+  if (r != CUDA_SUCCESS) {
+    snprintf(err, errlen,
+             "CUDA device %d: cannot open the daemon's device memory (cuIpcOpenMemHandle): %s; "
+             "the daemon and the trainer must see the same GPUs, in one PID namespace",
+             device, lcuda_strerror(api, r, e, sizeof(e)));
+    (void)api->cuDevicePrimaryCtxRelease(dev);
+    free(m);
+    return LARDER_EIO;
+  }
+  *out = m;
+  return 0;
+}
+
+uint64_t lcuda_map_base(const lcuda_map_t *m) { return (uint64_t)m->base; }
+
+void lcuda_map_close(lcuda_map_t *m) {
+  if (m == NULL) return;
+  if (m->pid == getpid()) {
+    const lcuda_api_t *api = m->api;
+    if (api->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
+      (void)api->cuIpcCloseMemHandle(m->base);
+      CUcontext popped;
+      (void)api->cuCtxPopCurrent(&popped);
+    }
+    CUdevice dev;
+    if (api->cuDeviceGet(&dev, m->device) == CUDA_SUCCESS)
+      (void)api->cuDevicePrimaryCtxRelease(dev);
+  }
+  free(m);
+}
+
+#else /* !LARDER_HAVE_CUDA_H */
+
+const lcuda_api_t *lcuda_load(char *err, size_t errlen) {
+  snprintf(err, errlen,
+           "CUDA device memory is unavailable: liblarder was built without the CUDA toolkit's "
+           "cuda.h (set CUDA_HOME when building)");
+  return NULL;
+}
+
+int lcuda_check_device(int device, char *err, size_t errlen) {
+  (void)device;
+  (void)lcuda_load(err, errlen);
+  return LARDER_EUNSUPPORTED;
+}
+
+int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_t size,
+                   lcuda_map_t **out, char *err, size_t errlen) {
+  (void)handle;
+  (void)handle_len;
+  (void)size;
+  *out = NULL;
+  return lcuda_check_device(device, err, errlen);
+}
+
+uint64_t lcuda_map_base(const lcuda_map_t *m) {
+  (void)m;
+  return 0;
+}
+
+int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen) {
+  (void)uuid;
+  return lcuda_check_device(device, err, errlen);
+}
+
+int lcuda_device_by_uuid(const uint8_t uuid[16]) {
+  (void)uuid;
+  return -1;
+}
+
+void lcuda_map_close(lcuda_map_t *m) { (void)m; }
+
+#endif /* LARDER_HAVE_CUDA_H */
+
+/* ------------------------------------------------------------------------ */
+/* Arrow C Device Data Interface                                             */
+
+int larder_batch_export_device(larder_batch_t *batch, struct ArrowSchema *schema,
+                               struct ArrowDeviceArray *array) {
+  int cuda = larder_batch_memory_kind(batch) == LARDER_MEMORY_CUDA;
+  int64_t device = larder_batch_device(batch);
+  /* On an error the caller's structs are left as they were (a second
+   * export must not clobber the first). */
+  int rc = larder_batch_export(batch, schema, &array->array);
+  if (rc) return rc;
+  memset(array->reserved, 0, sizeof(array->reserved));
+  array->device_type = cuda ? ARROW_DEVICE_CUDA : ARROW_DEVICE_CPU;
+  array->device_id = cuda ? device : -1;
+  /* The daemon synchronized the copy before it published the batch. */
+  array->sync_event = NULL;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* DLPack                                                                    */
+
+/* What the tensors of one export share: the batch, released by the last
+ * deleter. */
+typedef struct dlpack_export {
+  atomic_int refs;
+  larder_batch_t *batch;
+} dlpack_export_t;
+
+typedef struct dlpack_tensor {
+  DLManagedTensor t; /* first: the consumer's pointer is this struct's */
+  int64_t shape[2];
+  dlpack_export_t *x;
+} dlpack_tensor_t;
+
+static void dlpack_delete(DLManagedTensor *self) {
+  if (self == NULL) return;
+  dlpack_tensor_t *dt = (dlpack_tensor_t *)self;
+  dlpack_export_t *x = dt->x;
+  free(dt);
+  if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
+  larder_internal_batch_release_taken(x->batch);
+  free(x);
+}
+
+/* DLPack's type of a's values, or 0 when it has none (not fixed-width). */
+static int dlpack_type(const larder_array_t *a, DLDataType *t, int *ndim) {
+  *ndim = 1;
+  t->lanes = 1;
+  switch (larder_array_type(a)) {
+    case LARDER_TYPE_INT8: *t = (DLDataType){kDLInt, 8, 1}; return 1;
+    case LARDER_TYPE_INT16: *t = (DLDataType){kDLInt, 16, 1}; return 1;
+    case LARDER_TYPE_INT32: case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32:
+      *t = (DLDataType){kDLInt, 32, 1};
+      return 1;
+    case LARDER_TYPE_INT64: case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP:
+      *t = (DLDataType){kDLInt, 64, 1};
+      return 1;
+    case LARDER_TYPE_UINT8: *t = (DLDataType){kDLUInt, 8, 1}; return 1;
+    case LARDER_TYPE_UINT16: *t = (DLDataType){kDLUInt, 16, 1}; return 1;
+    case LARDER_TYPE_UINT32: *t = (DLDataType){kDLUInt, 32, 1}; return 1;
+    case LARDER_TYPE_UINT64: *t = (DLDataType){kDLUInt, 64, 1}; return 1;
+    case LARDER_TYPE_FLOAT16: *t = (DLDataType){kDLFloat, 16, 1}; return 1;
+    case LARDER_TYPE_FLOAT32: *t = (DLDataType){kDLFloat, 32, 1}; return 1;
+    case LARDER_TYPE_FLOAT64: *t = (DLDataType){kDLFloat, 64, 1}; return 1;
+    case LARDER_TYPE_FIXED_BINARY:
+      if (larder_array_byte_width(a) <= 0) return 0;
+      *t = (DLDataType){kDLUInt, 8, 1};
+      *ndim = 2;
+      return 1;
+    default: return 0;
+  }
+}
+
+int larder_batch_export_dlpack(larder_batch_t *batch, DLManagedTensor **tensors, int n) {
+  if (batch == NULL || tensors == NULL || n < 0 || n > larder_batch_num_columns(batch))
+    return LARDER_EINVAL;
+  int cuda = larder_batch_memory_kind(batch) == LARDER_MEMORY_CUDA;
+  DLDevice dev = {cuda ? kDLCUDA : kDLCPU, cuda ? (int32_t)larder_batch_device(batch) : 0};
+  int made = 0;
+  for (int i = 0; i < n; i++) {
+    DLDataType t;
+    int ndim;
+    tensors[i] = NULL;
+    if (dlpack_type(larder_batch_column(batch, i), &t, &ndim)) made++;
+  }
+  if (made == 0) return LARDER_EUNSUPPORTED;
+  dlpack_export_t *x = calloc(1, sizeof(*x));
+  if (x == NULL) return LARDER_ENOMEM;
+  for (int i = 0; i < n; i++) {
+    const larder_array_t *a = larder_batch_column(batch, i);
+    DLDataType t;
+    int ndim;
+    if (!dlpack_type(a, &t, &ndim)) continue;
+    dlpack_tensor_t *dt = calloc(1, sizeof(*dt));
+    if (dt == NULL) {
+      for (int k = 0; k < i; k++) {
+        free(tensors[k]);
+        tensors[k] = NULL;
+      }
+      free(x);
+      return LARDER_ENOMEM;
+    }
+    dt->x = x;
+    dt->shape[0] = larder_array_length(a);
+    dt->shape[1] = ndim == 2 ? larder_array_byte_width(a) : 1;
+    /* DLPack's data is not const; the consumer owns the tensor. */
+    dt->t.dl_tensor.data = (void *)larder_array_values(a);
+    dt->t.dl_tensor.device = dev;
+    dt->t.dl_tensor.ndim = ndim;
+    dt->t.dl_tensor.dtype = t;
+    dt->t.dl_tensor.shape = dt->shape;
+    dt->t.dl_tensor.strides = NULL; /* compact, row-major */
+    dt->t.dl_tensor.byte_offset = 0;
+    dt->t.manager_ctx = x;
+    dt->t.deleter = dlpack_delete;
+    tensors[i] = &dt->t;
+  }
+  int rc = larder_internal_batch_take(batch);
+  if (rc) {
+    for (int i = 0; i < n; i++) {
+      free(tensors[i]);
+      tensors[i] = NULL;
+    }
+    free(x);
+    return rc;
+  }
+  x->batch = batch;
+  atomic_init(&x->refs, made);
+  return made;
+}

@@ -1,0 +1,110 @@
+/*
+ * lcuda.h: liblarder's internal view of the CUDA driver API (prefix
+ * lcuda_), shared by liblarder (client/cuda.c) and larderd (daemon/cuda.c),
+ * which links liblarder.a.  Not installed; nothing here is public.
+ *
+ * The driver is loaded at run time: dlopen("libcuda.so.1"), or the path in
+ * $LARDER_LIBCUDA (the tests' double, tests/cuda-fake/), so that larderd
+ * and every trainer start, and host streams work, on a host without a GPU
+ * or driver.  The types and prototypes come from the toolkit's cuda.h
+ * (Makefile: CUDA_HOME), which defines LARDER_HAVE_CUDA_H; a build without
+ * it leaves the CUDA path out, and lcuda_load then always fails.
+ *
+ * cuda.h renames the versioned entry points (cuMemAlloc is cuMemAlloc_v2,
+ * ...); LCUDA_FUNCS names them as cuda.h does, so the member names, their
+ * types and the symbols looked up (LCUDA_SYMBOL) are the versioned ones
+ * throughout, and the double defines the same.
+ */
+#ifndef LARDER_LCUDA_H
+#define LARDER_LCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "larder.h"
+
+#define LCUDA_IPC_HANDLE_BYTES 64
+/* Devices larderd and liblarder tell apart (cuda_device below this). */
+#define LCUDA_MAX_DEVICES 64
+
+#ifdef LARDER_HAVE_CUDA_H
+#include <cuda.h>
+
+#define LCUDA_FUNCS(XX)                                                         \
+  XX(cuInit) XX(cuDriverGetVersion) XX(cuGetErrorString) XX(cuGetErrorName)     \
+  XX(cuDeviceGetCount) XX(cuDeviceGet) XX(cuDeviceGetName) XX(cuDeviceGetUuid)  \
+  XX(cuDevicePrimaryCtxRetain) XX(cuDevicePrimaryCtxRelease)                    \
+  XX(cuCtxPushCurrent) XX(cuCtxPopCurrent) XX(cuCtxSetCurrent)                  \
+  XX(cuCtxSynchronize) XX(cuMemAlloc) XX(cuMemFree) XX(cuMemGetInfo)            \
+  XX(cuMemAllocHost) XX(cuMemFreeHost) XX(cuIpcGetMemHandle)                    \
+  XX(cuIpcOpenMemHandle) XX(cuIpcCloseMemHandle) XX(cuMemHostRegister)          \
+  XX(cuMemHostUnregister) XX(cuStreamCreate) XX(cuStreamDestroy)                \
+  XX(cuStreamSynchronize) XX(cuMemcpyHtoDAsync) XX(cuMemcpyHtoD)                \
+  XX(cuMemcpyDtoH)
+
+#define LCUDA_STR_(x) #x
+/* The symbol's name as cuda.h spells it after its renames. */
+#define LCUDA_SYMBOL(x) LCUDA_STR_(x)
+
+typedef struct lcuda_api {
+#define LCUDA_MEMBER_(name) __typeof__(name) *name;
+  LCUDA_FUNCS(LCUDA_MEMBER_)
+#undef LCUDA_MEMBER_
+  char path[256]; /* what was loaded */
+  int driver_version;
+  int num_devices;
+} lcuda_api_t;
+
+/* "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"-style text for
+ * r into buf; returns buf.  Any thread. */
+const char *lcuda_strerror(const lcuda_api_t *api, CUresult r, char *buf, size_t len);
+#else
+typedef struct lcuda_api lcuda_api_t;
+#endif /* LARDER_HAVE_CUDA_H */
+
+/* Loads the driver once per process (later calls return the same table;
+ * a failure is not kept, so a later call tries again) and initialises it
+ * (cuInit).  Returns the table, or NULL with why in err: no cuda.h at
+ * build time, no libcuda, a symbol missing, cuInit failing (no device).
+ * Any thread. */
+const lcuda_api_t *lcuda_load(char *err, size_t errlen);
+
+/* Whether device is a usable ordinal: 0, LARDER_EUNSUPPORTED (no driver,
+ * err says what is missing) or LARDER_EINVAL (err names the device and
+ * the count).  Any thread. */
+int lcuda_check_device(int device, char *err, size_t errlen);
+
+/* The UUID of device (an ordinal of this process, checked): 0, or a
+ * negative code with err set. */
+int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen);
+/* This process's ordinal of the device with that UUID, or -1. */
+int lcuda_device_by_uuid(const uint8_t uuid[16]);
+
+/* ------------------------------------------------------------------------ */
+/* The trainer's side (client/cuda.c)                                        */
+
+/* A stream's device region, opened from the daemon's IPC handle. */
+typedef struct lcuda_map lcuda_map_t;
+
+/* Opens the daemon's region of size bytes on device (primary context, made
+ * current only for the call).  Returns 0 with *out set, or a negative code
+ * with err set: LARDER_EUNSUPPORTED (no driver), LARDER_EINVAL (device),
+ * LARDER_EPROTO (a handle of the wrong size), LARDER_EIO (the driver
+ * refused the handle). */
+int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_t size,
+                   lcuda_map_t **out, char *err, size_t errlen);
+/* The device address of the region's first byte. */
+uint64_t lcuda_map_base(const lcuda_map_t *m);
+/* Closes the mapping (in the process that opened it; a forked child only
+ * frees the struct: CUDA does not survive fork) and releases the primary
+ * context it retained.  NULL is ignored. */
+void lcuda_map_close(lcuda_map_t *m);
+
+/* Hooks of client/larder.c for the exports of client/cuda.c: marks b
+ * exported (its ownership moves to the export; LARDER_EINVAL when it was
+ * already), and releases an exported batch when its last consumer lets
+ * go.  Any thread. */
+int larder_internal_batch_take(larder_batch_t *b);
+void larder_internal_batch_release_taken(larder_batch_t *b);
+
+#endif /* LARDER_LCUDA_H */

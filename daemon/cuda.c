@@ -1,0 +1,287 @@
+/*
+ * cuda.c: device regions of CUDA streams (see cuda.h for the design).
+ *
+ * Invariants:
+ * - ctx[d] is device d's primary context, retained once (under lock) and
+ *   never released: worker threads' CUDA streams (tl_stream) live in it.
+ * - device_bytes[d] is the sum of the sizes of the open regions on d.
+ * - A region's arena pinning is undone before the arena is unmapped
+ *   (stream.c closes the region first).
+ */
+#include "cuda.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../client/lcuda.h"
+#include "log.h"
+
+static uint64_t device_bytes[LCUDA_MAX_DEVICES]; /* atomic adds */
+static int devices_seen;                         /* under lock */
+
+uint64_t cuda_device_bytes_of(int device) {
+  if (device < 0 || device >= LCUDA_MAX_DEVICES) return 0;
+  return __atomic_load_n(&device_bytes[device], __ATOMIC_RELAXED);
+}
+
+int cuda_devices_seen(void) { return __atomic_load_n(&devices_seen, __ATOMIC_RELAXED); }
+
+int cuda_check(int device, char *err, size_t errlen) {
+  return lcuda_check_device(device, err, errlen);
+}
+
+int cuda_device_by_uuid(const uint8_t *uuid) { return lcuda_device_by_uuid(uuid); }
+
+/* Parked regions (cuda.h), loop thread only. */
+typedef struct parked {
+  struct parked *next;
+  uint64_t owner;
+  uint32_t stream_id;
+  cuda_region_t *r;
+} parked_t;
+static parked_t *parked;
+
+void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r) {
+  parked_t *p = malloc(sizeof(*p));
+  if (p == NULL) {
+    /* Out of memory: freed now, the trainer's mapping notwithstanding. */
+    cuda_region_close(r);
+    return;
+  }
+  *p = (parked_t){parked, owner, stream_id, r};
+  parked = p;
+}
+
+/* Frees the parked regions of owner (and of stream_id unless all). */
+static void unpark(uint64_t owner, uint32_t stream_id, int all) {
+  parked_t **pp = &parked;
+  while (*pp) {
+    parked_t *p = *pp;
+    if (p->owner == owner && (all || p->stream_id == stream_id)) {
+      *pp = p->next;
+      cuda_region_close(p->r);
+      free(p);
+    } else {
+      pp = &p->next;
+    }
+  }
+}
+
+void cuda_unpark(uint64_t owner, uint32_t stream_id) { unpark(owner, stream_id, 0); }
+void cuda_unpark_all(uint64_t owner) { unpark(owner, 0, 1); }
+
+#ifdef LARDER_HAVE_CUDA_H
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext ctx[LCUDA_MAX_DEVICES]; /* under lock until set */
+
+/* A worker's CUDA stream per device, made on its first copy there. */
+static __thread CUstream tl_stream[LCUDA_MAX_DEVICES];
+
+/* Device regions are allocated in whole 2 MiB pages (the driver's large
+ * page): an allocation of its own, which the IPC handle maps from its
+ * first byte, never a piece of a shared one. */
+#define REGION_ALIGN ((uint64_t)2 << 20)
+
+struct cuda_region {
+  const lcuda_api_t *api;
+  int device;
+  CUcontext ctx;
+  CUdeviceptr dev;
+  uint8_t *host;
+  uint64_t size;       /* the arena's, which copies stay within */
+  uint64_t dev_bytes;  /* allocated: size rounded up to REGION_ALIGN */
+  int pinned;
+  stats_global_t *stats;
+};
+
+/* The primary context of device (retained on first use), or NULL with err
+ * set. */
+static CUcontext primary_ctx(const lcuda_api_t *api, int device, char *err, size_t errlen) {
+  pthread_mutex_lock(&lock);
+  CUcontext c = ctx[device];
+  if (c == NULL) {
+    CUdevice d;
+    CUresult r = api->cuDeviceGet(&d, device);
+    if (r == CUDA_SUCCESS) r = api->cuDevicePrimaryCtxRetain(&c, d);
+    if (r != CUDA_SUCCESS) {
+      char e[160];
+      snprintf(err, errlen, "CUDA device %d: cannot retain its primary context: %s", device,
+               lcuda_strerror(api, r, e, sizeof(e)));
+      c = NULL;
+    } else {
+      ctx[device] = c;
+      if (device + 1 > devices_seen) __atomic_store_n(&devices_seen, device + 1, __ATOMIC_RELAXED);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return c;
+}
+
+int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
+                     cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
+                     size_t errlen) {
+  *out = NULL;
+  int rc = lcuda_check_device(device, err, errlen);
+  if (rc) return rc;
+  const lcuda_api_t *api = lcuda_load(err, errlen);
+  CUcontext c = primary_ctx(api, device, err, errlen);
+  if (c == NULL) return LARDER_EIO;
+  cuda_region_t *r = calloc(1, sizeof(*r));
+  if (r == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return LARDER_ENOMEM;
+  }
+  r->api = api;
+  r->device = device;
+  r->ctx = c;
+  r->host = host;
+  r->size = size;
+  r->dev_bytes = (size + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
+  r->stats = stats;
+  char e[160];
+  /* The loop thread makes the context current for these calls only: it
+   * has no other, and the next region may be on another device. */
+  CUresult cr = api->cuCtxSetCurrent(c);
+  if (cr == CUDA_SUCCESS) cr = api->cuMemAlloc(&r->dev, (size_t)r->dev_bytes);
+  if (cr != CUDA_SUCCESS) {
+    rc = cr == CUDA_ERROR_OUT_OF_MEMORY ? LARDER_ENOMEM : LARDER_EIO;
+    snprintf(err, errlen,
+             "CUDA device %d: cannot allocate the stream's %llu bytes of device memory: %s%s",
+             device, (unsigned long long)r->dev_bytes, lcuda_strerror(api, cr, e, sizeof(e)),
+             rc == LARDER_ENOMEM ? "; open the stream with a smaller arena_bytes" : "");
+    (void)api->cuCtxSetCurrent(NULL);
+    free(r);
+    return rc;
+  }
+  CUipcMemHandle h;
+  cr = api->cuIpcGetMemHandle(&h, r->dev);
+  if (cr != CUDA_SUCCESS) {
+    snprintf(err, errlen, "CUDA device %d: cannot export device memory (cuIpcGetMemHandle): %s",
+             device, lcuda_strerror(api, cr, e, sizeof(e)));
+    (void)api->cuMemFree(r->dev);
+    (void)api->cuCtxSetCurrent(NULL);
+    free(r);
+    return LARDER_EIO;
+  }
+  memcpy(handle, &h, CUDA_IPC_HANDLE_BYTES);
+  cr = api->cuMemHostRegister(host, (size_t)size, CU_MEMHOSTREGISTER_PORTABLE);
+  r->pinned = cr == CUDA_SUCCESS;
+  if (!r->pinned) {
+    static int warned;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+      log_warn("CUDA streams: cannot pin arenas (cuMemHostRegister: %s); copies to the GPU go "
+               "from pageable memory, slower (raise LimitMEMLOCK / ulimit -l)",
+               lcuda_strerror(api, cr, e, sizeof(e)));
+  }
+  (void)api->cuCtxSetCurrent(NULL);
+  __atomic_add_fetch(&device_bytes[device], r->dev_bytes, __ATOMIC_RELAXED);
+  STATS_ADD(stats, cuda_device_bytes, r->dev_bytes);
+  log_info("CUDA region of %llu bytes on device %d (arena %s)", (unsigned long long)r->dev_bytes, device,
+           r->pinned ? "pinned" : "pageable");
+  *out = r;
+  return 0;
+}
+
+int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, size_t errlen) {
+  if (len == 0) return 0;
+  if (off > r->size || len > r->size - off) {
+    snprintf(err, errlen, "CUDA copy of [%llu, +%llu) outside the %llu-byte region",
+             (unsigned long long)off, (unsigned long long)len, (unsigned long long)r->size);
+    return LARDER_EIO;
+  }
+  const lcuda_api_t *api = r->api;
+  char e[160];
+  const char *what = "cuCtxSetCurrent";
+  CUresult cr = api->cuCtxSetCurrent(r->ctx);
+  CUstream *st = &tl_stream[r->device];
+  if (cr == CUDA_SUCCESS && *st == NULL) {
+    what = "cuStreamCreate";
+    cr = api->cuStreamCreate(st, CU_STREAM_NON_BLOCKING);
+    if (cr != CUDA_SUCCESS) *st = NULL;
+  }
+  if (cr == CUDA_SUCCESS) {
+    what = "cuMemcpyHtoDAsync";
+    cr = api->cuMemcpyHtoDAsync(r->dev + off, r->host + off, (size_t)len, *st);
+  }
+  if (cr == CUDA_SUCCESS) {
+    what = "cuStreamSynchronize";
+    cr = api->cuStreamSynchronize(*st);
+  }
+  if (cr != CUDA_SUCCESS) {
+    snprintf(err, errlen, "CUDA device %d: copying a batch to the GPU failed (%s): %s", r->device,
+             what, lcuda_strerror(api, cr, e, sizeof(e)));
+    return LARDER_EIO;
+  }
+  return 0;
+}
+
+int cuda_region_pinned(const cuda_region_t *r) { return r->pinned; }
+int cuda_region_device(const cuda_region_t *r) { return r->device; }
+
+void cuda_region_detach_host(cuda_region_t *r) {
+  const lcuda_api_t *api = r->api;
+  char e[160];
+  CUresult cr = api->cuCtxSetCurrent(r->ctx);
+  if (cr == CUDA_SUCCESS && r->pinned) cr = api->cuMemHostUnregister(r->host);
+  if (cr != CUDA_SUCCESS)
+    log_warn("CUDA device %d: unpinning a stream's arena failed: %s", r->device,
+             lcuda_strerror(api, cr, e, sizeof(e)));
+  (void)api->cuCtxSetCurrent(NULL);
+  r->pinned = 0;
+  r->host = NULL;
+  r->size = 0; /* copies fail: nothing lies within */
+}
+
+void cuda_region_close(cuda_region_t *r) {
+  if (r == NULL) return;
+  const lcuda_api_t *api = r->api;
+  char e[160];
+  CUresult cr = api->cuCtxSetCurrent(r->ctx);
+  if (cr == CUDA_SUCCESS && r->pinned) cr = api->cuMemHostUnregister(r->host);
+  if (cr == CUDA_SUCCESS) cr = api->cuMemFree(r->dev);
+  if (cr != CUDA_SUCCESS)
+    log_warn("CUDA device %d: freeing a stream's region failed: %s", r->device,
+             lcuda_strerror(api, cr, e, sizeof(e)));
+  (void)api->cuCtxSetCurrent(NULL);
+  __atomic_sub_fetch(&device_bytes[r->device], r->dev_bytes, __ATOMIC_RELAXED);
+  STATS_SUB(r->stats, cuda_device_bytes, r->dev_bytes);
+  free(r);
+}
+
+#else /* !LARDER_HAVE_CUDA_H */
+
+struct cuda_region {
+  int device;
+};
+
+int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
+                     cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
+                     size_t errlen) {
+  (void)host;
+  (void)size;
+  (void)stats;
+  (void)handle;
+  *out = NULL;
+  return cuda_check(device, err, errlen);
+}
+
+int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, size_t errlen) {
+  (void)r;
+  (void)off;
+  (void)len;
+  snprintf(err, errlen, "built without CUDA");
+  return LARDER_EIO;
+}
+
+int cuda_region_pinned(const cuda_region_t *r) {
+  (void)r;
+  return 0;
+}
+int cuda_region_device(const cuda_region_t *r) { return r->device; }
+void cuda_region_detach_host(cuda_region_t *r) { (void)r; }
+void cuda_region_close(cuda_region_t *r) { (void)r; }
+
+#endif /* LARDER_HAVE_CUDA_H */

@@ -1,0 +1,114 @@
+/*
+ * cuda.h: larderd's side of CUDA streams (prefix cuda_), the batches that
+ * land in a trainer's GPU memory with no copy in the trainer.
+ *
+ * Design
+ * ------
+ * A CUDA stream is assembled exactly as a host stream, into its host arena
+ * (same offsets, same bytes).  Beside the arena the stream owns one device
+ * region of the arena's size on the trainer's device (cuda_region_open),
+ * allocated in that device's primary context, exported once with the
+ * driver's legacy IPC handle (64 bytes, sent in OpenStreamReply).  The
+ * arena is registered pinned (cuMemHostRegister) where the driver allows
+ * it (RLIMIT_MEMLOCK: systemd's LimitMEMLOCK=infinity), else copies go
+ * from pageable memory, slower but correct.  After a worker assembles a
+ * batch, it copies the batch's byte ranges to the same offsets of the
+ * region (cuda_region_copy: cuMemcpyHtoDAsync on a CUDA stream of the
+ * worker's own, per device) and synchronizes that stream before the
+ * assembly task ends; the batch is published only after, on the loop.  So
+ * the trainer never sees a half-copied batch, never blocks its CPU on a
+ * copy, and needs no event: the trainer's larder_stream_next returns a
+ * batch that is complete on the device.  The trainer opens the handle
+ * once (cuIpcOpenMemHandle) and turns arena offsets into device pointers.
+ *
+ * Why legacy IPC rather than VMM handles: cuIpcGetMemHandle /
+ * cuIpcOpenMemHandle work between any two processes of one host (one PID
+ * namespace, the default ptrace scope) that see the same GPUs, with a
+ * plain 64-byte handle in a protocol message: no descriptor to pass.  The
+ * VMM path (cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+ * cuMemExportToShareableHandle, the fd passed with SCM_RIGHTS as the arena
+ * is, cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess in the
+ * trainer) needs a driver of CUDA 10.2 / 11.x or later with VMM support,
+ * granularity-rounded sizes and more calls on both sides; it is the way
+ * to go should legacy IPC be refused between the larder user and a
+ * trainer's (different uids, separate PID namespaces), and the reply's
+ * memory_kind leaves room to offer it.
+ *
+ * Lifetime: one primary context per device, retained on first use for
+ * the daemon's life (worker threads keep a CUDA stream per device in it);
+ * one region per stream, freed (with the pinning undone) when the stream
+ * is destroyed, after its last assembly task: its client closed it, or
+ * died, or its connection went.  The gauge cuda_device_bytes and the
+ * per-device figures (cuda_device_bytes_of) follow the regions.
+ *
+ * Threads: cuda_check and cuda_region_open/close on the loop; cuda_region_copy
+ * on workers, concurrently for one region (disjoint ranges).
+ */
+#ifndef LARDER_DAEMON_CUDA_H
+#define LARDER_DAEMON_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stats.h"
+
+#define CUDA_IPC_HANDLE_BYTES 64
+
+typedef struct cuda_region cuda_region_t;
+
+/* Whether the driver loads and device exists: 0, LARDER_EUNSUPPORTED (err
+ * says what is missing) or LARDER_EINVAL (err names the device). */
+int cuda_check(int device, char *err, size_t errlen);
+/* This process's ordinal of the device with that 16-byte UUID, or -1. */
+int cuda_device_by_uuid(const uint8_t *uuid);
+
+/* Allocates the region of size bytes on device, mirroring host (the
+ * arena's mapping, size bytes), pins host where it can, and writes the IPC
+ * handle to handle.  The region takes size rounded up to 2 MiB, which it
+ * adds to stats->cuda_device_bytes.  Returns 0,
+ * LARDER_EUNSUPPORTED, LARDER_EINVAL (device), LARDER_ENOMEM (device
+ * memory exhausted, naming the device) or LARDER_EIO, with err set. */
+int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
+                     cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
+                     size_t errlen);
+
+/* Copies host bytes [off, off + len) to the same offset of the region and
+ * waits for the copy.  Returns 0 or LARDER_EIO with err set.  Workers. */
+int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, size_t errlen);
+
+/* Whether the arena is pinned (copies are asynchronous DMA). */
+int cuda_region_pinned(const cuda_region_t *r);
+int cuda_region_device(const cuda_region_t *r);
+
+/* Unpins the arena, which is about to be unmapped, and drops the
+ * region's reference to it: the region is then device memory only, and
+ * copies fail. */
+void cuda_region_detach_host(cuda_region_t *r);
+
+/* Frees the region and unpins the arena (before the arena is unmapped).
+ * NULL is ignored. */
+void cuda_region_close(cuda_region_t *r);
+
+/*
+ * Regions kept for a live trainer.  The driver's rule: an exporter must not
+ * free memory a process still has open (cuIpcOpenMemHandle) before that
+ * process closes it.  liblarder closes its mapping before it sends
+ * CloseStream, or says in it that it still maps the region (it holds
+ * batches: device_memory_held), and a dead trainer has none; a stream the
+ * daemon ends itself (an error) may still be mapped too.  The region of
+ * either is parked under its connection (owner) and stream id until the
+ * client's CloseStream for it without device_memory_held (cuda_unpark) or
+ * the connection's end (cuda_unpark_all), and counts in the stats until
+ * then.  Loop thread.
+ */
+void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r);
+void cuda_unpark(uint64_t owner, uint32_t stream_id);
+void cuda_unpark_all(uint64_t owner);
+
+/* The device bytes regions hold on device (0 for devices never used), and
+ * the number of device ordinals that regions were ever opened on, plus
+ * one for the highest (so 0 .. cuda_devices_seen() - 1 covers them). */
+uint64_t cuda_device_bytes_of(int device);
+int cuda_devices_seen(void);
+
+#endif /* LARDER_DAEMON_CUDA_H */

@@ -1,0 +1,498 @@
+/*
+ * fake-cuda.c: a TEST DOUBLE of the CUDA driver API (libcuda.so.1), the
+ * subset larderd and liblarder use, for the tests on hosts without a GPU.
+ * It is not CUDA: nothing runs on a GPU.  The Makefile builds it into
+ * build/$(V)/lib/fake-cuda/libcuda.so.1; the tests point LARDER_LIBCUDA
+ * at it, the path both larderd and liblarder dlopen.
+ *
+ * - Devices: $LARDER_FAKE_CUDA_DEVICES of them (default 2; 0 makes cuInit
+ *   fail with CUDA_ERROR_NO_DEVICE).  $LARDER_FAKE_CUDA_VISIBLE, a list of
+ *   them ("1" or "1,0"), renumbers them for this process as
+ *   CUDA_VISIBLE_DEVICES does; cuDeviceGetUuid tells them apart.
+ * - "Device memory" is shared memory: cuMemAlloc makes a memfd and maps
+ *   it; the CUdeviceptr is the mapping's address in the calling process.
+ *   Allocations past $LARDER_FAKE_CUDA_MEM bytes per device (default
+ *   1 GiB) fail with CUDA_ERROR_OUT_OF_MEMORY.
+ * - IPC: a handle holds a magic, the exporter's pid, the memfd's number,
+ *   the size and the device; cuIpcOpenMemHandle maps /proc/<pid>/fd/<fd>
+ *   (so, like the real one, it needs the exporter alive).  Each allocation
+ *   has a page of importer slots, shared the same way, where an open
+ *   records its process and a close clears it: cuMemFree of memory that a
+ *   live process still has open, undefined behaviour in CUDA, aborts the
+ *   exporter with a message (a dead or zombie importer does not count).
+ * - Copies are memcpy, checked to stay inside a known mapping; streams and
+ *   synchronization are no-ops.  cuMemHostRegister succeeds unless
+ *   $LARDER_FAKE_CUDA_NO_PIN is set.
+ * - A context must be current for allocations and IPC (as in CUDA).
+ */
+#include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define FAKE_MAGIC 0x31554346454b4146ull /* "FAKECFU1" */
+#define FAKE_MAX_DEVICES 64
+
+typedef struct fake_handle {
+  uint64_t magic;
+  int32_t pid, fd;
+  uint64_t size;
+  int32_t device;
+  int32_t importers_fd; /* the page of importer slots */
+} fake_handle;
+
+#define FAKE_SLOTS 64
+typedef struct importers {
+  int32_t pid[FAKE_SLOTS]; /* 0: free */
+} importers;
+
+struct CUctx_st {
+  int device;
+};
+
+typedef struct mapping {
+  struct mapping *next;
+  uintptr_t base;
+  size_t size;
+  int fd;       /* allocations: the memfd; imports: -1 */
+  int device;
+  int imported;
+  int ifd;          /* allocations: the importers page's memfd */
+  importers *imp;   /* the importers page, mapped */
+  int slot;         /* imports: the slot it took, or -1 */
+} mapping;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static mapping *maps;
+static size_t used[FAKE_MAX_DEVICES];
+static struct CUctx_st ctxs[FAKE_MAX_DEVICES];
+static int ctx_refs[FAKE_MAX_DEVICES];
+static int initialized;
+static __thread struct CUctx_st *current;
+static __thread struct CUctx_st *ctx_stack[16];
+static __thread int ctx_depth;
+static char stream_token[FAKE_MAX_DEVICES];
+
+static int physical_devices(void) {
+  const char *v = getenv("LARDER_FAKE_CUDA_DEVICES");
+  int n = v && *v ? atoi(v) : 2;
+  if (n < 0) n = 0;
+  if (n > FAKE_MAX_DEVICES) n = FAKE_MAX_DEVICES;
+  return n;
+}
+
+/* This process's ordinal i as a physical device, or -1; the count of
+ * ordinals when i < 0. */
+static int visible(int i) {
+  const char *v = getenv("LARDER_FAKE_CUDA_VISIBLE");
+  int n = physical_devices();
+  if (v == NULL || *v == '\0') return i < 0 ? n : (i < n ? i : -1);
+  int k = 0;
+  for (const char *p = v; *p;) {
+    char *end;
+    long d = strtol(p, &end, 10);
+    if (end == p || d < 0 || d >= n) break;
+    if (k == i) return (int)d;
+    k++;
+    p = *end == ',' ? end + 1 : end;
+    if (*end != ',') break;
+  }
+  return i < 0 ? k : -1;
+}
+
+static int num_devices(void) { return visible(-1); }
+
+static size_t mem_limit(void) {
+  const char *v = getenv("LARDER_FAKE_CUDA_MEM");
+  return v && *v ? (size_t)strtoull(v, NULL, 10) : (size_t)1 << 30;
+}
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
+  switch (error) {
+    case CUDA_SUCCESS: *pStr = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *pStr = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *pStr = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *pStr = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_NO_DEVICE: *pStr = "CUDA_ERROR_NO_DEVICE"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *pStr = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *pStr = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_NOT_PERMITTED: *pStr = "CUDA_ERROR_NOT_PERMITTED"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *pStr = "CUDA_ERROR_INVALID_HANDLE"; break;
+    default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
+  switch (error) {
+    case CUDA_SUCCESS: *pStr = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: *pStr = "invalid argument (fake CUDA)"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *pStr = "out of memory (fake CUDA: LARDER_FAKE_CUDA_MEM)"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *pStr = "initialization error (fake CUDA)"; break;
+    case CUDA_ERROR_NO_DEVICE: *pStr = "no CUDA-capable device is detected (fake CUDA)"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *pStr = "invalid device ordinal (fake CUDA)"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *pStr = "invalid device context (fake CUDA)"; break;
+    case CUDA_ERROR_NOT_PERMITTED: *pStr = "operation not permitted (fake CUDA)"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *pStr = "invalid resource handle (fake CUDA)"; break;
+    default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuInit(unsigned int Flags) {
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (num_devices() == 0) return CUDA_ERROR_NO_DEVICE;
+  __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+#define NEED_INIT() \
+  if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED
+
+CUresult CUDAAPI cuDriverGetVersion(int *v) {
+  *v = CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count) {
+  NEED_INIT();
+  *count = num_devices();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
+  NEED_INIT();
+  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+  NEED_INIT();
+  if (dev < 0 || dev >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "larder fake CUDA device %d (test double)", visible(dev));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+  NEED_INIT();
+  if (dev < 0 || dev >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  memset(uuid->bytes, 0, sizeof(uuid->bytes));
+  snprintf(uuid->bytes, sizeof(uuid->bytes), "fake-gpu-%d", visible(dev));
+  return CUDA_SUCCESS;
+}
+
+/* Contexts and memory are per physical device. */
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ordinal) {
+  NEED_INIT();
+  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  int dev = visible(ordinal);
+  pthread_mutex_lock(&lock);
+  ctxs[dev].device = dev;
+  ctx_refs[dev]++;
+  pthread_mutex_unlock(&lock);
+  *pctx = &ctxs[dev];
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice ordinal) {
+  NEED_INIT();
+  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  int dev = visible(ordinal);
+  pthread_mutex_lock(&lock);
+  int bad = ctx_refs[dev] <= 0;
+  if (!bad) ctx_refs[dev]--;
+  pthread_mutex_unlock(&lock);
+  return bad ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  NEED_INIT();
+  current = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+  NEED_INIT();
+  if (ctx == NULL || ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+  ctx_stack[ctx_depth++] = current;
+  current = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
+  NEED_INIT();
+  if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = current;
+  current = ctx_stack[--ctx_depth];
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSynchronize(void) {
+  NEED_INIT();
+  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total) {
+  NEED_INIT();
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  size_t u = used[current->device], lim = mem_limit();
+  pthread_mutex_unlock(&lock);
+  *free_bytes = u < lim ? lim - u : 0;
+  *total = lim;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
+  NEED_INIT();
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  if (bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  int dev = current->device;
+  pthread_mutex_lock(&lock);
+  if (used[dev] + bytesize > mem_limit()) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  used[dev] += bytesize;
+  pthread_mutex_unlock(&lock);
+  mapping *m = calloc(1, sizeof(*m));
+  int fd = memfd_create("larder-fake-cuda-device-memory", MFD_CLOEXEC);
+  void *p = MAP_FAILED;
+  if (m && fd >= 0 && ftruncate(fd, (off_t)bytesize) == 0)
+    p = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    if (fd >= 0) close(fd);
+    free(m);
+    pthread_mutex_lock(&lock);
+    used[dev] -= bytesize;
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->base = (uintptr_t)p;
+  m->size = bytesize;
+  m->fd = fd;
+  m->device = dev;
+  m->slot = -1;
+  m->ifd = memfd_create("larder-fake-cuda-importers", MFD_CLOEXEC);
+  void *ip = MAP_FAILED;
+  if (m->ifd >= 0 && ftruncate(m->ifd, sizeof(importers)) == 0)
+    ip = mmap(NULL, sizeof(importers), PROT_READ | PROT_WRITE, MAP_SHARED, m->ifd, 0);
+  if (ip == MAP_FAILED) {
+    if (m->ifd >= 0) close(m->ifd);
+    munmap(p, bytesize);
+    close(fd);
+    free(m);
+    pthread_mutex_lock(&lock);
+    used[dev] -= bytesize;
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->imp = ip;
+  pthread_mutex_lock(&lock);
+  m->next = maps;
+  maps = m;
+  pthread_mutex_unlock(&lock);
+  *dptr = (CUdeviceptr)m->base;
+  return CUDA_SUCCESS;
+}
+
+/* Whether process pid is alive (not gone, not a zombie). */
+static int alive(int pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+/* Unlinks and returns the mapping that starts at base (imported or not),
+ * or NULL. */
+static mapping *take_mapping(uintptr_t base, int imported) {
+  pthread_mutex_lock(&lock);
+  mapping **pp = &maps;
+  while (*pp && ((*pp)->base != base || (*pp)->imported != imported)) pp = &(*pp)->next;
+  mapping *m = *pp;
+  if (m) *pp = m->next;
+  if (m && !imported) used[m->device] -= m->size;
+  pthread_mutex_unlock(&lock);
+  return m;
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
+  NEED_INIT();
+  mapping *m = take_mapping((uintptr_t)dptr, 0);
+  if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < FAKE_SLOTS; i++) {
+    int pid = __atomic_load_n(&m->imp->pid[i], __ATOMIC_ACQUIRE);
+    if (pid && alive(pid)) {
+      fprintf(stderr,
+              "fake CUDA: cuMemFree of device memory that process %d still has open "
+              "(cuIpcOpenMemHandle without cuIpcCloseMemHandle): undefined behaviour in CUDA\n",
+              pid);
+      abort();
+    }
+  }
+  munmap(m->imp, sizeof(importers));
+  close(m->ifd);
+  munmap((void *)m->base, m->size);
+  close(m->fd);
+  free(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAllocHost(void **pp, size_t bytesize) {
+  NEED_INIT();
+  *pp = malloc(bytesize ? bytesize : 1);
+  return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p) {
+  free(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+  NEED_INIT();
+  fake_handle h = {FAKE_MAGIC, (int32_t)getpid(), -1, 0, 0, -1};
+  pthread_mutex_lock(&lock);
+  for (mapping *m = maps; m; m = m->next)
+    if (!m->imported && m->base == (uintptr_t)dptr) {
+      h.fd = m->fd;
+      h.size = m->size;
+      h.device = m->device;
+      h.importers_fd = m->ifd;
+    }
+  pthread_mutex_unlock(&lock);
+  if (h.fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  memset(pHandle, 0, sizeof(*pHandle));
+  memcpy(pHandle->reserved, &h, sizeof(h));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  NEED_INIT();
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  if (Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
+  fake_handle h;
+  memcpy(&h, handle.reserved, sizeof(h));
+  if (h.magic != FAKE_MAGIC || h.size == 0) return CUDA_ERROR_INVALID_HANDLE;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+  void *p = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.importers_fd);
+  int ifd = open(path, O_RDWR | O_CLOEXEC);
+  void *ip = ifd >= 0 ? mmap(NULL, sizeof(importers), PROT_READ | PROT_WRITE, MAP_SHARED, ifd, 0)
+                      : MAP_FAILED;
+  if (ifd >= 0) close(ifd);
+  mapping *m = ip != MAP_FAILED ? calloc(1, sizeof(*m)) : NULL;
+  if (m == NULL) {
+    if (ip != MAP_FAILED) munmap(ip, sizeof(importers));
+    munmap(p, h.size);
+    return ip == MAP_FAILED ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->imp = ip;
+  m->slot = -1;
+  for (int i = 0; i < FAKE_SLOTS && m->slot < 0; i++) {
+    int32_t zero = 0;
+    if (__atomic_compare_exchange_n(&m->imp->pid[i], &zero, (int32_t)getpid(), 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      m->slot = i;
+  }
+  m->base = (uintptr_t)p;
+  m->size = h.size;
+  m->fd = -1;
+  m->device = h.device;
+  m->imported = 1;
+  pthread_mutex_lock(&lock);
+  m->next = maps;
+  maps = m;
+  pthread_mutex_unlock(&lock);
+  *pdptr = (CUdeviceptr)m->base;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  NEED_INIT();
+  mapping *m = take_mapping((uintptr_t)dptr, 1);
+  if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (m->slot >= 0) __atomic_store_n(&m->imp->pid[m->slot], 0, __ATOMIC_RELEASE);
+  munmap(m->imp, sizeof(importers));
+  munmap((void *)m->base, m->size);
+  free(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
+  NEED_INIT();
+  (void)Flags;
+  if (p == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  const char *v = getenv("LARDER_FAKE_CUDA_NO_PIN");
+  return v && *v ? CUDA_ERROR_NOT_PERMITTED : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void *p) {
+  NEED_INIT();
+  return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+  NEED_INIT();
+  (void)Flags;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  *phStream = (CUstream)(void *)&stream_token[current->device];
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
+  NEED_INIT();
+  return hStream ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  NEED_INIT();
+  (void)hStream;
+  return CUDA_SUCCESS;
+}
+
+/* Whether [p, p + n) lies in one known mapping of this process. */
+static int device_range(uintptr_t p, size_t n) {
+  int ok = 0;
+  pthread_mutex_lock(&lock);
+  for (mapping *m = maps; m && !ok; m = m->next)
+    ok = p >= m->base && n <= m->size && p - m->base <= m->size - n;
+  pthread_mutex_unlock(&lock);
+  return ok;
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
+  NEED_INIT();
+  if (!device_range((uintptr_t)dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy((void *)(uintptr_t)dst, src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream hStream) {
+  (void)hStream;
+  return cuMemcpyHtoD(dst, src, n);
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
+  NEED_INIT();
+  if (!device_range((uintptr_t)src, n)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(dst, (const void *)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}

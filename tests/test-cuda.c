@@ -1,0 +1,907 @@
+/*
+ * test-cuda.c: CUDA streams (memory_kind LARDER_MEMORY_CUDA) end to end,
+ * against a real larderd.
+ *
+ * Without a GPU the driver is the test double of tests/cuda-fake/
+ * (build/<flavour>/lib/fake-cuda/libcuda.so.1, found beside larderd, or
+ * $LARDER_TEST_FAKE_CUDA), which both this process and larderd load
+ * through LARDER_LIBCUDA.  tests/cuda-real.sh sets LARDER_TEST_CUDA_REAL=1
+ * to run the same tests on the real driver: then device memory is read
+ * back only with cuMemcpyDtoH, and the tests that need the double's knobs
+ * (its memory limit, its device count, pinning refused) skip that part.
+ * Device bytes are always read through the driver (cuMemcpyDtoH), never
+ * dereferenced.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../client/lcuda.h"
+#include "daemon-harness.h"
+
+#ifdef LARDER_HAVE_CUDA_H
+
+static int real_gpu(void) {
+  const char *v = getenv("LARDER_TEST_CUDA_REAL");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Points this process (and the daemons it starts) at the driver the
+ * tests use.  Returns 0, or 1 when the double is not built (skip). */
+static int use_driver(void) {
+  if (real_gpu()) return 0; /* libcuda.so.1, or the LARDER_LIBCUDA given */
+  char path[1200];
+  const char *env = getenv("LARDER_TEST_FAKE_CUDA");
+  if (env && *env) {
+    snprintf(path, sizeof(path), "%s", env);
+  } else {
+    const char *bin = getenv("LARDERD_BIN");
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s", bin && *bin ? bin : "build/release/bin/larderd");
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof(dir), ".");
+    snprintf(path, sizeof(path), "%s/../lib/fake-cuda/libcuda.so.1", dir);
+  }
+  if (access(path, R_OK) != 0) {
+    fprintf(stderr, "skipped: no CUDA test double at %s (make it)\n", path);
+    return 1;
+  }
+  char abs[PATH_MAX];
+  ASSERT_NOT_NULL(realpath(path, abs));
+  ASSERT_OK(setenv("LARDER_LIBCUDA", abs, 1));
+  return 0;
+}
+
+static const lcuda_api_t *api(void) {
+  char err[512];
+  const lcuda_api_t *a = lcuda_load(err, sizeof(err));
+  if (a == NULL) ASSERT_FAIL_("cannot load the CUDA driver: %s", err);
+  return a;
+}
+
+static int num_devices(void) { return api()->num_devices; }
+
+#define CU_OK(call)                                                         \
+  do {                                                                      \
+    CUresult r_ = (call);                                                   \
+    if (r_ != CUDA_SUCCESS) {                                               \
+      char e_[160];                                                         \
+      ASSERT_FAIL_("%s: %s", #call, lcuda_strerror(api(), r_, e_, sizeof(e_))); \
+    }                                                                       \
+  } while (0)
+
+/* Reads n bytes of device memory of device at src (cuMemcpyDtoH, in the
+ * device's primary context). */
+static void dtoh(int device, void *dst, const void *src, size_t n) {
+  if (n == 0) return;
+  const lcuda_api_t *a = api();
+  CUdevice d;
+  CUcontext c, popped;
+  CU_OK(a->cuDeviceGet(&d, device));
+  CU_OK(a->cuDevicePrimaryCtxRetain(&c, d));
+  CU_OK(a->cuCtxPushCurrent(c));
+  CU_OK(a->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, n));
+  CU_OK(a->cuCtxPopCurrent(&popped));
+  CU_OK(a->cuDevicePrimaryCtxRelease(d));
+}
+
+/* Asserts that device buffer dev (n bytes) holds what host buffer host
+ * does. */
+static void expect_dev_bytes(int device, const void *dev, const void *host, size_t n,
+                             const char *what) {
+  if (n == 0) return;
+  ASSERT_NOT_NULL(dev);
+  ASSERT_NOT_NULL(host);
+  ASSERT(dev != host);
+  uint8_t *buf = malloc(n);
+  ASSERT_NOT_NULL(buf);
+  dtoh(device, buf, dev, n);
+  if (memcmp(buf, host, n) != 0) ASSERT_FAIL_("%s: the device bytes differ from the host's", what);
+  free(buf);
+}
+
+static uint64_t offset_bytes(const larder_array_t *a) {
+  return (uint64_t)(larder_array_length(a) + 1) * (larder_array_large_offsets(a) ? 8u : 4u);
+}
+
+/* Asserts that array d of a CUDA batch on device holds array h of a host
+ * batch: the same lengths and counts, and each buffer's bytes. */
+static void expect_same_array(int device, const larder_array_t *h, const larder_array_t *d) {
+  const char *name = larder_array_name(h);
+  ASSERT_STR_EQ(larder_array_name(d), name);
+  ASSERT_EQ(larder_array_type(d), larder_array_type(h));
+  ASSERT_EQ(larder_array_length(d), larder_array_length(h));
+  ASSERT_EQ(larder_array_null_count(d), larder_array_null_count(h));
+  ASSERT_EQ(larder_array_memory_kind(h), LARDER_MEMORY_HOST);
+  ASSERT_EQ(larder_array_memory_kind(d), LARDER_MEMORY_CUDA);
+  int64_t len = larder_array_length(h);
+  if (larder_array_validity(h))
+    expect_dev_bytes(device, larder_array_validity(d), larder_array_validity(h),
+                     (size_t)(len + 7) / 8, name);
+  else
+    ASSERT_NULL(larder_array_validity(d));
+  if (larder_array_offsets(h))
+    expect_dev_bytes(device, larder_array_offsets(d), larder_array_offsets(h),
+                     (size_t)offset_bytes(h), name);
+  if (larder_array_large_offsets(h))
+    expect_dev_bytes(device, larder_array_large_offsets(d), larder_array_large_offsets(h),
+                     (size_t)offset_bytes(h), name);
+  ASSERT_UINT_EQ(larder_array_values_size(d), larder_array_values_size(h));
+  expect_dev_bytes(device, larder_array_values(d), larder_array_values(h),
+                   (size_t)larder_array_values_size(h), name);
+  ASSERT_EQ(larder_array_num_children(d), larder_array_num_children(h));
+  for (int i = 0; i < larder_array_num_children(h); i++)
+    expect_same_array(device, larder_array_child(h, i), larder_array_child(d, i));
+}
+
+static void expect_same_batch(int device, const larder_batch_t *h, const larder_batch_t *d) {
+  ASSERT_EQ(larder_batch_memory_kind(h), LARDER_MEMORY_HOST);
+  ASSERT_EQ(larder_batch_device(h), -1);
+  ASSERT_EQ(larder_batch_memory_kind(d), LARDER_MEMORY_CUDA);
+  ASSERT_EQ(larder_batch_device(d), device);
+  ASSERT_UINT_EQ(larder_batch_epoch(d), larder_batch_epoch(h));
+  ASSERT_UINT_EQ(larder_batch_index(d), larder_batch_index(h));
+  ASSERT_EQ(larder_batch_num_rows(d), larder_batch_num_rows(h));
+  ASSERT_UINT_EQ(larder_batch_bytes(d), larder_batch_bytes(h));
+  ASSERT_EQ(larder_batch_num_columns(d), larder_batch_num_columns(h));
+  for (int i = 0; i < larder_batch_num_columns(h); i++)
+    expect_same_array(device, larder_batch_column(h, i), larder_batch_column(d, i));
+}
+
+static const char *std_source[1];
+static char std_dir[1024];
+
+static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
+  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
+  std_source[0] = std_dir;
+  dh_opts(o, std_source, batch_size, 8, epochs);
+  o->unit_rows = DH_STD_UNIT_ROWS;
+  o->shuffle_window = 8;
+  o->arena_bytes = 1u << 20;
+}
+
+static void cuda_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs, int dev) {
+  std_opts(o, batch_size, epochs);
+  o->memory_kind = LARDER_MEMORY_CUDA;
+  o->cuda_device = dev;
+}
+
+/* Waits up to 20 s for the daemon's cuda_device_bytes to be want. */
+static void wait_cuda_bytes(const dh_daemon *d, uint64_t want) {
+  uint64_t v = 0;
+  for (int i = 0; i < 400 * dh_slow(); i++) {
+    v = dh_stat(d, "cuda_device_bytes");
+    if (v == want) return;
+    usleep(50000);
+  }
+  ASSERT_FAIL_("cuda_device_bytes is %llu, not %llu", (unsigned long long)v,
+               (unsigned long long)want);
+}
+
+/* Reads a host stream and a CUDA stream with the same options side by
+ * side, comparing every batch; returns the batches read. */
+static uint64_t compare_streams(const char *socket, const larder_stream_options_t *host_o,
+                                const larder_stream_options_t *cuda_o, const dh_daemon *d) {
+  larder_client_t *hc, *cc;
+  ASSERT_OK(larder_client_connect(socket, &hc));
+  ASSERT_OK(larder_client_connect(socket, &cc));
+  larder_stream_t *hs, *cs;
+  ASSERT_OK(larder_stream_open(hc, host_o, &hs));
+  int rc = larder_stream_open(cc, cuda_o, &cs);
+  if (rc) ASSERT_FAIL_("CUDA open: %s: %s", larder_err_name(rc), larder_client_last_error(cc));
+  ASSERT_UINT_EQ(larder_stream_batches_per_epoch(cs), larder_stream_batches_per_epoch(hs));
+  uint64_t p1, p2, q1, q2;
+  larder_stream_position(cs, &p1, &p2);
+  larder_stream_position(hs, &q1, &q2);
+  ASSERT_UINT_EQ(p1, q1);
+  ASSERT_UINT_EQ(p2, q2);
+  if (d) ASSERT_GE(dh_stat(d, "cuda_device_bytes"), cuda_o->arena_bytes);
+  uint64_t n = 0;
+  for (;;) {
+    larder_batch_t *hb = NULL, *cb = NULL;
+    int hr = larder_stream_next(hs, 60000 * dh_slow(), &hb);
+    int cr = larder_stream_next(cs, 60000 * dh_slow(), &cb);
+    if (cr && cr != LARDER_EEOF) ASSERT_FAIL_("CUDA next: %s: %s", larder_err_name(cr), larder_client_last_error(cc));
+    ASSERT_EQ(cr, hr);
+    if (hr == LARDER_EEOF) break;
+    ASSERT_OK(hr);
+    expect_same_batch(cuda_o->cuda_device, hb, cb);
+    larder_batch_release(hb);
+    larder_batch_release(cb);
+    n++;
+  }
+  larder_stream_close(hs);
+  larder_stream_close(cs);
+  larder_client_close(hc);
+  larder_client_close(cc);
+  return n;
+}
+
+/*
+ * A CUDA stream delivers, in device memory, the bytes a host stream with
+ * the same options delivers in host memory: every buffer of every array of
+ * every batch, over two epochs, with nulls, strings and lists; from a
+ * resume position too; with the arena pinned or (pinning refused) not.
+ * The device region counts in cuda_device_bytes while the stream is open
+ * and no more once it is closed.
+ */
+TEST_IMPL(cuda_values_match) {
+  if (use_driver()) return 0;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 2);
+  ho.window = 4;
+  cuda_opts(&co, 100, 2, 0);
+  co.window = 4;
+  uint64_t n = compare_streams(d.socket, &ho, &co, &d);
+  ASSERT_EQ(n, 2 * ((DH_STD_ROWS + 99) / 100));
+  wait_cuda_bytes(&d, 0);
+  /* Resume mid-epoch, from batch 37, on the other device where there is
+   * one. */
+  int dev = num_devices() > 1 ? 1 : 0;
+  ho.start_batch = co.start_batch = 37;
+  ho.epochs = co.epochs = 1;
+  co.cuda_device = dev;
+  n = compare_streams(d.socket, &ho, &co, &d);
+  ASSERT_EQ(n, (DH_STD_ROWS + 99) / 100 - 37);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  if (!real_gpu()) {
+    /* Pinning refused: copies from pageable memory, the same bytes. */
+    ASSERT_OK(setenv("LARDER_FAKE_CUDA_NO_PIN", "1", 1));
+    dh_start(&d);
+    ho.start_batch = co.start_batch = 0;
+    n = compare_streams(d.socket, &ho, &co, &d);
+    ASSERT_EQ(n, (DH_STD_ROWS + 99) / 100);
+    char *log = dh_read_log(&d);
+    ASSERT_NOT_NULL(log);
+    ASSERT_STR_CONTAINS(log, "cannot pin arenas");
+    free(log);
+    ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_NO_PIN"));
+    wait_cuda_bytes(&d, 0);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
+/*
+ * A small arena, so that batches wrap around it and are split into one
+ * region per column (the daemon's arena_alloc_parts): each part is copied
+ * to the device, and the bytes still match the host stream's.  Batches go
+ * as frames here (no descriptor ring), the other path to the trainer.
+ */
+TEST_IMPL(cuda_small_arena) {
+  if (use_driver()) return 0;
+  static const char *const frames_flags[] = {"--shm_ring=false", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", frames_flags);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 300, 1);
+  ho.arena_bytes = 96 << 10;
+  ho.window = 3;
+  cuda_opts(&co, 300, 1, 0);
+  co.arena_bytes = ho.arena_bytes;
+  co.window = 3;
+  uint64_t n = compare_streams(d.socket, &ho, &co, &d);
+  ASSERT_EQ(n, (DH_STD_ROWS + 299) / 300);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * The exports of a CUDA batch: Arrow's device array says CUDA, the device
+ * and no sync event, with the buffers the accessors return (device
+ * pointers whose bytes are the host stream's), and its release releases
+ * the batch; DLPack makes a tensor per fixed-width column (NULL for the
+ * others) on kDLCUDA, and the batch is released by the last deleter, not
+ * before.  A second export of a batch is refused, a direct release of an
+ * exported one ignored.
+ */
+TEST_IMPL(cuda_exports) {
+  if (use_driver()) return 0;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 64, 1);
+  ho.window = 1;
+  cuda_opts(&co, 64, 1, 0);
+  co.window = 1;
+  larder_client_t *hc, *cc;
+  ASSERT_OK(larder_client_connect(d.socket, &hc));
+  ASSERT_OK(larder_client_connect(d.socket, &cc));
+  larder_stream_t *hs, *cs;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  ASSERT_OK(larder_stream_open(cc, &co, &cs));
+  int timeout = 60000 * dh_slow();
+
+  /* Arrow, device flavour. */
+  larder_batch_t *hb, *cb;
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb));
+  ASSERT_OK(larder_stream_next(cs, timeout, &cb));
+  struct ArrowSchema schema;
+  struct ArrowDeviceArray arr;
+  ASSERT_OK(larder_batch_export_device(cb, &schema, &arr));
+  ASSERT_EQ(arr.device_type, ARROW_DEVICE_CUDA);
+  ASSERT_EQ(arr.device_id, 0);
+  ASSERT_NULL(arr.sync_event);
+  ASSERT_EQ(arr.array.length, larder_batch_num_rows(hb));
+  ASSERT_EQ(arr.array.n_children, larder_batch_num_columns(hb));
+  for (int i = 0; i < larder_batch_num_columns(hb); i++) {
+    const larder_array_t *ha = larder_batch_column(hb, i);
+    const struct ArrowArray *c = arr.array.children[i];
+    ASSERT_EQ(c->length, larder_array_length(ha));
+    ASSERT_EQ(c->null_count, larder_array_null_count(ha));
+    ASSERT_PTR_EQ(c->buffers[0], larder_array_validity(larder_batch_column(cb, i)));
+    if (c->n_buffers == 2 && larder_array_offsets(ha) == NULL && c->n_children == 0)
+      expect_dev_bytes(0, c->buffers[1], larder_array_values(ha),
+                       (size_t)larder_array_values_size(ha), larder_array_name(ha));
+    if (c->n_buffers == 3) {
+      expect_dev_bytes(0, c->buffers[1], larder_array_offsets(ha), (size_t)offset_bytes(ha),
+                       larder_array_name(ha));
+      expect_dev_bytes(0, c->buffers[2], larder_array_values(ha),
+                       (size_t)larder_array_values_size(ha), larder_array_name(ha));
+    }
+  }
+  ASSERT_EQ(larder_batch_export_device(cb, &schema, &arr), LARDER_EINVAL);
+  larder_batch_release(cb); /* ignored: the array owns it */
+  larder_batch_t *none;
+  ASSERT_EQ(larder_stream_next(cs, 300, &none), LARDER_ETIMEDOUT);
+  schema.release(&schema);
+  arr.array.release(&arr.array);
+  larder_batch_release(hb);
+
+  /* DLPack: the window of one batch shows when the batch is released. */
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb));
+  ASSERT_OK(larder_stream_next(cs, timeout, &cb));
+  int nc = larder_batch_num_columns(cb);
+  DLManagedTensor *t[DH_NUM_COLS + 4];
+  ASSERT_EQ(nc, DH_NUM_COLS);
+  int made = larder_batch_export_dlpack(cb, t, nc);
+  ASSERT_EQ(made, 4); /* id, label, x, opt; not name, tags */
+  ASSERT_NULL(t[DH_COL_NAME]);
+  ASSERT_NULL(t[DH_COL_TAGS]);
+  int live = 0;
+  for (int i = 0; i < nc; i++) {
+    if (t[i] == NULL) continue;
+    const larder_array_t *ha = larder_batch_column(hb, i);
+    const DLTensor *x = &t[i]->dl_tensor;
+    ASSERT_EQ(x->device.device_type, kDLCUDA);
+    ASSERT_EQ(x->device.device_id, 0);
+    ASSERT_EQ(x->ndim, 1);
+    ASSERT_EQ(x->shape[0], larder_array_length(ha));
+    ASSERT_NULL(x->strides);
+    ASSERT_UINT_EQ(x->byte_offset, 0);
+    ASSERT_PTR_EQ(x->data, larder_array_values(larder_batch_column(cb, i)));
+    ASSERT_EQ(x->dtype.lanes, 1);
+    ASSERT_EQ((uint64_t)x->dtype.bits / 8 * (uint64_t)x->shape[0], larder_array_values_size(ha));
+    expect_dev_bytes(0, x->data, larder_array_values(ha), (size_t)larder_array_values_size(ha),
+                     larder_array_name(ha));
+    live++;
+  }
+  ASSERT_EQ(t[DH_COL_ID]->dl_tensor.dtype.code, kDLInt);
+  ASSERT_EQ(t[DH_COL_ID]->dl_tensor.dtype.bits, 64);
+  ASSERT_EQ(t[DH_COL_LABEL]->dl_tensor.dtype.bits, 32);
+  ASSERT_EQ(t[DH_COL_X]->dl_tensor.dtype.code, kDLFloat);
+  DLManagedTensor *again[DH_NUM_COLS];
+  ASSERT_EQ(larder_batch_export_dlpack(cb, again, nc), LARDER_EINVAL);
+  for (int i = 0; i < nc; i++) ASSERT_NULL(again[i]);
+  ASSERT_EQ(larder_batch_export_device(cb, &schema, &arr), LARDER_EINVAL);
+  larder_batch_release(cb); /* ignored */
+  for (int i = 0; i < nc; i++) {
+    if (t[i] == NULL) continue;
+    ASSERT_EQ(larder_stream_next(cs, 200, &none), LARDER_ETIMEDOUT);
+    t[i]->deleter(t[i]);
+    live--;
+  }
+  ASSERT_EQ(live, 0);
+  larder_batch_release(hb);
+  /* The last deleter released it: the next batch comes. */
+  ASSERT_OK(larder_stream_next(cs, timeout, &cb));
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb));
+  expect_same_batch(0, hb, cb);
+  larder_batch_release(hb);
+  larder_batch_release(cb);
+  /* Host batches export too, as host memory. */
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb));
+  ASSERT_OK(larder_batch_export_device(hb, &schema, &arr));
+  ASSERT_EQ(arr.device_type, ARROW_DEVICE_CPU);
+  schema.release(&schema);
+  arr.array.release(&arr.array);
+  larder_stream_close(hs);
+  larder_stream_close(cs);
+  larder_client_close(hc);
+  larder_client_close(cc);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * A CUDA stream closed while the trainer holds its batches (one directly,
+ * one as DLPack tensors): the batches stay valid on the device, as a host
+ * stream's do, and the daemon keeps the region, which the driver forbids
+ * freeing while this process maps it (the test double aborts larderd if
+ * it does), until the last one is released; then it goes.
+ */
+TEST_IMPL(cuda_close_holding) {
+  if (use_driver()) return 0;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 1);
+  cuda_opts(&co, 100, 1, 0);
+  larder_client_t *hc, *cc;
+  ASSERT_OK(larder_client_connect(d.socket, &hc));
+  ASSERT_OK(larder_client_connect(d.socket, &cc));
+  larder_stream_t *hs, *cs;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  ASSERT_OK(larder_stream_open(cc, &co, &cs));
+  int timeout = 60000 * dh_slow();
+  larder_batch_t *hb[2], *cb[2];
+  for (int i = 0; i < 2; i++) {
+    ASSERT_OK(larder_stream_next(hs, timeout, &hb[i]));
+    ASSERT_OK(larder_stream_next(cs, timeout, &cb[i]));
+  }
+  DLManagedTensor *t[DH_NUM_COLS];
+  ASSERT_EQ(larder_batch_export_dlpack(cb[1], t, DH_NUM_COLS), 4);
+  uint64_t held = dh_stat(&d, "cuda_device_bytes");
+  ASSERT_GE(held, co.arena_bytes);
+  larder_stream_close(cs);
+  usleep(300000);
+  ASSERT_EQ(dh_stat(&d, "streams"), 1); /* the host stream's */
+  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+  expect_same_batch(0, hb[0], cb[0]);
+  expect_dev_bytes(0, t[DH_COL_ID]->dl_tensor.data,
+                   larder_array_values(larder_batch_column(hb[1], DH_COL_ID)),
+                   (size_t)larder_array_values_size(larder_batch_column(hb[1], DH_COL_ID)), "id");
+  larder_batch_release(cb[0]);
+  usleep(200000);
+  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+  for (int i = 0; i < DH_NUM_COLS; i++)
+    if (t[i]) t[i]->deleter(t[i]);
+  wait_cuda_bytes(&d, 0);
+  for (int i = 0; i < 2; i++) larder_batch_release(hb[i]);
+  larder_stream_close(hs);
+  larder_client_close(hc);
+  larder_client_close(cc);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * A trainer killed mid-epoch, holding batches of a CUDA stream: the daemon
+ * frees its device region (cuda_device_bytes back to 0) and serves the
+ * next trainer.
+ */
+TEST_IMPL(cuda_trainer_killed) {
+  if (use_driver()) return 0;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t co;
+  cuda_opts(&co, 100, 1, 0);
+  co.window = 8;
+  int ready[2];
+  ASSERT_OK(pipe(ready));
+  /* Forked before this process starts a thread or a client. */
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(ready[0]);
+    larder_client_t *c;
+    larder_stream_t *s;
+    larder_batch_t *b;
+    if (larder_client_connect(d.socket, &c) || larder_stream_open(c, &co, &s)) _exit(2);
+    for (int i = 0; i < 5; i++)
+      if (larder_stream_next(s, 60000, &b)) _exit(3);
+    if (write(ready[1], "x", 1) != 1) _exit(4);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  close(ready[0]);
+  ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), co.arena_bytes);
+  kill(pid, SIGKILL);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  wait_cuda_bytes(&d, 0);
+  ASSERT_EQ(dh_stat(&d, "streams"), 0);
+  /* The daemon serves the next trainer, on the same device. */
+  larder_stream_options_t ho;
+  std_opts(&ho, 100, 1);
+  ho.window = 8;
+  compare_streams(d.socket, &ho, &co, &d);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * Two trainers on two devices at once: each gets its own region on its
+ * own device (per-device figures in stats), the right bytes, and both
+ * regions go when they close.
+ */
+TEST_IMPL(cuda_two_devices) {
+  if (use_driver()) return 0;
+  if (num_devices() < 2) {
+    fprintf(stderr, "skipped: one CUDA device\n");
+    return 0;
+  }
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t ho, c0, c1;
+  std_opts(&ho, 128, 1);
+  cuda_opts(&c0, 128, 1, 0);
+  cuda_opts(&c1, 128, 1, 1);
+  c1.arena_bytes = 2u << 20;
+  larder_client_t *hc, *a, *b;
+  ASSERT_OK(larder_client_connect(d.socket, &hc));
+  ASSERT_OK(larder_client_connect(d.socket, &a));
+  ASSERT_OK(larder_client_connect(d.socket, &b));
+  larder_stream_t *hs, *s0, *s1;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  ASSERT_OK(larder_stream_open(a, &c0, &s0));
+  ASSERT_OK(larder_stream_open(b, &c1, &s1));
+  char *json = dh_admin(&d, "stats");
+  ASSERT_NOT_NULL(json);
+  char want[128];
+  /* Regions are whole 2 MiB pages. */
+  ASSERT_UINT_EQ(c0.arena_bytes, 1u << 20);
+  snprintf(want, sizeof(want), "{\"device\":0,\"bytes\":%llu}", 2ull << 20);
+  ASSERT_STR_CONTAINS(json, want);
+  snprintf(want, sizeof(want), "{\"device\":1,\"bytes\":%llu}", (unsigned long long)c1.arena_bytes);
+  ASSERT_STR_CONTAINS(json, want);
+  ASSERT_UINT_EQ(dh_json_u64(json, "cuda_device_bytes"), 4ull << 20);
+  free(json);
+  {
+    /* larderctl stats: a line per device. */
+    const char *ctl = getenv("LARDERCTL_BIN");
+    char cmd[1400], text[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' stats", ctl ? ctl : "larderctl", d.socket);
+    FILE *p = popen(cmd, "r");
+    ASSERT_NOT_NULL(p);
+    size_t n = fread(text, 1, sizeof(text) - 1, p);
+    text[n] = '\0';
+    ASSERT_OK(pclose(p));
+    ASSERT_STR_CONTAINS(text, "(cuda_device_bytes)");
+    ASSERT_STR_CONTAINS(text, "device 1");
+  }
+  int timeout = 60000 * dh_slow();
+  for (;;) {
+    larder_batch_t *hb, *b0, *b1;
+    int r = larder_stream_next(hs, timeout, &hb);
+    ASSERT_EQ(larder_stream_next(s0, timeout, &b0), r);
+    ASSERT_EQ(larder_stream_next(s1, timeout, &b1), r);
+    if (r == LARDER_EEOF) break;
+    ASSERT_OK(r);
+    expect_same_batch(0, hb, b0);
+    expect_same_batch(1, hb, b1);
+    larder_batch_release(hb);
+    larder_batch_release(b0);
+    larder_batch_release(b1);
+  }
+  larder_stream_close(s0);
+  larder_client_close(a);
+  /* Device 0's region goes, device 1's stays. */
+  wait_cuda_bytes(&d, c1.arena_bytes);
+  larder_stream_close(s1);
+  larder_client_close(b);
+  larder_stream_close(hs);
+  larder_client_close(hc);
+  wait_cuda_bytes(&d, 0);
+  json = dh_admin(&d, "stats");
+  ASSERT_NOT_NULL(json);
+  ASSERT_STR_CONTAINS(json, "{\"device\":1,\"bytes\":0}");
+  free(json);
+  dh_stop(&d);
+  return 0;
+}
+
+static int open_err(const char *socket, const larder_stream_options_t *o, char *err, size_t len);
+
+/*
+ * A trainer whose CUDA_VISIBLE_DEVICES renumbers the GPUs (the double's
+ * LARDER_FAKE_CUDA_VISIBLE): its device 0 is larderd's device 1, found by
+ * UUID; the region lands there, and the bytes match.  A trainer's device
+ * that larderd does not see at all is refused with LARDER_EINVAL.
+ */
+TEST_IMPL(cuda_visible_devices) {
+  if (use_driver()) return 0;
+  if (real_gpu()) {
+    fprintf(stderr, "skipped: needs the test double's LARDER_FAKE_CUDA_VISIBLE\n");
+    return 0;
+  }
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_VISIBLE", "1", 1));
+  ASSERT_EQ(num_devices(), 1);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 1);
+  cuda_opts(&co, 100, 1, 0);
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &co, &s));
+  char *json = dh_admin(&d, "stats");
+  ASSERT_NOT_NULL(json);
+  ASSERT_STR_CONTAINS(json, "{\"device\":0,\"bytes\":0},{\"device\":1,\"bytes\":2097152}");
+  free(json);
+  larder_stream_close(s);
+  larder_client_close(c);
+  wait_cuda_bytes(&d, 0);
+  ASSERT_EQ(compare_streams(d.socket, &ho, &co, &d), (DH_STD_ROWS + 99) / 100);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  /* A daemon that sees one GPU, a trainer its other. */
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_DEVICES", "1", 1));
+  ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_VISIBLE"));
+  dh_start(&d);
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_DEVICES", "2", 1));
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_VISIBLE", "1", 1));
+  char err[1024];
+  ASSERT_EQ(open_err(d.socket, &co, err, sizeof(err)), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(err, "none of the GPUs larderd sees");
+  ASSERT_EQ(dh_stat(&d, "cuda_device_bytes"), 0);
+  dh_stop(&d);
+  return 0;
+}
+
+static int open_err(const char *socket, const larder_stream_options_t *o, char *err, size_t len) {
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(socket, &c));
+  larder_stream_t *s = NULL;
+  int rc = larder_stream_open(c, o, &s);
+  snprintf(err, len, "%s", larder_client_last_error(c));
+  if (rc == 0) larder_stream_close(s);
+  larder_client_close(c);
+  return rc;
+}
+
+/* A host stream reads its first batches: the daemon still serves them. */
+static void expect_host_works(const char *socket) {
+  larder_stream_options_t o;
+  std_opts(&o, 100, 1);
+  dh_run run = {0};
+  ASSERT_OK(dh_collect(socket, &o, 5, &run));
+  ASSERT_EQ(run.n, 5);
+  dh_run_free(&run);
+}
+
+/*
+ * The errors: a device that does not exist (EINVAL naming it, from
+ * liblarder and, asked directly, from larderd); device memory exhausted
+ * (ENOMEM naming the device, the host streams unaffected, a smaller
+ * arena then fits); releases of batches never sent (the existing protocol
+ * error); a stream the daemon ends keeps its region until the trainer
+ * closes it (or its connection ends), as the driver requires.
+ */
+TEST_IMPL(cuda_errors) {
+  if (use_driver()) return 0;
+  int nd = num_devices();
+  if (!real_gpu()) ASSERT_OK(setenv("LARDER_FAKE_CUDA_MEM", "5000000", 1));
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  char err[1024], want[64];
+  larder_stream_options_t o;
+  cuda_opts(&o, 100, 1, nd);
+  ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_EINVAL);
+  snprintf(want, sizeof(want), "cuda_device %d", nd);
+  ASSERT_STR_CONTAINS(err, want);
+  {
+    /* Past the client's check, the daemon's own. */
+    int fd = dh_raw_connect(d.socket);
+    Larder__Frame *r = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
+    ASSERT_NOT_NULL(r);
+    wire_free(r);
+    int arena = -1;
+    r = dh_raw_open(fd, 1, &o, &arena);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_ERROR);
+    ASSERT_EQ(r->error->code, LARDER_EINVAL);
+    ASSERT_STR_CONTAINS(r->error->message, want);
+    ASSERT_EQ(arena, -1);
+    wire_free(r);
+    close(fd);
+  }
+  if (!real_gpu()) {
+    /* 5,000,000 bytes per device: an 8 MiB arena does not fit. */
+    cuda_opts(&o, 100, 1, 1);
+    o.arena_bytes = 8u << 20;
+    ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_ENOMEM);
+    ASSERT_STR_CONTAINS(err, "CUDA device 1");
+    ASSERT_STR_CONTAINS(err, "arena_bytes");
+    expect_host_works(d.socket);
+    ASSERT_EQ(dh_stat(&d, "cuda_device_bytes"), 0);
+    /* Two 1 MiB arenas fit (regions of 2 MiB each), a third does not. */
+    o.arena_bytes = 1u << 20;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s[3];
+    ASSERT_OK(larder_stream_open(c, &o, &s[0]));
+    ASSERT_OK(larder_stream_open(c, &o, &s[1]));
+    ASSERT_EQ(larder_stream_open(c, &o, &s[2]), LARDER_ENOMEM);
+    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
+    larder_stream_close(s[0]);
+    larder_stream_close(s[1]);
+    larder_client_close(c);
+    wait_cuda_bytes(&d, 0);
+  }
+  for (int round = 0; round < 2; round++) {
+    /* A release of a batch never sent: the stream's protocol error.  The
+     * daemon ended the stream on a live connection, whose trainer may
+     * still map the region: it is kept until the client's CloseStream
+     * (round 0) or the connection's end (round 1). */
+    cuda_opts(&o, 100, 1, 0);
+    int fd = dh_raw_connect(d.socket);
+    Larder__Frame *r = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
+    wire_free(r);
+    int arena = -1;
+    r = dh_raw_open(fd, 1, &o, &arena);
+    ASSERT_NOT_NULL(r);
+    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
+    ASSERT_EQ(r->open_stream_reply->memory_kind, LARDER__MEMORY_KIND__MEMORY_CUDA);
+    ASSERT_EQ(r->open_stream_reply->cuda_ipc_handle.len, LCUDA_IPC_HANDLE_BYTES);
+    uint32_t sid = r->open_stream_reply->stream_id;
+    wire_free(r);
+    if (arena >= 0) close(arena);
+    uint64_t held = dh_stat(&d, "cuda_device_bytes");
+    ASSERT_GE(held, o.arena_bytes);
+    Larder__Release rel = LARDER__RELEASE__INIT;
+    rel.stream_id = sid;
+    rel.seq = 12345;
+    Larder__Frame f = LARDER__FRAME__INIT;
+    f.msg_case = LARDER__FRAME__MSG_RELEASE;
+    f.release = &rel;
+    ASSERT_OK(dh_raw_send(fd, &f));
+    for (;;) {
+      int rc;
+      Larder__Frame *e = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
+      ASSERT_NOT_NULL(e);
+      if (e->msg_case == LARDER__FRAME__MSG_ERROR) {
+        ASSERT_EQ(e->error->code, LARDER_EPROTO);
+        ASSERT_STR_CONTAINS(e->error->message, "release");
+        wire_free(e);
+        break;
+      }
+      wire_free(e);
+    }
+    usleep(200000);
+    ASSERT_EQ(dh_stat(&d, "streams"), 0);
+    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+    if (round == 0) {
+      Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+      cs.stream_id = sid;
+      Larder__Frame cf = LARDER__FRAME__INIT;
+      cf.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+      cf.close_stream = &cs;
+      ASSERT_OK(dh_raw_send(fd, &cf));
+      wait_cuda_bytes(&d, 0);
+      close(fd);
+    } else {
+      close(fd);
+      wait_cuda_bytes(&d, 0);
+    }
+  }
+  {
+    /* Through liblarder: the daemon ends a CUDA stream (a batch larger
+     * than its arena); the region stays while the trainer may map it, and
+     * goes when the trainer closes the stream, on a connection that lives
+     * on. */
+    cuda_opts(&o, 4000, 1, 0);
+    o.arena_bytes = 64 << 10;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    larder_batch_t *b;
+    int rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    ASSERT(rc < 0 && rc != LARDER_ETIMEDOUT && rc != LARDER_EEOF);
+    ASSERT_STR_CONTAINS(larder_client_last_error(c), "arena");
+    usleep(200000);
+    ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), o.arena_bytes);
+    larder_stream_close(s);
+    wait_cuda_bytes(&d, 0);
+    larder_stream_options_t ho;
+    std_opts(&ho, 100, 1);
+    ASSERT_OK(larder_stream_open(c, &ho, &s));
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    larder_batch_release(b);
+    larder_stream_close(s);
+    larder_client_close(c);
+  }
+  expect_host_works(d.socket);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * Without a driver: a CUDA stream fails with LARDER_EUNSUPPORTED and a
+ * message that says what is missing, from liblarder (no driver here) and
+ * from larderd (no driver there, one here); host streams work either way.
+ */
+TEST_IMPL(cuda_no_driver) {
+  if (use_driver()) return 0;
+  const char *good = getenv("LARDER_LIBCUDA");
+  char good_path[PATH_MAX] = "";
+  if (good) snprintf(good_path, sizeof(good_path), "%s", good);
+  /* The daemon without one. */
+  ASSERT_OK(setenv("LARDER_LIBCUDA", "/nonexistent/libcuda.so.1", 1));
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  char err[1024];
+  larder_stream_options_t o;
+  cuda_opts(&o, 100, 1, 0);
+  /* Nor this process (it tries again: a failed load is not kept). */
+  ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_EUNSUPPORTED);
+  ASSERT_STR_CONTAINS(err, "cannot load the CUDA driver /nonexistent/libcuda.so.1");
+  ASSERT_STR_CONTAINS(err, "memory");
+  expect_host_works(d.socket);
+  /* This process with one, the daemon without. */
+  if (good_path[0]) ASSERT_OK(setenv("LARDER_LIBCUDA", good_path, 1));
+  else ASSERT_OK(unsetenv("LARDER_LIBCUDA"));
+  ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_EUNSUPPORTED);
+  ASSERT_STR_CONTAINS(err, "larderd: CUDA device memory is unavailable");
+  expect_host_works(d.socket);
+  /* An unknown memory kind. */
+  o.memory_kind = 7;
+  ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_EINVAL);
+  ASSERT_STR_CONTAINS(err, "memory_kind 7");
+  dh_stop(&d);
+  return 0;
+}
+
+#else /* !LARDER_HAVE_CUDA_H */
+
+/* Built without cuda.h: CUDA streams are refused; only that is checked. */
+TEST_IMPL(cuda_values_match) {
+  fprintf(stderr, "skipped: built without the CUDA toolkit's cuda.h\n");
+  return 0;
+}
+TEST_IMPL(cuda_small_arena) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_exports) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_visible_devices) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_no_driver) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  larder_stream_options_init(&o);
+  static char dir[1024];
+  static const char *src[1];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  src[0] = dir;
+  dh_opts(&o, src, 100, 8, 1);
+  o.memory_kind = LARDER_MEMORY_CUDA;
+  o.cuda_device = 0;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_EQ(larder_stream_open(c, &o, &s), LARDER_EUNSUPPORTED);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "cuda.h");
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
+#endif /* LARDER_HAVE_CUDA_H */

@@ -1,0 +1,14 @@
+/* CUDA streams (test-cuda.c), against the test double of the driver
+ * (tests/cuda-fake/) or, from tests/cuda-real.sh, a real GPU: the bytes
+ * against a host stream's, the exports, a stream closed with batches
+ * held, a killed trainer, two devices, renumbered devices, the errors,
+ * no driver. */
+TEST_ENTRY(cuda_values_match, 180000)
+TEST_ENTRY(cuda_small_arena, 120000)
+TEST_ENTRY(cuda_exports, 120000)
+TEST_ENTRY(cuda_close_holding, 120000)
+TEST_ENTRY(cuda_trainer_killed, 120000)
+TEST_ENTRY(cuda_two_devices, 120000)
+TEST_ENTRY(cuda_visible_devices, 120000)
+TEST_ENTRY(cuda_errors, 120000)
+TEST_ENTRY(cuda_no_driver, 120000)
