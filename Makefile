@@ -215,7 +215,7 @@ check-config: $(LARDERD)
 
 # The daemon's integration tests (test-daemon*.c) run the larderd of the
 # same flavour, and the CLI tests its larderctl.
-check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(if $(CUDA_CFLAGS),$(FAKE_CUDA))
+check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(EXAMPLE_TRAINER) $(if $(CUDA_CFLAGS),$(FAKE_CUDA))
 	LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) LARDERCTL_BIN=$(LARDERCTL) $(RUN_TESTS)
 
 # The tests whose threads share a client or a stream, under ThreadSanitizer
