@@ -230,7 +230,7 @@ THREAD_TESTS := client_ cuda_ daemon_footers_shared daemon_release_ daemon_reade
                 daemon_ring_wakeups daemon_client_patterns daemon_robust_bad_release \
                 daemon_robust_chaos daemon_robust_sigterm_streams daemon_robust_corrupt_file \
                 daemon_cache_changed_file
-check-threads: $(RUN_TESTS) $(LARDERD) $(LARDERCTL)
+check-threads: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(if $(CUDA_CFLAGS),$(FAKE_CUDA))
 	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	  LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) LARDERCTL_BIN=$(LARDERCTL) \
 	  setarch $(shell uname -m) -R $(RUN_TESTS) $(THREAD_TESTS)
