@@ -50,7 +50,7 @@ PROTO_C := $(GEN)/larder.pb-c.c
 PROTO_H := $(GEN)/larder.pb-c.h
 CFLAGS += -I$(GEN) -Iclient
 
-DAEMON_PKGS := libuv rocksdb libprotobuf-c inih libsystemd libcurl
+DAEMON_PKGS := libuv rocksdb libprotobuf-c inih libsystemd libcurl expat
 DAEMON_LIBS := $(shell pkg-config --libs $(DAEMON_PKGS) 2>/dev/null)
 CLIENT_LIBS := $(shell pkg-config --libs libprotobuf-c 2>/dev/null)
 

@@ -322,7 +322,7 @@ struct server {
 
   /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
   fetch_t *fetch;
-  char *cred_owned[4];
+  struct awscreds *awscreds; /* the credential refresher, NULL with explicit keys */
   rgbuf_t **rgbuf_table;
   size_t rgbuf_buckets;
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
