@@ -35,6 +35,12 @@ typedef struct walk {
   size_t errlen;
 } walk_t;
 
+/* The refresher sets the flag under its lock; a walk reads it without one,
+ * atomically, between steps and from libcurl's progress callback. */
+static int stopped(const volatile int *stop) {
+  return stop && __atomic_load_n(stop, __ATOMIC_RELAXED);
+}
+
 static void free_secret(char *s) {
   if (s == NULL) return;
   explicit_bzero(s, strlen(s));
@@ -290,7 +296,7 @@ static int value_from_json(const char *json, const char *source, const char *tok
   int rc = json_fields(json, f, nf);
   if (rc != 0) {
     snprintf(err, errlen, "%s: the answer is not a JSON object", source);
-  } else if (strcmp(source, "process") == 0 && (f[4].value == NULL || strcmp(f[4].value, "1"))) {
+  } else if (strcmp(source, "process") == 0 && (f[4].value == NULL || strcmp(f[4].value, "1") != 0)) {
     snprintf(err, errlen, "process: the credential_process output is not Version 1");
     rc = LARDER_ECORRUPT;
   } else if (f[5].value && strcmp(f[5].value, "Success") != 0) {
@@ -359,8 +365,7 @@ static int on_progress(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl
   (void)b;
   (void)c;
   (void)d;
-  const volatile int *stop = arg;
-  return stop && *stop ? 1 : 0;
+  return stopped(arg) ? 1 : 0;
 }
 
 /* The URL without its query, for messages. */
@@ -542,11 +547,15 @@ static int web_identity(const walk_t *w, awscreds_value_t *out) {
   struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/x-www-form-urlencoded");
   struct curl_slist *h2 = h ? curl_slist_append(h, "Accept: application/xml") : NULL;
   body_t b;
+  memset(&b, 0, sizeof(b));
   int status = h2 ? http(w, "web_identity", "POST", url, h2, body, 5, timeout_s(w), &b)
                   : LARDER_ENOMEM;
   curl_slist_free_all(h2 ? h2 : h);
   free_secret(body);
-  if (status < 0) return status;
+  if (status < 0) {
+    body_free(&b); /* http() left nothing; said for the analyzer */
+    return status;
+  }
   sts_parse_t p;
   memset(&p, 0, sizeof(p));
   p.field = -1;
@@ -598,9 +607,8 @@ static int ini_section(const char *path, const char *section, char **vals) {
   if (fp == NULL) return 0;
   char *line = NULL;
   size_t cap = 0;
-  ssize_t len;
   int in = 0, found = 0;
-  while ((len = getline(&line, &cap, fp)) >= 0) {
+  while (getline(&line, &cap, fp) >= 0) {
     char *p = line;
     while (isspace((unsigned char)*p)) p++;
     if (*p == '#' || *p == ';' || *p == '\0') continue;
@@ -659,7 +667,7 @@ static int run_process(const walk_t *w, const char *cmd, char **out) {
   int rc = 0;
   int64_t deadline = (int64_t)time(NULL) + timeout_s(w);
   for (;;) {
-    if (w->stop && *w->stop) {
+    if (stopped(w->stop)) {
       rc = LARDER_ESHUTDOWN;
       snprintf(w->err, w->errlen, "process: stopped");
       break;
@@ -798,7 +806,10 @@ static int container(const walk_t *w, awscreds_value_t *out) {
   body_t b;
   int status = http(w, "container", "GET", url, h, NULL, 2, timeout_s(w), &b);
   curl_slist_free_all(h);
-  if (status < 0) return status;
+  if (status < 0) {
+    body_free(&b); /* http() left nothing; said for the analyzer */
+    return status;
+  }
   int rc;
   if (status != 200) {
     char where[256];
@@ -891,12 +902,17 @@ static int env_source(const walk_t *w, awscreds_value_t *out) {
   return rc;
 }
 
+static void init_curl(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
 static int walk(const walk_t *w, awscreds_value_t *out) {
+  /* libcurl's global state, once, before any request of ours. */
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, init_curl);
   int (*const sources[])(const walk_t *, awscreds_value_t *) = {env_source, web_identity,
                                                                 profile, container, imds};
   memset(out, 0, sizeof(*out));
   for (size_t i = 0; i < sizeof(sources) / sizeof(sources[0]); i++) {
-    if (w->stop && *w->stop) {
+    if (stopped(w->stop)) {
       snprintf(w->err, w->errlen, "stopped");
       return LARDER_ESHUTDOWN;
     }
@@ -1119,7 +1135,7 @@ void awscreds_describe(awscreds_t *a, char *source, size_t size, int64_t *expira
 void awscreds_stop(awscreds_t *a) {
   if (a == NULL) return;
   pthread_mutex_lock(&a->mu);
-  a->stop = 1;
+  __atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_signal(&a->cond);
   pthread_mutex_unlock(&a->mu);
   pthread_join(a->thread, NULL);
