@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "awscreds.h"
 #include "cred.h"
 #include "log.h"
 #include "metrics.h"
@@ -705,6 +706,16 @@ static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
     /* Serving without a cache: why (larderd could not open it at start). */
     sb_puts(b, ",\"cache_error\":");
     sb_json(b, srv->cache_error);
+  }
+  if (srv->awscreds) {
+    /* Where the S3 credentials came from and when they expire: never the
+     * credentials themselves. */
+    char source[16];
+    int64_t exp;
+    awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+    sb_puts(b, ",\"credentials\":{\"source\":");
+    sb_json(b, source);
+    sb_printf(b, ",\"expires_unix\":%lld}", (long long)exp);
   }
   admin_rates_t r;
   admin_global_rates(srv, &r);
