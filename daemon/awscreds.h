@@ -13,15 +13,20 @@
  *                 $AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials), then
  *                 in $AWS_CONFIG_FILE (~/.aws/config, "[profile x]" or
  *                 "[default]"); keys in the credentials file win
- *   process       that profile's credential_process, run with /bin/sh -c
- *                 (the command is the file owner's; nothing of ours is
- *                 spliced into it), its stdout read as JSON (Version 1)
+ *   process       that profile's credential_process (when it has no keys),
+ *                 run with /bin/sh -c (the command is the file owner's;
+ *                 nothing of ours is spliced into it), its stdout read as
+ *                 JSON (Version 1), its stderr left to the daemon's log
  *   container     AWS_CONTAINER_CREDENTIALS_FULL_URI, else
  *                 http://169.254.170.2 + AWS_CONTAINER_CREDENTIALS_RELATIVE_URI,
  *                 with AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)
  *   imds          IMDSv2 at $AWS_EC2_METADATA_SERVICE_ENDPOINT (default
  *                 http://169.254.169.254), unless AWS_EC2_METADATA_DISABLED
  *                 is true.  Tried only when every source above gave nothing.
+ * A source applies when its variables (or its profile) are there; one that
+ * applies and fails (STS refuses the token, the process exits non-zero)
+ * ends the walk with its error, so that another identity never stands in
+ * for a misconfigured one.
  *
  * Conventions
  * -----------

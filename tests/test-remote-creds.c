@@ -331,6 +331,7 @@ TEST_IMPL(remote_creds_sources) {
   rh_stop(&s3);
   ASSERT_EQ(front_status(403), 0);
   ASSERT_EQ(front_status(400), 0);
+  /* The upload's key (also the environment's), and five handed out. */
   char keys[8][64];
   ASSERT_EQ(front_keys(keys, 8), 6);
   return 0;
@@ -340,7 +341,8 @@ TEST_IMPL(remote_creds_sources) {
  * Precedence: with every source set, the environment wins; without it web
  * identity, then the profile, then the container endpoint, then IMDS.  A
  * source after the winner is never asked: no container or IMDS request
- * reaches the fake before the steps that take them.
+ * reaches the fake before the steps that take them.  A SIGHUP walks the
+ * chain again (one more IMDS answer, counted in credentials_refreshes).
  */
 TEST_IMPL(remote_creds_precedence) {
   int skip = rh_require(0, 1);
@@ -358,12 +360,22 @@ TEST_IMPL(remote_creds_precedence) {
     char want[64];
     snprintf(want, sizeof(want), "S3 credentials from %s", order[i]);
     wait_log(&d, want, 10000);
-    if (i + 1 == n) expect_all_rows(&d, order[i]);
+    if (i + 1 == n) {
+      expect_all_rows(&d, order[i]);
+      /* SIGHUP walks the chain again, off the loop. */
+      ASSERT_EQ(dh_stat(&d, "credentials_refreshes"), 0);
+      kill(d.pid, SIGHUP);
+      double end = rh_now_ms() + 10000;
+      while (dh_stat(&d, "credentials_refreshes") < 1 && rh_now_ms() < end) usleep(50 * 1000);
+      ASSERT_EQ(dh_stat(&d, "credentials_refreshes"), 1);
+      ASSERT_EQ(fake_stat(&fake, "issued.imds"), 2);
+      expect_all_rows(&d, "after a reload");
+    }
     expect_no_secrets(&d);
     dh_stop(&d);
     ASSERT_EQ(fake_stat(&fake, "issued.web_identity"), i >= 1 ? 1 : 0);
     ASSERT_EQ(fake_stat(&fake, "by_path./container/v2/credentials"), i >= 3 ? 1 : 0);
-    ASSERT_EQ(fake_stat(&fake, "by_path./latest/api/token"), i >= 4 ? 1 : 0);
+    ASSERT_EQ(fake_stat(&fake, "by_path./latest/api/token"), i >= 4 ? 2 : 0);
     /* The next step goes without this source. */
     if (strcmp(order[i], "env") == 0) {
       unsetenv("AWS_ACCESS_KEY_ID");
@@ -477,5 +489,70 @@ TEST_IMPL(remote_creds_refresh_errors) {
   rh_stop(&s3);
   ASSERT_EQ(front_status(400), 0);
   ASSERT_EQ(front_status(403), 0);
+  return 0;
+}
+
+/*
+ * A source that applies but fails ends the walk, so that another identity
+ * never stands in for a misconfigured one: a web identity token that STS
+ * refuses leaves the daemon without credentials although a profile has
+ * some, the log naming the source and STS's error code (never the token),
+ * and a stream failing with "no S3 credentials"; a credential_process that
+ * fails is named likewise.  Both are retried in the background
+ * (credentials_refresh_errors grows).
+ */
+TEST_IMPL(remote_creds_errors) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  clear_aws_env();
+  rs_server s3, fake;
+  start_servers(&s3, &fake, 3600, NULL);
+  for (int k = 0; k < 2; k++) {
+    clear_aws_env();
+    use_source("profile", &fake);
+    char path[PATH_MAX];
+    if (k == 0) {
+      use_source("web_identity", &fake);
+      tmp_path(path, sizeof(path), "web-token");
+      write_text(path, "not-the-token\n");
+    } else {
+      tmp_path(path, sizeof(path), "aws-config");
+      write_text(path, "[profile larder]\ncredential_process = echo oops >&2; exit 3\n");
+    }
+    dh_daemon d;
+    daemon_for(&d, k == 0 ? "web" : "process", &s3);
+    dh_start(&d);
+    wait_log(&d, k == 0 ? "web_identity: STS" : "credential_process exited with status 3",
+             10000);
+    if (k == 0) wait_log(&d, "InvalidIdentityToken", 1000);
+    const char *src[1] = {"s3://data/std/"};
+    larder_stream_options_t o;
+    dh_opts(&o, src, 100, 11, 1);
+    o.num_sources = 1;
+    o.unit_rows = DH_STD_UNIT_ROWS;
+    o.arena_bytes = 8u << 20;
+    dh_run r = {0};
+    ASSERT_NE(dh_collect(d.socket, &o, 0, &r), 0);
+    ASSERT_STR_CONTAINS(r.err, "no S3 credentials");
+    dh_run_free(&r);
+    double end = rh_now_ms() + 10000;
+    while (dh_stat(&d, "credentials_refresh_errors") < 1 && rh_now_ms() < end)
+      usleep(50 * 1000);
+    ASSERT_GE(dh_stat(&d, "credentials_refresh_errors"), 1);
+    char *log = dh_read_log(&d);
+    ASSERT_NOT_NULL(log);
+    ASSERT(strstr(log, "not-the-token") == NULL);
+    free(log);
+    expect_no_secrets(&d);
+    dh_stop(&d);
+  }
+  clear_aws_env();
+  ASSERT_EQ(fake_stat(&fake, "issued.web_identity"), 0);
+  rh_stop(&fake);
+  rh_stop(&s3);
+  /* The profile's keys were never used. */
+  char keys[4][64];
+  int nk = front_keys(keys, 4);
+  for (int i = 0; i < nk; i++) ASSERT(strcmp(keys[i], "AKIAPROFILETEST1") != 0);
   return 0;
 }
