@@ -515,8 +515,10 @@ int server_reload(server_t *srv, char *summary, size_t len) {
                      srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,
                      (uint32_t)srv->cfg.fetch_retry_base_ms);
     /* The credentials are looked up again: the configuration's keys (their
-     * files read again) at once; else the chain, off the loop, its value
-     * in force for the next request once it arrives. */
+     * files read again) at once; else the chain, off the loop, with the
+     * options as they are now (s3_profile), its value in force for the
+     * next request once it arrives.  Keys dropped from the configuration
+     * are dropped at once. */
     if (explicit_keys(&srv->cfg)) {
       awscreds_stop(srv->awscreds);
       srv->awscreds = NULL;
@@ -526,9 +528,10 @@ int server_reload(server_t *srv, char *summary, size_t len) {
       if (fetch_set_credentials(srv->fetch, fo.s3_access_key, fo.s3_secret_key,
                                 fo.s3_session_token) != 0)
         log_err("reload: out of memory; the S3 credentials stay as they were");
-    } else if (srv->awscreds) {
-      awscreds_refresh_now(srv->awscreds);
     } else {
+      if (srv->awscreds == NULL) fetch_set_credentials(srv->fetch, NULL, NULL, NULL);
+      awscreds_stop(srv->awscreds);
+      srv->awscreds = NULL;
       start_refresher(srv, NULL, 1);
     }
   }
