@@ -105,10 +105,10 @@ int64_t awscreds_parse_time(const char *s) {
     }
   int64_t offset = 0;
   if (*p == '+' || *p == '-') {
-    int hh = 0, mm = 0;
-    if (sscanf(p + 1, "%2d:%2d", &hh, &mm) != 2) return 0;
+    int hh = 0, mm = 0, m = 0;
+    if (sscanf(p + 1, "%2d:%2d%n", &hh, &mm, &m) != 2 || p[1 + m] != '\0') return 0;
     offset = (*p == '+' ? 1 : -1) * (int64_t)(hh * 3600 + mm * 60);
-  } else if (*p != 'Z' && *p != 'z' && *p != '\0') {
+  } else if (!((*p == 'Z' || *p == 'z') && p[1] == '\0') && *p != '\0') {
     return 0;
   }
   tm.tm_year -= 1900;
@@ -655,12 +655,16 @@ static int run_process(const walk_t *w, const char *cmd, char **out) {
     return LARDER_EIO;
   }
   if (pid == 0) {
+    /* A group of its own, so that a timeout kills what the shell started
+     * too. */
+    setpgid(0, 0);
     dup2(fds[1], STDOUT_FILENO);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
     execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
     _exit(127);
   }
+  setpgid(pid, pid); /* as the child does: whichever runs first */
   close(fds[1]);
   body_t b;
   memset(&b, 0, sizeof(b));
@@ -695,7 +699,10 @@ static int run_process(const walk_t *w, const char *cmd, char **out) {
     explicit_bzero(buf, sizeof(buf));
   }
   close(fds[0]);
-  if (rc) kill(pid, SIGKILL);
+  if (rc) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+  }
   int st = 0;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }

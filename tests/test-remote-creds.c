@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../daemon/awscreds.h"
 #include "remote-harness.h"
 
 #define KEY "larder-test-key"
@@ -554,5 +555,96 @@ TEST_IMPL(remote_creds_errors) {
   char keys[4][64];
   int nk = front_keys(keys, 4);
   for (int i = 0; i < nk; i++) ASSERT(strcmp(keys[i], "AKIAPROFILETEST1") != 0);
+  return 0;
+}
+
+/* Runs the chain in this process with a credential_process that prints
+ * out (written to a file and cat'ed, or cmd itself when out is NULL). */
+static int process_resolve(const char *out, const char *cmd, awscreds_value_t *v, char *err,
+                           size_t errlen) {
+  char json[PATH_MAX], conf[PATH_MAX], text[PATH_MAX + 128];
+  tmp_path(json, sizeof(json), "out.json");
+  tmp_path(conf, sizeof(conf), "unit-config");
+  if (out) write_text(json, out);
+  snprintf(text, sizeof(text), "[default]\ncredential_process = %s%s%s\n", out ? "cat '" : "",
+           out ? json : cmd, out ? "'" : "");
+  write_text(conf, text);
+  clear_aws_env();
+  setenv("AWS_CONFIG_FILE", conf, 1);
+  awscreds_options_t o;
+  memset(&o, 0, sizeof(o));
+  o.timeout_s = 1;
+  return awscreds_resolve(&o, v, err, errlen);
+}
+
+/*
+ * The chain's readers, in process: ISO 8601 expirations (fractions,
+ * offsets, junk); credential_process JSON with escapes, nested members it
+ * skips and members in any order; what it refuses (another Version, a
+ * missing secret, not an object, an unreadable Expiration, more than 64
+ * KiB, a process that outlives its timeout), each with a message naming
+ * the source and no secret.
+ */
+TEST_IMPL(remote_creds_readers) {
+  ASSERT_EQ(awscreds_parse_time("2026-11-28T04:00:00Z"), 1795838400);
+  ASSERT_EQ(awscreds_parse_time("2026-11-28T04:00:00.123Z"), 1795838400);
+  ASSERT_EQ(awscreds_parse_time("2026-11-28T05:30:00+01:30"), 1795838400);
+  ASSERT_EQ(awscreds_parse_time("2026-11-28T04:00:00"), 1795838400);
+  ASSERT_EQ(awscreds_parse_time("tomorrow"), 0);
+  ASSERT_EQ(awscreds_parse_time("2026-11-28T04:00:00Zjunk"), 0);
+  ASSERT_EQ(awscreds_parse_time(NULL), 0);
+
+  awscreds_value_t v;
+  char err[512];
+  ASSERT_OK(process_resolve(
+      "  {\"Extra\": {\"a\": [1, {\"b\": \"}\"}], \"c\": null}, \"SessionToken\": "
+      "\"tok\\\"en\\\\/\\u0041\", \"Version\": 1, \"AccessKeyId\": \"AKIAUNIT\", "
+      "\"SecretAccessKey\": \"s3cr\\/et\", \"Expiration\": \"2026-11-28T04:00:00Z\", "
+      "\"Flag\": true}\n",
+      NULL, &v, err, sizeof(err)));
+  ASSERT_STR_EQ(v.source, "process");
+  ASSERT_STR_EQ(v.access_key, "AKIAUNIT");
+  ASSERT_STR_EQ(v.secret_key, "s3cr/et");
+  ASSERT_STR_EQ(v.session_token, "tok\"en\\/A");
+  ASSERT_EQ(v.expiration, 1795838400);
+  awscreds_value_clear(&v);
+  /* No Expiration, no token: long-term keys. */
+  ASSERT_OK(process_resolve("{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"S\"}",
+                            NULL, &v, err, sizeof(err)));
+  ASSERT_NULL(v.session_token);
+  ASSERT_EQ(v.expiration, 0);
+  awscreds_value_clear(&v);
+
+  struct {
+    const char *out, *cmd, *want;
+  } bad[] = {
+      {"{\"Version\":2,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"SECRETX\"}", NULL,
+       "not Version 1"},
+      {"{\"Version\":1,\"AccessKeyId\":\"A\"}", NULL, "lacks AccessKeyId or SecretAccessKey"},
+      {"[\"SECRETX\"]", NULL, "not a JSON object"},
+      {"{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"SECRETX\"", NULL,
+       "not a JSON object"},
+      {"{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"SECRETX\","
+       "\"Expiration\":\"soon\"}",
+       NULL, "unreadable Expiration"},
+      {NULL, "head -c 70000 /dev/zero | tr '\\\\0' x", "wrote too much"},
+      {NULL, "sleep 30", "took over 1 s"},
+      {NULL, "true", "wrote nothing"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    double t0 = rh_now_ms();
+    int rc = process_resolve(bad[i].out, bad[i].cmd, &v, err, sizeof(err));
+    if (rc == 0) ASSERT_FAIL_("case %zu took bad output", i);
+    ASSERT_NULL(v.access_key);
+    ASSERT_STR_CONTAINS(err, "process");
+    ASSERT_STR_CONTAINS(err, bad[i].want);
+    ASSERT(strstr(err, "SECRETX") == NULL);
+    ASSERT_LT(rh_now_ms() - t0, 10000);
+  }
+  /* Nothing set at all: ENOENT, saying what was looked at. */
+  clear_aws_env();
+  ASSERT_EQ(awscreds_resolve(&(awscreds_options_t){0}, &v, err, sizeof(err)), LARDER_ENOENT);
+  ASSERT_STR_CONTAINS(err, "no S3 credentials");
+  ASSERT_STR_CONTAINS(err, "instance metadata disabled");
   return 0;
 }
