@@ -637,6 +637,12 @@ static int ini_section(const char *path, const char *section, char **vals) {
   return found;
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Runs cmd with /bin/sh -c, its stdout (at most BODY_MAX) into *out; the
  * child is killed past the timeout or when the walk stops.  Returns 0 or a
  * negative code with err filled. */
@@ -669,21 +675,21 @@ static int run_process(const walk_t *w, const char *cmd, char **out) {
   body_t b;
   memset(&b, 0, sizeof(b));
   int rc = 0;
-  int64_t deadline = (int64_t)time(NULL) + timeout_s(w);
+  int64_t deadline = mono_ms() + (int64_t)timeout_s(w) * 1000;
   for (;;) {
     if (stopped(w->stop)) {
       rc = LARDER_ESHUTDOWN;
       snprintf(w->err, w->errlen, "process: stopped");
       break;
     }
-    int64_t left = deadline - (int64_t)time(NULL);
+    int64_t left = deadline - mono_ms();
     if (left <= 0) {
       rc = LARDER_ETIMEDOUT;
       snprintf(w->err, w->errlen, "process: credential_process took over %d s", timeout_s(w));
       break;
     }
     struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
-    int pr = poll(&pfd, 1, 200);
+    int pr = poll(&pfd, 1, left < 200 ? (int)left : 200);
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
     char buf[4096];
