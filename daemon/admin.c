@@ -871,6 +871,18 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
             STATS_GET(&srv->stats, fetch_inflight),
             fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
             STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
+  if (srv->awscreds) {
+    /* Where the S3 credentials came from, never what they are. */
+    char source[16];
+    int64_t exp;
+    awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+    int64_t left = exp ? exp - (int64_t)time(NULL) : 0;
+    sb_printf(b, "  s3 keys     %s", source[0] ? source : "none");
+    if (exp) sb_printf(b, " · expire in %llds", (long long)(left > 0 ? left : 0));
+    sb_printf(b, " · %" PRIu64 " refreshes · %" PRIu64 " refresh errors\n",
+              STATS_GET(&srv->stats, credentials_refreshes),
+              STATS_GET(&srv->stats, credentials_refresh_errors));
+  }
 
   /* Clients. */
   sb_printf(b, "\nClients · %.1f MB/s delivered, %.1f batches/s\n", r.batch_bytes_per_s / 1e6,

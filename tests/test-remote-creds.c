@@ -20,6 +20,7 @@
 
 #include "../daemon/awscreds.h"
 #include "remote-harness.h"
+#include "test-ctl-common.h"
 
 #define KEY "larder-test-key"
 #define SECRET "larder-test-secret"
@@ -161,8 +162,16 @@ static void wait_log(const dh_daemon *d, const char *needle, int timeout_ms) {
 static void expect_no_secrets(const dh_daemon *d) {
   char *log = dh_read_log(d);
   ASSERT_NOT_NULL(log);
-  char *stats = dh_admin(d, "stats");
+  /* larderctl stats --json, then its text, one after the other. */
+  tc_out js, tx;
+  ASSERT_EQ(tc_ctl(&js, NULL, d->socket, "stats", "--json", NULL), 0);
+  ASSERT_EQ(tc_ctl(&tx, NULL, d->socket, "stats", NULL), 0);
+  size_t n = strlen(js.out) + strlen(tx.out) + 2;
+  char *stats = malloc(n);
   ASSERT_NOT_NULL(stats);
+  snprintf(stats, n, "%s\n%s", js.out, tx.out);
+  tc_out_free(&js);
+  tc_out_free(&tx);
   rh_log lg;
   rh_log_read(&lg, issued);
   static char buf[8192];
@@ -435,6 +444,10 @@ TEST_IMPL(remote_creds_refresh) {
   char *stats = dh_admin(&d, "stats");
   ASSERT_STR_CONTAINS(stats, "\"credentials\":{\"source\":\"web_identity\",\"expires_unix\":");
   free(stats);
+  tc_out tx;
+  ASSERT_EQ(tc_ctl(&tx, NULL, d.socket, "stats", NULL), 0);
+  ASSERT_STR_CONTAINS(tx.out, "s3 keys     web_identity · expire in ");
+  tc_out_free(&tx);
   expect_no_secrets(&d);
   dh_stop(&d);
   clear_aws_env();
