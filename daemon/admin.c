@@ -871,11 +871,12 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
             STATS_GET(&srv->stats, fetch_inflight),
             fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
             STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
-  if (srv->awscreds) {
-    /* Where the S3 credentials came from, never what they are. */
-    char source[16];
-    int64_t exp;
-    awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+  char source[16] = "";
+  int64_t exp = 0;
+  if (srv->awscreds) awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+  if (source[0] || STATS_GET(&srv->stats, credentials_refresh_errors)) {
+    /* Where the S3 credentials came from, never what they are (nothing
+     * for a daemon that found none and never failed to). */
     int64_t left = exp ? exp - (int64_t)time(NULL) : 0;
     sb_printf(b, "  s3 keys     %s", source[0] ? source : "none");
     if (exp) sb_printf(b, " · expire in %llds", (long long)(left > 0 ? left : 0));

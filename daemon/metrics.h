@@ -54,6 +54,14 @@
  *   larder_fetch_errors_total        counter  remote requests that failed for good
  *   larder_fetch_inflight            gauge    remote requests in flight
  *   larder_fetch_ns_total            counter  time spent fetching (summed over requests)
+ *   larder_credentials_refreshes_total
+ *                                    counter  S3 credentials resolved again by the refresher
+ *                                             (expiry, reload)
+ *   larder_credentials_refresh_errors_total
+ *                                    counter  S3 credential refreshes that failed (retried
+ *                                             with backoff)
+ *   larder_credentials_expires_in_s  gauge    seconds until the S3 credentials in force
+ *                                             expire (0: they do not)
  *   larder_decode_ns_total           counter  time spent decoding Parquet
  *   larder_cache_read_ns_total       counter  time spent reading the cache
  *   larder_assemble_ns_total         counter  time spent assembling batches
