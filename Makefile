@@ -163,6 +163,11 @@ test: deps
 	@echo "make test: all suites passed"
 
 check: check-unit check-compat check-config $(if $(filter release,$(V)),check-python)
+# No daemon a check starts may ask the instance metadata service
+# (169.254.169.254) for credentials; the tests of that source point it at a
+# loopback fake.
+check check-unit check-python check-compat check-config check-threads: \
+  export AWS_EC2_METADATA_DISABLED := true
 
 # liblarder from Python through ctypes, as a PyTorch data loader would call
 # it, against a real larderd: the ABI of the options and Arrow structs,
