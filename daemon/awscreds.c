@@ -1042,8 +1042,8 @@ static void *refresher(void *arg) {
       if (a->stats) STATS_ADD(a->stats, credentials_refresh_errors, 1);
       backoff = backoff ? (backoff * 2 > 60 ? 60 : backoff * 2) : 1;
       next = now + backoff;
-      /* Past the expiry's last quarter minute a retry is still worth
-       * making, but never later than the expiry itself. */
+      /* While the value in force has more than 15 s left, a backoff never
+       * carries the next try past that point: one more try before expiry. */
       if (a->have && a->expiration && next > a->expiration - 15 && now < a->expiration - 15)
         next = a->expiration - 15 > now ? a->expiration - 15 : now + 1;
       log_warn("S3 credentials: refresh failed (%s); %s; retrying in %lld s", err,

@@ -44,7 +44,8 @@
  *   before it expires, or at half its lifetime when that is shorter, so
  *   that a refresh never races the expiry.  A refresh that fails keeps the
  *   value in force (it may still be valid) and is tried again with backoff
- *   (1 s doubling to 60 s, never past the expiry's last quarter minute);
+ *   (1 s doubling to 60 s, but one try at 15 s before the expiry at the
+ *   latest);
  *   each failure counts credentials_refresh_errors and logs a warning.
  * - Errors: functions return 0 or a negative larder_errno_t, with a
  *   message in err when one is given.
