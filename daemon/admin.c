@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "awscreds.h"
 #include "cred.h"
 #include "cuda.h"
 #include "log.h"
@@ -762,6 +763,16 @@ static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
     sb_puts(b, ",\"cache_error\":");
     sb_json(b, srv->cache_error);
   }
+  if (srv->awscreds) {
+    /* Where the S3 credentials came from and when they expire: never the
+     * credentials themselves. */
+    char source[16];
+    int64_t exp;
+    awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+    sb_puts(b, ",\"credentials\":{\"source\":");
+    sb_json(b, source);
+    sb_printf(b, ",\"expires_unix\":%lld}", (long long)exp);
+  }
   admin_rates_t r;
   admin_global_rates(srv, &r);
   sb_puts(b, ",\"rates\":{\"window_s\":");
@@ -922,6 +933,19 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
             STATS_GET(&srv->stats, fetch_inflight),
             fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
             STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
+  char source[16] = "";
+  int64_t exp = 0;
+  if (srv->awscreds) awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+  if (source[0] || STATS_GET(&srv->stats, credentials_refresh_errors)) {
+    /* Where the S3 credentials came from, never what they are (nothing
+     * for a daemon that found none and never failed to). */
+    int64_t left = exp ? exp - (int64_t)time(NULL) : 0;
+    sb_printf(b, "  s3 keys     %s", source[0] ? source : "none");
+    if (exp) sb_printf(b, " · expire in %llds", (long long)(left > 0 ? left : 0));
+    sb_printf(b, " · %" PRIu64 " refreshes · %" PRIu64 " refresh errors\n",
+              STATS_GET(&srv->stats, credentials_refreshes),
+              STATS_GET(&srv->stats, credentials_refresh_errors));
+  }
 
   /* Clients. */
   sb_printf(b, "\nClients · %.1f MB/s delivered, %.1f batches/s\n", r.batch_bytes_per_s / 1e6,

@@ -165,8 +165,9 @@
   XX(s3_list_max_keys, U64, "1000", 0,                                         \
      "keys per ListObjectsV2 page when listing s3:// prefixes (1 to 1000)")    \
   XX(s3_profile, STR, "", 1,                                                   \
-     "profile in ~/.aws/credentials (empty: $AWS_PROFILE or default); the "    \
-     "credentials, from wherever they come, are looked up again on SIGHUP")    \
+     "profile in ~/.aws/credentials and ~/.aws/config (empty: $AWS_PROFILE "   \
+     "or default); the credentials, from wherever they come, are looked up "   \
+     "again on SIGHUP")                                                        \
   XX(s3_access_key, STR, "", 1,                                                \
      "S3 access key (empty: $AWS_ACCESS_KEY_ID or the profile)")               \
   XX(s3_secret_key, STR, "", 1, "S3 secret key (never logged)")                \
@@ -184,6 +185,13 @@
      "file holding s3_session_token, read at start and again at every "        \
      "reload, like s3_access_key_file: to rotate a token, rewrite the file "   \
      "and send SIGHUP (larderctl reload)")                                     \
+  XX(s3_sts_endpoint, STR, "", 0,                                              \
+     "STS endpoint for web identity credentials ($AWS_WEB_IDENTITY_TOKEN_FILE " \
+     "and $AWS_ROLE_ARN; empty: $AWS_ENDPOINT_URL_STS, else the region's)")   \
+  XX(s3_credentials_refresh_margin, U64, "300", 0,                             \
+     "seconds before temporary S3 credentials (web identity, "                \
+     "credential_process, container, instance role) expire that they are "     \
+     "fetched again; at half their lifetime when that comes sooner")           \
   XX(log_level, LEVEL, "info", 1, "debug, info, notice, warning or err")      \
   XX(log_file, STR, "", 0,                                                     \
      "append the log to this file instead of stderr (reopened on SIGHUP, for " \

@@ -204,84 +204,6 @@ static void free_secret(char *s) {
   free(s);
 }
 
-static char *dup_trim(const char *s) {
-  while (isspace((unsigned char)*s)) s++;
-  size_t n = strlen(s);
-  while (n && isspace((unsigned char)s[n - 1])) n--;
-  char *d = malloc(n + 1);
-  if (d) {
-    memcpy(d, s, n);
-    d[n] = '\0';
-  }
-  return d;
-}
-
-void fetch_load_credentials(fetch_options_t *o, const char *profile, char **owned,
-                            int max_owned) {
-  int k = 0;
-  for (int i = 0; i < max_owned; i++) owned[i] = NULL;
-  if (o->s3_access_key == NULL && getenv("AWS_ACCESS_KEY_ID") && getenv("AWS_SECRET_ACCESS_KEY")) {
-    o->s3_access_key = getenv("AWS_ACCESS_KEY_ID");
-    o->s3_secret_key = getenv("AWS_SECRET_ACCESS_KEY");
-    if (o->s3_session_token == NULL) o->s3_session_token = getenv("AWS_SESSION_TOKEN");
-  }
-  if (o->s3_access_key) return;
-  const char *path = getenv("AWS_SHARED_CREDENTIALS_FILE");
-  char buf[1024];
-  if (path == NULL) {
-    const char *home = getenv("HOME");
-    if (home == NULL) return;
-    snprintf(buf, sizeof(buf), "%s/.aws/credentials", home);
-    path = buf;
-  }
-  if (profile == NULL || *profile == '\0') profile = getenv("AWS_PROFILE");
-  if (profile == NULL || *profile == '\0') profile = "default";
-  FILE *fp = fopen(path, "r");
-  if (fp == NULL) return;
-  /* Lines are read whole: a session token's is as long as the token. */
-  char *line = NULL;
-  size_t cap = 0;
-  int in = 0;
-  /* Bug fix (tests: remote_s3_credentials): the loop used to stop once
-   * fewer than three owned slots were left, so with the daemon's four a
-   * profile's aws_session_token, read after its two keys, was never
-   * loaded.  Each value checks for a slot as it is stored instead. */
-  while (getline(&line, &cap, fp) >= 0) {
-    char *p = line;
-    while (isspace((unsigned char)*p)) p++;
-    if (*p == '[') {
-      char *e = strchr(p, ']');
-      if (e) *e = '\0';
-      char *name = dup_trim(p + 1);
-      in = name && strcmp(name, profile) == 0;
-      free(name);
-      continue;
-    }
-    if (!in || *p == '#' || *p == ';') continue;
-    char *eq = strchr(p, '=');
-    if (eq == NULL) continue;
-    *eq = '\0';
-    char *key = dup_trim(p), *val = dup_trim(eq + 1);
-    if (key && val && k < max_owned) {
-      if (strcmp(key, "aws_access_key_id") == 0 && o->s3_access_key == NULL) {
-        o->s3_access_key = owned[k++] = val;
-        val = NULL;
-      } else if (strcmp(key, "aws_secret_access_key") == 0 && o->s3_secret_key == NULL) {
-        o->s3_secret_key = owned[k++] = val;
-        val = NULL;
-      } else if (strcmp(key, "aws_session_token") == 0 && o->s3_session_token == NULL) {
-        o->s3_session_token = owned[k++] = val;
-        val = NULL;
-      }
-    }
-    free(key);
-    free_secret(val);
-  }
-  if (line) explicit_bzero(line, cap);
-  free(line);
-  fclose(fp);
-}
-
 /* ------------------------------------------------------------------------ */
 /* URLs                                                                      */
 
@@ -701,8 +623,9 @@ static int setup_easy(fetch_req_t *r) {
   if (strncmp(r->url, "s3://", 5) == 0) {
     if (f->opts.s3_access_key == NULL || f->opts.s3_secret_key == NULL) {
       snprintf(r->msg, sizeof(r->msg),
-               "%s: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the "
-               "daemon's s3_access_key, or a profile in ~/.aws/credentials)",
+               "%s: no S3 credentials (set the daemon's s3_access_key, AWS_ACCESS_KEY_ID and "
+               "AWS_SECRET_ACCESS_KEY, a web identity, a profile in ~/.aws/credentials, or "
+               "run with a container or instance role)",
                r->url);
       return LARDER_EACCES;
     }

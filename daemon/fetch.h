@@ -81,23 +81,15 @@ void fetch_options_init(fetch_options_t *opts);
 /* Replaces the S3 credentials (each may be NULL: none), copying them: the
  * fetcher owns its credentials from fetch_create on, and a request signs
  * each attempt with those in force when it starts (SIGHUP rotates a session
- * token without a restart).  Returns 0, or LARDER_ENOMEM with the old ones
- * kept.  Loop thread. */
+ * token without a restart; awscreds.h's refresher puts fresh temporary
+ * ones in force: requests in flight keep what they were signed with).
+ * Returns 0, or LARDER_ENOMEM with the old ones kept.  Loop thread. */
 int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret_key,
                           const char *session_token);
 
 /* Changes the limits at run time (SIGHUP). */
 void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,
                       uint32_t retry_base_ms);
-
-/*
- * Fills the S3 credentials from the environment (AWS_ACCESS_KEY_ID,
- * AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), then, for what is still missing,
- * from profile (NULL: $AWS_PROFILE or "default") in ~/.aws/credentials (or
- * $AWS_SHARED_CREDENTIALS_FILE).  Keys already set (from the daemon's
- * config) win.  The strings are malloc'd into *owned (free with free()).
- */
-void fetch_load_credentials(fetch_options_t *opts, const char *profile, char **owned, int max_owned);
 
 /* Creates the fetcher on loop.  Returns 0 or LARDER_ENOMEM / LARDER_EIO. */
 int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out);

@@ -67,6 +67,14 @@
  *                                             the workers: stage="fetch" (over
  *                                             requests), "decode", "cache_read",
  *                                             "assemble"
+ *   larder_credentials_refreshes_total
+ *                                    counter  S3 credentials resolved again by the refresher
+ *                                             (expiry, reload)
+ *   larder_credentials_refresh_errors_total
+ *                                    counter  S3 credential refreshes that failed (retried
+ *                                             with backoff)
+ *   larder_credentials_expires_in_s  gauge    seconds until the S3 credentials in force
+ *                                             expire (0: they do not)
  *   larder_workers_boosted           gauge    1 while trainers wait and the workers run at
  *                                             the daemon's priority (else worker_nice nicer)
  *   larder_worker_boosts_total       counter  times trainers waiting raised the workers' priority

@@ -23,6 +23,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "awscreds.h"
 #include "cred.h"
 #include "log.h"
 #include "metrics.h"
@@ -281,6 +282,8 @@ static void finish_shutdown(server_t *srv) {
   /* Called from the tick once no task is in flight and no client is left.
    * The fetches end first: their callbacks may still queue tasks, which the
    * pool then runs or cancels as it stops. */
+  awscreds_stop(srv->awscreds);
+  srv->awscreds = NULL;
   if (srv->fetch) {
     fetch_destroy(srv->fetch, NULL, NULL);
     srv->fetch = NULL;
@@ -411,15 +414,57 @@ int server_apply_access(server_t *srv, char *err, size_t errlen) {
   return 0;
 }
 
-/* Fills fo's S3 credentials: the configuration's, else the environment's,
- * else those of the profile (fetch_load_credentials), whose strings go to
- * owned[4] (the caller frees them).  Loop thread. */
-static void s3_credentials(const config_t *c, fetch_options_t *fo, char **owned) {
+/* Whether the configuration names S3 keys itself: then they alone are
+ * used, and the chain (awscreds.h) is not walked. */
+static int explicit_keys(const config_t *c) {
+  return (c->s3_access_key && *c->s3_access_key) || (c->s3_secret_key && *c->s3_secret_key);
+}
+
+static void explicit_credentials(const config_t *c, fetch_options_t *fo) {
   fo->s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
   fo->s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
   fo->s3_session_token =
       c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
-  fetch_load_credentials(fo, c->s3_profile, owned, 4);
+}
+
+static void chain_options(const config_t *c, awscreds_options_t *ao) {
+  memset(ao, 0, sizeof(*ao));
+  ao->profile = c->s3_profile;
+  ao->region = c->s3_region && *c->s3_region ? c->s3_region : "us-east-1";
+  ao->sts_endpoint = c->s3_sts_endpoint;
+  ao->refresh_margin_s = (uint32_t)(c->s3_credentials_refresh_margin > 86400
+                                        ? 86400
+                                        : c->s3_credentials_refresh_margin);
+}
+
+/* A value the refresher resolved: new requests sign with it, those in
+ * flight keep what they were signed with (fetch_set_credentials).  Loop
+ * thread. */
+static void on_credentials(const awscreds_value_t *v, void *arg) {
+  server_t *srv = arg;
+  if (srv->fetch == NULL) return;
+  if (fetch_set_credentials(srv->fetch, v->access_key, v->secret_key, v->session_token) != 0)
+    log_err("out of memory; the S3 credentials stay as they were");
+}
+
+/* Starts the refresher for the chain's value v (access_key NULL: none;
+ * resolve_now: the walk failed and is retried). */
+static void start_refresher(server_t *srv, const awscreds_value_t *v, int resolve_now) {
+  awscreds_options_t ao;
+  chain_options(&srv->cfg, &ao);
+  if (awscreds_start(srv->loop, &ao, v && v->access_key ? v : NULL, resolve_now, &srv->stats,
+                     on_credentials, srv, &srv->awscreds) != 0)
+    log_err("cannot start the S3 credential refresher; credentials will not be refreshed");
+}
+
+/* The gauge of seconds left to the credentials in force.  Loop thread. */
+static void credentials_tick(server_t *srv) {
+  if (srv->awscreds == NULL) return;
+  char source[16];
+  int64_t exp;
+  awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
+  int64_t left = exp ? exp - (int64_t)time(NULL) : 0;
+  STATS_SET(&srv->stats, credentials_expires_in_s, left > 0 ? left : 0);
 }
 
 int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,
@@ -475,19 +520,25 @@ int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,
     fetch_set_limits(srv->fetch, (uint32_t)srv->cfg.fetch_inflight_per_host,
                      srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,
                      (uint32_t)srv->cfg.fetch_retry_base_ms);
-    /* The credentials are looked up again, as at startup: the
-     * configuration's (their files read again), the environment, the
-     * profile's file. */
-    fetch_options_t fo;
-    char *owned[4];
-    fetch_options_init(&fo);
-    s3_credentials(&srv->cfg, &fo, owned);
-    if (fetch_set_credentials(srv->fetch, fo.s3_access_key, fo.s3_secret_key,
-                              fo.s3_session_token) != 0)
-      log_err("reload: out of memory; the S3 credentials stay as they were");
-    for (int i = 0; i < 4; i++) {
-      if (owned[i]) explicit_bzero(owned[i], strlen(owned[i]));
-      free(owned[i]);
+    /* The credentials are looked up again: the configuration's keys (their
+     * files read again) at once; else the chain, off the loop, with the
+     * options as they are now (s3_profile), its value in force for the
+     * next request once it arrives.  Keys dropped from the configuration
+     * are dropped at once. */
+    if (explicit_keys(&srv->cfg)) {
+      awscreds_stop(srv->awscreds);
+      srv->awscreds = NULL;
+      fetch_options_t fo;
+      fetch_options_init(&fo);
+      explicit_credentials(&srv->cfg, &fo);
+      if (fetch_set_credentials(srv->fetch, fo.s3_access_key, fo.s3_secret_key,
+                                fo.s3_session_token) != 0)
+        log_err("reload: out of memory; the S3 credentials stay as they were");
+    } else {
+      if (srv->awscreds == NULL) fetch_set_credentials(srv->fetch, NULL, NULL, NULL);
+      awscreds_stop(srv->awscreds);
+      srv->awscreds = NULL;
+      start_refresher(srv, NULL, 1);
     }
   }
   units_trim(srv);
@@ -586,6 +637,7 @@ static void on_tick(uv_timer_t *t) {
   units_retry(srv);
   conn_expire_partial(srv);
   admin_tick(srv); /* rate samples for larderctl stats */
+  credentials_tick(srv);
   note_cache_faults(srv);
   trim_heap(srv);
 }
@@ -609,8 +661,32 @@ static int start_fetcher(server_t *srv) {
   fo.s3_path_style = c->s3_path_style;
   fo.s3_list_max_keys = (uint32_t)c->s3_list_max_keys;
   fo.stats = &srv->stats;
-  s3_credentials(c, &fo, srv->cred_owned);
-  return fetch_create(srv->loop, &fo, &srv->fetch);
+  /* The chain is walked here, before the loop runs, so that the first
+   * streams find credentials in force; the refresher then keeps them
+   * fresh off the loop. */
+  awscreds_value_t v;
+  memset(&v, 0, sizeof(v));
+  int chain = !explicit_keys(c), rc = 0;
+  if (chain) {
+    awscreds_options_t ao;
+    char err[512];
+    chain_options(c, &ao);
+    rc = awscreds_resolve(&ao, &v, err, sizeof(err));
+    if (rc == 0)
+      log_notice("S3 credentials from %s%s", v.source,
+                 v.expiration ? ", temporary: refreshed before they expire" : "");
+    else if (rc == LARDER_ENOENT) log_info("%s", err);
+    else log_warn("S3 credentials: %s; retrying in the background", err);
+    fo.s3_access_key = v.access_key;
+    fo.s3_secret_key = v.secret_key;
+    fo.s3_session_token = v.session_token;
+  } else {
+    explicit_credentials(c, &fo);
+  }
+  int frc = fetch_create(srv->loop, &fo, &srv->fetch);
+  if (frc == 0 && chain) start_refresher(srv, &v, rc != 0 && rc != LARDER_ENOENT);
+  awscreds_value_clear(&v);
+  return frc;
 }
 
 /* Gives the loop thread its time slice (loop_slice_us), now that the
@@ -704,7 +780,6 @@ int server_run(server_t *srv) {
     srv->remote_footers = NULL;
     acl_free(srv->acl);
     srv->acl = NULL;
-    for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
     return 1;
   }
   uv_timer_start(&srv->tick, on_tick, 1000, 1000);
@@ -723,7 +798,6 @@ int server_run(server_t *srv) {
   metrics_stop(srv);
   acl_free(srv->acl);
   srv->acl = NULL;
-  for (int i = 0; i < 4; i++) free(srv->cred_owned[i]);
   int close_rc = uv_loop_close(srv->loop);
   if (close_rc) log_warn("event loop closed with handles open");
   return 0;

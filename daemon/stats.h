@@ -62,6 +62,12 @@
   XX(fetch_errors, COUNTER, "remote requests that failed for good")            \
   XX(fetch_inflight, GAUGE, "remote requests in flight")                       \
   XX(fetch_ns, STAGE, "time spent fetching (summed over requests)")            \
+  XX(credentials_refreshes, COUNTER, "S3 credentials resolved again by the "  \
+                                     "refresher (expiry, reload)")            \
+  XX(credentials_refresh_errors, COUNTER, "S3 credential refreshes that "     \
+                                          "failed (retried with backoff)")    \
+  XX(credentials_expires_in_s, GAUGE, "seconds until the S3 credentials in "  \
+                                      "force expire (0: they do not)")        \
   XX(decode_ns, STAGE, "time spent decoding Parquet")                          \
   XX(cache_read_ns, STAGE, "time spent reading the cache")                     \
   XX(assemble_ns, STAGE, "time spent assembling batches")                     \

@@ -11,7 +11,7 @@ packages=(
   libuv1-dev librocksdb-dev libcurl4-openssl-dev
   protobuf-c-compiler libprotobuf-c-dev
   libsnappy-dev libzstd-dev liblz4-dev zlib1g-dev libbrotli-dev
-  libinih-dev libsystemd-dev systemd libjansson-dev
+  libinih-dev libsystemd-dev systemd libjansson-dev libexpat1-dev
   nginx-light iproute2 tmux python3
   prometheus
   python3-numpy python3-torch python3-pytest python3-setuptools python3-pip python3-venv

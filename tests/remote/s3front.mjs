@@ -55,7 +55,11 @@ function usage() {
                   [--session-token T] [--region R] [--data DIR] [--log FILE]
                   [--fault SPEC]... [--latency-ms L] [--rate BYTES_PER_S] [--conn-rate BYTES_PER_S]
                   [--host NAME]... [--max-skew-s N] [--no-require-content-sha256]
-                  [--allow-anonymous] [--watch-pid PID]
+                  [--allow-anonymous] [--watch-pid PID] [--credentials-file FILE]
+--credentials-file: JSON lines {access_key, secret_key, session_token,
+expiration} (credfake.mjs writes them), read again for every request whose
+key is not --access-key: such a request is verified with that line's
+secret and token, and refused with ExpiredToken past its expiration.
 Prints {"port":N,"pid":N,"endpoint":...} on stdout when ready; SIGTERM stops it.`;
 }
 
@@ -78,6 +82,7 @@ async function main() {
     'no-require-content-sha256': 'bool',
     'allow-anonymous': 'bool',
     'watch-pid': 'int',
+    'credentials-file': 'string',
   }, usage());
 
   const cfg = {
@@ -247,10 +252,31 @@ async function main() {
       const body = hasBody ? await readBody(req) : null;
 
       if (!(flags['allow-anonymous'] && !req.headers.authorization)) {
+        // A key handed out by credfake.mjs: its own secret and token.
+        let reqCfg = cfg;
+        const akid = /Credential=([^/,\s]+)\//.exec(req.headers.authorization || '')?.[1];
+        if (akid && rec) rec.akid = akid;
+        if (flags['credentials-file'] && akid && akid !== cfg.accessKey) {
+          let entry = null;
+          try {
+            for (const line of fs.readFileSync(flags['credentials-file'], 'utf8').split('\n')) {
+              if (!line.trim()) continue;
+              const e = JSON.parse(line);
+              if (e.access_key === akid) entry = e;
+            }
+          } catch { /* no file yet: no such key */ }
+          if (entry) {
+            if (entry.expiration && Date.parse(entry.expiration) <= Date.now()) {
+              outcome = 'auth: ExpiredToken';
+              return sendError(res, rec, 400, 'ExpiredToken', 'The provided token has expired.');
+            }
+            reqCfg = { ...cfg, accessKey: entry.access_key, secretKey: entry.secret_key, sessionToken: entry.session_token || null };
+          }
+        }
         const v = await verifyRequest(
           { method, rawPath, rawQuery, headers: rawHeaderMap(req.rawHeaders) },
           body,
-          cfg,
+          reqCfg,
         );
         if (!v.ok) {
           outcome = `auth: ${v.code}`;
@@ -409,6 +435,7 @@ async function main() {
           status: rec.status,
           bytes: rec.bytes,
           fault: rec.fault,
+          akid: rec.akid,
           outcome,
           ms: Math.round(performance.now() - t0),
         });
