@@ -328,7 +328,6 @@ struct server {
 
   /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
   fetch_t *fetch;
-  char *cred_owned[4];
   struct awscreds *awscreds; /* the credential refresher, NULL with explicit keys */
   htab_t rgbuf_table;      /* row-group buffers by hash (htab.h) */
   rgbuf_t *rgbuf_held_head; /* buffers held for their row group's units */
