@@ -3,7 +3,8 @@
 #   make            build everything (build/release)
 #   make test       install what is missing, then run every test: the unit and
 #                   integration suites in a plain build and under ASan and UBSan,
-#                   the tests of threads under TSan, then a bounded fuzzing run
+#                   the tests of threads under TSan, a bounded fuzzing run, lint,
+#                   and the systemd units under a real systemd (check-systemd)
 #   make demo       run the main job end to end on a built-in dataset
 #   make lint       clang-tidy and cppcheck
 #   make fuzz       libFuzzer over the footer parser, the page decoders and
@@ -192,6 +193,7 @@ test: deps
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory check-readme
+	$(MAKE) --no-print-directory V=release check-systemd
 	@echo "make test: all suites passed"
 
 check: check-unit check-compat check-config $(if $(filter release,$(V)),check-python)
@@ -241,6 +243,14 @@ check-threads: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(if $(CUDA_CFLAGS),$(FAKE_C
 	  setarch $(shell uname -m) -R $(RUN_TESTS) $(THREAD_TESTS)
 
 TEST_WORK ?= tests/work
+# The units under a real systemd (PID 1 in a systemd-nspawn container of
+# Debian 12, made once with debootstrap): socket activation, a trainer of
+# another user, reload, restart, stop.  Skipped, saying why, where no
+# container can boot.
+.PHONY: check-systemd
+check-systemd: $(LARDERD) $(LARDERCTL) $(EXAMPLE_TRAINER) $(LIBLARDER_SO)
+	tests/systemd/nspawn-check.sh $(B) $(TEST_WORK)/nspawn
+
 # The README's two commands as written, from a clean clone of HEAD.
 check-readme:
 	tests/readme.sh $(TEST_WORK)/readme

@@ -856,12 +856,13 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
   body_t b;
   int status = http(w, "imds", "PUT", url, h, NULL, 1, 3, &b);
   curl_slist_free_all(h);
-  if (status < 0) return status;
+  /* No token: no instance metadata service here (a host off EC2, or a
+   * container past the hop limit).  The source does not apply, as on a
+   * host without it: nothing is retried every minute for ever. */
+  if (status < 0) return LARDER_ENOENT;
   if (status != 200 || b.len == 0 || b.len > 200) {
     body_free(&b);
-    snprintf(w->err, w->errlen, "imds: %.*s/latest/api/token answered HTTP %d", (int)bl, base,
-             status);
-    return LARDER_EREMOTE;
+    return LARDER_ENOENT;
   }
   snprintf(hdr, sizeof(hdr), "X-aws-ec2-metadata-token: %.*s", (int)strcspn(b.data, "\r\n"),
            b.data);
@@ -874,6 +875,8 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
   char role[256] = "";
   if (status == 200) {
     snprintf(role, sizeof(role), "%.*s", (int)strcspn(b.data, "\r\n"), b.data);
+  } else if (status == 404) {
+    rc = LARDER_ENOENT; /* an instance without a role */
   } else if (status >= 0) {
     snprintf(w->err, w->errlen, "imds: %s answered HTTP %d (no instance role?)", url, status);
     rc = LARDER_EREMOTE;

@@ -195,6 +195,9 @@ static int listen_socket(server_t *srv) {
   srv->listener.data = srv;
   int fd = activated_fd();
   int rc;
+  /* The socket's path is then systemd's: it outlives this process, and a
+   * restart finds it there (the daemon must never unlink it). */
+  srv->socket_activated = fd >= 0;
   if (fd >= 0) {
     rc = uv_pipe_open(&srv->listener, fd);
     if (rc) {
@@ -316,7 +319,7 @@ static void begin_shutdown(server_t *srv, const char *why) {
     if (srv->listening) uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
     srv->accept_paused = 0;
-    if (activated_fd() < 0 && srv->cfg.socket) unlink(srv->cfg.socket);
+    if (!srv->socket_activated && srv->cfg.socket) unlink(srv->cfg.socket);
   }
   if (srv->listen_spare >= 0) {
     close(srv->listen_spare);
@@ -762,7 +765,7 @@ int server_run(server_t *srv) {
     log_err("%s", aerr);
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
-    if (activated_fd() < 0 && srv->cfg.socket) unlink(srv->cfg.socket);
+    if (!srv->socket_activated && srv->cfg.socket) unlink(srv->cfg.socket);
   }
   if (rc && srv->listen_spare >= 0) {
     close(srv->listen_spare);

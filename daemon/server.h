@@ -329,6 +329,7 @@ struct server {
   /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
   fetch_t *fetch;
   struct awscreds *awscreds; /* the credential refresher, NULL with explicit keys */
+  int socket_activated;    /* the listening socket came from systemd */
   htab_t rgbuf_table;      /* row-group buffers by hash (htab.h) */
   rgbuf_t *rgbuf_held_head; /* buffers held for their row group's units */
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;

@@ -13,6 +13,7 @@ packages=(
   libsnappy-dev libzstd-dev liblz4-dev zlib1g-dev libbrotli-dev
   libinih-dev libsystemd-dev systemd libjansson-dev libexpat1-dev
   nginx-light iproute2 tmux python3
+  debootstrap systemd-container
   prometheus
   python3-numpy python3-torch python3-pytest python3-setuptools python3-pip python3-venv
 )
