@@ -73,7 +73,7 @@
  *   larder_credentials_refresh_errors_total
  *                                    counter  S3 credential refreshes that failed (retried
  *                                             with backoff)
- *   larder_credentials_expires_in_s  gauge    seconds until the S3 credentials in force
+ *   larder_credentials_expiry_seconds gauge    seconds until the S3 credentials in force
  *                                             expire (0: they do not)
  *   larder_workers_boosted           gauge    1 while trainers wait and the workers run at
  *                                             the daemon's priority (else worker_nice nicer)

@@ -467,7 +467,7 @@ static void credentials_tick(server_t *srv) {
   int64_t exp;
   awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
   int64_t left = exp ? exp - (int64_t)time(NULL) : 0;
-  STATS_SET(&srv->stats, credentials_expires_in_s, left > 0 ? left : 0);
+  STATS_SET(&srv->stats, credentials_expiry_seconds, left > 0 ? left : 0);
 }
 
 int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,

@@ -66,7 +66,7 @@
                                      "refresher (expiry, reload)")            \
   XX(credentials_refresh_errors, COUNTER, "S3 credential refreshes that "     \
                                           "failed (retried with backoff)")    \
-  XX(credentials_expires_in_s, GAUGE, "seconds until the S3 credentials in "  \
+  XX(credentials_expiry_seconds, GAUGE, "seconds until the S3 credentials in "  \
                                       "force expire (0: they do not)")        \
   XX(decode_ns, STAGE, "time spent decoding Parquet")                          \
   XX(cache_read_ns, STAGE, "time spent reading the cache")                     \

@@ -440,7 +440,7 @@ TEST_IMPL(remote_creds_refresh) {
   ASSERT_GE(fake_stat(&fake, "issued.web_identity"), 2);
   ASSERT_GE(dh_stat(&d, "credentials_refreshes"), 1);
   ASSERT_EQ(dh_stat(&d, "credentials_refresh_errors"), 0);
-  ASSERT_LE(dh_stat(&d, "credentials_expires_in_s"), 10);
+  ASSERT_LE(dh_stat(&d, "credentials_expiry_seconds"), 10);
   char *stats = dh_admin(&d, "stats");
   ASSERT_STR_CONTAINS(stats, "\"credentials\":{\"source\":\"web_identity\",\"expires_unix\":");
   free(stats);

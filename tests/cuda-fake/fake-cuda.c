@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FAKE_MAGIC 0x31554346454b4146ull /* "FAKECFU1" */
@@ -302,17 +303,22 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   return CUDA_SUCCESS;
 }
 
-/* Whether process pid is alive (not gone, not a zombie). */
-static int alive(int pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+/* Whether process pid still maps the file of inode ino: it has the region
+ * open.  A process being killed gives up its memory before its sockets, so
+ * a daemon that sees the trainer's connection close finds it unmapped
+ * already, as the real driver finds the context gone. */
+static int still_maps(int pid, unsigned long ino) {
+  char path[64], line[512];
+  snprintf(path, sizeof(path), "/proc/%d/maps", pid);
   FILE *f = fopen(path, "r");
   if (f == NULL) return 0;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  int found = 0;
+  while (!found && fgets(line, sizeof(line), f)) {
+    unsigned long inode = 0;
+    if (sscanf(line, "%*s %*s %*s %*s %lu", &inode) == 1 && inode == ino) found = 1;
+  }
   fclose(f);
-  buf[n] = '\0';
-  const char *p = strrchr(buf, ')');
-  return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+  return found;
 }
 
 /* Unlinks and returns the mapping that starts at base (imported or not),
@@ -332,9 +338,11 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   NEED_INIT();
   mapping *m = take_mapping((uintptr_t)dptr, 0);
   if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
+  struct stat st;
+  unsigned long ino = fstat(m->fd, &st) == 0 ? (unsigned long)st.st_ino : 0;
   for (int i = 0; i < FAKE_SLOTS; i++) {
     int pid = __atomic_load_n(&m->imp->pid[i], __ATOMIC_ACQUIRE);
-    if (pid && alive(pid)) {
+    if (pid && still_maps(pid, ino)) {
       fprintf(stderr,
               "fake CUDA: cuMemFree of device memory that process %d still has open "
               "(cuIpcOpenMemHandle without cuIpcCloseMemHandle): undefined behaviour in CUDA\n",
