@@ -14,6 +14,7 @@
  */
 #include <ctype.h>
 #include <curl/curl.h>
+#include <expat.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <stdio.h>
@@ -1511,33 +1512,127 @@ static void list_free(list_ctx_t *lc, int free_objs) {
   free(lc);
 }
 
-/* Returns the text between <tag> and </tag> starting at *p, advancing it. */
-static int xml_next(const char **p, const char *end, const char *tag, char *out, size_t size) {
-  char open[64], close[64];
-  snprintf(open, sizeof(open), "<%s>", tag);
-  snprintf(close, sizeof(close), "</%s>", tag);
-  const char *a = memmem(*p, (size_t)(end - *p), open, strlen(open));
-  if (a == NULL) return 0;
-  a += strlen(open);
-  const char *b = memmem(a, (size_t)(end - a), close, strlen(close));
-  if (b == NULL) return 0;
-  /* Unescape the few XML entities S3 uses. */
-  size_t k = 0;
-  for (const char *c = a; c < b && k + 1 < size; c++) {
-    if (*c == '&') {
-      if (!strncmp(c, "&amp;", 5)) out[k++] = '&', c += 4;
-      else if (!strncmp(c, "&lt;", 4)) out[k++] = '<', c += 3;
-      else if (!strncmp(c, "&gt;", 4)) out[k++] = '>', c += 3;
-      else if (!strncmp(c, "&quot;", 6)) out[k++] = '"', c += 5;
-      else if (!strncmp(c, "&apos;", 6)) out[k++] = '\'', c += 5;
-      else out[k++] = *c;
-    } else {
-      out[k++] = *c;
+/* One page of a ListObjectsV2 answer, as libexpat parses it (every entity
+ * and character reference decoded, any key length). */
+typedef struct list_entry {
+  char *key;
+  uint64_t size;
+  char etag[160];
+} list_entry_t;
+
+typedef struct list_parse {
+  list_entry_t *v;
+  size_t n, cap;
+  int contents;          /* <Contents> elements seen */
+  int truncated;
+  char token[1024];
+  int depth;             /* element depth: 1 is ListBucketResult */
+  int in_contents;       /* the depth of the <Contents> we are in, or 0 */
+  const char *field;     /* the leaf being read: "Key", "Size", ... or NULL */
+  char *text;            /* its characters so far */
+  size_t len, tcap;
+  int oom;
+} list_parse_t;
+
+static void XMLCALL lp_start(void *data, const XML_Char *name, const XML_Char **attrs) {
+  (void)attrs;
+  list_parse_t *lp = data;
+  lp->depth++;
+  lp->field = NULL;
+  lp->len = 0;
+  if (lp->depth == 2 && strcmp(name, "Contents") == 0) {
+    lp->in_contents = lp->depth;
+    lp->contents++;
+    if (lp->n == lp->cap) {
+      size_t cap = lp->cap ? lp->cap * 2 : 64;
+      list_entry_t *v = realloc(lp->v, cap * sizeof(*v));
+      if (v == NULL) {
+        lp->oom = 1;
+        return;
+      }
+      lp->v = v;
+      lp->cap = cap;
     }
+    memset(&lp->v[lp->n++], 0, sizeof(list_entry_t));
+  } else if (lp->in_contents && lp->depth == lp->in_contents + 1 &&
+             (strcmp(name, "Key") == 0 || strcmp(name, "Size") == 0 ||
+              strcmp(name, "ETag") == 0)) {
+    lp->field = strcmp(name, "Key") == 0 ? "Key" : strcmp(name, "Size") == 0 ? "Size" : "ETag";
+  } else if (lp->depth == 2 && (strcmp(name, "IsTruncated") == 0 ||
+                                strcmp(name, "NextContinuationToken") == 0)) {
+    lp->field = name[0] == 'I' ? "IsTruncated" : "NextContinuationToken";
   }
-  out[k] = '\0';
-  *p = b + strlen(close);
-  return 1;
+}
+
+static void XMLCALL lp_text(void *data, const XML_Char *s, int n) {
+  list_parse_t *lp = data;
+  if (lp->field == NULL || n <= 0) return;
+  if (lp->len + (size_t)n + 1 > lp->tcap) {
+    size_t cap = lp->tcap ? lp->tcap : 256;
+    while (cap < lp->len + (size_t)n + 1) cap *= 2;
+    char *t = realloc(lp->text, cap);
+    if (t == NULL) {
+      lp->oom = 1;
+      return;
+    }
+    lp->text = t;
+    lp->tcap = cap;
+  }
+  memcpy(lp->text + lp->len, s, (size_t)n);
+  lp->len += (size_t)n;
+  lp->text[lp->len] = '\0';
+}
+
+static void XMLCALL lp_end(void *data, const XML_Char *name) {
+  (void)name;
+  list_parse_t *lp = data;
+  if (lp->field) {
+    const char *t = lp->len ? lp->text : "";
+    list_entry_t *e = lp->in_contents && lp->n ? &lp->v[lp->n - 1] : NULL;
+    if (strcmp(lp->field, "Key") == 0 && e) {
+      free(e->key);
+      e->key = strdup(t);
+      if (e->key == NULL) lp->oom = 1;
+    } else if (strcmp(lp->field, "Size") == 0 && e) {
+      e->size = strtoull(t, NULL, 10);
+    } else if (strcmp(lp->field, "ETag") == 0 && e) {
+      snprintf(e->etag, sizeof(e->etag), "%s", t);
+    } else if (strcmp(lp->field, "IsTruncated") == 0) {
+      lp->truncated = strcmp(t, "true") == 0;
+    } else if (strcmp(lp->field, "NextContinuationToken") == 0) {
+      snprintf(lp->token, sizeof(lp->token), "%s", t);
+    }
+    lp->field = NULL;
+  }
+  if (lp->in_contents == lp->depth) lp->in_contents = 0;
+  lp->depth--;
+}
+
+static void list_parse_free(list_parse_t *lp) {
+  for (size_t i = 0; i < lp->n; i++) free(lp->v[i].key);
+  free(lp->v);
+  free(lp->text);
+}
+
+/* Parses a ListObjectsV2 page (len bytes at data) into lp.  Returns 0, or
+ * LARDER_ECORRUPT (not XML) / LARDER_ENOMEM with a message in err. */
+static int list_parse(const char *data, size_t len, list_parse_t *lp, char *err, size_t errlen) {
+  memset(lp, 0, sizeof(*lp));
+  XML_Parser x = XML_ParserCreate(NULL);
+  if (x == NULL) return LARDER_ENOMEM;
+  XML_SetUserData(x, lp);
+  XML_SetElementHandler(x, lp_start, lp_end);
+  XML_SetCharacterDataHandler(x, lp_text);
+  int ok = XML_Parse(x, data ? data : "", (int)len, 1) == XML_STATUS_OK;
+  if (!ok)
+    snprintf(err, errlen, "the listing is not well-formed XML (%s at line %lu)",
+             XML_ErrorString(XML_GetErrorCode(x)), (unsigned long)XML_GetCurrentLineNumber(x));
+  XML_ParserFree(x);
+  if (lp->oom) {
+    snprintf(err, errlen, "out of memory reading a listing");
+    return LARDER_ENOMEM;
+  }
+  return ok ? 0 : LARDER_ECORRUPT;
 }
 
 static int cmp_obj(const void *a, const void *b) {
@@ -1552,22 +1647,21 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     list_free(lc, 1);
     return;
   }
-  const char *p = (const char *)res->data, *end = p + res->length;
-  for (;;) {
-    const char *c = memmem(p, (size_t)(end - p), "<Contents>", 10);
-    if (c == NULL) break;
-    const char *ce = memmem(c, (size_t)(end - c), "</Contents>", 11);
-    if (ce == NULL) break;
-    /* Bug fix (tests: remote_hostile_long_key): keys of S3's maximum
-     * length (1024 bytes) were cut to 1023 and then not found. */
-    char key[1100] = "", size[32] = "", etag[160] = "";
-    const char *q = c;
-    xml_next(&q, ce, "Key", key, sizeof(key));
-    q = c;
-    xml_next(&q, ce, "Size", size, sizeof(size));
-    q = c;
-    xml_next(&q, ce, "ETag", etag, sizeof(etag));
-    p = ce + 11;
+  list_parse_t lp;
+  char perr[300];
+  int prc = list_parse((const char *)res->data, res->length, &lp, perr, sizeof(perr));
+  if (prc) {
+    char m[1024], where[600];
+    fetch_redact(req->url ? req->url : "", where, sizeof(where));
+    snprintf(m, sizeof(m), "%s: %s", where, perr);
+    lc->cb(prc, m, NULL, 0, lc->arg);
+    list_parse_free(&lp);
+    fetch_req_free(req);
+    list_free(lc, 1);
+    return;
+  }
+  for (size_t i = 0; i < lp.n; i++) {
+    const char *key = lp.v[i].key ? lp.v[i].key : "";
     /* S3 lists keys in ascending order, across pages too: a key that does
      * not come after the last one means the endpoint went back (a repeated
      * continuation token), which would list forever. */
@@ -1579,6 +1673,7 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
                "order): the endpoint's continuation token is broken",
                where, lc->pages, key);
       lc->cb(LARDER_EREMOTE, m, NULL, 0, lc->arg);
+      list_parse_free(&lp);
       fetch_req_free(req);
       list_free(lc, 1);
       return;
@@ -1586,10 +1681,10 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     if (key[0]) snprintf(lc->last_key, sizeof(lc->last_key), "%s", key);
     if (lc->pattern && fnmatch(lc->pattern, key, FNM_PATHNAME) != 0) continue;
     if (key[0] == '\0' || key[strlen(key) - 1] == '/') continue;
-    /* Bug fix (tests: remote_s3_listing): a prefix means its Parquet
-     * objects, as a local directory means its *.parquet files; markers such
-     * as _SUCCESS, which every Spark or Hive job writes beside its shards,
-     * failed the whole dataset.  A glob matches what it says. */
+    /* A prefix means its Parquet objects, as a local directory means its
+     * *.parquet files: markers such as _SUCCESS, which every Spark or Hive
+     * job writes beside its shards, are not part of it.  A glob matches
+     * what it says. */
     size_t kl = strlen(key);
     if (lc->pattern == NULL && (kl < 8 || strcmp(key + kl - 8, ".parquet") != 0)) continue;
     if (lc->n == lc->cap) {
@@ -1604,22 +1699,16 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     o->url = malloc(ul);
     if (o->url == NULL) break;
     snprintf(o->url, ul, "s3://%s/%s", lc->bucket, key);
-    o->size = strtoull(size, NULL, 10);
-    snprintf(o->etag, sizeof(o->etag), "%.127s", etag);
+    o->size = lp.v[i].size;
+    snprintf(o->etag, sizeof(o->etag), "%.127s", lp.v[i].etag);
     lc->n++;
   }
-  const char *q = (const char *)res->data;
-  char truncated[16] = "";
-  xml_next(&q, end, "IsTruncated", truncated, sizeof(truncated));
-  q = (const char *)res->data;
   char prev_token[sizeof(lc->token)];
   snprintf(prev_token, sizeof(prev_token), "%s", lc->token);
-  lc->token[0] = '\0';
-  xml_next(&q, end, "NextContinuationToken", lc->token, sizeof(lc->token));
-  int more = strcmp(truncated, "true") == 0 && lc->token[0];
-  lc->empty_pages = more && (res->data == NULL ||
-                              memmem(res->data, res->length, "<Contents>", 10) == NULL)
-                        ? lc->empty_pages + 1 : 0;
+  snprintf(lc->token, sizeof(lc->token), "%s", lp.token);
+  int more = lp.truncated && lc->token[0];
+  lc->empty_pages = more && lp.contents == 0 ? lc->empty_pages + 1 : 0;
+  list_parse_free(&lp);
   /* Bug fix (tests: remote_hostile_listing_loop): an endpoint that gave
    * the same continuation token again was followed for 100,000 pages,
    * after the client had gone and after SIGTERM. */

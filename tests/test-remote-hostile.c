@@ -867,3 +867,59 @@ TEST_IMPL(remote_hostile_long_key) {
   dh_run_free(&r);
   return 0;
 }
+
+/*
+ * A listing is read as XML, not searched as text: keys written with
+ * character references or in CDATA are the keys they stand for, elements
+ * the reader does not know (an Owner inside Contents) change nothing, and
+ * a page that is not well-formed XML fails the open saying so.
+ */
+TEST_IMPL(remote_s3_listing_xml) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  /* The bucket "data" as nginx serves it, path style. */
+  char www[PATH_MAX];
+  snprintf(www, sizeof(www), "%s/www", test_tmpdir());
+  ASSERT_EQ(test_system("mkdir -p '%s/data' && cp '%s'/*.parquet '%s/data/'", www, dir, www), 0);
+  rs_server ng, fp;
+  rh_nginx(&ng, "ng", www, NULL);
+  char fpdir[PATH_MAX];
+  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
+  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
+  ASSERT_OK(rs_control(
+      &fp, "{\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\",\"count\":-1,"
+           "\"headers\":{\"content-type\":\"application/xml\"},\"body\":\"<?xml version=\\\"1.0\\\"?>"
+           "<ListBucketResult><Name>data</Name><IsTruncated>false</IsTruncated>"
+           "<Contents><Key>part-00&#48;.parquet</Key><Size>0</Size><ETag>&quot;a&quot;</ETag>"
+           "<Owner><ID>x</ID><Key>not-this.parquet</Key></Owner></Contents>"
+           "<Contents><Key><![CDATA[part-001.parquet]]></Key><Size>0</Size></Contents>"
+           "</ListBucketResult>\"}}"));
+  char ep[160];
+  snprintf(ep, sizeof(ep), "--s3_endpoint=%s", fp.url);
+  const char *const fl[] = {"--workers=2", ep, "--s3_path_style=true",
+                            "--s3_access_key=AKIDEXAMPLE", "--s3_secret_key=SECRETEXAMPLE", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  const char *src[1] = {"s3://data/"};
+  larder_stream_options_t o;
+  std_opts(&o, src, 1, 1);
+  dh_run r = {0};
+  if (dh_collect(d.socket, &o, 0, &r) != 0) ASSERT_FAIL_("the listing: %s", r.err);
+  ASSERT_EQ(r.num_samples, 5000); /* part-000 and part-001, 2,500 rows each */
+  dh_run_free(&r);
+  ASSERT_OK(rs_control(
+      &fp, "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\","
+           "\"count\":-1,\"headers\":{\"content-type\":\"application/xml\"},"
+           "\"body\":\"<ListBucketResult><Contents><Key>a.parquet</Contents>\"}}"));
+  dh_run bad = {0};
+  ASSERT_NE(dh_collect(d.socket, &o, 0, &bad), 0);
+  ASSERT_STR_CONTAINS(bad.err, "not well-formed XML");
+  dh_run_free(&bad);
+  dh_stop(&d);
+  rh_stop(&fp);
+  rh_stop(&ng);
+  return 0;
+}
