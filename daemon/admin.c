@@ -1959,6 +1959,8 @@ static int pf_start_in_rg(prefetch_job_t *p, uint32_t r) {
       continue;
     }
     unit_t *u = units_acquire(p->j.srv, p->ds, k);
+    /* A load this prefetch started, no stream wanting it yet. */
+    if (u && u->refs == 1 && u->state == UNIT_LOADING) u->for_prefetch = 1;
     if (u == NULL) {
       p->failed++;
       p->done_bytes += est;

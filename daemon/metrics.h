@@ -43,6 +43,8 @@
  *   larder_cache_miss_bytes_total    counter  bytes decoded because the cache lacked them
  *     (the cache's byte hit ratio is hit / (hit + miss); the cache's own
  *     count of the bytes its lookups returned is not exported a second time)
+ *   larder_prefetch_loaded_bytes_total counter unit bytes loaded for larderctl prefetch
+ *                                             alone (not the trainers' hits or misses)
  *   larder_memory_bytes              gauge    decoded unit bytes held in memory
  *   larder_footer_bytes              gauge    bytes of parsed Parquet footers held for
  *                                             open streams (within footer_memory)

@@ -81,6 +81,8 @@ struct unit {
   uint64_t bytes;          /* in memory, row block included */
   uint64_t data_bytes;     /* of its column blobs: what the cache holds */
   int from_cache;
+  int for_prefetch;       /* loaded for `larderctl prefetch` alone: its bytes
+                             are not the trainers' hits or misses */
   int retry;              /* its row group was being decoded: try again */
   int need_fetch;         /* remote and not cached: its row group's bytes */
   rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */

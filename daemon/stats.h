@@ -41,6 +41,8 @@
                                     "no stream wanting them any more")          \
   XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
   XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
+  XX(prefetch_loaded_bytes, COUNTER, "unit bytes loaded for larderctl prefetch "  \
+                                     "alone (not the trainers' hits or misses)") \
   XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                 \
   XX(footer_bytes, GAUGE, "bytes of parsed Parquet footers held for open "     \
                           "streams (within footer_memory)")                    \

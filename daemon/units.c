@@ -1051,13 +1051,17 @@ static void load_done(work_t *w, int status) {
     u->state = UNIT_READY;
     srv->unit_bytes += u->bytes;
     STATS_ADD(&srv->stats, memory_bytes, u->bytes);
+    /* The hit ratio is the trainers': a load for a prefetch alone warms the
+     * cache and serves nobody (counted apart). */
+    uint64_t db = u->data_bytes ? u->data_bytes : u->bytes;
+    if (u->for_prefetch) STATS_ADD(&srv->stats, prefetch_loaded_bytes, db);
     if (u->from_cache) {
       STATS_ADD(&srv->stats, units_from_cache, 1);
-      STATS_ADD(&srv->stats, cache_hit_bytes, u->data_bytes ? u->data_bytes : u->bytes);
+      if (!u->for_prefetch) STATS_ADD(&srv->stats, cache_hit_bytes, db);
       STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
     } else {
       STATS_ADD(&srv->stats, units_decoded, 1);
-      STATS_ADD(&srv->stats, cache_miss_bytes, u->data_bytes ? u->data_bytes : u->bytes);
+      if (!u->for_prefetch) STATS_ADD(&srv->stats, cache_miss_bytes, db);
       STATS_ADD(&srv->stats, decode_ns, u->decode_ns);
       STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
     }
@@ -1094,6 +1098,7 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index) {
       if (u->refs == 0) lru_remove(srv, u);
       if (u->state == UNIT_LOADING) STATS_ADD(&srv->stats, unit_shared, 1);
       u->refs++;
+      u->for_prefetch = 0; /* a stream's too: its load counts as theirs */
       if (u->ahead && !srv->acquiring_ahead) {
         /* A stream needs what read-ahead started: its fetch goes first. */
         u->ahead = 0;

@@ -1254,3 +1254,39 @@ TEST_IMPL(ctl_cache_held) {
   dh_stop(&d);
   return 0;
 }
+
+/*
+ * The hit ratio is the trainers': a prefetch warms the cache without
+ * counting as misses (stats say nothing was served yet, and count the
+ * prefetch's bytes apart), and a trainer's epoch after it is all hits.
+ */
+TEST_IMPL(ctl_hit_ratio_after_prefetch) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 64, 1);
+  tc_out r;
+  char units[32];
+  snprintf(units, sizeof(units), "%u", (unsigned)DH_STD_UNIT_ROWS);
+  tc_ctl(&r, NULL, d.socket, "prefetch", std_dir, "--unit-rows", units, NULL);
+  EXPECT_RUN(&r, 0);
+  tc_out_free(&r);
+  ASSERT_GT(dh_stat(&d, "prefetch_loaded_bytes"), 0);
+  ASSERT_EQ(dh_stat(&d, "cache_miss_bytes"), 0);
+  tc_ctl(&r, NULL, d.socket, "stats", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "hit ratio   - (nothing served yet)");
+  tc_out_free(&r);
+  dh_run run = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &run));
+  dh_run_free(&run);
+  ASSERT_GT(dh_stat(&d, "cache_hit_bytes"), 0);
+  ASSERT_EQ(dh_stat(&d, "cache_miss_bytes"), 0);
+  tc_ctl(&r, NULL, d.socket, "stats", NULL);
+  EXPECT_RUN(&r, 0);
+  ASSERT_STR_CONTAINS(r.out, "hit ratio   100.0%");
+  tc_out_free(&r);
+  dh_stop(&d);
+  return 0;
+}
