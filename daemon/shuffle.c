@@ -486,7 +486,7 @@ int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_unit
     return LARDER_EINVAL;
   uint64_t g = (uint64_t)params->world_size * params->batch_size;
   if (g % np != 0 || g / np > INT_MAX) return LARDER_EINVAL;
-  uint32_t *unit_part = malloc((size_t)num_units * sizeof(*unit_part));
+  uint32_t *unit_part = calloc(num_units, sizeof(*unit_part));
   shuffle_plan_t *plan = calloc(1, sizeof(*plan));
   if (unit_part == NULL || plan == NULL) {
     free(unit_part);
@@ -502,17 +502,21 @@ int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_unit
   plan->global_batch = g;
   plan->slice = g / np;
   plan->nparts = np;
-  plan->part = calloc(np, sizeof(*plan->part));
-  plan->part_unit = calloc(np, sizeof(*plan->part_unit));
+  /* Arrays of pointers, one per partition. */
+  plan->part = calloc(np, sizeof(shuffle_plan_t *)); /* NOLINT(bugprone-sizeof-expression) */
+  plan->part_unit = calloc(np, sizeof(uint32_t *));
   uint32_t *count = calloc(np, sizeof(*count));
   uint64_t *prows = malloc((size_t)num_units * sizeof(*prows));
   uint32_t *pgroups = malloc((size_t)num_units * sizeof(*pgroups));
   if (rc == 0 && (plan->part == NULL || plan->part_unit == NULL || count == NULL ||
                   prows == NULL || pgroups == NULL))
     rc = LARDER_ENOMEM;
-  for (uint32_t u = 0; rc == 0 && u < num_units; u++) count[unit_part[u]]++;
+  for (uint32_t u = 0; rc == 0 && u < num_units; u++)
+    if (unit_part[u] < np) count[unit_part[u]]++;
   for (uint32_t p = 0; rc == 0 && p < np; p++) {
-    plan->part_unit[p] = malloc((size_t)count[p] * sizeof(uint32_t));
+    /* Never empty (shuffle_partition_assign refuses that), but never a
+     * zero-byte allocation either. */
+    plan->part_unit[p] = malloc((size_t)(count[p] ? count[p] : 1) * sizeof(uint32_t));
     if (plan->part_unit[p] == NULL) rc = LARDER_ENOMEM;
   }
   uint64_t min_n = UINT64_MAX, max_n = 0;
@@ -588,7 +592,7 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
   ep->epoch = epoch;
   ep->win[0].index = ep->win[1].index = NO_WINDOW;
   if (plan->nparts > 1) {
-    ep->sub = calloc(plan->nparts, sizeof(*ep->sub));
+    ep->sub = calloc(plan->nparts, sizeof(shuffle_epoch_t *)); /* NOLINT(bugprone-sizeof-expression) */
     if (ep->sub == NULL) {
       free(ep);
       return LARDER_ENOMEM;
@@ -1141,7 +1145,7 @@ int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t las
     rc = sub_cursor(ep, p, &sub);
     if (rc < 0) break;
     uint32_t pn = sub->plan->num_units;
-    if (sub->seen == NULL) sub->seen = calloc(((size_t)pn + 63) / 64, sizeof(uint64_t));
+    if (sub->seen == NULL) sub->seen = calloc(((size_t)pn + 63) / 64 + 1, sizeof(uint64_t));
     uint32_t *local = malloc((size_t)(pn ? pn : 1) * sizeof(*local));
     if (sub->seen == NULL || local == NULL) {
       free(local);
