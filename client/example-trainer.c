@@ -156,6 +156,7 @@ int main(int argc, char **argv) {
   int rc = larder_client_connect(socket, &c);
   if (rc) {
     fprintf(stderr, "example-trainer: %s\n", larder_connect_error());
+    free(colbuf);
     return 1;
   }
   larder_stream_t *s;
@@ -163,6 +164,7 @@ int main(int argc, char **argv) {
   if (rc) {
     fprintf(stderr, "example-trainer: %s\n", larder_client_last_error(c));
     larder_client_close(c);
+    free(colbuf);
     return 1;
   }
   printf("stream: %llu samples, %llu batches of %u per epoch\n",
