@@ -105,11 +105,6 @@ static CUcontext primary_ctx(const lcuda_api_t *api, int device, char *err, size
   if (c == NULL) {
     CUdevice d;
     CUresult r = api->cuDeviceGet(&d, device);
-    /* A worker waits for each batch's copy: blocking, not spinning, so
-     * that the wait leaves the core to the other workers and the trainers
-     * (the driver's default spins while it thinks cores are to spare).
-     * Refused once the context is active: it then keeps its flags. */
-    if (r == CUDA_SUCCESS) (void)api->cuDevicePrimaryCtxSetFlags(d, CU_CTX_SCHED_BLOCKING_SYNC);
     if (r == CUDA_SUCCESS) r = api->cuDevicePrimaryCtxRetain(&c, d);
     if (r != CUDA_SUCCESS) {
       char e[160];

@@ -189,13 +189,6 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 }
 
 /* Contexts and memory are per physical device. */
-CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice ordinal, unsigned int flags) {
-  NEED_INIT();
-  (void)flags; /* the double has no scheduling to set */
-  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
-  return CUDA_SUCCESS;
-}
-
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ordinal) {
   NEED_INIT();
   if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
