@@ -364,9 +364,17 @@ TEST_IMPL(daemon_stall_accounting) {
 }
 
 /* Both of the daemon's worker threads run at niceness want. */
+/* Waits, with a deadline, until the daemon's two workers run at niceness
+ * want: they name themselves and set their niceness in their own time. */
 static void expect_workers_nice(const dh_daemon *d, int want) {
-  int nices[8];
-  ASSERT_EQ(dh_thread_nices(d->pid, "larderd-work", nices, 8), 2);
+  int nices[8], n = 0, ok = 0;
+  double deadline = now_ms() + 30000.0 * dh_slow();
+  do {
+    n = dh_thread_nices(d->pid, "larderd-work", nices, 8);
+    ok = n == 2 && nices[0] == want && nices[1] == want;
+    if (!ok) usleep(10000);
+  } while (!ok && now_ms() < deadline);
+  ASSERT_EQ(n, 2);
   for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], want);
 }
 
