@@ -594,8 +594,9 @@ static int on_prefetch_event(const Larder__AdminReply *r, const json_t *js, prog
            e, now_units, before, a, b);
     char admission[160] = "";
     json_str(js, "admission", admission, sizeof(admission));
-    /* Bug fix: the note blamed the cache's ranking even when admission was
-     * off (a full disk, failing writes), where more capacity helps nothing. */
+    /* When admission is off (a full disk, failing writes), the note says so
+     * rather than blame the cache's ranking: more capacity helps nothing
+     * there. */
     if (na > 0 && admission[0] && strcmp(admission, "on") != 0)
       printf("note: %.0f units were decoded but not kept: cache admission is %s\n", na, admission);
     else if (na > 0)

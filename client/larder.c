@@ -145,11 +145,11 @@ struct larder_stream {
   /* Under the client's send_lock (written by the owning thread only,
    * which may read it unlocked): this stream's last larder_stream_next
    * returned LARDER_ETIMEDOUT, so its caller may wait on its descriptor,
-   * and releases go at once, as for a reader waiting in pump.  Bug fix
-   * (tests: client_frames_two_streams_wait): this was one flag per
-   * client, so a call for another stream cleared it while the caller
-   * still waited on this one, whose releases were then held, the
-   * daemon's window full, and the caller's poll never woke. */
+   * and releases go at once, as for a reader waiting in pump.  The flag
+   * is per stream, not per client: a call for another stream must not
+   * clear it while the caller still waits on this one, or this one's
+   * releases would be held, the daemon's window fill, and the caller's
+   * poll never wake.  Tested by client_frames_two_streams_wait. */
   int caller_waits;
   /* The descriptors a reader that runs dry sleeps for, chosen by
    * ring_pace_sleep_batches after each call from the reader's pace (both
@@ -244,16 +244,16 @@ const char *larder_client_last_error(const larder_client_t *c) { return c ? c->e
 
 /*
  * fork().  A forked child inherits its parent's clients: their socket, the
- * streams' rings and arenas, and the batches the parent held.  Bug fix
- * (tests: client_fork_releases): only larder_stream_close looked at the
- * process, so a child (a PyTorch DataLoader worker started with fork) that
- * released an inherited batch, directly or through an exported Arrow
- * array's release, wrote the release into the parent's ring or sent it on
- * the parent's socket: the daemon freed the parent's batch and reused its
- * region under it, and failed the parent's stream with LARDER_EPROTO when
- * the parent released that batch in turn.  Now a client knows whether it
- * belongs to this process; in a child, releases free local memory only,
- * and every call that would read or write the connection fails.
+ * streams' rings and arenas, and the batches the parent held.  A client
+ * knows whether it belongs to this process; in a child, releases free
+ * local memory only, and every call that would read or write the
+ * connection fails.  Otherwise a child (a PyTorch DataLoader worker
+ * started with fork) that released an inherited batch, directly or
+ * through an exported Arrow array's release, would write the release into
+ * the parent's ring or send it on the parent's socket: the daemon would
+ * free the parent's batch and reuse its region under it, and fail the
+ * parent's stream with LARDER_EPROTO when the parent released that batch
+ * in turn.  Tested by client_fork_releases.
  *
  * The test is a count of forks, which a pthread_atfork handler raises in
  * each child, rather than getpid(): a release makes it, and a trainer that
@@ -392,14 +392,13 @@ static void enqueue(larder_stream_t *s, Larder__Frame *f, wire_batch_t *wb) {
   s->q_tail = q;
 }
 
-/* Bug fix (tests: daemon_client_patterns, daemon_evloop_streams): two
- * streams of one client in one event loop missed wakeups.  larder_stream_fd
- * was the shared socket, and a call for stream B (or an open) read stream
- * A's Wake frame or queued A's Batch frames: the socket was no longer
- * readable while A had a batch ready, and the loop's poll blocked.  Now a
- * call that reads something for another stream than `reader` (NULL: none)
- * signals that stream's eventfd, which its larder_stream_fd also shows.
- * The reading thread. */
+/* A call that reads something for another stream than `reader` (NULL:
+ * none) signals that stream's eventfd, which its larder_stream_fd also
+ * shows.  The socket is shared by the client's streams, and a call for
+ * stream B (or an open) may read stream A's Wake frame or queue A's Batch
+ * frames: the socket is then not readable while A has a batch ready, and
+ * an event loop polling A's descriptor would block.  Tested by
+ * daemon_client_patterns and daemon_evloop_streams.  The reading thread. */
 static void stream_signal(larder_stream_t *s, const larder_stream_t *reader) {
   if (s == reader || s->signalled || s->efd < 0) return;
   uint64_t one = 1;
@@ -468,12 +467,12 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
     return;
   }
   if (f->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY) {
-    /* Bug fix (tests: daemon_open_late_reply): the reply to an open that
-     * timed out, arriving later, left its arena and ring descriptors in
-     * c->fds, where the next open took them for its own, and the daemon
-     * kept the stream.  Its descriptors follow those of the reply being
-     * waited for, if that came first: close them, and close the stream
-     * there. */
+    /* The reply to an open that timed out, arriving later: its arena and
+     * ring descriptors must not stay in c->fds, where the next open would
+     * take them for its own, and the daemon must not keep the stream.  Its
+     * descriptors follow those of the reply being waited for, if that came
+     * first: close them, and close the stream there.  Tested by
+     * daemon_open_late_reply. */
     int at = c->fds_claimed, n = f->open_stream_reply->ring_bytes ? 2 : 1;
     if (n > c->num_fds - at) n = c->num_fds - at;
     for (int i = 0; i < n; i++) close(c->fds[at + i]);
@@ -519,9 +518,9 @@ static int pump(larder_client_t *c, const larder_stream_t *reader, int timeout_m
   if (n == -EAGAIN || n == -EINTR) return 0;
   if (n <= 0) {
     c->broken = LARDER_ECLOSED;
-    /* Bug fix (tests: client_closed_message): this kept any message
-     * already there, so a call that failed because the daemon had gone
-     * showed an earlier call's error (an open's "not a Parquet file"). */
+    /* Replace any message already there, so that a call that failed
+     * because the daemon has gone does not show an earlier call's error
+     * (an open's "not a Parquet file").  Tested by client_closed_message. */
     set_err(c, 0, "the daemon closed the connection");
     for (larder_stream_t *s = c->streams; s; s = s->next)
       if (!s->error && !s->ended) s->error = LARDER_ECLOSED;
@@ -641,11 +640,11 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   f.msg_case = LARDER__FRAME__MSG_HELLO;
   f.hello = &hello;
   int rc = send_frame(c, &f);
-  /* Bug fix (tests: daemon_reload_keeps_flags, flaky): a daemon refusing
-   * the connection (max_clients, shutting down) writes its Error and
-   * closes at once, sometimes before the Hello goes out; the Hello's send
-   * then failed and connect returned ECLOSED without reading the Error that
-   * said why.  Read what the daemon sent either way. */
+  /* Read what the daemon sent even when the Hello's send failed: a daemon
+   * refusing the connection (max_clients, shutting down) writes its Error
+   * and closes at once, sometimes before the Hello goes out, and that Error
+   * says why, where ECLOSED alone would not.  Tested by
+   * daemon_reload_keeps_flags. */
   int send_rc = rc;
   Larder__Frame *r = wait_reply(c, 0, send_rc ? 2000 : 10000, &rc);
   if (r == NULL) {
@@ -719,11 +718,11 @@ static int env_set(const char *name) {
 }
 
 /* Reads the environment variable name into *out (def when it is unset or
- * empty).  Bug fix (tests: daemon_open_checks): a value that was not a
- * number ("abc", "2x") or out of range ("99999999") silently became the
- * default, so a misconfigured job ran every rank as rank 0 of 1.  Returns
- * 0, or LARDER_EINVAL with the variable and its value in the client's
- * error. */
+ * empty).  A value that is not a number ("abc", "2x") or out of range
+ * ("99999999") is an error, not the default: otherwise a misconfigured job
+ * would run every rank as rank 0 of 1.  Tested by daemon_open_checks.
+ * Returns 0, or LARDER_EINVAL with the variable and its value in the
+ * client's error. */
 static int env_int(larder_client_t *c, const char *name, int def, int min, int *out) {
   const char *v = getenv(name);
   *out = def;
@@ -738,9 +737,9 @@ static int env_int(larder_client_t *c, const char *name, int def, int min, int *
   return 0;
 }
 
-/* Bug fix (tests: daemon_open_checks): a relative source path was resolved
- * against the daemon's working directory.  Sets *out to a malloc'd copy of
- * src made absolute against this process's working directory; URLs
+/* Sets *out to a malloc'd copy of src made absolute against this
+ * process's working directory, as the daemon would resolve a relative
+ * path against its own (tested by daemon_open_checks); URLs
  * (anything with "://", as the daemon tells them apart) and absolute paths
  * are copied unchanged.  Where the result is a glob (it has one of *?[),
  * the directory's own wildcard characters are escaped so that glob reads
@@ -879,11 +878,11 @@ static int plan_stream(larder_stream_t *s) {
   return 0;
 }
 
-/* Bug fix (tests: client_fake_shm_checks): the arena was mapped with the
- * size the daemon reported, so a memfd shorter than that, or one shrunk
- * later, made reading a batch fault (SIGBUS).  Checks that fd, a memfd the
- * daemon sent, holds at least size bytes and is sealed against shrinking,
- * as the daemon seals its arenas and rings (daemon/arena.c).  Returns 0 or
+/* Checks that fd, a memfd the daemon sent, holds at least size bytes and
+ * is sealed against shrinking, as the daemon seals its arenas and rings
+ * (daemon/arena.c): the arena is mapped with the size the daemon reports,
+ * and a memfd shorter than that, or one shrunk later, would make reading a
+ * batch fault (SIGBUS).  Tested by client_fake_shm_checks.  Returns 0 or
  * LARDER_EPROTO with the client's error set.  The thread that opens. */
 static int check_shm(larder_client_t *c, int fd, uint64_t size, const char *what) {
   struct stat st;
@@ -897,10 +896,10 @@ static int check_shm(larder_client_t *c, int fd, uint64_t size, const char *what
 
 /* Copies where the entries of the ring h (size bytes mapped) lie into
  * s->ring_layout, once, and checks the copy, as the daemon works from its
- * own ring_layout_t.  Bug fix (tests: client_fake_ring_rewritten): the
- * client re-read slots and the offsets from the shared header on every
- * take and release, so a header rewritten after the open (slots 0)
- * divided by zero.  Returns 1 when the ring is usable. */
+ * own ring_layout_t.  Takes and releases use only this copy, never the
+ * shared header, which the other side may rewrite after the open (slots 0
+ * would divide by zero).  Tested by client_fake_ring_rewritten.  Returns 1
+ * when the ring is usable. */
 static int ring_snapshot(larder_stream_t *s, ring_header_t *h, uint64_t size,
                          uint32_t num_layout) {
   ring_layout_t *l = &s->ring_layout;
@@ -920,16 +919,16 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (c == NULL || opts == NULL || opts->num_sources == 0 || opts->sources == NULL)
     return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
   if (client_forked(c)) return forked_err(c);
-  /* Bug fix (tests: daemon_open_checks): the daemon caps a stream's window
-   * at LARDER_MAX_WINDOW silently, while this side sized its wakeups and
-   * held releases from the window asked for, so a client holding more
-   * than the cap waited forever.  Refuse such a window instead. */
+  /* Refuse a window above LARDER_MAX_WINDOW: the daemon caps a stream's
+   * window there silently, while this side sizes its wakeups and held
+   * releases from the window asked for, so a client holding more than the
+   * cap would wait forever.  Tested by daemon_open_checks. */
   if (opts->window > LARDER_MAX_WINDOW)
     return set_err(c, LARDER_EINVAL, "window %u exceeds the most a stream may hold, %d batches",
                    opts->window, LARDER_MAX_WINDOW);
-  /* Bug fix (tests: client_open_null_vectors): a NULL entry in the
-   * columns was read, and crashed in protobuf-c's packing.  (A NULL source
-   * entry is an empty source, which the daemon refuses by name.) */
+  /* A NULL entry in the columns is refused here, as protobuf-c's packing
+   * would crash on it.  (A NULL source entry is an empty source, which the
+   * daemon refuses by name.)  Tested by client_open_null_vectors. */
   for (size_t i = 0; opts->columns && i < opts->num_columns; i++)
     if (opts->columns[i] == NULL)
       return set_err(c, LARDER_EINVAL, "column %zu of %zu is NULL", i, opts->num_columns);
@@ -962,18 +961,18 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
                      must_not_be_empty[i]);
   }
   int rank = opts->rank, world = opts->world_size, cuda = opts->cuda_device, rc = 0;
-  /* Bug fix (tests: client_rank_env): every variable was parsed, so a
-   * LOCAL_RANK or SLURM_NTASKS that is no number failed the open even
-   * where RANK and WORLD_SIZE said all.  Only the first one set counts. */
+  /* Only the first variable set counts, and only it is parsed, so that a
+   * LOCAL_RANK or SLURM_NTASKS that is no number does not fail the open
+   * where RANK and WORLD_SIZE say all.  Tested by client_rank_env. */
   if (rank < 0)
     rc = env_int(c, env_set("RANK") ? "RANK" : env_set("SLURM_PROCID") ? "SLURM_PROCID" : "LOCAL_RANK",
                  0, 0, &rank);
   if (rc == 0 && world <= 0)
     rc = env_int(c, env_set("WORLD_SIZE") ? "WORLD_SIZE" : "SLURM_NTASKS", 1, 1, &world);
-  /* Bug fix (tests: client_local_rank_host): LOCAL_RANK was parsed for
-   * the device even for host memory, so a job that set rank and world
-   * size itself, beside a LOCAL_RANK that is no number ("gpu0"), could
-   * not open a stream.  Only CUDA memory has a device. */
+  /* Only CUDA memory has a device, so LOCAL_RANK is parsed for it only: a
+   * job that sets rank and world size itself, beside a LOCAL_RANK that is
+   * no number ("gpu0"), can open a host stream.  Tested by
+   * client_local_rank_host. */
   if (rc == 0 && cuda < 0) {
     if (opts->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA)
       rc = env_int(c, "LOCAL_RANK", 0, 0, &cuda);
@@ -1104,10 +1103,9 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   s->arena_size = rep->arena_bytes;
   s->pos_epoch = opts->start_epoch;
   s->pos_batch = opts->start_batch;
-  /* Bug fix (tests: daemon_open_checks): before the first batch, the
-   * position was the start asked for, such as (0, 500) where the daemon
-   * starts at (1, 80) with 420 batches an epoch.  Normalise it as the
-   * daemon does. */
+  /* Before the first batch, the position is the start asked for,
+   * normalised as the daemon does: (0, 500) with 420 batches an epoch is
+   * (1, 80), where the daemon starts.  Tested by daemon_open_checks. */
   if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
     s->pos_epoch += s->pos_batch / s->batches_per_epoch;
     s->pos_batch %= s->batches_per_epoch;
@@ -1238,21 +1236,22 @@ int larder_stream_flush(larder_stream_t *s) {
   larder_client_t *c = s->client;
   if (c == NULL || c->broken) return LARDER_ECLOSED;
   if (client_forked(c)) return forked_err(c);
-  /* Bug fix (tests: daemon_open_checks): after the daemon ended the stream
-   * with an error (LARDER_ESHUTDOWN, ...) this returned 0, as if releases
-   * still reached a stream.  Return that error, as the header says. */
+  /* A stream the daemon ended with an error (LARDER_ESHUTDOWN, ...)
+   * returns that error, as the header says: its releases reach nothing.
+   * Tested by daemon_open_checks. */
   if (s->error) return s->error;
-  /* Bug fix (tests: client_flush_dead_daemon): the Wake's send failing
-   * was ignored, so a flush through the ring returned 0 after the daemon
-   * died.  A send that fails means the connection is gone: later calls
-   * say so too. */
+  /* The Wake's send failing fails the flush: a flush through the ring
+   * must not return 0 after the daemon died.  A send that fails means the
+   * connection is gone: later calls say so too.  Tested by
+   * client_flush_dead_daemon. */
   int rc = s->ring ? ring_tell(c, s) : 0;
   pthread_mutex_lock(&c->send_lock);
   int hrc = flush_held_locked(c);
-  /* Bug fix (tests: client_flush_dead_daemon): a release whose frame (or
-   * Wake) went out at once, inside larder_batch_release, and failed left
-   * nothing held, so flush returned 0 after the daemon died (frames with a
-   * window under 4, or the release that filled half a window). */
+  /* A release whose frame (or Wake) went out at once, inside
+   * larder_batch_release, and failed leaves nothing held (frames with a
+   * window under 4, or the release that filled half a window): send_failed
+   * remembers it, so that flush does not return 0 after the daemon died.
+   * Tested by client_flush_dead_daemon. */
   if (hrc == 0 && c->send_failed) hrc = LARDER_ECLOSED;
   pthread_mutex_unlock(&c->send_lock);
   if (rc == 0) rc = hrc;
@@ -1280,14 +1279,14 @@ void larder_stream_close(larder_stream_t *s) {
   larder_stream_t **pp = &c->streams;
   while (*pp && *pp != s) pp = &(*pp)->next;
   if (*pp) *pp = s->next;
-  /* Bug fix (tests: daemon_many_streams, daemon_reload_keeps_flags): a
-   * stream read to its end was never closed on the daemon's side, which
-   * keeps it (and its arena) until told, so a client opening a stream per
-   * epoch on one connection ran into max_streams_per_client.  Only a
-   * stream the daemon ended with an error is gone there already (one that
-   * failed here is not).  A forked child (the header forbids using a
-   * client there, but it may close one) must not close the parent's stream
-   * on the shared socket. */
+  /* A stream read to its end is closed on the daemon's side too, which
+   * keeps it (and its arena) until told: otherwise a client opening a
+   * stream per epoch on one connection would run into
+   * max_streams_per_client.  Only a stream the daemon ended with an error
+   * is gone there already (one that failed here is not).  A forked child
+   * (the header forbids using a client there, but it may close one) must
+   * not close the parent's stream on the shared socket.  Tested by
+   * daemon_many_streams and daemon_reload_keeps_flags. */
   /* CUDA (lcuda.h): the daemon must not free device memory this process
    * still maps.  With no batch held, the mapping closes before CloseStream
    * goes, which then goes for a stream the daemon ended too (it kept the
@@ -1319,9 +1318,9 @@ void larder_stream_close(larder_stream_t *s) {
   if (s->epfd >= 0) close(s->epfd);
   if (s->efd >= 0) close(s->efd);
   s->epfd = s->efd = -1;
-  /* Bug fix (tests: daemon_close_release_threads; TSan): releases on other
-   * threads read s->client, which this wrote unlocked.  Releases read it
-   * under s->lock, in a section they take anyway. */
+  /* Releases on other threads read s->client under s->lock, in a section
+   * they take anyway, so it is written under the lock here too.  Tested by
+   * daemon_close_release_threads (under TSan). */
   pthread_mutex_lock(&s->lock);
   s->client = NULL;
   int left = --s->refs;
@@ -1343,11 +1342,11 @@ static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
  * size of its buffers.  Returns 0, or LARDER_EPROTO when a buffer lies
  * outside the arena or is too small for its array.
  *
- * Bug fix (tests: client_fake_bad_buffers): a batch's buffers were only
- * checked to lie inside the arena, not to be large enough for the array's
- * type and length, so a descriptor with a length of a million and an
- * 8-byte values buffer passed, and reading the array faulted (or read
- * other batches' bytes).  Each array's buffers are checked against its
+ * A batch's buffers must not only lie inside the arena but be large
+ * enough for the array's type and length: a descriptor with a length of a
+ * million and an 8-byte values buffer would otherwise pass, and reading
+ * the array would fault (or read other batches' bytes).  Tested by
+ * client_fake_bad_buffers.  Each array's buffers are checked against its
  * type and length, and its last offset against its values or its child,
  * in constant time: the offsets in between are not read, so a consumer
  * that trusts them to grow must check them itself.  The first loop's
@@ -1540,11 +1539,11 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
 }
 
 /* Ends s with an error found here (a malformed batch, out of memory):
- * every later call returns it, and close tells the daemon.  Bug fix
- * (tests: client_fake_bad_buffers): such a batch consumed its descriptor
- * but was never released, and the stream went on one batch short of its
- * window; after `window` of them it stalled for good.  Returns code.  The
- * reading thread. */
+ * every later call returns it, and close tells the daemon.  Such a batch
+ * has consumed its descriptor but is never released, so a stream going on
+ * after it would run one batch short of its window, and after `window` of
+ * them stall for good.  Tested by client_fake_bad_buffers.  Returns code.
+ * The reading thread. */
 static int stream_fail(larder_client_t *c, larder_stream_t *s, int code, const char *why) {
   s->error = code;
   s->failed_here = 1;
@@ -1576,12 +1575,10 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   }
   pthread_mutex_lock(&s->lock);
   s->ring_reader_asleep = 0;
-  /* Bug fix (tests: client_evloop_stall): the time since the last call
-   * counted as the caller's own work even when that call returned
-   * LARDER_ETIMEDOUT, so an event loop waiting on larder_stream_fd for a
-   * daemon that could not keep up reported almost no stall.  After a
-   * LARDER_ETIMEDOUT the caller was waiting for a batch: that time is
-   * waiting. */
+  /* After a LARDER_ETIMEDOUT the caller was waiting for a batch, so the
+   * time since that call is waiting, not the caller's own work: an event
+   * loop waiting on larder_stream_fd for a daemon that cannot keep up must
+   * report its stall.  Tested by client_evloop_stall. */
   uint64_t compute = 0, waited = 0;
   if (s->last_return_ns) {
     if (s->last_timed_out) {
@@ -1706,11 +1703,11 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     }
     uint64_t now = now_ns();
     if (now >= deadline) {
-      /* Bug fix (tests: daemon_client_patterns): with a zero timeout this
-       * returned before reading the socket at all, so the documented event
-       * loop (wait on larder_stream_fd, then call with a zero timeout) never
-       * got a batch and spun on a readable descriptor.  Read what is there
-       * once, without waiting, before giving up. */
+      /* Read what is there once, without waiting, before giving up, even
+       * with a zero timeout: the documented event loop (wait on
+       * larder_stream_fd, then call with a zero timeout) must get a batch
+       * rather than spin on a readable descriptor.  Tested by
+       * daemon_client_patterns. */
       if (!polled) {
         polled = 1;
         int r = pump(c, s, 0);
@@ -1746,9 +1743,9 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   }
   if (rc == LARDER_ETIMEDOUT) {
     /* The caller may wait on the descriptor now: releases held until then,
-     * or made by other threads meanwhile, must reach the daemon (bug fix:
-     * an event loop whose releases were held for a batch stood in poll,
-     * the daemon's window full). */
+     * or made by other threads meanwhile, must reach the daemon: an event
+     * loop whose releases were held for a batch would stand in poll, the
+     * daemon's window full. */
     pthread_mutex_lock(&c->send_lock);
     s->caller_waits = 1;
     flush_held_locked(c);
@@ -1827,11 +1824,11 @@ static void batch_release(larder_batch_t *b, int recycle) {
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t wake_at = atomic_load_explicit(&s->ring->wake_at, memory_order_relaxed);
     /* The daemon asked to hear once `released` reaches wake_at; and when
-     * the reader sleeps, it waits for any release (bug fix, a trainer
-     * whose consumer thread releases each batch as the next one arrives:
-     * the reader told the daemon before it slept, this release came
-     * after, short of wake_at, and the stream stood until the reader's
-     * one-second wait ran out). */
+     * the reader sleeps, it waits for any release (a trainer whose
+     * consumer thread releases each batch as the next one arrives: the
+     * reader told the daemon before it slept, this release comes after,
+     * short of wake_at, and the stream would otherwise stand until the
+     * reader's one-second wait ran out). */
     int asked = wake_at && s->ring_released >= wake_at && wake_at != s->ring_woken_at;
     wake = asked || (wake_at && s->ring_reader_asleep && s->ring_released != s->ring_told);
     if (asked) s->ring_woken_at = wake_at;
@@ -1870,15 +1867,15 @@ static void batch_release(larder_batch_t *b, int recycle) {
   else if (left == 0) stream_free(s);
 }
 
-/* Bug fix (tests: client_export_then_release): a batch released both
- * directly and through its exported ArrowArray (an easy slip, as the
- * export moves the batch's ownership) was released twice, and as the
- * first release recycled its struct for the next batch, the second
- * released that live batch instead, whose region the daemon then reused
- * under the trainer.  A direct release of an exported batch is ignored,
- * and the array's release does not recycle the struct, so a direct
- * release after it is a use of freed memory that ASan reports rather than
- * the silent release of another batch. */
+/* A direct release of an exported batch is ignored, and the array's
+ * release does not recycle the struct, so a direct release after it is a
+ * use of freed memory that ASan reports rather than the silent release of
+ * another batch.  A batch released both directly and through its exported
+ * ArrowArray (an easy slip, as the export moves the batch's ownership)
+ * would otherwise be released twice, and as the first release may
+ * recycle its struct for the next batch, the second would release that
+ * live batch instead, whose region the daemon would then reuse under the
+ * trainer.  Tested by client_export_then_release. */
 void larder_batch_release(larder_batch_t *b) {
   if (b == NULL || b->exported) return;
   batch_release(b, 1);
@@ -2082,11 +2079,11 @@ static void fill_schema(schema_builder *b, struct ArrowSchema *out, const field_
     b->ptrs[base + i] = c;
     fill_schema(b, c, &f->children[i], f->children[i].name);
   }
-  /* Bug fix (tests: client_fake_map_keys): a map whose Parquet key
-   * column is OPTIONAL (written so by some tools) exported a nullable key
-   * field, which Arrow's format forbids for the entries and the key, and
-   * importers refuse.  Their values are checked to hold no null
-   * (map_keys_have_nulls), so the flags may say so. */
+  /* A map's entries and key export as non-nullable even where the
+   * Parquet key column is OPTIONAL (written so by some tools): Arrow's
+   * format forbids nullable entries and keys, and importers refuse them.
+   * Their values are checked to hold no null (map_keys_have_nulls), so the
+   * flags may say so.  Tested by client_fake_map_keys. */
   if (f->type == LARDER_TYPE_MAP && f->num_children == 1) {
     struct ArrowSchema *entries = b->ptrs[base];
     entries->flags &= ~(int64_t)ARROW_FLAG_NULLABLE;
@@ -2181,8 +2178,8 @@ static void fill_array(array_builder *b, struct ArrowArray *out, const larder_ar
   out->buffers = b->bufs + b->bnext;
   b->bnext += (int)out->n_buffers;
   if (out->n_buffers > 0) out->buffers[0] = a->null_count ? a->validity : NULL;
-  /* Bug fix (tests: client_fake_large_types): a LARGE_LIST's second
-   * buffer was its (absent) values rather than its offsets. */
+  /* A list's second buffer is its offsets (a LARGE_LIST's too), not its
+   * absent values.  Tested by client_fake_large_types. */
   if (out->n_buffers == 2)
     out->buffers[1] = offset_width(f->type) ? (const void *)a->offsets : a->values;
   if (out->n_buffers == 3) {
@@ -2205,10 +2202,9 @@ static void fill_array(array_builder *b, struct ArrowArray *out, const larder_ar
 
 int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
                         struct ArrowArray *array) {
-  /* Bug fix (tests: client_export_then_release): a second export of a batch
-   * succeeded, and each array's release then released the batch, the
-   * second one whichever live batch had reused its struct.  The batch
-   * belongs to the first array: the second export is refused. */
+  /* The batch belongs to the first array: a second export is refused, as
+   * each array's release would release the batch, the second one whichever
+   * live batch had reused its struct.  Tested by client_export_then_release. */
   if (batch->exported) return LARDER_EINVAL;
   for (int i = 0; i < batch->num_columns; i++)
     if (map_keys_have_nulls(&batch->columns[i])) return LARDER_EUNSUPPORTED;

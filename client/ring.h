@@ -155,8 +155,8 @@ static inline void ring_pace_add(ring_pace_t *p, uint64_t wait_ns, uint64_t comp
  * often (its batches came 18-22% sooner per batch on 2 cores, README).  A
  * trainer that keeps up runs dry only when the daemon falls behind for a
  * moment, and wants the next batch the moment it is out: sleeping for 8
- * of a window of 32 made each such moment a wait of eight assemblies,
- * 0.8-1.1 ms every 30-35 batches in some epochs (15% stall).
+ * of a window of 32 would make each such moment a wait of eight
+ * assemblies, 0.8-1.1 ms every 30-35 batches in some epochs (15% stall).
  */
 static inline uint32_t ring_pace_sleep_batches(const ring_pace_t *p, uint32_t window) {
   uint32_t quarter = window >= 8 ? window / 4 : 1;
@@ -177,10 +177,10 @@ typedef struct ring_sleeps {
  * answered by those.  (Asked again with nothing taken since, it is safe:
  * an answered value means descriptors are out, which the reader sees
  * before it sleeps.)  Values never go down, and stay within n_max (a
- * quarter window) of `consumed`.  Bug fix (tests: daemon_ring_wakeups
- * under UBSan): a reader that slept for two, was woken early by one, took
- * it and slept for one asked for the same value again, and was woken only
- * by liblarder's one-second safety net.
+ * quarter window) of `consumed`.  So a reader that sleeps for two, is
+ * woken early by one, takes it and sleeps for one asks for the next value,
+ * not the same one again, which would be woken only by liblarder's
+ * one-second safety net.  Tested by daemon_ring_wakeups (under UBSan).
  */
 static inline uint64_t ring_sleep_target(ring_sleeps_t *s, uint64_t consumed, uint32_t n) {
   uint64_t at = consumed + n;
@@ -204,8 +204,8 @@ static inline int ring_valid(const ring_header_t *h, uint64_t size, uint32_t num
 /* Where a ring's entries lie, copied from its header once.  The daemon
  * works from its own copy, made when it creates the ring, and never reads
  * the layout back: the client maps the header writable, and a client that
- * rewrote `slots` or an offset made the daemon divide by zero or write
- * outside the ring (bug fix, tests: daemon_robust_bad_ring). */
+ * rewrote `slots` or an offset would otherwise make the daemon divide by
+ * zero or write outside the ring.  Tested by daemon_robust_bad_ring. */
 typedef struct ring_layout {
   uint8_t *base;
   uint64_t slots, slot_bytes, releases_offset, descs_offset;

@@ -109,11 +109,11 @@ static int canon_url(const char *url, char *out, size_t outlen, size_t *auth_end
   memcpy(out + *auth_end, p, strlen(p) + 1);
   /* Path segments, up to the query or fragment. */
   size_t plen = strcspn(p, "?#");
-  /* Bug fix (tests: acl_rules): an encoded slash or backslash is no
-   * segment boundary here, but HTTP servers decode it before they resolve
-   * dot segments, so ".." + "%2f" climbed out of an allowed prefix.  A NUL
-   * ends a path on some servers.  (S3 keys are opaque: no server resolves
-   * them, and they are escaped again when sent.) */
+  /* An encoded slash or backslash is no segment boundary here, but HTTP
+   * servers decode it before they resolve dot segments, so ".." + "%2f"
+   * would climb out of an allowed prefix: both are refused.  A NUL ends a
+   * path on some servers.  (S3 keys are opaque: no server resolves them,
+   * and they are escaped again when sent.)  Tested by acl_rules. */
   for (size_t i = 0; i + 2 < plen && !is_s3; i++) {
     if (p[i] != '%') continue;
     char x = p[i + 1], y = (char)tolower((unsigned char)p[i + 2]);

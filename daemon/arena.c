@@ -18,18 +18,18 @@
 #endif
 
 /*
- * Bug fix (tests: daemon_arena_small, daemon_robust_chaos): the arena was a
- * ring that reclaimed space only in allocation order, so a client keeping
- * one old batch (well within its window) blocked the reuse of everything
- * allocated after it: once the ring came round to that batch, the stream
- * stalled for good.  Live regions are now kept sorted by offset and a new
- * batch goes into the first free gap that fits.
+ * Live regions are kept sorted by offset and a new batch goes into the
+ * first free gap that fits.  A ring that reclaimed space only in allocation
+ * order would let a client keeping one old batch (well within its window)
+ * block the reuse of everything allocated after it: once the ring came
+ * round to that batch, the stream would stall for good.  Tested by
+ * daemon_arena_small and daemon_robust_chaos.
  *
  * First fit from the start, not next fit (measured: bench-serve): going
- * round the whole arena touched every page of it, so each new stream paid
+ * round the whole arena touches every page of it, so each new stream pays
  * a page fault and a zeroed page for every 4 KiB of its 256 MiB arena in
- * its first epoch (a trainer computing 220 us a batch stalled 20-40% in an
- * epoch whose units were all in memory), and every stream's arena ended up
+ * its first epoch (a trainer computing 220 us a batch stalls 20-40% in an
+ * epoch whose units are all in memory), and every stream's arena ends up
  * resident.  First fit reuses the same few megabytes (the batches in
  * flight), which stay hot in the caches.
  */

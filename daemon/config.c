@@ -94,9 +94,9 @@ static int set_value(config_t *cfg, const key_info *k, const char *value, char *
     case T_U64: {
       uint64_t v;
       int rc;
-      /* strtoull takes "-1" as 2^64 - 1.  Bug fix (tests:
-       * config_rejects_out_of_range): workers=-1 started a daemon with no
-       * workers, whose streams never got a batch. */
+      /* strtoull takes "-1" as 2^64 - 1, so a negative value is refused
+       * here: workers=-1 would start a daemon with no workers, whose
+       * streams never get a batch.  Tested by config_rejects_out_of_range. */
       const char *p = value;
       while (*p == ' ' || *p == '\t') p++;
       if (*p == '-') {

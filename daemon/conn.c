@@ -82,9 +82,9 @@ static void on_fd_timer(uv_timer_t *t);
 
 /* Closes c now, or on the loop's next turn when a send is on the stack:
  * its caller may be a stream (stream_fail sends an Error, then closes the
- * stream) that closing the connection would free under it.  Bug fix
- * (tests: daemon_robust_unread_stream_replies): a failed send closed the
- * connection at once, and stream_fail read the freed stream. */
+ * stream) that closing the connection would free under it, and that goes
+ * on to read the stream after a failed send.  Tested by
+ * daemon_robust_unread_stream_replies. */
 static void conn_fail(conn_t *c) {
   if (c->closing) return;
   if (c->sending == 0) {
@@ -120,13 +120,13 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
   conn_close(c);
 }
 
-/* Closes after the queued writes (an Error frame, say) have gone out.
- * Bug fix (tests: daemon_robust_forbidden_message): the connection now
- * drains.  Frames the client sent after the fatal one (in the same read)
- * used to be dispatched still, opening streams and answering a Hello on a
- * connection already rejected; and a frame queued after uv_shutdown failed
- * with EPIPE, which closed the connection at once and dropped the Error
- * frame still in the write queue. */
+/* Closes after the queued writes (an Error frame, say) have gone out: the
+ * connection drains.  While it drains, frames the client sent after the
+ * fatal one (in the same read) are not dispatched, so they open no streams
+ * and no Hello is answered on a connection already rejected; and nothing
+ * more is queued, since a frame queued after uv_shutdown fails with EPIPE,
+ * which would close the connection at once and drop the Error frame still
+ * in the write queue.  Tested by daemon_robust_forbidden_message. */
 static int flush_cork(conn_t *c);
 
 void conn_shutdown(conn_t *c) {
@@ -355,11 +355,11 @@ static int send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int n
     p->num_fds = i + 1;
   }
   /* Appended at the tail, counted in the backlog: every frame sent after
-   * one that waits for sendmsg waits here too.  Bug fix (tests:
-   * daemon_robust_unread_stream_replies): the list was walked on every append
-   * and not counted, so a client that stopped reading with a stream's
-   * reply queued made the daemon queue its replies without bound, in
-   * quadratic time (seconds of a stalled loop for every other client). */
+   * one that waits for sendmsg waits here too.  Walked on every append and
+   * not counted, the list would let a client that stopped reading with a
+   * stream's reply queued make the daemon queue its replies without bound,
+   * in quadratic time (seconds of a stalled loop for every other client).
+   * Tested by daemon_robust_unread_stream_replies. */
   if (c->pending_tail) c->pending_tail->next = p;
   else c->pending = p;
   c->pending_tail = p;
@@ -511,9 +511,10 @@ static uint64_t backlog(conn_t *c) {
 }
 
 /* The most a client may leave unread before the daemon stops reading its
- * requests.  Bug fix (tests: daemon_robust_stalled_client): a client that
- * sent requests and never read the answers (errors, admin replies) grew
- * the daemon's write queue without bound, gigabytes in seconds. */
+ * requests.  Without it, a client that sent requests and never read the
+ * answers (errors, admin replies) would grow the daemon's write queue
+ * without bound, gigabytes in seconds.  Tested by
+ * daemon_robust_stalled_client. */
 static uint64_t backlog_max(const conn_t *c) {
   uint64_t m = 2 * (uint64_t)c->srv->cfg.max_frame;
   return m > (8u << 20) ? m : (8u << 20);

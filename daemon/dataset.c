@@ -157,10 +157,10 @@ static int on_glob_error(const char *path, int e) {
 
 /* Adds the paths matching pat to found.  Returns 0, LARDER_ENOENT when
  * nothing matches (err is the caller's to fill), or another code with err
- * set when a directory could not be read.  Bug fix (tests:
- * daemon_robust_out_of_fds): glob skipped directories it could not open,
- * so a daemon out of descriptors said a dataset's directory had no
- * Parquet files. */
+ * set when a directory could not be read.  GLOB_ERR stops at a directory
+ * glob cannot open: skipping it, a daemon out of descriptors would say a
+ * dataset's directory had no Parquet files.  Tested by
+ * daemon_robust_out_of_fds. */
 static int glob_files(const char *pat, strlist *found, char *err, size_t errlen) {
   glob_t g;
   glob_errno = 0;
@@ -294,9 +294,9 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
   int rc = 0;
   /* larder ACL: a pattern may not climb out of its base with "..", and
    * what lies outside the roots answers "not allowed" whether it exists or
-   * not, so that errors do not tell a client what exists there (bug fix:
-   * "no such file", "not allowed" and "no .parquet files" told a missing
-   * file, a file and a directory apart outside the roots). */
+   * not, so that errors do not tell a client what exists there: "no such
+   * file", "not allowed" and "no .parquet files" would tell a missing file,
+   * a file and a directory apart outside the roots. */
   if (opts->allowed_roots &&
       ((has_glob(src) && (strstr(src, "/../") || strncmp(src, "../", 3) == 0 ||
                           (strlen(src) >= 3 && strcmp(src + strlen(src) - 3, "/..") == 0))) ||
@@ -305,8 +305,8 @@ static int expand_local(const char *src, const dataset_options_t *opts, strlist 
   if (!has_glob(src) && !path_allowed(src, opts)) return refuse_outside(src, err, errlen);
   /* As in a shell, a pattern that matches nothing names itself: a file
    * or directory whose name holds '[', '*' or '?' can be a source as it
-   * is (bug fix: it could not be, short of escaping each character).  It
-   * is then judged as a path, before anything is read through it. */
+   * is, without escaping each character.  It is then judged as a path,
+   * before anything is read through it. */
   int pattern = has_glob(src);
   if (pattern) {
     rc = glob_files(src, &found, err, errlen);
@@ -482,9 +482,10 @@ static int open_file(dataset_file_t *f, const char *path, int fd, const char *co
   f->fd = fd;
   f->path = strdup(path);
   if (f->path == NULL) return LARDER_ENOMEM;
-  /* Bug fix (tests: remote_faults_wrong_bytes): messages named remote
-   * files by their URL as given, user:password@ and presigned query
-   * included (decode errors, through the footer's name). */
+  /* Messages name remote files by their redacted URL, never as given:
+   * user:password@ and a presigned query would otherwise reach them
+   * (decode errors, through the footer's name).  Tested by
+   * remote_faults_wrong_bytes. */
   if (remote_is_url(path)) {
     char buf[2048];
     fetch_redact(path, buf, sizeof(buf));
@@ -508,8 +509,9 @@ static int open_file(dataset_file_t *f, const char *path, int fd, const char *co
   /* Size and mtime alone miss a file replaced by one of the same size with
    * its mtime kept (cp -p, rsync -t, tar, touch -r).  Every write sets the
    * ctime, which user space cannot set back, and a replacement by rename
-   * has a new inode.  Bug fix (tests: daemon_cache_changed_file): such a
-   * replacement was served from the old file's cache entries. */
+   * has a new inode, so both go into the identity, and such a replacement
+   * is not served from the old file's cache entries.  Tested by
+   * daemon_cache_changed_file. */
   snprintf(f->identity, sizeof(f->identity), "size=%llu;mtime=%lld;ino=%llu;ctime=%lld",
            (unsigned long long)f->size, (long long)f->mtime_ns, (unsigned long long)f->ino,
            (long long)f->ctime_ns);
@@ -554,10 +556,11 @@ static void cut_units(dataset_t *ds, uint32_t fi, const dataset_options_t *opts,
      * projection's: cache keys name a unit's rows, so two jobs projecting
      * different columns share the columns they have in common only if they
      * cut the same units, and the order then depends on the dataset and
-     * the settings alone, not on the projection.  Bug fix (tests:
-     * daemon_cache_shared_columns): with unit_bytes setting the size, jobs
-     * of different widths shared nothing and each decoded everything.  The
-     * memory estimate (est_bytes) stays the projection's. */
+     * the settings alone, not on the projection.  Cut by the projection's
+     * width, with unit_bytes setting the size, jobs of different widths
+     * would share nothing and each decode everything.  The memory estimate
+     * (est_bytes) stays the projection's.  Tested by
+     * daemon_cache_shared_columns. */
     uint64_t bytes = 0, row_bytes = 0;
     for (int c = 0; c < m->num_leaves; c++) {
       uint64_t cb = (uint64_t)(rg->columns[c].total_uncompressed_size > 0
@@ -916,9 +919,10 @@ uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
   if (w < 1) w = 1;
   if (w > ds->num_units) w = ds->num_units;
   if (w > 1u << 20) w = 1u << 20;
-  /* Bug fix (tests: daemon_robust_huge_row_count): rows whose estimate is
-   * next to nothing (a footer claiming 2^30 rows in a few bytes) made the
-   * whole dataset one window, and its permutation gigabytes. */
+  /* The window is capped in rows too: rows whose estimate is next to
+   * nothing (a footer claiming 2^30 rows in a few bytes) would make the
+   * whole dataset one window, and its permutation gigabytes.  Tested by
+   * daemon_robust_huge_row_count. */
   uint64_t rows_per_unit = ds->num_units ? ds->total_rows / ds->num_units + 1 : 1;
   if (w > DATASET_MAX_WINDOW_ROWS / rows_per_unit) w = DATASET_MAX_WINDOW_ROWS / rows_per_unit;
   if (w < 1) w = 1;

@@ -307,11 +307,11 @@ static void whole_free(fetch_t *f, whole_obj_t *w);
 
 /*
  * Frees the fetcher once it is being destroyed and its last uv handle (the
- * timer, a request's timer or a socket's poll) has closed.  Bug fix (tests:
- * remote_faults_shutdown): only the timers' close callbacks checked, so
- * when a poll closed last (transfers cut at shutdown close their sockets
- * after the requests end) the fetcher, libcurl's multi handle and its
- * connections leaked.
+ * timer, a request's timer or a socket's poll) has closed.  Every close
+ * callback checks, the polls' as well as the timers': transfers cut at
+ * shutdown close their sockets after the requests end, so a poll may close
+ * last, and the fetcher, libcurl's multi handle and its connections would
+ * otherwise leak.  Tested by remote_faults_shutdown.
  */
 static void maybe_done(fetch_t *f) {
   if (!f->closing || f->handles_open != 0 || f->done == NULL) return;
@@ -418,10 +418,10 @@ static int timer_cb(CURLM *multi, long timeout_ms, void *userp) {
 /* Transfers                                                                 */
 
 /*
- * The most body bytes r may take: what was asked (fetch.h).  Bug fix
- * (tests: remote_hostile_endless_body): a whole-object answer, or a 206
- * without a length to a suffix request, could grow to 1 TB, so a server
- * sending an endless body grew the daemon until it was killed.
+ * The most body bytes r may take: what was asked (fetch.h).  A whole-object
+ * answer, or a 206 without a length to a suffix request, is bounded too:
+ * otherwise a server sending an endless body would grow the daemon until it
+ * is killed.  Tested by remote_hostile_endless_body.
  */
 static uint64_t body_limit(const fetch_req_t *r) {
   long st = r->http_status;
@@ -429,10 +429,10 @@ static uint64_t body_limit(const fetch_req_t *r) {
   if (st == 206 && r->range.suffix) return r->range.suffix;
   if (st == 206 && r->ranged) return r->range.length;
   if (r->is_list) return FETCH_LIST_BODY_MAX;
-  /* A whole object: at most what may be kept of one.  Bug fix (tests:
-   * remote_hostile_no_range_large): the object's size alone bounded it,
-   * so a server that ignores Range sent a multi-gigabyte shard in answer
-   * to each of a row group's ranges, all in memory at once. */
+  /* A whole object: at most what may be kept of one, not merely the
+   * object's size: a server that ignores Range may send a multi-gigabyte
+   * shard in answer to each of a row group's ranges, all in memory at once.
+   * Tested by remote_hostile_no_range_large. */
   uint64_t whole = r->f->opts.max_whole_bytes ? r->f->opts.max_whole_bytes : 1;
   if (r->known_size && r->known_size < whole) return r->known_size;
   return whole;
@@ -490,8 +490,8 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
   fetch_req_t *r = userp;
   size_t n = size * nmemb;
   if (n > FETCH_HEADER_LINE_MAX) {
-    /* Bug fix (tests: remote_hostile_headers): an oversized header line
-     * failed as "Out of memory"; it is now named, and retried. */
+    /* An oversized header line is named as such (not "Out of memory"),
+     * and retried.  Tested by remote_hostile_headers. */
     r->header_too_long = 1;
     return 0;
   }
@@ -668,10 +668,10 @@ static void start_one(fetch_req_t *r) {
   r->location[0] = '\0';
   r->content_length = -1;
   r->attempts++;
-  /* A request that cannot start gives its slot back and ends from the
-   * loop: start_queued is walking the queue, which the callback may change
-   * (bug fix, tests: remote_s3_errors: without credentials the bytes it was
-   * charged stayed counted in flight forever). */
+  /* A request that cannot start gives its slot back, or the bytes it was
+   * charged (say, for want of credentials) would stay counted in flight
+   * forever; and it ends from the loop: start_queued is walking the queue,
+   * which the callback may change.  Tested by remote_s3_errors. */
   int rc = setup_easy(r);
   if (rc) {
     release_slot(r); /* its bytes and demand slot; no host slot yet */
@@ -1060,11 +1060,11 @@ static void completed(fetch_req_t *r, CURLcode cc) {
       serve_from_whole(r, 0);
       return;
     } else if (st == 304) {
-      /* Bug fix (tests: remote_hostile_headers): a 304 was reported as a
-       * redirect without a target.  larderd asks conditionally only for an
-       * object it keeps whole; a 304 otherwise (a caching proxy answering
-       * for a client that never asked, or the copy just dropped) is
-       * retried, unconditionally. */
+      /* larderd asks conditionally only for an object it keeps whole; a
+       * 304 otherwise (a caching proxy answering for a client that never
+       * asked, or the copy just dropped) is an error, not a redirect
+       * without a target, and is retried, unconditionally.  Tested by
+       * remote_hostile_headers. */
       code = LARDER_EREMOTE;
       retry = 1;
       snprintf(r->msg, sizeof(r->msg),
@@ -1082,11 +1082,11 @@ static void completed(fetch_req_t *r, CURLcode cc) {
       } else if ((r->ranged || r->range.suffix) &&
                  !remote_same_version(r->known_size, r->known_etag, r->known_lm, r->len, r->etag,
                                       r->last_modified)) {
-        /* Bug fix (tests: remote_hostile_wrong_whole): a 200 answering a
-         * range was kept as the whole object whatever it was, so a 24-byte
-         * maintenance page stood for the object until the daemon
-         * restarted.  One that disagrees with the object the stream opened
-         * is an error for this request, retried, and never kept. */
+        /* A 200 answering a range that disagrees with the object the
+         * stream opened is an error for this request, retried, and never
+         * kept: kept as the whole object, a 24-byte maintenance page would
+         * stand for the object until the daemon restarted.  Tested by
+         * remote_hostile_wrong_whole. */
         code = LARDER_EREMOTE;
         retry = 1;
         snprintf(r->msg, sizeof(r->msg),
@@ -1163,8 +1163,8 @@ static void completed(fetch_req_t *r, CURLcode cc) {
     snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
     /* A fresh answer of another version than the copy kept whole (a server
      * that ignores Range only at times, as a CDN on a miss) makes the copy
-     * stale: later ranges must come from the server, not from it (bug fix,
-     * tests: remote_hostile_no_range_change). */
+     * stale: later ranges must come from the server, not from it.  Tested
+     * by remote_hostile_no_range_change. */
     whole_obj_t *w = r->range.fresh ? find_whole(f, r->url) : NULL;
     if (w && !remote_same_version(w->size, w->etag, w->last_modified, r->res.object_size,
                                   r->etag, r->last_modified))
@@ -1182,9 +1182,9 @@ static void completed(fetch_req_t *r, CURLcode cc) {
     if (delay > f->opts.retry_max_ms) delay = f->opts.retry_max_ms;
     /* Full jitter in [delay/2, delay): retries from many ranks spread out. */
     delay = delay / 2 + rnd(f) % (delay / 2 + 1);
-    /* Bug fix (tests: remote_hostile_headers): Retry-After was ignored.  It
-     * lengthens the wait, up to retry_max_ms, so that a server asking for
-     * an hour cannot hold a stream that long. */
+    /* Retry-After lengthens the wait, up to retry_max_ms, so that a server
+     * asking for an hour cannot hold a stream that long.  Tested by
+     * remote_hostile_headers. */
     if (r->retry_after_ms > delay)
       delay = r->retry_after_ms < f->opts.retry_max_ms ? r->retry_after_ms : f->opts.retry_max_ms;
     log_debug("%s; retry %d in %llu ms", r->msg, r->attempts, (unsigned long long)delay);
@@ -1295,11 +1295,11 @@ static void on_fetch_timer_close(uv_handle_t *h) {
 static void noop_done(void *arg) { (void)arg; }
 
 /*
- * Bug fix (tests: remote_hostile_shutdown): fetches were ended only by
- * fetch_destroy, which the daemon calls once no task is in flight; a
- * stream open waiting for its footers is such a task, so SIGTERM waited
- * for every attempt of a server that never answers (nearly five minutes
- * by default).  begin_shutdown now ends them at once.
+ * Ends every fetch at once; begin_shutdown calls it.  fetch_destroy alone
+ * would not do: the daemon calls it once no task is in flight, and a stream
+ * open waiting for its footers is such a task, so SIGTERM would wait for
+ * every attempt of a server that never answers (nearly five minutes by
+ * default).  Tested by remote_hostile_shutdown.
  */
 void fetch_shutdown(fetch_t *f) {
   f->closing = 1;
@@ -1311,12 +1311,12 @@ void fetch_shutdown(fetch_t *f) {
     finish(r, LARDER_ESHUTDOWN);
   }
   f->q_tail = NULL;
-  /* Bug fix (tests: remote_faults_shutdown): transfers in flight and
-   * requests waiting out a backoff used to run on, so a server that stalled
-   * held the daemon's exit for the whole low-speed time (30 s by default),
-   * and a backoff for up to retry_max_ms.  They end now too; callbacks may
-   * end or start others (those end from the loop), so start over from the
-   * head each time.  Deferred ones end on the next iteration anyway. */
+  /* Transfers in flight and requests waiting out a backoff end now too:
+   * left to run on, a server that stalls would hold the daemon's exit for
+   * the whole low-speed time (30 s by default), and a backoff for up to
+   * retry_max_ms.  Callbacks may end or start others (those end from the
+   * loop), so start over from the head each time.  Deferred ones end on the
+   * next iteration anyway.  Tested by remote_faults_shutdown. */
   for (;;) {
     fetch_req_t *r = f->live;
     while (r && r->state != RQ_RUNNING && r->state != RQ_BACKOFF) r = r->live_next;
@@ -1424,11 +1424,10 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
   r->backoff.data = r;
   f->handles_open++;
   live_link(f, r);
-  /* Bug fix (tests: remote_http_no_range): these used to call back from
-   * inside fetch_get, before the caller had even stored the request it
-   * returns; units.c then missed the data of ranges cut from an object kept
-   * whole and later cancelled a freed request.  Callbacks now always run
-   * from the loop, after fetch_get has returned. */
+  /* These call back from the loop, after fetch_get has returned, never from
+   * inside it: before the caller has stored the request it returns, units.c
+   * would miss the data of ranges cut from an object kept whole and later
+   * cancel a freed request.  Tested by remote_http_no_range. */
   if (r->ranged && r->range.length == 0) {
     finish_deferred(r, 0);
     return r;
@@ -1438,9 +1437,9 @@ fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, 
     finish_deferred(r, LARDER_ESHUTDOWN);
     return r;
   }
-  /* Bug fix (tests: remote_revalidate): a revalidation used to be answered
-   * from the object kept whole, so a changed object on a server that
-   * ignores Range was never noticed. */
+  /* A revalidation is never answered from the object kept whole, or a
+   * changed object on a server that ignores Range would go unnoticed.
+   * Tested by remote_revalidate. */
   if (!r->range.fresh && serve_from_whole(r, 1)) return r;
   enqueue(f, r);
   start_queued(f);
@@ -1709,9 +1708,10 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   int more = lp.truncated && lc->token[0];
   lc->empty_pages = more && lp.contents == 0 ? lc->empty_pages + 1 : 0;
   list_parse_free(&lp);
-  /* Bug fix (tests: remote_hostile_listing_loop): an endpoint that gave
-   * the same continuation token again was followed for 100,000 pages,
-   * after the client had gone and after SIGTERM. */
+  /* An endpoint that gives the same continuation token again (or only
+   * empty pages) is not followed: it would be followed for 100,000 pages,
+   * after the client had gone and after SIGTERM.  Tested by
+   * remote_hostile_listing_loop. */
   if (more && (strcmp(prev_token, lc->token) == 0 || lc->empty_pages > 100)) {
     char m[1024], where[600];
     fetch_redact(req->url ? req->url : "", where, sizeof(where));
@@ -1739,8 +1739,8 @@ static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     list_next(lc);
     return;
   }
-  /* Bug fix (tests: remote_s3_errors under UBSan): an empty listing has no
-   * array, and qsort must not be given NULL even for no elements. */
+  /* An empty listing has no array, and qsort must not be given NULL even
+   * for no elements.  Tested by remote_s3_errors (under UBSan). */
   if (lc->n > 1) qsort(lc->objs, lc->n, sizeof(*lc->objs), cmp_obj);
   lc->cb(0, NULL, lc->objs, lc->n, lc->arg);
   list_free(lc, 0);

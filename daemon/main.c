@@ -214,9 +214,9 @@ static int discard_cache_db(const char *cache_dir, char *err, size_t errlen) {
  * or every online core where the mask cannot be read (a host of more cores
  * than a cpu_set_t holds).  The default worker count.
  *
- * Bug fix (tests: daemon_workers_affinity): the default counted every
- * online core, so a daemon confined to 2 cores of 16 started 16 workers
- * that took turns on its 2, and preempted the loop that hands batches out.
+ * Counting every online core instead, a daemon confined to 2 cores of 16
+ * would start 16 workers that take turns on its 2, and preempt the loop
+ * that hands batches out.  Tested by daemon_workers_affinity.
  */
 static int usable_cores(void) {
   cpu_set_t set;
@@ -342,24 +342,24 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
                              : store_default_flush_threads(srv->workers);
   int rc = store_open(&so, &srv->store, err, sizeof(err));
   if (rc == LARDER_ECORRUPT) {
-    /* Bug fix (tests: daemon_cache_corrupt_at_start): a cache that RocksDB
-     * found corrupt at open (a lost .sst file, a damaged CURRENT or
-     * MANIFEST, after a disk fault) stopped the daemon from starting, and
-     * systemd restarted it in a loop: every trainer on the node was down
-     * for the sake of a cache whose contents the sources hold anyway.  It
-     * is discarded and started anew, once. */
+    /* A cache that RocksDB finds corrupt at open (a lost .sst file, a
+     * damaged CURRENT or MANIFEST, after a disk fault) is discarded and
+     * started anew, once.  Refusing to start instead, the daemon would be
+     * restarted by systemd in a loop, every trainer on the node down for
+     * the sake of a cache whose contents the sources hold anyway.  Tested
+     * by daemon_cache_corrupt_at_start. */
     log_err("the cache in %s is corrupt (%s): discarding it and starting an empty one",
             srv->cfg.cache_dir, err);
     rc = discard_cache_db(srv->cfg.cache_dir, err, sizeof(err));
     if (rc == 0) rc = store_open(&so, &srv->store, err, sizeof(err));
   }
   if (rc == LARDER_ENOSPC || rc == LARDER_EACCES || rc == LARDER_EIO) {
-    /* Bug fix (tests: daemon_cache_unusable): a cache that could not be
-     * opened (a full disk, a read-only or failing filesystem, a directory
-     * that cannot be made) stopped the daemon from starting, and every
-     * trainer on the node with it.  It serves without a cache instead, as
-     * it does once a disk fills while it runs; a cache that another larderd
-     * holds (LARDER_EBUSY), or a configuration error, still stops it. */
+    /* A cache that cannot be opened (a full disk, a read-only or failing
+     * filesystem, a directory that cannot be made) does not stop the
+     * daemon from starting, and every trainer on the node with it: it
+     * serves without a cache instead, as it does once a disk fills while
+     * it runs.  A cache that another larderd holds (LARDER_EBUSY), or a
+     * configuration error, does stop it.  Tested by daemon_cache_unusable. */
     char hint[600];
     int e = strstr(err, "Read-only file system") ? EROFS : rc == LARDER_EACCES ? EACCES : 0;
     log_err("cannot open the cache in %s: %s; serving without a cache, every epoch decoded "

@@ -889,11 +889,11 @@ static void bss_decode(const uint8_t *base, size_t stride, size_t w, uint8_t *o,
 /* Decodes the next n values of the current page into the dense output. */
 /* Decodes the page's next n values onto values/offsets.  skipping: the
  * values are dropped, so a dictionary-encoded page only checks its indices
- * and gathers nothing.  Bug fix: skipping gathered the values and charged
- * them to max_chunk_decoded_bytes, so a unit that starts deep in a row
- * group of large dictionary values (one 3 MB string repeated 800 times: 2.8
- * KB on disk, 2.4 GB decoded) failed at the ceiling, or took that much
- * scratch memory, for rows it does not keep. */
+ * and gathers nothing, and nothing is charged to max_chunk_decoded_bytes:
+ * otherwise a unit that starts deep in a row group of large dictionary
+ * values (one 3 MB string repeated 800 times: 2.8 KB on disk, 2.4 GB
+ * decoded) would fail at the ceiling, or take that much scratch memory,
+ * for rows it does not keep. */
 static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
                          pq_buf_t *offsets, int skipping, pq_error *err) {
   if (n == 0) return 0;

@@ -296,9 +296,9 @@ static int put_date_part(char *buf, size_t size, int64_t days) {
   unsigned m, d;
   civil_from_days(days, &y, &m, &d);
   if (y >= 0 && y <= 9999) return snprintf(buf, size, "%04lld-%02u-%02u", (long long)y, m, d);
-  /* ISO 8601's expanded years: a sign and at least four digits.  Bug fix
-   * (test: parquet_unit_json_temporal): 74 BC printed as "-73-01-11",
-   * which no reader of these dates parses. */
+  /* ISO 8601's expanded years: a sign and at least four digits, so 74 BC
+   * is "-0073-01-11", not "-73-01-11", which no reader of these dates
+   * parses.  Tested by parquet_unit_json_temporal. */
   return snprintf(buf, size, "%+05lld-%02u-%02u", (long long)y, m, d);
 }
 

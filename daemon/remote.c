@@ -25,9 +25,10 @@ int remote_same_version(uint64_t size_a, const char *etag_a, const char *lm_a, u
   if (size_a && size_b && size_a != size_b) return 0;
   if (etag_a && etag_a[0] && etag_b && etag_b[0])
     return strcmp(etag_opaque(etag_a), etag_opaque(etag_b)) == 0;
-  /* Bug fix (tests: remote_hostile_no_etag): without an ETag only the size
-   * was compared, so an object replaced by one of the same size on a server
-   * that sends Last-Modified alone was decoded as a mix of both versions. */
+  /* Without an ETag, Last-Modified is compared too, not the size alone: an
+   * object replaced by one of the same size on a server that sends
+   * Last-Modified alone would otherwise be decoded as a mix of both
+   * versions.  Tested by remote_hostile_no_etag. */
   if (lm_a && lm_a[0] && lm_b && lm_b[0]) return strcmp(lm_a, lm_b) == 0;
   return 1;
 }
@@ -351,8 +352,8 @@ static void on_footer(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   char msg[1024], where[600];
   int status = 0;
   msg[0] = '\0';
-  /* Messages name the object without credentials or query (bug fix, tests:
-   * remote_faults_wrong_bytes). */
+  /* Messages name the object without credentials or query.  Tested by
+   * remote_faults_wrong_bytes. */
   fetch_redact(o->url, where, sizeof(where));
   if (res->status) {
     status = res->status;
@@ -454,12 +455,12 @@ static void read_footer(resolve_ctx_t *rc, size_t index) {
   fr->index = index;
   fr->e = e;
   /* fresh: the footer read is how a new stream sees the object's current
-   * version, so it goes to the server even when the object is kept whole
-   * (bug fix, tests: remote_hostile_no_range_change: a server that ignores
-   * Range had its object kept whole and never asked again, and every new
-   * stream read the old version while it stayed in memory).  With a footer
-   * kept it asks whether that version is still current, and a 304 costs
-   * no bytes. */
+   * version, so it goes to the server even when the object is kept whole;
+   * otherwise, for a server that ignores Range, the object would be kept
+   * whole and never asked for again, and every new stream would read the
+   * old version while it stayed in memory.  Tested by
+   * remote_hostile_no_range_change.  With a footer kept it asks whether
+   * that version is still current, and a 304 costs no bytes. */
   fetch_range_t r = {0, 0, rc->guess, 1, 0};
   if (e && e->footer) {
     r.revalidate_etag = e->etag;
@@ -537,10 +538,10 @@ int remote_resolve(fetch_t *f, remote_footers_t *footers, const char *const *sou
       fail(rc, LARDER_EUNSUPPORTED, m);
       continue;
     }
-    /* Bug fix (tests: remote_hostile_query_url): wildcards are only for
-     * s3:// sources, which can be listed; an http(s) URL is taken
-     * literally, so that a presigned or SAS URL's query string ("?") and an
-     * IPv6 literal host ("[::1]") are not mistaken for a glob. */
+    /* Wildcards are only for s3:// sources, which can be listed; an
+     * http(s) URL is taken literally, so that a presigned or SAS URL's
+     * query string ("?") and an IPv6 literal host ("[::1]") are not
+     * mistaken for a glob.  Tested by remote_hostile_query_url. */
     int s3 = strncmp(s, "s3://", 5) == 0;
     const char *glob = s3 ? strpbrk(s, "*?[") : NULL;
     size_t len = strlen(s);

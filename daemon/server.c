@@ -87,12 +87,12 @@ static void on_connection(uv_stream_t *listener, int status);
 /*
  * Out of descriptors.  libuv retries a failed accept at once, and when its
  * own reserve descriptor is gone (taken by a worker or RocksDB the moment
- * libuv let it go) it retries for ever: the loop spun, served nobody, and
- * logged each failure (gigabytes in minutes).  Bug fix (tests:
- * daemon_robust_accept_out_of_fds): the listener closes, which ends that
- * loop; the listening socket lives on in listen_spare, with its backlog;
- * and a timer opens a new listener on it once a descriptor is free.
- * Connected clients are served meanwhile.
+ * libuv let it go) it retries for ever: the loop would spin, serve nobody,
+ * and log each failure (gigabytes in minutes).  So the listener closes,
+ * which ends that loop; the listening socket lives on in listen_spare, with
+ * its backlog; and a timer opens a new listener on it once a descriptor is
+ * free.  Connected clients are served meanwhile.  Tested by
+ * daemon_robust_accept_out_of_fds.
  */
 static void on_listener_closed(uv_handle_t *h) {
   server_t *srv = h->data;
@@ -136,14 +136,14 @@ static void pause_accepting(server_t *srv, int status) {
 /*
  * libuv accepts until the listening socket has nothing left, calling
  * on_connection for each, before it looks at any other descriptor.  A
- * client that connects and hangs up in a tight loop kept it there: the
- * hang-ups of the connections already accepted were never read, so they
- * were never closed, and within seconds they held max_clients and some
- * 19,000 descriptors while every other client was refused.  Bug fix (tests:
- * daemon_robust_connect_churn): at most ACCEPT_BURST connections are
- * accepted per turn of the loop; the next one waits, pending in libuv
- * (which stops watching the listener until it is accepted), for the turn
- * after the loop has read and closed what is ready.
+ * client that connects and hangs up in a tight loop would keep it there:
+ * the hang-ups of the connections already accepted would never be read, so
+ * they would never be closed, and within seconds they would hold max_clients
+ * and some 19,000 descriptors while every other client was refused.  So at most
+ * ACCEPT_BURST connections are accepted per turn of the loop; the next one
+ * waits, pending in libuv (which stops watching the listener until it is
+ * accepted), for the turn after the loop has read and closed what is
+ * ready.  Tested by daemon_robust_connect_churn.
  */
 #define ACCEPT_BURST 32
 
@@ -337,12 +337,12 @@ static void begin_shutdown(server_t *srv, const char *why) {
 }
 
 /*
- * Bug fix (tests: daemon_reload_keeps_flags): a reload rebuilt the
- * configuration from the defaults and the file alone, so every setting
- * given as a command-line flag reverted (a --memory_limit=1G became 8G
- * again) and flags of restart-only keys (--socket, --cache_dir) were
- * reported as changed.  The flags are applied again on top of the file,
- * as main.c does at startup; they are read back from /proc/self/cmdline.
+ * A reload applies the command-line flags again on top of the file, as
+ * main.c does at startup; they are read back from /proc/self/cmdline.
+ * Built from the defaults and the file alone, the configuration would
+ * revert every setting given as a flag (a --memory_limit=1G would become
+ * 8G again) and report flags of restart-only keys (--socket, --cache_dir)
+ * as changed.  Tested by daemon_reload_keeps_flags.
  */
 static int reapply_flags(config_t *next, char *err, size_t errlen) {
   FILE *f = fopen("/proc/self/cmdline", "r");
@@ -561,11 +561,11 @@ static void on_signal(uv_signal_t *h, int signum) {
   }
 }
 
-/* Bug fix (tests: daemon_robust_sigterm_streams): a connection closes
- * on shutdown once its queued frames are written, and a client that never
- * reads never lets them be written, so one such client kept the daemon
- * from ever exiting.  After this grace period the remaining connections
- * are closed without flushing. */
+/* A connection closes on shutdown once its queued frames are written, and
+ * a client that never reads never lets them be written, so one such client
+ * would keep the daemon from ever exiting.  After this grace period the
+ * remaining connections are closed without flushing.  Tested by
+ * daemon_robust_sigterm_streams. */
 #define SHUTDOWN_GRACE_NS (5ull * 1000000000ull)
 
 /* From the tick: entries that failed their checksum since the last report,
@@ -709,10 +709,10 @@ static void set_loop_slice(server_t *srv) {
 }
 
 int server_run(server_t *srv) {
-  /* Bug fix (tests: daemon_resume): libuv writes with write(2), so a client
-   * that closed its end while a Batch frame was being written killed the
-   * whole daemon with SIGPIPE.  Ignore it: the write fails with EPIPE and
-   * only that connection closes. */
+  /* libuv writes with write(2), so a client that closes its end while a
+   * Batch frame is being written would kill the whole daemon with SIGPIPE.
+   * Ignore it: the write fails with EPIPE and only that connection closes.
+   * Tested by daemon_resume. */
   signal(SIGPIPE, SIG_IGN);
   srv->loop = uv_default_loop();
   srv->started_ns = util_now_ns();

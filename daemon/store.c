@@ -1689,12 +1689,12 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
                                            : DEFAULT_BLOCK_CACHE);
   setup_rocksdb_options(st);
   /* Reads keep RocksDB's own block and blob checksums (its default),
-   * although the value header's CRC32C covers each payload end to end.
-   * Bug fix (tests: store_verify_damaged_table): they were off, and a
-   * damaged table block was then decompressed as it came; Debian's RocksDB,
-   * built with assertions, aborted the whole daemon on the garbage
-   * compression type ("CompressionTypeSupported: Assertion `false'").  The
-   * checksum, checked first, turns that into a Corruption status. */
+   * although the value header's CRC32C covers each payload end to end:
+   * without them a damaged table block is decompressed as it comes, and
+   * Debian's RocksDB, built with assertions, aborts the whole daemon on the
+   * garbage compression type ("CompressionTypeSupported: Assertion `false'").
+   * The checksum, checked first, turns that into a Corruption status.
+   * Tested by store_verify_damaged_table. */
   st->ro_get = rocksdb_readoptions_create();
   /* Debian's RocksDB computes CRC32C in software: checking the blob
    * records costs epochs served from the cache about 30% on 2 cores
@@ -2555,8 +2555,8 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
   }
   char *err = NULL;
   rocksdb_iter_get_error(it, &err);
-  /* Bug fix: a damaged table block ended the scan with no more than
-   * "corrupt or malformed data"; RocksDB's message names the file. */
+  /* A damaged table block ends the scan with RocksDB's message, which
+   * names the file, rather than no more than "corrupt or malformed data". */
   int rc = rdb_take(&err, errbuf, errlen);
   rocksdb_iter_destroy(it);
   pthread_rwlock_unlock(&st->dblk);

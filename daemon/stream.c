@@ -337,20 +337,21 @@ static void plan_chunk_free(plan_chunk_t *c) {
 /*
  * Admission of shuffle windows.  A stream keeps the units of its window in
  * memory for as long as it draws on them (units.c never frees a referenced
- * unit), and the windows of all the streams open at once used to add up
- * without bound: a client that opened 31 streams, each within memory_limit
- * on its own, and read none, took a daemon with memory_limit 256M to 3.4 GB.
- * Bug fix (tests: daemon_stream_windows_admission): each distinct shuffle
- * (dataset, columns, seed, window) reserves its window's estimated bytes,
- * once for all the streams that share it (the ranks of a job draw the same
- * units), and a stream whose window would take the reservations past
- * memory_limit is refused with LARDER_ELIMIT, not cut: a cut window would
- * change the order.  The first window is always admitted (the open checks
- * it alone against memory_limit or shuffle_window_bytes).  The estimate
- * comes from the footers: a stream pins one to two windows at a time
- * (README, Memory), and dictionary-encoded values can decode to more than
- * the footers say, so this bounds the daemon by configuration, within a
- * small multiple of memory_limit rather than exactly.
+ * unit), so the windows of all the streams open at once add up: without
+ * admission, a client that opened 31 streams, each within memory_limit on
+ * its own, and read none, took a daemon with memory_limit 256M to 3.4 GB.
+ * Each distinct shuffle (dataset, columns, seed, window) reserves its
+ * window's estimated bytes, once for all the streams that share it (the
+ * ranks of a job draw the same units), and a stream whose window would
+ * take the reservations past memory_limit is refused with LARDER_ELIMIT,
+ * not cut: a cut window would change the order.  The first window is
+ * always admitted (the open checks it alone against memory_limit or
+ * shuffle_window_bytes).  The estimate comes from the footers: a stream
+ * pins one to two windows at a time (README, Memory), and
+ * dictionary-encoded values can decode to more than the footers say, so
+ * this bounds the daemon by configuration, within a small multiple of
+ * memory_limit rather than exactly.  Tested by
+ * daemon_stream_windows_admission.
  */
 static uint64_t window_key(const stream_t *s) {
   uint64_t k[4] = {s->ds->key, s->params.seed, s->params.window_units,
@@ -648,13 +649,13 @@ static void drop_orders(stream_t *s, order_task_t *t) {
 
 /* Queues the stream's order task again as foreground work if it still
  * waits in the background queue when the planner has come within a quarter
- * span of it.  Bug fix (seen in per-task traces on 2 cores, a trainer at
- * 1.6x the daemon's cost): a task is promoted when it is queued again
- * after a slice, so one that waited for a gap between assemblies was never
- * promoted, and the planner met the epoch's start with the order not made:
- * it made the whole permutation itself, and the trainer waited 3-5 ms at
- * the start of most epochs.  A task that is running promotes itself when
- * its slice ends. */
+ * span of it.  Otherwise a task is promoted only when it is queued again
+ * after a slice, so one that waits for a gap between assemblies would never
+ * be, and the planner would meet the epoch's start with the order not made:
+ * it would make the whole permutation itself, and the trainer would wait
+ * 3-5 ms at the start of most epochs (seen in per-task traces on 2 cores, a
+ * trainer at 1.6x the daemon's cost).  A task that is running promotes
+ * itself when its slice ends. */
 static void promote_orders(stream_t *s) {
   order_task_t *t = s->order_task;
   if (t == NULL || t->urgent) return;
@@ -954,16 +955,16 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   dataset_file_t *f = &s->ds->files[rv->file];
   s->validating--;
   s->tasks--;
-  /* Bug fix (tests: remote_hostile_no_etag): only size and ETag were
-   * compared, so an object whose server sends Last-Modified alone was not
-   * seen to change. */
+  /* Size, ETag and Last-Modified are all compared: an object whose server
+   * sends Last-Modified alone changes with no ETag to show it.  Tested by
+   * remote_hostile_no_etag. */
   int changed = res->status == 0 &&
                 !remote_same_version(f->size, f->etag, f->last_modified, res->object_size,
                                      res->etag, res->last_modified);
-  /* Bug fix (tests: remote_revalidate): a failed check counted as "not
-   * changed", so an object deleted since the stream opened (404) went on
-   * being served from the cache.  A deleted object has changed; other
-   * failures (access, the network) cannot tell, and are logged. */
+  /* A failed check does not count as "not changed": an object deleted
+   * since the stream opened (404) has changed, and must not go on being
+   * served from the cache.  Other failures (access, the network) cannot
+   * tell, and are logged.  Tested by remote_revalidate. */
   int gone = res->status == LARDER_ENOENT;
   if (res->status != 0 && !gone && !s->closed) {
     char where[400];
@@ -982,13 +983,13 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   }
   changed = changed || gone;
   if (changed && !s->closed) {
-    /* Bug fix (tests: remote_revalidate): the stream used to fail at once,
-     * although the check runs when planning reaches the next epoch, up to
-     * prefetch_batches before the client does: the end of the epoch before,
-     * all of it old and consistent data, was lost, and a client resuming at
-     * its position read the rest of that epoch from the new version.  Now
-     * the planned batches are sent first, and the stream ends exactly at the
-     * epoch boundary (stream_pump). */
+    /* The stream does not fail at once: the check runs when planning
+     * reaches the next epoch, up to prefetch_batches before the client
+     * does, and failing here would lose the end of the epoch before, all of
+     * it old and consistent data, while a client resuming at its position
+     * would read the rest of that epoch from the new version.  The planned
+     * batches are sent first, and the stream ends exactly at the epoch
+     * boundary (stream_pump).  Tested by remote_revalidate. */
     if (s->stale == NULL) s->stale = calloc(s->ds->num_files, 1);
     if (s->stale) s->stale[rv->file] = 1;
     if (s->stale_msg == NULL) {
@@ -1056,10 +1057,10 @@ static void start_revalidation(stream_t *s) {
 #define PLAN_CHUNK 32
 
 /* Samples planned ahead of a stream at most (or one batch, if larger):
- * each costs about 28 bytes until its batch is sent.  Bug fix (tests:
- * daemon_stream_options): a stream of batches of 2^24 rows planned 32 of
- * them at once, and held prefetch_batches more: gigabytes per stream.  A
- * chunk takes a quarter. */
+ * each costs about 28 bytes until its batch is sent.  Without this cap, a
+ * stream of batches of 2^24 rows planned 32 of them at once, and held
+ * prefetch_batches more: gigabytes per stream.  A chunk takes a quarter.
+ * Tested by daemon_stream_options. */
 #define PLAN_MAX_SAMPLES (1u << 20)
 
 static void plan_task_work(work_t *w) {
@@ -1354,12 +1355,11 @@ static void assemble_work(work_t *w) {
   b->parts = NULL;
   b->num_parts = 0;
   if (off == LARDER_EAGAIN && nc > 1) {
-    /* Bug fix (tests: daemon_arena_fragments): with a small arena, the
-     * batches a trainer held could leave free room only in gaps each too
-     * small for the next batch, and the stream waited for good for a
-     * release the trainer, holding less than its window, need not make.
-     * A batch's buffers need not be contiguous: place it column by
-     * column. */
+    /* With a small arena, the batches a trainer holds can leave free room
+     * only in gaps each too small for the next batch, and the stream would
+     * wait for good for a release the trainer, holding less than its
+     * window, need not make.  A batch's buffers need not be contiguous:
+     * place it column by column.  Tested by daemon_arena_fragments. */
     int64_t *parts = malloc((size_t)nc * sizeof(int64_t));
     uint64_t *lens = malloc((size_t)nc * sizeof(uint64_t));
     if (parts == NULL || lens == NULL) {
@@ -1473,11 +1473,10 @@ static void assemble_done(work_t *w, int status) {
   }
   if (b->error == LARDER_EAGAIN) {
     /* The arena is full of unreleased batches: retry after a release (at
-     * once if one came while this assembly ran).  Bug fix (tests:
-     * daemon_robust_stalled_client): the pump used to retry such a batch
-     * right away, so a stream whose client held its arena full kept a
-     * worker spinning through failed assemblies until the client released
-     * something. */
+     * once if one came while this assembly ran), not right away: a stream
+     * whose client holds its arena full would otherwise keep a worker
+     * spinning through failed assemblies until the client released
+     * something.  Tested by daemon_robust_stalled_client. */
     b->error = 0;
     b->state = s->releases != b->release_mark ? PB_WAITING : PB_NOROOM;
     stream_pump(s);
@@ -1778,8 +1777,8 @@ static void pump_once(stream_t *s);
 
 /* Runs the stream as far as it can go.  A send that fails closes the
  * connection, and with it the stream: it is freed once the pump returns,
- * not under it.  Bug fix: a failed send freed the stream, and the pump went
- * on to read it (a connection whose client vanished as a batch went out). */
+ * not under it, since the pump goes on to read it after the send (as when
+ * a connection's client vanishes as a batch goes out). */
 static void stream_pump(stream_t *s) {
   s->pumping++;
   /* Loads the pump starts (planning, read-ahead) are this stream's work. */
@@ -1819,8 +1818,7 @@ again:
   for (pbatch_t *b = s->q_head; b; b = b->next) {
     if (b->state == PB_ASSEMBLING) assembling++;
     /* A batch that found the arena full waits for a release, and no later
-     * batch may take the room before it (bug fix, tests:
-     * daemon_arena_small). */
+     * batch may take the room before it.  Tested by daemon_arena_small. */
     if (b->state == PB_NOROOM) {
       noroom = b;
       break;
@@ -1830,9 +1828,9 @@ again:
      * looks only at the units not seen ready yet (a batch draws on
      * hundreds of units, and the pump runs several times per batch).  The
      * batch waits for its first unit still loading, and the pump looks on
-     * from there when that one is loaded.  Bug fix: the pump waited for
-     * every loading unit of each planned batch, so each unit's load woke it
-     * to rescan them all; with a window of 60,000 small units (20,000
+     * from there when that one is loaded.  Waiting for every loading unit
+     * of each planned batch instead would have each unit's load wake the
+     * pump to rescan them all; with a window of 60,000 small units (20,000
      * files of 300 rows) the loop thread spent 13 s on that, most of the
      * time to a trainer's first batch. */
     int ready = 1;
@@ -1880,12 +1878,12 @@ again:
     if (s->closed) return;
   }
   if (noroom != NULL) {
-    /* Bug fix (tests: daemon_arena_small): batches are assembled out of
-     * order, so later batches may fill the arena before an earlier one
-     * gets its room.  They cannot be sent before it, and the client, which
-     * may keep what it holds, need not release anything: a deadlock
-     * (formerly a livelock of retries).  Once no assembly is in flight,
-     * give their room back and assemble them again after it. */
+    /* Batches are assembled out of order, so later batches may fill the
+     * arena before an earlier one gets its room.  They cannot be sent
+     * before it, and the client, which may keep what it holds, need not
+     * release anything: a deadlock.  Once no assembly is in flight, give
+     * their room back and assemble them again after it.  Tested by
+     * daemon_arena_small. */
     int busy = 0, later = 0;
     for (pbatch_t *b = s->q_head; b; b = b->next) busy |= b->state == PB_ASSEMBLING;
     for (pbatch_t *b = noroom->next; b; b = b->next) later |= b->state == PB_READY;
@@ -2127,8 +2125,8 @@ static void open_done(work_t *w, int status) {
       util_human_bytes(want, sizeof(want), (double)units * (double)avg);
       util_human_bytes(have, sizeof(have), (double)cap);
       o->rc = LARDER_ELIMIT;
-      /* Bug fix (tests: daemon_stream_shuffle_window_limit): the message named
-       * memory_limit for a cap that may be shuffle_window_bytes. */
+      /* The message names the cap that applies, memory_limit or
+       * shuffle_window_bytes.  Tested by daemon_stream_shuffle_window_limit. */
       snprintf(o->err, sizeof(o->err),
                "shuffle_window %u units holds about %s of decoded rows, more than the "
                "daemon allows (%s, its %s)",
@@ -2202,10 +2200,10 @@ static void open_done(work_t *w, int status) {
     return;
   }
   s->batches_per_epoch = shuffle_batches_per_epoch(s->plan);
-  /* Bug fix (tests: daemon_stream_options): with drop_last and a global
-   * batch larger than the dataset an epoch has no batch, and an unbounded
-   * stream of such epochs ended at once, as if it had run its course.  A
-   * bounded one ends at once still, as a DataLoader's would. */
+  /* With drop_last and a global batch larger than the dataset an epoch has
+   * no batch, and an unbounded stream of such epochs would end at once, as
+   * if it had run its course: refuse it.  A bounded one ends at once, as a
+   * DataLoader's would.  Tested by daemon_stream_options. */
   if (s->batches_per_epoch == 0 && s->epochs == 0) {
     refuse_open(c, s, o, LARDER_EINVAL,
                 "an unbounded stream with no batch in an epoch: %llu samples are fewer than one "
@@ -2216,8 +2214,8 @@ static void open_done(work_t *w, int status) {
   }
   if (s->batches_per_epoch && !start_position_fits(p->start_epoch, p->start_batch,
                                                    s->batches_per_epoch)) {
-    /* Bug fix (tests: daemon_open_checks): the epoch wrapped to a small
-     * one, and an unbounded stream began its order anew. */
+    /* Past this, the epoch would wrap to a small one, and an unbounded
+     * stream would begin its order anew.  Tested by daemon_open_checks. */
     refuse_open(c, s, o, LARDER_EINVAL,
                 "start position (epoch %llu, batch %llu) is past the last epoch there is",
                 (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
@@ -2384,9 +2382,8 @@ static void open_done(work_t *w, int status) {
   }
   if (rc == LARDER_ELIMIT) {
     /* Out of descriptors: this open fails, the connection and its other
-     * streams carry on.  Bug fix (tests: daemon_robust_out_of_fds): the
-     * connection was closed, which freed s, and this function went on to
-     * read it. */
+     * streams carry on: closing the connection would free s, which this
+     * function goes on to read.  Tested by daemon_robust_out_of_fds. */
     log_warn("stream %u for pid %d: out of file descriptors to pass its shared memory", s->id,
              (int)c->pid);
     conn_send_error(c, LARDER_ELIMIT, 0, o->request_id, "cannot pass the stream's arena%s",
@@ -2471,8 +2468,9 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     c->pending_requests);
     return;
   }
-  /* Bug fix (tests: daemon_open_checks): a relative path was resolved
-   * against the daemon's working directory. */
+  /* Local sources must be absolute: the daemon would resolve a relative
+   * path against its own working directory, not the client's.  Tested by
+   * daemon_open_checks. */
   for (size_t i = 0; i < req->n_sources; i++) {
     char why[400];
     if (req->sources[i] && req->sources[i][0] &&
@@ -2543,9 +2541,9 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     }
   }
   if (req->window > STREAM_MAX_WINDOW) {
-    /* Bug fix (tests: daemon_stream_options): a larger window was cut to
-     * this silently, and a client that held more batches than that waited
-     * for ever. */
+    /* A larger window is refused, not cut to this silently: a client that
+     * held more batches than the cut window would wait for ever.  Tested by
+     * daemon_stream_options. */
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "window %u is above %u batches",
                     req->window, STREAM_MAX_WINDOW);
     return;

@@ -90,15 +90,15 @@ static void unit_destroy(server_t *srv, unit_t *u) {
 void units_trim_rgbufs(server_t *srv);
 
 /*
- * Idle decoded units go before idle row-group buffers (bug fix, tests:
- * remote_bounded_fetch).  A remote row group that the cache does not hold
- * is decoded unit by unit from its buffer, and the shuffle spreads a row
- * group's units over the whole epoch; an idle unit, by contrast, is needed
- * again only next epoch (and is in the cache if the cache took it).  With
- * buffers trimmed first, a memory pool smaller than an epoch's decoded
- * bytes dropped every buffer as soon as its unit was decoded, and each row
- * group was fetched once per unit instead of once (3.5 times the dataset's
- * bytes per epoch in the test).
+ * Idle decoded units go before idle row-group buffers.  A remote row group
+ * that the cache does not hold is decoded unit by unit from its buffer, and
+ * the shuffle spreads a row group's units over the whole epoch; an idle
+ * unit, by contrast, is needed again only next epoch (and is in the cache
+ * if the cache took it).  With buffers trimmed first, a memory pool smaller
+ * than an epoch's decoded bytes would drop every buffer as soon as its unit
+ * was decoded, and each row group would be fetched once per unit instead of
+ * once (3.5 times the dataset's bytes per epoch in the test).  Tested by
+ * remote_bounded_fetch.
  */
 void units_trim(server_t *srv) {
   while (srv->unit_bytes > srv->cfg.memory_limit && srv->lru_head) {
@@ -345,9 +345,9 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
     } else if (!remote_same_version(b->size, b->etag, b->last_modified, res->object_size,
                                     res->etag, res->last_modified)) {
       /* The object changed after the stream opened: never decode a mix.
-       * Bug fix (tests: remote_hostile_no_etag): only ETags were compared,
-       * so on a server without them a replaced object was decoded as old
-       * footer and new pages. */
+       * Size, ETag and Last-Modified are all compared: on a server without
+       * ETags, a replaced object would otherwise be decoded as old footer
+       * and new pages.  Tested by remote_hostile_no_etag. */
       if (!b->error) {
         b->error = LARDER_EIO;
         char m[1024];
@@ -469,9 +469,10 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->num_ranges = m;
   b->ranges = ranges;
   uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
-  /* Bug fix (tests: remote_part_sizes): (length + part - 1) / part wrapped
-   * to 0 for a part of 0 (no splitting: UINT64_MAX) or of 2^63 and more, so
-   * the parts were undercounted and the loop below wrote past them. */
+  /* Parts are counted without (length + part - 1) / part, which wraps to
+   * 0 for a part of 0 (no splitting: UINT64_MAX) or of 2^63 and more, and
+   * would undercount the parts the loop below writes.  Tested by
+   * remote_part_sizes. */
   uint64_t parts = 0;
   for (int i = 0; i < m; i++)
     parts += ranges[i].length / part + (ranges[i].length % part != 0);
@@ -662,12 +663,12 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   uint64_t *usizes = malloc((size_t)(nc ? nc : 1) * sizeof(*usizes));
   int *col = malloc((size_t)(nc ? nc : 1) * sizeof(*col));
   if (entries == NULL || keys == NULL || usizes == NULL || col == NULL) goto out;
-  /* Bug fix (tests: daemon_cache_shared_columns): offer only the columns
-   * the cache lacks.  Columns are cached per column, and another job's
-   * projection may have cached some of them already; offering those too
-   * made store_reserve refuse the whole unit (it never admits a key it
-   * holds), so a job whose projection overlapped a cached one never got
-   * its own columns cached and decoded every epoch. */
+  /* Offer only the columns the cache lacks.  Columns are cached per
+   * column, and another job's projection may have cached some of them
+   * already; offering those too would make store_reserve refuse the whole
+   * unit (it never admits a key it holds), so a job whose projection
+   * overlapped a cached one would never get its own columns cached and
+   * would decode every epoch.  Tested by daemon_cache_shared_columns. */
   int n = 0;
   for (int c = 0; c < nc; c++) {
     store_key_t key;
@@ -684,8 +685,8 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   }
   const dataset_unit_t *du = &ds->units[k];
   uint64_t object_id = ds->files[du->file].object_id;
-  /* Bug fix: store_reserve returns 1, 0, or a negative code; a negative
-   * code (EINVAL, ENOMEM) means nothing was reserved either. */
+  /* store_reserve returns 1, 0, or a negative code; a negative code
+   * (EINVAL, ENOMEM) means nothing was reserved either. */
   if (store_reserve(srv->store, object_id, keys, usizes, n, du->priority) <= 0) {
     note_refusal(srv);
     goto out;
@@ -740,12 +741,12 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     int same = fstat((int)src.fd, &st) == 0 && (uint64_t)st.st_size == f->size &&
                (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == f->mtime_ns &&
                (uint64_t)st.st_ino == f->ino;
-    /* Bug fix (tests: daemon_cache_chmod_file): a change of the ctime
-     * alone (chmod, chown, a new hard link such as rsync --link-dest
-     * makes) ended every stream reading the file.  A rewrite with its
-     * size and mtime put back changes the ctime too, so the ctime alone
-     * cannot tell them apart: the footer can, its statistics and offsets
-     * being the content's.  The same footer lets the stream go on. */
+    /* A change of the ctime alone (chmod, chown, a new hard link such as
+     * rsync --link-dest makes) must not end every stream reading the
+     * file.  A rewrite with its size and mtime put back changes the ctime
+     * too, so the ctime alone cannot tell them apart: the footer can, its
+     * statistics and offsets being the content's.  The same footer lets
+     * the stream go on.  Tested by daemon_cache_chmod_file. */
     uint64_t footer;
     if (same && (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec != f->ctime_ns)
       same = dataset_footer_hash(&src, pq_file_meta(f->pq)->footer_length, &footer) == 0 &&
@@ -753,7 +754,7 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     if (!same) {
       pq_source_close_file(&src);
       /* Units are shared by streams and `larderctl prefetch`: the message
-       * fits both (bug fix: a prefetch was told to reopen its stream). */
+       * fits both, so a prefetch is not told to reopen a stream. */
       snprintf(msg, sizeof(msg),
                "%s: the file changed since the stream opened or the prefetch began; reopen the "
                "stream, or run the prefetch again",
@@ -823,10 +824,10 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   pq_batch_free(&batch);
   pq_reader_close(r);
   if (!f->remote) pq_source_close_file(&src);
-  /* Bug fix: a unit decoded only for the cache, before or after u, failed
+  /* A unit decoded only for the cache, before or after u, must not fail
    * u's load with its own error.  The reader's ceiling on decoded bytes
    * counts a whole run through a row group, so units of large values that
-   * each decode well failed once a run had read enough of them.  A unit
+   * each decode well can fail once a run has read enough of them.  A unit
    * after u just ends the run; one before u makes u start a run of its own
    * (each unit then meets its own errors when it is loaded). */
   if (rc && at > u->index) rc = 0;
@@ -888,11 +889,11 @@ static int read_cached(server_t *srv, unit_t *u) {
     if (rc == 0 &&
         layout_view(store_value_data(u->cached[c]), store_value_size(u->cached[c]),
                     &ds->schema->children[c], &u->views[c], why, sizeof(why)) != 0) {
-      /* Bug fix (tests: daemon_cache_bad_entries): this only freed the
-       * value, so the entry stayed, the unit was decoded, and the decode's
-       * shortcut for a unit cached meanwhile (load_work) found it cached
-       * and read it again, recursing until the stack overflowed: a crash
-       * on every load of the unit, and on every restart. */
+      /* Discard the entry, not just the value: if the entry stayed, the
+       * unit would be decoded, and the decode's shortcut for a unit cached
+       * meanwhile (load_work) would find it cached and read it again,
+       * recursing until the stack overflowed: a crash on every load of the
+       * unit, and on every restart.  Tested by daemon_cache_bad_entries. */
       store_value_free(u->cached[c]);
       u->cached[c] = NULL;
       store_discard(srv->store, &key);

@@ -210,8 +210,8 @@ static void *worker_main(void *arg) {
   /* Signals are the loop's (uv_signal_t): a worker never takes one, but
    * for those its own faults raise.  Those stay open: a fault with its
    * signal blocked kills the process, and a SIGBUS from a mapped Parquet
-   * file truncated under a decode must reach the reader's guard (bug fix:
-   * a file truncated or rewritten in place mid-decode killed the daemon). */
+   * file truncated under a decode must reach the reader's guard, or a file
+   * truncated or rewritten in place mid-decode would kill the daemon. */
   sigset_t all;
   sigfillset(&all);
   static const int faults[] = {SIGBUS, SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS};

@@ -1,5 +1,5 @@
 /*
- * test-client.c: liblarder's own behaviour, each test a bug fix: fork
+ * test-client.c: liblarder's own behaviour, each test one guarantee: fork
  * safety, a batch released twice, stall accounting in an event loop,
  * several streams waiting in frame mode, flush after the daemon died,
  * LOCAL_RANK for host memory, and the checks of what the daemon sends
@@ -55,11 +55,11 @@ static const char *const frames_flags[] = {"--shm_ring=false", NULL};
  * Arrow), forks, and the child releases them all (directly and through the
  * Arrow release callback), finds that the stream's calls fail with
  * LARDER_EINVAL, closes the client and exits.  The parent's batches are
- * intact, and it reads the whole epoch as a reference run does.  (Bug
- * fix: the child's releases went into the parent's ring or onto its
- * socket; the daemon freed and reused the parent's batches and failed
- * its stream when the parent released them.)  Through the ring and
- * through frames.
+ * intact, and it reads the whole epoch as a reference run does.  (Were
+ * the child's releases to go into the parent's ring or onto its socket,
+ * the daemon would free and reuse the parent's batches and fail its
+ * stream when the parent released them.)  Through the ring and through
+ * frames.
  */
 TEST_IMPL(client_fork_releases) {
   for (int transport = 0; transport < 2; transport++) {
@@ -130,10 +130,10 @@ TEST_IMPL(client_fork_releases) {
  * A batch exported through Arrow and then also released directly (the
  * slip larder_batch_export warns of): the direct release is ignored, the
  * array's release releases that batch and no other, and the stream reads
- * its epoch as a reference run does.  (Bug fix: the direct release
- * recycled the batch's struct for the next batch, which the array's
- * release then released while the trainer held it; the trainer's own
- * release of it was a second one, and the daemon failed the stream.)
+ * its epoch as a reference run does.  (A direct release that recycled the
+ * batch's struct for the next batch would let the array's release release
+ * that one while the trainer held it; the trainer's own release of it
+ * would be a second one, and the daemon would fail the stream.)
  */
 TEST_IMPL(client_export_then_release) {
   dh_daemon d;
@@ -154,8 +154,8 @@ TEST_IMPL(client_export_then_release) {
   struct ArrowArray array;
   ASSERT_OK(larder_batch_export(first, &schema, &array));
   /* A second export is refused and touches nothing: the batch belongs to
-   * the first array.  (Bug fix: it succeeded, and each array's release
-   * released the batch, the second one whichever batch reused its
+   * the first array.  (Were it allowed, each array's release would
+   * release the batch, the second one whichever batch reused its
    * struct.) */
   struct ArrowSchema schema2 = {0};
   struct ArrowArray array2 = {0};
@@ -210,8 +210,8 @@ static int evloop_next(larder_stream_t *s, larder_batch_t **out) {
  * An event-loop reader whose daemon stops for 600 ms (SIGSTOP): the time
  * it spends in poll after larder_stream_next returned LARDER_ETIMEDOUT is
  * waiting, in its own figures and in those the daemon learns with the
- * releases.  (Bug fix: it counted as compute, and such a reader, starved
- * of data, reported almost no stall.)
+ * releases.  (Counted as compute, it would make such a reader, starved
+ * of data, report almost no stall.)
  */
 TEST_IMPL(client_evloop_stall) {
   dh_daemon d;
@@ -280,9 +280,9 @@ TEST_IMPL(client_evloop_stall) {
  * return batches until B holds its whole window too (so that nothing more
  * comes for B); then one of A's batches is released.  That release must
  * reach the daemon, so that A's descriptor becomes readable with A's next
- * batch.  (Bug fix: the "caller waits" flag was the client's, B's call
- * cleared it, A's release was held for company, and the poll on A never
- * woke.)
+ * batch.  (So the "caller waits" flag is per stream: were it the
+ * client's, B's call would clear it, A's release would be held for
+ * company, and the poll on A would never wake.)
  */
 TEST_IMPL(client_frames_two_streams_wait) {
   dh_daemon d;
@@ -327,11 +327,11 @@ TEST_IMPL(client_frames_two_streams_wait) {
 
 /*
  * The daemon is killed while the client holds batches; releasing them and
- * flushing returns LARDER_ECLOSED, as do later flushes and calls.  (Bug
- * fixes: through the ring, the Wake's failed send was ignored and flush
- * returned 0; through frames, so was a release sent at once, with a window
- * under 4 or when it filled half the window.)  Through the ring and
- * through frames, with releases held, sent at once, and asked for.
+ * flushing returns LARDER_ECLOSED, as do later flushes and calls: through
+ * the ring, the Wake's failed send counts; through frames, so does the
+ * failed send of a release sent at once, with a window under 4 or when it
+ * filled half the window.  Through the ring and through frames, with
+ * releases held, sent at once, and asked for.
  */
 TEST_IMPL(client_flush_dead_daemon) {
   static const struct {
@@ -373,8 +373,8 @@ TEST_IMPL(client_flush_dead_daemon) {
 
 /*
  * A call that fails because the daemon went says so in
- * larder_client_last_error, whatever an earlier call left there.  (Bug
- * fix: the message of an open that had failed before stayed.)
+ * larder_client_last_error, whatever an earlier call left there (such as
+ * the message of an open that had failed before).
  */
 TEST_IMPL(client_closed_message) {
   dh_daemon d;
@@ -409,8 +409,8 @@ TEST_IMPL(client_closed_message) {
 /*
  * LOCAL_RANK is read for the CUDA device only when CUDA memory is asked
  * for: with rank and world size given and host memory, a LOCAL_RANK that
- * is no number does not matter.  (Bug fix: the open failed with
- * LARDER_EINVAL.)  With CUDA memory it still fails, naming the variable.
+ * is no number does not matter: the open succeeds rather than fail with
+ * LARDER_EINVAL.  With CUDA memory it does fail, naming the variable.
  */
 TEST_IMPL(client_local_rank_host) {
   dh_daemon d;
@@ -440,9 +440,9 @@ TEST_IMPL(client_local_rank_host) {
 /*
  * Rank and world size come from the first variable set of RANK,
  * SLURM_PROCID, LOCAL_RANK and of WORLD_SIZE, SLURM_NTASKS: the others are
- * not read.  (Bug fix: all were parsed, so a LOCAL_RANK of "gpu0" or a
- * SLURM_NTASKS of "x" beside RANK and WORLD_SIZE failed the open.)  The
- * one read must be a number, and the error names it.
+ * not read, so a LOCAL_RANK of "gpu0" or a SLURM_NTASKS of "x" beside
+ * RANK and WORLD_SIZE does not fail the open.  The one read must be a
+ * number, and the error names it.
  */
 TEST_IMPL(client_rank_env) {
   dh_daemon d;
@@ -488,8 +488,8 @@ TEST_IMPL(client_rank_env) {
 
 /*
  * A NULL column name (or source vector) fails the open with LARDER_EINVAL
- * and a message, and the client goes on.  (Bug fix: a NULL column crashed
- * in protobuf-c's packing, as a Python caller found with a None in its
+ * and a message, and the client goes on.  (A NULL column would crash in
+ * protobuf-c's packing; a Python caller passes one with a None in its
  * list.)
  */
 TEST_IMPL(client_open_null_vectors) {
@@ -834,9 +834,9 @@ static void expect_std_batch(const larder_batch_t *b) {
  * Batches whose buffers lie inside the arena but are too small for their
  * arrays fail the stream with LARDER_EPROTO, and so does every later call,
  * even with a good batch behind the bad one; closing the stream tells the
- * daemon.  (Bug fixes: such buffers passed, and reading them faulted; and
- * a malformed batch consumed its window slot without failing the stream,
- * which went on one batch short.)  A good batch passes.
+ * daemon.  (Such buffers, passed, would fault when read; and a malformed
+ * batch consumes its window slot, so a stream going on after it would run
+ * one batch short.)  A good batch passes.
  */
 TEST_IMPL(client_fake_bad_buffers) {
   static const struct {
@@ -896,8 +896,8 @@ TEST_IMPL(client_fake_bad_buffers) {
 
 /*
  * The same through the descriptor ring: a malformed descriptor fails the
- * stream for good, though good ones follow it in the ring.  (Bug fix: the
- * next call took the next descriptor as if nothing had happened.)
+ * stream for good, though good ones follow it in the ring: the next call
+ * does not take the next descriptor as if nothing had happened.
  */
 TEST_IMPL(client_fake_bad_descriptor) {
   fake_schema fs;
@@ -931,9 +931,8 @@ TEST_IMPL(client_fake_bad_descriptor) {
 /*
  * Shared memory the client would fault on is refused at the open with
  * LARDER_EPROTO: an arena shorter than the reply says, an arena and a ring
- * not sealed against shrinking.  (Bug fix: the arena was mapped with the
- * size the daemon stated, unchecked, and reading past the file's end
- * raised SIGBUS.)
+ * not sealed against shrinking.  (The arena is mapped with the size the
+ * daemon states, and reading past the file's end would raise SIGBUS.)
  */
 TEST_IMPL(client_fake_shm_checks) {
   fake_schema fs;
@@ -970,8 +969,8 @@ TEST_IMPL(client_fake_shm_checks) {
  * The daemon rewrites the ring's header after the open (slots 0, the
  * offsets far outside): the client works from the layout it checked at
  * the open, takes the descriptor and writes the release where the ring
- * was laid out.  (Bug fix: it re-read the header on every take, and
- * divided by zero or read outside the ring.)
+ * was laid out.  (Re-reading the header on every take would divide by
+ * zero or read outside the ring.)
  */
 TEST_IMPL(client_fake_ring_rewritten) {
   fake_schema fs;
@@ -1004,17 +1003,15 @@ TEST_IMPL(client_fake_ring_rewritten) {
  * LARGE_STRING and LARGE_LIST, which the daemon does not send yet: their
  * int64 offsets come through larder_array_large_offsets (and not as int32
  * through larder_array_offsets), are checked against their buffers, and
- * the Arrow export puts them in the right buffers.  (Bug fix: a
- * LARGE_LIST's second Arrow buffer was its values, absent, rather than
- * its offsets.)
+ * the Arrow export puts them in the right buffers: a LARGE_LIST's second
+ * Arrow buffer is its offsets, not its absent values.
  */
 /*
  * A map exports with its entries and keys non-nullable, as Arrow requires,
  * whatever the Parquet key column said; its values keep their flag.  A
  * batch with a null key cannot be an Arrow map: its export fails with
  * LARDER_EUNSUPPORTED and leaves the batch to the caller, whose accessors
- * still read it.  (Bug fix: the key exported nullable, which importers
- * refuse.)
+ * still read it.  (A nullable key would be refused by importers.)
  */
 TEST_IMPL(client_fake_map_keys) {
   fake_schema fs;

@@ -35,9 +35,9 @@ static void expect_refused(const char *key, const char *value, const char *why) 
   config_free(&cfg);
 }
 
-/* Bug fix: strtoull took "-1" as 2^64 - 1, so workers=-1 started a daemon
- * with no workers (streams got no batch and no error), and a negative
- * cache_capacity meant 16 EiB. */
+/* Negative values are refused: strtoull takes "-1" as 2^64 - 1, so
+ * workers=-1 would start a daemon with no workers (streams get no batch and
+ * no error), and a negative cache_capacity would mean 16 EiB. */
 TEST_IMPL(config_rejects_out_of_range) {
   expect_refused("workers", "-1", "negative");
   expect_refused("cache_capacity", "-5", "negative");

@@ -210,8 +210,8 @@ TEST_IMPL(daemon_cache_restart_warm) {
  * A cache that RocksDB finds corrupt at open (a damaged CURRENT file, one
  * naming a missing MANIFEST, lost table files) is discarded with an error in the log, and the daemon
  * starts with an empty one and serves the same batches, decoding them
- * again.  (Bug fix: the daemon refused to start, and systemd restarted it
- * in a loop.)
+ * again.  (Were the daemon to refuse to start, systemd would restart it in
+ * a loop.)
  */
 TEST_IMPL(daemon_cache_corrupt_at_start) {
   std_setup();
@@ -293,8 +293,8 @@ static int read_against(larder_stream_t *s, const dh_run *ref, size_t *k) {
 /*
  * A change of a file's metadata alone (chmod, a new hard link: its ctime
  * moves, its footer does not) under a stream that reads it from the file
- * again: the stream goes on with the same batches.  (Bug fix: it ended
- * with "the file changed since the stream opened".)  A rewrite of the same
+ * again: the stream goes on with the same batches, not ending with "the
+ * file changed since the stream opened".  A rewrite of the same
  * size with its mtime put back, which moves the ctime too, still ends it,
  * naming the file, after batches of the old content only.
  */
@@ -567,9 +567,10 @@ static int shared_columns_case(const char *name, const char *const *flags,
  * columns they have in common: the second job adds only its own columns'
  * entries, and a third job on a subset of what is cached decodes nothing.
  * Also when unit_bytes, not unit_rows, sets the units' size: units are cut
- * by the width of whole rows, not of the projected columns (bug fix: two
- * projections of different widths were cut differently, so they shared no
- * entry, each decoded everything, and their orders differed).
+ * by the width of whole rows, not of the projected columns (otherwise two
+ * projections of different widths would be cut differently, so they would
+ * share no entry, each would decode everything, and their orders would
+ * differ).
  */
 TEST_IMPL(daemon_cache_shared_columns) {
   std_setup();
@@ -703,8 +704,8 @@ TEST_IMPL(daemon_cache_bad_entries) {
  * A damaged table file in the cache (a failing disk): the units whose
  * entries lie in it are decoded again from their sources and served
  * right, and `larderctl verify` says which file is damaged and what to do.
- * Bug fix: reads skipped RocksDB's block checksums, and Debian's RocksDB
- * aborted the daemon on the damaged block's garbage compression type.
+ * Reads check RocksDB's block checksums: without them Debian's RocksDB
+ * aborts the daemon on the damaged block's garbage compression type.
  */
 TEST_IMPL(daemon_cache_damaged_table) {
   std_setup();
@@ -773,8 +774,9 @@ static void expect_cacheless(dh_daemon *d, const char *want) {
 
 /*
  * A cache that cannot be opened at startup: larderd serves without one,
- * decoding every epoch, and says why.  Bug fix: it refused to start, and
- * systemd restarted it in a loop while every trainer on the node waited.
+ * decoding every epoch, and says why, rather than refusing to start, which
+ * would have systemd restart it in a loop while every trainer on the node
+ * waited.
  * Two cases: RocksDB cannot open its directory (a file stands in its way,
  * as a failing filesystem would answer), and a full disk (a tmpfs with less
  * free than the cache needs to open, where a mount is allowed).
@@ -874,7 +876,8 @@ TEST_IMPL(daemon_cache_small_disk) {
  * warm daemon and after a restart; a stream opened before the file was
  * replaced serves the old file to its end, through its own descriptor.
  * That holds too for a file overwritten with content of the same size and
- * its mtime put back (bug fix: the identity was size and mtime only).
+ * its mtime put back (which an identity of size and mtime alone would
+ * miss).
  */
 TEST_IMPL(daemon_cache_changed_file) {
   std_setup();

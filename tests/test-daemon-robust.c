@@ -295,11 +295,10 @@ TEST_IMPL(daemon_robust_oversized_frame) {
   return 0;
 }
 
-/* Bug fix (tests: this one): a frame of max_frame bytes holding millions
- * of empty strings, two bytes each on the wire, took protobuf-c 40 bytes
- * each to decode: 620 MB for one 16 MiB frame, which clients could send
- * at once.  Decoding now stops at 8 times the frame's size and 4 MiB, and
- * the client gets a clear error. */
+/* A frame of max_frame bytes holding millions of empty strings, two bytes
+ * each on the wire, takes protobuf-c 40 bytes each to decode: 620 MB for
+ * one 16 MiB frame, which clients can send at once.  Decoding stops at 8
+ * times the frame's size and 4 MiB, and the client gets a clear error. */
 TEST_IMPL(daemon_robust_costly_frame) {
   fixture f;
   fx_start(&f, NULL, 1);
@@ -845,9 +844,9 @@ TEST_IMPL(daemon_robust_missing_file) {
 /*
  * A daemon out of file descriptors: each open that cannot make or pass its
  * shared memory fails with LARDER_ELIMIT saying so, and the client's
- * connection and its other streams carry on.  (Bug fix: when the
- * descriptors could not be passed the connection was closed, which freed
- * the new stream, and the open went on to read it.)
+ * connection and its other streams carry on.  (Closing the connection when
+ * the descriptors cannot be passed would free the new stream while the open
+ * goes on to read it.)
  */
 TEST_IMPL(daemon_robust_out_of_fds) {
   fixture f;
@@ -913,9 +912,9 @@ TEST_IMPL(daemon_robust_out_of_fds) {
 /*
  * Out of descriptors at accept: the daemon stops accepting (a warning, no
  * spinning), goes on serving the clients it has, and accepts the waiting
- * ones once descriptors are free again.  (Bug fix: libuv retried the
- * accept for ever once its reserve descriptor was gone, so the loop spun,
- * served nobody and logged each failure.)
+ * ones once descriptors are free again.  (Left to libuv, the accept is
+ * retried for ever once its reserve descriptor is gone, so the loop spins,
+ * serves nobody and logs each failure.)
  */
 TEST_IMPL(daemon_robust_accept_out_of_fds) {
   fixture f;
@@ -1085,7 +1084,7 @@ static int pour_until_blocked(int fd, const uint8_t *many, size_t total, uint64_
  * A client that sends requests and never reads the answers: once its
  * unread answers pass a bound the daemon stops reading its requests, so
  * its sends block, the daemon's memory stays flat, and the other clients
- * carry on.  (Bug fix: the write queue grew without bound, gigabytes in
+ * carry on.  (Without the bound the write queue would grow by gigabytes in
  * seconds.)
  */
 TEST_IMPL(daemon_robust_unread_replies) {
@@ -1130,17 +1129,16 @@ static void send_close_stream(int fd, uint32_t stream_id) {
 
 /*
  * A client that stops reading with a stream's reply (which carries its
- * shared memory) queued behind a full socket.  Bug fixes (conn.c): what the
- * daemon sent after such a reply was queued behind it uncounted, in a list
- * walked on every append, so the daemon never stopped reading the client's
- * requests, and its loop stalled for seconds for every client; a stream
- * closed before its reply went out left the reply's memfd in the queue, so
- * a client could pile up memfds and shared memory past every limit; and a
- * send that failed closed the connection under a stream still using it
- * (stream_fail).  Now the queued bytes count in the backlog, a stream's
- * unsent reply goes with it, a client has at most
- * CONN_MAX_PENDING_FD_FRAMES such replies waiting, and the other clients
- * carry on throughout.
+ * shared memory) queued behind a full socket.  What holds (conn.c): the
+ * bytes queued behind such a reply count in the backlog, or the daemon
+ * would never stop reading the client's requests, and a list walked on
+ * every append would stall its loop for seconds for every client; a
+ * stream closed before its reply goes out takes the unsent reply (and its
+ * memfd) with it, and a client has at most CONN_MAX_PENDING_FD_FRAMES such
+ * replies waiting, or a client could pile up memfds and shared memory past
+ * every limit; a send that fails does not close the connection under a
+ * stream still using it (stream_fail); and the other clients carry on
+ * throughout.
  */
 TEST_IMPL(daemon_robust_unread_stream_replies) {
   fixture f;
@@ -1226,7 +1224,7 @@ TEST_IMPL(daemon_robust_unread_stream_replies) {
 /*
  * A client that begins a frame and never finishes it is disconnected after
  * frame_timeout, with an error saying why, and the memory the frame held
- * is freed.  (Bug fix: it could hold up to max_frame bytes, and one of its
+ * is freed.  (Otherwise it could hold up to max_frame bytes, and one of its
  * uid's connections, for ever.)  Other clients carry on.
  */
 TEST_IMPL(daemon_robust_partial_frame) {
@@ -1477,8 +1475,8 @@ TEST_IMPL(daemon_robust_empty_dataset) {
 /*
  * A footer that claims 2^30 rows for a few bytes of data (each column chunk
  * holds 3 values): the open fails, naming the file and the column, before
- * anything is planned for a billion rows.  (Bug fix: the daemon believed
- * the count, made the whole dataset one shuffle window, and allocated
+ * anything is planned for a billion rows.  (Believing the count, the
+ * daemon would make the whole dataset one shuffle window and allocate
  * gigabytes for its permutation: 4.4 GB of RSS against a memory_limit of
  * 64 MB.)  Columns that agree with a claim of 2^62 values, and a page that
  * claims 2^30, fail naming the file, the column and the row group, without
@@ -1895,9 +1893,9 @@ TEST_IMPL(daemon_robust_bad_ring) {
       case 3:
         /* The layout in the header rewritten: the daemon goes by its own
          * copy, so a good release still brings the next descriptor where it
-         * belongs.  (Bug fix: the daemon read the layout back, and slots 0
-         * or an offset past the ring made it divide by zero or write
-         * outside the ring.) */
+         * belongs.  (Were it to read the layout back, slots 0 or an offset
+         * past the ring would make it divide by zero or write outside the
+         * ring.) */
         h->slots = 0;
         h->slot_bytes = 1u << 30;
         h->releases_offset = 1ull << 40;

@@ -163,9 +163,9 @@ TEST_IMPL(daemon_arrow_export) {
     }
     if (k == 1) {
       /* A child moved out, as the C Data Interface allows, stays valid
-       * after its parent's release until its own, and holds the batch.
-       * (Bug fix: the parent's release freed the moved child's buffers and
-       * strings, and the child's release did nothing.) */
+       * after its parent's release until its own, and holds the batch:
+       * the parent's release must not free the moved child's buffers and
+       * strings, and the child's release frees them. */
       struct ArrowSchema mschema = *schema.children[5];
       schema.children[5]->release = NULL;
       struct ArrowArray marray = *array.children[5];
@@ -1236,9 +1236,9 @@ TEST_IMPL(daemon_arena_parts) {
  * releases the one before after), in an arena of about three batches with
  * a window of three: the batch it holds can leave free room only in gaps
  * each too small for the next batch whole.  The stream must go on, with
- * the batches of a run in a large arena.  (Bug fix: it waited for good
- * for a release that the trainer, holding one batch of its three, need not
- * make, and said nothing.)  Both transports.
+ * the batches of a run in a large arena, not wait for good, saying
+ * nothing, for a release that the trainer, holding one batch of its three,
+ * need not make.  Both transports.
  */
 TEST_IMPL(daemon_arena_fragments) {
   char path[1024];
@@ -1487,9 +1487,9 @@ static void start_on_transport(dh_daemon *d, int transport) {
  * reader blocked in larder_stream_next and with an event loop on
  * larder_stream_fd, each release must reach the daemon without a call on
  * the stream: a lost one shows as a wait of a second (liblarder's safety
- * net) or a poll that never ends.  (Bug fix: the ring's releases reached
- * the daemon only at half its window and the frames' only at the next
- * call, so this trainer got a batch a second, and the event loop none.)
+ * net) or a poll that never ends.  (Were the ring's releases to reach the
+ * daemon only at half its window and the frames' only at the next call,
+ * this trainer would get a batch a second, and the event loop none.)
  */
 TEST_IMPL(daemon_release_thread_wakeups) {
   for (int transport = 0; transport < 2; transport++) {
@@ -1902,8 +1902,9 @@ TEST_IMPL(daemon_client_patterns) {
  * few milliseconds on B's turn, and a third stream opens now and then.  The
  * calls for B (and the opens) read A's Wake frames or queue A's Batch
  * frames; A's descriptor must show them, so no poll on it may time out
- * while A has a batch ready.  (Bug fix: larder_stream_fd was the shared
- * socket, which those reads left unreadable, and the loop stood in poll.)
+ * while A has a batch ready.  (Were larder_stream_fd the shared socket,
+ * those reads would leave it unreadable, and the loop would stand in
+ * poll.)
  * Through the descriptor ring and through frames.
  */
 TEST_IMPL(daemon_evloop_streams) {
@@ -2001,8 +2002,8 @@ static void *close_release_main(void *p) {
  * larder.h allows: releases on any thread, batches valid after close):
  * through the ring and through frames, the batches stay readable after the
  * close, the releases race the close, and the client goes on serving
- * other streams.  (Bug fix: a release read s->client while the close
- * wrote it, a data race ThreadSanitizer reported.)
+ * other streams.  (A release must not read s->client while the close
+ * writes it: ThreadSanitizer reports that data race.)
  */
 TEST_IMPL(daemon_close_release_threads) {
   for (int transport = 0; transport < 2; transport++) {
@@ -2074,15 +2075,14 @@ static void expect_open_einval(larder_client_t *c, const larder_stream_options_t
 }
 
 /*
- * What larder_stream_open checks and resolves on the client's side, each a
- * bug fix (the tester's findings):
- * - a window above LARDER_MAX_WINDOW fails (the daemon capped it silently
- *   while the client sized its wakeups from it, and a client holding more
- *   than the cap hung);
+ * What larder_stream_open checks and resolves on the client's side:
+ * - a window above LARDER_MAX_WINDOW fails (were the daemon to cap it
+ *   silently while the client sizes its wakeups from it, a client holding
+ *   more than the cap would hang);
  * - RANK, WORLD_SIZE and LOCAL_RANK that are not numbers in range fail
- *   with the variable and its value (they became rank 0 of 1);
+ *   with the variable and its value (rather than becoming rank 0 of 1);
  * - relative paths and globs are relative to the caller's working
- *   directory (they were resolved in the daemon's);
+ *   directory, not the daemon's;
  * - the position before the first batch is normalised like the daemon's
  *   start ((0, bpe + 5) is (1, 5));
  * - a client closed in a forked child leaves the parent's streams alone;
@@ -2508,8 +2508,9 @@ static void start_on_one_core(dh_daemon *d) {
   ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
 }
 
-/* Bug fix: the default worker count was every online core, even for a
- * daemon confined to fewer, whose workers then took turns on its cores. */
+/* The default worker count is the cores the daemon may run on, not every
+ * online core: a daemon confined to fewer would otherwise have its workers
+ * take turns on its cores. */
 TEST_IMPL(daemon_workers_affinity) {
   dh_daemon d;
   dh_init(&d, "affinity", NULL);

@@ -516,9 +516,9 @@ static void *open_main(void *p) {
 /*
  * A server that answers the footers' ranges but sends the whole object for
  * the row groups', objects larger than fetch_whole_bytes: the stream fails
- * with LARDER_ELIMIT saying so, and the daemon carries on.  (Bug fix: the
- * object's size alone bounded such a body, so every range of a row group
- * brought a whole shard into memory at once.)  With room for the objects,
+ * with LARDER_ELIMIT saying so, and the daemon carries on.  (Were the
+ * object's size alone to bound such a body, every range of a row group
+ * would bring a whole shard into memory at once.)  With room for the objects,
  * the same server gives the local batches.
  */
 TEST_IMPL(remote_hostile_no_range_large) {

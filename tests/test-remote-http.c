@@ -338,9 +338,9 @@ TEST_IMPL(remote_http_no_range) {
 /*
  * Part sizes at their edges: fetch_part_bytes 0 (no splitting) and 2^63,
  * with chunks not merged (fetch_merge_gap 0, a projection of columns apart
- * from each other), give the local batches.  (Bug fix: the count of parts
- * wrapped to 0 for such sizes, and the daemon wrote past its array of
- * parts: a heap overflow that ASan caught, and a crash.)
+ * from each other), give the local batches.  (Were the count of parts to
+ * wrap to 0 for such sizes, the daemon would write past its array of
+ * parts: a heap overflow that ASan catches, and a crash.)
  */
 TEST_IMPL(remote_part_sizes) {
   int skip = rh_require(1, 0);

@@ -300,10 +300,10 @@ TEST_IMPL(ring_pace_sleep_policy) {
   }
   /* What a sleep asks for.  A reader that slept for two (at 12), was woken
    * early by one, took it and sleeps for one asks for 13, not 12 again,
-   * which the daemon may have answered (bug fix: such a reader waited for
-   * the one-second safety net).  Sleeping again with nothing taken, it may
-   * ask the same; it never asks less than before, nor more than the
-   * largest n (a quarter window) past what it has taken. */
+   * which the daemon may have answered (asking for 12, such a reader would
+   * wait for the one-second safety net).  Sleeping again with nothing
+   * taken, it may ask the same; it never asks less than before, nor more
+   * than the largest n (a quarter window) past what it has taken. */
   ring_sleeps_t sl = {0, 0};
   ASSERT_UINT_EQ(ring_sleep_target(&sl, 0, 1), 1);
   ASSERT_UINT_EQ(ring_sleep_target(&sl, 0, 1), 1);

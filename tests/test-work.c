@@ -615,8 +615,8 @@ TEST_IMPL(work_pool_boost_refused) {
 
 /* A worker blocks the signals the loop handles, but not those its own
  * faults raise: a SIGBUS from a mapped file truncated under a decode must
- * reach the Parquet reader's guard on the worker (bug fix: with every
- * signal blocked, the kernel killed the daemon instead). */
+ * reach the Parquet reader's guard on the worker (with every signal
+ * blocked, the kernel would kill the daemon instead). */
 typedef struct fault_task {
   work_t work;
   int bus_blocked, segv_blocked, term_blocked, hup_blocked;
