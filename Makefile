@@ -347,7 +347,7 @@ bench-shuffle:
 # with torch and a CUDA device; without them it runs a host stand-in that
 # checks the bindings only.  Not part of `make bench`: a GPU host rarely has
 # Debian's libraries, so it usually runs from a bundle (bench/bundle.sh; see
-# the README's Benchmarks).  BENCH_SOURCE as for bench-serve.
+# bench/README.md).  BENCH_SOURCE as for bench-serve.
 .PHONY: bench-torch
 bench-torch: deps
 	$(MAKE) --no-print-directory V=release build/release/bin/larderd build/release/lib/liblarder.so

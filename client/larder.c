@@ -703,7 +703,7 @@ void larder_stream_options_init(larder_stream_options_t *o) {
    * daemon falls behind (a worker or the loop preempted, a vCPU taken by
    * the host), and a window of 4 or 8 batches covers well under a
    * millisecond of a short step.  Measured on 2 cores at about twice the
-   * daemon's cost (README, Serve): median stall 0.80% with 8, 0.54% with
+   * daemon's cost (bench-serve): median stall 0.80% with 8, 0.54% with
    * 16 (worst epoch 4.5%), 0.31% with 32 (worst 0.64%).  It costs no
    * memory of its own: the arena (arena_bytes) bounds the bytes of the
    * batches held and assembled ahead, whatever the count. */

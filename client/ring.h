@@ -152,7 +152,7 @@ static inline void ring_pace_add(ring_pace_t *p, uint64_t wait_ns, uint64_t comp
  * least 1) when the trainer spent more than half its recent time waiting,
  * else 1.  A trainer the daemon cannot keep up with gets its batches no
  * later for sleeping until several are out, and is woken a quarter as
- * often (its batches came 18-22% sooner per batch on 2 cores, README).  A
+ * often (its batches came 18-22% sooner per batch on 2 cores, bench-serve).  A
  * trainer that keeps up runs dry only when the daemon falls behind for a
  * moment, and wants the next batch the moment it is out: sleeping for 8
  * of a window of 32 would make each such moment a wait of eight

@@ -477,7 +477,7 @@ int pq_strbuf_printf(pq_strbuf_t *sb, const char *fmt, ...) __attribute__((forma
 
 /*
  * Appends row `row` of batch as one JSON object (no newline), keys in schema
- * order, in larderctl cat's format (see README).  Returns 0 or LARDER_ENOMEM.
+ * order, in larderctl cat's format (see daemon/README.md).  Returns 0 or LARDER_ENOMEM.
  */
 int pq_json_append_row(pq_strbuf_t *sb, const pq_batch_t *batch, int64_t row);
 

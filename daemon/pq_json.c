@@ -1,6 +1,6 @@
 /*
  * pq_json.c: renders decoded rows as JSON objects, in the format of
- * `larderctl cat` (README, "larderctl cat"): exact integers and decimals,
+ * `larderctl cat` (daemon/README.md, "larderctl inspect and cat"): exact integers and decimals,
  * shortest round-trip floats, ISO-8601 dates and times, base64 for binary,
  * and arrays / objects for lists, structs and maps.
  *

@@ -347,7 +347,7 @@ static void plan_chunk_free(plan_chunk_t *c) {
  * not cut: a cut window would change the order.  The first window is
  * always admitted (the open checks it alone against memory_limit or
  * shuffle_window_bytes).  The estimate comes from the footers: a stream
- * pins one to two windows at a time (README, Memory), and
+ * pins one to two windows at a time (daemon/README.md, Memory), and
  * dictionary-encoded values can decode to more than the footers say, so
  * this bounds the daemon by configuration, within a small multiple of
  * memory_limit rather than exactly.  Tested by
