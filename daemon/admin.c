@@ -411,7 +411,8 @@ void admin_tick(server_t *srv) {
   for (size_t i = 0; i < as->num_rates; i++)
     if (as->rates[i].seen) as->rates[k++] = as->rates[i];
   as->num_rates = k;
-  qsort(as->rates, as->num_rates, sizeof(*as->rates), cmp_rate);
+  /* With no streams yet as->rates is NULL, which qsort must not be given. */
+  if (as->num_rates > 1) qsort(as->rates, as->num_rates, sizeof(*as->rates), cmp_rate);
   as->num_sorted = as->num_rates;
 }
 
