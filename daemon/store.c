@@ -33,7 +33,9 @@
  * blob compression: decoded data must read fast), LZ4 for SST blocks (index
  * records, blob references, small values), blob GC on, a bounded LRU block
  * cache holding index and filter blocks too, bounded memtables and WAL,
- * max_open_files 512, WAL on, paranoid checks (the default), and an info
+ * max_open_files 512, writes without the WAL unless sync_writes (a crash
+ * loses whole units written since the last flush, never part of one; see
+ * store_open), paranoid checks (the default), and an info
  * LOG with header lines only (see setup_rocksdb_options: with assertions
  * compiled in, as in Debian's build, RocksDB's logger aborts the process
  * when it logs twice on a full disk).
