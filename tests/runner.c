@@ -106,6 +106,30 @@ static void remove_tree(const char *path) {
   if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", path);
 }
 
+/* Prints the end of every daemon log a failed test left in its scratch
+ * directory: a daemon that died (a sanitizer report, an abort) shows up in
+ * the test only as a closed connection, and the scratch directory is gone
+ * once the runner moves on. */
+static void print_daemon_logs(const char *scratch) {
+  char cmd[700];
+  snprintf(cmd, sizeof(cmd), "find '%s' -name 'larderd*.log' -type f 2>/dev/null", scratch);
+  FILE *list = popen(cmd, "r");
+  if (list == NULL) return;
+  char path[1024];
+  while (fgets(path, sizeof(path), list) != NULL) {
+    path[strcspn(path, "\n")] = '\0';
+    size_t len;
+    uint8_t *log = test_read_file(path, &len);
+    if (log == NULL) continue;
+    size_t from = len > 8000 ? len - 8000 : 0;
+    fprintf(stderr, "---- %s (last %zu bytes) ----\n%s\n----\n", path, len - from,
+            (const char *)log + from);
+    free(log);
+  }
+  pclose(list);
+  fflush(stderr);
+}
+
 static int run_in_child(const test_entry *t) {
   /* The scratch directory name is fixed before the fork so that the parent
    * can remove it whatever happens to the child. */
@@ -145,6 +169,9 @@ static int run_in_child(const test_entry *t) {
   }
   /* Kill whatever the test left running in its process group (daemons). */
   kill(-pid, SIGKILL);
+  int failed = timed_out || !WIFEXITED(status) ||
+               (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != TEST_SKIP);
+  if (failed) print_daemon_logs(scratch);
   remove_tree(scratch);
   tmpdir_path[0] = '\0';
   if (timed_out) return -2;
