@@ -49,9 +49,9 @@ LDFLAGS := $(OPT) -pthread
 GEN := $(B)/gen
 PROTO_C := $(GEN)/larder.pb-c.c
 PROTO_H := $(GEN)/larder.pb-c.h
-CFLAGS += -I$(GEN) -Iclient
+CFLAGS += -I$(GEN) -Idaemon -Iclient
 
-# CUDA streams (client/cuda.c, daemon/cuda.c): the driver is loaded at run
+# CUDA streams (client/cuda.c, daemon/serve/cuda.c): the driver is loaded at run
 # time (dlopen), so only the toolkit's cuda.h is needed to build them.
 # Without it everything else builds, and CUDA streams are refused with
 # LARDER_EUNSUPPORTED.
@@ -73,13 +73,14 @@ CLIENT_LIBS := $(shell pkg-config --libs libprotobuf-c 2>/dev/null) -ldl
 # larderctl reads the daemon's JSON events with jansson.
 CTL_LIBS := $(shell pkg-config --libs jansson 2>/dev/null)
 
-PQ_SRCS := $(sort $(wildcard daemon/pq_*.c))
+PQ_SRCS := $(sort $(wildcard daemon/parquet/*.c))
 COMMON_SRCS := client/error.c
 # Every daemon module but main.c: the daemon links them, and so do the
 # unit tests.
-DAEMON_LIB_SRCS := $(filter-out daemon/main.c $(PQ_SRCS),$(sort $(wildcard daemon/*.c)))
+DAEMON_STAGES := fetch cache plan serve
+DAEMON_LIB_SRCS := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c $(DAEMON_STAGES:%=daemon/%/*.c))))
 CLIENT_SRCS := client/larder.c client/wire.c client/error.c client/cuda.c
-CTL_SRCS := client/larderctl.c client/ctl_parquet.c client/ctl_daemon.c
+CTL_SRCS := client/ctl/larderctl.c client/ctl/ctl_parquet.c client/ctl/ctl_daemon.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
 TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c tests/remote-harness.c tests/remote/rs.c
 
@@ -167,11 +168,11 @@ $(SERVE_CLIENT): $(call obj,bench/serve-client.c) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CLIENT_LIBS) -lm -o $@
 
-$(BENCH_STORE): $(call obj,bench/bench-store.c daemon/store.c daemon/util.c daemon/log.c client/error.c)
+$(BENCH_STORE): $(call obj,bench/bench-store.c daemon/cache/store.c daemon/util.c daemon/log.c client/error.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -lm -o $@
 
-$(LABEL_MIX): $(call obj,bench/label-mix.c daemon/shuffle.c client/error.c)
+$(LABEL_MIX): $(call obj,bench/label-mix.c daemon/plan/shuffle.c client/error.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -lm -o $@
 
@@ -269,9 +270,9 @@ FUZZ_TARGETS := fuzz-footer fuzz-pages fuzz-wire
 
 fuzz-build: $(addprefix $(FUZZ_B)/,$(FUZZ_TARGETS))
 
-$(FUZZ_B)/fuzz-%: tests/fuzz/fuzz-%.c $(PQ_SRCS) $(COMMON_SRCS) daemon/*.h
+$(FUZZ_B)/fuzz-%: tests/fuzz/fuzz-%.c $(PQ_SRCS) $(COMMON_SRCS) $(wildcard daemon/*.h daemon/parquet/*.h)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) $< $(PQ_SRCS) $(COMMON_SRCS) $(PQ_LIBS) -lm -o $@
+	clang $(FUZZ_CFLAGS) -Idaemon -Iclient $< $(PQ_SRCS) $(COMMON_SRCS) $(PQ_LIBS) -lm -o $@
 
 # The protocol's frames, as a peer sends them (client/wire.c and the
 # generated protobuf-c code).
@@ -296,10 +297,10 @@ LINT_SRCS := $(sort $(PQ_SRCS) $(DAEMON_LIB_SRCS) daemon/main.c $(CLIENT_SRCS) $
 # file in one process, and crashed (in its comment parser) on this list.
 lint: $(PROTO_H)
 	@rc=0; for f in $(LINT_SRCS); do \
-	  clang-tidy --quiet $$f -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Iclient $(CUDA_CFLAGS) || rc=1; \
+	  clang-tidy --quiet $$f -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Idaemon -Iclient $(CUDA_CFLAGS) || rc=1; \
 	done; exit $$rc
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
-	  --inline-suppr --suppress=missingIncludeSystem -D__GNUC__ $(if $(CUDA_CFLAGS),-DLARDER_HAVE_CUDA_H) $(LINT_SRCS)
+	  --inline-suppr --suppress=missingIncludeSystem -Idaemon -Iclient -D__GNUC__ $(if $(CUDA_CFLAGS),-DLARDER_HAVE_CUDA_H) $(LINT_SRCS)
 
 # ---------------------------------------------------------------------------
 # Benchmarks

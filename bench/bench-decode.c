@@ -60,7 +60,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/parquet.h"
+#include "parquet/parquet.h"
 #include "bench-util.h"
 
 #define DEFAULT_RUNS 11

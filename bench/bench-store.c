@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/store.h"
-#include "../daemon/util.h"
+#include "cache/store.h"
+#include "util.h"
 #include "bench-util.h"
 
 #define COLUMNS 8

@@ -1,5 +1,5 @@
 /*
- * label-mix.c: how well larder's windowed shuffle (daemon/shuffle.c) mixes a
+ * label-mix.c: how well larder's windowed shuffle (daemon/plan/shuffle.c) mixes a
  * dataset stored sorted by label, and how fast it computes an epoch's order.
  *
  * Usage: label-mix [max_rows]     (default: every dataset, up to 100M rows)
@@ -27,8 +27,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../client/larder.h"
-#include "../daemon/shuffle.h"
+#include "larder.h"
+#include "plan/shuffle.h"
 #include "bench-util.h"
 
 #define CLASSES 10

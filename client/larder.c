@@ -880,7 +880,7 @@ static int plan_stream(larder_stream_t *s) {
 
 /* Checks that fd, a memfd the daemon sent, holds at least size bytes and
  * is sealed against shrinking, as the daemon seals its arenas and rings
- * (daemon/arena.c): the arena is mapped with the size the daemon reports,
+ * (daemon/serve/arena.c): the arena is mapped with the size the daemon reports,
  * and a memfd shorter than that, or one shrunk later, would make reading a
  * batch fault (SIGBUS).  Tested by client_fake_shm_checks.  Returns 0 or
  * LARDER_EPROTO with the client's error set.  The thread that opens. */
@@ -1290,7 +1290,7 @@ void larder_stream_close(larder_stream_t *s) {
   /* CUDA (lcuda.h): the daemon must not free device memory this process
    * still maps.  With no batch held, the mapping closes before CloseStream
    * goes, which then goes for a stream the daemon ended too (it kept the
-   * region: daemon/cuda.h).  With batches held, CloseStream says so, and
+   * region: daemon/serve/cuda.h).  With batches held, CloseStream says so, and
    * the last release closes the mapping and sends a second one
    * (stream_free), through cuda_client: the client outlives its batches. */
   int cuda_unmapped = 0, cuda_held = 0;

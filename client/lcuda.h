@@ -1,6 +1,6 @@
 /*
  * lcuda.h: liblarder's internal view of the CUDA driver API (prefix
- * lcuda_), shared by liblarder (client/cuda.c) and larderd (daemon/cuda.c),
+ * lcuda_), shared by liblarder (client/cuda.c) and larderd (daemon/serve/cuda.c),
  * which links liblarder.a.  Not installed; nothing here is public.
  *
  * The driver is loaded at run time: dlopen("libcuda.so.1"), or the path in

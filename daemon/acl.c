@@ -11,7 +11,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "acl.h"
 
 #define ACL_MAX_OWNERS 32

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "acl.h"
 #include "config.h"
 #include "log.h"

@@ -5,7 +5,7 @@
 
 #include <stdlib.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 
 #define HTAB_MIN_BUCKETS 1024
 

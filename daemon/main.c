@@ -28,7 +28,7 @@
 
 #include "config.h"
 #include "log.h"
-#include "server.h"
+#include "serve/server.h"
 #include "util.h"
 
 #define DEFAULT_CONFIG "/etc/larder/larderd.conf"

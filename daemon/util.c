@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "util.h"
 
 #define SCHED_RESET_ON_FORK_FLAG_ 0x01ull /* SCHED_FLAG_RESET_ON_FORK */

@@ -15,7 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "htab.h"
 #include "log.h"
 #include "util.h"

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/util.h"
+#include "util.h"
 #include "daemon-harness.h"
 #include "pqwrite.h"
 

@@ -28,8 +28,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "../client/larder.h"
-#include "../client/wire.h"
+#include "larder.h"
+#include "wire.h"
 #include "task.h"
 
 /* ------------------------------------------------------------------------ */

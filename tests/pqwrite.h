@@ -1,7 +1,7 @@
 /*
  * pqwrite.h: a tiny Parquet writer for the tests, written independently of
- * the reader (it shares only the enum numbers of daemon/parquet.h and
- * daemon/pq_internal.h), so that tests can make well-formed files of any
+ * the reader (it shares only the enum numbers of daemon/parquet/parquet.h and
+ * daemon/parquet/pq_internal.h), so that tests can make well-formed files of any
  * shape and hostile files that lie in every field.
  *
  * Conventions
@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../daemon/pq_internal.h"
+#include "parquet/pq_internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                   */

@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/parquet.h"
+#include "parquet/parquet.h"
 #include "remote-harness.h"
 
 double rh_now_ms(void) {

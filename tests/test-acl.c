@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/acl.h"
+#include "acl.h"
 #include "pqwrite.h"
 #include "test-ctl-common.h"
 

@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/ring.h"
+#include "ring.h"
 #include "daemon-harness.h"
 
 static double now_ms(void) {

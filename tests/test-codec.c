@@ -1,5 +1,5 @@
 /*
- * test-codec.c: unit tests for pq_decompress (daemon/pq_codec.c).
+ * test-codec.c: unit tests for pq_decompress (daemon/parquet/pq_codec.c).
  *
  * Conventions
  * -----------
@@ -25,7 +25,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#include "../daemon/pq_internal.h"
+#include "parquet/pq_internal.h"
 #include "task.h"
 
 typedef struct blob {

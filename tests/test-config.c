@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/config.h"
+#include "config.h"
 #include "larder.h"
 #include "remote-harness.h"
 #include "task.h"

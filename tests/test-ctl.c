@@ -730,12 +730,12 @@ static char *http_get(int port, const char *method, const char *path) {
   return buf;
 }
 
-/* Every family name must be documented in daemon/metrics.h's comment. */
+/* Every family name must be documented in daemon/serve/metrics.h's comment. */
 static void expect_documented(char (*names)[128], int n) {
   size_t len;
-  uint8_t *h = test_read_file("daemon/metrics.h", &len);
+  uint8_t *h = test_read_file("daemon/serve/metrics.h", &len);
   if (h == NULL) {
-    fprintf(stderr, "daemon/metrics.h not found from %s: documentation not checked\n", getcwd(NULL, 0));
+    fprintf(stderr, "daemon/serve/metrics.h not found from %s: documentation not checked\n", getcwd(NULL, 0));
     return;
   }
   char *doc = realloc(h, len + 1);
@@ -754,7 +754,7 @@ static void expect_documented(char (*names)[128], int n) {
       }
       p++;
     }
-    if (!found) ASSERT_FAIL_("metric %s is not documented in daemon/metrics.h", names[i]);
+    if (!found) ASSERT_FAIL_("metric %s is not documented in daemon/serve/metrics.h", names[i]);
   }
   free(doc);
 }

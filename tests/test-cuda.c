@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/lcuda.h"
+#include "lcuda.h"
 #include "daemon-harness.h"
 
 #ifdef LARDER_HAVE_CUDA_H

@@ -17,7 +17,7 @@
 
 #include <rocksdb/c.h>
 
-#include "../daemon/store.h"
+#include "cache/store.h"
 
 #define ARENA (8u << 20)
 

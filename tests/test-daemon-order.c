@@ -8,8 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../daemon/dataset.h"
-#include "../daemon/shuffle.h"
+#include "plan/dataset.h"
+#include "plan/shuffle.h"
 #include "daemon-harness.h"
 
 #define ARENA (8u << 20)

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "daemon-harness.h"
 #include "pqwrite.h"
 #include "task.h"

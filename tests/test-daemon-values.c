@@ -14,7 +14,7 @@
 #include <limits.h>
 #include <unistd.h>
 
-#include "../daemon/parquet.h"
+#include "parquet/parquet.h"
 #include "daemon-harness.h"
 
 /* The decoder's rows of a file as JSON lines; returns the count, or -1 when

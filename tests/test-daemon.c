@@ -17,9 +17,9 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include "../daemon/arena.h"
-#include "../daemon/layout.h"
-#include "../daemon/util.h"
+#include "serve/arena.h"
+#include "serve/layout.h"
+#include "util.h"
 #include "daemon-harness.h"
 
 static double now_ms(void) {

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "../daemon/htab.h"
-#include "../daemon/util.h"
+#include "htab.h"
+#include "util.h"
 #include "task.h"
 
 typedef struct item {

@@ -22,9 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/cred.h"
-#include "../daemon/dataset.h"
-#include "../daemon/util.h"
+#include "cred.h"
+#include "plan/dataset.h"
+#include "util.h"
 #include "test-ctl-common.h"
 
 static const tc_cred nobody = {65534, 65534, {0}, 0};

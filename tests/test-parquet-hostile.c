@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../daemon/pq_internal.h"
+#include "parquet/pq_internal.h"
 #include "pqwrite.h"
 #include "task.h"
 

@@ -18,7 +18,7 @@
 #include <dirent.h>
 #include <math.h>
 
-#include "../daemon/pq_internal.h"
+#include "parquet/pq_internal.h"
 #include "pqwrite.h"
 #include "task.h"
 

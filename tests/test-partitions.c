@@ -1,6 +1,6 @@
 /*
  * test-partitions.c: node partitions of the epoch order (shuffle.h, steps
- * 7-10), through the public API of daemon/shuffle.c.
+ * 7-10), through the public API of daemon/plan/shuffle.c.
  *
  * A dataset here is a list of row groups, each cut into units of made-up
  * row counts; a sample is named by its dataset index (the rows of the units
@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/larder.h"
-#include "../daemon/shuffle.h"
+#include "larder.h"
+#include "plan/shuffle.h"
 #include "task.h"
 
 typedef struct pdata {

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/awscreds.h"
+#include "fetch/awscreds.h"
 #include "remote-harness.h"
 #include "test-ctl-common.h"
 

@@ -1,5 +1,5 @@
 /*
- * test-shuffle.c: unit tests for the epoch order (daemon/shuffle.c).
+ * test-shuffle.c: unit tests for the epoch order (daemon/plan/shuffle.c).
  *
  * Conventions
  * -----------
@@ -16,8 +16,8 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "../client/larder.h"
-#include "../daemon/shuffle.h"
+#include "larder.h"
+#include "plan/shuffle.h"
 #include "task.h"
 
 /* shuffle_golden's pins: seed 42, window 4, epoch 3 over kMixed. */

@@ -1,5 +1,5 @@
 /*
- * test-store.c: tests of the SSD cache (daemon/store.c) through store.h and
+ * test-store.c: tests of the SSD cache (daemon/cache/store.c) through store.h and
  * the test hooks store.c documents.
  *
  * Conventions
@@ -28,8 +28,8 @@
 
 #include <rocksdb/c.h>
 
-#include "../client/larder.h"
-#include "../daemon/store.h"
+#include "larder.h"
+#include "cache/store.h"
 #include "daemon-harness.h"
 #include "task.h"
 

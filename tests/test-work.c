@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/pq_internal.h"
-#include "../daemon/work.h"
+#include "parquet/pq_internal.h"
+#include "work.h"
 #include "daemon-harness.h"
 #include "task.h"
 

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../daemon/parquet.h"
+#include "parquet/parquet.h"
 
 
 /* Global options (larderctl.c): --socket (NULL: $LARDER_SOCKET, else the

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../daemon/parquet.h"
-#include "../daemon/pq_inspect.h"
+#include "parquet/parquet.h"
+#include "parquet/pq_inspect.h"
 #include "ctl.h"
 
 int ctl_cmd_inspect_local(const char *path, int json) {

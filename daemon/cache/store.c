@@ -132,7 +132,7 @@
  *   store_test_crc32c_sw / _hw / _hw_available
  *                                    the two CRC32C implementations.
  */
-#include "store.h"
+#include "cache/store.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -147,7 +147,7 @@
 
 #include <rocksdb/c.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>

@@ -1,7 +1,7 @@
 /*
  * awscreds.c: the AWS credential chain and its refresher (awscreds.h).
  */
-#include "awscreds.h"
+#include "fetch/awscreds.h"
 
 #include <ctype.h>
 #include <curl/curl.h>
@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "log.h"
 
 /* A credential answer (JSON, XML) is a few KiB; anything past this is not

@@ -23,11 +23,11 @@
 #include <strings.h>
 #include <time.h>
 
-#include "../client/larder.h"
-#include "fetch.h"
+#include "larder.h"
+#include "fetch/fetch.h"
 #include "log.h"
-#include "metrics.h"
-#include "remote.h"
+#include "serve/metrics.h"
+#include "fetch/remote.h"
 #include "util.h"
 
 /* RQ_DEFERRED: the result is known when fetch_get is called (an object

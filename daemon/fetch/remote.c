@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "htab.h"
 #include "log.h"
-#include "parquet.h"
-#include "remote.h"
+#include "parquet/parquet.h"
+#include "fetch/remote.h"
 #include "util.h"
 
 int remote_is_url(const char *s) { return strstr(s, "://") != NULL; }

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fetch.h"
+#include "fetch/fetch.h"
 #include "stats.h"
 
 typedef struct remote_object {

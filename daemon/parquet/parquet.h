@@ -49,7 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -477,7 +477,7 @@ int pq_strbuf_printf(pq_strbuf_t *sb, const char *fmt, ...) __attribute__((forma
 
 /*
  * Appends row `row` of batch as one JSON object (no newline), keys in schema
- * order, in larderctl cat's format (see daemon/README.md).  Returns 0 or LARDER_ENOMEM.
+ * order, in larderctl cat's format (see daemon/parquet/README.md).  Returns 0 or LARDER_ENOMEM.
  */
 int pq_json_append_row(pq_strbuf_t *sb, const pq_batch_t *batch, int64_t row);
 

@@ -39,7 +39,7 @@
 #include <zstd.h>
 #include <zstd_errors.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 struct pq_codec_ctx {
   ZSTD_DCtx *zstd;     /* NULL until the first zstd page */

@@ -20,7 +20,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 /* The first read of a page covers its header and, for small pages, the
  * whole page; later pages are read with the same read-ahead. */

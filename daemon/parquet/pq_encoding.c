@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 static inline uint64_t load64(const uint8_t *p) {
   uint64_t v;

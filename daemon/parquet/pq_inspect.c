@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parquet.h"
-#include "pq_inspect.h"
+#include "parquet/parquet.h"
+#include "parquet/pq_inspect.h"
 
 /* ------------------------------------------------------------------------ */
 /* inspect                                                                   */

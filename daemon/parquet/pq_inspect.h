@@ -6,7 +6,7 @@
 #ifndef LARDER_PQ_INSPECT_H
 #define LARDER_PQ_INSPECT_H
 
-#include "parquet.h"
+#include "parquet/parquet.h"
 
 /* One JSON object: file, size, version, created_by, num_rows,
  * key_value_metadata, schema (the Parquet tree), fields (the schema as

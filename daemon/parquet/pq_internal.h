@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "parquet.h"
+#include "parquet/parquet.h"
 
 /* ------------------------------------------------------------------------ */
 /* Decompression (pq_codec.c)                                                */

@@ -1,6 +1,6 @@
 /*
  * pq_json.c: renders decoded rows as JSON objects, in the format of
- * `larderctl cat` (daemon/README.md, "larderctl inspect and cat"): exact integers and decimals,
+ * `larderctl cat` (daemon/parquet/README.md, "larderctl inspect and cat"): exact integers and decimals,
  * shortest round-trip floats, ISO-8601 dates and times, base64 for binary,
  * and arrays / objects for lists, structs and maps.
  *
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 void pq_strbuf_free(pq_strbuf_t *sb) {
   free(sb->data);

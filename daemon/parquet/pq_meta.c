@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 /* Schemas deeper than this are rejected.  Real schemas nest a handful of
  * levels; the limit keeps recursion and level arithmetic small. */

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 struct pq_reader {
   const struct pq_file *file;

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 typedef struct schema_builder {
   pq_arena_t *arena;

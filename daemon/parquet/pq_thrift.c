@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 /* Deep enough for any real Parquet metadata (whose structs nest a few
  * levels), shallow enough that recursion in pq_thrift_skip stays cheap. */

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pq_internal.h"
+#include "parquet/pq_internal.h"
 
 int pq_error_set(pq_error *err, int code, const char *fmt, ...) {
   if (err != NULL) {

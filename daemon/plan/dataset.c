@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "cred.h"
-#include "dataset.h"
-#include "layout.h"
+#include "plan/dataset.h"
+#include "serve/layout.h"
 #include "util.h"
 
 typedef struct strlist {

@@ -34,12 +34,12 @@
 #include <stdint.h>
 
 #include "acl.h"
-#include "footers.h"
-#include "layout.h"
-#include "parquet.h"
-#include "remote.h"
-#include "shuffle.h"
-#include "store.h"
+#include "plan/footers.h"
+#include "serve/layout.h"
+#include "parquet/parquet.h"
+#include "fetch/remote.h"
+#include "plan/shuffle.h"
+#include "cache/store.h"
 
 typedef struct dataset_file {
   char *path;              /* as opened (absolute path or URL) */

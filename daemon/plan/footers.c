@@ -6,7 +6,7 @@
  * dataset at once (torchrun starts them together) wait for one parse of
  * each file instead of making one each; the parse itself runs unlocked.
  */
-#include "footers.h"
+#include "plan/footers.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 #include "util.h"
 
 /* glibc returns the freed heap of many small parses only on malloc_trim. */

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "parquet.h"
+#include "parquet/parquet.h"
 #include "stats.h"
 
 typedef struct footers footers_t;

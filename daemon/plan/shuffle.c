@@ -84,14 +84,14 @@
  *   horizon may run past the end of the epoch) and fails with LARDER_EINVAL
  *   when first > last; it writes at most INT_MAX units.
  */
-#include "shuffle.h"
+#include "plan/shuffle.h"
 
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/larder.h"
+#include "larder.h"
 
 #define GAMMA UINT64_C(0x9e3779b97f4a7c15)
 #define PURPOSE_UNITS 1

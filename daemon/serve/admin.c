@@ -42,15 +42,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "awscreds.h"
+#include "fetch/awscreds.h"
 #include "cred.h"
-#include "cuda.h"
+#include "serve/cuda.h"
 #include "log.h"
-#include "metrics.h"
-#include "pq_inspect.h"
-#include "remote.h"
-#include "server.h"
-#include "shuffle.h"
+#include "serve/metrics.h"
+#include "parquet/pq_inspect.h"
+#include "fetch/remote.h"
+#include "serve/server.h"
+#include "plan/shuffle.h"
 #include "util.h"
 
 #define RATE_SAMPLES 6           /* one a second: rates over up to 5 s */

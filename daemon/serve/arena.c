@@ -9,9 +9,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../client/larder.h"
-#include "arena.h"
-#include "layout.h"
+#include "larder.h"
+#include "serve/arena.h"
+#include "serve/layout.h"
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010

@@ -16,9 +16,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cuda.h"
+#include "serve/cuda.h"
 #include "log.h"
-#include "server.h"
+#include "serve/server.h"
 #include "util.h"
 
 typedef struct write_req {

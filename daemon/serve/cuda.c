@@ -8,14 +8,14 @@
  * - A region's arena pinning is undone before the arena is unmapped
  *   (stream.c closes the region first).
  */
-#include "cuda.h"
+#include "serve/cuda.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/lcuda.h"
+#include "lcuda.h"
 #include "log.h"
 
 static uint64_t device_bytes[LCUDA_MAX_DEVICES]; /* atomic adds */

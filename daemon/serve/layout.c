@@ -15,7 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "layout.h"
+#include "serve/layout.h"
 
 static uint64_t align_up(uint64_t v) {
   return (v + LAYOUT_ALIGN - 1) & ~(uint64_t)(LAYOUT_ALIGN - 1);

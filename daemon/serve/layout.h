@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "parquet.h"
+#include "parquet/parquet.h"
 
 #define LAYOUT_ALIGN 64
 #define LAYOUT_MAGIC 0x43445241u /* "ARDC" little-endian */

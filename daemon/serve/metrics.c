@@ -11,11 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fetch.h"
+#include "fetch/fetch.h"
 #include "log.h"
-#include "metrics.h"
-#include "remote.h"
-#include "server.h"
+#include "serve/metrics.h"
+#include "fetch/remote.h"
+#include "serve/server.h"
 #include "util.h"
 
 #define METRICS_MAX_CONNS 64

@@ -23,11 +23,11 @@
 
 #include <systemd/sd-daemon.h>
 
-#include "awscreds.h"
+#include "fetch/awscreds.h"
 #include "cred.h"
 #include "log.h"
-#include "metrics.h"
-#include "server.h"
+#include "serve/metrics.h"
+#include "serve/server.h"
 #include "util.h"
 
 /* Trainers' wait fractions that turn the workers' boost on and off, over

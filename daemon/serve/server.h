@@ -24,18 +24,18 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "../client/larder.h"
-#include "../client/wire.h"
+#include "larder.h"
+#include "wire.h"
 #include "acl.h"
-#include "arena.h"
+#include "serve/arena.h"
 #include "config.h"
-#include "dataset.h"
-#include "fetch.h"
+#include "plan/dataset.h"
+#include "fetch/fetch.h"
 #include "htab.h"
-#include "layout.h"
-#include "shuffle.h"
+#include "serve/layout.h"
+#include "plan/shuffle.h"
 #include "stats.h"
-#include "store.h"
+#include "cache/store.h"
 #include "work.h"
 
 typedef struct server server_t;

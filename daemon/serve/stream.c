@@ -24,11 +24,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../client/ring.h"
-#include "cuda.h"
+#include "ring.h"
+#include "serve/cuda.h"
 #include "log.h"
-#include "metrics.h"
-#include "server.h"
+#include "serve/metrics.h"
+#include "serve/server.h"
 #include "util.h"
 
 enum { PB_WAITING, PB_ASSEMBLING, PB_READY, PB_NOROOM };

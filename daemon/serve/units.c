@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 
 #include "log.h"
-#include "server.h"
+#include "serve/server.h"
 #include "util.h"
 
 #define DECODE_RUN_MAX 64 /* units one load may decode ahead into the cache */

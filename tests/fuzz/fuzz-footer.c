@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../daemon/parquet.h"
+#include "parquet/parquet.h"
 
 #define FUZZ_NAME "fuzz.parquet"
 /* Rows read per input at most: a footer may declare billions of cheap rows,

@@ -1,5 +1,5 @@
 // Writes, with DuckDB, the files that test the daemon's row blocks
-// (daemon/layout.h): every kind of column a row block packs, and the cases
+// (daemon/serve/layout.h): every kind of column a row block packs, and the cases
 // where it must not inline.
 // Usage: node tests/gen/rows-data.mjs OUTDIR
 //

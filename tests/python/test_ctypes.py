@@ -847,7 +847,7 @@ def read_epochs(L, stream, expect_epochs, on_batch):
 def check_epoch_rows(ids, num_samples, batch_size, label):
     """Checks one epoch's sequence of sample ids: the first num_samples are a
     permutation of all samples, and the padding that fills the last batch
-    repeats the epoch's first samples (daemon/README.md, "The order of batches")."""
+    repeats the epoch's first samples (daemon/plan/README.md, "The order of batches")."""
     check(len(ids) % batch_size == 0, "%s: %d rows is not whole batches" % (label, len(ids)))
     check(len(ids) - num_samples < batch_size, "%s: %d rows for %d samples"
           % (label, len(ids), num_samples))
@@ -1570,7 +1570,7 @@ def test_loader_patterns(L, daemon, client):
     base = dict(MAIN_OPTS, epochs=1)
 
     # DistributedDataParallel: two ranks of batch 32 together make the
-    # global batches of one rank of batch 64 (daemon/README.md: nothing but
+    # global batches of one rank of batch 64 (daemon/plan/README.md: nothing but
     # world_size * batch_size decides a global batch), whether the ranks
     # come from the options or from torchrun's RANK and WORLD_SIZE.
     whole = read_ids(L, client, **dict(base, batch_size=64, rank=0, world_size=1))
