@@ -22,17 +22,7 @@
 #include "daemon-harness.h"
 #include "pqwrite.h"
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void mkdir_p(const char *path) {
   char tmp[PATH_MAX];
@@ -151,7 +141,7 @@ void dh_print_log(const dh_daemon *d) {
 void dh_start(dh_daemon *d) {
   dh_spawn(d);
   pid_t pid = d->pid;
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   for (;;) {
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -164,24 +154,24 @@ void dh_start(dh_daemon *d) {
       close(s);
       return;
     }
-    if (now_ms() > deadline) {
+    if (test_now_ms() > deadline) {
       dh_print_log(d);
       ASSERT_FAIL_("larderd did not accept on %s in time", d->socket);
     }
-    sleep_ms(5);
+    test_sleep_ms(5);
   }
 }
 
 int dh_wait_exit(dh_daemon *d, int timeout_ms) {
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   for (;;) {
     int status;
     if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
       d->pid = 0;
       return status;
     }
-    if (now_ms() > deadline) return -1;
-    sleep_ms(5);
+    if (test_now_ms() > deadline) return -1;
+    test_sleep_ms(5);
   }
 }
 
@@ -230,18 +220,18 @@ void dh_spawn(dh_daemon *d) {
 int dh_stop_status(dh_daemon *d, int timeout_ms) {
   ASSERT(d->pid > 0);
   kill(d->pid, SIGTERM);
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   int status = 0;
   for (;;) {
     pid_t r = waitpid(d->pid, &status, WNOHANG);
     if (r == d->pid) break;
-    if (now_ms() > deadline) {
+    if (test_now_ms() > deadline) {
       kill(d->pid, SIGKILL);
       waitpid(d->pid, &status, 0);
       d->pid = 0;
       return -1;
     }
-    sleep_ms(5);
+    test_sleep_ms(5);
   }
   d->pid = 0;
   return status;
@@ -573,9 +563,9 @@ double dh_cpu_ms(pid_t pid) {
 }
 
 int dh_wait_fds(pid_t pid, int want, int timeout_ms) {
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   int n;
-  while ((n = dh_fd_count(pid)) > want && now_ms() < deadline) sleep_ms(10);
+  while ((n = dh_fd_count(pid)) > want && test_now_ms() < deadline) test_sleep_ms(10);
   return n;
 }
 
@@ -1171,13 +1161,13 @@ Larder__Frame *dh_raw_recv(int fd, int timeout_ms, int *fds, int *num_fds, int *
   size_t have = 0;
   uint8_t *body = NULL;
   uint32_t len = 0;
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   int local_fds[8], nlocal = 0;
   if (num_fds) *num_fds = 0;
   for (;;) {
     size_t want = have < 4 ? 4 - have : 4 + (size_t)len - have;
     if (have >= 4 && want == 0) break;
-    int left = (int)(deadline - now_ms());
+    int left = (int)(deadline - test_now_ms());
     if (left <= 0) {
       *rc = LARDER_ETIMEDOUT;
       free(body);
@@ -1303,14 +1293,53 @@ Larder__Frame *dh_raw_open_ring(int fd, uint32_t request_id, const larder_stream
 }
 
 int dh_raw_wait_closed(int fd, int timeout_ms, int *err_code) {
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   for (;;) {
-    int left = (int)(deadline - now_ms());
+    int left = (int)(deadline - test_now_ms());
     if (left <= 0) return 0;
     int rc;
     Larder__Frame *f = dh_raw_recv(fd, left, NULL, NULL, &rc);
     if (f == NULL) return rc == LARDER_ECLOSED;
     if (f->msg_case == LARDER__FRAME__MSG_ERROR && err_code) *err_code = f->error->code;
     wire_free(f);
+  }
+}
+
+void dh_std_opts(larder_stream_options_t *o, const char *const *source, size_t nsrc,
+                 uint32_t batch_size, uint64_t seed, uint64_t epochs, uint64_t arena_bytes) {
+  dh_opts(o, source, batch_size, seed, epochs);
+  o->num_sources = nsrc;
+  o->unit_rows = DH_STD_UNIT_ROWS;
+  o->shuffle_window = 8;
+  o->arena_bytes = arena_bytes;
+}
+
+const char *const *dh_std_source(void) {
+  static char dir[1024];
+  static const char *source[1];
+  if (source[0] == NULL) {
+    ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+    source[0] = dir;
+  }
+  return source;
+}
+
+const char *dh_std_dir(void) {
+  return dh_std_source()[0];
+}
+
+void dh_wait_log(const dh_daemon *d, const char *needle, int n, double timeout_ms) {
+  double deadline = test_now_ms() + timeout_ms;
+  for (;;) {
+    char *log = dh_read_log(d);
+    int count = 0;
+    for (const char *p = log; p && (p = strstr(p, needle)) != NULL; p++) count++;
+    free(log);
+    if (count >= n) return;
+    if (test_now_ms() > deadline) {
+      dh_print_log(d);
+      ASSERT_FAIL_("\"%s\" is not in the daemon's log %d times", needle, n);
+    }
+    test_sleep_ms(10);
   }
 }

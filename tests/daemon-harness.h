@@ -157,6 +157,10 @@ const char *dh_work_dir(void);
                           id % 4 elements id + k */
 #define DH_NUM_COLS 6
 
+/* Waits until the daemon's log holds needle at least n times; fails the
+ * test, printing the log, after timeout_ms. */
+void dh_wait_log(const dh_daemon *d, const char *needle, int n, double timeout_ms);
+
 /* Checks every column of row i of batch b against its id (columns looked
  * up by name; absent columns are skipped). */
 void dh_expect_row(const larder_batch_t *b, int64_t i, int variant);
@@ -224,6 +228,16 @@ void dh_expect_same(const dh_run *a, const dh_run *b);
 /* Stream options with the defaults, one source, and the given settings. */
 void dh_opts(larder_stream_options_t *o, const char *const *source, uint32_t batch_size,
              uint64_t seed, uint64_t epochs);
+/* Options for the standard dataset's tests: dh_opts with nsrc sources,
+ * units of DH_STD_UNIT_ROWS rows, a shuffle window of 8 and an arena of
+ * arena_bytes. */
+void dh_std_opts(larder_stream_options_t *o, const char *const *source, size_t nsrc,
+                 uint32_t batch_size, uint64_t seed, uint64_t epochs, uint64_t arena_bytes);
+/* The standard dataset (dh_std_dataset, made on first use) as a source
+ * list of one, valid for the rest of the test. */
+const char *const *dh_std_source(void);
+/* Its directory: dh_std_source()[0]. */
+const char *dh_std_dir(void);
 
 /*
  * A client in a child process that opens `streams` streams (stream i with

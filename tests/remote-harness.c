@@ -14,18 +14,6 @@
 #include "parquet/parquet.h"
 #include "remote-harness.h"
 
-double rh_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 int rh_require(int need_nginx, int need_node) {
   if (need_node) {
     if (test_system("command -v node >/dev/null 2>&1") != 0) {
@@ -261,7 +249,7 @@ int64_t rh_field_int(const char *line, const char *key, int64_t def) {
 }
 
 int rh_wait_lines(const char *path, int n, int timeout_ms) {
-  double deadline = rh_now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   for (;;) {
     size_t len = 0;
     uint8_t *p = test_read_file(path, &len);
@@ -269,8 +257,8 @@ int rh_wait_lines(const char *path, int n, int timeout_ms) {
     for (size_t i = 0; i < len; i++) lines += p[i] == '\n';
     free(p);
     if (lines >= n) return lines;
-    if (rh_now_ms() > deadline) return lines;
-    sleep_ms(10);
+    if (test_now_ms() > deadline) return lines;
+    test_sleep_ms(10);
   }
 }
 
@@ -281,4 +269,16 @@ int rh_file_contains(const char *path, const char *needle) {
   int found = memmem(p, len, needle, strlen(needle)) != NULL;
   free(p);
   return found;
+}
+
+void rh_local_reference(const larder_stream_options_t *o, dh_run *out) {
+  static int runs;
+  char name[32];
+  snprintf(name, sizeof(name), "ref%d", runs++);
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", NULL};
+  dh_init(&d, name, fl);
+  dh_start(&d);
+  ASSERT_OK(dh_collect(d.socket, o, 0, out));
+  dh_stop(&d);
 }

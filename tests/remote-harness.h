@@ -88,10 +88,11 @@ int64_t rh_field_int(const char *line, const char *key, int64_t def);
  * after the response, so a test that just read a stream may be ahead). */
 int rh_wait_lines(const char *path, int n, int timeout_ms);
 
+/* Reads o's stream to its end from a daemon of its own (2 workers, local
+ * files): the reference a remote run is compared with. */
+void rh_local_reference(const larder_stream_options_t *o, dh_run *out);
+
 /* Whether the file at path contains needle. */
 int rh_file_contains(const char *path, const char *needle);
-
-/* Milliseconds on the monotonic clock. */
-double rh_now_ms(void);
 
 #endif /* LARDER_TESTS_REMOTE_HARNESS_H */

@@ -93,10 +93,24 @@ int test_system(const char *fmt, ...) {
   return WEXITSTATUS(rc);
 }
 
-static double now_ms(void) {
+double test_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+double test_now_s(void) {
+  return test_now_ms() / 1e3;
+}
+
+void test_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+void test_copy_file(const char *from, const char *to) {
+  if (test_system("cp '%s' '%s'", from, to) != 0) ASSERT_FAIL_("cannot copy %s to %s", from, to);
 }
 
 /* Removes the per-test scratch directory the child may have made. */
@@ -149,7 +163,7 @@ static int run_in_child(const test_entry *t) {
     _exit(rc);
   }
   setpgid(pid, pid);
-  double deadline = now_ms() + t->timeout_ms;
+  double deadline = test_now_ms() + t->timeout_ms;
   int status = 0;
   int timed_out = 0;
   for (;;) {
@@ -159,7 +173,7 @@ static int run_in_child(const test_entry *t) {
       perror("waitpid");
       break;
     }
-    if (now_ms() > deadline) {
+    if (test_now_ms() > deadline) {
       timed_out = 1;
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
@@ -214,9 +228,9 @@ int main(int argc, char **argv) {
   int passed = 0, failed = 0, skipped = 0;
   for (const test_entry *t = tests; t->name; t++) {
     if (!matches(t->name, argc, argv)) continue;
-    double start = now_ms();
+    double start = test_now_ms();
     int rc = run_in_child(t);
-    double ms = now_ms() - start;
+    double ms = test_now_ms() - start;
     if (rc == 0) {
       passed++;
       printf("ok      %-44s %8.0f ms\n", t->name, ms);

@@ -93,5 +93,13 @@ const char *test_tmpdir(void);
 uint8_t *test_read_file(const char *path, size_t *len);
 /* Runs a shell command and returns its exit status (or -1). */
 int test_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The monotonic clock, in milliseconds and in seconds: what deadlines are
+ * measured against. */
+double test_now_ms(void);
+double test_now_s(void);
+/* Sleeps ms milliseconds (resuming after signals). */
+void test_sleep_ms(int ms);
+/* Copies a file with cp(1); fails the test when it cannot. */
+void test_copy_file(const char *from, const char *to);
 
 #endif /* LARDER_TASK_H */

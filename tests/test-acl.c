@@ -22,13 +22,6 @@
 
 static const tc_cred nobody = {65534, 65534, {0}, 0};
 
-static int need_root(void) {
-  if (geteuid() != 0) {
-    fprintf(stderr, "these checks switch users: run as root\n");
-    return 1;
-  }
-  return 0;
-}
 
 #define EXPECT_RUN(o, want)                  \
   do {                                       \
@@ -144,18 +137,7 @@ TEST_IMPL(acl_rules) {
 
 /* ------------------------------------------------------------------------ */
 
-static void copy_file(const char *from, const char *to) {
-  ASSERT_EQ(test_system("cp '%s' '%s'", from, to), 0);
-}
 
-static void expect_open(const tc_cred *cred, const char *socket, const char *src, int want) {
-  char msg[1200];
-  int rc = tc_open_as(cred, socket, src, msg, sizeof(msg));
-  if (rc != want)
-    ASSERT_FAIL_("uid %u opening %s: %s (%s), expected %s", cred ? (unsigned)cred->uid : 0u, src,
-                 larder_err_name(rc), msg, larder_err_name(want));
-  if (want == LARDER_EACCES) ASSERT_STR_CONTAINS(msg, "not allowed: ");
-}
 
 /*
  * The allowlist under different users: URLs outside it are refused for
@@ -165,7 +147,7 @@ static void expect_open(const tc_cred *cred, const char *socket, const char *src
  * once.
  */
 TEST_IMPL(acl_allowlist_uids) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   char root[700], ndir[700];
@@ -178,7 +160,7 @@ TEST_IMPL(acl_allowlist_uids) {
     ASSERT_EQ(test_system("mkdir -p '%s'", dir), 0);
     snprintf(file, sizeof(file), "%s/part.parquet", dir);
     snprintf(from, sizeof(from), "%s/part-000.parquet", std);
-    copy_file(from, file);
+    test_copy_file(from, file);
   }
   int port = tc_nginx_start(ndir, root, "");
   if (port == 0) {
@@ -208,12 +190,12 @@ TEST_IMPL(acl_allowlist_uids) {
   snprintf(u_glob, sizeof(u_glob), "http://127.0.0.1:%d/op*", port);
 
   /* nobody: the open prefix only. */
-  expect_open(&nobody, d.socket, u_open, 0);
-  expect_open(&nobody, d.socket, u_team, LARDER_EACCES);
-  expect_open(&nobody, d.socket, u_grp, LARDER_EACCES);
-  expect_open(&nobody, d.socket, u_secret, LARDER_EACCES);
-  expect_open(&nobody, d.socket, u_dots, LARDER_EACCES);
-  expect_open(&nobody, d.socket, u_glob, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, u_open, 0, NULL);
+  tc_expect_open(&nobody, d.socket, u_team, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, u_grp, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, u_secret, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, u_dots, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, u_glob, LARDER_EACCES, "not allowed: ");
   char msg[1200];
   ASSERT_EQ(tc_open_as(&nobody, d.socket, u_secret, msg, sizeof(msg)), LARDER_EACCES);
   char want[400];
@@ -221,20 +203,20 @@ TEST_IMPL(acl_allowlist_uids) {
   ASSERT_STR_CONTAINS(msg, want);
   /* uid 4242: its own prefix too, not the group's. */
   tc_cred u4242 = {4242, 4242, {0}, 0};
-  expect_open(&u4242, d.socket, u_team, 0);
-  expect_open(&u4242, d.socket, u_open, 0);
-  expect_open(&u4242, d.socket, u_grp, LARDER_EACCES);
+  tc_expect_open(&u4242, d.socket, u_team, 0, NULL);
+  tc_expect_open(&u4242, d.socket, u_open, 0, NULL);
+  tc_expect_open(&u4242, d.socket, u_grp, LARDER_EACCES, "not allowed: ");
   /* gid 4343 as the primary group, or as a supplementary one. */
   tc_cred g_primary = {5000, 4343, {0}, 0};
-  expect_open(&g_primary, d.socket, u_grp, 0);
-  expect_open(&g_primary, d.socket, u_team, LARDER_EACCES);
+  tc_expect_open(&g_primary, d.socket, u_grp, 0, NULL);
+  tc_expect_open(&g_primary, d.socket, u_team, LARDER_EACCES, "not allowed: ");
   tc_cred g_sup = {5001, 5001, {100, 4343}, 2};
-  expect_open(&g_sup, d.socket, u_grp, 0);
+  tc_expect_open(&g_sup, d.socket, u_grp, 0, NULL);
   tc_cred g_none = {5002, 5002, {100}, 1};
-  expect_open(&g_none, d.socket, u_grp, LARDER_EACCES);
+  tc_expect_open(&g_none, d.socket, u_grp, LARDER_EACCES, "not allowed: ");
   /* root is subject to the allowlist as well: it guards the daemon's
    * credentials, not the caller's. */
-  expect_open(NULL, d.socket, u_secret, LARDER_EACCES);
+  tc_expect_open(NULL, d.socket, u_secret, LARDER_EACCES, "not allowed: ");
 
   /* inspect and cat through the daemon follow the same rules. */
   tc_out r;
@@ -279,8 +261,8 @@ TEST_IMPL(acl_allowlist_uids) {
   fclose(f);
   kill(d.pid, SIGHUP);
   ASSERT(tc_wait_log(&d, "reloaded", 10000 * dh_slow()));
-  expect_open(&nobody, d.socket, u_secret, 0);
-  expect_open(&nobody, d.socket, u_open, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, u_secret, 0, NULL);
+  tc_expect_open(&nobody, d.socket, u_open, LARDER_EACCES, "not allowed: ");
   dh_stop(&d);
   tc_nginx_stop(ndir);
   return 0;
@@ -292,7 +274,7 @@ TEST_IMPL(acl_allowlist_uids) {
  * reach the socket.  Secrets never show, in config output or in the log.
  */
 TEST_IMPL(acl_admin_uids) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   dh_daemon d;
@@ -392,7 +374,7 @@ TEST_IMPL(acl_admin_uids) {
  * user, and the message names only the source given.  The key is live.
  */
 TEST_IMPL(acl_local_roots) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   char data[700], other[700], from[1200], file[800], link[800], arg[900];
@@ -402,9 +384,9 @@ TEST_IMPL(acl_local_roots) {
   ASSERT_OK(mkdir(other, 0755));
   snprintf(from, sizeof(from), "%s/part-000.parquet", std);
   snprintf(file, sizeof(file), "%s/x.parquet", data);
-  copy_file(from, file);
+  test_copy_file(from, file);
   snprintf(file, sizeof(file), "%s/secret-name.parquet", other);
-  copy_file(from, file);
+  test_copy_file(from, file);
   /* A symlink out of the root, in a directory of its own (a directory
    * source with it in would be refused as a whole). */
   snprintf(link, sizeof(link), "%s/links", data);
@@ -420,13 +402,13 @@ TEST_IMPL(acl_local_roots) {
   dh_start(&d);
   char src[900], msg[1200];
   snprintf(src, sizeof(src), "%s/x.parquet", data);
-  expect_open(&nobody, d.socket, src, 0);
-  expect_open(&nobody, d.socket, data, 0);
-  expect_open(NULL, d.socket, file, LARDER_EACCES);
-  expect_open(&nobody, d.socket, file, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, 0, NULL);
+  tc_expect_open(&nobody, d.socket, data, 0, NULL);
+  tc_expect_open(NULL, d.socket, file, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, file, LARDER_EACCES, "not allowed: ");
   snprintf(src, sizeof(src), "%s/../other/secret-name.parquet", data);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
-  expect_open(&nobody, d.socket, link, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, link, LARDER_EACCES, "not allowed: ");
   ASSERT_EQ(tc_open_as(&nobody, d.socket, link, msg, sizeof(msg)), LARDER_EACCES);
   ASSERT_NULL(strstr(msg, "secret-name"));
   snprintf(src, sizeof(src), "%s/*/secret*.parquet", test_tmpdir());
@@ -434,20 +416,20 @@ TEST_IMPL(acl_local_roots) {
   ASSERT_STR_CONTAINS(msg, "outside the configured sources");
   ASSERT_NULL(strstr(msg, "secret-name"));
   snprintf(src, sizeof(src), "%s/*.parquet", other);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
-  expect_open(&nobody, d.socket, other, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, other, LARDER_EACCES, "not allowed: ");
   /* Outside the roots, what exists and what does not look the same (they
    * answered "no such file", "not allowed" and "no .parquet files"), and a
    * pattern may not climb out with "..". */
   snprintf(src, sizeof(src), "%s/no-such.parquet", other);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
   snprintf(src, sizeof(src), "%s/no-such-dir/x.parquet", other);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
-  expect_open(&nobody, d.socket, test_tmpdir(), LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
+  tc_expect_open(&nobody, d.socket, test_tmpdir(), LARDER_EACCES, "not allowed: ");
   snprintf(src, sizeof(src), "%s/*/../../other/secret-name.parque?", data);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
   snprintf(src, sizeof(src), "%s/*/../../other/no-such.parque?", data);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
   /* A link inside whose name is a pattern (which matches nothing, so it
    * names itself) to a directory outside: refused before the daemon lists
    * that directory (it answered "directory has no .parquet files", or
@@ -465,7 +447,7 @@ TEST_IMPL(acl_local_roots) {
   }
   /* Inside the roots a missing file is still just missing. */
   snprintf(src, sizeof(src), "%s/no-such.parquet", data);
-  expect_open(&nobody, d.socket, src, LARDER_ENOENT);
+  tc_expect_open(&nobody, d.socket, src, LARDER_ENOENT, NULL);
   /* prefetch (root) is held to the roots too. */
   tc_out r;
   tc_ctl(&r, NULL, d.socket, "prefetch", other, NULL);
@@ -473,7 +455,7 @@ TEST_IMPL(acl_local_roots) {
   ASSERT_STR_CONTAINS(r.err, "outside the configured sources");
   tc_out_free(&r);
   snprintf(src, sizeof(src), "%s/links", data);
-  expect_open(&nobody, d.socket, src, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, src, LARDER_EACCES, "not allowed: ");
   dh_stop(&d);
   /* The key is live (set in the file this time: flags win over the file,
    * on reload as at startup). */
@@ -484,15 +466,15 @@ TEST_IMPL(acl_local_roots) {
   fclose(f);
   tc_open_tmpdir(d.dir);
   dh_start(&d);
-  expect_open(&nobody, d.socket, other, LARDER_EACCES);
+  tc_expect_open(&nobody, d.socket, other, LARDER_EACCES, "not allowed: ");
   f = fopen(d.config, "w");
   ASSERT_NOT_NULL(f);
   fprintf(f, "local_roots = %s:%s\n", data, other);
   fclose(f);
   kill(d.pid, SIGHUP);
   ASSERT(tc_wait_log(&d, "reloaded", 10000 * dh_slow()));
-  expect_open(&nobody, d.socket, other, 0);
-  expect_open(&nobody, d.socket, data, 0);
+  tc_expect_open(&nobody, d.socket, other, 0, NULL);
+  tc_expect_open(&nobody, d.socket, data, 0, NULL);
   dh_stop(&d);
   return 0;
 }
@@ -534,7 +516,7 @@ static int send_opens(int fd, const larder_stream_options_t *o, int n) {
  * progress, connections per user; each refusal says which limit.
  */
 TEST_IMPL(acl_client_limits) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   dh_daemon d;
@@ -626,7 +608,7 @@ TEST_IMPL(acl_client_limits) {
   ASSERT_EQ(r0, 0);
   ASSERT_EQ(r1, 0);
   ASSERT_EQ(r2, LARDER_ELIMIT);
-  expect_open(&nobody, d.socket, std, 0);
+  tc_expect_open(&nobody, d.socket, std, 0, NULL);
   close(p[0]);
   int st;
   waitpid(pid, &st, 0);
@@ -644,7 +626,7 @@ TEST_IMPL(acl_client_limits) {
  * streams do not count, and a closed stream gives its bytes back.
  */
 TEST_IMPL(acl_uid_arena_limit) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   dh_daemon d;
@@ -668,7 +650,7 @@ TEST_IMPL(acl_uid_arena_limit) {
   ASSERT_STR_CONTAINS(larder_client_last_error(c2), "max_arena_bytes_per_uid");
   ASSERT_STR_CONTAINS(larder_client_last_error(c2), "uid 0 already hold");
   /* Another user has a budget of its own. */
-  expect_open(&nobody, d.socket, std, 0);
+  tc_expect_open(&nobody, d.socket, std, 0, NULL);
   /* The refused client carries on, and gets the room a closed stream
    * gives back (a close and an open on two connections reach the daemon in
    * no set order: retry for a while). */
@@ -740,7 +722,7 @@ static void expect_absent(const tc_out *o, const char *needle, const char *what)
  * dataset and root one of another.
  */
 TEST_IMPL(acl_listings_own_only) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024], mine[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   static const dh_spec nobody_spec = {2, 600, 0, 300, 0, 0, 0};

@@ -27,22 +27,10 @@
 #include "ring.h"
 #include "daemon-harness.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
-static const char *std_source[1];
-static char std_dir[1024];
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  std_source[0] = std_dir;
-  dh_opts(o, std_source, batch_size, 8, epochs);
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = 1u << 20;
+  dh_std_opts(o, dh_std_source(), 1, batch_size, 8, epochs, 1u << 20);
 }
 
 static const char *const frames_flags[] = {"--shm_ring=false", NULL};
@@ -193,14 +181,14 @@ TEST_IMPL(client_export_then_release) {
  * zero timeout, and poll on the stream's descriptor while that times out.
  * Returns 0 with *out, or LARDER_EEOF. */
 static int evloop_next(larder_stream_t *s, larder_batch_t **out) {
-  double deadline = now_ms() + 60000.0 * dh_slow();
+  double deadline = test_now_ms() + 60000.0 * dh_slow();
   for (;;) {
     int rc = larder_stream_next(s, 0, out);
     if (rc != LARDER_ETIMEDOUT) {
       ASSERT(rc == 0 || rc == LARDER_EEOF);
       return rc;
     }
-    ASSERT(now_ms() < deadline);
+    ASSERT(test_now_ms() < deadline);
     struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
     poll(&pf, 1, 1000);
   }
@@ -231,8 +219,8 @@ TEST_IMPL(client_evloop_stall) {
   /* The daemon stops: what is out is read, then the loop waits. */
   ASSERT_OK(kill(d.pid, SIGSTOP));
   while (larder_stream_next(s, 0, &b) == 0) larder_batch_release(b);
-  double stop_at = now_ms();
-  for (double left; (left = stop_at + 600 - now_ms()) > 0;) {
+  double stop_at = test_now_ms();
+  for (double left; (left = stop_at + 600 - test_now_ms()) > 0;) {
     struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
     if (poll(&pf, 1, (int)left + 1) > 0)
       while (larder_stream_next(s, 0, &b) == 0) larder_batch_release(b);
@@ -250,7 +238,7 @@ TEST_IMPL(client_evloop_stall) {
 
   /* The daemon's figures: those the releases carried. */
   ASSERT_OK(larder_stream_flush(s));
-  double deadline = now_ms() + 10000.0 * dh_slow();
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
   uint64_t dw = 0, dc = 0;
   for (;;) {
     char *json = dh_admin(&d, "stats");
@@ -260,7 +248,7 @@ TEST_IMPL(client_evloop_stall) {
     dw = dh_json_u64(st, "wait_ns");
     dc = dh_json_u64(st, "compute_ns");
     free(json);
-    if ((dw == w && dc == cp) || now_ms() > deadline) break;
+    if ((dw == w && dc == cp) || test_now_ms() > deadline) break;
     usleep(5000);
   }
   ASSERT_UINT_EQ(dw, w);
@@ -305,10 +293,10 @@ TEST_IMPL(client_frames_two_streams_wait) {
   larder_batch_release(held[0]);
   struct pollfd pf = {larder_stream_fd(a), POLLIN, 0};
   ASSERT_EQ(poll(&pf, 1, 5000 * dh_slow()), 1);
-  double deadline = now_ms() + 10000.0 * dh_slow();
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
   int rc;
   while ((rc = larder_stream_next(a, 0, &x)) == LARDER_ETIMEDOUT) {
-    ASSERT(now_ms() < deadline);
+    ASSERT(test_now_ms() < deadline);
     poll(&pf, 1, 100);
   }
   ASSERT_OK(rc);

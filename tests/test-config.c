@@ -379,28 +379,7 @@ TEST_IMPL(config_secret_files) {
   return 0;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
-/* Waits until the daemon's log holds `what` n times (or fails the test). */
-static void wait_log(const dh_daemon *d, const char *what, int n) {
-  double deadline = now_ms() + 20000.0 * dh_slow();
-  for (;;) {
-    char *log = dh_read_log(d);
-    int count = 0;
-    for (const char *p = log; p && (p = strstr(p, what)) != NULL; p++) count++;
-    free(log);
-    if (count >= n) return;
-    if (now_ms() > deadline) {
-      dh_print_log(d);
-      ASSERT_FAIL_("\"%s\" is not in the log %d times", what, n);
-    }
-    usleep(10000);
-  }
-}
 
 /* Asserts that none of secrets shows in the daemon's log or in reply. */
 static void expect_hidden(const dh_daemon *d, const char *reply, const char *const *secrets) {
@@ -476,7 +455,7 @@ TEST_IMPL(config_daemon_long_lines_and_secret_files) {
   snprintf(buf, sizeof(buf), "%s\n", token2);
   free(write_secret("token", buf));
   kill(d.pid, SIGHUP);
-  wait_log(&d, "reload changed:", 1);
+  dh_wait_log(&d, "reload changed:", 1, 20000.0 * dh_slow());
   {
     char *log = dh_read_log(&d);
     const char *line = strstr(log, "reload changed:");
@@ -490,7 +469,7 @@ TEST_IMPL(config_daemon_long_lines_and_secret_files) {
   /* The token file gone: refused, naming the key and the path. */
   ASSERT_OK(unlink(token_path));
   kill(d.pid, SIGHUP);
-  wait_log(&d, "keeping the current configuration", 1);
+  dh_wait_log(&d, "keeping the current configuration", 1, 20000.0 * dh_slow());
   {
     char *log = dh_read_log(&d);
     snprintf(buf, sizeof(buf), "s3_session_token_file: cannot read %s", token_path);
@@ -506,7 +485,7 @@ TEST_IMPL(config_daemon_long_lines_and_secret_files) {
   free(write_secret("token", buf));
   ASSERT_OK(unlink(secret_path));
   kill(d.pid, SIGHUP);
-  wait_log(&d, "keeping the current configuration", 2);
+  dh_wait_log(&d, "keeping the current configuration", 2, 20000.0 * dh_slow());
   {
     char *log = dh_read_log(&d);
     snprintf(buf, sizeof(buf), "s3_secret_key_file: cannot read %s", secret_path);
@@ -516,7 +495,7 @@ TEST_IMPL(config_daemon_long_lines_and_secret_files) {
   snprintf(buf, sizeof(buf), "%s\n", secret);
   free(write_secret("secret", buf));
   kill(d.pid, SIGHUP);
-  wait_log(&d, "reloaded", 2);
+  dh_wait_log(&d, "reloaded", 2, 20000.0 * dh_slow());
   expect_hidden(&d, NULL, secrets);
   dh_stop(&d);
 
@@ -616,7 +595,7 @@ TEST_IMPL(config_daemon_long_flag_reload) {
   }
   close(logfd);
   d.pid = pid;
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   while (!accepts(d.socket)) {
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -624,7 +603,7 @@ TEST_IMPL(config_daemon_long_flag_reload) {
       dh_print_log(&d);
       ASSERT_FAIL_("larderd exited during startup (status 0x%x)", status);
     }
-    if (now_ms() > deadline) ASSERT_FAIL_("larderd did not accept on %s in time", d.socket);
+    if (test_now_ms() > deadline) ASSERT_FAIL_("larderd did not accept on %s in time", d.socket);
     usleep(5000);
   }
   f = fopen(d.config, "w");
@@ -632,7 +611,7 @@ TEST_IMPL(config_daemon_long_flag_reload) {
   fputs("ca_file = /etc/ssl/certs/ca-certificates.crt\nmax_clients = 10\n", f);
   ASSERT_OK(fclose(f));
   kill(d.pid, SIGHUP);
-  wait_log(&d, "reloaded", 1);
+  dh_wait_log(&d, "reloaded", 1, 20000.0 * dh_slow());
   char *log = dh_read_log(&d);
   if (strstr(log, "need a restart")) {
     dh_print_log(&d);
@@ -720,7 +699,7 @@ TEST_IMPL(config_s3_token_file_rotation) {
   snprintf(buf, sizeof(buf), "%s\n", token);
   free(write_secret("token", buf));
   kill(d.pid, SIGHUP);
-  wait_log(&d, "reload changed:", 1);
+  dh_wait_log(&d, "reload changed:", 1, 20000.0 * dh_slow());
   dh_run ok = {0};
   if (dh_collect(d.socket, &o, 0, &ok) != 0) {
     dh_print_log(&d);

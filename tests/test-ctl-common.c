@@ -16,11 +16,6 @@
 
 #include "test-ctl-common.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 const char *tc_ctl_bin(void) {
   static char path[PATH_MAX];
@@ -84,11 +79,11 @@ int tc_run(tc_out *o, const tc_cred *cred, int timeout_ms, const char *const *ar
   size_t olen = 0, elen = 0;
   append(&o->out, &olen, "", 0);
   append(&o->err, &elen, "", 0);
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   int open_fds = 2;
   struct pollfd p[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   while (open_fds > 0) {
-    int left = (int)(deadline - now_ms());
+    int left = (int)(deadline - test_now_ms());
     if (left <= 0) break;
     int n = poll(p, 2, left);
     if (n < 0 && errno == EINTR) continue;
@@ -115,7 +110,7 @@ int tc_run(tc_out *o, const tc_cred *cred, int timeout_ms, const char *const *ar
   for (;;) {
     pid_t w = waitpid(pid, &status, open_fds > 0 ? 0 : WNOHANG);
     if (w == pid) break;
-    if (now_ms() > deadline + 5000) {
+    if (test_now_ms() > deadline + 5000) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
       break;
@@ -536,13 +531,29 @@ void tc_nginx_stop(const char *dir) {
 }
 
 int tc_wait_log(const dh_daemon *d, const char *needle, int timeout_ms) {
-  double deadline = now_ms() + timeout_ms;
+  double deadline = test_now_ms() + timeout_ms;
   for (;;) {
     char *log = dh_read_log(d);
     int found = log && strstr(log, needle) != NULL;
     free(log);
     if (found) return 1;
-    if (now_ms() > deadline) return 0;
+    if (test_now_ms() > deadline) return 0;
     usleep(10000);
   }
+}
+
+void tc_expect_open(const tc_cred *cred, const char *socket, const char *source, int want,
+                    const char *needle) {
+  char msg[1200];
+  int rc = tc_open_as(cred, socket, source, msg, sizeof(msg));
+  if (rc != want)
+    ASSERT_FAIL_("uid %u opening %s: %s (%s), expected %s", cred ? (unsigned)cred->uid : 0u,
+                 source, larder_err_name(rc), msg, larder_err_name(want));
+  if (needle) ASSERT_STR_CONTAINS(msg, needle);
+}
+
+int tc_need_root(void) {
+  if (geteuid() == 0) return 0;
+  fprintf(stderr, "these checks switch users: run as root\n");
+  return 1;
 }

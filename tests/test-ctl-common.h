@@ -66,6 +66,13 @@ void tc_open_tmpdir(const char *dir);
  * Returns 0 or the error code, with larder_client_last_error in msg. */
 int tc_open_as(const tc_cred *cred, const char *socket, const char *source, char *msg,
                size_t msglen);
+/* tc_open_as, failing the test unless it returns want; the error message
+ * must then contain needle (when not NULL). */
+void tc_expect_open(const tc_cred *cred, const char *socket, const char *source, int want,
+                    const char *needle);
+/* 1, with a note on stderr, unless the tests run as root (they switch
+ * users): the caller skips. */
+int tc_need_root(void);
 
 /* Starts nginx (tests/remote/nginx.sh) serving root, with extra options
  * ("" or "--limit-rate 100k"); returns its port, or 0 when nginx is not

@@ -21,22 +21,10 @@
 
 #include "test-ctl-common.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
-static char std_dir[1024];
-static const char *std_src[1];
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  std_src[0] = std_dir;
-  dh_opts(o, std_src, batch_size, 5, epochs);
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = 1u << 20;
+  dh_std_opts(o, dh_std_source(), 1, batch_size, 5, epochs, 1u << 20);
 }
 
 #define EXPECT_RUN(o, want)                  \
@@ -114,7 +102,7 @@ TEST_IMPL(ctl_status_stats) {
   ASSERT_STR_CONTAINS(r.out, "(footer_memory) · 4 files");
   ASSERT_STR_CONTAINS(r.out, "Clients");
   ASSERT_STR_CONTAINS(r.out, line);
-  ASSERT_STR_CONTAINS(r.out, std_dir);
+  ASSERT_STR_CONTAINS(r.out, dh_std_dir());
   ASSERT_STR_CONTAINS(r.out, "decode");
   ASSERT_STR_CONTAINS(r.out, "cache read");
   ASSERT_STR_CONTAINS(r.out, "assembly");
@@ -214,7 +202,7 @@ TEST_IMPL(ctl_status_stats) {
   {
     /* Names and identities whole, never cut to a column's width. */
     char whole[1200];
-    snprintf(whole, sizeof(whole), "%s/part-000.parquet (size=", std_dir);
+    snprintf(whole, sizeof(whole), "%s/part-000.parquet (size=", dh_std_dir());
     ASSERT_STR_CONTAINS(r.out, whole);
     ASSERT_STR_CONTAINS(r.out, ";ctime=");
     ASSERT_NULL(strstr(r.out, "..."));
@@ -401,9 +389,9 @@ TEST_IMPL(ctl_evict_while_streaming) {
       ASSERT_GT(dh_stat(&d, "units_decoded"), decoded);
     }
     if (k == ref.n / 2) {
-      tc_ctl(&r, NULL, d.socket, "evict", "--dataset", std_dir, NULL);
+      tc_ctl(&r, NULL, d.socket, "evict", "--dataset", dh_std_dir(), NULL);
       EXPECT_RUN(&r, 0);
-      ASSERT_STR_CONTAINS(r.out, std_dir);
+      ASSERT_STR_CONTAINS(r.out, dh_std_dir());
       tc_out_free(&r);
       evicted++;
     }
@@ -431,7 +419,7 @@ TEST_IMPL(ctl_evict_while_streaming) {
   ASSERT_EQ(evicted, 3);
   /* By prefix, everything left; then nothing is left to evict. */
   char prefix[1100];
-  ASSERT_NOT_NULL(realpath(std_dir, prefix));
+  ASSERT_NOT_NULL(realpath(dh_std_dir(), prefix));
   tc_ctl(&r, NULL, d.socket, "evict", "--prefix", prefix, NULL);
   EXPECT_RUN(&r, 0);
   tc_out_free(&r);
@@ -503,9 +491,9 @@ TEST_IMPL(ctl_prefetch_progress) {
     execv(args[0], (char *const *)args);
     _exit(127);
   }
-  double deadline = now_ms() + 60000.0 * dh_slow();
+  double deadline = test_now_ms() + 60000.0 * dh_slow();
   while (dh_stat(&d, "cache.puts") < 2) {
-    if (now_ms() > deadline) ASSERT_FAIL_("%s", "nothing was cached in time");
+    if (test_now_ms() > deadline) ASSERT_FAIL_("%s", "nothing was cached in time");
     usleep(20000);
   }
   kill(pid, SIGINT);
@@ -817,7 +805,7 @@ TEST_IMPL(ctl_metrics_scrape) {
    * path component; never a pid or a stream id. */
   char series[2400];
   snprintf(series, sizeof(series), "larder_stream_batches_total{job=\"scrape\",dataset=\"%s\"} ",
-           strrchr(std_dir, '/') ? strrchr(std_dir, '/') + 1 : std_dir);
+           strrchr(dh_std_dir(), '/') ? strrchr(dh_std_dir(), '/') + 1 : dh_std_dir());
   ASSERT_STR_CONTAINS(body, series);
   ASSERT_NULL(strstr(body, "pid=\""));
   ASSERT_NULL(strstr(body, "stream=\""));
@@ -1011,11 +999,11 @@ TEST_IMPL(ctl_daemonize) {
   }
   const char *argv[] = {bin, a_conf, sock, cache, a_pid, a_log, NULL};
   tc_out r;
-  double t0 = now_ms();
+  double t0 = test_now_ms();
   tc_run(&r, NULL, 60000 * dh_slow(), argv);
   EXPECT_RUN(&r, 0);
   tc_out_free(&r);
-  fprintf(stderr, "larderd --daemonize returned after %.0f ms\n", now_ms() - t0);
+  fprintf(stderr, "larderd --daemonize returned after %.0f ms\n", test_now_ms() - t0);
   /* Listening already. */
   tc_ctl(&r, NULL, sock + 9, "status", "--json", NULL);
   EXPECT_RUN(&r, 0);
@@ -1051,13 +1039,13 @@ TEST_IMPL(ctl_daemonize) {
   ASSERT_EQ(atoi((char *)pf), pid); /* the first one's file is untouched */
   free(pf);
   ASSERT_OK(kill(pid, SIGTERM));
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   while (!gone(pid)) {
-    if (now_ms() > deadline) ASSERT_FAIL_("larderd %d did not stop", pid);
+    if (test_now_ms() > deadline) ASSERT_FAIL_("larderd %d did not stop", pid);
     usleep(10000);
   }
-  deadline = now_ms() + 5000;
-  while (access(pidf, F_OK) == 0 && now_ms() < deadline) usleep(10000);
+  deadline = test_now_ms() + 5000;
+  while (access(pidf, F_OK) == 0 && test_now_ms() < deadline) usleep(10000);
   ASSERT_NE(access(pidf, F_OK), 0);
   uint8_t *log = test_read_file(logf, &len);
   ASSERT_NOT_NULL(log);
@@ -1217,7 +1205,7 @@ TEST_IMPL(ctl_output_forms) {
   char odd[1200];
   std_opts(&(larder_stream_options_t){0}, 64, 1);
   snprintf(odd, sizeof(odd), "%s/odd\x1bname", test_tmpdir());
-  ASSERT_EQ(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", odd, std_dir, odd), 0);
+  ASSERT_EQ(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", odd, dh_std_dir(), odd), 0);
   tc_ctl(&r, NULL, d.socket, "prefetch", odd, NULL);
   EXPECT_RUN(&r, 0);
   char want[1300];
@@ -1269,7 +1257,7 @@ TEST_IMPL(ctl_hit_ratio_after_prefetch) {
   tc_out r;
   char units[32];
   snprintf(units, sizeof(units), "%u", (unsigned)DH_STD_UNIT_ROWS);
-  tc_ctl(&r, NULL, d.socket, "prefetch", std_dir, "--unit-rows", units, NULL);
+  tc_ctl(&r, NULL, d.socket, "prefetch", dh_std_dir(), "--unit-rows", units, NULL);
   EXPECT_RUN(&r, 0);
   tc_out_free(&r);
   ASSERT_GT(dh_stat(&d, "prefetch_loaded_bytes"), 0);

@@ -154,16 +154,9 @@ static void expect_same_batch(int device, const larder_batch_t *h, const larder_
     expect_same_array(device, larder_batch_column(h, i), larder_batch_column(d, i));
 }
 
-static const char *std_source[1];
-static char std_dir[1024];
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  std_source[0] = std_dir;
-  dh_opts(o, std_source, batch_size, 8, epochs);
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = 1u << 20;
+  dh_std_opts(o, dh_std_source(), 1, batch_size, 8, epochs, 1u << 20);
 }
 
 static void cuda_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs, int dev) {

@@ -21,25 +21,11 @@
 
 #define ARENA (8u << 20)
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
-static const char *std_source[1];
-static char std_dir[1024];
 
-static void std_setup(void) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  std_source[0] = std_dir;
-}
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
-  dh_opts(o, std_source, batch_size, 99, epochs);
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = ARENA;
+  dh_std_opts(o, dh_std_source(), 1, batch_size, 99, epochs, ARENA);
 }
 
 /* The dataset's decoded bytes for o: what a cache that admits everything
@@ -87,7 +73,6 @@ static void half_cache_daemon(dh_daemon *d, uint64_t total) {
  * made it vary by run: 281,088 bytes once in CI, at the window of 32.)
  */
 TEST_IMPL(daemon_cache_hit_ratio) {
-  std_setup();
   larder_stream_options_t o;
   std_opts(&o, 64, 1);
   /* The dataset's decoded bytes: what a cache that admits everything holds
@@ -147,10 +132,9 @@ static uint64_t epoch_hit_bytes(dh_daemon *d, const larder_stream_options_t *o, 
  * (7 days by default), which left about 0.3 of each epoch's bytes to the
  * cache. */
 TEST_IMPL(daemon_cache_touched_files) {
-  std_setup();
   char dir[1024];
   snprintf(dir, sizeof(dir), "%s/data", test_tmpdir());
-  ASSERT_OK(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dir, std_dir, dir));
+  ASSERT_OK(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dir, dh_std_dir(), dir));
   const char *src[1] = {dir};
   larder_stream_options_t o;
   std_opts(&o, 64, 1);
@@ -181,7 +165,6 @@ TEST_IMPL(daemon_cache_touched_files) {
 /* The second run of a job after a restart starts warm: nothing decoded,
  * the same bytes. */
 TEST_IMPL(daemon_cache_restart_warm) {
-  std_setup();
   larder_stream_options_t o;
   std_opts(&o, 100, 2);
   dh_daemon d;
@@ -214,7 +197,6 @@ TEST_IMPL(daemon_cache_restart_warm) {
  * a loop.)
  */
 TEST_IMPL(daemon_cache_corrupt_at_start) {
-  std_setup();
   larder_stream_options_t o;
   std_opts(&o, 100, 1);
   dh_daemon d;
@@ -299,10 +281,9 @@ static int read_against(larder_stream_t *s, const dh_run *ref, size_t *k) {
  * naming the file, after batches of the old content only.
  */
 TEST_IMPL(daemon_cache_chmod_file) {
-  std_setup();
   char dir[1200], path[1300], link_path[1300];
   snprintf(dir, sizeof(dir), "%s/ds", test_tmpdir());
-  ASSERT_EQ(test_system("cp -a '%s' '%s'", std_dir, dir), 0);
+  ASSERT_EQ(test_system("cp -a '%s' '%s'", dh_std_dir(), dir), 0);
   snprintf(path, sizeof(path), "%s/part-001.parquet", dir);
   snprintf(link_path, sizeof(link_path), "%s/linked.parquet", test_tmpdir());
   const char *src[1] = {dir};
@@ -441,8 +422,8 @@ TEST_IMPL(daemon_cache_kill9) {
       ASSERT_OK(pthread_create(&rd[j].th, NULL, kill_reader_main, &rd[j]));
     }
     if (after_batches[k]) {
-      double deadline = now_ms() + 30000.0 * dh_slow();
-      while (rd[0].got < after_batches[k] && now_ms() < deadline) usleep(500);
+      double deadline = test_now_ms() + 30000.0 * dh_slow();
+      while (rd[0].got < after_batches[k] && test_now_ms() < deadline) usleep(500);
     } else {
       while (rd[0].got == 0 && rd[1].got == 0 && after_ms[k] == 0 && dh_stat(&d, "streams") < 2)
         usleep(200);
@@ -573,7 +554,6 @@ static int shared_columns_case(const char *name, const char *const *flags,
  * differ).
  */
 TEST_IMPL(daemon_cache_shared_columns) {
-  std_setup();
   /* A tiny memory pool, so that nothing is shared through memory. */
   static const char *const fl[] = {"--memory_limit=1", NULL};
   ASSERT_OK(shared_columns_case("rows", fl, DH_STD_UNIT_ROWS));
@@ -651,7 +631,6 @@ static int spoil_cache_values(const char *cache_dir) {
  * is served wholly from the cache again.  (The second kind crashed the
  * daemon on every load of its unit, and again after each restart.) */
 TEST_IMPL(daemon_cache_bad_entries) {
-  std_setup();
   larder_stream_options_t o;
   std_opts(&o, 64, 1);
   dh_daemon d;
@@ -708,7 +687,6 @@ TEST_IMPL(daemon_cache_bad_entries) {
  * aborts the daemon on the damaged block's garbage compression type.
  */
 TEST_IMPL(daemon_cache_damaged_table) {
-  std_setup();
   larder_stream_options_t o;
   std_opts(&o, 64, 1);
   dh_daemon d;
@@ -782,7 +760,6 @@ static void expect_cacheless(dh_daemon *d, const char *want) {
  * free than the cache needs to open, where a mount is allowed).
  */
 TEST_IMPL(daemon_cache_unusable) {
-  std_setup();
   static const char *const fl[] = {"--memory_limit=1", NULL};
   dh_daemon d;
   dh_init(&d, "blocked", fl);
@@ -819,7 +796,6 @@ TEST_IMPL(daemon_cache_unusable) {
  * the cache wants free.  Skipped where mounts are not allowed.
  */
 TEST_IMPL(daemon_cache_small_disk) {
-  std_setup();
   static const char *const fl[] = {"--memory_limit=1", NULL};
   dh_daemon d;
   dh_init(&d, "small", fl);
@@ -880,10 +856,9 @@ TEST_IMPL(daemon_cache_small_disk) {
  * miss).
  */
 TEST_IMPL(daemon_cache_changed_file) {
-  std_setup();
   char dir[1024];
   snprintf(dir, sizeof(dir), "%s/data", test_tmpdir());
-  ASSERT_OK(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dir, std_dir, dir));
+  ASSERT_OK(test_system("mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dir, dh_std_dir(), dir));
   const char *src[1] = {dir};
   larder_stream_options_t o;
   dh_opts(&o, src, 64, 5, 1);

@@ -14,19 +14,10 @@
 
 #define ARENA (8u << 20)
 
-static const char *std_source[1];
-static char std_dir[1024];
 
-static void std_setup(void) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  std_source[0] = std_dir;
-}
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
-  dh_opts(o, std_source, batch_size, 1234, epochs);
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = ARENA;
+  dh_std_opts(o, dh_std_source(), 1, batch_size, 1234, epochs, ARENA);
 }
 
 /*
@@ -103,7 +94,6 @@ static void expect_oracle(const dh_run *r, const int64_t *ids, uint64_t bpe, uin
 /* One epoch through the daemon, every value of every row checked, and the
  * order exactly the one shuffle.c computes over dataset.c's units. */
 TEST_IMPL(daemon_smoke) {
-  std_setup();
   dh_daemon d;
   dh_init(&d, "d", NULL);
   dh_start(&d);
@@ -138,7 +128,6 @@ TEST_IMPL(daemon_smoke) {
  * hold the dataset, restarts, and two identical streams side by side.
  */
 TEST_IMPL(daemon_order_pure) {
-  std_setup();
   larder_stream_options_t o;
   std_opts(&o, 64, 2);
   uint64_t bpe;
@@ -298,7 +287,6 @@ static int64_t *global_order(const dh_run *runs, int ws, uint32_t bs, uint64_t e
  * depend on the world size.
  */
 TEST_IMPL(daemon_exactly_once) {
-  std_setup();
   dh_daemon d;
   dh_init(&d, "d", NULL);
   dh_start(&d);
@@ -382,7 +370,6 @@ TEST_IMPL(daemon_exactly_once) {
  * r-th slice), each rank a stream of its own, concurrently.
  */
 TEST_IMPL(daemon_elastic) {
-  std_setup();
   dh_daemon d;
   dh_init(&d, "d", NULL);
   dh_start(&d);
@@ -448,7 +435,6 @@ TEST_IMPL(daemon_elastic) {
  * restart, for every rank.
  */
 TEST_IMPL(daemon_resume) {
-  std_setup();
   dh_daemon d;
   dh_init(&d, "d", NULL);
   dh_start(&d);

@@ -26,11 +26,6 @@
 #include "pqwrite.h"
 #include "ring.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* ------------------------------------------------------------------------ */
 /* The fixture: a daemon, a reference run, a background client               */
@@ -126,12 +121,12 @@ static void fx_start(fixture *f, const char *const *flags, int background) {
 /* Waits until the daemon holds no more sockets and memfds than at the
  * start (plus `sockets` still-open ones), and fails otherwise. */
 static void fx_expect_baseline(fixture *f, int sockets, int memfds) {
-  double deadline = now_ms() + 10000.0 * dh_slow();
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
   int s, m;
   for (;;) {
     s = dh_fd_kind_count(f->d.pid, "socket:");
     m = dh_memfd_count(f->d.pid);
-    if ((s <= f->sockets0 + sockets && m <= memfds) || now_ms() > deadline) break;
+    if ((s <= f->sockets0 + sockets && m <= memfds) || test_now_ms() > deadline) break;
     usleep(5000);
   }
   if (s > f->sockets0 + sockets || m > memfds) {
@@ -607,9 +602,9 @@ static double timed_run(fixture *f, int epochs) {
   larder_stream_options_t o = f->o;
   o.epochs = (uint64_t)epochs;
   dh_run r = {0};
-  double t0 = now_ms();
+  double t0 = test_now_ms();
   ASSERT_OK(dh_collect(f->d.socket, &o, 0, &r));
-  double t = now_ms() - t0;
+  double t = test_now_ms() - t0;
   for (size_t i = 0; i < r.n && i < f->ref.n; i++) ASSERT_EQ(r.b[i].hash, f->ref.b[i].hash);
   dh_run_free(&r);
   return t;
@@ -752,9 +747,9 @@ TEST_IMPL(daemon_robust_killed_client_loads) {
   /* Its pins queue the epoch's 960 loads at once; the first one done says
    * they are queued.  The kill lands while the worker is a unit or a few
    * into them. */
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   while (dh_stat(&d, "units_decoded") + dh_stat(&d, "units_from_cache") == 0 &&
-         now_ms() < deadline)
+         test_now_ms() < deadline)
     usleep(1000);
   kill(pid, SIGKILL);
   int status;
@@ -765,13 +760,13 @@ TEST_IMPL(daemon_robust_killed_client_loads) {
   /* Every queued load ends either run or dropped, none both; the worker
    * finishes the unit it was on. */
   uint64_t cancelled = 0, loaded = 0;
-  deadline = now_ms() + 30000.0 * dh_slow();
+  deadline = test_now_ms() + 30000.0 * dh_slow();
   do {
     cancelled = dh_stat(&d, "unit_loads_cancelled");
     loaded = dh_stat(&d, "units_decoded") + dh_stat(&d, "units_from_cache");
     if (cancelled + loaded >= 960) break;
     usleep(5000);
-  } while (now_ms() < deadline);
+  } while (test_now_ms() < deadline);
   fprintf(stderr, "killed client: %llu loads dropped, %llu run\n", (unsigned long long)cancelled,
           (unsigned long long)loaded);
   ASSERT_EQ(cancelled + loaded, 960);
@@ -1078,11 +1073,11 @@ static uint8_t *refused_requests(size_t *total, size_t *one_len) {
  * daemon stops reading (no room for 500 ms) or 20 s pass.  Returns whether
  * it stopped; *sent counts the bytes sent. */
 static int pour_until_blocked(int fd, const uint8_t *many, size_t total, uint64_t *sent) {
-  double deadline = now_ms() + 20000.0 * dh_slow();
+  double deadline = test_now_ms() + 20000.0 * dh_slow();
   int blocked = 0;
   size_t at = 0;
   *sent = 0;
-  while (!blocked && now_ms() < deadline) {
+  while (!blocked && test_now_ms() < deadline) {
     ssize_t n = send(fd, many + at, total - at, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       *sent += (uint64_t)n;
@@ -1175,9 +1170,9 @@ TEST_IMPL(daemon_robust_unread_stream_replies) {
   uint64_t sent;
   ASSERT(pour_until_blocked(fd, many, total, &sent));
   free(many);
-  double t0 = now_ms();
+  double t0 = test_now_ms();
   free(dh_admin(&f.d, "status"));
-  double took = now_ms() - t0;
+  double took = test_now_ms() - t0;
   fprintf(stderr, "the daemon stopped reading; another client's status took %.0f ms\n", took);
   ASSERT_LE(took, 500.0 * dh_slow());
   dh_run good = {0};
@@ -1196,8 +1191,8 @@ TEST_IMPL(daemon_robust_unread_stream_replies) {
     /* Closed once open (the id is the connection's next one). */
     uint64_t opened = dh_stat(&f.d, "streams_opened");
     ASSERT_OK(dh_raw_write(fd, open, olen));
-    double until = now_ms() + 10000.0 * dh_slow();
-    while (dh_stat(&f.d, "streams_opened") == opened && now_ms() < until) usleep(1000);
+    double until = test_now_ms() + 10000.0 * dh_slow();
+    while (dh_stat(&f.d, "streams_opened") == opened && test_now_ms() < until) usleep(1000);
     send_close_stream(fd, id);
   }
   usleep(300000);
@@ -1254,10 +1249,10 @@ TEST_IMPL(daemon_robust_partial_frame) {
     memset(part, 0, sizeof(part));
     part[2] = 0x10; /* little-endian 0x100000 */
     ASSERT_OK(dh_raw_write(fd, part, sizeof(part)));
-    double t0 = now_ms();
+    double t0 = test_now_ms();
     int code = 0;
     ASSERT(dh_raw_wait_closed(fd, (int)(10000 * dh_slow()), &code));
-    double waited = now_ms() - t0;
+    double waited = test_now_ms() - t0;
     fprintf(stderr, "round %d: closed after %.0f ms with %s\n", round, waited,
             larder_err_name(code));
     ASSERT_EQ(code, LARDER_EPROTO);
@@ -1296,7 +1291,7 @@ TEST_IMPL(daemon_robust_no_hello) {
   if (pid == 0) {
     close(p[0]);
     if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
-    double t0 = now_ms();
+    double t0 = test_now_ms();
     int h[3];
     for (int i = 0; i < 3; i++) h[i] = dh_raw_connect(f.d.socket);
     /* A fourth connection of the user is one too many, Hello or not. */
@@ -1307,7 +1302,7 @@ TEST_IMPL(daemon_robust_no_hello) {
     double waited = 1e9;
     for (int i = 0; i < 3; i++) {
       closed += dh_raw_wait_closed(h[i], 10000 * dh_slow(), &codes[i]);
-      double w = now_ms() - t0;
+      double w = test_now_ms() - t0;
       if (w < waited) waited = w;
       close(h[i]);
     }
@@ -1354,10 +1349,10 @@ TEST_IMPL(daemon_robust_no_hello) {
   /* One line for the three, whenever the daemon's log reaches the file. */
   const char *line = "sent no Hello within hello_timeout (1 s; the last from uid 65534)";
   char *log = NULL;
-  for (double end = now_ms() + 10000.0 * dh_slow();; usleep(10000)) {
+  for (double end = test_now_ms() + 10000.0 * dh_slow();; usleep(10000)) {
     free(log);
     log = dh_read_log(&f.d);
-    if ((log && strstr(log, line)) || now_ms() > end) break;
+    if ((log && strstr(log, line)) || test_now_ms() > end) break;
   }
   ASSERT_STR_CONTAINS(log, line);
   free(log);
@@ -1785,9 +1780,9 @@ TEST_IMPL(daemon_robust_bad_release) {
 
 /* Waits until the daemon has published n descriptors in the ring. */
 static void wait_published(ring_header_t *h, uint64_t n) {
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   while (atomic_load(&h->published) < n) {
-    if (now_ms() > deadline)
+    if (test_now_ms() > deadline)
       ASSERT_FAIL_("the ring has %llu descriptors, not %llu",
                    (unsigned long long)atomic_load(&h->published), (unsigned long long)n);
     usleep(1000);
@@ -2041,9 +2036,9 @@ TEST_IMPL(daemon_robust_sigterm_streams) {
     wire_free(r);
     if (arena >= 0) close(arena);
   }
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   for (int i = 0; i < 4; i++)
-    while (t[i].started < 4 && now_ms() < deadline) usleep(2000);
+    while (t[i].started < 4 && test_now_ms() < deadline) usleep(2000);
   for (int i = 0; i < 4; i++) ASSERT_GE(t[i].started, 4);
   dh_stop(&f.d); /* SIGTERM: exit 0, clean log */
   for (int i = 0; i < 4; i++) {
@@ -2211,7 +2206,7 @@ static void *chaos_main(void *p) {
   /* LARDER_CHAOS_OPS: a bit mask of the operations to run (debugging). */
   const char *mask_env = getenv("LARDER_CHAOS_OPS");
   unsigned mask = mask_env ? (unsigned)strtoul(mask_env, NULL, 0) : 0x1ffu;
-  while (!t->failed && now_ms() < t->cx->deadline) {
+  while (!t->failed && test_now_ms() < t->cx->deadline) {
     int op = (int)rnd(t, 9);
     if (!(mask & (1u << op))) continue;
     int j = (int)rnd(t, CHAOS_JOBS);
@@ -2330,7 +2325,7 @@ TEST_IMPL(daemon_robust_chaos) {
     cx.socket = f.d.socket;
     f.sockets0 = quiet_sockets(f.d.pid);
     f.fds0 = dh_fd_count(f.d.pid);
-    cx.deadline = now_ms() + 4000.0 * dh_slow();
+    cx.deadline = test_now_ms() + 4000.0 * dh_slow();
     chaos_thread th[5];
     memset(th, 0, sizeof(th));
     for (int i = 0; i < 5; i++) {

@@ -24,11 +24,6 @@
 #include "pqwrite.h"
 #include "task.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Writes out's bytes to path, under a temporary name then renamed: a test
  * killed midway leaves no half file for the next run to trust. */
@@ -241,9 +236,9 @@ static void *opener_main(void *arg) {
 TEST_IMPL(daemon_scale_million_units) {
   enum { RGS = 1000000 };
   char path[1024];
-  double t0 = now_s();
+  double t0 = test_now_s();
   many_rg_file(RGS, path, sizeof(path));
-  printf("  file ready in %.2f s\n", now_s() - t0);
+  printf("  file ready in %.2f s\n", test_now_s() - t0);
   dh_daemon d;
   static const char *const fl[] = {"--workers=2", NULL};
   dh_init(&d, "d", fl);
@@ -255,12 +250,12 @@ TEST_IMPL(daemon_scale_million_units) {
   const double deadline = 2.0 * dh_slow();
   double worst = 0, worst_opening = 0;
   int asked = 0, asked_opening = 0, asked_reading = 0;
-  double started = now_s();
+  double started = test_now_s();
   while (atomic_load(&o.phase) < 2) {
     int phase = atomic_load(&o.phase);
-    double a = now_s();
+    double a = test_now_s();
     char *reply = dh_admin(&d, "status");
-    double took = now_s() - a;
+    double took = test_now_s() - a;
     ASSERT_NOT_NULL(reply);
     ASSERT_STR_CONTAINS(reply, "\"up\":true");
     free(reply);
@@ -274,14 +269,14 @@ TEST_IMPL(daemon_scale_million_units) {
       ASSERT_FAIL_("status took %.2f s (deadline %.2f s) while the other client was %s", took,
                    deadline, phase ? "reading" : "opening");
     }
-    ASSERT(now_s() - started < 200.0 * dh_slow());
+    ASSERT(test_now_s() - started < 200.0 * dh_slow());
     struct timespec ts = {0, 50 * 1000000L};
     nanosleep(&ts, NULL);
   }
   pthread_join(th, NULL);
   printf("  %d status replies (%d while opening, %d while reading), worst %.3f s "
          "(%.3f s while opening); open and %d batches in %.2f s\n",
-         asked, asked_opening, asked_reading, worst, worst_opening, o.batches, now_s() - started);
+         asked, asked_opening, asked_reading, worst, worst_opening, o.batches, test_now_s() - started);
   if (o.rc != 0) {
     dh_print_log(&d);
     ASSERT_FAIL_("the stream over a million row groups: %d %s", o.rc, o.err);
@@ -373,7 +368,7 @@ static double median(double *v, int n) {
 /* Reads the cheap stream to the end of its current epoch; returns the
  * seconds it took from the first batch of the next. */
 static double cheap_epoch(larder_stream_t *s, larder_client_t *c) {
-  double t0 = now_s();
+  double t0 = test_now_s();
   uint64_t epoch = UINT64_MAX;
   for (;;) {
     larder_batch_t *b = NULL;
@@ -384,7 +379,7 @@ static double cheap_epoch(larder_stream_t *s, larder_client_t *c) {
     larder_batch_release(b);
     if (epoch == UINT64_MAX) epoch = e;
     ASSERT_EQ(e, epoch);
-    if (last) return now_s() - t0;
+    if (last) return test_now_s() - t0;
   }
 }
 
@@ -403,9 +398,9 @@ static double cheap_epoch(larder_stream_t *s, larder_client_t *c) {
 TEST_IMPL(daemon_scale_costly_beside_cheap) {
   enum { WIDE_COLS = 20000, WIDE_ROWS = 8, WIDE_RGS = 40 };
   char wide[1024];
-  double t0 = now_s();
+  double t0 = test_now_s();
   wide_file(WIDE_COLS, WIDE_ROWS, WIDE_RGS, wide, sizeof(wide));
-  printf("  wide file ready in %.2f s\n", now_s() - t0);
+  printf("  wide file ready in %.2f s\n", test_now_s() - t0);
   /* One batch prepared ahead, and a client window of one: each of the
    * cheap client's batches is a worker task that it waits for, as a
    * trainer waits on a cold or memory-short epoch.  No cache: the costly
@@ -447,16 +442,16 @@ TEST_IMPL(daemon_scale_costly_beside_cheap) {
   /* Measure once its loads are under way: it has decoded a unit, so the
    * workers know its units for costly ones. */
   uint64_t cheap_units = dh_stat(&d, "units_decoded");
-  double t1 = now_s(), deadline = t1 + 60.0 * dh_slow();
+  double t1 = test_now_s(), deadline = t1 + 60.0 * dh_slow();
   while (dh_stat(&d, "units_decoded") == cheap_units && atomic_load(&x.phase) < 2 &&
-         now_s() < deadline) {
+         test_now_s() < deadline) {
     struct timespec ts = {0, 5 * 1000000L};
     nanosleep(&ts, NULL);
   }
   ASSERT(atomic_load(&x.phase) < 2); /* its open may not have returned yet */
-  double t2 = now_s();
+  double t2 = test_now_s();
   for (int k = 0; k < EPOCHS; k++) beside_e[k] = cheap_epoch(s, c);
-  double t3 = now_s();
+  double t3 = test_now_s();
   uint64_t costly_units = dh_stat(&d, "units_decoded") - cheap_units;
   int busy = atomic_load(&x.phase) == 1 && costly_units < WIDE_RGS;
   printf("  the costly client's first unit after %.2f s, %" PRIu64 " units in the %.2f s "

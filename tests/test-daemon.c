@@ -22,22 +22,10 @@
 #include "util.h"
 #include "daemon-harness.h"
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
-static const char *std_source[1];
-static char std_dir[1024];
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  std_source[0] = std_dir;
-  dh_opts(o, std_source, batch_size, 8, epochs);
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = 1u << 20;
+  dh_std_opts(o, dh_std_source(), 1, batch_size, 8, epochs, 1u << 20);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -217,8 +205,8 @@ TEST_IMPL(daemon_arrow_export) {
   larder_client_close(c);
   /* The daemon's windows all freed: the per-stream stats are gone and no
    * arena is left. */
-  double deadline = now_ms() + 10000.0 * dh_slow();
-  while (dh_memfd_count(d.pid) > 0 && now_ms() < deadline) usleep(5000);
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
+  while (dh_memfd_count(d.pid) > 0 && test_now_ms() < deadline) usleep(5000);
   ASSERT_EQ(dh_memfd_count(d.pid), 0);
   ASSERT_EQ(dh_stat(&d, "stream_errors"), 0);
   dh_stop(&d);
@@ -278,8 +266,8 @@ TEST_IMPL(daemon_arrow_export_duckdb) {
 /* Stall accounting                                                          */
 
 static void spin_ms(double ms) {
-  double end = now_ms() + ms;
-  while (now_ms() < end) {
+  double end = test_now_ms() + ms;
+  while (test_now_ms() < end) {
   }
 }
 
@@ -290,7 +278,7 @@ static void expect_daemon_stall(const dh_daemon *d, larder_stream_t *s, uint64_t
   ASSERT_OK(larder_stream_flush(s));
   uint64_t cw, cc;
   larder_stream_stall(s, &cw, &cc);
-  double deadline = now_ms() + 10000.0 * dh_slow();
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
   uint64_t dw = 0, dc = 0, db = 0;
   for (;;) {
     char *json = dh_admin(d, "stats");
@@ -301,7 +289,7 @@ static void expect_daemon_stall(const dh_daemon *d, larder_stream_t *s, uint64_t
     dc = dh_json_u64(st, "compute_ns");
     db = dh_json_u64(st, "batches");
     free(json);
-    if ((dw == cw && dc == cc) || now_ms() > deadline) break;
+    if ((dw == cw && dc == cc) || test_now_ms() > deadline) break;
     usleep(5000);
   }
   fprintf(stderr, "client: wait %.1f ms compute %.1f ms; daemon: wait %.1f ms compute %.1f ms\n",
@@ -368,12 +356,12 @@ TEST_IMPL(daemon_stall_accounting) {
  * want: they name themselves and set their niceness in their own time. */
 static void expect_workers_nice(const dh_daemon *d, int want) {
   int nices[8], n = 0, ok = 0;
-  double deadline = now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   do {
     n = dh_thread_nices(d->pid, "larderd-work", nices, 8);
     ok = n == 2 && nices[0] == want && nices[1] == want;
     if (!ok) usleep(10000);
-  } while (!ok && now_ms() < deadline);
+  } while (!ok && test_now_ms() < deadline);
   ASSERT_EQ(n, 2);
   for (int i = 0; i < 2; i++) ASSERT_EQ(nices[i], want);
 }
@@ -403,19 +391,19 @@ TEST_IMPL(daemon_workers_boost) {
   larder_stream_t *s;
   ASSERT_OK(larder_stream_open(c, &o, &s));
   int allowed = dh_can_unnice(), boosted = 0;
-  double t0 = now_ms(), checked = t0;
-  while (now_ms() - t0 < 500.0 || (allowed && !boosted && now_ms() - t0 < 10000.0 * dh_slow())) {
+  double t0 = test_now_ms(), checked = t0;
+  while (test_now_ms() - t0 < 500.0 || (allowed && !boosted && test_now_ms() - t0 < 10000.0 * dh_slow())) {
     larder_batch_t *b;
     ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
     larder_batch_release(b);
     /* Asking for stats is time the trainer does not wait: not too often. */
-    if (now_ms() - checked > 100.0) {
+    if (test_now_ms() - checked > 100.0) {
       if (dh_stat(&d, "workers_boosted") == 1) boosted = 1;
-      checked = now_ms();
+      checked = test_now_ms();
     }
   }
   fprintf(stderr, "waiting trainer: boosted=%d (allowed=%d) after %.0f ms\n", boosted, allowed,
-          now_ms() - t0);
+          test_now_ms() - t0);
   ASSERT_EQ(boosted, allowed);
   if (allowed) {
     expect_workers_nice(&d, base);
@@ -427,9 +415,9 @@ TEST_IMPL(daemon_workers_boost) {
   larder_client_close(c);
 
   /* Without trainers the boost ends within the daemon's tick or two. */
-  double t1 = now_ms();
-  while (dh_stat(&d, "workers_boosted") != 0 && now_ms() - t1 < 5000.0 * dh_slow()) usleep(20000);
-  fprintf(stderr, "boost ended %.0f ms after the trainer left\n", now_ms() - t1);
+  double t1 = test_now_ms();
+  while (dh_stat(&d, "workers_boosted") != 0 && test_now_ms() - t1 < 5000.0 * dh_slow()) usleep(20000);
+  fprintf(stderr, "boost ended %.0f ms after the trainer left\n", test_now_ms() - t1);
   ASSERT_EQ(dh_stat(&d, "workers_boosted"), 0);
   expect_workers_nice(&d, base + 7);
   dh_stop(&d);
@@ -482,12 +470,12 @@ TEST_IMPL(daemon_arena_small) {
       so.arena_bytes = (uint64_t)((double)(max_bytes + 64 * 16) * sizes[i]);
       so.window = windows[j];
       dh_run r = {0};
-      double t0 = now_ms();
+      double t0 = test_now_ms();
       int rc = dh_collect(d.socket, &so, 0, &r);
       if (rc) ASSERT_FAIL_("arena %" PRIu64 " window %u: %s", so.arena_bytes, so.window, r.err);
       dh_expect_same(&ref, &r);
       fprintf(stderr, "arena %" PRIu64 " bytes, window %u: %.0f ms\n", so.arena_bytes, so.window,
-              now_ms() - t0);
+              test_now_ms() - t0);
       dh_run_free(&r);
     }
   }
@@ -623,14 +611,14 @@ TEST_IMPL(daemon_many_streams) {
     ASSERT_EQ(rc, LARDER_EEOF);
     larder_stream_close(st);
   }
-  double until = now_ms() + 10000.0 * dh_slow();
-  while (dh_memfd_count(d.pid) > 0 && now_ms() < until) usleep(5000);
+  double until = test_now_ms() + 10000.0 * dh_slow();
+  while (dh_memfd_count(d.pid) > 0 && test_now_ms() < until) usleep(5000);
   ASSERT_EQ(dh_memfd_count(d.pid), 0);
   /* Closing the client closes the stream it did not close. */
   ASSERT_OK(larder_stream_open(c, &o[0], &again));
   larder_client_close(c);
-  double deadline = now_ms() + 10000.0 * dh_slow();
-  while (dh_memfd_count(d.pid) > 0 && now_ms() < deadline) usleep(5000);
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
+  while (dh_memfd_count(d.pid) > 0 && test_now_ms() < deadline) usleep(5000);
   ASSERT_EQ(dh_memfd_count(d.pid), 0);
   char *json = dh_admin(&d, "stats");
   ASSERT_EQ(dh_json_u64(json, "streams"), 0);
@@ -908,7 +896,7 @@ TEST_IMPL(daemon_stream_options) {
    * a dataset of no rows at all is refused. */
   {
     char glob[1200], empty[1200];
-    snprintf(glob, sizeof(glob), "%s/part-00[13].parquet", std_dir);
+    snprintf(glob, sizeof(glob), "%s/part-00[13].parquet", dh_std_dir());
     snprintf(empty, sizeof(empty), "%s/empty.parquet", test_tmpdir());
     dh_spec es = dh_std_spec;
     es.files = 1;
@@ -942,8 +930,8 @@ TEST_IMPL(daemon_stream_options) {
   int rc = larder_client_connect(d.socket, &more);
   ASSERT_EQ(rc, LARDER_ELIMIT);
   for (int i = 0; i < 6; i++) larder_client_close(cs[i]);
-  double deadline = now_ms() + 10000.0 * dh_slow();
-  while ((rc = larder_client_connect(d.socket, &more)) != 0 && now_ms() < deadline) usleep(5000);
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
+  while ((rc = larder_client_connect(d.socket, &more)) != 0 && test_now_ms() < deadline) usleep(5000);
   ASSERT_OK(rc);
   larder_client_close(more);
   dh_stop(&d);
@@ -1018,22 +1006,6 @@ TEST_IMPL(daemon_second_instance) {
   return 0;
 }
 
-/* Waits until the daemon's log holds `what` n times. */
-static void wait_log(const dh_daemon *d, const char *what, int n) {
-  double deadline = now_ms() + 10000.0 * dh_slow();
-  for (;;) {
-    char *log = dh_read_log(d);
-    int count = 0;
-    for (const char *p = log; p && (p = strstr(p, what)) != NULL; p++) count++;
-    free(log);
-    if (count >= n) return;
-    if (now_ms() > deadline) {
-      dh_print_log(d);
-      ASSERT_FAIL_("\"%s\" is not in the log %d times", what, n);
-    }
-    usleep(10000);
-  }
-}
 
 /*
  * SIGHUP reloads the configuration file and keeps the command line's
@@ -1065,7 +1037,7 @@ TEST_IMPL(daemon_reload_keeps_flags) {
   ASSERT_EQ(dh_batch_hash(b), ref.b[0].hash);
   larder_batch_release(b);
   kill(d.pid, SIGHUP);
-  wait_log(&d, "reloaded", 1);
+  dh_wait_log(&d, "reloaded", 1, 10000.0 * dh_slow());
   char *log = dh_read_log(&d);
   const char *restart = strstr(log, "need a restart");
   if (restart) ASSERT_FAIL_("reload reported: %.200s", restart);
@@ -1099,7 +1071,7 @@ TEST_IMPL(daemon_reload_keeps_flags) {
   fputs("max_clients = lots\n", f);
   fclose(f);
   kill(d.pid, SIGHUP);
-  wait_log(&d, "keeping the current configuration", 1);
+  dh_wait_log(&d, "keeping the current configuration", 1, 10000.0 * dh_slow());
   dh_run r = {0};
   ASSERT_OK(dh_collect(d.socket, &o, 0, &r));
   dh_expect_same(&ref, &r);
@@ -1365,17 +1337,17 @@ TEST_IMPL(daemon_ring_wakeups) {
       if (mode < 2) {
         /* Poll at once after opening, and after each LARDER_ETIMEDOUT. */
         struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
-        double t0 = now_ms();
+        double t0 = test_now_ms();
         if (poll(&pf, 1, (int)(2 * prompt_ms)) != 1)
           ASSERT_FAIL_("mode %d: no wakeup within %.0f ms at batch %zu of %zu", mode,
                        2 * prompt_ms, k, ref.n);
-        if (now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        if (test_now_ms() - t0 > slowest) slowest = test_now_ms() - t0;
         polls++;
       }
       larder_batch_t *b;
-      double t0 = now_ms();
+      double t0 = test_now_ms();
       while ((rc = larder_stream_next(s, mode < 2 ? 0 : 60000 * dh_slow(), &b)) == 0) {
-        if (mode >= 2 && now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        if (mode >= 2 && test_now_ms() - t0 > slowest) slowest = test_now_ms() - t0;
         ASSERT(k < ref.n);
         ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
         k++;
@@ -1390,7 +1362,7 @@ TEST_IMPL(daemon_ring_wakeups) {
           }
         }
         if (mode == 3) usleep(k % 3 ? 30 : 200);
-        t0 = now_ms();
+        t0 = test_now_ms();
       }
       if (rc == LARDER_EEOF) break;
       ASSERT_EQ(rc, LARDER_ETIMEDOUT);
@@ -1518,7 +1490,7 @@ TEST_IMPL(daemon_release_thread_wakeups) {
       int rc;
       for (;;) {
         larder_batch_t *b;
-        double t0 = now_ms();
+        double t0 = test_now_ms();
         if (evloop) {
           while ((rc = larder_stream_next(s, 0, &b)) == LARDER_ETIMEDOUT) {
             struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
@@ -1529,7 +1501,7 @@ TEST_IMPL(daemon_release_thread_wakeups) {
         } else {
           rc = larder_stream_next(s, 60000 * dh_slow(), &b);
         }
-        if (now_ms() - t0 > slowest) slowest = now_ms() - t0;
+        if (test_now_ms() - t0 > slowest) slowest = test_now_ms() - t0;
         if (rc) break;
         ASSERT(k < ref.n);
         ASSERT_EQ(dh_batch_hash(b), ref.b[k].hash);
@@ -1737,16 +1709,16 @@ TEST_IMPL(daemon_release_many_threads) {
         if (style == 0) {
           rc = larder_stream_next(s, 60000 * dh_slow(), &b);
         } else if (style == 1) {
-          double deadline = now_ms() + 60000.0 * dh_slow();
+          double deadline = test_now_ms() + 60000.0 * dh_slow();
           while ((rc = larder_stream_next(s, 0, &b)) == LARDER_ETIMEDOUT) {
-            ASSERT(now_ms() < deadline);
+            ASSERT(test_now_ms() < deadline);
             struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
             poll(&pf, 1, 100);
           }
         } else {
-          double deadline = now_ms() + 60000.0 * dh_slow();
+          double deadline = test_now_ms() + 60000.0 * dh_slow();
           while ((rc = larder_stream_next(s, 1, &b)) == LARDER_ETIMEDOUT) {
-            ASSERT(now_ms() < deadline);
+            ASSERT(test_now_ms() < deadline);
             ASSERT_OK(larder_stream_flush(s));
           }
         }
@@ -2053,8 +2025,8 @@ TEST_IMPL(daemon_close_release_threads) {
     ASSERT_EQ(rc, LARDER_EEOF);
     ASSERT_EQ(k, ref.n);
     larder_stream_close(s);
-    double deadline = now_ms() + 10000.0 * dh_slow();
-    while (dh_stat(&d, "streams") != 0 && now_ms() < deadline) usleep(5000);
+    double deadline = test_now_ms() + 10000.0 * dh_slow();
+    while (dh_stat(&d, "streams") != 0 && test_now_ms() < deadline) usleep(5000);
     ASSERT_EQ(dh_stat(&d, "streams"), 0);
     larder_client_close(c);
     dh_run_free(&ref);
@@ -2136,7 +2108,7 @@ TEST_IMPL(daemon_open_checks) {
     ASSERT_OK(dh_collect(d.socket, &o, 0, &ref));
     char cwd[4096], parent[1024];
     ASSERT_NOT_NULL(getcwd(cwd, sizeof(cwd)));
-    snprintf(parent, sizeof(parent), "%s", std_dir);
+    snprintf(parent, sizeof(parent), "%s", dh_std_dir());
     char *slash = strrchr(parent, '/');
     ASSERT_NOT_NULL(slash);
     *slash = '\0';
@@ -2144,7 +2116,7 @@ TEST_IMPL(daemon_open_checks) {
     snprintf(rel, sizeof(rel), "%s", slash + 1);
     snprintf(glob, sizeof(glob), "./%s/part-*.parquet", slash + 1);
     char target[4096];
-    ASSERT_NOT_NULL(realpath(std_dir, target));
+    ASSERT_NOT_NULL(realpath(dh_std_dir(), target));
     ASSERT_OK(chdir(parent));
     larder_stream_options_t ro = o;
     const char *srcs[1] = {rel};
@@ -2184,11 +2156,11 @@ TEST_IMPL(daemon_open_checks) {
     snprintf(odd, sizeof(odd), "%s/odd[1]?", test_tmpdir());
     snprintf(file, sizeof(file), "%s/a[0]*.parquet", odd);
     ASSERT_OK(mkdir(odd, 0755));
-    ASSERT_OK(test_system("cp '%s/part-000.parquet' '%s'", std_dir, file));
+    ASSERT_OK(test_system("cp '%s/part-000.parquet' '%s'", dh_std_dir(), file));
     /* What part-000 holds alone. */
     larder_stream_options_t po = o;
     char part[1200];
-    snprintf(part, sizeof(part), "%s/part-000.parquet", std_dir);
+    snprintf(part, sizeof(part), "%s/part-000.parquet", dh_std_dir());
     const char *srcs[1] = {part};
     po.sources = srcs;
     dh_run want = {0}, r = {0};
@@ -2224,7 +2196,7 @@ TEST_IMPL(daemon_open_checks) {
                                        "part-0.parquet"};
     for (size_t i = 0; i < sizeof(rels) / sizeof(rels[0]); i++) {
       larder_stream_options_t ro = o;
-      const char *srcs[2] = {std_dir, rels[i]};
+      const char *srcs[2] = {dh_std_dir(), rels[i]};
       ro.sources = srcs;
       ro.num_sources = 2;
       int arena_fd = -1;
@@ -2385,8 +2357,8 @@ TEST_IMPL(daemon_open_late_reply) {
     larder_stream_close(s);
     ASSERT_EQ(self_fd_count(), fds);
   }
-  double deadline = now_ms() + 10000.0 * dh_slow();
-  while (dh_stat(&d, "streams") != 0 && now_ms() < deadline) usleep(5000);
+  double deadline = test_now_ms() + 10000.0 * dh_slow();
+  while (dh_stat(&d, "streams") != 0 && test_now_ms() < deadline) usleep(5000);
   ASSERT_EQ(dh_stat(&d, "streams"), 0);
   larder_client_close(c);
   dh_run_free(&ref);
@@ -2479,10 +2451,10 @@ TEST_IMPL(daemon_loop_slice) {
     /* The workers start, and name themselves, in their own time: wait
      * for one to show up rather than expect it by now. */
     long long loop, worker, want = i ? default_slice : 100000;
-    double deadline = now_ms() + 30000.0 * dh_slow();
+    double deadline = test_now_ms() + 30000.0 * dh_slow();
     for (;;) {
       daemon_slices(d.pid, &loop, &worker);
-      if ((worker != 0 && loop == want) || now_ms() > deadline) break;
+      if ((worker != 0 && loop == want) || test_now_ms() > deadline) break;
       usleep(10000);
     }
     ASSERT_EQ(loop, want);

@@ -29,34 +29,13 @@
 
 static const tc_cred nobody = {65534, 65534, {0}, 0};
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
-static int need_root(void) {
-  if (geteuid() != 0) {
-    fprintf(stderr, "these checks switch users: run as root\n");
-    return 1;
-  }
-  return 0;
-}
 
 static void copy_file(const char *from, const char *to, mode_t mode) {
   ASSERT_EQ(test_system("cp '%s' '%s'", from, to), 0);
   ASSERT_OK(chmod(to, mode));
 }
 
-static void expect_open(const tc_cred *cred, const char *socket, const char *src, int want,
-                        const char *needle) {
-  char msg[1200];
-  int rc = tc_open_as(cred, socket, src, msg, sizeof(msg));
-  if (rc != want)
-    ASSERT_FAIL_("uid %u opening %s: %s (%s), expected %s", cred ? (unsigned)cred->uid : 0u, src,
-                 larder_err_name(rc), msg, larder_err_name(want));
-  if (needle) ASSERT_STR_CONTAINS(msg, needle);
-}
 
 /* Whether `larderctl ls` (as root) lists an object whose name holds s. */
 static int ls_has(const char *socket, const char *s) {
@@ -76,7 +55,7 @@ static int ls_has(const char *socket, const char *s) {
  * follows a link into the root-only directory only for root.
  */
 TEST_IMPL(local_access_uids) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   char data[700], from[1200], pub[800], secret[800], priv[800], hidden[900], glob_src[800];
@@ -103,22 +82,22 @@ TEST_IMPL(local_access_uids) {
   dh_start(&d);
 
   /* Root reads everything, and so fills the cache with it. */
-  expect_open(NULL, d.socket, secret, 0, NULL);
-  expect_open(NULL, d.socket, hidden, 0, NULL);
-  expect_open(NULL, d.socket, priv, 0, NULL);
-  expect_open(NULL, d.socket, glob_src, 0, NULL);
-  double deadline = now_ms() + 30000 * dh_slow();
+  tc_expect_open(NULL, d.socket, secret, 0, NULL);
+  tc_expect_open(NULL, d.socket, hidden, 0, NULL);
+  tc_expect_open(NULL, d.socket, priv, 0, NULL);
+  tc_expect_open(NULL, d.socket, glob_src, 0, NULL);
+  double deadline = test_now_ms() + 30000 * dh_slow();
   while (!(ls_has(d.socket, "hidden.parquet") && ls_has(d.socket, "secret.parquet")) &&
-         now_ms() < deadline)
+         test_now_ms() < deadline)
     usleep(20000);
   ASSERT(ls_has(d.socket, "hidden.parquet"));
 
   /* nobody: what it may read, and nothing else, cached or not. */
-  expect_open(&nobody, d.socket, pub, 0, NULL);
-  expect_open(&nobody, d.socket, secret, LARDER_EACCES, "Permission denied");
-  expect_open(&nobody, d.socket, hidden, LARDER_EACCES, NULL);
-  expect_open(&nobody, d.socket, priv, LARDER_EACCES, NULL);
-  expect_open(&nobody, d.socket, glob_src, LARDER_EACCES, "secret.parquet");
+  tc_expect_open(&nobody, d.socket, pub, 0, NULL);
+  tc_expect_open(&nobody, d.socket, secret, LARDER_EACCES, "Permission denied");
+  tc_expect_open(&nobody, d.socket, hidden, LARDER_EACCES, NULL);
+  tc_expect_open(&nobody, d.socket, priv, LARDER_EACCES, NULL);
+  tc_expect_open(&nobody, d.socket, glob_src, LARDER_EACCES, "secret.parquet");
 
   /* prefetch: the same rule. */
   tc_out r;
@@ -163,9 +142,9 @@ TEST_IMPL(local_access_uids) {
 
   /* Access taken away is taken away for the next open. */
   ASSERT_OK(chmod(pub, 0600));
-  expect_open(&nobody, d.socket, pub, LARDER_EACCES, "Permission denied");
+  tc_expect_open(&nobody, d.socket, pub, LARDER_EACCES, "Permission denied");
   ASSERT_OK(chmod(pub, 0644));
-  expect_open(&nobody, d.socket, pub, 0, NULL);
+  tc_expect_open(&nobody, d.socket, pub, 0, NULL);
   ASSERT_EQ(dh_stat(&d, "stream_errors"), 0);
   dh_stop(&d);
   return 0;
@@ -195,7 +174,7 @@ static void *probe_main(void *arg) {
  * other users with a message that names what it lacks.
  */
 TEST_IMPL(local_access_cred_threads) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char path[700];
   snprintf(path, sizeof(path), "%s/root-only", test_tmpdir());
   int fd = open(path, O_CREAT | O_WRONLY, 0600);
@@ -351,7 +330,7 @@ TEST_IMPL(local_access_swap_race) {
  * ids (0..2499), never the outside file's (2500..4999).
  */
 TEST_IMPL(local_access_swap_streams) {
-  if (need_root()) return TEST_SKIP;
+  if (tc_need_root()) return TEST_SKIP;
   char std[1024];
   ASSERT_EQ(dh_std_dataset(std, sizeof(std)), DH_STD_ROWS);
   char root[700], src[900], arg[800];

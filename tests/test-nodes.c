@@ -122,8 +122,8 @@ static void run_nodes(const char *dir, int nodes, node_run *r) {
   for (int n = 0; n < nodes; n++) {
     /* The cache writes behind the stream: wait for it to settle. */
     uint64_t used = 0, last = UINT64_MAX;
-    double deadline = rh_now_ms() + 20000.0 * dh_slow();
-    while (rh_now_ms() < deadline) {
+    double deadline = test_now_ms() + 20000.0 * dh_slow();
+    while (test_now_ms() < deadline) {
       used = dh_stat(&d[n], "cache.used_bytes");
       if (used == last && used > 0) break;
       last = used;

@@ -508,8 +508,8 @@ TEST_IMPL(remote_stats_during_prefetch) {
   snprintf(cmd + n, sizeof(cmd) - (size_t)n, " > '%s/prefetch.out' 2>&1 &", test_tmpdir());
   ASSERT_EQ(test_system("%s", cmd), 0);
   int seen = 0;
-  double deadline = rh_now_ms() + 30000.0 * dh_slow();
-  while (!seen && rh_now_ms() < deadline) {
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
+  while (!seen && test_now_ms() < deadline) {
     char *json = dh_admin(&d, "stats");
     if (json && strstr(json, "\"limit\":\"admin\"") && strstr(json, "prefetch")) seen = 1;
     free(json);
@@ -517,9 +517,9 @@ TEST_IMPL(remote_stats_during_prefetch) {
   }
   ASSERT(seen);
   /* The prefetch ends; then the daemon is idle again. */
-  deadline = rh_now_ms() + 60000.0 * dh_slow();
+  deadline = test_now_ms() + 60000.0 * dh_slow();
   int idle = 0;
-  while (!idle && rh_now_ms() < deadline) {
+  while (!idle && test_now_ms() < deadline) {
     char *json = dh_admin(&d, "stats");
     idle = json && strstr(json, "\"limit\":\"idle\"") != NULL;
     free(json);

@@ -28,7 +28,6 @@
 #define ROLE_ARN "arn:aws:iam::123456789012:role/larder"
 #define CONTAINER_AUTH "Bearer larder-container-auth-0123456789"
 
-static char std_dir[1024];
 static char issued[PATH_MAX];
 
 /* Every AWS variable the chain reads, cleared; the metadata service off. */
@@ -61,7 +60,6 @@ static void tmp_path(char *buf, size_t size, const char *name) {
 /* The front (with the standard dataset under std/, taking the keys of
  * issued as well as its own) and credfake (ttl_s lifetime, extra flags). */
 static void start_servers(rs_server *s3, rs_server *fake, int ttl_s, const char *const *s3_extra) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
   tmp_path(issued, sizeof(issued), "issued.jsonl");
   write_text(issued, "");
   const char *flags[16] = {"--credentials-file", issued};
@@ -69,7 +67,7 @@ static void start_servers(rs_server *s3, rs_server *fake, int ttl_s, const char 
   for (int i = 0; s3_extra && s3_extra[i] && n < 15; i++) flags[n++] = s3_extra[i];
   flags[n] = NULL;
   rh_s3(s3, "s3", flags);
-  ASSERT_EQ(rh_s3_put(s3, "data", "std/", std_dir), 4);
+  ASSERT_EQ(rh_s3_put(s3, "data", "std/", dh_std_dir()), 4);
 
   char dir[PATH_MAX], log[PATH_MAX + 32], err[PATH_MAX + 32], ttl[32], watch[32];
   tmp_path(dir, sizeof(dir), "fake");
@@ -141,21 +139,6 @@ static void expect_all_rows(dh_daemon *d, const char *what) {
   dh_run_free(&r);
 }
 
-/* Waits until the daemon's log contains needle (deadline, not a sleep). */
-static void wait_log(const dh_daemon *d, const char *needle, int timeout_ms) {
-  double end = rh_now_ms() + timeout_ms;
-  for (;;) {
-    char *log = dh_read_log(d);
-    int hit = log && strstr(log, needle);
-    free(log);
-    if (hit) return;
-    if (rh_now_ms() > end) {
-      dh_print_log(d);
-      ASSERT_FAIL_("the log never said \"%s\"", needle);
-    }
-    usleep(50 * 1000);
-  }
-}
 
 /* No secret key or session token of issued (nor the web identity and
  * container tokens) in the daemon's log or its stats. */
@@ -327,7 +310,7 @@ TEST_IMPL(remote_creds_sources) {
     dh_start(&d);
     char want[64];
     snprintf(want, sizeof(want), "S3 credentials from %s", sources[i]);
-    wait_log(&d, want, 10000);
+    dh_wait_log(&d, want, 1, 10000.0 * dh_slow());
     expect_all_rows(&d, sources[i]);
     expect_no_secrets(&d);
     dh_stop(&d);
@@ -369,14 +352,14 @@ TEST_IMPL(remote_creds_precedence) {
     dh_start(&d);
     char want[64];
     snprintf(want, sizeof(want), "S3 credentials from %s", order[i]);
-    wait_log(&d, want, 10000);
+    dh_wait_log(&d, want, 1, 10000.0 * dh_slow());
     if (i + 1 == n) {
       expect_all_rows(&d, order[i]);
       /* SIGHUP walks the chain again, off the loop. */
       ASSERT_EQ(dh_stat(&d, "credentials_refreshes"), 0);
       kill(d.pid, SIGHUP);
-      double end = rh_now_ms() + 10000;
-      while (dh_stat(&d, "credentials_refreshes") < 1 && rh_now_ms() < end) usleep(50 * 1000);
+      double end = test_now_ms() + 10000;
+      while (dh_stat(&d, "credentials_refreshes") < 1 && test_now_ms() < end) usleep(50 * 1000);
       ASSERT_EQ(dh_stat(&d, "credentials_refreshes"), 1);
       ASSERT_EQ(fake_stat(&fake, "issued.imds"), 2);
       expect_all_rows(&d, "after a reload");
@@ -431,10 +414,10 @@ TEST_IMPL(remote_creds_refresh) {
   daemon_for(&d, "d", &s3);
   dh_flag(&d, "--fetch_inflight_per_host=1");
   dh_start(&d);
-  wait_log(&d, "S3 credentials from web_identity", 10000);
-  double t0 = rh_now_ms();
+  dh_wait_log(&d, "S3 credentials from web_identity", 1, 10000.0 * dh_slow());
+  double t0 = test_now_ms();
   expect_all_rows(&d, "an epoch across the expiry");
-  double took = rh_now_ms() - t0;
+  double took = test_now_ms() - t0;
   fprintf(stderr, "epoch: %.1f s; credential requests: %lld\n", took / 1000,
           (long long)fake_stat(&fake, "issued.web_identity"));
   ASSERT_GE(fake_stat(&fake, "issued.web_identity"), 2);
@@ -480,22 +463,22 @@ TEST_IMPL(remote_creds_refresh_errors) {
   daemon_for(&d, "d", &s3);
   dh_flag(&d, "--fetch_inflight_per_host=1");
   dh_start(&d);
-  wait_log(&d, "S3 credentials from container", 10000);
+  dh_wait_log(&d, "S3 credentials from container", 1, 10000.0 * dh_slow());
   ASSERT_OK(rs_control(&fake, "{\"fail\":2}"));
-  double t0 = rh_now_ms();
+  double t0 = test_now_ms();
   expect_all_rows(&d, "an epoch across failing refreshes");
-  fprintf(stderr, "epoch: %.1f s\n", (rh_now_ms() - t0) / 1000);
+  fprintf(stderr, "epoch: %.1f s\n", (test_now_ms() - t0) / 1000);
   /* The refreshes run on their own clock: wait for them, with a deadline. */
-  double end = rh_now_ms() + 30000;
+  double end = test_now_ms() + 30000;
   while ((dh_stat(&d, "credentials_refresh_errors") < 2 ||
           dh_stat(&d, "credentials_refreshes") < 1) &&
-         rh_now_ms() < end)
+         test_now_ms() < end)
     usleep(100 * 1000);
   ASSERT_EQ(dh_stat(&d, "credentials_refresh_errors"), 2);
   ASSERT_GE(dh_stat(&d, "credentials_refreshes"), 1);
   ASSERT_EQ(fake_stat(&fake, "failed"), 2);
   ASSERT_GE(fake_stat(&fake, "issued.container"), 2);
-  wait_log(&d, "refresh failed", 1000);
+  dh_wait_log(&d, "refresh failed", 1, 10000.0 * dh_slow());
   expect_no_secrets(&d);
   dh_stop(&d);
   clear_aws_env();
@@ -536,9 +519,9 @@ TEST_IMPL(remote_creds_errors) {
     dh_daemon d;
     daemon_for(&d, k == 0 ? "web" : "process", &s3);
     dh_start(&d);
-    wait_log(&d, k == 0 ? "web_identity: STS" : "credential_process exited with status 3",
-             10000);
-    if (k == 0) wait_log(&d, "InvalidIdentityToken", 1000);
+    dh_wait_log(&d, k == 0 ? "web_identity: STS" : "credential_process exited with status 3", 1,
+                10000.0 * dh_slow());
+    if (k == 0) dh_wait_log(&d, "InvalidIdentityToken", 1, 10000.0 * dh_slow());
     const char *src[1] = {"s3://data/std/"};
     larder_stream_options_t o;
     dh_opts(&o, src, 100, 11, 1);
@@ -549,8 +532,8 @@ TEST_IMPL(remote_creds_errors) {
     ASSERT_NE(dh_collect(d.socket, &o, 0, &r), 0);
     ASSERT_STR_CONTAINS(r.err, "no S3 credentials");
     dh_run_free(&r);
-    double end = rh_now_ms() + 10000;
-    while (dh_stat(&d, "credentials_refresh_errors") < 1 && rh_now_ms() < end)
+    double end = test_now_ms() + 10000;
+    while (dh_stat(&d, "credentials_refresh_errors") < 1 && test_now_ms() < end)
       usleep(50 * 1000);
     ASSERT_GE(dh_stat(&d, "credentials_refresh_errors"), 1);
     char *log = dh_read_log(&d);
@@ -645,14 +628,14 @@ TEST_IMPL(remote_creds_readers) {
       {NULL, "true", "wrote nothing"},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-    double t0 = rh_now_ms();
+    double t0 = test_now_ms();
     int rc = process_resolve(bad[i].out, bad[i].cmd, &v, err, sizeof(err));
     if (rc == 0) ASSERT_FAIL_("case %zu took bad output", i);
     ASSERT_NULL(v.access_key);
     ASSERT_STR_CONTAINS(err, "process");
     ASSERT_STR_CONTAINS(err, bad[i].want);
     ASSERT(strstr(err, "SECRETX") == NULL);
-    ASSERT_LT(rh_now_ms() - t0, 10000);
+    ASSERT_LT(test_now_ms() - t0, 10000);
   }
   /* Nothing set at all: ENOENT, saying what was looked at. */
   clear_aws_env();

@@ -22,26 +22,15 @@
 
 static void std_opts(larder_stream_options_t *o, const char *const *src, size_t nsrc,
                      uint64_t epochs) {
-  dh_opts(o, src, 100, 5, epochs);
-  o->num_sources = nsrc;
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = ARENA;
+  dh_std_opts(o, src, nsrc, 100, 5, epochs, ARENA);
 }
 
-static char std_dir[1024];
 
 static void local_reference(uint64_t epochs, dh_run *out) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  dh_daemon d;
-  static const char *const fl[] = {"--workers=2", NULL};
-  dh_init(&d, "ref", fl);
-  dh_start(&d);
-  const char *src[1] = {std_dir};
+  const char *src[1] = {dh_std_dir()};
   larder_stream_options_t o;
   std_opts(&o, src, 1, epochs);
-  ASSERT_OK(dh_collect(d.socket, &o, 0, out));
-  dh_stop(&d);
+  rh_local_reference(&o, out);
 }
 
 /* Daemon settings for fault runs: quick retries, and a stall detected
@@ -69,12 +58,12 @@ TEST_IMPL(remote_faults_transient) {
   dh_run ref = {0};
   local_reference(2, &ref);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", std_dir, NULL);
+  rh_nginx(&ng, "ng", dh_std_dir(), NULL);
   char fpdir[PATH_MAX];
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   char *urls[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, std_dir, urls, RH_MAX_FILES);
+  int nf = rh_urls(fp.url, dh_std_dir(), urls, RH_MAX_FILES);
   static const fault_case cases[] = {
       {"503", "[{\"type\":\"status\",\"status\":503,\"count\":2},"
               "{\"type\":\"status\",\"status\":503,\"count\":3,\"skip\":4}]", "status", 5},
@@ -113,7 +102,7 @@ TEST_IMPL(remote_faults_transient) {
     larder_stream_options_t o;
     std_opts(&o, (const char *const *)urls, (size_t)nf, 2);
     dh_run r = {0};
-    double t0 = rh_now_ms();
+    double t0 = test_now_ms();
     if (dh_collect(d.socket, &o, 0, &r) != 0) {
       dh_print_log(&d);
       ASSERT_FAIL_("%s: the stream failed: %s", fc->name, r.err);
@@ -126,7 +115,7 @@ TEST_IMPL(remote_faults_transient) {
     int64_t applied = rs_json_int(st, key, 0);
     uint64_t retries = dh_stat(&d, "fetch_retries");
     fprintf(stderr, "%-20s %5.0f ms, %" PRId64 " faults, %" PRIu64 " retries, %" PRId64
-            " requests\n", fc->name, rh_now_ms() - t0, applied, retries,
+            " requests\n", fc->name, test_now_ms() - t0, applied, retries,
             rs_json_int(st, "requests", 0));
     free(st);
     if (fc->applied > 0) {
@@ -161,7 +150,7 @@ TEST_IMPL(remote_faults_s3_slowdown) {
   local_reference(1, &ref);
   rs_server s3;
   rh_s3(&s3, "s3", NULL);
-  ASSERT_EQ(rh_s3_put(&s3, "data", "std/", std_dir), 4);
+  ASSERT_EQ(rh_s3_put(&s3, "data", "std/", dh_std_dir()), 4);
   ASSERT_OK(rs_control(&s3, "{\"reset_stats\":true,\"add\":["
                             "{\"type\":\"slowdown\",\"count\":2},"
                             "{\"type\":\"status\",\"status\":429,\"count\":1,\"skip\":1},"
@@ -219,7 +208,7 @@ TEST_IMPL(remote_faults_wrong_bytes) {
   dh_run ref = {0};
   local_reference(1, &ref);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", std_dir, NULL);
+  rh_nginx(&ng, "ng", dh_std_dir(), NULL);
   char fpdir[PATH_MAX];
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
@@ -227,7 +216,7 @@ TEST_IMPL(remote_faults_wrong_bytes) {
    * error may show. */
   char *urls[RH_MAX_FILES], base[128];
   snprintf(base, sizeof(base), "http://larder:pw-SECRET-9@127.0.0.1:%d", fp.port);
-  int nf = rh_urls(base, std_dir, urls, RH_MAX_FILES);
+  int nf = rh_urls(base, dh_std_dir(), urls, RH_MAX_FILES);
   static const struct {
     const char *rule, *type, *expect[2];
   } cases[] = {
@@ -318,23 +307,23 @@ TEST_IMPL(remote_faults_permanent) {
   dh_run ref = {0};
   local_reference(1, &ref);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", std_dir, NULL);
+  rh_nginx(&ng, "ng", dh_std_dir(), NULL);
   char fpdir[PATH_MAX];
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   char *urls[RH_MAX_FILES], *direct[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, std_dir, urls, RH_MAX_FILES);
-  rh_urls(ng.url, std_dir, direct, RH_MAX_FILES);
+  int nf = rh_urls(fp.url, dh_std_dir(), urls, RH_MAX_FILES);
+  rh_urls(ng.url, dh_std_dir(), direct, RH_MAX_FILES);
   /* A port nothing listens on: bind one, note it, close it. */
   char dead[RH_MAX_FILES][128];
   const char *dead_src[RH_MAX_FILES];
   {
     rs_server tmp;
-    rh_nginx(&tmp, "tmp", std_dir, NULL);
+    rh_nginx(&tmp, "tmp", dh_std_dir(), NULL);
     int port = tmp.port;
     rh_stop(&tmp);
     char *names[RH_MAX_FILES];
-    int nn = rh_files(std_dir, names, RH_MAX_FILES);
+    int nn = rh_files(dh_std_dir(), names, RH_MAX_FILES);
     for (int i = 0; i < nn; i++) {
       snprintf(dead[i], sizeof(dead[i]), "http://127.0.0.1:%d/%s", port, names[i]);
       dead_src[i] = dead[i];
@@ -387,9 +376,9 @@ TEST_IMPL(remote_faults_permanent) {
     larder_stream_options_t o;
     std_opts(&o, cases[k].rule ? (const char *const *)urls : dead_src, (size_t)nf, 1);
     dh_run r = {0};
-    double t0 = rh_now_ms();
+    double t0 = test_now_ms();
     int rc = dh_collect(d.socket, &o, 0, &r);
-    double ms = rh_now_ms() - t0;
+    double ms = test_now_ms() - t0;
     fprintf(stderr, "%-12s %6.0f ms, %zu batches: %s\n", cases[k].name, ms, r.n, r.err);
     ASSERT_NE(rc, 0);
     for (int j = 0; j < 3; j++) ASSERT_STR_CONTAINS(r.err, cases[k].expect[j]);
@@ -428,14 +417,13 @@ TEST_IMPL(remote_faults_permanent) {
 TEST_IMPL(remote_faults_shutdown) {
   int skip = rh_require(1, 1);
   if (skip) return skip;
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
   rs_server ng, fp;
-  rh_nginx(&ng, "ng", std_dir, NULL);
+  rh_nginx(&ng, "ng", dh_std_dir(), NULL);
   char fpdir[PATH_MAX];
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   char *urls[RH_MAX_FILES];
-  int nf = rh_urls(fp.url, std_dir, urls, RH_MAX_FILES);
+  int nf = rh_urls(fp.url, dh_std_dir(), urls, RH_MAX_FILES);
   /* After the footers: part-000 and part-001 stall, part-002 answers 503
    * (backoff), the rest is fine. */
   ASSERT_OK(rs_control(&fp, "{\"add\":["
@@ -457,19 +445,19 @@ TEST_IMPL(remote_faults_shutdown) {
   larder_stream_t *s;
   ASSERT_OK(larder_stream_open(c, &o, &s));
   /* Wait until both stalls hold a request and a 503 was answered. */
-  double deadline = rh_now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   for (;;) {
     char *st = rs_stats(&fp);
     ASSERT_NOT_NULL(st);
     int64_t stalls = rs_json_int(st, "faults.stall", 0), e503 = rs_json_int(st, "by_status.503", 0);
     free(st);
     if (stalls >= 2 && e503 >= 1) break;
-    ASSERT(rh_now_ms() < deadline);
+    ASSERT(test_now_ms() < deadline);
     usleep(20000);
   }
-  double t0 = rh_now_ms();
+  double t0 = test_now_ms();
   int status = dh_stop_status(&d, 20000 * dh_slow());
-  double ms = rh_now_ms() - t0;
+  double ms = test_now_ms() - t0;
   fprintf(stderr, "stopped in %.0f ms (status 0x%x)\n", ms, status);
   if (status == -1) {
     dh_print_log(&d);

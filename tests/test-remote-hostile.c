@@ -23,27 +23,15 @@
 
 static void std_opts(larder_stream_options_t *o, const char *const *src, size_t nsrc,
                      uint64_t epochs) {
-  dh_opts(o, src, 100, 7, epochs);
-  o->num_sources = nsrc;
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = ARENA;
+  dh_std_opts(o, src, nsrc, 100, 7, epochs, ARENA);
 }
 
 /* A local run of the dataset at dir (the reference batches). */
 static void local_reference(const char *dir, uint64_t epochs, dh_run *out) {
-  static int runs;
-  char name[32];
-  snprintf(name, sizeof(name), "ref%d", runs++);
-  dh_daemon d;
-  static const char *const fl[] = {"--workers=2", NULL};
-  dh_init(&d, name, fl);
-  dh_start(&d);
   const char *src[1] = {dir};
   larder_stream_options_t o;
   std_opts(&o, src, 1, epochs);
-  ASSERT_OK(dh_collect(d.socket, &o, 0, out));
-  dh_stop(&d);
+  rh_local_reference(&o, out);
 }
 
 /* A copy of the standard dataset at root with file 1 uncompressed, so
@@ -287,10 +275,10 @@ TEST_IMPL(remote_hostile_endless_body) {
   static const char *const want[] = {"larger than fetch_whole_bytes", "HTTP 206: the body is longer"};
   for (int k = 0; k < 2; k++) {
     ASSERT_OK(rs_control(&fp, rules[k]));
-    double t0 = rh_now_ms();
+    double t0 = test_now_ms();
     dh_run r = {0};
     int rc = dh_collect(d.socket, &o, 0, &r);
-    double ms = rh_now_ms() - t0;
+    double ms = test_now_ms() - t0;
     long rss = dh_rss_kb(d.pid);
     char *st = rs_stats(&fp);
     ASSERT_NOT_NULL(st);
@@ -596,19 +584,19 @@ TEST_IMPL(remote_hostile_shutdown) {
   std_opts(&op.o, (const char *const *)urls, (size_t)nf, 1);
   pthread_t th;
   ASSERT_OK(pthread_create(&th, NULL, open_main, &op));
-  double deadline = rh_now_ms() + 30000.0 * dh_slow();
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
   for (;;) {
     char *st = rs_stats(&fp);
     ASSERT_NOT_NULL(st);
     int64_t stalls = rs_json_int(st, "faults.stall", 0);
     free(st);
     if (stalls >= nf) break;
-    ASSERT(rh_now_ms() < deadline);
+    ASSERT(test_now_ms() < deadline);
     usleep(20000);
   }
-  double t0 = rh_now_ms();
+  double t0 = test_now_ms();
   int status = dh_stop_status(&d, 20000 * dh_slow());
-  double ms = rh_now_ms() - t0;
+  double ms = test_now_ms() - t0;
   fprintf(stderr, "stopped in %.0f ms (status 0x%x)\n", ms, status);
   if (status == -1) {
     dh_print_log(&d);
@@ -658,10 +646,10 @@ TEST_IMPL(remote_hostile_listing_loop) {
   const char *src[1] = {"s3://data/"};
   larder_stream_options_t o;
   std_opts(&o, src, 1, 1);
-  double t0 = rh_now_ms();
+  double t0 = test_now_ms();
   dh_run r = {0};
   ASSERT_NE(dh_collect(d.socket, &o, 0, &r), 0);
-  fprintf(stderr, "%.0f ms: %s\n", rh_now_ms() - t0, r.err);
+  fprintf(stderr, "%.0f ms: %s\n", test_now_ms() - t0, r.err);
   ASSERT_STR_CONTAINS(r.err, "s3://data/");
   ASSERT_STR_CONTAINS(r.err, "the listing does not progress");
   char *st = rs_stats(&fp);
@@ -772,10 +760,10 @@ TEST_IMPL(remote_hostile_headers) {
 
   ASSERT_OK(rs_control(&fp, "{\"add\":{\"type\":\"status\",\"status\":503,\"retry_after\":2,"
                             "\"path\":\"/part-000.parquet\"}}"));
-  double t0 = rh_now_ms();
+  double t0 = test_now_ms();
   dh_run r = {0};
   ASSERT_OK(dh_collect(d.socket, &o, 0, &r));
-  double ms = rh_now_ms() - t0;
+  double ms = test_now_ms() - t0;
   fprintf(stderr, "Retry-After: 2: the stream took %.0f ms\n", ms);
   ASSERT_GE(ms, 1900.0);
   dh_expect_same(&ref, &r);

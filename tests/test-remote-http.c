@@ -17,11 +17,7 @@
 
 static void std_opts(larder_stream_options_t *o, const char *const *src, size_t nsrc,
                      uint64_t epochs) {
-  dh_opts(o, src, 100, 7, epochs);
-  o->num_sources = nsrc;
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = ARENA;
+  dh_std_opts(o, src, nsrc, 100, 7, epochs, ARENA);
 }
 
 /* Asserts that the requests for /name in the access log are: `opens`
@@ -200,18 +196,10 @@ static path_count count_path(const rh_log *log, const char *name) {
 /* A local run of the standard dataset with the options of the remote one
  * (the reference batches). */
 static void local_reference(const char *dir, uint64_t epochs, dh_run *out) {
-  static int runs;
-  char name[32];
-  snprintf(name, sizeof(name), "ref%d", runs++);
-  dh_daemon d;
-  static const char *const fl[] = {"--workers=2", NULL};
-  dh_init(&d, name, fl);
-  dh_start(&d);
   const char *src[1] = {dir};
   larder_stream_options_t o;
   std_opts(&o, src, 1, epochs);
-  ASSERT_OK(dh_collect(d.socket, &o, 0, out));
-  dh_stop(&d);
+  rh_local_reference(&o, out);
 }
 
 /*
@@ -591,7 +579,7 @@ static void revalidation_case(const char *name, int no_range, int revalidate, in
   larder_client_t *c;
   ASSERT_OK(larder_client_connect(d.socket, &c));
   larder_stream_t *s;
-  double opened = rh_now_ms();
+  double opened = test_now_ms();
   ASSERT_OK(larder_stream_open(c, &o, &s));
   uint64_t bpe = larder_stream_batches_per_epoch(s);
   dh_run got = {0};
@@ -603,7 +591,7 @@ static void revalidation_case(const char *name, int no_range, int revalidate, in
   }
   int lines_before = rh_wait_lines(log_path, 0, 0);
   /* The check runs at most every `revalidate` seconds: let that pass. */
-  while (rh_now_ms() - opened < revalidate * 1000.0 + 200) usleep(20000);
+  while (test_now_ms() - opened < revalidate * 1000.0 + 200) usleep(20000);
   if (deleted) {
     char gone[PATH_MAX + 32];
     snprintf(gone, sizeof(gone), "%s/part-001.parquet", root);

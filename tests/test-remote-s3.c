@@ -22,27 +22,16 @@
 
 static void std_opts(larder_stream_options_t *o, const char *const *src, size_t nsrc,
                      uint64_t epochs) {
-  dh_opts(o, src, 100, 11, epochs);
-  o->num_sources = nsrc;
-  o->unit_rows = DH_STD_UNIT_ROWS;
-  o->shuffle_window = 8;
-  o->arena_bytes = ARENA;
+  dh_std_opts(o, src, nsrc, 100, 11, epochs, ARENA);
 }
 
-static char std_dir[1024];
 
 /* The standard dataset read locally: what every S3 run must equal. */
 static void local_reference(uint64_t epochs, dh_run *out) {
-  ASSERT_EQ(dh_std_dataset(std_dir, sizeof(std_dir)), DH_STD_ROWS);
-  dh_daemon d;
-  static const char *const fl[] = {"--workers=2", NULL};
-  dh_init(&d, "ref", fl);
-  dh_start(&d);
-  const char *src[1] = {std_dir};
+  const char *src[1] = {dh_std_dir()};
   larder_stream_options_t o;
   std_opts(&o, src, 1, epochs);
-  ASSERT_OK(dh_collect(d.socket, &o, 0, out));
-  dh_stop(&d);
+  rh_local_reference(&o, out);
 }
 
 /* No AWS_* variable of the test's environment may reach a daemon unless a
@@ -58,8 +47,8 @@ static void clear_aws_env(void) {
  * must step over: a _SUCCESS marker, and keys of another prefix. */
 static void s3_with_std(rs_server *s3, const char *name, const char *const *extra) {
   rh_s3(s3, name, extra);
-  ASSERT_EQ(rh_s3_put(s3, "data", "std/", std_dir), 4);
-  ASSERT_EQ(rh_s3_put(s3, "data", "other/", std_dir), 4);
+  ASSERT_EQ(rh_s3_put(s3, "data", "std/", dh_std_dir()), 4);
+  ASSERT_EQ(rh_s3_put(s3, "data", "other/", dh_std_dir()), 4);
   char marker[PATH_MAX];
   snprintf(marker, sizeof(marker), "%s/_SUCCESS", test_tmpdir());
   ASSERT_EQ(test_system(": > '%s'", marker), 0);
@@ -255,7 +244,7 @@ TEST_IMPL(remote_s3_credentials) {
     snprintf(out, sizeof(out), "%s/s3put-r.out", test_tmpdir());
     ASSERT_EQ(test_system("node tests/remote/s3put.mjs --endpoint %s --region eu-west-1 "
                           "--bucket data --prefix std/ '%s'/*.parquet > '%s'",
-                          s3r.url, std_dir, out),
+                          s3r.url, dh_std_dir(), out),
               0);
   }
   static const char *const secrets[] = {SECRET, TOKEN, NULL};
@@ -365,9 +354,9 @@ TEST_IMPL(remote_s3_errors) {
   ASSERT_OK(rs_control(&s3, "{\"reset_stats\":true}"));
   std_opts(&o, keys, 4, 1);
   dh_run r = {0};
-  double t0 = rh_now_ms();
+  double t0 = test_now_ms();
   ASSERT_NE(dh_collect(d.socket, &o, 0, &r), 0);
-  fprintf(stderr, "wrong secret: %s (%.0f ms)\n", r.err, rh_now_ms() - t0);
+  fprintf(stderr, "wrong secret: %s (%.0f ms)\n", r.err, test_now_ms() - t0);
   ASSERT_STR_CONTAINS(r.err, "access denied for s3://data/std/part-00");
   ASSERT_STR_CONTAINS(r.err, ".parquet: check credentials");
   ASSERT_STR_CONTAINS(r.err, "SignatureDoesNotMatch");
