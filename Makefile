@@ -79,7 +79,7 @@ COMMON_SRCS := client/error.c
 # unit tests.
 DAEMON_STAGES := fetch cache plan serve
 DAEMON_LIB_SRCS := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c $(DAEMON_STAGES:%=daemon/%/*.c))))
-CLIENT_SRCS := client/larder.c client/wire.c client/error.c client/cuda.c
+CLIENT_SRCS := client/larder.c client/batch.c client/export.c client/wire.c client/error.c client/cuda.c
 CTL_SRCS := client/ctl/larderctl.c client/ctl/ctl_parquet.c client/ctl/ctl_daemon.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
 TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c tests/remote-harness.c tests/remote/rs.c
