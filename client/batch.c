@@ -142,7 +142,8 @@ static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
  * Builds the arrays of a batch into nodes from its descriptors b (whose
  * count the caller checked against s->num_nodes), and sets *bytes to the
  * size of its buffers.  Returns 0, or LARDER_EPROTO when a buffer lies
- * outside the arena or is too small for its array.
+ * outside the arena or is too small for its array, or a column is shorter
+ * than the batch.
  *
  * A batch's buffers must not only lie inside the arena but be large
  * enough for the array's type and length: a descriptor with a length of a
@@ -200,15 +201,28 @@ int llib_build_arrays(const larder_stream_t *s, const wire_batch_t *b, larder_ar
     a->field = p->field;
     a->length = length;
     a->null_count = nulls;
-    a->validity = vl ? s->arena + vo : NULL;
-    a->offsets = ol ? s->arena + oo : NULL;
-    a->values = xl ? s->arena + xo : NULL;
+    /* Pointers are formed only within the arena (or one past its end),
+     * even for a descriptor about to be refused: an offset past the end,
+     * which makes the batch bad above, is clamped to it, as adding it
+     * could wrap around the address space, which is undefined.  Tested
+     * by fuzz-ring (tests/fuzz/regress/fuzz-ring/arena-offset-wraps). */
+    a->validity = vl ? s->arena + (vo <= size ? vo : size) : NULL;
+    a->offsets = ol ? s->arena + (oo <= size ? oo : size) : NULL;
+    a->values = xl ? s->arena + (xo <= size ? xo : size) : NULL;
     a->values_size = xl;
     a->num_children = p->num_children;
     a->children = p->num_children ? nodes + p->children : NULL;
     total += vl + ol + xl;
   }
   if (bad) return LARDER_EPROTO;
+  /* The batch is a struct of its columns, as larder_batch_export hands it
+   * over: each column has a slot for each of its rows, or a consumer of
+   * the export would read past a column's buffers.  Tested by fuzz-ring
+   * (tests/fuzz/regress/fuzz-ring/batch-rows-beyond-columns). */
+  int64_t rows = (int64_t)b->num_rows;
+  if (rows < 0) return LARDER_EPROTO;
+  for (int i = 0; i < s->schema.num_children; i++)
+    if (nodes[i].length < rows) return LARDER_EPROTO;
   for (int i = 0; i < s->num_deep; i++) {
     const node_plan_t *p = &s->plan[s->deep[i]];
     const larder_array_t *a = &nodes[p->slot];
