@@ -1,5 +1,8 @@
 /*
- * larder.c: liblarder, the client side of the protocol.
+ * larder.c: liblarder's connection and streams, the client side of the
+ * protocol: connecting, opening and closing streams, reading frames and
+ * the descriptor ring, releasing batches.  How a batch's arrays are built
+ * and checked is batch.c's, its exports export.c's (internal.h).
  *
  * A client is one connection.  Frames are read only by the thread that
  * calls larder_stream_next (or open/close), and dispatched to their stream's
