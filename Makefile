@@ -79,7 +79,7 @@ COMMON_SRCS := client/error.c
 # unit tests.
 DAEMON_STAGES := fetch cache plan serve
 DAEMON_LIB_SRCS := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c $(DAEMON_STAGES:%=daemon/%/*.c))))
-CLIENT_SRCS := client/larder.c client/wire.c client/error.c client/cuda.c
+CLIENT_SRCS := client/larder.c client/batch.c client/export.c client/wire.c client/error.c client/cuda.c
 CTL_SRCS := client/ctl/larderctl.c client/ctl/ctl_parquet.c client/ctl/ctl_daemon.c
 TEST_SRCS := tests/runner.c $(sort $(wildcard tests/test-*.c))
 TEST_SRCS += tests/pqwrite.c tests/daemon-harness.c tests/remote-harness.c tests/remote/rs.c
@@ -266,7 +266,7 @@ FUZZ_SECONDS ?= 300
 FUZZ_B := build/fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
                -fno-sanitize-recover=undefined -Wall -Wextra -Werror
-FUZZ_TARGETS := fuzz-footer fuzz-pages fuzz-wire
+FUZZ_TARGETS := fuzz-footer fuzz-pages fuzz-wire fuzz-ring
 
 fuzz-build: $(addprefix $(FUZZ_B)/,$(FUZZ_TARGETS))
 
@@ -281,8 +281,17 @@ $(FUZZ_B)/fuzz-wire: tests/fuzz/fuzz-wire.c client/wire.c client/error.c $(PROTO
 	clang $(FUZZ_CFLAGS) -Wno-unused-parameter -I$(GEN) -Iclient $< client/wire.c client/error.c \
 	  $(PROTO_C) $(CLIENT_LIBS) -o $@
 
-# Each target gets half the time; the corpus starts from the conformance
-# files and whatever earlier runs found.
+# The descriptor ring as both sides read it (client/ring.h), and
+# liblarder's checks of a descriptor against the stream's arena before it
+# builds arrays (client/internal.h): all of liblarder, without CUDA.
+$(FUZZ_B)/fuzz-ring: tests/fuzz/fuzz-ring.c $(CLIENT_SRCS) $(PROTO_C) $(wildcard client/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Wno-unused-parameter -Wno-missing-field-initializers -pthread -I$(GEN) \
+	  -Iclient $< $(CLIENT_SRCS) $(PROTO_C) $(CLIENT_LIBS) -o $@
+
+# Each target gets an equal share of the time; the corpus starts from the
+# seeds run.sh makes, the inputs that once found a bug (tests/fuzz/regress/)
+# and whatever earlier runs found.
 fuzz: fuzz-build
 	tests/fuzz/run.sh $(FUZZ_B) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 

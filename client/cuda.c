@@ -1,8 +1,8 @@
 /*
  * cuda.c: liblarder's CUDA side: the driver loader that larderd shares
  * (lcuda_load), the trainer's mapping of a stream's device region
- * (lcuda_map_*), and the exports of device batches through the Arrow C
- * Device Data Interface and DLPack.  See lcuda.h and larder.h.
+ * (lcuda_map_*).  See lcuda.h.  (The exports of device batches, through
+ * the Arrow C Device Data Interface and DLPack, are export.c's.)
  *
  * Invariants:
  * - The driver table, once loaded, is never unloaded: device pointers and
@@ -14,7 +14,6 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,135 +263,3 @@ int lcuda_device_by_uuid(const uint8_t uuid[16]) {
 void lcuda_map_close(lcuda_map_t *m) { (void)m; }
 
 #endif /* LARDER_HAVE_CUDA_H */
-
-/* ------------------------------------------------------------------------ */
-/* Arrow C Device Data Interface                                             */
-
-int larder_batch_export_device(larder_batch_t *batch, struct ArrowSchema *schema,
-                               struct ArrowDeviceArray *array) {
-  int cuda = larder_batch_memory_kind(batch) == LARDER_MEMORY_CUDA;
-  int64_t device = larder_batch_device(batch);
-  /* On an error the caller's structs are left as they were (a second
-   * export must not clobber the first). */
-  int rc = larder_batch_export(batch, schema, &array->array);
-  if (rc) return rc;
-  memset(array->reserved, 0, sizeof(array->reserved));
-  array->device_type = cuda ? ARROW_DEVICE_CUDA : ARROW_DEVICE_CPU;
-  array->device_id = cuda ? device : -1;
-  /* The daemon synchronized the copy before it published the batch. */
-  array->sync_event = NULL;
-  return 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* DLPack                                                                    */
-
-/* What the tensors of one export share: the batch, released by the last
- * deleter. */
-typedef struct dlpack_export {
-  atomic_int refs;
-  larder_batch_t *batch;
-} dlpack_export_t;
-
-typedef struct dlpack_tensor {
-  DLManagedTensor t; /* first: the consumer's pointer is this struct's */
-  int64_t shape[2];
-  dlpack_export_t *x;
-} dlpack_tensor_t;
-
-static void dlpack_delete(DLManagedTensor *self) {
-  if (self == NULL) return;
-  dlpack_tensor_t *dt = (dlpack_tensor_t *)self;
-  dlpack_export_t *x = dt->x;
-  free(dt);
-  if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
-  larder_internal_batch_release_taken(x->batch);
-  free(x);
-}
-
-/* DLPack's type of a's values, or 0 when it has none (not fixed-width). */
-static int dlpack_type(const larder_array_t *a, DLDataType *t, int *ndim) {
-  *ndim = 1;
-  t->lanes = 1;
-  switch (larder_array_type(a)) {
-    case LARDER_TYPE_INT8: *t = (DLDataType){kDLInt, 8, 1}; return 1;
-    case LARDER_TYPE_INT16: *t = (DLDataType){kDLInt, 16, 1}; return 1;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32:
-      *t = (DLDataType){kDLInt, 32, 1};
-      return 1;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP:
-      *t = (DLDataType){kDLInt, 64, 1};
-      return 1;
-    case LARDER_TYPE_UINT8: *t = (DLDataType){kDLUInt, 8, 1}; return 1;
-    case LARDER_TYPE_UINT16: *t = (DLDataType){kDLUInt, 16, 1}; return 1;
-    case LARDER_TYPE_UINT32: *t = (DLDataType){kDLUInt, 32, 1}; return 1;
-    case LARDER_TYPE_UINT64: *t = (DLDataType){kDLUInt, 64, 1}; return 1;
-    case LARDER_TYPE_FLOAT16: *t = (DLDataType){kDLFloat, 16, 1}; return 1;
-    case LARDER_TYPE_FLOAT32: *t = (DLDataType){kDLFloat, 32, 1}; return 1;
-    case LARDER_TYPE_FLOAT64: *t = (DLDataType){kDLFloat, 64, 1}; return 1;
-    case LARDER_TYPE_FIXED_BINARY:
-      if (larder_array_byte_width(a) <= 0) return 0;
-      *t = (DLDataType){kDLUInt, 8, 1};
-      *ndim = 2;
-      return 1;
-    default: return 0;
-  }
-}
-
-int larder_batch_export_dlpack(larder_batch_t *batch, DLManagedTensor **tensors, int n) {
-  if (batch == NULL || tensors == NULL || n < 0 || n > larder_batch_num_columns(batch))
-    return LARDER_EINVAL;
-  int cuda = larder_batch_memory_kind(batch) == LARDER_MEMORY_CUDA;
-  DLDevice dev = {cuda ? kDLCUDA : kDLCPU, cuda ? (int32_t)larder_batch_device(batch) : 0};
-  int made = 0;
-  for (int i = 0; i < n; i++) {
-    DLDataType t;
-    int ndim;
-    tensors[i] = NULL;
-    if (dlpack_type(larder_batch_column(batch, i), &t, &ndim)) made++;
-  }
-  if (made == 0) return LARDER_EUNSUPPORTED;
-  dlpack_export_t *x = calloc(1, sizeof(*x));
-  if (x == NULL) return LARDER_ENOMEM;
-  for (int i = 0; i < n; i++) {
-    const larder_array_t *a = larder_batch_column(batch, i);
-    DLDataType t;
-    int ndim;
-    if (!dlpack_type(a, &t, &ndim)) continue;
-    dlpack_tensor_t *dt = calloc(1, sizeof(*dt));
-    if (dt == NULL) {
-      for (int k = 0; k < i; k++) {
-        free(tensors[k]);
-        tensors[k] = NULL;
-      }
-      free(x);
-      return LARDER_ENOMEM;
-    }
-    dt->x = x;
-    dt->shape[0] = larder_array_length(a);
-    dt->shape[1] = ndim == 2 ? larder_array_byte_width(a) : 1;
-    /* DLPack's data is not const; the consumer owns the tensor. */
-    dt->t.dl_tensor.data = (void *)larder_array_values(a);
-    dt->t.dl_tensor.device = dev;
-    dt->t.dl_tensor.ndim = ndim;
-    dt->t.dl_tensor.dtype = t;
-    dt->t.dl_tensor.shape = dt->shape;
-    dt->t.dl_tensor.strides = NULL; /* compact, row-major */
-    dt->t.dl_tensor.byte_offset = 0;
-    dt->t.manager_ctx = x;
-    dt->t.deleter = dlpack_delete;
-    tensors[i] = &dt->t;
-  }
-  int rc = larder_internal_batch_take(batch);
-  if (rc) {
-    for (int i = 0; i < n; i++) {
-      free(tensors[i]);
-      tensors[i] = NULL;
-    }
-    free(x);
-    return rc;
-  }
-  x->batch = batch;
-  atomic_init(&x->refs, made);
-  return made;
-}

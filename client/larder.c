@@ -1,5 +1,8 @@
 /*
- * larder.c: liblarder, the client side of the protocol.
+ * larder.c: liblarder's connection and streams, the client side of the
+ * protocol: connecting, opening and closing streams, reading frames and
+ * the descriptor ring, releasing batches.  How a batch's arrays are built
+ * and checked is batch.c's, its exports export.c's (internal.h).
  *
  * A client is one connection.  Frames are read only by the thread that
  * calls larder_stream_next (or open/close), and dispatched to their stream's
@@ -30,197 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "larder.h"
-#include "lcuda.h"
-#include "ring.h"
-#include "wire.h"
+#include "internal.h"
 
-typedef struct field {
-  char *name;
-  larder_type_t type;
-  int nullable;
-  int32_t byte_width, precision, scale;
-  larder_time_unit_t unit;
-  int utc;
-  int num_children;
-  struct field *children;
-} field_t;
-
-struct larder_array {
-  const field_t *field;
-  int64_t length, null_count;
-  const uint8_t *validity;
-  const uint8_t *offsets; /* int32, or int64 for the LARGE_* types */
-  const void *values;
-  uint64_t values_size;
-  int num_children;
-  int memory_kind;  /* LARDER_MEMORY_CUDA: the buffer pointers are device
-                       pointers (cuda_rebase_arrays) */
-  larder_array_t *children;
-};
-
-typedef struct queued {
-  struct queued *next;
-  Larder__Frame *frame; /* or */
-  wire_batch_t *batch;  /* a Batch frame, decoded by wire_decode_batch */
-} queued_t;
-
-/* A node of a stream's array tree, in pre-order (the order of a batch's
- * descriptors), with what building and checking its array needs, worked
- * out once at open (plan_node).  A batch's arrays are then built in one
- * flat loop (build_batch_arrays), with no type switch per node: the
- * recursion and switches it replaces took 800 to 1,100 cycles for the 16
- * arrays of the benchmark's batches with warm caches, the loop about 420
- * (development VM). */
-typedef struct node_plan {
-  const field_t *field;
-  int slot;             /* its array in a batch's nodes */
-  int children;         /* the slot of its first child */
-  int num_children;
-  int bad_width;        /* a FIXED_BINARY of negative width: no batch is valid */
-  uint64_t value_width; /* bytes per value, 0 when values are not fixed-width */
-  uint64_t offset_width; /* 4 or 8 for the types with offsets, else 0 */
-  int bitmap_values;    /* BOOL: its values are bits */
-  int validity_checked; /* not the NULL type, whose slots are all null */
-  /* Its offsets index its child's slots (LIST, LARGE_LIST, MAP) rather
-   * than bytes of its values: the checks need not read the field. */
-  int offsets_index_child;
-} node_plan_t;
-
-struct larder_stream {
-  larder_client_t *client;
-  uint32_t id;
-  larder_stream_t *next;
-  field_t schema;
-  int num_nodes;
-  /* num_nodes nodes in pre-order, and the indexes of those whose checks
-   * read a child or the arena (structs, and the types with offsets). */
-  node_plan_t *plan;
-  int *deep;
-  int num_deep;
-  uint8_t *arena;
-  uint64_t arena_size;
-  uint64_t batches_per_epoch, num_samples;
-  uint32_t partitions, partitions_first, partitions_last;
-  char note[512];
-  queued_t *q_head, *q_tail;
-  int ended;   /* EndOfStream received */
-  int error;   /* the error that ended the stream */
-  /* The error was found here (a malformed batch, out of memory), not
-   * sent by the daemon: the daemon still has the stream, and close tells
-   * it, and no later batch is taken. */
-  int failed_here;
-  int closed;  /* larder_stream_close called */
-  int refs;    /* 1 for the stream + one per live batch */
-  uint64_t pos_epoch, pos_batch;
-  uint64_t wait_ns, compute_ns, last_return_ns;
-  int last_timed_out;                   /* the last call returned LARDER_ETIMEDOUT */
-  uint64_t report_wait, report_compute; /* not yet sent with a release */
-  pthread_mutex_t lock;                 /* refs and the report counters */
-  /* Under the client's send_lock: releases of this stream in c->held, and
-   * how many it may hold (half its window). */
-  int held_releases, hold_max;
-  uint64_t held_gen;                    /* c->flushes when counted */
-  larder_batch_t *spare;                /* a released batch (and its arrays)
-                                           to reuse, under lock */
-  /* The descriptor ring (ring.h), when the daemon offered one: batches
-   * come from it rather than from Batch frames, releases go to it. */
-  ring_header_t *ring;
-  uint64_t ring_size;
-  /* Where the ring's entries lie, and the layout values of a descriptor,
-   * checked once at open: the header is writable shared memory, and a
-   * value re-read from it on each take could have changed since (a slots
-   * of 0 divided by zero). */
-  ring_layout_t ring_layout;
-  uint32_t ring_num_layout;
-  uint64_t ring_consumed;               /* descriptors taken (reading thread) */
-  uint64_t ring_released;               /* entries written, under lock */
-  uint64_t ring_woken_at;               /* the wake_at last answered, under lock */
-  uint64_t ring_told;                   /* ring_released when that Wake went */
-  /* Under lock: the reading thread sleeps on the socket, or returned
-   * LARDER_ETIMEDOUT and its caller waits on larder_stream_fd.  A release
-   * made then tells the daemon at once when it waits for one (wake_at):
-   * nothing else would, as the reader has checked wake_at already. */
-  int ring_reader_asleep;
-  /* Under the client's send_lock (written by the owning thread only,
-   * which may read it unlocked): this stream's last larder_stream_next
-   * returned LARDER_ETIMEDOUT, so its caller may wait on its descriptor,
-   * and releases go at once, as for a reader waiting in pump.  The flag
-   * is per stream, not per client: a call for another stream must not
-   * clear it while the caller still waits on this one, or this one's
-   * releases would be held, the daemon's window fill, and the caller's
-   * poll never wake.  Tested by client_frames_two_streams_wait. */
-  int caller_waits;
-  /* The descriptors a reader that runs dry sleeps for, chosen by
-   * ring_pace_sleep_batches after each call from the reader's pace (both
-   * under lock), read by the reading thread. */
-  uint32_t ring_wake_batches;
-  uint32_t window;
-  ring_pace_t pace;
-  ring_sleeps_t ring_sleeps;            /* what its sleeps asked (reading thread) */
-  /* larder_stream_fd: an epoll descriptor holding the client's socket and
-   * `efd`, an eventfd that the reading thread signals when a call for
-   * another stream (or open, close) reads something for this one: a Wake
-   * frame, or frames it queues.  The socket no longer shows those, so the
-   * eventfd does until larder_stream_next runs for this stream.
-   * `signalled` (reading thread only) says the eventfd holds a count, so
-   * that next reads it only then: no system call on the hot path. */
-  int efd, epfd;
-  int signalled;
-  /* CUDA streams (client/cuda.c): the daemon's device region, which
-   * mirrors the arena byte for byte, and its device; NULL and -1 for host
-   * streams. */
-  int cuda_device;
-  lcuda_map_t *cuda;
-  larder_client_t *cuda_client; /* set by a close with batches held */
-};
-
-struct larder_batch {
-  larder_stream_t *stream;
-  uint64_t seq, epoch, index;
-  int64_t rows;
-  uint64_t bytes;
-  int num_columns;
-  larder_array_t *nodes;
-  larder_array_t *columns; /* the root's children: nodes[0 .. num_columns) */
-  int exported;            /* larder_batch_export moved it to an ArrowArray */
-};
-
-struct larder_client {
-  int fd;
-  pthread_mutex_t send_lock;
-  uint8_t *rbuf;
-  size_t rlen, rcap;
-  int fds[8];
-  int num_fds;
-  /* The first fds_claimed of fds came with `reply` (OpenStreamReply); the
-   * rest came with frames not routed yet. */
-  int fds_claimed;
-  uint32_t next_request_id;
-  larder_stream_t *streams;
-  Larder__Frame *reply; /* the answer a request waits for */
-  uint32_t waiting_request;
-  /* The connection failed (the error, or LARDER_ECLOSED).  Written by the
-   * reading thread; atomic because releases on other threads read it. */
-  atomic_int broken;
-  pid_t pid;            /* the process that connected (fork: see close) */
-  unsigned fork_gen;    /* fork_generation when it connected */
-  char err[1024];
-  /* Under send_lock: Release frames not sent yet.  They go out together
-   * when a stream holds half its window of them, before the reading thread
-   * waits for the daemon, or ahead of any other frame; the daemon then
-   * sends the batches that replace them in one write too, and a trainer
-   * that keeps up reads several batches per system call. */
-  uint8_t *held;
-  size_t held_len, held_cap;
-  uint64_t flushes;
-  int reader_waiting;   /* a thread waits in pump: send releases at once */
-  /* Under send_lock: a send failed, so the daemon missed what it carried
-   * (a release, a Wake).  The connection is not marked broken for it: what
-   * the daemon sent before it went (an error, the end of a stream) may
-   * still be read. */
-  int send_failed;
-};
 
 static int ring_tell(larder_client_t *c, larder_stream_t *s);
 
@@ -774,109 +588,6 @@ static int absolute_source(larder_client_t *c, const char *src, char **out) {
   return 0;
 }
 
-static int copy_field(field_t *dst, const Larder__Field *src, int depth) {
-  memset(dst, 0, sizeof(*dst));
-  if (depth > 64) return LARDER_EPROTO;
-  dst->name = strdup(src->name ? src->name : "");
-  dst->type = (larder_type_t)src->type;
-  dst->nullable = src->nullable;
-  dst->byte_width = src->byte_width;
-  dst->precision = src->precision;
-  dst->scale = src->scale;
-  dst->unit = (larder_time_unit_t)(src->unit & 3);
-  dst->utc = src->utc;
-  if (dst->name == NULL || src->type >= LARDER_TYPE_COUNT_) return LARDER_EPROTO;
-  if (src->n_children) {
-    dst->children = calloc(src->n_children, sizeof(field_t));
-    if (dst->children == NULL) return LARDER_ENOMEM;
-    dst->num_children = (int)src->n_children;
-    for (size_t i = 0; i < src->n_children; i++) {
-      int rc = copy_field(&dst->children[i], src->children[i], depth + 1);
-      if (rc) return rc;
-    }
-  }
-  return 0;
-}
-
-static void free_field(field_t *f) {
-  for (int i = 0; i < f->num_children; i++) free_field(&f->children[i]);
-  free(f->children);
-  free(f->name);
-}
-
-static int count_nodes(const field_t *f) {
-  int n = 1;
-  for (int i = 0; i < f->num_children; i++) n += count_nodes(&f->children[i]);
-  return n;
-}
-
-/* Bytes per value of a fixed-width type (as Arrow lays it out: a decimal
- * takes 16 or 32 bytes whatever its precision), 0 for the other types
- * (BOOL's values are bits), or -1 for a FIXED_BINARY of negative width.
- * The daemon's table is pq_field_value_width; this library does not link
- * the decoder, and a schema read off the socket may hold what no daemon
- * sends, such as a negative width. */
-static int64_t value_width(const field_t *f) {
-  switch (f->type) {
-    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
-    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
-    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
-    case LARDER_TYPE_DECIMAL128: return 16;
-    case LARDER_TYPE_DECIMAL256: return 32;
-    case LARDER_TYPE_FIXED_BINARY: return f->byte_width < 0 ? -1 : f->byte_width;
-    default: return 0;
-  }
-}
-
-/* Bytes per offset of a type with offsets, else 0. */
-static uint64_t offset_width(larder_type_t type) {
-  switch (type) {
-    case LARDER_TYPE_BINARY: case LARDER_TYPE_STRING: case LARDER_TYPE_LIST:
-    case LARDER_TYPE_MAP: return 4;
-    case LARDER_TYPE_LARGE_BINARY: case LARDER_TYPE_LARGE_STRING:
-    case LARDER_TYPE_LARGE_LIST: return 8;
-    default: return 0;
-  }
-}
-
-/* Plans node f, the k-th in pre-order, whose array takes `slot`; its
- * children take the next free slots (from *slot_next), contiguously, so
- * they can be indexed.  The thread that opens. */
-static void plan_node(larder_stream_t *s, int *k, int *slot_next, const field_t *f, int slot) {
-  node_plan_t *p = &s->plan[(*k)++];
-  int64_t width = value_width(f);
-  p->field = f;
-  p->slot = slot;
-  p->num_children = f->num_children;
-  p->bad_width = width < 0;
-  p->value_width = width > 0 ? (uint64_t)width : 0;
-  p->offset_width = offset_width(f->type);
-  p->bitmap_values = f->type == LARDER_TYPE_BOOL;
-  p->validity_checked = f->type != LARDER_TYPE_NULL;
-  p->offsets_index_child = f->type == LARDER_TYPE_LIST || f->type == LARDER_TYPE_LARGE_LIST ||
-                           f->type == LARDER_TYPE_MAP;
-  if (f->type == LARDER_TYPE_STRUCT || p->offset_width) s->deep[s->num_deep++] = (int)(p - s->plan);
-  p->children = *slot_next;
-  *slot_next += f->num_children;
-  for (int i = 0; i < f->num_children; i++)
-    plan_node(s, k, slot_next, &f->children[i], p->children + i);
-}
-
-/* Plans s's nodes (s->schema and s->num_nodes set).  Returns 0 or
- * LARDER_ENOMEM.  The thread that opens. */
-static int plan_stream(larder_stream_t *s) {
-  s->plan = calloc((size_t)s->num_nodes + 1, sizeof(*s->plan));
-  s->deep = calloc((size_t)s->num_nodes + 1, sizeof(*s->deep));
-  if (s->plan == NULL || s->deep == NULL) return LARDER_ENOMEM;
-  /* The columns take the first slots, so they index directly. */
-  int k = 0, slot_next = s->schema.num_children;
-  for (int i = 0; i < s->schema.num_children; i++)
-    plan_node(s, &k, &slot_next, &s->schema.children[i], i);
-  return 0;
-}
 
 /* Checks that fd, a memfd the daemon sent, holds at least size bytes and
  * is sealed against shrinking, as the daemon seals its arenas and rings
@@ -894,14 +605,9 @@ static int check_shm(larder_client_t *c, int fd, uint64_t size, const char *what
   return 0;
 }
 
-/* Copies where the entries of the ring h (size bytes mapped) lie into
- * s->ring_layout, once, and checks the copy, as the daemon works from its
- * own ring_layout_t.  Takes and releases use only this copy, never the
- * shared header, which the other side may rewrite after the open (slots 0
- * would divide by zero).  Tested by client_fake_ring_rewritten.  Returns 1
- * when the ring is usable. */
-static int ring_snapshot(larder_stream_t *s, ring_header_t *h, uint64_t size,
-                         uint32_t num_layout) {
+/* See internal.h.  The copy is checked as the daemon works from its own
+ * ring_layout_t.  Tested by client_fake_ring_rewritten, and by fuzz-ring. */
+int llib_ring_snapshot(larder_stream_t *s, ring_header_t *h, uint64_t size, uint32_t num_layout) {
   ring_layout_t *l = &s->ring_layout;
   if (size < sizeof(ring_header_t)) return 0;
   ring_layout_init(l, h);
@@ -913,12 +619,13 @@ static int ring_snapshot(larder_stream_t *s, ring_header_t *h, uint64_t size,
          ring_bytes((uint32_t)l->slots, num_layout) <= size;
 }
 
-int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
-                       larder_stream_t **out) {
-  *out = NULL;
-  if (c == NULL || opts == NULL || opts->num_sources == 0 || opts->sources == NULL)
-    return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
-  if (client_forked(c)) return forked_err(c);
+/* Checks the options an open was given, before anything is sent: a window
+ * above LARDER_MAX_WINDOW, a NULL column, out-of-range ranks and sizes, a
+ * batch size of 0, and RANK, WORLD_SIZE or LOCAL_WORLD_SIZE set but empty
+ * where the options leave them to the environment.  Returns 0, or
+ * LARDER_EINVAL with the client's error naming the field.  The thread that
+ * opens. */
+static int open_check_options(larder_client_t *c, const larder_stream_options_t *opts) {
   /* Refuse a window above LARDER_MAX_WINDOW: the daemon caps a stream's
    * window there silently, while this side sizes its wakeups and held
    * releases from the window asked for, so a client holding more than the
@@ -960,6 +667,25 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
       return set_err(c, LARDER_EINVAL, "%s is set but empty: unset it, or give a number",
                      must_not_be_empty[i]);
   }
+  return 0;
+}
+
+/* Where an open's stream sits in the job, as the options say or else the
+ * environment, and the UUID of its CUDA device (CUDA streams only). */
+typedef struct open_params {
+  int rank, world, cuda, local;
+  uint8_t cuda_uuid[16];
+} open_params_t;
+
+/* Fills *p from the options (checked by open_check_options) and, where
+ * they leave a value to it, the environment; for a CUDA stream, checks
+ * that the driver and device are there (before the daemon allocates
+ * device memory for the stream) and reads the device's UUID.  Returns 0,
+ * LARDER_EINVAL (a variable that is no number, an unknown memory kind),
+ * or lcuda_device_uuid's error, with the client's error set.  The thread
+ * that opens. */
+static int open_resolve(larder_client_t *c, const larder_stream_options_t *opts,
+                        open_params_t *p) {
   int rank = opts->rank, world = opts->world_size, cuda = opts->cuda_device, rc = 0;
   /* Only the first variable set counts, and only it is parsed, so that a
    * LOCAL_RANK or SLURM_NTASKS that is no number does not fail the open
@@ -989,18 +715,31 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (rc == 0 && opts->memory_kind != LARDER_MEMORY_HOST && opts->memory_kind != LARDER_MEMORY_CUDA)
     rc = set_err(c, LARDER_EINVAL, "memory_kind %d is neither LARDER_MEMORY_HOST nor LARDER_MEMORY_CUDA",
                  opts->memory_kind);
-  uint8_t cuda_uuid[16];
   if (rc == 0 && opts->memory_kind == LARDER_MEMORY_CUDA)
-    rc = lcuda_device_uuid(cuda, cuda_uuid, c->err, sizeof(c->err));
-  if (rc) return rc;
+    rc = lcuda_device_uuid(cuda, p->cuda_uuid, c->err, sizeof(c->err));
+  p->rank = rank;
+  p->world = world;
+  p->cuda = cuda;
+  p->local = local;
+  return rc;
+}
+
+/* Sends the OpenStream request for opts and p, with relative sources made
+ * absolute, and sets *request_id to its id.  Returns 0, or LARDER_ENOMEM,
+ * LARDER_EINVAL (absolute_source) or the send's error, with the client's
+ * error set.  The thread that opens. */
+static int open_send(larder_client_t *c, const larder_stream_options_t *opts,
+                     open_params_t *p, uint32_t *request_id) {
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.partitions = opts->partitions;
-  req.local_world_size = (uint32_t)local;
+  req.local_world_size = (uint32_t)p->local;
   const char *job = opts->job ? opts->job : getenv("LARDER_JOB");
   req.job = (char *)(job ? job : ""); /* packing only reads it */
   req.request_id = ++c->next_request_id;
+  *request_id = req.request_id;
   char **sources = calloc(opts->num_sources, sizeof(char *));
   if (sources == NULL) return set_err(c, LARDER_ENOMEM, "out of memory");
+  int rc = 0;
   for (size_t i = 0; rc == 0 && i < opts->num_sources; i++)
     rc = absolute_source(c, opts->sources[i] ? opts->sources[i] : "", &sources[i]);
   if (rc) {
@@ -1020,18 +759,18 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   req.shuffle_window = opts->shuffle_window;
   req.unit_rows = opts->unit_rows;
   req.epochs = opts->epochs;
-  req.rank = (uint32_t)rank;
-  req.world_size = (uint32_t)world;
+  req.rank = (uint32_t)p->rank;
+  req.world_size = (uint32_t)p->world;
   req.drop_last = opts->drop_last;
   req.start_epoch = opts->start_epoch;
   req.start_batch = opts->start_batch;
   req.window = opts->window;
   req.arena_bytes = opts->arena_bytes;
   req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
-  req.cuda_device = cuda;
+  req.cuda_device = p->cuda;
   if (opts->memory_kind == LARDER_MEMORY_CUDA) {
-    req.cuda_device_uuid.data = cuda_uuid;
-    req.cuda_device_uuid.len = sizeof(cuda_uuid);
+    req.cuda_device_uuid.data = p->cuda_uuid;
+    req.cuda_device_uuid.len = sizeof(p->cuda_uuid);
   }
   req.ring = 1;
   Larder__Frame f = LARDER__FRAME__INIT;
@@ -1041,15 +780,30 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   for (size_t i = 0; i < opts->num_sources; i++) free(sources[i]);
   free(sources);
   if (rc) return set_err(c, rc, "cannot send to the daemon");
-  /* Opening resolves globs and reads footers: allow it a while.  (The
-   * tests shorten it to see what a late reply does.) */
-  const char *t = getenv("LARDER_TEST_OPEN_TIMEOUT_MS");
-  int open_timeout_ms = t && *t ? atoi(t) : 600000;
-  Larder__Frame *r = wait_reply(c, req.request_id, open_timeout_ms, &rc);
-  if (r == NULL) return rc;
-  /* The descriptors that came with the reply: the arena, then the ring
-   * when the daemon offers one. */
-  int claimed = c->fds_claimed;
+  return 0;
+}
+
+/* What an open keeps of the daemon's OpenStreamReply beyond the reply
+ * itself: the shared memory's descriptors (the open's to close) and the
+ * ring's size, and a CUDA stream's device handle. */
+typedef struct open_reply {
+  int afd, rfd; /* the arena; the ring, or -1 */
+  uint64_t ring_size;
+  int want_cuda;
+  int cuda_reply_ok; /* a host stream, or a CUDA one whose reply carries its device memory */
+  uint8_t cuda_handle[LCUDA_IPC_HANDLE_BYTES];
+  size_t cuda_handle_len;
+} open_reply_t;
+
+/* Claims the descriptors that came with the reply r (the arena, then the
+ * ring when the daemon offers one) and checks that r is an
+ * OpenStreamReply with a schema and the descriptors it announces.
+ * Returns 0 with *o filled in (r still the caller's), or an error (the
+ * daemon's, or LARDER_EPROTO) with the client's error set, r freed and
+ * the descriptors closed.  The thread that opens. */
+static int open_take_reply(larder_client_t *c, const larder_stream_options_t *opts,
+                           Larder__Frame *r, open_reply_t *o) {
+  int claimed = c->fds_claimed, rc = 0;
   int afd = claimed > 0 ? c->fds[0] : -1, rfd = claimed > 1 ? c->fds[1] : -1;
   memmove(c->fds, c->fds + claimed, (size_t)(c->num_fds - claimed) * sizeof(int));
   c->num_fds -= claimed;
@@ -1072,19 +826,32 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
     return rc;
   }
   const Larder__OpenStreamReply *rep = r->open_stream_reply;
-  uint64_t ring_size = rep->ring_bytes;
+  o->afd = afd;
+  o->rfd = rfd;
+  o->ring_size = rep->ring_bytes;
   /* CUDA: the handle of the device region, kept until the arena is
    * mapped. */
-  int want_cuda = opts->memory_kind == LARDER_MEMORY_CUDA;
-  uint8_t cuda_handle[LCUDA_IPC_HANDLE_BYTES];
-  size_t cuda_handle_len = rep->cuda_ipc_handle.len;
-  int cuda_reply_ok = !want_cuda || (rep->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA &&
-                                     cuda_handle_len == sizeof(cuda_handle));
-  if (want_cuda && cuda_reply_ok) memcpy(cuda_handle, rep->cuda_ipc_handle.data, sizeof(cuda_handle));
+  o->want_cuda = opts->memory_kind == LARDER_MEMORY_CUDA;
+  o->cuda_handle_len = rep->cuda_ipc_handle.len;
+  o->cuda_reply_ok = !o->want_cuda || (rep->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA &&
+                                       o->cuda_handle_len == sizeof(o->cuda_handle));
+  if (o->want_cuda && o->cuda_reply_ok)
+    memcpy(o->cuda_handle, rep->cuda_ipc_handle.data, sizeof(o->cuda_handle));
+  return 0;
+}
+
+/* Makes the stream the reply r (checked by open_take_reply) describes,
+ * with its schema copied and planned, and frees r.  Sets *out to it, or to
+ * NULL when it could not be allocated (LARDER_ENOMEM).  Returns 0, or
+ * llib_field_copy's error, or LARDER_ENOMEM for the plan (with the
+ * client's error set); a stream made is the caller's to close whatever
+ * this returns.  The thread that opens. */
+static int stream_from_reply(larder_client_t *c, const larder_stream_options_t *opts,
+                             Larder__Frame *r, larder_stream_t **out) {
+  const Larder__OpenStreamReply *rep = r->open_stream_reply;
   larder_stream_t *s = calloc(1, sizeof(*s));
+  *out = s;
   if (s == NULL) {
-    close(afd);
-    if (rfd >= 0) close(rfd);
     wire_free(r);
     return LARDER_ENOMEM;
   }
@@ -1116,52 +883,113 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   s->hold_max = window >= 4 ? (int)(window / 2) : 1;
   s->window = window;
   s->ring_wake_batches = 1;
-  rc = copy_field(&s->schema, rep->schema, 0);
+  int rc = llib_field_copy(&s->schema, rep->schema, 0);
   wire_free(r);
   if (rc == 0) {
-    s->num_nodes = count_nodes(&s->schema) - 1;
-    rc = plan_stream(s);
+    s->num_nodes = llib_field_count(&s->schema) - 1;
+    rc = llib_plan_stream(s);
     if (rc) set_err(c, rc, "out of memory for the stream's schema");
   }
-  if (rc == 0) rc = check_shm(c, afd, s->arena_size, "arena");
+  return rc;
+}
+
+/* Checks and maps the stream's arena (read-only) and ring (read-write:
+ * the client writes its releases there) from the descriptors in o, which
+ * the caller closes afterwards, and snapshots the ring's layout.  Returns
+ * 0, or LARDER_EPROTO (check_shm, a malformed ring) or LARDER_ENOMEM (a
+ * mapping failed) with the client's error set; what was mapped is
+ * unmapped by closing the stream.  The thread that opens. */
+static int stream_map_shared(larder_client_t *c, larder_stream_t *s, const open_reply_t *o) {
+  int rc = check_shm(c, o->afd, s->arena_size, "arena");
   if (rc == 0) {
-    void *m = mmap(NULL, s->arena_size, PROT_READ, MAP_SHARED, afd, 0);
+    void *m = mmap(NULL, s->arena_size, PROT_READ, MAP_SHARED, o->afd, 0);
     if (m == MAP_FAILED) rc = set_err(c, LARDER_ENOMEM, "cannot map the arena: %s", strerror(errno));
     else s->arena = m;
   }
-  if (rc == 0 && rfd >= 0) rc = check_shm(c, rfd, ring_size, "descriptor ring");
-  if (rc == 0 && rfd >= 0) {
-    void *m = mmap(NULL, ring_size, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+  if (rc == 0 && o->rfd >= 0) rc = check_shm(c, o->rfd, o->ring_size, "descriptor ring");
+  if (rc == 0 && o->rfd >= 0) {
+    void *m = mmap(NULL, o->ring_size, PROT_READ | PROT_WRITE, MAP_SHARED, o->rfd, 0);
     if (m == MAP_FAILED) {
       rc = set_err(c, LARDER_ENOMEM, "cannot map the descriptor ring: %s", strerror(errno));
     } else {
       s->ring = m;
-      s->ring_size = ring_size;
-      if (!ring_snapshot(s, s->ring, ring_size,
-                         (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS))
+      s->ring_size = o->ring_size;
+      if (!llib_ring_snapshot(s, s->ring, o->ring_size,
+                              (uint32_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS))
         rc = set_err(c, LARDER_EPROTO, "the daemon sent a malformed descriptor ring");
     }
   }
-  close(afd);
-  if (rfd >= 0) close(rfd);
-  if (rc == 0 && want_cuda && !cuda_reply_ok)
+  return rc;
+}
+
+/* Makes s's larder_stream_fd: an epoll descriptor over the client's socket
+ * and an eventfd of the stream's own (see stream_signal).  Returns 0 or
+ * LARDER_ENOMEM with the client's error set; what was made is closed by
+ * closing the stream.  The thread that opens. */
+static int stream_make_fd(larder_client_t *c, larder_stream_t *s) {
+  int rc = 0;
+  s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  s->epfd = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN};
+  ev.data.fd = c->fd;
+  if (s->efd < 0 || s->epfd < 0 || epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
+    rc = set_err(c, LARDER_ENOMEM, "cannot make the stream's descriptor: %s", strerror(errno));
+  ev.data.fd = s->efd;
+  if (rc == 0 && epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->efd, &ev) != 0)
+    rc = set_err(c, LARDER_ENOMEM, "cannot make the stream's descriptor: %s", strerror(errno));
+  return rc;
+}
+
+/*
+ * The steps, each of which fails the open with the client's error set:
+ * check the options, resolve the rank and device, send OpenStream, wait
+ * for its reply and take the descriptors that came with it, make the
+ * stream from the reply, map its shared memory, open a CUDA stream's
+ * device region, make its descriptor.  A stream once made is linked into
+ * the client and, on a later step's failure, closed as any stream is
+ * (which tells the daemon), so that nothing it holds leaks.
+ */
+int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
+                       larder_stream_t **out) {
+  *out = NULL;
+  if (c == NULL || opts == NULL || opts->num_sources == 0 || opts->sources == NULL)
+    return c ? set_err(c, LARDER_EINVAL, "a stream needs at least one source") : LARDER_EINVAL;
+  if (client_forked(c)) return forked_err(c);
+  int rc = open_check_options(c, opts);
+  if (rc) return rc;
+  open_params_t p;
+  rc = open_resolve(c, opts, &p);
+  if (rc) return rc;
+  uint32_t request_id;
+  rc = open_send(c, opts, &p, &request_id);
+  if (rc) return rc;
+  /* Opening resolves globs and reads footers: allow it a while.  (The
+   * tests shorten it to see what a late reply does.) */
+  const char *t = getenv("LARDER_TEST_OPEN_TIMEOUT_MS");
+  int open_timeout_ms = t && *t ? atoi(t) : 600000;
+  Larder__Frame *r = wait_reply(c, request_id, open_timeout_ms, &rc);
+  if (r == NULL) return rc;
+  open_reply_t o;
+  rc = open_take_reply(c, opts, r, &o);
+  if (rc) return rc;
+  larder_stream_t *s;
+  rc = stream_from_reply(c, opts, r, &s);
+  if (s == NULL) {
+    close(o.afd);
+    if (o.rfd >= 0) close(o.rfd);
+    return rc;
+  }
+  if (rc == 0) rc = stream_map_shared(c, s, &o);
+  close(o.afd);
+  if (o.rfd >= 0) close(o.rfd);
+  if (rc == 0 && o.want_cuda && !o.cuda_reply_ok)
     rc = set_err(c, LARDER_EPROTO, "the daemon answered a CUDA stream without its device memory");
-  if (rc == 0 && want_cuda) {
-    rc = lcuda_map_open(cuda, cuda_handle, cuda_handle_len, s->arena_size, &s->cuda, c->err,
+  if (rc == 0 && o.want_cuda) {
+    rc = lcuda_map_open(p.cuda, o.cuda_handle, o.cuda_handle_len, s->arena_size, &s->cuda, c->err,
                         sizeof(c->err));
-    s->cuda_device = cuda;
+    s->cuda_device = p.cuda;
   }
-  if (rc == 0) {
-    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    s->epfd = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN};
-    ev.data.fd = c->fd;
-    if (s->efd < 0 || s->epfd < 0 || epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
-      rc = set_err(c, LARDER_ENOMEM, "cannot make the stream's descriptor: %s", strerror(errno));
-    ev.data.fd = s->efd;
-    if (rc == 0 && epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->efd, &ev) != 0)
-      rc = set_err(c, LARDER_ENOMEM, "cannot make the stream's descriptor: %s", strerror(errno));
-  }
+  if (rc == 0) rc = stream_make_fd(c, s);
   s->next = c->streams;
   c->streams = s;
   if (rc) {
@@ -1171,7 +999,6 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   *out = s;
   return 0;
 }
-
 int larder_stream_fd(const larder_stream_t *s) { return s->epfd; }
 
 void larder_stream_position(const larder_stream_t *s, uint64_t *epoch, uint64_t *batch) {
@@ -1218,7 +1045,7 @@ static void stream_free(larder_stream_t *s) {
    * the daemon may free it (see larder_stream_close). */
   if (s->cuda && s->cuda_client && !client_forked(s->cuda_client) && !s->cuda_client->broken)
     (void)send_close_stream(s->cuda_client, s->id, 0);
-  free_field(&s->schema);
+  llib_field_free(&s->schema);
   free(s->plan);
   free(s->deep);
   pthread_mutex_destroy(&s->lock);
@@ -1329,132 +1156,6 @@ void larder_stream_close(larder_stream_t *s) {
 }
 
 
-/* The offset at i of array a, whose offsets (checked to be there) are
- * `width` bytes each. */
-static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
-  if (width == 8) return ((const int64_t *)(const void *)a->offsets)[i];
-  return ((const int32_t *)(const void *)a->offsets)[i];
-}
-
-/*
- * Builds the arrays of a batch into nodes from its descriptors b (whose
- * count the caller checked against s->num_nodes), and sets *bytes to the
- * size of its buffers.  Returns 0, or LARDER_EPROTO when a buffer lies
- * outside the arena or is too small for its array.
- *
- * A batch's buffers must not only lie inside the arena but be large
- * enough for the array's type and length: a descriptor with a length of a
- * million and an 8-byte values buffer would otherwise pass, and reading
- * the array would fault (or read other batches' bytes).  Tested by
- * client_fake_bad_buffers.  Each array's buffers are checked against its
- * type and length, and its last offset against its values or its child,
- * in constant time: the offsets in between are not read, so a consumer
- * that trusts them to grow must check them itself.  The first loop's
- * checks are accumulated without branches, as a batch is almost never
- * bad; the reads of children and offsets wait until every buffer is known
- * to lie inside the arena.  The reading thread.
- */
-static int build_batch_arrays(const larder_stream_t *s, const wire_batch_t *b,
-                              larder_array_t *nodes, uint64_t *bytes) {
-  uint64_t size = s->arena_size, total = 0;
-  int bad = 0;
-  for (int k = 0; k < s->num_nodes; k++) {
-    const node_plan_t *p = &s->plan[k];
-    const uint64_t *d = b->layout + (size_t)k * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
-    uint64_t vo = d[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET];
-    uint64_t vl = d[LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH];
-    uint64_t oo = d[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_OFFSET];
-    uint64_t ol = d[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH];
-    uint64_t xo = d[LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET];
-    uint64_t xl = d[LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH];
-    int64_t length = (int64_t)d[LARDER__ARRAY_FIELD__ARRAY_LENGTH];
-    int64_t nulls = (int64_t)d[LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT];
-    /* Unsigned subtraction wraps where the offset is past the end, which
-     * the comparison beside it catches. */
-    bad |= (vl != 0) & ((vo > size) | (vl > size - vo));
-    bad |= (ol != 0) & ((oo > size) | (ol > size - oo));
-    bad |= (xl != 0) & ((xo > size) | (xl > size - xo));
-    bad |= (length < 0) | (nulls < 0) | (nulls > length) | p->bad_width;
-    uint64_t len = (uint64_t)length, bitmap = len / 8 + (len % 8 != 0), need;
-    /* The validity bitmap is read only when there are nulls, but one that
-     * is there must be whole too.  A NULL array has none: all its slots
-     * are. */
-    bad |= p->validity_checked & ((nulls > 0) | (vl > 0)) & (vl < bitmap);
-    bad |= __builtin_mul_overflow(len, p->value_width, &need) | (need > xl);
-    bad |= p->bitmap_values & (xl < bitmap);
-    /* The second loop reads the first and last offset of each array that
-     * has them, in the arena, which the daemon wrote from another core: a
-     * trainer coming back from its step finds none of those lines in its
-     * caches.  Start the loads now, so they overlap each other and the
-     * rest of this loop, instead of missing one after another there (a
-     * ready call took 1.32-1.37 us with the benchmark's three such arrays,
-     * 1.19-1.20 us with this; 2-core VM).  Only within the arena: the
-     * offsets are checked below, and a pointer past it is undefined. */
-    if (ol != 0 && oo < size && ol <= size - oo) {
-      __builtin_prefetch(s->arena + oo);
-      __builtin_prefetch(s->arena + oo + ol - 1);
-    }
-    larder_array_t *a = &nodes[p->slot];
-    a->field = p->field;
-    a->length = length;
-    a->null_count = nulls;
-    a->validity = vl ? s->arena + vo : NULL;
-    a->offsets = ol ? s->arena + oo : NULL;
-    a->values = xl ? s->arena + xo : NULL;
-    a->values_size = xl;
-    a->num_children = p->num_children;
-    a->children = p->num_children ? nodes + p->children : NULL;
-    total += vl + ol + xl;
-  }
-  if (bad) return LARDER_EPROTO;
-  for (int i = 0; i < s->num_deep; i++) {
-    const node_plan_t *p = &s->plan[s->deep[i]];
-    const larder_array_t *a = &nodes[p->slot];
-    if (p->offset_width == 0) {
-      /* A struct: each child has a slot for each of its rows. */
-      for (int j = 0; j < a->num_children; j++)
-        if (a->children[j].length < a->length) return LARDER_EPROTO;
-      continue;
-    }
-    /* Offsets: length + 1 of them, aligned, the first not negative nor
-     * past the last, the last within the values (or the child's slots). */
-    const uint64_t *d = b->layout + (size_t)s->deep[i] * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
-    uint64_t ow = p->offset_width, ol = d[LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH], need;
-    if (a->offsets == NULL || __builtin_mul_overflow((uint64_t)a->length + 1, ow, &need) ||
-        need > ol || ((uintptr_t)a->offsets & (ow - 1)) != 0)
-      return LARDER_EPROTO;
-    int64_t first = offset_at(a, ow, 0), last = offset_at(a, ow, a->length);
-    uint64_t limit = a->values_size;
-    if (p->offsets_index_child) {
-      if (a->num_children != 1) return LARDER_EPROTO;
-      limit = (uint64_t)a->children[0].length;
-    }
-    if (first < 0 || first > last || (uint64_t)last > limit) return LARDER_EPROTO;
-  }
-  *bytes = total;
-  return 0;
-}
-
-/* CUDA streams: turns the host pointers of a batch's arrays, checked by
- * build_batch_arrays against the host mapping of the arena, into device
- * pointers at the same offsets of the daemon's device region. */
-static const void *cuda_rebase(const void *p, uintptr_t host, uintptr_t dev) {
-  /* A device address is no host object: it can only be made from an
-   * integer. */
-  return p ? (const void *)(dev + ((uintptr_t)p - host)) : NULL; /* NOLINT(performance-no-int-to-ptr) */
-}
-
-static void cuda_rebase_arrays(const larder_stream_t *s, larder_array_t *nodes) {
-  uintptr_t host = (uintptr_t)s->arena, dev = (uintptr_t)lcuda_map_base(s->cuda);
-  for (int k = 0; k < s->num_nodes; k++) {
-    larder_array_t *a = &nodes[k];
-    a->validity = cuda_rebase(a->validity, host, dev);
-    a->offsets = cuda_rebase(a->offsets, host, dev);
-    a->values = cuda_rebase(a->values, host, dev);
-    a->memory_kind = LARDER_MEMORY_CUDA;
-  }
-}
-
 /* Sends a Wake frame for s: the daemon reads its ring.  Returns 0,
  * LARDER_ECLOSED or LARDER_ENOMEM.  Any thread. */
 static int send_wake(larder_client_t *c, larder_stream_t *s) {
@@ -1476,11 +1177,8 @@ static int ring_tell(larder_client_t *c, larder_stream_t *s) {
   return tell ? send_wake(c, s) : 0;
 }
 
-/* Takes the next descriptor from s's ring into *view, if the daemon
- * published one.  Returns 1 when it did, 0 when the ring is empty, or
- * LARDER_EPROTO when the daemon published more than the window.  The
- * reading thread. */
-static int ring_take(larder_stream_t *s, wire_batch_t *view) {
+/* See internal.h.  Tested by fuzz-ring. */
+int llib_ring_take(larder_stream_t *s, wire_batch_t *view) {
   ring_header_t *h = s->ring;
   const ring_layout_t *l = &s->ring_layout;
   uint64_t published = atomic_load_explicit(&h->published, memory_order_acquire);
@@ -1550,12 +1248,21 @@ static int stream_fail(larder_client_t *c, larder_stream_t *s, int code, const c
   return set_err(c, code, "stream %u: %s", s->id, why);
 }
 
-int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out) {
-  *out = NULL;
-  larder_client_t *c = s->client;
-  if (c == NULL) return LARDER_ECLOSED;
-  if (client_forked(c)) return forked_err(c);
-  uint64_t start = now_ns();
+/* One call of larder_stream_next: when it began, the trainer's own time
+ * before it (compute) or the time its caller waited on the descriptor
+ * since the last call (waited), and the released batch it may reuse. */
+typedef struct next_call {
+  uint64_t start, compute, waited;
+  larder_batch_t *spare;
+} next_call_t;
+
+/* Begins a call on s: it no longer has a caller waiting on its descriptor,
+ * its eventfd is cleared (whatever another call read for s is in its
+ * queue or ring now, which this call looks at before it returns
+ * LARDER_ETIMEDOUT), the time since the last call is counted, and s's
+ * spare batch moves to the call.  The reading thread. */
+static void next_begin(larder_client_t *c, larder_stream_t *s, next_call_t *n) {
+  n->start = now_ns();
   /* One locked section here and one at the end: each is an atomic
    * read-modify-write on the trainer's path. */
   if (s->caller_waits) {
@@ -1563,9 +1270,6 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
     s->caller_waits = 0;
     pthread_mutex_unlock(&c->send_lock);
   }
-  /* Whatever another call read for this stream is in its queue or its
-   * ring now, which this call looks at before it returns
-   * LARDER_ETIMEDOUT: the descriptor need not show it any more. */
   if (s->signalled) {
     uint64_t count;
     if (read(s->efd, &count, sizeof(count)) < 0) {
@@ -1579,185 +1283,191 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
    * time since that call is waiting, not the caller's own work: an event
    * loop waiting on larder_stream_fd for a daemon that cannot keep up must
    * report its stall.  Tested by client_evloop_stall. */
-  uint64_t compute = 0, waited = 0;
+  n->compute = n->waited = 0;
   if (s->last_return_ns) {
     if (s->last_timed_out) {
-      waited = start - s->last_return_ns;
+      n->waited = n->start - s->last_return_ns;
     } else {
-      compute = start - s->last_return_ns;
-      s->compute_ns += compute;
-      s->report_compute += compute;
+      n->compute = n->start - s->last_return_ns;
+      s->compute_ns += n->compute;
+      s->report_compute += n->compute;
     }
   }
   /* A step's batch reuses the last released one: two allocations fewer
    * on the trainer's path. */
-  larder_batch_t *spare = s->spare;
+  n->spare = s->spare;
   s->spare = NULL;
   pthread_mutex_unlock(&s->lock);
-  uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
-  int rc = 0, polled = 0;
+}
+
+/* Makes the batch that descriptor b describes (llib_batch_make, which
+ * checks it against the arena) and moves s's position past it.  Returns 0
+ * with *out set, or the error with which s failed here (a malformed batch,
+ * out of memory).  The reading thread. */
+static int next_deliver(larder_client_t *c, larder_stream_t *s, const wire_batch_t *b,
+                        larder_batch_t **spare, larder_batch_t **out) {
+  larder_batch_t *batch;
+  int rc = llib_batch_make(s, b, spare, &batch);
+  if (rc)
+    return stream_fail(c, s, rc,
+                       rc == LARDER_ENOMEM ? "out of memory for a batch"
+                                           : "the daemon sent a malformed batch");
+  s->pos_epoch = batch->epoch;
+  s->pos_batch = batch->index + 1;
+  if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
+    s->pos_epoch++;
+    s->pos_batch = 0;
+  }
+  *out = batch;
+  return 0;
+}
+
+/* Takes what s has for this call without waiting: the next descriptor of
+ * its ring, else the next frame of its queue, skipping queued frames that
+ * are neither a batch, an error nor the end.  Returns 1 when the call ends
+ * with *rc: 0 with *out set to a checked batch, LARDER_EEOF, the daemon's
+ * error, or an error found here (a stream that failed here takes nothing
+ * more, whatever follows); 0 when there was nothing to take.  The reading
+ * thread. */
+static int next_take(larder_client_t *c, larder_stream_t *s, larder_batch_t **spare,
+                     larder_batch_t **out, int *rc) {
   for (;;) {
-    /* A stream that failed here takes nothing more. */
     if (s->failed_here) {
-      rc = s->error;
-      break;
+      *rc = s->error;
+      return 1;
     }
     wire_batch_t view;
-    int from_ring = s->ring ? ring_take(s, &view) : 0;
+    int from_ring = s->ring ? llib_ring_take(s, &view) : 0;
     if (from_ring < 0) {
-      rc = stream_fail(c, s, LARDER_EPROTO, "the daemon overran the descriptor ring");
-      break;
+      *rc = stream_fail(c, s, LARDER_EPROTO, "the daemon overran the descriptor ring");
+      return 1;
     }
-    if (from_ring || s->q_head) {
-      Larder__Frame *f = NULL;
-      wire_batch_t *fast = NULL;
-      if (!from_ring) {
-        queued_t *q = s->q_head;
-        f = q->frame;
-        fast = q->batch;
-        s->q_head = q->next;
-        if (s->q_head == NULL) s->q_tail = NULL;
-        free(q);
-      }
-      if (!from_ring && fast == NULL && f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
-        s->ended = 1;
-        wire_free(f);
-        rc = LARDER_EEOF;
-        break;
-      }
-      if (!from_ring && fast == NULL && f->msg_case == LARDER__FRAME__MSG_ERROR) {
-        s->error = f->error->code < 0 ? f->error->code : LARDER_EPROTO;
-        set_err(c, s->error, "%s", f->error->message ? f->error->message : larder_strerror(s->error));
-        wire_free(f);
-        rc = s->error;
-        break;
-      }
-      if (!from_ring && fast == NULL && f->msg_case != LARDER__FRAME__MSG_BATCH) {
-        wire_free(f);
-        continue;
-      }
-      const wire_batch_t *b = from_ring ? &view : fast;
-      if (b == NULL) {
-        /* A batch protobuf-c decoded (a form wire_decode_batch leaves to
-         * it). */
-        const Larder__Batch *pb = f->batch;
-        view = (wire_batch_t){pb->stream_id,    pb->seq,          pb->epoch,   pb->index,
-                              pb->num_rows,     pb->arena_offset, pb->arena_length,
-                              pb->n_layout,     pb->layout};
-        b = &view;
-      }
-      larder_batch_t *batch = spare;
-      spare = NULL;
-      larder_array_t *nodes;
-      if (batch) {
-        nodes = batch->nodes;
-        memset(batch, 0, sizeof(*batch));
-      } else {
-        batch = calloc(1, sizeof(*batch));
-        nodes = calloc((size_t)s->num_nodes + 1, sizeof(larder_array_t));
-      }
-      if (batch == NULL || nodes == NULL) {
-        free(batch);
-        free(nodes);
-        wire_free(f);
-        free(fast);
-        rc = stream_fail(c, s, LARDER_ENOMEM, "out of memory for a batch");
-        break;
-      }
-      batch->stream = s;
-      batch->seq = b->seq;
-      batch->epoch = b->epoch;
-      batch->index = b->index;
-      batch->rows = (int64_t)b->num_rows;
-      batch->nodes = nodes;
-      batch->num_columns = s->schema.num_children;
-      int brc = b->n_layout == (size_t)s->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS
-                    ? build_batch_arrays(s, b, nodes, &batch->bytes)
-                    : LARDER_EPROTO;
-      batch->columns = nodes;
-      if (brc == 0 && s->cuda) cuda_rebase_arrays(s, nodes);
-      wire_free(f);
+    if (from_ring) {
+      *rc = next_deliver(c, s, &view, spare, out);
+      return 1;
+    }
+    queued_t *q = s->q_head;
+    if (q == NULL) return 0;
+    Larder__Frame *f = q->frame;
+    wire_batch_t *fast = q->batch;
+    s->q_head = q->next;
+    if (s->q_head == NULL) s->q_tail = NULL;
+    free(q);
+    if (fast) {
+      *rc = next_deliver(c, s, fast, spare, out);
       free(fast);
-      if (brc) {
-        free(nodes);
-        free(batch);
-        rc = stream_fail(c, s, brc, "the daemon sent a malformed batch");
-        break;
-      }
-      s->pos_epoch = batch->epoch;
-      s->pos_batch = batch->index + 1;
-      if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
-        s->pos_epoch++;
-        s->pos_batch = 0;
-      }
-      *out = batch;
-      break;
+      return 1;
     }
-    if (s->error) {
-      rc = s->error;
-      break;
+    if (f->msg_case == LARDER__FRAME__MSG_END_OF_STREAM) {
+      s->ended = 1;
+      wire_free(f);
+      *rc = LARDER_EEOF;
+      return 1;
     }
-    if (s->ended) {
-      rc = LARDER_EEOF;
-      break;
+    if (f->msg_case == LARDER__FRAME__MSG_ERROR) {
+      s->error = f->error->code < 0 ? f->error->code : LARDER_EPROTO;
+      set_err(c, s->error, "%s", f->error->message ? f->error->message : larder_strerror(s->error));
+      wire_free(f);
+      *rc = s->error;
+      return 1;
     }
-    uint64_t now = now_ns();
-    if (now >= deadline) {
-      /* Read what is there once, without waiting, before giving up, even
-       * with a zero timeout: the documented event loop (wait on
-       * larder_stream_fd, then call with a zero timeout) must get a batch
-       * rather than spin on a readable descriptor.  Tested by
-       * daemon_client_patterns. */
-      if (!polled) {
-        polled = 1;
-        int r = pump(c, s, 0);
-        if (r && r != LARDER_ETIMEDOUT) {
-          rc = s->error ? s->error : r;
-          break;
-        }
-        continue;
-      }
-      /* The caller will wait on larder_stream_fd: the daemon must send a
-       * Wake with the next descriptor. */
-      if (s->ring && ring_prepare_sleep(c, s)) continue;
-      rc = LARDER_ETIMEDOUT;
-      break;
+    if (f->msg_case != LARDER__FRAME__MSG_BATCH) {
+      wire_free(f);
+      continue;
     }
-    int wait_ms = deadline == UINT64_MAX ? 1000 : (int)((deadline - now + 999999) / 1000000ull);
-    if (s->ring && ring_prepare_sleep(c, s)) continue;
-    int r = pump(c, s, wait_ms);
-    if (s->ring) {
-      atomic_store_explicit(&s->ring->wake_client_at, 0, memory_order_relaxed);
-      pthread_mutex_lock(&s->lock);
-      s->ring_reader_asleep = 0;
-      pthread_mutex_unlock(&s->lock);
-      /* A wait that timed out tells the daemon of the releases anyway: a
-       * safety net, should it ever need them without saying so in
-       * wake_at. */
-      if (r == LARDER_ETIMEDOUT) (void)ring_tell(c, s);
-    }
-    if (r && r != LARDER_ETIMEDOUT) {
-      rc = s->error ? s->error : r;
-      break;
-    }
+    /* A batch protobuf-c decoded (a form wire_decode_batch leaves to
+     * it). */
+    const Larder__Batch *pb = f->batch;
+    view = (wire_batch_t){pb->stream_id,    pb->seq,          pb->epoch,   pb->index,
+                          pb->num_rows,     pb->arena_offset, pb->arena_length,
+                          pb->n_layout,     pb->layout};
+    *rc = next_deliver(c, s, &view, spare, out);
+    wire_free(f);
+    return 1;
   }
+}
+
+/* Waits for something for s until deadline, after next_take found
+ * nothing.  Returns 1 when the call ends with *rc: the stream's error,
+ * LARDER_EEOF, LARDER_ETIMEDOUT, or the connection's error; 0 when the
+ * caller should look again.  Past the deadline it still reads what the
+ * socket holds once (*polled), and before it reports LARDER_ETIMEDOUT it
+ * asks the daemon for a Wake with the next descriptor.  The reading
+ * thread. */
+static int next_wait(larder_client_t *c, larder_stream_t *s, uint64_t deadline, int *polled,
+                     int *rc) {
+  if (s->error) {
+    *rc = s->error;
+    return 1;
+  }
+  if (s->ended) {
+    *rc = LARDER_EEOF;
+    return 1;
+  }
+  uint64_t now = now_ns();
+  if (now >= deadline) {
+    /* Read what is there once, without waiting, before giving up, even
+     * with a zero timeout: the documented event loop (wait on
+     * larder_stream_fd, then call with a zero timeout) must get a batch
+     * rather than spin on a readable descriptor.  Tested by
+     * daemon_client_patterns. */
+    if (!*polled) {
+      *polled = 1;
+      int r = pump(c, s, 0);
+      if (r && r != LARDER_ETIMEDOUT) {
+        *rc = s->error ? s->error : r;
+        return 1;
+      }
+      return 0;
+    }
+    /* The caller will wait on larder_stream_fd: the daemon must send a
+     * Wake with the next descriptor. */
+    if (s->ring && ring_prepare_sleep(c, s)) return 0;
+    *rc = LARDER_ETIMEDOUT;
+    return 1;
+  }
+  int wait_ms = deadline == UINT64_MAX ? 1000 : (int)((deadline - now + 999999) / 1000000ull);
+  if (s->ring && ring_prepare_sleep(c, s)) return 0;
+  int r = pump(c, s, wait_ms);
+  if (s->ring) {
+    atomic_store_explicit(&s->ring->wake_client_at, 0, memory_order_relaxed);
+    pthread_mutex_lock(&s->lock);
+    s->ring_reader_asleep = 0;
+    pthread_mutex_unlock(&s->lock);
+    /* A wait that timed out tells the daemon of the releases anyway: a
+     * safety net, should it ever need them without saying so in
+     * wake_at. */
+    if (r == LARDER_ETIMEDOUT) (void)ring_tell(c, s);
+  }
+  if (r && r != LARDER_ETIMEDOUT) {
+    *rc = s->error ? s->error : r;
+    return 1;
+  }
+  return 0;
+}
+
+/* Ends a call that returns rc (with a batch when got is set): counts its
+ * wait, chooses how many descriptors a sleep waits for, takes the batch's
+ * reference on s, and gives the spare back when no batch used it.  After
+ * LARDER_ETIMEDOUT the caller may wait on the descriptor, so the releases
+ * held until then, or made by other threads meanwhile, go to the daemon
+ * now: an event loop whose releases were held for a batch would stand in
+ * poll, the daemon's window full.  The reading thread. */
+static void next_end(larder_client_t *c, larder_stream_t *s, next_call_t *n, int rc, int got) {
   if (rc == LARDER_ETIMEDOUT) {
-    /* The caller may wait on the descriptor now: releases held until then,
-     * or made by other threads meanwhile, must reach the daemon: an event
-     * loop whose releases were held for a batch would stand in poll, the
-     * daemon's window full. */
     pthread_mutex_lock(&c->send_lock);
     s->caller_waits = 1;
     flush_held_locked(c);
     pthread_mutex_unlock(&c->send_lock);
   }
   uint64_t end = now_ns();
+  larder_batch_t *spare = n->spare;
   pthread_mutex_lock(&s->lock);
-  s->wait_ns += end - start + waited;
-  s->report_wait += end - start + waited;
-  ring_pace_add(&s->pace, end - start + waited, compute);
+  s->wait_ns += end - n->start + n->waited;
+  s->report_wait += end - n->start + n->waited;
+  ring_pace_add(&s->pace, end - n->start + n->waited, n->compute);
   s->ring_wake_batches = ring_pace_sleep_batches(&s->pace, s->window);
-  if (*out) s->refs++;
+  if (got) s->refs++;
   /* Unused (no batch came): back for the next call. */
   if (spare && s->spare == NULL) {
     s->spare = spare;
@@ -1770,36 +1480,29 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   }
   s->last_return_ns = end;
   s->last_timed_out = rc == LARDER_ETIMEDOUT;
+}
+
+/* Takes (next_take) and waits (next_wait) in turn until the call ends. */
+int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out) {
+  *out = NULL;
+  larder_client_t *c = s->client;
+  if (c == NULL) return LARDER_ECLOSED;
+  if (client_forked(c)) return forked_err(c);
+  next_call_t n;
+  next_begin(c, s, &n);
+  uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : n.start + (uint64_t)timeout_ms * 1000000ull;
+  int rc = 0, polled = 0;
+  for (;;) {
+    if (next_take(c, s, &n.spare, out, &rc)) break;
+    if (next_wait(c, s, deadline, &polled, &rc)) break;
+  }
+  next_end(c, s, &n, rc, *out != NULL);
   return rc;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Batches                                                                   */
 
-int64_t larder_batch_num_rows(const larder_batch_t *b) { return b->rows; }
-uint64_t larder_batch_epoch(const larder_batch_t *b) { return b->epoch; }
-uint64_t larder_batch_index(const larder_batch_t *b) { return b->index; }
-int larder_batch_num_columns(const larder_batch_t *b) { return b->num_columns; }
-uint64_t larder_batch_bytes(const larder_batch_t *b) { return b->bytes; }
-int larder_batch_memory_kind(const larder_batch_t *b) {
-  return b->stream->cuda ? LARDER_MEMORY_CUDA : LARDER_MEMORY_HOST;
-}
-int larder_batch_device(const larder_batch_t *b) { return b->stream->cuda_device; }
-
-const larder_array_t *larder_batch_column(const larder_batch_t *b, int i) {
-  return i >= 0 && i < b->num_columns ? &b->columns[i] : NULL;
-}
-
-const larder_array_t *larder_batch_column_by_name(const larder_batch_t *b, const char *name) {
-  for (int i = 0; i < b->num_columns; i++)
-    if (strcmp(b->columns[i].field->name, name) == 0) return &b->columns[i];
-  return NULL;
-}
-
-/* Releases b (see larder_batch_release); its struct becomes the stream's
- * spare when recycle is set and there is none, else it is freed.  Any
- * thread. */
-static void batch_release(larder_batch_t *b, int recycle) {
+/* See internal.h. */
+void llib_batch_release(larder_batch_t *b, int recycle) {
   larder_stream_t *s = b->stream;
   /* One locked section: the stream's client (larder_stream_close clears
    * it under the lock), the release's entry and counters, the spare batch
@@ -1867,392 +1570,3 @@ static void batch_release(larder_batch_t *b, int recycle) {
   else if (left == 0) stream_free(s);
 }
 
-/* A direct release of an exported batch is ignored, and the array's
- * release does not recycle the struct, so a direct release after it is a
- * use of freed memory that ASan reports rather than the silent release of
- * another batch.  A batch released both directly and through its exported
- * ArrowArray (an easy slip, as the export moves the batch's ownership)
- * would otherwise be released twice, and as the first release may
- * recycle its struct for the next batch, the second would release that
- * live batch instead, whose region the daemon would then reuse under the
- * trainer.  Tested by client_export_then_release. */
-void larder_batch_release(larder_batch_t *b) {
-  if (b == NULL || b->exported) return;
-  batch_release(b, 1);
-}
-
-const char *larder_array_name(const larder_array_t *a) { return a->field->name; }
-larder_type_t larder_array_type(const larder_array_t *a) { return a->field->type; }
-int larder_array_nullable(const larder_array_t *a) { return a->field->nullable; }
-int32_t larder_array_byte_width(const larder_array_t *a) { return a->field->byte_width; }
-int32_t larder_array_precision(const larder_array_t *a) { return a->field->precision; }
-int32_t larder_array_scale(const larder_array_t *a) { return a->field->scale; }
-larder_time_unit_t larder_array_unit(const larder_array_t *a) { return a->field->unit; }
-int larder_array_utc(const larder_array_t *a) { return a->field->utc; }
-int64_t larder_array_length(const larder_array_t *a) { return a->length; }
-int64_t larder_array_null_count(const larder_array_t *a) { return a->null_count; }
-const uint8_t *larder_array_validity(const larder_array_t *a) {
-  return a->null_count ? a->validity : NULL;
-}
-const int32_t *larder_array_offsets(const larder_array_t *a) {
-  return offset_width(a->field->type) == 4 ? (const int32_t *)(const void *)a->offsets : NULL;
-}
-const int64_t *larder_array_large_offsets(const larder_array_t *a) {
-  return offset_width(a->field->type) == 8 ? (const int64_t *)(const void *)a->offsets : NULL;
-}
-const void *larder_array_values(const larder_array_t *a) { return a->values; }
-uint64_t larder_array_values_size(const larder_array_t *a) { return a->values_size; }
-int larder_array_num_children(const larder_array_t *a) { return a->num_children; }
-const larder_array_t *larder_array_child(const larder_array_t *a, int i) {
-  return i >= 0 && i < a->num_children ? &a->children[i] : NULL;
-}
-int larder_array_memory_kind(const larder_array_t *a) { return a->memory_kind; }
-
-/* Hooks for the exports of client/cuda.c (lcuda.h). */
-int larder_internal_batch_take(larder_batch_t *b) {
-  if (b->exported) return LARDER_EINVAL;
-  b->exported = 1;
-  return 0;
-}
-void larder_internal_batch_release_taken(larder_batch_t *b) { batch_release(b, 0); }
-
-/* The batch's nodes are in slot order already (plan_stream): the columns
- * first, each array's children contiguous, so an entry's index is its
- * slot and its children's indexes follow from the pointer. */
-int larder_batch_describe(const larder_batch_t *b, larder_batch_info_t *info,
-                          larder_array_info_t *arrays, int max_arrays) {
-  if (b == NULL || max_arrays < 0 || (max_arrays > 0 && arrays == NULL)) return LARDER_EINVAL;
-  const larder_stream_t *s = b->stream;
-  int n = s->num_nodes;
-  if (info) {
-    info->num_rows = b->rows;
-    info->epoch = b->epoch;
-    info->index = b->index;
-    info->bytes = b->bytes;
-    info->num_columns = b->num_columns;
-    info->num_arrays = n;
-    info->arena = s->arena;
-    info->arena_size = s->arena_size;
-  }
-  int fill = max_arrays < n ? max_arrays : n;
-  for (int i = 0; i < fill; i++) {
-    const larder_array_t *a = &b->nodes[i];
-    larder_array_info_t *o = &arrays[i];
-    int64_t width = value_width(a->field);
-    o->type = a->field->type;
-    o->byte_width = width > 0 ? width : 0;
-    o->offset_width = (int64_t)offset_width(a->field->type);
-    o->num_children = a->num_children;
-    o->first_child = a->num_children ? (int64_t)(a->children - b->nodes) : -1;
-    o->parent = -1;
-    o->length = a->length;
-    o->null_count = a->null_count;
-    o->validity = a->null_count ? a->validity : NULL;
-    o->offsets = o->offset_width ? a->offsets : NULL;
-    o->values = a->values;
-    o->values_size = a->values_size;
-  }
-  /* Parents: a second pass, as a child's slot comes after its parent's. */
-  for (int i = 0; i < fill; i++)
-    for (int64_t j = 0; j < arrays[i].num_children; j++) {
-      int64_t c = arrays[i].first_child + j;
-      if (c < fill) arrays[c].parent = i;
-    }
-  return n;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Arrow C Data Interface export                                             */
-
-/* What an export's structs share.  Every struct of the tree (the root and
- * each child) holds one reference, dropped by its own release, so that a
- * child the consumer moved out stays valid after its parent is released,
- * as the C Data Interface requires; the last one frees everything (and
- * releases the batch).  Releases may come from any thread. */
-typedef struct export_schema {
-  atomic_int refs;
-  struct ArrowSchema *nodes; /* all schema structs, root first */
-  struct ArrowSchema **child_ptrs;
-  char *strings;
-} export_schema_t;
-
-typedef struct export_array {
-  atomic_int refs;
-  larder_batch_t *batch;
-  struct ArrowArray *nodes;
-  struct ArrowArray **child_ptrs;
-  const void **buffers;
-} export_array_t;
-
-static int schema_nodes(const field_t *f) {
-  int n = 1;
-  for (int i = 0; i < f->num_children; i++) n += schema_nodes(&f->children[i]);
-  return n;
-}
-
-static void format_of(const field_t *f, char *buf, size_t size) {
-  static const char units[] = {'s', 'm', 'u', 'n'};
-  switch (f->type) {
-    case LARDER_TYPE_NULL: snprintf(buf, size, "n"); break;
-    case LARDER_TYPE_BOOL: snprintf(buf, size, "b"); break;
-    case LARDER_TYPE_INT8: snprintf(buf, size, "c"); break;
-    case LARDER_TYPE_INT16: snprintf(buf, size, "s"); break;
-    case LARDER_TYPE_INT32: snprintf(buf, size, "i"); break;
-    case LARDER_TYPE_INT64: snprintf(buf, size, "l"); break;
-    case LARDER_TYPE_UINT8: snprintf(buf, size, "C"); break;
-    case LARDER_TYPE_UINT16: snprintf(buf, size, "S"); break;
-    case LARDER_TYPE_UINT32: snprintf(buf, size, "I"); break;
-    case LARDER_TYPE_UINT64: snprintf(buf, size, "L"); break;
-    case LARDER_TYPE_FLOAT16: snprintf(buf, size, "e"); break;
-    case LARDER_TYPE_FLOAT32: snprintf(buf, size, "f"); break;
-    case LARDER_TYPE_FLOAT64: snprintf(buf, size, "g"); break;
-    case LARDER_TYPE_DATE32: snprintf(buf, size, "tdD"); break;
-    case LARDER_TYPE_TIME32: snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_SECOND ? 's' : 'm'); break;
-    case LARDER_TYPE_TIME64: snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_NANO ? 'n' : 'u'); break;
-    case LARDER_TYPE_TIMESTAMP:
-      snprintf(buf, size, "ts%c:%s", units[f->unit & 3], f->utc ? "UTC" : "");
-      break;
-    case LARDER_TYPE_DECIMAL128: snprintf(buf, size, "d:%d,%d", f->precision, f->scale); break;
-    case LARDER_TYPE_DECIMAL256: snprintf(buf, size, "d:%d,%d,256", f->precision, f->scale); break;
-    case LARDER_TYPE_BINARY: snprintf(buf, size, "z"); break;
-    case LARDER_TYPE_STRING: snprintf(buf, size, "u"); break;
-    case LARDER_TYPE_LARGE_BINARY: snprintf(buf, size, "Z"); break;
-    case LARDER_TYPE_LARGE_STRING: snprintf(buf, size, "U"); break;
-    case LARDER_TYPE_FIXED_BINARY: snprintf(buf, size, "w:%d", f->byte_width); break;
-    case LARDER_TYPE_LIST: snprintf(buf, size, "+l"); break;
-    case LARDER_TYPE_LARGE_LIST: snprintf(buf, size, "+L"); break;
-    case LARDER_TYPE_STRUCT: snprintf(buf, size, "+s"); break;
-    case LARDER_TYPE_MAP: snprintf(buf, size, "+m"); break;
-    default: snprintf(buf, size, "n"); break;
-  }
-}
-
-/* Releases s and the children still in it (a moved child's slot has a
- * NULL release), each dropping its reference. */
-static void release_schema(struct ArrowSchema *s) {
-  if (s->release == NULL) return;
-  export_schema_t *x = s->private_data;
-  for (int64_t i = 0; i < s->n_children; i++)
-    if (s->children[i]->release) s->children[i]->release(s->children[i]);
-  s->release = NULL;
-  if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
-  free(x->child_ptrs);
-  free(x->strings);
-  free(x->nodes);
-  free(x);
-}
-
-typedef struct schema_builder {
-  export_schema_t *owner;
-  struct ArrowSchema *nodes;
-  struct ArrowSchema **ptrs;
-  char *strings;
-  size_t spos;
-  int next, pnext;
-} schema_builder;
-
-static char *put_str(schema_builder *b, const char *s) {
-  size_t n = strlen(s) + 1;
-  char *p = b->strings + b->spos;
-  memcpy(p, s, n);
-  b->spos += n;
-  return p;
-}
-
-static void fill_schema(schema_builder *b, struct ArrowSchema *out, const field_t *f,
-                        const char *name) {
-  char fmt[64];
-  format_of(f, fmt, sizeof(fmt));
-  out->format = put_str(b, fmt);
-  out->name = put_str(b, name);
-  out->metadata = NULL;
-  out->flags = f->nullable ? ARROW_FLAG_NULLABLE : 0;
-  out->n_children = f->num_children;
-  out->dictionary = NULL;
-  out->release = release_schema;
-  out->private_data = b->owner;
-  out->children = f->num_children ? b->ptrs + b->pnext : NULL;
-  int base = b->pnext;
-  b->pnext += f->num_children;
-  for (int i = 0; i < f->num_children; i++) {
-    struct ArrowSchema *c = &b->nodes[b->next++];
-    b->ptrs[base + i] = c;
-    fill_schema(b, c, &f->children[i], f->children[i].name);
-  }
-  /* A map's entries and key export as non-nullable even where the
-   * Parquet key column is OPTIONAL (written so by some tools): Arrow's
-   * format forbids nullable entries and keys, and importers refuse them.
-   * Their values are checked to hold no null (map_keys_have_nulls), so the
-   * flags may say so.  Tested by client_fake_map_keys. */
-  if (f->type == LARDER_TYPE_MAP && f->num_children == 1) {
-    struct ArrowSchema *entries = b->ptrs[base];
-    entries->flags &= ~(int64_t)ARROW_FLAG_NULLABLE;
-    if (entries->n_children >= 1) entries->children[0]->flags &= ~(int64_t)ARROW_FLAG_NULLABLE;
-  }
-}
-
-/* Whether a map in a's tree holds a null entry or key, which an Arrow map
- * cannot: Parquet allows an OPTIONAL key column. */
-static int map_keys_have_nulls(const larder_array_t *a) {
-  if (a->field->type == LARDER_TYPE_MAP && a->num_children == 1) {
-    const larder_array_t *entries = &a->children[0];
-    if (entries->null_count > 0) return 1;
-    if (entries->num_children >= 1 && entries->children[0].null_count > 0) return 1;
-  }
-  for (int i = 0; i < a->num_children; i++)
-    if (map_keys_have_nulls(&a->children[i])) return 1;
-  return 0;
-}
-
-static size_t strings_size(const field_t *f) {
-  size_t n = strlen(f->name) + 1 + 64;
-  for (int i = 0; i < f->num_children; i++) n += strings_size(&f->children[i]);
-  return n;
-}
-
-static int export_schema(const larder_stream_t *s, struct ArrowSchema *out) {
-  int n = schema_nodes(&s->schema);
-  export_schema_t *x = calloc(1, sizeof(*x));
-  schema_builder b = {0};
-  b.nodes = calloc((size_t)n, sizeof(struct ArrowSchema));
-  b.ptrs = calloc((size_t)n, sizeof(struct ArrowSchema *));
-  b.strings = malloc(strings_size(&s->schema) + 8);
-  if (x == NULL || b.nodes == NULL || b.ptrs == NULL || b.strings == NULL) {
-    free(x);
-    free(b.nodes);
-    free(b.ptrs);
-    free(b.strings);
-    return LARDER_ENOMEM;
-  }
-  b.next = 1;
-  b.owner = x;
-  fill_schema(&b, &b.nodes[0], &s->schema, "");
-  *out = b.nodes[0];
-  /* Children point at b.nodes; the root is the caller's struct. */
-  atomic_init(&x->refs, n);
-  x->nodes = b.nodes;
-  x->child_ptrs = b.ptrs;
-  x->strings = b.strings;
-  return 0;
-}
-
-/* Releases a and the children still in it, as release_schema does. */
-static void release_array(struct ArrowArray *a) {
-  if (a->release == NULL) return;
-  export_array_t *x = a->private_data;
-  for (int64_t i = 0; i < a->n_children; i++)
-    if (a->children[i]->release) a->children[i]->release(a->children[i]);
-  a->release = NULL;
-  if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
-  batch_release(x->batch, 0);
-  free(x->nodes);
-  free(x->child_ptrs);
-  free(x->buffers);
-  free(x);
-}
-
-static int buffer_count(const field_t *f) {
-  switch (f->type) {
-    case LARDER_TYPE_NULL: return 0;
-    case LARDER_TYPE_STRUCT: return 1;
-    case LARDER_TYPE_BINARY: case LARDER_TYPE_STRING:
-    case LARDER_TYPE_LARGE_BINARY: case LARDER_TYPE_LARGE_STRING: return 3;
-    default: return 2;
-  }
-}
-
-typedef struct array_builder {
-  export_array_t *owner;
-  struct ArrowArray *nodes;
-  struct ArrowArray **ptrs;
-  const void **bufs;
-  int next, pnext, bnext;
-} array_builder;
-
-static void fill_array(array_builder *b, struct ArrowArray *out, const larder_array_t *a) {
-  const field_t *f = a->field;
-  out->length = a->length;
-  out->null_count = a->null_count;
-  out->offset = 0;
-  out->n_buffers = buffer_count(f);
-  out->buffers = b->bufs + b->bnext;
-  b->bnext += (int)out->n_buffers;
-  if (out->n_buffers > 0) out->buffers[0] = a->null_count ? a->validity : NULL;
-  /* A list's second buffer is its offsets (a LARGE_LIST's too), not its
-   * absent values.  Tested by client_fake_large_types. */
-  if (out->n_buffers == 2)
-    out->buffers[1] = offset_width(f->type) ? (const void *)a->offsets : a->values;
-  if (out->n_buffers == 3) {
-    out->buffers[1] = a->offsets;
-    out->buffers[2] = a->values;
-  }
-  out->n_children = a->num_children;
-  out->children = a->num_children ? b->ptrs + b->pnext : NULL;
-  out->dictionary = NULL;
-  out->release = release_array;
-  out->private_data = b->owner;
-  int base = b->pnext;
-  b->pnext += a->num_children;
-  for (int i = 0; i < a->num_children; i++) {
-    struct ArrowArray *c = &b->nodes[b->next++];
-    b->ptrs[base + i] = c;
-    fill_array(b, c, &a->children[i]);
-  }
-}
-
-int larder_batch_export(larder_batch_t *batch, struct ArrowSchema *schema,
-                        struct ArrowArray *array) {
-  /* The batch belongs to the first array: a second export is refused, as
-   * each array's release would release the batch, the second one whichever
-   * live batch had reused its struct.  Tested by client_export_then_release. */
-  if (batch->exported) return LARDER_EINVAL;
-  for (int i = 0; i < batch->num_columns; i++)
-    if (map_keys_have_nulls(&batch->columns[i])) return LARDER_EUNSUPPORTED;
-  larder_stream_t *s = batch->stream;
-  int rc = export_schema(s, schema);
-  if (rc) return rc;
-  int n = s->num_nodes + 1;
-  export_array_t *x = calloc(1, sizeof(*x));
-  array_builder b = {0};
-  b.nodes = calloc((size_t)n, sizeof(struct ArrowArray));
-  b.ptrs = calloc((size_t)n, sizeof(struct ArrowArray *));
-  b.bufs = calloc((size_t)n * 3 + 1, sizeof(void *));
-  if (x == NULL || b.nodes == NULL || b.ptrs == NULL || b.bufs == NULL) {
-    free(x);
-    free(b.nodes);
-    free(b.ptrs);
-    free(b.bufs);
-    schema->release(schema);
-    return LARDER_ENOMEM;
-  }
-  /* The root: a struct array without nulls whose children are the
-   * columns. */
-  struct ArrowArray *root = array;
-  root->length = batch->rows;
-  root->null_count = 0;
-  root->offset = 0;
-  root->n_buffers = 1;
-  root->buffers = b.bufs;
-  b.bufs[0] = NULL;
-  b.bnext = 1;
-  root->n_children = batch->num_columns;
-  root->children = b.ptrs;
-  b.pnext = batch->num_columns;
-  b.next = 0;
-  b.owner = x;
-  for (int i = 0; i < batch->num_columns; i++) {
-    struct ArrowArray *c = &b.nodes[b.next++];
-    b.ptrs[i] = c;
-    fill_array(&b, c, &batch->columns[i]);
-  }
-  root->dictionary = NULL;
-  atomic_init(&x->refs, b.next + 1);
-  x->batch = batch;
-  batch->exported = 1;
-  x->nodes = b.nodes;
-  x->child_ptrs = b.ptrs;
-  x->buffers = b.bufs;
-  root->private_data = x;
-  root->release = release_array;
-  return 0;
-}

@@ -100,11 +100,4 @@ uint64_t lcuda_map_base(const lcuda_map_t *m);
  * context it retained.  NULL is ignored. */
 void lcuda_map_close(lcuda_map_t *m);
 
-/* Hooks of client/larder.c for the exports of client/cuda.c: marks b
- * exported (its ownership moves to the export; LARDER_EINVAL when it was
- * already), and releases an exported batch when its last consumer lets
- * go.  Any thread. */
-int larder_internal_batch_take(larder_batch_t *b);
-void larder_internal_batch_release_taken(larder_batch_t *b);
-
 #endif /* LARDER_LCUDA_H */

@@ -12,6 +12,10 @@
 #                of each of its variants, and the chunks of the conformance
 #                files that match a variant (LLVMFuzzerInitialize, see
 #                fuzz-pages.c)
+#   fuzz-ring    well-formed streams of several schemas, and a ring the
+#                daemon side reads (LLVMFuzzerInitialize, see fuzz-ring.c)
+# and, for every target, the inputs in tests/fuzz/regress/TARGET/ that once
+# found a bug there.
 # Findings (crash-*, leak-*, timeout-*, oom-*) are kept in
 # BUILD_DIR/artifacts-TARGET/ and the log in BUILD_DIR/TARGET.log.  Prints a
 # summary per target; exits 1 when any target found something.
@@ -59,10 +63,17 @@ for t in "${TARGETS[@]}"; do
       LARDER_FUZZ_SEED_DIR=$seeds LARDER_FUZZ_SEED_FILES=$files "$bin" >"$log.seeds" 2>&1 ||
         echo "run.sh: $t: making seeds failed (see $log.seeds)" >&2
       ;;
+    fuzz-ring)
+      max_len=16384
+      LARDER_FUZZ_SEED_DIR=$seeds "$bin" >"$log.seeds" 2>&1 ||
+        echo "run.sh: $t: making seeds failed (see $log.seeds)" >&2
+      ;;
     *)
       max_len=1048576
       ;;
   esac
+  # Inputs that once found a bug, kept with the sources.
+  if [ -d "$HERE/regress/$t" ]; then cp "$HERE/regress/$t"/* "$seeds/"; fi
   before=$(ls "$art")
   echo "== $t: ${per}s, $(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) corpus units"
   "$bin" -max_total_time="$per" -rss_limit_mb=2048 -timeout=10 -max_len="$max_len" \
