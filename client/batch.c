@@ -293,6 +293,7 @@ int llib_batch_make(larder_stream_t *s, const wire_batch_t *b, larder_batch_t **
     return LARDER_ENOMEM;
   }
   batch->stream = s;
+  atomic_init(&batch->refs, 1);
   batch->seq = b->seq;
   batch->epoch = b->epoch;
   batch->index = b->index;
@@ -345,7 +346,14 @@ const larder_array_t *larder_batch_column_by_name(const larder_batch_t *b, const
  * trainer.  Tested by client_export_then_release. */
 void larder_batch_release(larder_batch_t *b) {
   if (b == NULL || b->exported) return;
-  llib_batch_release(b, 1);
+  llib_batch_unref(b, 1);
+}
+
+/* The struct is recycled only by the owner's release when it is the last:
+ * a tensor's deleter may run on any thread after the owner moved on. */
+void llib_batch_unref(larder_batch_t *b, int recycle) {
+  if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+    llib_batch_release(b, recycle);
 }
 
 const char *larder_array_name(const larder_array_t *a) { return a->field->name; }
@@ -381,7 +389,7 @@ int larder_internal_batch_take(larder_batch_t *b) {
   b->exported = 1;
   return 0;
 }
-void larder_internal_batch_release_taken(larder_batch_t *b) { llib_batch_release(b, 0); }
+void larder_internal_batch_release_taken(larder_batch_t *b) { llib_batch_unref(b, 0); }
 
 /* The batch's nodes are in slot order already (llib_plan_stream): the columns
  * first, each array's children contiguous, so an entry's index is its

@@ -205,7 +205,7 @@ static void release_array(struct ArrowArray *a) {
     if (a->children[i]->release) a->children[i]->release(a->children[i]);
   a->release = NULL;
   if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) != 1) return;
-  llib_batch_release(x->batch, 0);
+  llib_batch_unref(x->batch, 0);
   free(x->nodes);
   free(x->child_ptrs);
   free(x->buffers);
@@ -448,4 +448,61 @@ int larder_batch_export_dlpack(larder_batch_t *batch, DLManagedTensor **tensors,
   x->batch = batch;
   atomic_init(&x->refs, made);
   return made;
+}
+
+/* ------------------------------------------------------------------------ */
+/* DLPack, one buffer at a time                                              */
+
+typedef struct dlpack_one {
+  DLManagedTensor t; /* first: the consumer's pointer is this struct's */
+  int64_t shape[2];
+  larder_batch_t *batch;
+} dlpack_one_t;
+
+static void dlpack_one_delete(DLManagedTensor *self) {
+  if (self == NULL) return;
+  dlpack_one_t *d = (dlpack_one_t *)self;
+  larder_batch_t *b = d->batch;
+  free(d);
+  llib_batch_unref(b, 0);
+}
+
+int larder_batch_dlpack(larder_batch_t *batch, const void *data, DLDataType dtype, int ndim,
+                        const int64_t *shape, DLManagedTensor **out) {
+  if (out) *out = NULL;
+  if (batch == NULL || out == NULL || shape == NULL || ndim < 1 || ndim > 2 || batch->exported ||
+      dtype.lanes != 1 || dtype.bits == 0 || dtype.bits % 8 != 0)
+    return LARDER_EINVAL;
+  uint64_t bytes = dtype.bits / 8;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0 || (shape[i] > 0 && bytes > UINT64_MAX / (uint64_t)shape[i]))
+      return LARDER_EINVAL;
+    bytes *= (uint64_t)shape[i];
+  }
+  /* Only the batch's own memory: its stream's arena, or the device region
+   * that mirrors it. */
+  const larder_stream_t *s = batch->stream;
+  int cuda = s->cuda != NULL;
+  uintptr_t base = cuda ? (uintptr_t)lcuda_map_base(s->cuda) : (uintptr_t)s->arena;
+  uintptr_t p = (uintptr_t)data;
+  if (bytes > 0 && (data == NULL || p < base || p - base > s->arena_size ||
+                    bytes > s->arena_size - (p - base)))
+    return LARDER_EINVAL;
+  dlpack_one_t *d = calloc(1, sizeof(*d));
+  if (d == NULL) return LARDER_ENOMEM;
+  for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
+  d->batch = batch;
+  /* DLPack's data is not const; the memory stays read-only. */
+  d->t.dl_tensor.data = (void *)data;
+  d->t.dl_tensor.device = (DLDevice){cuda ? kDLCUDA : kDLCPU, cuda ? (int32_t)s->cuda_device : 0};
+  d->t.dl_tensor.ndim = ndim;
+  d->t.dl_tensor.dtype = dtype;
+  d->t.dl_tensor.shape = d->shape;
+  d->t.dl_tensor.strides = NULL; /* compact, row-major */
+  d->t.dl_tensor.byte_offset = 0;
+  d->t.manager_ctx = batch;
+  d->t.deleter = dlpack_one_delete;
+  atomic_fetch_add_explicit(&batch->refs, 1, memory_order_relaxed);
+  *out = &d->t;
+  return 0;
 }

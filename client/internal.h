@@ -199,6 +199,10 @@ struct larder_batch {
   larder_array_t *nodes;
   larder_array_t *columns; /* the root's children: nodes[0 .. num_columns) */
   int exported;            /* larder_batch_export moved it to an ArrowArray */
+  /* The batch's holders: its owner (the caller of larder_stream_next, or
+   * the export that took it over) and each tensor of larder_batch_dlpack.
+   * The last to let go releases it (llib_batch_unref). */
+  atomic_int refs;
 };
 
 struct larder_client {
@@ -257,6 +261,9 @@ void larder_internal_batch_release_taken(larder_batch_t *b);
  * set and there is none, else it is freed.  Any thread.
  */
 void llib_batch_release(larder_batch_t *b, int recycle);
+/* Drops one of b's refs; the last releases it (llib_batch_release, with
+ * recycle).  Any thread. */
+void llib_batch_unref(larder_batch_t *b, int recycle);
 
 /*
  * Copies where the entries of the ring h (size bytes mapped) lie into

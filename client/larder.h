@@ -638,6 +638,27 @@ typedef struct DLManagedTensor {
  */
 int larder_batch_export_dlpack(larder_batch_t *batch, DLManagedTensor **tensors, int n);
 
+/*
+ * A DLPack tensor over one buffer of the batch, for consumers that each
+ * want a tensor of their own (Python's __dlpack__ protocol hands one to
+ * every caller), any buffer (values, validity, offsets, a child's) and
+ * any number of times.  data is a pointer the accessors or
+ * larder_batch_describe gave for this batch, and [data, data + the
+ * tensor's bytes) must lie in the batch's stream's memory (its arena, or
+ * the device region of a CUDA stream); dtype (lanes 1, whole bytes) and
+ * shape (ndim 1 or 2, compact row-major) say how to read it.  The tensor
+ * is on the batch's device (kDLCUDA for a CUDA stream, kDLCPU for a host
+ * one) and holds a reference to the batch: the batch is released when its
+ * owner has released it (larder_batch_release, or the release of its
+ * export) and every such tensor's deleter has run, whichever is last.
+ * The caller must still own the batch (before its release or export).
+ * Deleters may run on any thread, once each.  Returns 0 with *out set,
+ * LARDER_EINVAL (a bad type or shape, memory outside the batch's, a batch
+ * exported already), LARDER_ENOMEM.
+ */
+int larder_batch_dlpack(larder_batch_t *batch, const void *data, DLDataType dtype, int ndim,
+                        const int64_t *shape, DLManagedTensor **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,6 +123,76 @@ TEST_IMPL(client_fork_releases) {
  * that one while the trainer held it; the trainer's own release of it
  * would be a second one, and the daemon would fail the stream.)
  */
+/*
+ * larder_batch_dlpack: each tensor holds the batch, after its owner's
+ * release too, and the last of them gives the region back (with a window
+ * of 2, the stream stands until then); pointers outside the batch's
+ * memory, bad types and exported batches are refused.
+ */
+TEST_IMPL(client_dlpack_buffer_refs) {
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t o;
+  std_opts(&o, 32, 0);
+  o.window = 2;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &o, &s));
+  larder_batch_t *b0, *b1, *b2, *b3;
+  ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b0));
+  const larder_array_t *id = larder_batch_column_by_name(b0, "id");
+  ASSERT_NOT_NULL(id);
+  int64_t n = larder_array_length(id);
+  DLDataType i64 = {kDLInt, 64, 1};
+  DLManagedTensor *t1, *t2, *bad;
+  ASSERT_OK(larder_batch_dlpack(b0, larder_array_values(id), i64, 1, &n, &t1));
+  ASSERT_OK(larder_batch_dlpack(b0, larder_array_values(id), i64, 1, &n, &t2));
+  ASSERT(t1 != t2);
+  ASSERT_EQ(t1->dl_tensor.device.device_type, kDLCPU);
+  ASSERT_EQ(t1->dl_tensor.ndim, 1);
+  ASSERT_EQ(t1->dl_tensor.shape[0], n);
+  ASSERT(t1->dl_tensor.data == larder_array_values(id));
+  int64_t first = ((const int64_t *)t1->dl_tensor.data)[0];
+  /* Refused: memory past the arena, a type of no whole bytes, two lanes. */
+  larder_batch_info_t info;
+  ASSERT_GE(larder_batch_describe(b0, &info, NULL, 0), 1);
+  int64_t whole = (int64_t)(info.arena_size / 8);
+  ASSERT_EQ(larder_batch_dlpack(b0, info.arena + 8, i64, 1, &whole, &bad), LARDER_EINVAL);
+  ASSERT_NULL(bad);
+  ASSERT_EQ(larder_batch_dlpack(b0, &first, i64, 1, &n, &bad), LARDER_EINVAL);
+  DLDataType odd = {kDLInt, 12, 1}, lanes = {kDLInt, 64, 2};
+  ASSERT_EQ(larder_batch_dlpack(b0, larder_array_values(id), odd, 1, &n, &bad), LARDER_EINVAL);
+  ASSERT_EQ(larder_batch_dlpack(b0, larder_array_values(id), lanes, 1, &n, &bad), LARDER_EINVAL);
+  larder_batch_release(b0);
+  ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b1));
+  /* b0, held by its tensors, and b1 fill the window. */
+  ASSERT_EQ(larder_stream_next(s, 300, &b2), LARDER_ETIMEDOUT);
+  larder_batch_release(b1);
+  ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b2));
+  t1->deleter(t1);
+  ASSERT_EQ(larder_stream_next(s, 300, &b3), LARDER_ETIMEDOUT);
+  /* The tensor still reads b0's values: its region was not reused. */
+  ASSERT_EQ(((const int64_t *)t2->dl_tensor.data)[0], first);
+  t2->deleter(t2);
+  ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &b3));
+  /* An exported batch belongs to its export: no more tensors from it. */
+  struct ArrowSchema schema;
+  struct ArrowArray array;
+  ASSERT_OK(larder_batch_export(b2, &schema, &array));
+  ASSERT_EQ(larder_batch_dlpack(b2, larder_array_values(larder_batch_column(b2, 0)), i64, 1, &n,
+                                &bad),
+            LARDER_EINVAL);
+  array.release(&array);
+  schema.release(&schema);
+  larder_batch_release(b3);
+  larder_stream_close(s);
+  larder_client_close(c);
+  dh_stop(&d);
+  return 0;
+}
+
 TEST_IMPL(client_export_then_release) {
   dh_daemon d;
   dh_init(&d, "d", NULL);

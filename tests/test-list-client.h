@@ -5,6 +5,7 @@
  * larder_batch_describe. */
 TEST_ENTRY(client_fork_releases, 120000)
 TEST_ENTRY(client_option_ranges, 60000)
+TEST_ENTRY(client_dlpack_buffer_refs, 60000)
 TEST_ENTRY(client_export_then_release, 60000)
 TEST_ENTRY(client_evloop_stall, 60000)
 TEST_ENTRY(client_frames_two_streams_wait, 60000)

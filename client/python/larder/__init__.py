@@ -39,7 +39,7 @@ from . import _lib
 from ._lib import P, StreamOptions, BATCH_INFO_WORDS, ARRAY_INFO_WORDS
 
 __all__ = ["Client", "Stream", "Batch", "VarColumn", "LarderError", "connect", "library",
-           "DEFAULT_WINDOW", "MAX_WINDOW"]
+           "DEFAULT_WINDOW", "MAX_WINDOW", "MEMORY_HOST", "MEMORY_CUDA"]
 
 DEFAULT_WINDOW = 32
 MAX_WINDOW = 1024
@@ -304,16 +304,19 @@ class Client:
     def stream(self, sources, columns=None, batch_size=256, seed=0, shuffle=True, epochs=1,
                rank=None, world_size=None, drop_last=False, start=(0, 0), window=None,
                shuffle_window=0, unit_rows=0, arena_bytes=0, partitions=0,
-               local_world_size=None, job=None):
+               local_world_size=None, job=None, memory="host", device=None):
         """Opens a stream; see larder_stream_options_t.  ``sources`` is a path
         (str) or a list of paths, globs, directories or URLs; ``epochs=0``
         is unbounded; rank/world_size None read RANK/WORLD_SIZE as in C.
         ``partitions`` > 1 splits the data into node partitions, each node
         (``local_world_size`` ranks, None: LOCAL_WORLD_SIZE) reading its own;
-        ``job`` names the job in the daemon's metrics."""
+        ``job`` names the job in the daemon's metrics.  ``memory="cuda"``
+        delivers the batches in the memory of GPU ``device`` (an ordinal,
+        "cuda:N" or a torch.device; None: LOCAL_RANK, as in C), as
+        DeviceBatch objects (larder._device)."""
         st = Stream(self, sources, columns, batch_size, seed, shuffle, epochs, rank,
                     world_size, drop_last, start, window, shuffle_window, unit_rows,
-                    arena_bytes, partitions, local_world_size, job)
+                    arena_bytes, partitions, local_world_size, job, memory, device)
         self._streams.add(st)
         return st
 
@@ -336,6 +339,31 @@ def connect(socket=None):
     return Client(socket)
 
 
+MEMORY_HOST, MEMORY_CUDA = 0, 1
+
+
+def _device_ordinal(device):
+    """The CUDA ordinal of device (None, an int, "cuda:N", "cuda" or a
+    torch.device); -1 (LOCAL_RANK, as in C) for None and a bare "cuda"."""
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    kind = getattr(device, "type", None)
+    if kind is not None:  # torch.device
+        if kind != "cuda":
+            raise ValueError("larder: device %s is not a CUDA device" % (device,))
+        return -1 if index is None else index
+    s = str(device)
+    if s == "cuda":
+        return -1
+    if s.startswith("cuda:") and s[5:].isdigit():
+        return int(s[5:])
+    raise ValueError("larder: device is a CUDA ordinal, 'cuda:N' or a torch.device, not %r"
+                     % (device,))
+
+
 # The longest a single larder_stream_next waits: Python runs signal
 # handlers only between foreign calls, so Ctrl-C (KeyboardInterrupt)
 # arrives within this, and the stream is untouched by it.
@@ -349,7 +377,7 @@ class Stream:
 
     def __init__(self, client, sources, columns, batch_size, seed, shuffle, epochs, rank,
                  world_size, drop_last, start, window, shuffle_window, unit_rows, arena_bytes,
-                 partitions=0, local_world_size=None, job=None):
+                 partitions=0, local_world_size=None, job=None, memory="host", device=None):
         L = client._L
         self._L = L
         self.client = client
@@ -386,11 +414,23 @@ class Stream:
             jb = job.encode()
             keep.append(jb)
             o.job = jb
+        if memory not in ("host", "cuda"):
+            raise ValueError("larder: memory is 'host' or 'cuda', not %r" % (memory,))
+        self.memory = memory
+        if memory == "cuda":
+            o.memory_kind = MEMORY_CUDA
+            o.cuda_device = _device_ordinal(device)
+        elif device is not None:
+            raise ValueError("larder: device is for memory='cuda' streams")
         h = P()
         rc = L.larder_stream_open(client._h, ctypes.byref(o), ctypes.byref(h))
         if rc != 0:
             raise client._error(rc)
         self._h = h.value
+        self._batch = Batch
+        if memory == "cuda":
+            from ._device import DeviceBatch
+            self._batch = DeviceBatch
         self.window = o.window
         self.batch_size = batch_size
         self._conn = client._conn  # the connection outlives the stream
@@ -471,7 +511,7 @@ class Stream:
         if self._h is None:
             raise ValueError("larder: the stream is closed")
         if self._stash:
-            return Batch(self, self._stash)
+            return self._batch(self, self._stash)
         # An exception (KeyboardInterrupt) can be raised right after a call
         # that took a batch, before any Batch owns it: the batch is kept in
         # _stash then, and the next call returns it, so that none is lost
@@ -494,7 +534,7 @@ class Stream:
             if rc == EEOF:
                 return None
             raise self.client._error(rc)
-        return Batch(self, self._stash)
+        return self._batch(self, self._stash)
 
     def _wait(self, timeout):
         # Sliced, so that a KeyboardInterrupt raised between the calls

@@ -39,6 +39,35 @@ class StreamOptions(ctypes.Structure):
     ]
 
 
+# DLPack's structs as larder.h declares them (dlpack.h v0.8).
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int32)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [
+        ("dl_tensor", DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p)),
+    ]
+
+
 # larder_batch_info_t and larder_array_info_t: every field is 8 bytes, so
 # that the package reads them as one int64 vector (larder.h).
 BATCH_INFO_FIELDS = ("num_rows", "epoch", "index", "bytes", "num_columns", "num_arrays",
@@ -78,6 +107,10 @@ _PROTOS = {
     "larder_batch_column": (P, [P, ctypes.c_int]),
     "larder_batch_describe": (ctypes.c_int, [P, P, P, ctypes.c_int]),
     "larder_batch_export": (ctypes.c_int, [P, P, P]),
+    "larder_batch_device": (ctypes.c_int, [P]),
+    "larder_batch_memory_kind": (ctypes.c_int, [P]),
+    "larder_batch_dlpack": (ctypes.c_int, [P, P, DLDataType, ctypes.c_int,
+                                           ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(P)]),
     "larder_array_name": (ctypes.c_char_p, [P]),
     "larder_array_nullable": (ctypes.c_int, [P]),
     "larder_array_byte_width": (ctypes.c_int32, [P]),

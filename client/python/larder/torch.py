@@ -81,7 +81,7 @@ class LarderDataset(tud.IterableDataset):
     def __init__(self, sources, columns=None, batch_size=256, seed=0, shuffle=True,
                  drop_last=False, rank=None, world_size=None, socket=None, window=None,
                  transform=None, output="torch", shuffle_window=0, unit_rows=0, partitions=0,
-                 local_world_size=None, job=None):
+                 local_world_size=None, job=None, memory="host", device=None):
         super().__init__()
         if isinstance(sources, (str, bytes, os.PathLike)):
             sources = [sources]
@@ -101,6 +101,13 @@ class LarderDataset(tud.IterableDataset):
         if output not in ("torch", "numpy"):
             raise ValueError("larder: output is 'torch' or 'numpy'")
         self.output = output
+        if memory not in ("host", "cuda"):
+            raise ValueError("larder: memory is 'host' or 'cuda', not %r" % (memory,))
+        if memory == "cuda" and output != "torch":
+            raise ValueError("larder: memory='cuda' batches are CUDA tensors: output='torch'")
+        # Where the batches land: not part of the identity (the same rows
+        # in the same order, wherever they are delivered).
+        self.memory, self.device = memory, device
         self.shuffle_window, self.unit_rows = shuffle_window, unit_rows
         # Node partitions (larder.h): part of the order, so of the identity.
         self.partitions = partitions or 0
@@ -205,6 +212,12 @@ class LarderDataset(tud.IterableDataset):
         in_worker = info is not None
         if in_worker and self._worker_iterated is not None:
             self._worker_iterated.value = 1
+        if in_worker and self.memory == "cuda":
+            # A worker's CUDA tensors would reach the trainer through torch's
+            # own CUDA IPC, which cannot export memory the worker imported.
+            raise ValueError("larder: memory='cuda' needs num_workers=0: batches in GPU memory "
+                             "cannot cross DataLoader worker processes (larderd already "
+                             "loads in parallel; workers add nothing here)")
         rank, world = _rank_world(self._rank, self._world)
         epoch = self.epoch
         k = 0
@@ -233,7 +246,8 @@ class LarderDataset(tud.IterableDataset):
                                    epochs=epoch + 1, start=(epoch, start), window=self.window,
                                    shuffle_window=self.shuffle_window, unit_rows=self.unit_rows,
                                    partitions=self.partitions,
-                                   local_world_size=self._local_world(nw), job=self.job)
+                                   local_world_size=self._local_world(nw), job=self.job,
+                                   memory=self.memory, device=self.device)
             tf = self.transform
             as_torch = self.output == "torch"
             try:

@@ -1,0 +1,217 @@
+"""memory="cuda" streams through the package: DeviceBatch, DeviceArray,
+DLPack capsules and the CUDA Array Interface, against a larderd of their
+own.  Without a GPU the driver is the test double of tests/cuda-fake/ (its
+"device memory" is shared memory mapped at the device pointer, so the
+tests read the bytes there); tests/cuda-real.sh sets LARDER_TEST_CUDA_REAL=1
+on a GPU host, where the bytes are read back with torch.  Every wait has
+a deadline."""
+import ctypes
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import larder
+from larder import _device
+from larder._lib import DLManagedTensor
+import test_ctypes as lt
+from conftest import BUILD, DAEMON_FLAGS
+
+MAIN = lt.MAIN_FILE                  # 1,000 rows, 9 nullable strings
+WIDE = os.path.join(lt.DATA, "delta_binary_packed.parquet")        # 200 rows, 66 int64
+PLAIN = os.path.join(lt.DATA, "alltypes_plain.parquet")            # 8 rows, many types
+DEADLINE = 60
+REAL = os.environ.get("LARDER_TEST_CUDA_REAL") == "1"
+_api = ctypes.PyDLL(None)  # the package's own pythonapi functions stay untouched
+
+
+@pytest.fixture(scope="module")
+def cuda_daemon(tmp_path_factory):
+    saved = os.environ.get("LARDER_LIBCUDA")
+    if REAL:
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("LARDER_TEST_CUDA_REAL=1 but torch sees no GPU")
+    else:
+        fake = os.path.join(BUILD, "lib", "fake-cuda", "libcuda.so.1")
+        if not os.path.exists(fake):
+            pytest.skip("no CUDA driver double at %s (built with the CUDA toolkit)" % fake)
+        # Both larderd and this process's liblarder dlopen this path.
+        os.environ["LARDER_LIBCUDA"] = fake
+    d = lt.Daemon(BUILD, str(tmp_path_factory.mktemp("cuda")), DAEMON_FLAGS)
+    d.start()
+    yield d
+    d.stop()
+    if saved is None:
+        os.environ.pop("LARDER_LIBCUDA", None)
+    else:
+        os.environ["LARDER_LIBCUDA"] = saved
+
+
+@pytest.fixture
+def cclient(cuda_daemon):
+    c = larder.Client(cuda_daemon.socket)
+    yield c
+    c.close()
+
+
+def host_bytes(a):
+    """The bytes of DeviceArray a, copied to the host."""
+    if a.nbytes == 0:
+        return b""
+    if REAL:
+        import torch
+        return torch.from_dlpack(a).cpu().numpy().tobytes()
+    return ctypes.string_at(a.ptr, a.nbytes)
+
+
+def same(dev, host):
+    """Whether a DeviceArray / DeviceVarColumn / dict holds host's values."""
+    if isinstance(dev, dict):
+        return set(dev) == set(host) and all(same(dev[k], host[k]) for k in dev)
+    if isinstance(dev, _device.DeviceVarColumn):
+        return same(dev[0], host[0]) and same(dev[1], host[1])
+    if dev.bitmap:
+        bits = np.unpackbits(np.frombuffer(host_bytes(dev), np.uint8), bitorder="little")
+        return np.array_equal(bits[:dev.length].astype(bool), np.asarray(host, bool))
+    h = np.ascontiguousarray(host)
+    if h.dtype.kind == "M":
+        h = h.view(np.int64)
+    return dev.shape == h.shape and host_bytes(dev) == h.tobytes()
+
+
+def test_cuda_batches_equal_host(cclient):
+    """A CUDA stream and a host stream of the same options deliver the same
+    batches, value for value and validity for validity, in the same order."""
+    for src, cols in ((WIDE, ["bitwidth%d" % i for i in range(10)]), (MAIN, None),
+                      (PLAIN, None)):
+        opts = dict(columns=cols, batch_size=64, seed=3, epochs=2, window=4)
+        host = cclient.stream(src, **opts)
+        dev = cclient.stream(src, memory="cuda", device=0, **opts)
+        assert len(dev) == len(host)
+        n = 0
+        for hb in host:
+            db = dev.next(timeout=DEADLINE)
+            assert isinstance(db, _device.DeviceBatch) and db.device == 0
+            assert db.position == hb.position and db.num_rows == hb.num_rows
+            assert list(db) == list(hb)
+            for k in hb:
+                assert same(db[k], hb[k]), (src, k, hb.position)
+                m = hb.mask(k)
+                dm = db.mask(k)
+                assert (m is None) == (dm is None), k
+                if m is not None:
+                    assert same(dm, m), (src, k)
+            n += 1
+            del hb, db
+        assert dev.next(timeout=DEADLINE) is None
+        assert n == 2 * len(host)
+        host.close()
+        dev.close()
+
+
+def test_cuda_interfaces(cclient):
+    """DLPack and the CUDA Array Interface describe the column in place:
+    device, type, shape and pointer; numpy() is refused with a message."""
+    s = cclient.stream(WIDE, columns=["bitwidth3"], batch_size=50, epochs=1, memory="cuda",
+                       device="cuda:1")
+    b = next(s)
+    assert b.device == 1
+    a = b["bitwidth3"]
+    assert a.__dlpack_device__() == (2, 1)
+    cai = a.__cuda_array_interface__
+    assert cai["shape"] == (50,) and cai["typestr"] == "<i8" and cai["data"] == (a.ptr, True)
+    assert cai["version"] == 3 and cai["stream"] is None
+    cap = a.__dlpack__()
+    p = _api.PyCapsule_GetPointer
+    p.restype, p.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    t = DLManagedTensor.from_address(p(cap, b"dltensor")).dl_tensor
+    assert (t.device.device_type, t.device.device_id) == (2, 1)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (0, 64, 1)
+    assert t.ndim == 1 and t.shape[0] == 50 and t.data == a.ptr and not t.strides
+    del cap, t
+    with pytest.raises(TypeError, match="GPU memory"):
+        b.numpy()
+    with pytest.raises(ValueError, match="memory is 'host' or 'cuda'"):
+        cclient.stream(WIDE, memory="gpu")
+    with pytest.raises(ValueError, match="CUDA ordinal"):
+        cclient.stream(WIDE, memory="cuda", device="tpu:0")
+    s.close()
+
+
+def _consume(cap):
+    """What a DLPack consumer does: takes the tensor out of the capsule
+    (renaming it) and returns a function that drops it."""
+    get, rename = _api.PyCapsule_GetPointer, _api.PyCapsule_SetName
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    rename.restype, rename.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(cap, b"dltensor")
+    assert rename(cap, b"used_dltensor") == 0
+    mt = DLManagedTensor.from_address(ptr)
+    return lambda: mt.deleter(ptr)
+
+
+def test_cuda_tensor_holds_batch(cclient):
+    """A consumed DLPack tensor keeps its batch's region from the daemon
+    after the batch and its arrays are gone: with a window of 2, the stream
+    stops until the consumer drops it.  A capsule never consumed gives its
+    reference back when it is collected."""
+    s = cclient.stream(WIDE, columns=["bitwidth1"], batch_size=10, epochs=0, window=2,
+                       memory="cuda", device=0)
+    b0 = next(s)
+    drop = _consume(b0["bitwidth1"].__dlpack__())
+    unconsumed = b0["bitwidth1"].__dlpack__()
+    b0.release()
+    del b0
+    b1 = s.next(timeout=DEADLINE)
+    b1.release()
+    del b1
+    gc.collect()
+    b2 = s.next(timeout=DEADLINE)    # b1's room came back
+    with pytest.raises(larder.LarderTimeoutError):
+        s.next(timeout=0.5)          # b0 (two tensors) and b2 fill the window
+    drop()
+    with pytest.raises(larder.LarderTimeoutError):
+        s.next(timeout=0.5)          # the unconsumed capsule still holds b0
+    del unconsumed
+    gc.collect()
+    b3 = s.next(timeout=DEADLINE)
+    assert b3 is not None
+    del b2, b3
+    s.close()
+
+
+def test_cuda_array_outlives_batch(cclient):
+    """A DeviceArray (what the CUDA Array Interface hands its consumers)
+    keeps the region: a hundred batches later through a window of 3, its
+    values are unchanged."""
+    s = cclient.stream(WIDE, columns=["bitwidth%d" % i for i in range(6)], batch_size=20,
+                       epochs=0, window=3, seed=5, memory="cuda", device=0)
+    held = next(s)
+    arrays = dict(held)
+    want = {k: host_bytes(v) for k, v in arrays.items()}
+    held.release()
+    del held
+    for _ in range(100):
+        b = s.next(timeout=DEADLINE)
+        assert b is not None
+        del b
+    for k, v in arrays.items():
+        assert host_bytes(v) == want[k], k
+    del arrays
+    s.close()
+
+
+def test_cuda_dataset_checks(cuda_daemon):
+    """LarderDataset with memory='cuda': numpy output and DataLoader worker
+    processes are refused with a message that says why."""
+    torch = pytest.importorskip("torch")
+    from larder.torch import LarderDataset
+    with pytest.raises(ValueError, match="output='torch'"):
+        LarderDataset(WIDE, socket=cuda_daemon.socket, memory="cuda", output="numpy")
+    ds = LarderDataset(WIDE, columns=["bitwidth1"], batch_size=50, socket=cuda_daemon.socket,
+                       memory="cuda", device=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
+    with pytest.raises(Exception, match="num_workers=0"):
+        next(iter(loader))
