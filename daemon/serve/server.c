@@ -717,7 +717,7 @@ int server_run(server_t *srv) {
   srv->loop = uv_default_loop();
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);
-  units_init(srv);
+  units_init(srv, stream_read_ahead_all);
   if (footers_create(&srv->stats, &srv->footers) != 0 ||
       remote_footers_create(srv->cfg.remote_footer_memory, &srv->stats,
                             &srv->remote_footers) != 0) {

@@ -42,6 +42,7 @@ typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct stream stream_t;
 typedef struct unit unit_t;
+typedef struct unit_waiter unit_waiter_t;
 typedef struct rgbuf rgbuf_t;
 
 #define LARDERD_VERSION "0.1.0"
@@ -93,7 +94,7 @@ struct unit {
   unit_t *retry_next;
   uint64_t fetch_ns, decode_ns, cache_read_ns;
 
-  stream_t **waiters;     /* streams to tell when it is READY or FAILED */
+  unit_waiter_t **waiters; /* whom to tell when it is READY or FAILED */
   int num_waiters, cap_waiters;
   htab_node_t hnode;      /* in srv->unit_table; hnode.hash is its hash */
   unit_t *lru_prev, *lru_next; /* idle list (refs == 0, READY) */
@@ -123,12 +124,33 @@ int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cach
 void units_expire_read_ahead(server_t *srv);
 /* Drops a reference; idle READY units stay cached until memory is needed. */
 void units_release(server_t *srv, unit_t *u);
-/* Asks to be told (stream_units_changed) when u leaves LOADING. */
-int units_wait(unit_t *u, stream_t *s);
-void units_unwait(unit_t *u, stream_t *s);
+/*
+ * A waiter: whoever waits for units to load (a stream) embeds one, sets cb,
+ * and registers it with units_wait, as a libuv handle carries its callback.
+ * cb(w) runs on the loop when a unit w waits for leaves LOADING (READY or
+ * FAILED), once per unit and registration; w is then no longer registered
+ * with that unit.  cb may release units, and wait on others.  The waiter's
+ * owner keeps it alive while it is registered (units_unwait takes it
+ * back).
+ */
+typedef void (*unit_waiter_cb)(unit_waiter_t *w);
+struct unit_waiter {
+  unit_waiter_cb cb;
+  void *data;             /* the owner's */
+};
+/* Registers w to be told when u leaves LOADING; a waiter registered already
+ * is not added twice.  Returns 0, or LARDER_ENOMEM (w is then not
+ * registered).  Loop thread. */
+int units_wait(unit_t *u, unit_waiter_t *w);
+/* Takes w off u's waiters (nothing when it is not there).  Loop thread. */
+void units_unwait(unit_t *u, unit_waiter_t *w);
 /* Frees idle units until the pool fits memory_limit. */
 void units_trim(server_t *srv);
-void units_init(server_t *srv);
+/* Sets up the unit pool.  room(srv), on the loop, is told each time a fetch
+ * read ahead has finished and so left room in the read-ahead budget (the
+ * server passes stream_read_ahead_all); it is never called from within
+ * itself.  Loop thread. */
+void units_init(server_t *srv, void (*room)(server_t *srv));
 /* Queues again the loads that waited for a row group (the tick calls it). */
 void units_retry(server_t *srv);
 void units_shutdown(server_t *srv);
@@ -147,13 +169,12 @@ void stream_close(stream_t *s);
 /* The client's CloseStream: closes its stream, or frees what the daemon
  * kept of a stream ended before (a CUDA region, cuda.h). */
 void stream_client_close(conn_t *c, const Larder__CloseStream *cs);
-/* Called when a unit the stream waits for is READY or FAILED. */
-void stream_units_changed(stream_t *s);
 /* Ends a stream with an error sent to its client. */
 void stream_fail(stream_t *s, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 uint32_t stream_id(const stream_t *s);
-/* Lets every stream's read-ahead go on (a fetch finished; units.c). */
+/* Lets every stream's read-ahead go on (a fetch finished: the server
+ * registers it with units_init).  Loop thread. */
 void stream_read_ahead_all(server_t *srv);
 /* The stream of connection c with this id, or NULL. */
 stream_t *stream_find(conn_t *c, uint32_t id);
@@ -341,7 +362,8 @@ struct server {
   int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
   uint64_t acquiring_owner; /* the work owner (work.h) of the loads that
                                units_acquire starts: the stream's */
-  int in_read_ahead;      /* stream_read_ahead_all is running */
+  int in_read_ahead;      /* units_room is running */
+  void (*units_room)(server_t *srv); /* units_init's room callback */
   int tasks_in_flight;    /* every work_queue task not yet done */
 
   /* Access control (acl.h): rebuilt from cfg at start and on reload. */

@@ -130,6 +130,8 @@ struct stream {
                                (work_pool_hold_owner) while nonzero, from
                                the open's reply to stream_destroy */
 
+  unit_waiter_t waiter;     /* told when a unit it waits for has loaded
+                               (units_wait); data is the stream */
   dataset_t *ds;
   shuffle_plan_t *plan;
   shuffle_params_t params;
@@ -283,7 +285,7 @@ static void room_free(stream_t *s, int64_t off, const int64_t *parts, int num_pa
 
 static void pbatch_free(stream_t *s, pbatch_t *b) {
   for (int i = 0; i < b->num_units; i++) {
-    units_unwait(b->units[i], s);
+    units_unwait(b->units[i], &s->waiter);
     units_release(s->srv, b->units[i]);
   }
   free(b->units);
@@ -1842,7 +1844,7 @@ again:
       }
       if (u->state == UNIT_LOADING) {
         ready = 0;
-        if (units_wait(u, s) != 0) {
+        if (units_wait(u, &s->waiter) != 0) {
           stream_fail(s, LARDER_ENOMEM, "out of memory");
           return;
         }
@@ -1907,7 +1909,8 @@ again:
   if (s->exhausted && s->q_head == NULL && !s->end_sent) send_end(s);
 }
 
-void stream_units_changed(stream_t *s) { stream_pump(s); }
+/* A unit the stream waits for is READY or FAILED (units_wait). */
+static void on_unit_loaded(unit_waiter_t *w) { stream_pump(w->data); }
 
 void stream_release(stream_t *s, const Larder__Release *rel) {
   if (release_one(s, rel->seq, rel->wait_ns, rel->compute_ns) == 0) stream_pump(s);
@@ -2149,6 +2152,8 @@ static void open_done(work_t *w, int status) {
     return;
   }
   s->srv = srv;
+  s->waiter.cb = on_unit_loaded;
+  s->waiter.data = s;
   s->ring_fd = -1;
   s->ds = o->ds;
   o->ds = NULL;

@@ -42,7 +42,8 @@ static uint64_t columns_hash_of(const dataset_t *ds) {
  * read-ahead, and must never walk a long chain (4096 fixed buckets made
  * chains of 250 at a million units, and the loop stopped answering).
  */
-void units_init(server_t *srv) {
+void units_init(server_t *srv, void (*room)(server_t *srv)) {
+  srv->units_room = room;
   memset(&srv->unit_table, 0, sizeof(srv->unit_table));
   memset(&srv->rgbuf_table, 0, sizeof(srv->rgbuf_table));
 }
@@ -322,7 +323,7 @@ static void rb_done(rgbuf_t *b) {
   /* Room in the read-ahead budget: the streams may ask for more. */
   if (freed && !srv->in_read_ahead) {
     srv->in_read_ahead = 1;
-    stream_read_ahead_all(srv);
+    if (srv->units_room) srv->units_room(srv);
     srv->in_read_ahead = 0;
   }
 }
@@ -1074,10 +1075,10 @@ static void load_done(work_t *w, int status) {
    * so hold a reference. */
   u->refs++;
   int n = u->num_waiters;
-  stream_t **ws = u->waiters;
+  unit_waiter_t **ws = u->waiters;
   u->waiters = NULL;
   u->num_waiters = u->cap_waiters = 0;
-  for (int i = 0; i < n; i++) stream_units_changed(ws[i]);
+  for (int i = 0; i < n; i++) ws[i]->cb(ws[i]);
   free(ws);
   units_release(srv, u);
 }
@@ -1256,23 +1257,23 @@ void units_release(server_t *srv, unit_t *u) {
   }
 }
 
-int units_wait(unit_t *u, stream_t *s) {
+int units_wait(unit_t *u, unit_waiter_t *w) {
   for (int i = 0; i < u->num_waiters; i++)
-    if (u->waiters[i] == s) return 0;
+    if (u->waiters[i] == w) return 0;
   if (u->num_waiters == u->cap_waiters) {
     int cap = u->cap_waiters ? u->cap_waiters * 2 : 4;
-    stream_t **w = realloc(u->waiters, (size_t)cap * sizeof(stream_t *));
-    if (w == NULL) return LARDER_ENOMEM;
-    u->waiters = w;
+    unit_waiter_t **ws = realloc(u->waiters, (size_t)cap * sizeof(unit_waiter_t *));
+    if (ws == NULL) return LARDER_ENOMEM;
+    u->waiters = ws;
     u->cap_waiters = cap;
   }
-  u->waiters[u->num_waiters++] = s;
+  u->waiters[u->num_waiters++] = w;
   return 0;
 }
 
-void units_unwait(unit_t *u, stream_t *s) {
+void units_unwait(unit_t *u, unit_waiter_t *w) {
   for (int i = 0; i < u->num_waiters; i++)
-    if (u->waiters[i] == s) {
+    if (u->waiters[i] == w) {
       u->waiters[i] = u->waiters[--u->num_waiters];
       return;
     }
