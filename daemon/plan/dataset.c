@@ -928,3 +928,29 @@ uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
   if (w < 1) w = 1;
   return (uint32_t)w;
 }
+
+void dataset_register_objects(store_t *store, const dataset_t *ds) {
+  if (store == NULL) return;
+  for (uint32_t i = 0; i < ds->num_files; i++) {
+    const dataset_file_t *f = &ds->files[i];
+    char name[1024];
+    if (f->remote) fetch_redact(f->path, name, sizeof(name));
+    else snprintf(name, sizeof(name), "%s", f->path);
+    store_object_t o = {f->object_id, name, f->identity};
+    store_object_put(store, &o);
+  }
+}
+
+char *dataset_sources_label(char *const *sources, size_t n) {
+  /* The first source, and how many more: a job may name thousands of
+   * shards, and the label ends up in every metric series of the stream. */
+  char red[1024] = "";
+  if (n > 0) {
+    if (remote_is_url(sources[0])) fetch_redact(sources[0], red, sizeof(red));
+    else snprintf(red, sizeof(red), "%s", sources[0]);
+  }
+  if (n <= 1) return strdup(red);
+  char *out = NULL;
+  if (asprintf(&out, "%s (+%zu more)", red, n - 1) < 0) return NULL;
+  return out;
+}

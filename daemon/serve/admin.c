@@ -1538,37 +1538,6 @@ void admin_shutdown(server_t *srv) {
 /* ------------------------------------------------------------------------ */
 /* evict and verify                                                          */
 
-char *admin_sources_label(char *const *sources, size_t n) {
-  /* The first source, and how many more: a job may name thousands of
-   * shards, and the label ends up in every metric series of the stream. */
-  sbuf b = {0};
-  if (n > 0) {
-    char red[1024];
-    if (remote_is_url(sources[0])) fetch_redact(sources[0], red, sizeof(red));
-    else snprintf(red, sizeof(red), "%s", sources[0]);
-    sb_puts(&b, red);
-  }
-  if (n > 1) sb_printf(&b, " (+%zu more)", n - 1);
-  if (b.s.data == NULL && !b.oom) return strdup("");
-  if (b.oom) {
-    free(b.s.data);
-    return NULL;
-  }
-  return b.s.data;
-}
-
-void admin_register_objects(server_t *srv, const dataset_t *ds) {
-  if (srv->store == NULL) return;
-  for (uint32_t i = 0; i < ds->num_files; i++) {
-    const dataset_file_t *f = &ds->files[i];
-    char name[1024];
-    if (f->remote) fetch_redact(f->path, name, sizeof(name));
-    else snprintf(name, sizeof(name), "%s", f->path);
-    store_object_t o = {f->object_id, name, f->identity};
-    store_object_put(srv->store, &o);
-  }
-}
-
 typedef struct evict_job {
   job_t j;
   uint64_t *ids;
@@ -1888,7 +1857,7 @@ static void pf_open_work(job_t *j) {
     return;
   }
   for (uint32_t k = 0; k < p->ds->num_units; k++) p->cached[k] = (uint8_t)pf_unit_cached(p, k);
-  admin_register_objects(j->srv, p->ds);
+  dataset_register_objects(j->srv->store, p->ds);
 }
 
 static void pf_event(prefetch_job_t *p, const char *event, int final) {
@@ -2321,7 +2290,7 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
     if (p->sources[i] == NULL) break;
     p->num_sources++;
   }
-  if (p->sources && p->num_sources == n) p->label = admin_sources_label(p->sources, n);
+  if (p->sources && p->num_sources == n) p->label = dataset_sources_label(p->sources, n);
   p->columns = split_list(opt_value(req, "columns"), &p->num_columns);
   int oom = 0;
   p->roots = acl_split_roots(srv->cfg.local_roots, &oom);

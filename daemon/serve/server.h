@@ -187,7 +187,7 @@ stream_t *stream_next_in_conn(const stream_t *s);
 typedef struct stream_info {
   uint32_t id;
   uint32_t rank, world_size;
-  const char *dataset;        /* admin_sources_label of its sources */
+  const char *dataset;        /* dataset_sources_label of its sources */
   uint64_t num_files, num_units, total_rows;
   uint64_t batches_per_epoch, epochs;
   uint64_t arena_bytes;
@@ -385,13 +385,6 @@ void admin_conn_closed(conn_t *c);
 void admin_tick(server_t *srv);
 /* Shutdown: ends every job and frees admin.c's state. */
 void admin_shutdown(server_t *srv);
-/* Records the dataset's files in the cache's object index (names and
- * identities for ls and evict).  Any thread (a worker, after dataset_open). */
-void admin_register_objects(server_t *srv, const dataset_t *ds);
-/* What stats, clients and metrics show of a dataset: its first source
- * (a URL without credentials or query string: fetch_redact) and "(+N
- * more)".  malloc'd; NULL when out of memory. */
-char *admin_sources_label(char *const *sources, size_t n);
 
 /* Rates over the last few seconds, for stats and metrics (admin.c). */
 typedef struct admin_rates {

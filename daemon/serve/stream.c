@@ -1975,7 +1975,7 @@ static void open_work(work_t *w) {
                        (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
                        sizeof(o->err));
   if (o->rc != 0) return;
-  admin_register_objects(o->srv, o->ds); /* larder admin: names for ls, evict */
+  dataset_register_objects(o->srv->store, o->ds); /* larder admin: names for ls, evict */
   shuffle_params_t sp;
   open_shuffle_params(o, o->ds, &sp);
   if (dataset_shuffle_plan(o->ds, &sp, o->row_group_blocks, &o->plan) != 0) o->plan = NULL;
@@ -2337,7 +2337,7 @@ static void open_done(work_t *w, int status) {
   c->arena_bytes += arena_size(s->arena) + (s->ring ? s->ring_size : 0); /* larder limits */
   /* larder admin: the sources as the client named them (URLs redacted),
    * for stats and metrics. */
-  s->label = admin_sources_label(o->sources, o->num_sources);
+  s->label = dataset_sources_label(o->sources, o->num_sources);
   s->job = o->job;
   o->job = NULL;
   s->requested_ns = o->requested_ns;
