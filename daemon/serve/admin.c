@@ -63,64 +63,30 @@
 /* ------------------------------------------------------------------------ */
 /* Text buffers                                                              */
 
-/* A pq_strbuf_t that remembers running out of memory, so that a reply is
- * built with unchecked appends and its status checked once at the end. */
-typedef struct sbuf {
-  pq_strbuf_t s;
-  int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-  if (!b->oom && pq_strbuf_append(&b->s, s, n) != 0) b->oom = 1;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  char small[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(small, sizeof(small), fmt, ap);
-  va_end(ap);
-  if (n < 0) return;
-  if ((size_t)n < sizeof(small)) {
-    sb_put(b, small, (size_t)n);
-    return;
-  }
-  char *big = malloc((size_t)n + 1);
-  if (big == NULL) {
-    b->oom = 1;
-    return;
-  }
-  va_start(ap, fmt);
-  vsnprintf(big, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  sb_put(b, big, (size_t)n);
-  free(big);
-}
+/* Replies are built in a strbuf_t (strbuf.h) with unchecked appends: its
+ * error sticks, and is checked once at the end. */
 
 /* A JSON string literal (UTF-8 passes through; control characters are
  * escaped). */
-static void sb_json(sbuf *b, const char *s) {
-  sb_put(b, "\"", 1);
+static void sb_json(strbuf_t *b, const char *s) {
+  strbuf_append(b, "\"", 1);
   for (const char *p = s ? s : ""; *p; p++) {
     unsigned char ch = (unsigned char)*p;
-    if (ch == '"') sb_puts(b, "\\\"");
-    else if (ch == '\\') sb_puts(b, "\\\\");
-    else if (ch == '\n') sb_puts(b, "\\n");
-    else if (ch == '\t') sb_puts(b, "\\t");
-    else if (ch == '\r') sb_puts(b, "\\r");
-    else if (ch < 0x20) sb_printf(b, "\\u%04x", ch);
-    else sb_put(b, (const char *)p, 1);
+    if (ch == '"') strbuf_puts(b, "\\\"");
+    else if (ch == '\\') strbuf_puts(b, "\\\\");
+    else if (ch == '\n') strbuf_puts(b, "\\n");
+    else if (ch == '\t') strbuf_puts(b, "\\t");
+    else if (ch == '\r') strbuf_puts(b, "\\r");
+    else if (ch < 0x20) strbuf_printf(b, "\\u%04x", ch);
+    else strbuf_append(b, (const char *)p, 1);
   }
-  sb_put(b, "\"", 1);
+  strbuf_append(b, "\"", 1);
 }
 
 /* A finite JSON number (NaN and infinities become 0). */
-static void sb_num(sbuf *b, double v) {
+static void sb_num(strbuf_t *b, double v) {
   if (!isfinite(v)) v = 0;
-  sb_printf(b, "%.6g", v);
+  strbuf_printf(b, "%.6g", v);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -632,19 +598,19 @@ static void cmd_status(conn_t *c, const Larder__AdminRequest *req) {
   if (srv->store) store_stats_get(srv->store, &st);
   double up = (double)(util_now_ns() - srv->started_ns) / 1e9;
   const char *metrics = metrics_endpoint(srv);
-  sbuf b = {0};
+  strbuf_t b = {0};
   if (req->json) {
-    sb_printf(&b, "{\"up\":true,\"version\":\"%s\",\"pid\":%d,\"uptime_s\":", LARDERD_VERSION,
+    strbuf_printf(&b, "{\"up\":true,\"version\":\"%s\",\"pid\":%d,\"uptime_s\":", LARDERD_VERSION,
               (int)getpid());
     sb_num(&b, up);
-    sb_printf(&b, ",\"started_unix\":%" PRId64 ",\"config_path\":", srv->started_unix);
+    strbuf_printf(&b, ",\"started_unix\":%" PRId64 ",\"config_path\":", srv->started_unix);
     if (srv->config_path) sb_json(&b, srv->config_path);
-    else sb_puts(&b, "null");
-    sb_puts(&b, ",\"socket\":");
+    else strbuf_puts(&b, "null");
+    strbuf_puts(&b, ",\"socket\":");
     sb_json(&b, srv->cfg.socket);
-    sb_puts(&b, ",\"cache_dir\":");
+    strbuf_puts(&b, ",\"cache_dir\":");
     sb_json(&b, srv->cfg.cache_dir);
-    sb_printf(&b,
+    strbuf_printf(&b,
               ",\"cache_capacity_bytes\":%" PRIu64 ",\"cache_used_bytes\":%" PRIu64
               ",\"cache_entries\":%" PRIu64 ",\"workers\":%d,\"clients\":%" PRIu64
               ",\"trainers\":%" PRIu64 ",\"streams\":%" PRIu64
@@ -654,38 +620,38 @@ static void cmd_status(conn_t *c, const Larder__AdminRequest *req) {
               STATS_GET(&srv->stats, clients) - 1, count_trainers(srv),
               STATS_GET(&srv->stats, streams), acl_num_rules(srv->acl));
     if (*metrics) sb_json(&b, metrics);
-    else sb_puts(&b, "null");
-    sb_puts(&b, ",\"metrics_textfile\":");
+    else strbuf_puts(&b, "null");
+    strbuf_puts(&b, ",\"metrics_textfile\":");
     if (srv->cfg.metrics_textfile && *srv->cfg.metrics_textfile) sb_json(&b, srv->cfg.metrics_textfile);
-    else sb_puts(&b, "null");
-    sb_puts(&b, "}");
+    else strbuf_puts(&b, "null");
+    strbuf_puts(&b, "}");
   } else {
     char a[32], bb[32], d[32], n[32];
-    sb_printf(&b, "larderd %s is up (pid %d)\n", LARDERD_VERSION, (int)getpid());
-    sb_printf(&b, "  uptime      %s\n", fmt_dur(d, sizeof(d), up));
-    sb_printf(&b, "  config      %s\n", srv->config_path ? srv->config_path : "(none: defaults and flags)");
-    sb_printf(&b, "  socket      %s\n", srv->cfg.socket);
-    sb_printf(&b, "  cache       %s: %s of %s used (%.0f%%), %s entries\n", srv->cfg.cache_dir,
+    strbuf_printf(&b, "larderd %s is up (pid %d)\n", LARDERD_VERSION, (int)getpid());
+    strbuf_printf(&b, "  uptime      %s\n", fmt_dur(d, sizeof(d), up));
+    strbuf_printf(&b, "  config      %s\n", srv->config_path ? srv->config_path : "(none: defaults and flags)");
+    strbuf_printf(&b, "  socket      %s\n", srv->cfg.socket);
+    strbuf_printf(&b, "  cache       %s: %s of %s used (%.0f%%), %s entries\n", srv->cfg.cache_dir,
               fmt_bytes(a, sizeof(a), (double)st.used_bytes),
               fmt_bytes(bb, sizeof(bb), (double)st.capacity_bytes),
               st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
               fmt_count(n, sizeof(n), st.entries));
-    sb_printf(&b, "  workers     %d\n", srv->workers);
+    strbuf_printf(&b, "  workers     %d\n", srv->workers);
     uint64_t trainers = count_trainers(srv), streams = STATS_GET(&srv->stats, streams);
-    sb_printf(&b, "  trainers    %" PRIu64 " connected, %" PRIu64 " stream%s open\n", trainers,
+    strbuf_printf(&b, "  trainers    %" PRIu64 " connected, %" PRIu64 " stream%s open\n", trainers,
               streams, streams == 1 ? "" : "s");
     if (acl_num_rules(srv->acl))
-      sb_printf(&b, "  allowlist   %zu rule%s\n", acl_num_rules(srv->acl),
+      strbuf_printf(&b, "  allowlist   %zu rule%s\n", acl_num_rules(srv->acl),
                 acl_num_rules(srv->acl) == 1 ? "" : "s");
     else
-      sb_puts(&b, "  allowlist   off: any URL may be fetched (set allow = ... lines)\n");
-    if (*metrics) sb_printf(&b, "  metrics     %s\n", metrics);
+      strbuf_puts(&b, "  allowlist   off: any URL may be fetched (set allow = ... lines)\n");
+    if (*metrics) strbuf_printf(&b, "  metrics     %s\n", metrics);
     if (srv->cfg.metrics_textfile && *srv->cfg.metrics_textfile)
-      sb_printf(&b, "  metrics     %s (every %" PRIu64 " s)\n", srv->cfg.metrics_textfile,
+      strbuf_printf(&b, "  metrics     %s (every %" PRIu64 " s)\n", srv->cfg.metrics_textfile,
                 srv->cfg.metrics_interval);
   }
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
-  free(b.s.data);
+  reply(c, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
+  free(b.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -728,31 +694,31 @@ static dsagg_t *datasets_of(server_t *srv, const conn_t *self, int all, size_t *
 
 /* Writes the stats object for self: every counter, and the datasets and
  * streams self may see (visible_to). */
-static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
+static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   int all = sees_all(self);
-  sb_printf(b, "{\"version\":\"%s\",\"uptime_s\":%.3f", LARDERD_VERSION,
+  strbuf_printf(b, "{\"version\":\"%s\",\"uptime_s\":%.3f", LARDERD_VERSION,
             (double)(util_now_ns() - srv->started_ns) / 1e9);
 #define ADMIN_STAT_(name, kind, help) \
-  sb_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(&srv->stats, name));
+  strbuf_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(&srv->stats, name));
   STATS_GLOBAL(ADMIN_STAT_)
 #undef ADMIN_STAT_
   /* CUDA streams: device bytes per GPU ordinal (cuda.h). */
-  sb_puts(b, ",\"cuda_devices\":[");
+  strbuf_puts(b, ",\"cuda_devices\":[");
   for (int d = 0; d < cuda_devices_seen(); d++)
-    sb_printf(b, "%s{\"device\":%d,\"bytes\":%" PRIu64 "}", d ? "," : "", d,
+    strbuf_printf(b, "%s{\"device\":%d,\"bytes\":%" PRIu64 "}", d ? "," : "", d,
               cuda_device_bytes_of(d));
-  sb_puts(b, "]");
+  strbuf_puts(b, "]");
   if (srv->store) {
     store_stats_t st;
     store_stats_get(srv->store, &st);
-    sb_printf(b,
+    strbuf_printf(b,
               ",\"cache\":{\"capacity_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
               ",\"entries\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
               ",\"evictions\":%" PRIu64 ",\"admission_disabled\":%s",
               st.capacity_bytes, st.used_bytes, st.entries, st.hits, st.misses, st.evictions,
               st.admission_disabled ? "true" : "false");
     /* The rest of store_stats_t, for the integration tests and monitoring. */
-    sb_printf(b,
+    strbuf_printf(b,
               ",\"reserved_bytes\":%" PRIu64 ",\"objects\":%" PRIu64 ",\"hit_bytes\":%" PRIu64
               ",\"puts\":%" PRIu64 ",\"put_bytes\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
               ",\"rejected\":%" PRIu64 ",\"checksum_failures\":%" PRIu64
@@ -761,7 +727,7 @@ static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
               st.evicted_bytes, st.rejected, st.checksum_failures, st.write_errors);
   } else {
     /* Serving without a cache: why (larderd could not open it at start). */
-    sb_puts(b, ",\"cache_error\":");
+    strbuf_puts(b, ",\"cache_error\":");
     sb_json(b, srv->cache_error);
   }
   if (srv->awscreds) {
@@ -770,47 +736,47 @@ static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
     char source[16];
     int64_t exp;
     awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
-    sb_puts(b, ",\"credentials\":{\"source\":");
+    strbuf_puts(b, ",\"credentials\":{\"source\":");
     sb_json(b, source);
-    sb_printf(b, ",\"expires_unix\":%lld}", (long long)exp);
+    strbuf_printf(b, ",\"expires_unix\":%lld}", (long long)exp);
   }
   admin_rates_t r;
   admin_global_rates(srv, &r);
-  sb_puts(b, ",\"rates\":{\"window_s\":");
+  strbuf_puts(b, ",\"rates\":{\"window_s\":");
   sb_num(b, r.window_s);
-  sb_puts(b, ",\"fetch_bytes_per_s\":");
+  strbuf_puts(b, ",\"fetch_bytes_per_s\":");
   sb_num(b, r.fetch_bytes_per_s);
-  sb_puts(b, ",\"batch_bytes_per_s\":");
+  strbuf_puts(b, ",\"batch_bytes_per_s\":");
   sb_num(b, r.batch_bytes_per_s);
-  sb_puts(b, ",\"batches_per_s\":");
+  strbuf_puts(b, ",\"batches_per_s\":");
   sb_num(b, r.batches_per_s);
-  sb_puts(b, "},\"stages\":{\"window_s\":");
+  strbuf_puts(b, "},\"stages\":{\"window_s\":");
   sb_num(b, r.window_s);
-  sb_printf(b, ",\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,\"assemble_ns\":%.0f}",
+  strbuf_printf(b, ",\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,\"assemble_ns\":%.0f}",
             r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
   verdict_t v;
   make_verdict(srv, &r, &v);
-  sb_printf(b, ",\"verdict\":{\"limit\":\"%s\",\"text\":", v.limit);
+  strbuf_printf(b, ",\"verdict\":{\"limit\":\"%s\",\"text\":", v.limit);
   sb_json(b, v.text);
-  sb_puts(b, "}");
+  strbuf_puts(b, "}");
   size_t nd = 0;
   dsagg_t *ds = datasets_of(srv, self, all, &nd);
-  sb_puts(b, ",\"datasets\":[");
+  strbuf_puts(b, ",\"datasets\":[");
   for (size_t i = 0; ds && i < nd; i++) {
-    sb_puts(b, i ? ",{\"dataset\":" : "{\"dataset\":");
+    strbuf_puts(b, i ? ",{\"dataset\":" : "{\"dataset\":");
     sb_json(b, ds[i].name);
-    sb_printf(b, ",\"streams\":%d,\"cache_hit_bytes\":%" PRIu64 ",\"cache_miss_bytes\":%" PRIu64
+    strbuf_printf(b, ",\"streams\":%d,\"cache_hit_bytes\":%" PRIu64 ",\"cache_miss_bytes\":%" PRIu64
                  ",\"hit_ratio\":",
               ds[i].streams, ds[i].hit, ds[i].miss);
     if (ds[i].hit + ds[i].miss) sb_num(b, (double)ds[i].hit / (double)(ds[i].hit + ds[i].miss));
-    else sb_puts(b, "null");
-    sb_puts(b, "}");
+    else strbuf_puts(b, "null");
+    strbuf_puts(b, "}");
   }
-  sb_puts(b, "]");
+  strbuf_puts(b, "]");
   free(ds);
   /* Per stream: what it delivered and the stall its trainer reported
    * (wait_ns: blocked in larder_stream_next; compute_ns: between calls). */
-  sb_printf(b, ",\"per_stream\":[");
+  strbuf_printf(b, ",\"per_stream\":[");
   int first = 1;
   for (conn_t *c = srv->conns; c; c = c->next) {
     if (!visible_to(self, all, c)) continue;
@@ -818,49 +784,49 @@ static void stats_json(server_t *srv, const conn_t *self, sbuf *b) {
       const stats_stream_t *ss = stream_stats(s);
       stream_info_t si;
       stream_info(s, &si);
-      sb_printf(b,
+      strbuf_printf(b,
                 "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"stream\":%u,\"rank\":%u,"
                 "\"world_size\":%u,\"window\":%u,\"dataset\":",
                 first ? "" : ",", c->id, (int)c->pid, (unsigned)c->uid, stream_id(s), si.rank,
                 si.world_size, si.window);
       sb_json(b, si.dataset);
 #define ADMIN_STREAM_STAT_(name, kind, help) \
-  sb_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(ss, name));
+  strbuf_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(ss, name));
       STATS_STREAM(ADMIN_STREAM_STAT_)
 #undef ADMIN_STREAM_STAT_
       double bps, byps, stall;
       admin_stream_rates(srv, c, s, &bps, &byps, &stall);
-      sb_puts(b, ",\"batches_per_s\":");
+      strbuf_puts(b, ",\"batches_per_s\":");
       sb_num(b, bps);
-      sb_puts(b, ",\"bytes_per_s\":");
+      strbuf_puts(b, ",\"bytes_per_s\":");
       sb_num(b, byps);
-      sb_puts(b, ",\"stall\":");
+      strbuf_puts(b, ",\"stall\":");
       if (stall >= 0) sb_num(b, stall);
-      else sb_puts(b, "null");
-      sb_printf(b, "}");
+      else strbuf_puts(b, "null");
+      strbuf_printf(b, "}");
       first = 0;
     }
   }
-  sb_printf(b, "]}");
+  strbuf_printf(b, "]}");
 }
 
-static void bar(sbuf *b, double frac, int width) {
+static void bar(strbuf_t *b, double frac, int width) {
   int n = (int)(frac * width + 0.5);
   if (n < 0) n = 0;
   if (n > width) n = width;
-  for (int i = 0; i < n; i++) sb_put(b, "#", 1);
-  for (int i = n; i < width; i++) sb_put(b, " ", 1);
+  for (int i = 0; i < n; i++) strbuf_append(b, "#", 1);
+  for (int i = n; i < width; i++) strbuf_append(b, " ", 1);
 }
 
 /* The same for people; the clients section lists the streams self may see
  * and counts the others. */
-static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
+static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
   int all = sees_all(self);
   char x[48], y[48], z[48], w[48];
   admin_rates_t r;
   admin_global_rates(srv, &r);
   uint64_t nclients = count_trainers(srv), nstreams = STATS_GET(&srv->stats, streams);
-  sb_printf(b, "larderd %s · up %s · %" PRIu64 " trainer%s · %" PRIu64 " stream%s · rates over the last %.0f s\n",
+  strbuf_printf(b, "larderd %s · up %s · %" PRIu64 " trainer%s · %" PRIu64 " stream%s · rates over the last %.0f s\n",
             LARDERD_VERSION, fmt_dur(x, sizeof(x), (double)(util_now_ns() - srv->started_ns) / 1e9),
             nclients, nclients == 1 ? "" : "s", nstreams, nstreams == 1 ? "" : "s",
             r.window_s < 1 ? 1.0 : r.window_s);
@@ -869,13 +835,13 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
   store_stats_t st;
   memset(&st, 0, sizeof(st));
   if (srv->store) store_stats_get(srv->store, &st);
-  sb_printf(b, "\nCache  %s\n", srv->cfg.cache_dir);
+  strbuf_printf(b, "\nCache  %s\n", srv->cfg.cache_dir);
   if (srv->store == NULL) {
-    sb_printf(b, "  none        serving without a cache, every epoch decoded from the sources: "
+    strbuf_printf(b, "  none        serving without a cache, every epoch decoded from the sources: "
                  "%s (restart larderd once the cache directory is usable)\n",
               srv->cache_error[0] ? srv->cache_error : "it could not be opened");
   } else {
-    sb_printf(b, "  used        %s of %s (%.0f%%) · %s entries · %s objects · admission %s\n",
+    strbuf_printf(b, "  used        %s of %s (%.0f%%) · %s entries · %s objects · admission %s\n",
               fmt_bytes(x, sizeof(x), (double)st.used_bytes),
               fmt_bytes(y, sizeof(y), (double)st.capacity_bytes),
               st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
@@ -887,15 +853,15 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
   }
   uint64_t hit = STATS_GET(&srv->stats, cache_hit_bytes), miss = STATS_GET(&srv->stats, cache_miss_bytes);
   if (hit + miss)
-    sb_printf(b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",
+    strbuf_printf(b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",
               (double)hit * 100.0 / (double)(hit + miss), fmt_bytes(x, sizeof(x), (double)hit),
               fmt_bytes(y, sizeof(y), (double)miss));
   else
-    sb_puts(b, "  hit ratio   - (nothing served yet)\n");
+    strbuf_puts(b, "  hit ratio   - (nothing served yet)\n");
   size_t nd = 0;
   dsagg_t *ds = datasets_of(srv, self, all, &nd);
   if (ds && nd) {
-    sb_printf(b, "  %-48s %7s %10s\n", "DATASET", "STREAMS", "HIT RATIO");
+    strbuf_printf(b, "  %-48s %7s %10s\n", "DATASET", "STREAMS", "HIT RATIO");
     for (size_t i = 0; i < nd; i++) {
       char name[64], ratio[16];
       if (ds[i].hit + ds[i].miss)
@@ -903,34 +869,34 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
                  (double)ds[i].hit * 100.0 / (double)(ds[i].hit + ds[i].miss));
       else
         snprintf(ratio, sizeof(ratio), "-");
-      sb_printf(b, "  %-48s %7d %10s\n", fmt_fit(name, sizeof(name), ds[i].name, 48), ds[i].streams,
+      strbuf_printf(b, "  %-48s %7d %10s\n", fmt_fit(name, sizeof(name), ds[i].name, 48), ds[i].streams,
                 ratio);
     }
   }
   free(ds);
 
   /* What memory_limit and footer_memory bound. */
-  sb_puts(b, "\nMemory\n");
-  sb_printf(b, "  units       %s of %s (memory_limit)\n",
+  strbuf_puts(b, "\nMemory\n");
+  strbuf_printf(b, "  units       %s of %s (memory_limit)\n",
             fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, memory_bytes)),
             fmt_bytes(y, sizeof(y), (double)srv->cfg.memory_limit));
-  sb_printf(b, "  footers     %s of %s (footer_memory) · %s files\n",
+  strbuf_printf(b, "  footers     %s of %s (footer_memory) · %s files\n",
             fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, footer_bytes)),
             fmt_bytes(y, sizeof(y), (double)srv->cfg.footer_memory),
             fmt_count(z, sizeof(z), STATS_GET(&srv->stats, footer_files)));
   /* CUDA streams (cuda.h): device memory per GPU, once one was used. */
   if (cuda_devices_seen() > 0)
-    sb_printf(b, "  gpu         %s (cuda_device_bytes)\n",
+    strbuf_printf(b, "  gpu         %s (cuda_device_bytes)\n",
               fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_device_bytes)));
   for (int d = 0; d < cuda_devices_seen(); d++)
-    sb_printf(b, "    device %-3d %s\n", d, fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
+    strbuf_printf(b, "    device %-3d %s\n", d, fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
 
   /* Remote fetches. */
-  sb_puts(b, "\nFetch\n");
-  sb_printf(b, "  fetched     %s since the start · %.1f MB/s now\n",
+  strbuf_puts(b, "\nFetch\n");
+  strbuf_printf(b, "  fetched     %s since the start · %.1f MB/s now\n",
             fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, fetch_bytes)),
             r.fetch_bytes_per_s / 1e6);
-  sb_printf(b, "  requests    %" PRIu64 " in flight · %s done · %" PRIu64 " retries · %" PRIu64 " errors\n",
+  strbuf_printf(b, "  requests    %" PRIu64 " in flight · %s done · %" PRIu64 " retries · %" PRIu64 " errors\n",
             STATS_GET(&srv->stats, fetch_inflight),
             fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
             STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
@@ -941,20 +907,20 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
     /* Where the S3 credentials came from, never what they are (nothing
      * for a daemon that found none and never failed to). */
     int64_t left = exp ? exp - (int64_t)time(NULL) : 0;
-    sb_printf(b, "  s3 keys     %s", source[0] ? source : "none");
-    if (exp) sb_printf(b, " · expire in %llds", (long long)(left > 0 ? left : 0));
-    sb_printf(b, " · %" PRIu64 " refreshes · %" PRIu64 " refresh errors\n",
+    strbuf_printf(b, "  s3 keys     %s", source[0] ? source : "none");
+    if (exp) strbuf_printf(b, " · expire in %llds", (long long)(left > 0 ? left : 0));
+    strbuf_printf(b, " · %" PRIu64 " refreshes · %" PRIu64 " refresh errors\n",
               STATS_GET(&srv->stats, credentials_refreshes),
               STATS_GET(&srv->stats, credentials_refresh_errors));
   }
 
   /* Clients. */
-  sb_printf(b, "\nClients · %.1f MB/s delivered, %.1f batches/s\n", r.batch_bytes_per_s / 1e6,
+  strbuf_printf(b, "\nClients · %.1f MB/s delivered, %.1f batches/s\n", r.batch_bytes_per_s / 1e6,
             r.batches_per_s);
   if (nstreams == 0) {
-    sb_puts(b, "  (no trainer is reading)\n");
+    strbuf_puts(b, "  (no trainer is reading)\n");
   } else {
-    sb_printf(b, "  %8s %6s %7s  %-36s %9s %8s %6s\n", "PID", "UID", "RANK", "DATASET", "BATCHES/S",
+    strbuf_printf(b, "  %8s %6s %7s  %-36s %9s %8s %6s\n", "PID", "UID", "RANK", "DATASET", "BATCHES/S",
               "MB/S", "STALL");
     uint64_t hidden = 0;
     for (conn_t *c = srv->conns; c; c = c->next) {
@@ -971,18 +937,18 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
         snprintf(rank, sizeof(rank), "%u/%u", si.rank, si.world_size);
         if (stall >= 0) snprintf(st_s, sizeof(st_s), "%.1f%%", stall * 100);
         else snprintf(st_s, sizeof(st_s), "-");
-        sb_printf(b, "  %8d %6u %7s  %-36s %9.1f %8.1f %6s\n", (int)c->pid, (unsigned)c->uid, rank,
+        strbuf_printf(b, "  %8d %6u %7s  %-36s %9.1f %8.1f %6s\n", (int)c->pid, (unsigned)c->uid, rank,
                   fmt_fit(name, sizeof(name), si.dataset, 36), bps, byps / 1e6, st_s);
       }
     }
     if (hidden)
-      sb_printf(b, "  (and %" PRIu64 " stream%s of other users, listed to admins only)\n", hidden,
+      strbuf_printf(b, "  (and %" PRIu64 " stream%s of other users, listed to admins only)\n", hidden,
                 hidden == 1 ? "" : "s");
   }
 
   /* Stages. */
   double total = r.fetch_ns + r.decode_ns + r.cache_read_ns + r.assemble_ns;
-  sb_printf(b, "\nStages · time spent in the last %.0f s, summed over requests and workers\n",
+  strbuf_printf(b, "\nStages · time spent in the last %.0f s, summed over requests and workers\n",
             r.window_s < 1 ? 1.0 : r.window_s);
   const struct {
     const char *name;
@@ -993,21 +959,21 @@ static void stats_human(server_t *srv, const conn_t *self, sbuf *b) {
                 {"assembly", r.assemble_ns}};
   for (size_t i = 0; i < 4; i++) {
     double frac = total > 0 ? stages[i].ns / total : 0;
-    sb_printf(b, "  %-11s %8.2f s %4.0f%%  ", stages[i].name, stages[i].ns / 1e9, frac * 100);
+    strbuf_printf(b, "  %-11s %8.2f s %4.0f%%  ", stages[i].name, stages[i].ns / 1e9, frac * 100);
     bar(b, frac, 30);
-    sb_puts(b, "\n");
+    strbuf_puts(b, "\n");
   }
   verdict_t v;
   make_verdict(srv, &r, &v);
-  sb_printf(b, "\nLimit: %s\n", v.text);
+  strbuf_printf(b, "\nLimit: %s\n", v.text);
 }
 
 static void cmd_stats(conn_t *c, const Larder__AdminRequest *req) {
-  sbuf b = {0};
+  strbuf_t b = {0};
   if (req->json) stats_json(c->srv, c, &b);
   else stats_human(c->srv, c, &b);
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
-  free(b.s.data);
+  reply(c, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
+  free(b.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1017,27 +983,27 @@ static void cmd_stats(conn_t *c, const Larder__AdminRequest *req) {
 static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
   server_t *srv = self->srv;
   int all = sees_all(self);
-  sbuf b = {0};
+  strbuf_t b = {0};
   uint64_t now = util_now_ns();
   int n = 0;
-  if (req->json) sb_puts(&b, "{\"clients\":[");
+  if (req->json) strbuf_puts(&b, "{\"clients\":[");
   else
-    sb_printf(&b, "%6s %8s %6s %6s  %-16s %10s %7s\n", "CLIENT", "PID", "UID", "GID", "NAME",
+    strbuf_printf(&b, "%6s %8s %6s %6s  %-16s %10s %7s\n", "CLIENT", "PID", "UID", "GID", "NAME",
               "CONNECTED", "STREAMS");
   for (conn_t *c = srv->conns; c; c = c->next) {
     if (c == self || c->closing || c->draining || !visible_to(self, all, c)) continue;
     double age = (double)(now - c->connected_ns) / 1e9;
     if (req->json) {
-      sb_printf(&b, "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"gid\":%u,\"name\":",
+      strbuf_printf(&b, "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"gid\":%u,\"name\":",
                 n ? "," : "", c->id, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
       sb_json(&b, c->name);
-      sb_puts(&b, ",\"connected_s\":");
+      strbuf_puts(&b, ",\"connected_s\":");
       sb_num(&b, age);
-      sb_printf(&b, ",\"arena_bytes\":%" PRIu64 ",\"pending\":%d,\"streams\":[", c->arena_bytes,
+      strbuf_printf(&b, ",\"arena_bytes\":%" PRIu64 ",\"pending\":%d,\"streams\":[", c->arena_bytes,
                 c->pending_requests);
     } else {
       char d[32];
-      sb_printf(&b, "%6" PRIu64 " %8d %6u %6u  %-16.16s %10s %7d\n", c->id, (int)c->pid,
+      strbuf_printf(&b, "%6" PRIu64 " %8d %6u %6u  %-16.16s %10s %7d\n", c->id, (int)c->pid,
                 (unsigned)c->uid, (unsigned)c->gid, c->name[0] ? c->name : "?",
                 fmt_dur(d, sizeof(d), age), c->num_streams);
     }
@@ -1049,12 +1015,12 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
       double bps, byps, stall;
       admin_stream_rates(srv, c, s, &bps, &byps, &stall);
       if (req->json) {
-        sb_printf(&b, "%s{\"stream\":%u,\"rank\":%u,\"world_size\":%u,\"dataset\":", k ? "," : "",
+        strbuf_printf(&b, "%s{\"stream\":%u,\"rank\":%u,\"world_size\":%u,\"dataset\":", k ? "," : "",
                   si.id, si.rank, si.world_size);
         sb_json(&b, si.dataset);
-        sb_puts(&b, ",\"job\":");
+        strbuf_puts(&b, ",\"job\":");
         sb_json(&b, si.job);
-        sb_printf(&b,
+        strbuf_printf(&b,
                   ",\"files\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"batches_per_epoch\":%" PRIu64
                   ",\"epochs\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
                   ",\"arena_bytes\":%" PRIu64 ",\"window\":%u,\"partitions\":%u,"
@@ -1063,8 +1029,8 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
                   STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes, si.window,
                   si.partitions, si.part_first, si.part_last);
         if (stall >= 0) sb_num(&b, stall);
-        else sb_puts(&b, "null");
-        sb_puts(&b, "}");
+        else strbuf_puts(&b, "null");
+        strbuf_puts(&b, "}");
       } else {
         char name[64], a[32], st_s[16];
         if (stall >= 0) snprintf(st_s, sizeof(st_s), "%.1f%%", stall * 100);
@@ -1079,7 +1045,7 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
           snprintf(parts, sizeof(parts), " · partitions %u-%u of %u", si.part_first,
                    si.part_last - 1, si.partitions);
         if (si.job[0]) snprintf(parts + strlen(parts), sizeof(parts) - strlen(parts), " · job %s", si.job);
-        sb_printf(&b,
+        strbuf_printf(&b,
                   "         stream %u: rank %u/%u%s · %s · %.1f epochs %s · %" PRIu64
                   " batches (%s) · stall %s\n",
                   si.id, si.rank, si.world_size, parts,
@@ -1088,18 +1054,18 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
       }
       k++;
     }
-    if (req->json) sb_puts(&b, "]}");
+    if (req->json) strbuf_puts(&b, "]}");
     n++;
   }
-  if (req->json) sb_puts(&b, "]}");
+  if (req->json) strbuf_puts(&b, "]}");
   else if (n == 0) {
-    free(b.s.data);
+    free(b.data);
     memset(&b, 0, sizeof(b));
-    sb_puts(&b, all ? "no client is connected\n"
+    strbuf_puts(&b, all ? "no client is connected\n"
                     : "no client of yours is connected (other users' are listed to admins only)\n");
   }
-  reply(self, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
-  free(b.s.data);
+  reply(self, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
+  free(b.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1213,14 +1179,14 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
   }
   const char *pos[1];
   const char *prefix = positional(req, pos, 1) ? pos[0] : NULL;
-  sbuf b = {0};
+  strbuf_t b = {0};
   uint64_t bytes = 0, entries = 0;
   size_t shown = 0;
-  if (req->json) sb_puts(&b, "{\"objects\":[");
+  if (req->json) strbuf_puts(&b, "{\"objects\":[");
   else
     /* Fixed-width columns first, then the object and its identity whole:
      * a name or an identity is never cut to fit a column. */
-    sb_printf(&b, "%-16s  %10s %8s  %-16s  %s\n", "ID", "BYTES", "ENTRIES", "LAST USE",
+    strbuf_printf(&b, "%-16s  %10s %8s  %-16s  %s\n", "ID", "BYTES", "ENTRIES", "LAST USE",
               "OBJECT (IDENTITY)");
   for (size_t i = 0; i < l.n; i++) {
     const store_object_info_t *o = &l.v[i];
@@ -1229,53 +1195,53 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
     bytes += o->bytes;
     entries += o->entries;
     if (req->json) {
-      sb_printf(&b, "%s{\"id\":\"%016" PRIx64 "\",\"object\":", shown ? "," : "", o->id);
+      strbuf_printf(&b, "%s{\"id\":\"%016" PRIx64 "\",\"object\":", shown ? "," : "", o->id);
       sb_json(&b, o->name);
-      sb_puts(&b, ",\"identity\":");
+      strbuf_puts(&b, ",\"identity\":");
       sb_json(&b, o->identity);
-      sb_printf(&b, ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 ",\"last_use_unix\":%" PRId64 "}",
+      strbuf_printf(&b, ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 ",\"last_use_unix\":%" PRId64 "}",
                 o->bytes, o->entries, o->last_use);
     } else {
       char a[32], ago[48];
-      sb_printf(&b, "%016" PRIx64 "  %10s %8" PRIu64 "  %-16s  %s (%s)\n", o->id,
+      strbuf_printf(&b, "%016" PRIx64 "  %10s %8" PRIu64 "  %-16s  %s (%s)\n", o->id,
                 fmt_bytes(a, sizeof(a), (double)o->bytes), o->entries,
                 fmt_ago(ago, sizeof(ago), o->last_use), o->name, o->identity);
     }
     shown++;
   }
   if (req->json) {
-    sb_printf(&b, "],\"total\":{\"objects\":%zu,\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}}",
+    strbuf_printf(&b, "],\"total\":{\"objects\":%zu,\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}}",
               shown, bytes, entries);
   } else {
     char a[32], n[32];
     if (shown == 0) {
-      free(b.s.data);
+      free(b.data);
       memset(&b, 0, sizeof(b));
       if (all)
-        sb_printf(&b, "the cache holds nothing%s%s\n", prefix ? " under " : "",
+        strbuf_printf(&b, "the cache holds nothing%s%s\n", prefix ? " under " : "",
                   prefix ? prefix : "");
       else
-        sb_printf(&b,
+        strbuf_printf(&b,
                   "the cache holds nothing%s%s that your open streams read (other users' "
                   "objects are listed to admins only)\n",
                   prefix ? " under " : "", prefix ? prefix : "");
     } else {
-      sb_printf(&b, "%zu object%s, %s in %s entries (an entry is one column of one unit)\n", shown,
+      strbuf_printf(&b, "%zu object%s, %s in %s entries (an entry is one column of one unit)\n", shown,
                 shown == 1 ? "" : "s", fmt_bytes(a, sizeof(a), (double)bytes),
                 fmt_count(n, sizeof(n), entries));
     }
   }
   free(l.v);
   free(own);
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
-  free(b.s.data);
+  reply(c, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
+  free(b.data);
 }
 
 /* ------------------------------------------------------------------------ */
 /* config and reload                                                         */
 
 typedef struct cfgdump {
-  sbuf *b;
+  strbuf_t *b;
   int json;
   int n;
 } cfgdump_t;
@@ -1283,38 +1249,38 @@ typedef struct cfgdump {
 static void dump_key(const char *key, const char *value, int live, void *arg) {
   cfgdump_t *d = arg;
   if (d->json) {
-    sb_puts(d->b, d->n ? "," : "");
-    sb_printf(d->b, "{\"key\":\"%s\",\"value\":", key);
+    strbuf_puts(d->b, d->n ? "," : "");
+    strbuf_printf(d->b, "{\"key\":\"%s\",\"value\":", key);
     sb_json(d->b, value);
-    sb_printf(d->b, ",\"live\":%s}", live ? "true" : "false");
+    strbuf_printf(d->b, ",\"live\":%s}", live ? "true" : "false");
   } else {
-    sb_printf(d->b, "%-28s = %s\n", key, value);
+    strbuf_printf(d->b, "%-28s = %s\n", key, value);
   }
   d->n++;
 }
 
 static void cmd_config(conn_t *c, const Larder__AdminRequest *req) {
   server_t *srv = c->srv;
-  sbuf b = {0};
+  strbuf_t b = {0};
   cfgdump_t d = {&b, req->json, 0};
   if (req->json) {
-    sb_puts(&b, "{\"config_path\":");
+    strbuf_puts(&b, "{\"config_path\":");
     if (srv->config_path) sb_json(&b, srv->config_path);
-    else sb_puts(&b, "null");
-    sb_puts(&b, ",\"keys\":[");
+    else strbuf_puts(&b, "null");
+    strbuf_puts(&b, ",\"keys\":[");
   } else {
-    sb_printf(&b, "# the configuration in effect (%s, then command-line flags); secrets hidden\n",
+    strbuf_printf(&b, "# the configuration in effect (%s, then command-line flags); secrets hidden\n",
               srv->config_path ? srv->config_path : "defaults");
   }
   config_each(&srv->cfg, dump_key, &d);
-  if (req->json) sb_puts(&b, "]}");
-  reply(c, req->request_id, b.oom ? LARDER_ENOMEM : 0, b.s.data);
-  free(b.s.data);
+  if (req->json) strbuf_puts(&b, "]}");
+  reply(c, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
+  free(b.data);
 }
 
 /* Appends a JSON array of the keys in list ("a, b, c"; "" for none). */
-static void sb_key_list(sbuf *b, const char *list) {
-  sb_puts(b, "[");
+static void sb_key_list(strbuf_t *b, const char *list) {
+  strbuf_puts(b, "[");
   int first = 1;
   for (const char *p = list; *p;) {
     while (*p == ' ' || *p == ',') p++;
@@ -1322,12 +1288,12 @@ static void sb_key_list(sbuf *b, const char *list) {
     if (n == 0) break;
     char key[128];
     snprintf(key, sizeof(key), "%.*s", (int)(n < sizeof(key) - 1 ? n : sizeof(key) - 1), p);
-    if (!first) sb_puts(b, ",");
+    if (!first) strbuf_puts(b, ",");
     sb_json(b, key);
     first = 0;
     p += n;
   }
-  sb_puts(b, "]");
+  strbuf_puts(b, "]");
 }
 
 static void cmd_reload(conn_t *c, const Larder__AdminRequest *req) {
@@ -1338,20 +1304,20 @@ static void cmd_reload(conn_t *c, const Larder__AdminRequest *req) {
     reply_error(c, req->request_id, rc, "reload failed: %s", summary);
     return;
   }
-  sbuf b = {0};
+  strbuf_t b = {0};
   if (req->json) {
-    sb_puts(&b, "{\"reloaded\":true,\"changed\":");
+    strbuf_puts(&b, "{\"reloaded\":true,\"changed\":");
     sb_key_list(&b, changed);
-    sb_puts(&b, ",\"restart_needed\":");
+    strbuf_puts(&b, ",\"restart_needed\":");
     sb_key_list(&b, restart);
-    sb_puts(&b, ",\"summary\":");
+    strbuf_puts(&b, ",\"summary\":");
     sb_json(&b, summary);
-    sb_puts(&b, "}");
+    strbuf_puts(&b, "}");
   } else {
-    sb_printf(&b, "%s\n", summary);
+    strbuf_printf(&b, "%s\n", summary);
   }
-  reply(c, req->request_id, 0, b.s.data);
-  free(b.s.data);
+  reply(c, req->request_id, 0, b.data);
+  free(b.data);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1621,20 +1587,20 @@ static void evict_after(job_t *j) {
   char a[32], n[32];
   log_notice("admin evict %s%s: %zu objects, %" PRIu64 " entries, %" PRIu64 " bytes", e->what,
              j->dry_run ? " (dry run)" : "", e->num_ids, e->entries, e->bytes);
-  sbuf b = {0};
+  strbuf_t b = {0};
   if (j->json)
-    sb_printf(&b,
+    strbuf_printf(&b,
               "{\"dry_run\":%s,\"objects\":%zu,\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 "}",
               j->dry_run ? "true" : "false", e->num_ids, e->entries, e->bytes);
   else if (e->num_ids == 0)
-    sb_printf(&b, "nothing to evict: no cached object matches %s\n", e->what);
+    strbuf_printf(&b, "nothing to evict: no cached object matches %s\n", e->what);
   else
-    sb_printf(&b, "%s %s in %s entries of %zu object%s (%s)%s\n",
+    strbuf_printf(&b, "%s %s in %s entries of %zu object%s (%s)%s\n",
               j->dry_run ? "would free" : "freed", fmt_bytes(a, sizeof(a), (double)e->bytes),
               fmt_count(n, sizeof(n), e->entries), e->num_ids, e->num_ids == 1 ? "" : "s", e->what,
               j->dry_run ? "; nothing was evicted (--dry-run)" : "");
-  job_finish(j, b.oom ? LARDER_ENOMEM : 0, b.s.data);
-  free(b.s.data);
+  job_finish(j, b.error ? LARDER_ENOMEM : 0, b.data);
+  free(b.data);
 }
 
 static void evict_destroy(job_t *j) { free(((evict_job_t *)j)->ids); }
@@ -1760,21 +1726,21 @@ static void verify_after(job_t *j) {
   }
   log_notice("admin verify: %" PRIu64 " values checked, %" PRIu64 " bad ones dropped", v->checked,
              v->bad);
-  sbuf b = {0};
+  strbuf_t b = {0};
   char n[32];
   if (j->json)
-    sb_printf(&b, "{\"checked\":%" PRIu64 ",\"bad\":%" PRIu64 ",\"dropped\":%" PRIu64 "}",
+    strbuf_printf(&b, "{\"checked\":%" PRIu64 ",\"bad\":%" PRIu64 ",\"dropped\":%" PRIu64 "}",
               v->checked, v->bad, v->bad);
   else if (v->bad == 0)
-    sb_printf(&b, "checked %s cached values: every checksum matches\n",
+    strbuf_printf(&b, "checked %s cached values: every checksum matches\n",
               fmt_count(n, sizeof(n), v->checked));
   else
-    sb_printf(&b,
+    strbuf_printf(&b,
               "checked %s cached values: %" PRIu64 " had a bad checksum and were dropped "
               "(they are rebuilt when next needed)\n",
               fmt_count(n, sizeof(n), v->checked), v->bad);
-  job_finish(j, 0, b.s.data);
-  free(b.s.data);
+  job_finish(j, 0, b.data);
+  free(b.data);
 }
 
 static void cmd_verify(conn_t *c, const Larder__AdminRequest *req) {
@@ -1869,10 +1835,10 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   store_stats_t st;
   memset(&st, 0, sizeof(st));
   if (srv->store) store_stats_get(srv->store, &st);
-  sbuf b = {0};
-  sb_printf(&b, "{\"event\":\"%s\",\"dataset\":", event);
+  strbuf_t b = {0};
+  strbuf_printf(&b, "{\"event\":\"%s\",\"dataset\":", event);
   sb_json(&b, p->label);
-  sb_printf(&b,
+  strbuf_printf(&b,
             ",\"files\":%u,\"units\":%u,\"units_done\":%" PRIu64 ",\"total_bytes\":%" PRIu64
             ",\"done_bytes\":%" PRIu64 ",\"cached_before_units\":%" PRIu64
             ",\"cached_before_bytes\":%" PRIu64 ",\"cached_units\":%" PRIu64
@@ -1880,39 +1846,39 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
             p->ds->num_files, p->units_total, done_units, p->total_bytes, p->done_bytes,
             p->before_units, p->before_bytes, p->cached_units, p->not_admitted, p->failed);
   sb_num(&b, rate);
-  sb_puts(&b, ",\"eta_s\":");
+  strbuf_puts(&b, ",\"eta_s\":");
   if (eta >= 0) sb_num(&b, eta);
-  else sb_puts(&b, "null");
-  sb_printf(&b, ",\"concurrency\":%d", p->max_active);
-  sb_puts(&b, ",\"elapsed_s\":");
+  else strbuf_puts(&b, "null");
+  strbuf_printf(&b, ",\"concurrency\":%d", p->max_active);
+  strbuf_puts(&b, ",\"elapsed_s\":");
   sb_num(&b, elapsed);
-  sb_printf(&b, ",\"cache_used_bytes\":%" PRIu64 ",\"cache_capacity_bytes\":%" PRIu64,
+  strbuf_printf(&b, ",\"cache_used_bytes\":%" PRIu64 ",\"cache_capacity_bytes\":%" PRIu64,
             st.used_bytes, st.capacity_bytes);
   /* Why units were not kept, for larderctl's note: the cache's ranking, or
    * admission being off. */
-  sb_puts(&b, ",\"admission\":");
+  strbuf_puts(&b, ",\"admission\":");
   sb_json(&b, srv->store == NULL            ? "none: larderd runs without a cache (larderctl stats)"
               : !st.admission_disabled      ? "on"
               : st.write_error == LARDER_EIO ? "off: writes to the cache disk failed (see the log)"
                                             : "off: the cache disk is full");
   if (p->first_error[0]) {
-    sb_puts(&b, ",\"error\":");
+    strbuf_puts(&b, ",\"error\":");
     sb_json(&b, p->first_error);
   }
-  sb_puts(&b, "}");
+  strbuf_puts(&b, "}");
   if (final) {
     log_notice("admin prefetch %s: %" PRIu64 " units cached now, %" PRIu64
                " already, %" PRIu64 " not admitted, %" PRIu64 " failed, in %.1f s",
                p->label, p->cached_units, p->before_units, p->not_admitted, p->failed, elapsed);
-    job_finish(&p->j, b.oom ? LARDER_ENOMEM : 0, b.s.data);
+    job_finish(&p->j, b.error ? LARDER_ENOMEM : 0, b.data);
   } else {
     conn_t *c = job_conn(&p->j);
     /* Progress is periodic: skip a frame rather than queue behind a slow
      * reader. */
     if (c && uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) < (1u << 20))
-      reply_frame(c, p->j.request_id, 0, b.s.data ? b.s.data : "", b.s.len, 1);
+      reply_frame(c, p->j.request_id, 0, b.data ? b.data : "", b.len, 1);
   }
-  free(b.s.data);
+  free(b.data);
 }
 
 /* Starts the next uncached unit of row group r; 1 when one started. */

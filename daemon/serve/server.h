@@ -35,6 +35,7 @@
 #include "serve/layout.h"
 #include "plan/shuffle.h"
 #include "stats.h"
+#include "strbuf.h"
 #include "cache/store.h"
 #include "work.h"
 
@@ -232,7 +233,7 @@ struct conn {
   uint32_t fd_retry_ms;    /* the next wait for a descriptor's sendmsg */
   /* Frames sent and not yet written: written together at the end of the
    * read that produced them, or before the loop sleeps (conn_flush_all). */
-  pq_strbuf_t cork;
+  strbuf_t cork;
   uv_timer_t fd_timer;
   int fd_timer_active;
   conn_t *next, *prev;
