@@ -1438,7 +1438,6 @@ static void job_work_cb(work_t *w) {
 
 static void job_after_cb(work_t *w, int status) {
   job_t *j = w->data;
-  server_task_end(j->srv);
   j->async--;
   if (j->cancelled) {
     job_maybe_free(j);
@@ -1458,10 +1457,8 @@ static int job_queue(job_t *j, void (*work)(job_t *j), void (*after)(job_t *j)) 
   j->work_fn = work;
   j->after_fn = after;
   j->async++;
-  server_task_begin(j->srv);
   if (work_queue(j->srv->pool, &j->work, job_work_cb, job_after_cb) != 0) {
     j->async--;
-    server_task_end(j->srv);
     return LARDER_ENOMEM;
   }
   return 0;
@@ -2008,7 +2005,6 @@ static void pf_offer_done(work_t *w, int status) {
   (void)status;
   pf_offer_t *o = w->data;
   prefetch_job_t *p = o->p;
-  server_task_end(p->j.srv);
   p->j.async--;
   int i = 0;
   while (i < p->num_active && p->active[i].u != o->u) i++;
@@ -2038,12 +2034,10 @@ static void pf_poll(uv_timer_t *t) {
         o->index = a->index;
         o->work.data = o;
         p->j.async++;
-        server_task_begin(srv);
         if (work_queue(srv->pool, &o->work, pf_offer_work, pf_offer_done) == 0) {
           a->offering = 1;
           continue;
         }
-        server_task_end(srv);
         p->j.async--;
         free(o);
       }
@@ -2151,7 +2145,6 @@ static void pf_opened(job_t *j) {
 static void pf_resolved(int status, const char *message, remote_object_t *objects, size_t count,
                         void *arg) {
   prefetch_job_t *p = arg;
-  server_task_end(p->j.srv);
   p->j.async--;
   p->remote = objects;
   p->num_remote = count;
@@ -2288,12 +2281,9 @@ static void cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
       return;
     }
     p->j.async++;
-    server_task_begin(srv);
-    int rc = remote_resolve(srv->fetch, srv->remote_footers, (const char *const *)p->sources, p->num_sources,
-                            (uint32_t)srv->cfg.footer_guess, (uint32_t)64 << 20, pf_resolved, p);
+    int rc = server_resolve(srv, (const char *const *)p->sources, p->num_sources, pf_resolved, p);
     if (rc) {
       p->j.async--;
-      server_task_end(srv);
       job_fail(&p->j, rc, "cannot resolve the remote sources");
     }
     return;
@@ -2651,7 +2641,6 @@ static void rj_parsed(job_t *j) {
 static void rj_resolved(int status, const char *message, remote_object_t *objects, size_t count,
                         void *arg) {
   remote_job_t *r = arg;
-  server_task_end(r->j.srv);
   r->j.async--;
   r->objs = objects;
   r->num_objs = count;
@@ -2738,12 +2727,9 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
     return;
   }
   r->j.async++;
-  server_task_begin(srv);
-  rc = remote_resolve(srv->fetch, srv->remote_footers, (const char *const *)&r->url, 1, (uint32_t)srv->cfg.footer_guess,
-                      (uint32_t)64 << 20, rj_resolved, r);
+  rc = server_resolve(srv, (const char *const *)&r->url, 1, rj_resolved, r);
   if (rc) {
     r->j.async--;
-    server_task_end(srv);
     job_fail(&r->j, rc, "cannot resolve %s", pos[0]);
   }
 }

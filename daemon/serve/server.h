@@ -365,7 +365,8 @@ struct server {
                                units_acquire starts: the stream's */
   int in_read_ahead;      /* units_room is running */
   void (*units_room)(server_t *srv); /* units_init's room callback */
-  int tasks_in_flight;    /* every work_queue task not yet done */
+  int resolves_in_flight; /* server_resolve calls whose callback has not
+                             run (worker tasks: work_pool_pending) */
 
   /* Access control (acl.h): rebuilt from cfg at start and on reload. */
   acl_t *acl;
@@ -431,8 +432,11 @@ int server_reload(server_t *srv, char *summary, size_t len, char *changed, size_
  */
 void server_trainer_report(server_t *srv, uint64_t wait_ns, uint64_t compute_ns);
 
-/* Counts a thread-pool task in and out, so shutdown can wait for them. */
-void server_task_begin(server_t *srv);
-void server_task_end(server_t *srv);
+/* remote_resolve (remote.h) with the server's fetcher, footer set and
+ * footer_guess, counted until cb has run so that shutdown waits for it as
+ * it waits for worker tasks.  Returns 0 (cb will run, on the loop) or a
+ * negative code (it will not: LARDER_ENOMEM, or remote_resolve's).  Loop
+ * thread. */
+int server_resolve(server_t *srv, const char *const *sources, size_t n, remote_cb cb, void *arg);
 
 #endif /* LARDER_SERVER_H */

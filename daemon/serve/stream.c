@@ -643,7 +643,6 @@ static int queue_orders(stream_t *s, order_task_t *t) {
 
 /* Ends order task t without running it again (not queued, not running). */
 static void drop_orders(stream_t *s, order_task_t *t) {
-  server_task_end(s->srv);
   s->tasks--;
   s->order_task = NULL;
   free(t);
@@ -682,7 +681,6 @@ static void start_orders(stream_t *s) {
   s->order_wanted = 0;
   s->order_task = t;
   s->tasks++;
-  server_task_begin(s->srv);
   if (queue_orders(s, t) != 0) drop_orders(s, t);
 }
 
@@ -715,7 +713,6 @@ static void pin_task_resume(work_t *w) { (void)w; }
 static void pin_task_done(work_t *w, int status) {
   pin_task_t *t = w->data;
   stream_t *s = t->s;
-  server_task_end(s->srv);
   s->tasks--;
   if (s->closed || status != 0 || s->srv->shutting_down) {
     s->pin_busy = 0;
@@ -755,9 +752,7 @@ static void pin_task_done(work_t *w, int status) {
   if (t->next < n) {
     /* pin_busy stays set: no other span starts until this one is done. */
     s->tasks++;
-    server_task_begin(s->srv);
     if (work_queue(s->srv->pool, &t->work, pin_task_resume, pin_task_done) == 0) return;
-    server_task_end(s->srv);
     s->tasks--;
   }
   s->pin_busy = 0;
@@ -798,9 +793,7 @@ static void advance_pins(stream_t *s) {
   t->work.owner = s->owner;
   s->tasks++;
   s->pin_busy = 1;
-  server_task_begin(s->srv);
   if (work_queue(s->srv->pool, &t->work, pin_task_work, pin_task_done) != 0) {
-    server_task_end(s->srv);
     s->tasks--;
     s->pin_busy = 0;
     free(t);
@@ -1105,7 +1098,6 @@ static void plan_task_work(work_t *w) {
 static void plan_task_done(work_t *w, int status) {
   plan_chunk_t *c = w->data;
   stream_t *s = c->s;
-  server_task_end(s->srv);
   s->tasks--;
   s->plan_busy = 0;
   if (s->closed || status != 0 || s->srv->shutting_down) {
@@ -1155,9 +1147,7 @@ static int start_plan_task(stream_t *s, uint64_t epoch, uint64_t first) {
   s->next = c;
   s->plan_busy = 1;
   s->tasks++;
-  server_task_begin(s->srv);
   if (work_queue(s->srv->pool, &c->work, plan_task_work, plan_task_done) != 0) {
-    server_task_end(s->srv);
     s->tasks--;
     s->plan_busy = 0;
     s->next = NULL;
@@ -1459,7 +1449,6 @@ out:
 static void assemble_done(work_t *w, int status) {
   pbatch_t *b = w->data;
   stream_t *s = b->s;
-  server_task_end(s->srv);
   s->tasks--;
   if (status == UV_ECANCELED && b->error == 0) b->error = LARDER_ESHUTDOWN;
   STATS_ADD(&s->srv->stats, assemble_ns, b->assemble_ns);
@@ -1523,10 +1512,8 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
   b->work.data = b;
   b->work.owner = s->owner;
   s->tasks++;
-  server_task_begin(s->srv);
   if (work_queue_quiet(s->srv->pool, &b->work, assemble_work, assemble_done,
                        &s->window_full) != 0) {
-    server_task_end(s->srv);
     s->tasks--;
     b->state = PB_WAITING;
     return LARDER_ENOMEM;
@@ -2088,7 +2075,6 @@ static int start_position_fits(uint64_t epoch, uint64_t batch, uint64_t bpe) {
 static void open_done(work_t *w, int status) {
   open_req_t *o = w->data;
   server_t *srv = o->srv;
-  server_task_end(srv);
   conn_t *c = find_conn(srv, o->conn_id);
   if (status == UV_ECANCELED && o->rc == 0) {
     o->rc = LARDER_ESHUTDOWN;
@@ -2422,9 +2408,7 @@ static void queue_open(open_req_t *o) {
   server_t *srv = o->srv;
   o->work.data = o;
   o->work.owner = o->conn_id;
-  server_task_begin(srv);
   if (work_queue(srv->pool, &o->work, open_work, open_done) != 0) {
-    server_task_end(srv);
     conn_t *c = find_conn(srv, o->conn_id);
     if (c) conn_send_error(c, LARDER_ENOMEM, 0, o->request_id, "cannot queue the request");
     free_open_req(o);
@@ -2434,7 +2418,6 @@ static void queue_open(open_req_t *o) {
 static void on_resolved(int status, const char *message, remote_object_t *objects, size_t count,
                         void *arg) {
   open_req_t *o = arg;
-  server_task_end(o->srv);
   conn_t *c = find_conn(o->srv, o->conn_id);
   if (c == NULL || o->srv->shutting_down) {
     /* The open ends with the shutdown's error, not a closed connection. */
@@ -2633,11 +2616,8 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
       free_open_req(o);
       return;
     }
-    server_task_begin(srv);
-    int rc = remote_resolve(srv->fetch, srv->remote_footers, (const char *const *)o->sources, o->num_sources,
-                            (uint32_t)srv->cfg.footer_guess, (uint32_t)64 << 20, on_resolved, o);
+    int rc = server_resolve(srv, (const char *const *)o->sources, o->num_sources, on_resolved, o);
     if (rc) {
-      server_task_end(srv);
       conn_send_error(c, rc, 0, req->request_id, "cannot resolve the remote sources");
       free_open_req(o);
     }

@@ -1002,7 +1002,6 @@ void units_retry(server_t *srv) {
 static void load_done(work_t *w, int status) {
   unit_t *u = w->data;
   server_t *srv = u->srv;
-  server_task_end(srv);
   srv->loads_in_flight--;
   if (u->retry && status != UV_ECANCELED && !srv->shutting_down) {
     /* Its row group is being decoded by another load, which will cache
@@ -1208,9 +1207,7 @@ int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cach
 static int queue_load(server_t *srv, unit_t *u) {
   u->work.data = u;
   srv->loads_in_flight++;
-  server_task_begin(srv);
   if (work_queue(srv->pool, &u->work, load_work, load_done) != 0) {
-    server_task_end(srv);
     srv->loads_in_flight--;
     return LARDER_ENOMEM;
   }
@@ -1235,7 +1232,6 @@ static void cancel_load(server_t *srv, unit_t *u) {
   if (u->ahead || u->rgbuf != NULL || __atomic_load_n(&u->retry, __ATOMIC_RELAXED) ||
       work_cancel(srv->pool, &u->work) != 0)
     return;
-  server_task_end(srv);
   srv->loads_in_flight--;
   STATS_ADD(&srv->stats, unit_loads_cancelled, 1);
   if (u->ds && --u->ds->refs == 0) dataset_free(u->ds);
