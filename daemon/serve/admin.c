@@ -1948,57 +1948,35 @@ typedef struct pf_offer {
   int admitted;
 } pf_offer_t;
 
-/* Writes the columns of o's unit that the cache lacks; returns whether the
- * cache holds them all afterwards.  The arrays have a slot per column. */
-static int pf_offer_columns(pf_offer_t *o, store_t *st, store_key_t *keys, uint64_t *sizes,
-                            store_entry_t *entries) {
-  const dataset_t *ds = o->p->ds;
-  const unit_t *u = o->u;
-  int n = 0;
-  for (int c = 0; c < ds->num_columns; c++) {
-    store_key_t key;
-    dataset_column_key(ds, o->index, c, &key);
-    if (store_contains(st, &key)) continue;
-    const void *data = NULL;
-    uint64_t size = 0;
-    if (u->blobs && u->blobs[c]) {
-      data = u->blobs[c];
-      size = ((const layout_blob_header_t *)data)->total_size;
-    } else if (u->cached && u->cached[c]) {
-      data = store_value_data(u->cached[c]);
-      size = store_value_size(u->cached[c]);
-    }
-    if (data == NULL) return 0;
-    keys[n] = key;
-    sizes[n] = size;
-    entries[n].key = key;
-    entries[n].data = data;
-    entries[n].size = (size_t)size;
-    n++;
-  }
-  if (n == 0) return 1;
-  const dataset_unit_t *du = &ds->units[o->index];
-  uint64_t object_id = ds->files[du->file].object_id;
-  if (store_reserve(st, object_id, keys, sizes, n, du->priority) <= 0) return 0;
-  if (store_put(st, object_id, du->priority, entries, n) != 0) {
-    store_unreserve(st, keys, n);
-    return 0;
-  }
-  return 1;
-}
-
+/* Writes the columns of o's unit that the cache lacks (units_offer), from
+ * its decoded blobs or the cache values it was read from; o->admitted says
+ * whether the cache holds them all afterwards. */
 static void pf_offer_work(work_t *w) {
   pf_offer_t *o = w->data;
   store_t *st = o->p->j.srv->store;
-  size_t nc = (size_t)o->p->ds->num_columns;
+  const dataset_t *ds = o->p->ds;
+  const unit_t *u = o->u;
+  size_t nc = (size_t)ds->num_columns;
   if (st == NULL) return;
-  store_key_t *keys = malloc((nc ? nc : 1) * sizeof(*keys));
-  uint64_t *sizes = malloc((nc ? nc : 1) * sizeof(*sizes));
-  store_entry_t *entries = malloc((nc ? nc : 1) * sizeof(*entries));
-  if (keys && sizes && entries) o->admitted = pf_offer_columns(o, st, keys, sizes, entries);
-  free(keys);
+  const void **data = malloc((nc ? nc : 1) * sizeof(*data));
+  size_t *sizes = malloc((nc ? nc : 1) * sizeof(*sizes));
+  if (data && sizes) {
+    for (size_t c = 0; c < nc; c++) {
+      data[c] = NULL;
+      sizes[c] = 0;
+      if (u->blobs && u->blobs[c]) {
+        data[c] = u->blobs[c];
+        sizes[c] = (size_t)((const layout_blob_header_t *)data[c])->total_size;
+      } else if (u->cached && u->cached[c]) {
+        data[c] = store_value_data(u->cached[c]);
+        sizes[c] = (size_t)store_value_size(u->cached[c]);
+      }
+    }
+    int r = units_offer(st, ds, o->index, data, sizes);
+    o->admitted = r == UNITS_OFFER_HELD || r == UNITS_OFFER_WRITTEN;
+  }
+  free(data);
   free(sizes);
-  free(entries);
 }
 
 static void pf_offer_done(work_t *w, int status) {

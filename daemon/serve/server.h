@@ -123,6 +123,26 @@ int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cach
 /* Lets go of row groups read ahead into memory that no unit used within a
  * minute (their stream closed or moved on).  The tick calls it. */
 void units_expire_read_ahead(server_t *srv);
+/* What units_offer did (negative: store_put's error). */
+enum {
+  UNITS_OFFER_SKIPPED = 0, /* nothing offered: out of memory, or a column
+                              the cache lacks has no data */
+  UNITS_OFFER_HELD = 1,    /* the cache held every column already */
+  UNITS_OFFER_WRITTEN = 2, /* the columns it lacked are written now */
+  UNITS_OFFER_REFUSED = 3  /* store_reserve refused them (full, admission
+                              off, or of lower priority) */
+};
+/*
+ * Offers the serialized columns of unit k of ds to the cache: those st
+ * does not hold yet (data[c], sizes[c] bytes, per column of ds; data[c]
+ * may be NULL for a column st holds) are reserved and written together,
+ * and a write that fails gives the reservation back.  Returns a
+ * UNITS_OFFER_ value or store_put's negative code; reports nothing (the
+ * caller logs what it must).  data stays the caller's.  Any thread (a
+ * worker: it blocks on the cache).
+ */
+int units_offer(store_t *st, const dataset_t *ds, uint32_t k, const void *const *data,
+                const size_t *sizes);
 /* Drops a reference; idle READY units stay cached until memory is needed. */
 void units_release(server_t *srv, unit_t *u);
 /*

@@ -653,17 +653,14 @@ static void note_admission(void) {
     log_notice("cache admission resumed: the disk has room again");
 }
 
-/* Offers the serialized columns of unit k to the cache. */
-static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8_t **blobs,
-                           const size_t *sizes, int *admitted) {
+int units_offer(store_t *st, const dataset_t *ds, uint32_t k, const void *const *data,
+                const size_t *sizes) {
   int nc = ds->num_columns;
-  *admitted = 0;
-  if (srv->store == NULL) return;
+  int result = UNITS_OFFER_SKIPPED;
   store_entry_t *entries = malloc((size_t)(nc ? nc : 1) * sizeof(*entries));
   store_key_t *keys = malloc((size_t)(nc ? nc : 1) * sizeof(*keys));
   uint64_t *usizes = malloc((size_t)(nc ? nc : 1) * sizeof(*usizes));
-  int *col = malloc((size_t)(nc ? nc : 1) * sizeof(*col));
-  if (entries == NULL || keys == NULL || usizes == NULL || col == NULL) goto out;
+  if (entries == NULL || keys == NULL || usizes == NULL) goto out;
   /* Offer only the columns the cache lacks.  Columns are cached per
    * column, and another job's projection may have cached some of them
    * already; offering those too would make store_reserve refuse the whole
@@ -674,45 +671,59 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   for (int c = 0; c < nc; c++) {
     store_key_t key;
     dataset_column_key(ds, k, c, &key);
-    if (store_contains(srv->store, &key)) continue;
-    col[n] = c;
+    if (store_contains(st, &key)) continue;
+    if (data[c] == NULL) goto out;
     keys[n] = key;
     usizes[n] = sizes[c];
+    entries[n].key = key;
+    entries[n].data = data[c];
+    entries[n].size = sizes[c];
     n++;
   }
   if (n == 0) {
-    *admitted = 1;
+    result = UNITS_OFFER_HELD;
     goto out;
   }
   const dataset_unit_t *du = &ds->units[k];
   uint64_t object_id = ds->files[du->file].object_id;
   /* store_reserve returns 1, 0, or a negative code; a negative code
    * (EINVAL, ENOMEM) means nothing was reserved either. */
-  if (store_reserve(srv->store, object_id, keys, usizes, n, du->priority) <= 0) {
-    note_refusal(srv);
+  if (store_reserve(st, object_id, keys, usizes, n, du->priority) <= 0) {
+    result = UNITS_OFFER_REFUSED;
     goto out;
   }
-  for (int i = 0; i < n; i++) {
-    entries[i].key = keys[i];
-    entries[i].data = blobs[col[i]];
-    entries[i].size = sizes[col[i]];
-  }
-  int rc = store_put(srv->store, object_id, du->priority, entries, n);
+  int rc = store_put(st, object_id, du->priority, entries, n);
   if (rc) {
-    store_unreserve(srv->store, keys, n);
-    if (rc != LARDER_ENOSPC)
-      log_warn("cache write of %s failed: %s", ds->files[du->file].name, larder_strerror(rc));
-    else
-      note_refusal(srv);
+    store_unreserve(st, keys, n);
+    result = rc;
     goto out;
   }
-  note_admission();
-  *admitted = 1;
+  result = UNITS_OFFER_WRITTEN;
 out:
   free(entries);
   free(keys);
   free(usizes);
-  free(col);
+  return result;
+}
+
+/* Offers the serialized columns of unit k to the cache (units_offer), and
+ * reports what came of it: a refusal or a failed write in the log (once
+ * for a full disk), an admission after a full disk too.  *admitted: whether
+ * the cache holds every column now. */
+static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8_t **blobs,
+                           const size_t *sizes, int *admitted) {
+  *admitted = 0;
+  if (srv->store == NULL) return;
+  int r = units_offer(srv->store, ds, k, (const void *const *)blobs, sizes);
+  if (r == UNITS_OFFER_REFUSED || r == LARDER_ENOSPC) {
+    note_refusal(srv);
+  } else if (r < 0) {
+    log_warn("cache write of %s failed: %s", ds->files[ds->units[k].file].name,
+             larder_strerror(r));
+  } else if (r == UNITS_OFFER_WRITTEN) {
+    note_admission();
+  }
+  *admitted = r == UNITS_OFFER_HELD || r == UNITS_OFFER_WRITTEN;
 }
 
 /* Decodes units [start, ...) of u's row group: u's own columns are kept in
