@@ -18,6 +18,9 @@
 
 #include "serve/cuda.h"
 #include "log.h"
+#include "serve/admin.h"
+#include "serve/conn.h"
+#include "serve/stream.h"
 #include "serve/server.h"
 #include "util.h"
 

@@ -27,6 +27,10 @@
 #include "cred.h"
 #include "log.h"
 #include "serve/metrics.h"
+#include "serve/admin.h"
+#include "serve/conn.h"
+#include "serve/stream.h"
+#include "serve/units.h"
 #include "serve/server.h"
 #include "util.h"
 

@@ -28,6 +28,10 @@
 #include "serve/cuda.h"
 #include "log.h"
 #include "serve/metrics.h"
+#include "serve/arena.h"
+#include "serve/conn.h"
+#include "serve/stream.h"
+#include "serve/units.h"
 #include "serve/server.h"
 #include "util.h"
 

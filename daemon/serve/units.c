@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "log.h"
+#include "serve/units.h"
 #include "serve/server.h"
 #include "util.h"
 
