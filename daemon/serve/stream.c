@@ -450,7 +450,7 @@ static void open_shuffle_params(const open_req_t *o, const dataset_t *ds, shuffl
                              : sp->world_size;
 }
 
-/* The dataset, and its shuffle plan: both cost time stream_linear in the units
+/* The dataset, and its shuffle plan: both cost time linear in the units
  * (a million for a file of a million small row groups, a fifth of a second
  * for the plan), which the loop must not spend.  A plan refused here (bad
  * settings, no memory) is made again by open_done, which reports why. */
@@ -570,71 +570,52 @@ static int start_position_fits(uint64_t epoch, uint64_t batch, uint64_t bpe) {
 /* What an open that ran out of descriptors tells the client. */
 #define OUT_OF_FDS ": the daemon is out of file descriptors (raise its LimitNOFILE)"
 
-static void open_done(work_t *w, int status) {
-  open_req_t *o = w->data;
-  server_t *srv = o->srv;
-  conn_t *c = find_conn(srv, o->conn_id);
-  if (status == UV_ECANCELED && o->rc == 0) {
-    o->rc = LARDER_ESHUTDOWN;
-    snprintf(o->err, sizeof(o->err), "the daemon is shutting down");
+/* A client's shuffle window must fit: o->rc and o->err say why not.  A
+ * stream keeps the units of its shuffle window in memory.  The daemon's
+ * default window is shuffle_window_bytes; a client's may be larger, but not
+ * past what the memory pool can hold, or one stream would take the daemon
+ * past memory_limit (and every client down with it).  It is refused, not
+ * cut: a cut window would change the order. */
+static void open_check_window(server_t *srv, open_req_t *o) {
+  const dataset_t *ds = o->ds;
+  uint64_t units = o->params.shuffle_window < ds->num_units ? o->params.shuffle_window
+                                                            : ds->num_units;
+  uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
+  if (avg == 0) avg = 1; /* an estimate of nothing is no exemption */
+  uint64_t cap = srv->cfg.memory_limit > srv->cfg.shuffle_window_bytes
+                     ? srv->cfg.memory_limit
+                     : srv->cfg.shuffle_window_bytes;
+  uint64_t rows = dataset_window_rows(ds, units);
+  if (rows > DATASET_MAX_WINDOW_ROWS) {
+    o->rc = LARDER_ELIMIT;
+    snprintf(o->err, sizeof(o->err),
+             "shuffle_window %u units holds about %llu rows, more than one window may "
+             "(%llu)",
+             o->params.shuffle_window, (unsigned long long)rows,
+             (unsigned long long)DATASET_MAX_WINDOW_ROWS);
+  } else if (units > cap / avg) {
+    char want[32], have[32];
+    util_human_bytes(want, sizeof(want), (double)units * (double)avg);
+    util_human_bytes(have, sizeof(have), (double)cap);
+    o->rc = LARDER_ELIMIT;
+    /* The message names the cap that applies, memory_limit or
+     * shuffle_window_bytes.  Tested by daemon_stream_shuffle_window_limit. */
+    snprintf(o->err, sizeof(o->err),
+             "shuffle_window %u units holds about %s of decoded rows, more than the "
+             "daemon allows (%s, its %s)",
+             o->params.shuffle_window, want, have,
+             cap == srv->cfg.memory_limit ? "memory_limit" : "shuffle_window_bytes");
   }
-  if (c == NULL || srv->shutting_down) {
-    if (o->ds) dataset_free(o->ds);
-    if (c && srv->shutting_down)
-      conn_send_error(c, LARDER_ESHUTDOWN, 0, o->request_id, "the daemon is shutting down");
-    free_open_req(o);
-    return;
-  }
-  if (o->rc == 0 && o->params.shuffle_window) {
-    /* A stream keeps the units of its shuffle window in memory.  The
-     * daemon's default window is shuffle_window_bytes; a client's may be
-     * larger, but not past what the memory pool can hold, or one stream
-     * would take the daemon past memory_limit (and every client down with
-     * it).  It is refused, not cut: a cut window would change the order. */
-    const dataset_t *ds = o->ds;
-    uint64_t units = o->params.shuffle_window < ds->num_units ? o->params.shuffle_window
-                                                              : ds->num_units;
-    uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
-    if (avg == 0) avg = 1; /* an estimate of nothing is no exemption */
-    uint64_t cap = srv->cfg.memory_limit > srv->cfg.shuffle_window_bytes
-                       ? srv->cfg.memory_limit
-                       : srv->cfg.shuffle_window_bytes;
-    uint64_t rows = dataset_window_rows(ds, units);
-    if (rows > DATASET_MAX_WINDOW_ROWS) {
-      o->rc = LARDER_ELIMIT;
-      snprintf(o->err, sizeof(o->err),
-               "shuffle_window %u units holds about %llu rows, more than one window may "
-               "(%llu)",
-               o->params.shuffle_window, (unsigned long long)rows,
-               (unsigned long long)DATASET_MAX_WINDOW_ROWS);
-    } else if (units > cap / avg) {
-      char want[32], have[32];
-      util_human_bytes(want, sizeof(want), (double)units * (double)avg);
-      util_human_bytes(have, sizeof(have), (double)cap);
-      o->rc = LARDER_ELIMIT;
-      /* The message names the cap that applies, memory_limit or
-       * shuffle_window_bytes.  Tested by daemon_stream_shuffle_window_limit. */
-      snprintf(o->err, sizeof(o->err),
-               "shuffle_window %u units holds about %s of decoded rows, more than the "
-               "daemon allows (%s, its %s)",
-               o->params.shuffle_window, want, have,
-               cap == srv->cfg.memory_limit ? "memory_limit" : "shuffle_window_bytes");
-    }
-  }
-  if (o->rc) {
-    if (o->ds) dataset_free(o->ds);
-    conn_send_error(c, o->rc, 0, o->request_id, "%s", o->err);
-    free_open_req(o);
-    return;
-  }
+}
+
+/* A new stream of connection c for o, taking o's dataset; its per-unit
+ * arrays are allocated, and *rc says whether they were (0 or
+ * LARDER_ENOMEM).  Not yet in c's list.  NULL when out of memory (the
+ * dataset is then o's still). */
+static stream_t *open_new_stream(server_t *srv, conn_t *c, open_req_t *o, int *rc) {
   const Larder__OpenStream *p = &o->params;
   stream_t *s = calloc(1, sizeof(*s));
-  if (s == NULL) {
-    dataset_free(o->ds);
-    conn_send_error(c, LARDER_ENOMEM, 0, o->request_id, "out of memory");
-    free_open_req(o);
-    return;
-  }
+  if (s == NULL) return NULL;
   s->srv = srv;
   s->waiter.cb = on_unit_loaded;
   s->waiter.data = s;
@@ -657,8 +638,17 @@ static void open_done(work_t *w, int status) {
   s->pinned = calloc((size_t)s->ds->num_units + 1, sizeof(unit_t *));
   s->plan_slot = malloc(((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
   s->counted = calloc((size_t)s->ds->num_units + 1, sizeof(uint64_t));
-  int rc = s->pinned && s->plan_slot && s->counted ? 0 : LARDER_ENOMEM;
-  if (rc == 0) memset(s->plan_slot, 0xff, ((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
+  *rc = s->pinned && s->plan_slot && s->counted ? 0 : LARDER_ENOMEM;
+  if (*rc == 0) memset(s->plan_slot, 0xff, ((size_t)s->ds->num_units + 1) * sizeof(uint32_t));
+  return s;
+}
+
+/* Gives s its shuffle plan (the one open_work made, or a new one), its
+ * node's partitions and its batches per epoch, and checks the settings
+ * that only the plan can judge.  rc is open_new_stream's.  Returns 0, or
+ * -1 when the open was refused (s and o are then freed). */
+static int open_plan(conn_t *c, stream_t *s, open_req_t *o, int rc) {
+  const Larder__OpenStream *p = &o->params;
   uint64_t global_batch = (uint64_t)s->params.batch_size * s->params.world_size;
   if (rc == 0 && s->params.partitions > 1 &&
       (s->params.partitions > STREAM_MAX_PARTITIONS || global_batch % s->params.partitions)) {
@@ -667,7 +657,7 @@ static void open_done(work_t *w, int status) {
                 "of the partitions, at most %u",
                 s->params.partitions, p->batch_size, s->params.world_size,
                 (unsigned long long)global_batch, STREAM_MAX_PARTITIONS);
-    return;
+    return -1;
   }
   if (rc == 0 && o->plan) {
     s->plan = o->plan;
@@ -680,13 +670,13 @@ static void open_done(work_t *w, int status) {
                 "partitions %u: the dataset's row groups with rows are fewer than that, and a "
                 "partition is made of whole row groups",
                 s->params.partitions);
-    return;
+    return -1;
   }
   if (rc == 0) stream_set_partitions(s);
   if (rc) {
     refuse_open(c, s, o, rc, "invalid stream settings (batch_size %u, rank %u of %u)",
                 p->batch_size, p->rank, s->params.world_size);
-    return;
+    return -1;
   }
   s->batches_per_epoch = shuffle_batches_per_epoch(s->plan);
   /* With drop_last and a global batch larger than the dataset an epoch has
@@ -699,7 +689,7 @@ static void open_done(work_t *w, int status) {
                 "global batch (%u rows x %u ranks), and drop_last drops them",
                 (unsigned long long)shuffle_num_samples(s->plan), p->batch_size,
                 s->params.world_size);
-    return;
+    return -1;
   }
   if (s->batches_per_epoch && !start_position_fits(p->start_epoch, p->start_batch,
                                                    s->batches_per_epoch)) {
@@ -708,25 +698,36 @@ static void open_done(work_t *w, int status) {
     refuse_open(c, s, o, LARDER_EINVAL,
                 "start position (epoch %llu, batch %llu) is past the last epoch there is",
                 (unsigned long long)p->start_epoch, (unsigned long long)p->start_batch);
-    return;
+    return -1;
   }
-  uint64_t arena_bytes = p->arena_bytes ? p->arena_bytes : srv->cfg.arena_bytes;
-  if (arena_bytes > srv->cfg.max_arena_bytes) {
+  return 0;
+}
+
+/* Checks the shared memory s would take (its arena and ring) against the
+ * per-stream, per-client and per-uid limits, and its shuffle window against
+ * memory_limit (window_reserve, which holds it from now on).  Sets
+ * *arena_bytes.  Returns 0, or -1 when the open was refused (s and o are
+ * then freed). */
+static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *arena_bytes) {
+  server_t *srv = s->srv;
+  const Larder__OpenStream *p = &o->params;
+  *arena_bytes = p->arena_bytes ? p->arena_bytes : srv->cfg.arena_bytes;
+  if (*arena_bytes > srv->cfg.max_arena_bytes) {
     refuse_open(c, s, o, LARDER_ELIMIT, "arena of %llu bytes exceeds max_arena_bytes (%llu)",
-                (unsigned long long)arena_bytes, (unsigned long long)srv->cfg.max_arena_bytes);
-    return;
+                (unsigned long long)*arena_bytes, (unsigned long long)srv->cfg.max_arena_bytes);
+    return -1;
   }
   /* larder per-client limits: the arenas and rings of all of a client's
    * streams. */
   uint64_t ring_need = p->ring && srv->cfg.shm_ring ? ring_size_for(s) : 0;
-  uint64_t shm_need = arena_bytes + ring_need;
+  uint64_t shm_need = *arena_bytes + ring_need;
   if (c->arena_bytes + shm_need > srv->cfg.max_arena_bytes_per_client) {
     refuse_open(c, s, o, LARDER_ELIMIT,
                 "this client's streams already hold %llu bytes of shared memory; another "
                 "%llu would exceed max_arena_bytes_per_client (%llu)",
                 (unsigned long long)c->arena_bytes, (unsigned long long)shm_need,
                 (unsigned long long)srv->cfg.max_arena_bytes_per_client);
-    return;
+    return -1;
   }
   /* The same over all of a user's connections: the per-client cap alone
    * lets one user hold max_clients_per_uid times it. */
@@ -740,14 +741,14 @@ static void open_done(work_t *w, int status) {
                   "%llu would exceed max_arena_bytes_per_uid (%llu)",
                   (unsigned)c->uid, (unsigned long long)uid_bytes, (unsigned long long)shm_need,
                   (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
-      return;
+      return -1;
     }
   }
   uint64_t held, need;
-  rc = window_reserve(s, &held, &need);
+  int rc = window_reserve(s, &held, &need);
   if (rc == LARDER_ENOMEM) {
     refuse_open(c, s, o, rc, "out of memory");
-    return;
+    return -1;
   }
   if (rc) {
     char held_h[32], need_h[32], cap_h[32];
@@ -760,24 +761,32 @@ static void open_done(work_t *w, int status) {
                 "close streams, share a shuffle (same sources, columns, seed and window), or "
                 "raise memory_limit",
                 held_h, need_h, cap_h);
-    return;
+    return -1;
   }
-  char name[64];
-  snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
-  rc = arena_create(arena_bytes, name, &s->arena);
+  return 0;
+}
+
+/* Creates s's shared memory: its arena of arena_bytes (named name), its
+ * CUDA region when the client asked for device memory (its IPC handle
+ * into cuda_handle), and its descriptor ring when asked for and allowed.
+ * Returns 0, or -1 when the open was refused (s and o are then freed). */
+static int open_shared_memory(conn_t *c, stream_t *s, open_req_t *o, uint64_t arena_bytes,
+                              const char *name, uint8_t *cuda_handle) {
+  server_t *srv = s->srv;
+  const Larder__OpenStream *p = &o->params;
+  int rc = arena_create(arena_bytes, name, &s->arena);
   if (rc) {
     refuse_open(c, s, o, rc, "cannot create a %llu-byte arena%s", (unsigned long long)arena_bytes,
                 rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
-    return;
+    return -1;
   }
-  uint8_t cuda_handle[CUDA_IPC_HANDLE_BYTES];
   if (p->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
     char why[600];
     rc = cuda_region_open(p->cuda_device, arena_base(s->arena), arena_size(s->arena), &srv->stats,
                           &s->cuda, cuda_handle, why, sizeof(why));
     if (rc) {
       refuse_open(c, s, o, rc, "larderd: %s", why);
-      return;
+      return -1;
     }
   }
   if (p->ring && srv->cfg.shm_ring) {
@@ -785,9 +794,18 @@ static void open_done(work_t *w, int status) {
     if (rc) {
       refuse_open(c, s, o, rc, "cannot create the stream's descriptor ring%s",
                   rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
-      return;
+      return -1;
     }
   }
+  return 0;
+}
+
+/* Sets s's cursors at its start position, its pin span and its labels, and
+ * links it into connection c: from here on it is a stream of c's, which
+ * closes with c. */
+static void open_attach(conn_t *c, stream_t *s, open_req_t *o) {
+  server_t *srv = s->srv;
+  const Larder__OpenStream *p = &o->params;
   /* Resume: start at (start_epoch, start_batch), exactly where an
    * uninterrupted run would be. */
   s->plan_epoch = p->start_epoch;
@@ -827,7 +845,14 @@ static void open_done(work_t *w, int status) {
   s->requested_ns = o->requested_ns;
   s->metrics_group = metrics_group(s->job, o->num_sources ? o->sources[0] : "");
   STATS_ADD(&srv->stats, streams_opened, 1);
+}
 
+/* Sends the OpenStreamReply of attached stream s with its descriptors (the
+ * arena's, and the ring's), and frees o.  Returns 0 when it went out and
+ * the stream may run; else the stream is closed (the client has too many
+ * replies unread, or the daemon is out of descriptors: the client is told),
+ * or the connection broke and closes on the loop's next turn, s with it. */
+static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const uint8_t *cuda_handle) {
   Larder__OpenStreamReply reply = LARDER__OPEN_STREAM_REPLY__INIT;
   reply.request_id = o->request_id;
   reply.stream_id = s->id;
@@ -847,8 +872,8 @@ static void open_done(work_t *w, int status) {
   reply.ring_bytes = s->ring ? s->ring_size : 0;
   if (s->cuda) {
     reply.memory_kind = LARDER__MEMORY_KIND__MEMORY_CUDA;
-    reply.cuda_ipc_handle.data = cuda_handle;
-    reply.cuda_ipc_handle.len = sizeof(cuda_handle);
+    reply.cuda_ipc_handle.data = (uint8_t *)cuda_handle;
+    reply.cuda_ipc_handle.len = CUDA_IPC_HANDLE_BYTES;
     reply.cuda_device = cuda_region_device(s->cuda);
   }
   int fds[2] = {arena_fd(s->arena), s->ring_fd};
@@ -858,7 +883,7 @@ static void open_done(work_t *w, int status) {
            (unsigned long long)s->ds->total_rows, (unsigned long long)s->batches_per_epoch,
            s->params.window_units, s->params.partitions, s->part_first, s->part_last - 1,
            s->note[0] ? "; " : "", s->note);
-  rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
+  int rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
   field_proto_free(reply.schema);
   if (rc == LARDER_EBUSY) {
     /* The client has not read the replies to its earlier opens. */
@@ -867,7 +892,7 @@ static void open_done(work_t *w, int status) {
                     CONN_MAX_PENDING_FD_FRAMES);
     free_open_req(o);
     stream_close(s);
-    return;
+    return rc;
   }
   if (rc == LARDER_ELIMIT) {
     /* Out of descriptors: this open fails, the connection and its other
@@ -879,12 +904,57 @@ static void open_done(work_t *w, int status) {
                     OUT_OF_FDS);
     free_open_req(o);
     stream_close(s);
-    return;
+    return rc;
   }
   free_open_req(o);
   /* Any other failure broke the connection, which closes on the loop's
    * next turn, and s with it. */
-  if (rc) return;
+  return rc;
+}
+
+/* The open's end, on the loop: checks what the worker found (open_work)
+ * against the daemon's limits, makes the stream, its shared memory and its
+ * reply, and starts it.  Every refusal goes to the client as an Error
+ * frame for the open's request, and frees what was made for it. */
+static void open_done(work_t *w, int status) {
+  open_req_t *o = w->data;
+  server_t *srv = o->srv;
+  conn_t *c = find_conn(srv, o->conn_id);
+  if (status == UV_ECANCELED && o->rc == 0) {
+    o->rc = LARDER_ESHUTDOWN;
+    snprintf(o->err, sizeof(o->err), "the daemon is shutting down");
+  }
+  if (c == NULL || srv->shutting_down) {
+    if (o->ds) dataset_free(o->ds);
+    if (c && srv->shutting_down)
+      conn_send_error(c, LARDER_ESHUTDOWN, 0, o->request_id, "the daemon is shutting down");
+    free_open_req(o);
+    return;
+  }
+  if (o->rc == 0 && o->params.shuffle_window) open_check_window(srv, o);
+  if (o->rc) {
+    if (o->ds) dataset_free(o->ds);
+    conn_send_error(c, o->rc, 0, o->request_id, "%s", o->err);
+    free_open_req(o);
+    return;
+  }
+  int rc;
+  stream_t *s = open_new_stream(srv, c, o, &rc);
+  if (s == NULL) {
+    dataset_free(o->ds);
+    conn_send_error(c, LARDER_ENOMEM, 0, o->request_id, "out of memory");
+    free_open_req(o);
+    return;
+  }
+  if (open_plan(c, s, o, rc) != 0) return;
+  uint64_t arena_bytes;
+  if (open_check_limits(c, s, o, &arena_bytes) != 0) return;
+  char name[64];
+  snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
+  uint8_t cuda_handle[CUDA_IPC_HANDLE_BYTES];
+  if (open_shared_memory(c, s, o, arena_bytes, name, cuda_handle) != 0) return;
+  open_attach(c, s, o);
+  if (open_reply(c, s, o, cuda_handle) != 0) return;
   stream_pump(s);
 }
 
@@ -937,13 +1007,17 @@ static void on_resolved(int status, const char *message, remote_object_t *object
   queue_open(o);
 }
 
-void stream_open(conn_t *c, const Larder__OpenStream *req) {
+/* Checks an OpenStream request before any work: the client's limits,
+ * its sources (absolute, inside the allowlist), its settings, and its CUDA
+ * device, found in this process's numbering (*cuda_device).  Returns 0, or
+ * -1 once the client has been sent the error. */
+static int open_check_request(conn_t *c, const Larder__OpenStream *req, int *cuda_device) {
   server_t *srv = c->srv;
   if (c->num_streams >= (int)srv->cfg.max_streams_per_client) {
     conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
                     "this client has %d streams open, the limit (max_streams_per_client)",
                     c->num_streams);
-    return;
+    return -1;
   }
   /* larder per-client limits: opens in progress (each resolves listings
    * and footers, and holds a worker while it reads them). */
@@ -952,7 +1026,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
                     "this client has %d requests in progress, the limit "
                     "(max_pending_per_client)",
                     c->pending_requests);
-    return;
+    return -1;
   }
   /* Local sources must be absolute: the daemon would resolve a relative
    * path against its own working directory, not the client's.  Tested by
@@ -962,7 +1036,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     if (req->sources[i] && req->sources[i][0] &&
         dataset_source_absolute(req->sources[i], why, sizeof(why)) != 0) {
       conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "%s", why);
-      return;
+      return -1;
     }
   }
   /* larder ACL: remote sources must be inside the allowlist. */
@@ -979,33 +1053,33 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
         log_notice("client pid %d uid %u: stream source %s refused: outside the allowlist",
                    (int)c->pid, (unsigned)c->uid, red);
         conn_send_error(c, rc, 0, req->request_id, "%s", why);
-        return;
+        return -1;
       }
     }
   }
   if (req->batch_size == 0 || req->batch_size > STREAM_MAX_BATCH) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "batch_size %u is out of range",
                     req->batch_size);
-    return;
+    return -1;
   }
   if (req->world_size > 1u << 16) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "world_size %u is above %u",
                     req->world_size, 1u << 16);
-    return;
+    return -1;
   }
   if (req->world_size && req->rank >= req->world_size) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "rank %u is not below world_size %u",
                     req->rank, req->world_size);
-    return;
+    return -1;
   }
   if (req->memory_kind != LARDER__MEMORY_KIND__MEMORY_HOST &&
       req->memory_kind != LARDER__MEMORY_KIND__MEMORY_CUDA) {
     conn_send_error(c, LARDER_EUNSUPPORTED, 0, req->request_id,
                     "memory_kind %d: this daemon delivers batches in host or CUDA memory",
                     (int)req->memory_kind);
-    return;
+    return -1;
   }
-  int cuda_device = req->cuda_device;
+  *cuda_device = req->cuda_device;
   if (req->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
     /* CUDA (cuda.h): the driver and the device, before any work.  The
      * trainer's device is found by its UUID: its ordinal may differ from
@@ -1013,8 +1087,8 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     char why[600];
     int rc = cuda_check(req->cuda_device, why, sizeof(why));
     if (req->cuda_device_uuid.len == 16 && (rc == 0 || rc == LARDER_EINVAL)) {
-      cuda_device = cuda_device_by_uuid(req->cuda_device_uuid.data);
-      rc = cuda_device >= 0 ? 0 : LARDER_EINVAL;
+      *cuda_device = cuda_device_by_uuid(req->cuda_device_uuid.data);
+      rc = *cuda_device >= 0 ? 0 : LARDER_EINVAL;
       if (rc)
         snprintf(why, sizeof(why),
                  "the trainer's CUDA device %d is none of the GPUs larderd sees (by UUID): "
@@ -1023,7 +1097,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     }
     if (rc) {
       conn_send_error(c, rc, 0, req->request_id, "larderd: %s", why);
-      return;
+      return -1;
     }
   }
   if (req->window > STREAM_MAX_WINDOW) {
@@ -1032,23 +1106,33 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
      * daemon_stream_options. */
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "window %u is above %u batches",
                     req->window, STREAM_MAX_WINDOW);
-    return;
+    return -1;
   }
   if (req->n_sources == 0 || req->n_sources > 1u << 20) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id, "a stream needs at least one source");
-    return;
+    return -1;
   }
   /* The job is a metrics label: short and plain. */
   if (req->job && !metrics_job_valid(req->job)) {
     conn_send_error(c, LARDER_EINVAL, 0, req->request_id,
                     "job: at most %d printable ASCII characters", METRICS_MAX_LABEL);
-    return;
+    return -1;
   }
+  return 0;
+}
+
+/* The open request for req, a copy of what it asks with the daemon's
+ * settings as they are now (a reload may change them while the open runs)
+ * and the client's credentials; counted in c's pending requests until
+ * free_open_req.  NULL once the client has been sent the error (out of
+ * memory). */
+static open_req_t *open_request_new(conn_t *c, const Larder__OpenStream *req, int cuda_device) {
+  server_t *srv = c->srv;
   open_req_t *o = calloc(1, sizeof(*o));
   if (o == NULL || (o->job = strdup(req->job ? req->job : "")) == NULL) {
     free(o);
     conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
-    return;
+    return NULL;
   }
   o->srv = srv;
   o->conn = c;
@@ -1070,7 +1154,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
   if (o->sources == NULL || o->columns == NULL) {
     free_open_req(o);
     conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
-    return;
+    return NULL;
   }
   o->dopts.unit_rows = (uint32_t)(req->unit_rows ? req->unit_rows : srv->cfg.unit_rows);
   if (o->dopts.unit_rows > 65536) o->dopts.unit_rows = 65536;
@@ -1092,7 +1176,7 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     if (oom) {
       free_open_req(o);
       conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
-      return;
+      return NULL;
     }
     o->dopts.allowed_roots = (const char *const *)o->roots;
     acl_peer_t peer;
@@ -1100,10 +1184,22 @@ void stream_open(conn_t *c, const Larder__OpenStream *req) {
     if (acl_peer_copy(&o->peer, &peer) != 0) {
       free_open_req(o);
       conn_send_error(c, LARDER_ENOMEM, 0, req->request_id, "out of memory");
-      return;
+      return NULL;
     }
     o->dopts.peer = &o->peer;
   }
+  return o;
+}
+
+/* Checks the request, then resolves remote sources on the loop
+ * (server_resolve) and opens the dataset on a worker (open_work), and
+ * replies in open_done. */
+void stream_open(conn_t *c, const Larder__OpenStream *req) {
+  server_t *srv = c->srv;
+  int cuda_device;
+  if (open_check_request(c, req, &cuda_device) != 0) return;
+  open_req_t *o = open_request_new(c, req, cuda_device);
+  if (o == NULL) return;
   int remote = 0;
   for (size_t i = 0; i < o->num_sources; i++) remote |= remote_is_url(o->sources[i]);
   if (remote) {
