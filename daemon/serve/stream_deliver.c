@@ -32,109 +32,133 @@
 #define ROW_AHEAD 20
 #define ROW_PREFETCH_MAX 1024
 
-static void assemble_work(work_t *w) {
-  pbatch_t *b = w->data;
-  stream_t *s = b->s;
-  uint64_t t0 = util_now_ns();
-  const pq_field_t *schema = s->ds->schema;
-  int nc = schema->num_children;
-  layout_pick_t *picks = malloc((size_t)b->n * sizeof(layout_pick_t));
-  int64_t *sizes = malloc((size_t)(nc ? nc : 1) * sizeof(int64_t));
-  for (int i = 0; i < b->n; i++) b->sample_unit[i] = b->units[b->sample_slot[i]];
-  layout_scratch_t *scratch = NULL;
-  uint8_t *tmp = NULL;
-  int64_t *nulls_by_bit = NULL;
-  uint8_t *from_rows = NULL;
-  if (picks == NULL || sizes == NULL) {
-    b->error = LARDER_ENOMEM;
-    goto out;
+/* What an assembly works with, on its worker: the columns' sizes and the
+ * scratch the gathers share, freed by assembly_free. */
+typedef struct assembly {
+  const pq_field_t *schema;
+  int nc;                     /* top-level columns */
+  const layout_rowplan_t *rp; /* the dataset's row plan, or NULL */
+  layout_pick_t *picks;       /* per sample: its unit's view and row */
+  int64_t *sizes;             /* per column: its bytes in the batch */
+  uint64_t total;             /* their sum */
+  layout_scratch_t *scratch;
+  uint8_t *tmp;               /* row plan: the samples' fixed parts */
+  int64_t *nulls_by_bit;      /* row plan: nulls per null bit */
+  uint8_t *from_rows;         /* per column: split from tmp, not gathered */
+} assembly_t;
+
+static void assembly_free(assembly_t *a) {
+  layout_scratch_free(a->scratch);
+  free(a->from_rows);
+  free(a->tmp);
+  free(a->nulls_by_bit);
+  free(a->picks);
+  free(a->sizes);
+}
+
+/* Copies each sample's fixed part out of its unit's row block into a->tmp
+ * (its inline values following it in the same lines), counts the nulls,
+ * and marks the columns that can be split from there (from_rows): memory
+ * that is already in cache.  Returns 0 or LARDER_ENOMEM. */
+static int assembly_copy_rows(pbatch_t *b, assembly_t *a) {
+  const layout_rowplan_t *rp = a->rp;
+  a->tmp = malloc((size_t)b->n * rp->stride + 1);
+  a->nulls_by_bit = malloc((size_t)(rp->null_bytes ? rp->null_bytes : 1) * 8 * sizeof(int64_t));
+  if (a->tmp == NULL || a->nulls_by_bit == NULL) return LARDER_ENOMEM;
+  uint8_t *tmp = a->tmp;
+  /* A LIST slot comes from the rows only when every unit inlined it. */
+  uint64_t lists = ~0ull;
+  for (int i = 0; i < b->num_units; i++) lists &= b->units[i]->rowblock.inline_lists;
+  for (int c = 0; c < a->nc; c++) {
+    int p = rp->slot_of[c];
+    a->from_rows[c] = p >= 0 && (rp->packed[p].kind != LAYOUT_SLOT_LIST || ((lists >> p) & 1));
   }
-  /* The packed columns come from the units' row blocks: copy each sample's
-   * fixed part once, its inline values following it in the same lines,
-   * then split it into columns from memory that is already in cache. */
-  const layout_rowplan_t *rp = s->ds->rowplan;
-  from_rows = calloc((size_t)(nc ? nc : 1), 1);
-  if (from_rows == NULL) {
-    b->error = LARDER_ENOMEM;
-    goto out;
-  }
-  if (rp) {
-    tmp = malloc((size_t)b->n * rp->stride + 1);
-    nulls_by_bit = malloc((size_t)(rp->null_bytes ? rp->null_bytes : 1) * 8 * sizeof(int64_t));
-    if (tmp == NULL || nulls_by_bit == NULL) {
-      b->error = LARDER_ENOMEM;
-      goto out;
+  size_t stride = rp->stride;
+  for (int i = 0; i < b->n; i++) {
+    /* Two steps ahead: a row's start, then (once that is in cache) the
+     * row's lines, so each sample's misses overlap those of the next
+     * ROW_AHEAD samples. */
+    if (i + 2 * ROW_AHEAD < b->n) {
+      const unit_t *u = b->sample_unit[i + 2 * ROW_AHEAD];
+      if (u->rowblock.start) __builtin_prefetch(u->rowblock.start + b->samples[i + 2 * ROW_AHEAD].row);
     }
-    /* A LIST slot comes from the rows only when every unit inlined it. */
-    uint64_t lists = ~0ull;
-    for (int i = 0; i < b->num_units; i++) lists &= b->units[i]->rowblock.inline_lists;
-    for (int c = 0; c < nc; c++) {
-      int p = rp->slot_of[c];
-      from_rows[c] = p >= 0 && (rp->packed[p].kind != LAYOUT_SLOT_LIST || ((lists >> p) & 1));
-    }
-    size_t stride = rp->stride;
-    for (int i = 0; i < b->n; i++) {
-      /* Two steps ahead: a row's start, then (once that is in cache) the
-       * row's lines, so each sample's misses overlap those of the next
-       * ROW_AHEAD samples. */
-      if (i + 2 * ROW_AHEAD < b->n) {
-        const unit_t *u = b->sample_unit[i + 2 * ROW_AHEAD];
-        if (u->rowblock.start) __builtin_prefetch(u->rowblock.start + b->samples[i + 2 * ROW_AHEAD].row);
-      }
-      if (i + ROW_AHEAD < b->n) {
-        size_t len;
-        const uint8_t *ahead = layout_rows_row(&b->sample_unit[i + ROW_AHEAD]->rowblock,
-                                               b->samples[i + ROW_AHEAD].row, &len);
-        /* The fixed part, which this loop copies, into the core's first
-         * cache; the inline values, which the split reads after the whole
-         * batch is gathered, only as far as the second.  A core tracks few
-         * misses into its first cache at once, and lines that wait there
-         * for the split held up the gather itself (bench-serve: warm
-         * delivery +15% against prefetching every line into the first
-         * cache, 11 of 12 alternating rounds). */
-        size_t lim = len < ROW_PREFETCH_MAX ? len : ROW_PREFETCH_MAX;
-        size_t fixed = stride < lim ? stride : lim;
-        for (size_t at = 0; at < fixed; at += 64) __builtin_prefetch(ahead + at);
-        __builtin_prefetch(ahead + fixed - 1);
-        for (size_t at = fixed; at < lim; at += 64) __builtin_prefetch(ahead + at, 0, 1);
-        if (lim > fixed) __builtin_prefetch(ahead + lim - 1, 0, 1);
-      }
+    if (i + ROW_AHEAD < b->n) {
       size_t len;
-      const uint8_t *row =
-          layout_rows_row(&b->sample_unit[i]->rowblock, b->samples[i].row, &len);
-      memcpy(tmp + (size_t)i * stride, row, stride);
+      const uint8_t *ahead = layout_rows_row(&b->sample_unit[i + ROW_AHEAD]->rowblock,
+                                             b->samples[i + ROW_AHEAD].row, &len);
+      /* The fixed part, which this loop copies, into the core's first
+       * cache; the inline values, which the split reads after the whole
+       * batch is gathered, only as far as the second.  A core tracks few
+       * misses into its first cache at once, and lines that wait there
+       * for the split held up the gather itself (bench-serve: warm
+       * delivery +15% against prefetching every line into the first
+       * cache, 11 of 12 alternating rounds). */
+      size_t lim = len < ROW_PREFETCH_MAX ? len : ROW_PREFETCH_MAX;
+      size_t fixed = stride < lim ? stride : lim;
+      for (size_t at = 0; at < fixed; at += 64) __builtin_prefetch(ahead + at);
+      __builtin_prefetch(ahead + fixed - 1);
+      for (size_t at = fixed; at < lim; at += 64) __builtin_prefetch(ahead + at, 0, 1);
+      if (lim > fixed) __builtin_prefetch(ahead + lim - 1, 0, 1);
     }
-    layout_rows_count_nulls(rp, tmp, b->n, nulls_by_bit);
+    size_t len;
+    const uint8_t *row =
+        layout_rows_row(&b->sample_unit[i]->rowblock, b->samples[i].row, &len);
+    memcpy(tmp + (size_t)i * stride, row, stride);
   }
-  uint64_t total = 0;
-  for (int c = 0; c < nc; c++) {
-    if (from_rows[c]) {
-      sizes[c] =
-          layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 1, NULL, NULL, NULL);
+  layout_rows_count_nulls(rp, tmp, b->n, a->nulls_by_bit);
+  return 0;
+}
+
+/* Points a->picks at column c of each sample. */
+static void assembly_pick(pbatch_t *b, assembly_t *a, int c) {
+  for (int i = 0; i < b->n; i++) {
+    a->picks[i].view = &b->sample_unit[i]->views[c];
+    a->picks[i].row = b->samples[i].row;
+  }
+}
+
+/* The bytes of each column in the batch (a->sizes) and their sum
+ * (a->total).  Returns 0, or -1 with b->error and b->message set. */
+static int assembly_size(pbatch_t *b, assembly_t *a) {
+  const pq_field_t *schema = a->schema;
+  const layout_rowplan_t *rp = a->rp;
+  int64_t *sizes = a->sizes;
+  a->total = 0;
+  for (int c = 0; c < a->nc; c++) {
+    if (a->from_rows[c]) {
+      sizes[c] = layout_rows_column(rp, rp->slot_of[c], a->tmp, b->n, a->nulls_by_bit, 1, NULL,
+                                    NULL, NULL);
       if (sizes[c] < 0) {
         b->error = (int)sizes[c];
         snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
                  "more than 2 GiB of values in one batch");
-        goto out;
+        return -1;
       }
-      total += (uint64_t)sizes[c];
+      a->total += (uint64_t)sizes[c];
       continue;
     }
-    for (int i = 0; i < b->n; i++) {
-      picks[i].view = &b->sample_unit[i]->views[c];
-      picks[i].row = b->samples[i].row;
-    }
-    sizes[c] = layout_gather_size(&schema->children[c], picks, b->n, &scratch);
+    assembly_pick(b, a, c);
+    sizes[c] = layout_gather_size(&schema->children[c], a->picks, b->n, &a->scratch);
     if (sizes[c] < 0) {
       b->error = (int)sizes[c];
       snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
                sizes[c] == LARDER_ELIMIT ? "more than 2 GiB of values in one batch"
                                          : larder_strerror((int)sizes[c]));
-      goto out;
+      return -1;
     }
-    total += (uint64_t)sizes[c];
+    a->total += (uint64_t)sizes[c];
   }
-  int64_t off = arena_alloc(s->arena, total);
+  return 0;
+}
+
+/* Takes the batch's room in the arena: one region, or one per column
+ * (b->parts) when no gap holds it whole.  Returns its offset (the lowest
+ * part's), or -1 with b->error set (LARDER_EAGAIN: no room yet; else with
+ * b->message). */
+static int64_t assembly_place(pbatch_t *b, assembly_t *a) {
+  stream_t *s = b->s;
+  int nc = a->nc;
+  int64_t off = arena_alloc(s->arena, a->total);
   free(b->parts);
   b->parts = NULL;
   b->num_parts = 0;
@@ -150,9 +174,9 @@ static void assemble_work(work_t *w) {
       free(parts);
       free(lens);
       b->error = LARDER_ENOMEM;
-      goto out;
+      return -1;
     }
-    for (int c = 0; c < nc; c++) lens[c] = (uint64_t)sizes[c];
+    for (int c = 0; c < nc; c++) lens[c] = (uint64_t)a->sizes[c];
     int prc = arena_alloc_parts(s->arena, lens, (size_t)nc, parts);
     free(lens);
     if (prc == 0) {
@@ -167,74 +191,116 @@ static void assemble_work(work_t *w) {
   }
   if (off == LARDER_EAGAIN) {
     b->error = LARDER_EAGAIN;
-    goto out;
+    return -1;
   }
   if (off < 0) {
     b->error = (int)off;
     snprintf(b->message, sizeof(b->message),
              "a batch of %llu bytes does not fit the stream's %llu-byte arena; open the "
              "stream with a larger arena_bytes or a smaller batch_size",
-             (unsigned long long)total, (unsigned long long)arena_size(s->arena));
-    goto out;
+             (unsigned long long)a->total, (unsigned long long)arena_size(s->arena));
+    return -1;
   }
-  b->arena_off = off;
-  b->arena_len = total;
+  return off;
+}
+
+/* Writes the columns into the batch's room at off (or its parts), and
+ * their arrays' descriptors into b->nodes.  Returns 0, or -1 with b->error
+ * and b->message set. */
+static int assembly_fill(pbatch_t *b, assembly_t *a, int64_t off) {
+  stream_t *s = b->s;
+  const pq_field_t *schema = a->schema;
+  const layout_rowplan_t *rp = a->rp;
   uint8_t *base = arena_base(s->arena);
   uint8_t *dst = base + off;
   int node = 0;
-  for (int c = 0; c < nc; c++) {
+  for (int c = 0; c < a->nc; c++) {
     if (b->parts) dst = base + b->parts[c];
-    if (from_rows[c]) {
-      layout_rows_column(rp, rp->slot_of[c], tmp, b->n, nulls_by_bit, 0, base, dst,
+    if (a->from_rows[c]) {
+      layout_rows_column(rp, rp->slot_of[c], a->tmp, b->n, a->nulls_by_bit, 0, base, dst,
                          b->nodes + node);
-      dst += sizes[c];
+      dst += a->sizes[c];
       node += layout_rows_num_nodes(rp, rp->slot_of[c]);
       continue;
     }
-    for (int i = 0; i < b->n; i++) {
-      picks[i].view = &b->sample_unit[i]->views[c];
-      picks[i].row = b->samples[i].row;
-    }
-    int rc = layout_gather(&schema->children[c], picks, b->n, &scratch, base, dst,
+    assembly_pick(b, a, c);
+    int rc = layout_gather(&schema->children[c], a->picks, b->n, &a->scratch, base, dst,
                            b->nodes + node);
     if (rc) {
       b->error = rc;
       snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
                larder_strerror(rc));
-      stream_room_free(s, off, b->parts, b->num_parts);
-      free(b->parts);
-      b->parts = NULL;
-      goto out;
+      return -1;
     }
-    dst += sizes[c];
+    dst += a->sizes[c];
     node += layout_num_nodes(&schema->children[c]);
   }
-  if (s->cuda) {
-    /* CUDA: the batch's bytes to the same offsets of the device region,
-     * complete before the loop publishes the batch (cuda.h). */
-    int rc = 0;
-    if (b->parts) {
-      for (int c = 0; c < nc && rc == 0; c++)
-        rc = cuda_region_copy(s->cuda, (uint64_t)b->parts[c], (uint64_t)sizes[c], b->message,
-                              sizeof(b->message));
-    } else {
-      rc = cuda_region_copy(s->cuda, (uint64_t)off, total, b->message, sizeof(b->message));
-    }
-    if (rc) {
-      b->error = rc;
-      stream_room_free(s, off, b->parts, b->num_parts);
-      free(b->parts);
-      b->parts = NULL;
-      goto out;
-    }
+  return 0;
+}
+
+/* CUDA: the batch's bytes to the same offsets of the device region,
+ * complete before the loop publishes the batch (cuda.h).  Returns 0 or
+ * the error, with b->message set. */
+static int assembly_copy_cuda(pbatch_t *b, assembly_t *a, int64_t off) {
+  stream_t *s = b->s;
+  int rc = 0;
+  if (b->parts) {
+    for (int c = 0; c < a->nc && rc == 0; c++)
+      rc = cuda_region_copy(s->cuda, (uint64_t)b->parts[c], (uint64_t)a->sizes[c], b->message,
+                            sizeof(b->message));
+  } else {
+    rc = cuda_region_copy(s->cuda, (uint64_t)off, a->total, b->message, sizeof(b->message));
+  }
+  return rc;
+}
+
+/* Assembles batch b on a worker: sizes its columns, takes its room in the
+ * arena, and writes them there from its units (READY, held by b).  On
+ * failure b->error (and b->message) say why, and the batch holds no room. */
+static void assemble_work(work_t *w) {
+  pbatch_t *b = w->data;
+  stream_t *s = b->s;
+  uint64_t t0 = util_now_ns();
+  assembly_t a = {0};
+  a.schema = s->ds->schema;
+  a.nc = a.schema->num_children;
+  a.rp = s->ds->rowplan;
+  a.picks = malloc((size_t)b->n * sizeof(layout_pick_t));
+  a.sizes = malloc((size_t)(a.nc ? a.nc : 1) * sizeof(int64_t));
+  for (int i = 0; i < b->n; i++) b->sample_unit[i] = b->units[b->sample_slot[i]];
+  if (a.picks == NULL || a.sizes == NULL) {
+    b->error = LARDER_ENOMEM;
+    goto out;
+  }
+  /* The packed columns come from the units' row blocks: copy each sample's
+   * fixed part once, its inline values following it in the same lines,
+   * then split it into columns from memory that is already in cache. */
+  a.from_rows = calloc((size_t)(a.nc ? a.nc : 1), 1);
+  if (a.from_rows == NULL) {
+    b->error = LARDER_ENOMEM;
+    goto out;
+  }
+  if (a.rp && assembly_copy_rows(b, &a) != 0) {
+    b->error = LARDER_ENOMEM;
+    goto out;
+  }
+  if (assembly_size(b, &a) != 0) goto out;
+  int64_t off = assembly_place(b, &a);
+  if (off < 0) goto out;
+  b->arena_off = off;
+  b->arena_len = a.total;
+  int rc = assembly_fill(b, &a, off) != 0 ? b->error : 0;
+  if (rc == 0 && s->cuda) {
+    rc = assembly_copy_cuda(b, &a, off);
+    if (rc) b->error = rc;
+  }
+  if (rc) {
+    stream_room_free(s, off, b->parts, b->num_parts);
+    free(b->parts);
+    b->parts = NULL;
   }
 out:
-  layout_scratch_free(scratch);
-  free(from_rows);
-  free(tmp);
-  free(nulls_by_bit);
-  free(picks);
-  free(sizes);
+  assembly_free(&a);
   b->assemble_ns = util_now_ns() - t0;
 }
 
