@@ -101,6 +101,7 @@ struct server {
   uint64_t unit_bytes;
   int loads_in_flight;
   unit_t *retry_head;     /* loads waiting for their row group's decode */
+  void (*units_room)(server_t *srv); /* units_init's room callback */
 
   /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
   fetch_t *fetch;
@@ -116,7 +117,6 @@ struct server {
   uint64_t acquiring_owner; /* the work owner (work.h) of the loads that
                                units_acquire starts: the stream's */
   int in_read_ahead;      /* units_room is running */
-  void (*units_room)(server_t *srv); /* units_init's room callback */
   int resolves_in_flight; /* server_resolve calls whose callback has not
                              run (worker tasks: work_pool_pending) */
 

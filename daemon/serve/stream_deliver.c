@@ -32,8 +32,9 @@
 #define ROW_AHEAD 20
 #define ROW_PREFETCH_MAX 1024
 
-/* What an assembly works with, on its worker: the columns' sizes and the
- * scratch the gathers share, freed by assembly_free. */
+/* What an assembly works with, on its worker, freed by assembly_free.  The
+ * gathers' scratch (layout.h) is passed beside it: the sizing and the
+ * filling of a column must share it. */
 typedef struct assembly {
   const pq_field_t *schema;
   int nc;                     /* top-level columns */
@@ -41,14 +42,12 @@ typedef struct assembly {
   layout_pick_t *picks;       /* per sample: its unit's view and row */
   int64_t *sizes;             /* per column: its bytes in the batch */
   uint64_t total;             /* their sum */
-  layout_scratch_t *scratch;
   uint8_t *tmp;               /* row plan: the samples' fixed parts */
   int64_t *nulls_by_bit;      /* row plan: nulls per null bit */
   uint8_t *from_rows;         /* per column: split from tmp, not gathered */
 } assembly_t;
 
 static void assembly_free(assembly_t *a) {
-  layout_scratch_free(a->scratch);
   free(a->from_rows);
   free(a->tmp);
   free(a->nulls_by_bit);
@@ -119,13 +118,13 @@ static void assembly_pick(pbatch_t *b, assembly_t *a, int c) {
 
 /* The bytes of each column in the batch (a->sizes) and their sum
  * (a->total).  Returns 0, or -1 with b->error and b->message set. */
-static int assembly_size(pbatch_t *b, assembly_t *a) {
+static int assembly_size(pbatch_t *b, assembly_t *a, layout_scratch_t **scratch) {
   const pq_field_t *schema = a->schema;
   const layout_rowplan_t *rp = a->rp;
   int64_t *sizes = a->sizes;
   a->total = 0;
   for (int c = 0; c < a->nc; c++) {
-    if (a->from_rows[c]) {
+    if (rp && a->from_rows[c]) { /* from_rows is set only with a row plan */
       sizes[c] = layout_rows_column(rp, rp->slot_of[c], a->tmp, b->n, a->nulls_by_bit, 1, NULL,
                                     NULL, NULL);
       if (sizes[c] < 0) {
@@ -138,7 +137,7 @@ static int assembly_size(pbatch_t *b, assembly_t *a) {
       continue;
     }
     assembly_pick(b, a, c);
-    sizes[c] = layout_gather_size(&schema->children[c], a->picks, b->n, &a->scratch);
+    sizes[c] = layout_gather_size(&schema->children[c], a->picks, b->n, scratch);
     if (sizes[c] < 0) {
       b->error = (int)sizes[c];
       snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
@@ -207,7 +206,7 @@ static int64_t assembly_place(pbatch_t *b, assembly_t *a) {
 /* Writes the columns into the batch's room at off (or its parts), and
  * their arrays' descriptors into b->nodes.  Returns 0, or -1 with b->error
  * and b->message set. */
-static int assembly_fill(pbatch_t *b, assembly_t *a, int64_t off) {
+static int assembly_fill(pbatch_t *b, assembly_t *a, layout_scratch_t **scratch, int64_t off) {
   stream_t *s = b->s;
   const pq_field_t *schema = a->schema;
   const layout_rowplan_t *rp = a->rp;
@@ -216,7 +215,7 @@ static int assembly_fill(pbatch_t *b, assembly_t *a, int64_t off) {
   int node = 0;
   for (int c = 0; c < a->nc; c++) {
     if (b->parts) dst = base + b->parts[c];
-    if (a->from_rows[c]) {
+    if (rp && a->from_rows[c]) { /* from_rows is set only with a row plan */
       layout_rows_column(rp, rp->slot_of[c], a->tmp, b->n, a->nulls_by_bit, 0, base, dst,
                          b->nodes + node);
       dst += a->sizes[c];
@@ -224,7 +223,7 @@ static int assembly_fill(pbatch_t *b, assembly_t *a, int64_t off) {
       continue;
     }
     assembly_pick(b, a, c);
-    int rc = layout_gather(&schema->children[c], a->picks, b->n, &a->scratch, base, dst,
+    int rc = layout_gather(&schema->children[c], a->picks, b->n, scratch, base, dst,
                            b->nodes + node);
     if (rc) {
       b->error = rc;
@@ -262,6 +261,7 @@ static void assemble_work(work_t *w) {
   stream_t *s = b->s;
   uint64_t t0 = util_now_ns();
   assembly_t a = {0};
+  layout_scratch_t *scratch = NULL;
   a.schema = s->ds->schema;
   a.nc = a.schema->num_children;
   a.rp = s->ds->rowplan;
@@ -284,12 +284,12 @@ static void assemble_work(work_t *w) {
     b->error = LARDER_ENOMEM;
     goto out;
   }
-  if (assembly_size(b, &a) != 0) goto out;
+  if (assembly_size(b, &a, &scratch) != 0) goto out;
   int64_t off = assembly_place(b, &a);
   if (off < 0) goto out;
   b->arena_off = off;
   b->arena_len = a.total;
-  int rc = assembly_fill(b, &a, off) != 0 ? b->error : 0;
+  int rc = assembly_fill(b, &a, &scratch, off) != 0 ? b->error : 0;
   if (rc == 0 && s->cuda) {
     rc = assembly_copy_cuda(b, &a, off);
     if (rc) b->error = rc;
@@ -300,6 +300,7 @@ static void assemble_work(work_t *w) {
     b->parts = NULL;
   }
 out:
+  layout_scratch_free(scratch);
   assembly_free(&a);
   b->assemble_ns = util_now_ns() - t0;
 }
