@@ -30,7 +30,7 @@ void admin_tick(server_t *srv);
 /* Shutdown: ends every job and frees admin.c's state. */
 void admin_shutdown(server_t *srv);
 
-/* Rates over the last few seconds, for stats and metrics (admin.c). */
+/* Rates over the last few seconds, for stats and metrics (admin_stats.c). */
 typedef struct admin_rates {
   double window_s;        /* seconds the rates cover (0: no sample yet) */
   double fetch_bytes_per_s, batch_bytes_per_s, batches_per_s;

@@ -122,7 +122,7 @@ struct server {
 
   /* Access control (acl.h): rebuilt from cfg at start and on reload. */
   acl_t *acl;
-  void *admin;            /* admin.c: rate samples, prefetch jobs */
+  void *admin;            /* admin.c: rate samples, jobs (admin_int.h) */
   void *metrics;          /* metrics.c: the HTTP endpoint, the textfile */
   /* main.c: called once the socket listens (pid file, --daemonize). */
   void (*on_ready)(server_t *srv);

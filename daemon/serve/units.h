@@ -87,7 +87,7 @@ struct unit {
 unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index);
 /*
  * Read-ahead of a remote unit's row group, for a unit that streams will
- * need later (stream.c walks the coming batches).  Starts the fetch (queued
+ * need later (stream_plan.c walks the coming batches).  Starts the fetch (queued
  * behind every fetch a trainer waits for) and holds nothing.  into_cache
  * (the cache will keep the row group): the row group is then decoded into
  * the cache, its units landing in the idle pool; else only its bytes are
