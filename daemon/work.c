@@ -90,6 +90,9 @@ struct work_pool {
   work_t *done_head, *done_tail;
   int idle;              /* workers waiting on cond */
   int stopping;
+  int pending;           /* tasks queued and whose done callback has not
+                            started (work_pool_pending); the loop's alone,
+                            so outside mu */
   /* Set under mu by the loop when it takes the done list just before it
    * may sleep (prepare), cleared once it is awake again (check).  A worker
    * that finishes a task writes the eventfd only while it is set: a loop
@@ -301,6 +304,7 @@ static void drain(work_pool_t *p, int before_sleep) {
   while (w) {
     work_t *next = w->next;
     w->next = NULL;
+    p->pending--;
     w->done(w, 0);
     w = next;
   }
@@ -439,6 +443,7 @@ static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done
   }
   if (p->idle > 0) pthread_cond_signal(&p->cond);
   pthread_mutex_unlock(&p->mu);
+  p->pending++;
   return 0;
 }
 
@@ -484,6 +489,7 @@ int work_cancel(work_pool_t *p, work_t *w) {
     owner_maybe_free(p, o);
   }
   pthread_mutex_unlock(&p->mu);
+  if (found) p->pending--;
   return found ? 0 : LARDER_EBUSY;
 }
 
@@ -510,6 +516,8 @@ void work_pool_release_owner(work_pool_t *p, uint64_t owner) {
   }
   pthread_mutex_unlock(&p->mu);
 }
+
+int work_pool_pending(const work_pool_t *p) { return p ? p->pending : 0; }
 
 int work_pool_foreground_waiting(work_pool_t *p) {
   return atomic_load_explicit(&p->todo_count, memory_order_relaxed) > 0;
@@ -539,6 +547,7 @@ void work_pool_stop(work_pool_t *p) {
   while (cancelled) {
     work_t *next = cancelled->next;
     cancelled->next = NULL;
+    p->pending--;
     cancelled->done(cancelled, UV_ECANCELED);
     cancelled = next;
   }

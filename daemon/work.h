@@ -140,6 +140,14 @@ int work_cancel(work_pool_t *p, work_t *w);
 void work_pool_hold_owner(work_pool_t *p, uint64_t owner);
 void work_pool_release_owner(work_pool_t *p, uint64_t owner);
 
+/* The tasks outstanding: queued (by any work_queue* call) and whose done
+ * callback has not yet started, whether they wait, run or have finished.
+ * A task that work_cancel took back, or whose done callback has begun,
+ * no longer counts; one queued again from its done callback counts anew.
+ * 0 for p NULL.  The server's shutdown waits for it to reach 0 before it
+ * stops the pool.  Loop thread. */
+int work_pool_pending(const work_pool_t *p);
+
 /* Nonzero when tasks queued with work_queue wait for a worker (a hint: the
  * count is read without the pool's lock).  Any thread. */
 int work_pool_foreground_waiting(work_pool_t *p);

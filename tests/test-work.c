@@ -332,6 +332,7 @@ TEST_IMPL(work_cancel_queued) {
   ASSERT_OK(work_queue(p, &t[2].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue_background(p, &t[3].work, ordered_run, ordered_done));
   ASSERT_OK(work_queue(p, &t[4].work, ordered_run, ordered_done));
+  ASSERT_EQ(work_pool_pending(p), 5);
   wait_started(&t[0]);
   ASSERT_EQ(work_cancel(p, &t[0].work), LARDER_EBUSY); /* running */
   ASSERT_OK(work_cancel(p, &t[3].work));                /* last in its list */
@@ -340,6 +341,7 @@ TEST_IMPL(work_cancel_queued) {
   ASSERT_EQ(work_pool_foreground_waiting(p), 1);        /* t[4] */
   ASSERT_OK(work_cancel(p, &t[4].work));
   ASSERT_EQ(work_pool_foreground_waiting(p), 0);
+  ASSERT_EQ(work_pool_pending(p), 2); /* t[0] running, t[1] waiting */
   /* What is left runs: the first task, then the first background one,
    * which may be queued again behind a new task after the cancellations. */
   ASSERT_OK(work_queue(p, &t[3].work, ordered_run, ordered_done));
@@ -351,6 +353,8 @@ TEST_IMPL(work_cancel_queued) {
   ASSERT_EQ(t[2].seq, -1);
   ASSERT_EQ(t[4].seq, -1);
   ASSERT_EQ(done, 3);
+  ASSERT_EQ(work_pool_pending(p), 0);
+  ASSERT_EQ(work_pool_pending(NULL), 0);
   ASSERT_EQ(work_cancel(NULL, &t[1].work), LARDER_EBUSY);
   work_pool_stop(p);
   ASSERT_OK(uv_run(&loop, UV_RUN_DEFAULT));

@@ -655,17 +655,15 @@ int dataset_source_absolute(const char *src, char *err, size_t errlen) {
   return LARDER_EINVAL;
 }
 
-int dataset_open(const char *const *sources, size_t n, const char *const *columns,
-                 size_t ncols, const dataset_options_t *opts, dataset_t **out, char *err,
-                 size_t errlen) {
-  *out = NULL;
-  if (n == 0) {
-    snprintf(err, errlen, "no sources given");
-    return LARDER_EINVAL;
-  }
-  strlist files = {0};
+/* The files that sources name, sorted and without duplicates (the order is
+ * part of the dataset's identity), into *files: local sources expanded as
+ * the client (opts->peer), remote ones as resolved beforehand on the loop
+ * (opts->remote).  Returns 0, or a code with a message in err (*files is
+ * then empty). */
+static int list_files(const char *const *sources, size_t n, const dataset_options_t *opts,
+                      strlist *files, char *err, size_t errlen) {
   int rc = 0;
-  /* Local sources are resolved, and below each file opened, as the
+  /* Local sources are resolved, and later each file opened, as the
    * client: what it cannot open, the daemon does not read for it. */
   cred_saved_t saved;
   int local = 0;
@@ -679,66 +677,66 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
     } else if (remote_is_url(sources[i])) {
       /* Resolved beforehand on the loop; added below. */
     } else {
-      rc = expand_local(sources[i], opts, &files, err, errlen);
+      rc = expand_local(sources[i], opts, files, err, errlen);
     }
   }
   if (local) cred_leave(&saved);
   if (rc) {
-    strlist_free(&files);
+    strlist_free(files);
     return rc;
   }
-  for (size_t i = 0; i < opts->num_remote && rc == 0; i++) rc = strlist_add(&files, opts->remote[i].url);
+  for (size_t i = 0; i < opts->num_remote && rc == 0; i++) rc = strlist_add(files, opts->remote[i].url);
   if (rc) {
-    strlist_free(&files);
+    strlist_free(files);
     return rc;
   }
-  /* Sorted, without duplicates: the order is part of the dataset's identity. */
-  strlist_sort_unique(&files);
-  if (files.n == 0) {
-    strlist_free(&files);
+  strlist_sort_unique(files);
+  if (files->n == 0) {
+    strlist_free(files);
     snprintf(err, errlen, "the sources name no files");
     return LARDER_ENOENT;
   }
-  dataset_t *ds = calloc(1, sizeof(*ds));
-  if (ds == NULL) {
-    strlist_free(&files);
-    return LARDER_ENOMEM;
-  }
-  ds->refs = 1;
-  ds->footers = opts->footers;
-  ds->files = calloc(files.n, sizeof(dataset_file_t));
-  if (ds->files == NULL) {
-    rc = LARDER_ENOMEM;
-    goto fail;
-  }
-  ds->num_files = (uint32_t)files.n;
-  for (size_t i = 0; i < files.n; i++) ds->files[i].fd = -1;
-  for (size_t i = 0; i < files.n && rc == 0; i++) {
+  return 0;
+}
+
+/* Opens ds's files (the paths in files) with their footers and the
+ * projection of columns.  Returns 0, or a code with a message in err (the
+ * files opened so far stay in ds, for dataset_free). */
+static int open_files(dataset_t *ds, const strlist *files, const char *const *columns,
+                      size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
+  int rc = 0;
+  cred_saved_t saved;
+  ds->files = calloc(files->n, sizeof(dataset_file_t));
+  if (ds->files == NULL) return LARDER_ENOMEM;
+  ds->num_files = (uint32_t)files->n;
+  for (size_t i = 0; i < files->n; i++) ds->files[i].fd = -1;
+  for (size_t i = 0; i < files->n && rc == 0; i++) {
     /* Each file is opened as the client, then read through that
      * descriptor alone, never by its path again.  One at a time: a file
      * whose footer another dataset holds gives its descriptor back at once,
      * so that an open of N files shared with other streams takes one more
      * descriptor, not N. */
     int fd = -1;
-    if (!remote_is_url(files.v[i])) {
+    if (!remote_is_url(files->v[i])) {
       rc = cred_enter(opts->peer, &saved, err, errlen);
       if (rc) break;
-      rc = open_local(files.v[i], opts->allowed_roots, &fd, err, errlen);
+      rc = open_local(files->v[i], opts->allowed_roots, &fd, err, errlen);
       cred_leave(&saved);
       if (rc) break;
     }
-    rc = open_file(&ds->files[i], files.v[i], fd, columns, ncols, opts, err, errlen);
+    rc = open_file(&ds->files[i], files->v[i], fd, columns, ncols, opts, err, errlen);
   }
-  if (rc) goto fail;
+  return rc;
+}
 
-  /* Every file must serve the same columns with the same types. */
+/* Sets ds's schema (the first file's projection) and column hashes, and
+ * checks that every file serves the same columns with the same types.
+ * Returns 0, or a code with a message in err. */
+static int check_schemas(dataset_t *ds, char *err, size_t errlen) {
   ds->schema = pq_projection_schema(ds->files[0].proj);
   ds->num_columns = ds->schema->num_children;
   ds->column_hash = calloc((size_t)ds->num_columns + 1, sizeof(uint64_t));
-  if (ds->column_hash == NULL) {
-    rc = LARDER_ENOMEM;
-    goto fail;
-  }
+  if (ds->column_hash == NULL) return LARDER_ENOMEM;
   for (int c = 0; c < ds->num_columns; c++)
     ds->column_hash[c] = layout_field_hash(&ds->schema->children[c]);
   for (uint32_t i = 1; i < ds->num_files; i++) {
@@ -747,12 +745,18 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
                           errlen)) {
       size_t len = strlen(err);
       snprintf(err + len, errlen - len, "; a dataset's files must share the projected schema");
-      rc = LARDER_EINVAL;
-      goto fail;
+      return LARDER_EINVAL;
     }
   }
-  /* Before anything is planned or allocated from the footers' row counts:
-   * every row has at least one value (a null, or a level) in every column
+  return 0;
+}
+
+/* Checks the footers' row counts before anything is planned or allocated
+ * from them.  Returns 0, or LARDER_ECORRUPT / LARDER_ELIMIT with a message
+ * in err. */
+static int check_row_counts(const dataset_t *ds, const dataset_options_t *opts, char *err,
+                            size_t errlen) {
+  /* Every row has at least one value (a null, or a level) in every column
    * the stream reads, and the units they make stay countable, so that a
    * footer claiming 2^30 rows in a few bytes never plans a billion-row
    * window.  A row group that no unit size could cut into few enough units
@@ -772,16 +776,14 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
         snprintf(err, errlen, "%s: row group %d claims %lld rows, but column '%s' holds %lld values",
                  ds->files[i].name, g, (long long)rg->num_rows, fm->leaves[c]->path,
                  (long long)rg->columns[c].num_values);
-        rc = LARDER_ECORRUPT;
-        goto fail;
+        return LARDER_ECORRUPT;
       }
       if ((uint64_t)rg->num_rows > max_rows) {
         snprintf(err, errlen,
                  "%s: row group %d claims %lld rows, more than any dataset may hold (%llu); its "
                  "footer is likely corrupt",
                  ds->files[i].name, g, (long long)rg->num_rows, (unsigned long long)max_rows);
-        rc = LARDER_ECORRUPT;
-        goto fail;
+        return LARDER_ECORRUPT;
       }
       units += units_in_row_group(rg, row_bytes, opts);
     }
@@ -792,50 +794,77 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
              "raise unit_rows or unit_bytes",
              (unsigned long long)units, (unsigned)opts->unit_rows,
              (unsigned long long)opts->unit_bytes, (unsigned long long)DATASET_MAX_UNITS);
-    rc = LARDER_ELIMIT;
-    goto fail;
+    return LARDER_ELIMIT;
   }
+  return 0;
+}
+
+/* Cuts ds's files into units, numbers their row groups, and makes the
+ * dataset's row plan.  Returns 0, or a code with a message in err (a
+ * dataset without rows is refused). */
+static int cut_dataset(dataset_t *ds, const dataset_options_t *opts, char *err, size_t errlen) {
   size_t nu = 0, cap = 0;
   int oom = 0;
   for (uint32_t i = 0; i < ds->num_files && !oom; i++) cut_units(ds, i, opts, &ds->units, &nu, &cap, &oom);
-  if (oom || nu > UINT32_MAX) {
-    rc = LARDER_ENOMEM;
-    goto fail;
-  }
+  if (oom || nu > UINT32_MAX) return LARDER_ENOMEM;
   ds->num_units = (uint32_t)nu;
   for (uint32_t i = 0; i < ds->num_files; i++) {
     ds->files[i].first_rg = ds->num_rgs;
     ds->num_rgs += (uint32_t)pq_file_meta(ds->files[i].pq)->num_row_groups;
   }
   ds->rg_busy = calloc((size_t)ds->num_rgs + 1, sizeof(int));
-  if (ds->rg_busy == NULL) {
-    rc = LARDER_ENOMEM;
-    goto fail;
-  }
-  if (layout_rowplan_make(ds->schema, &ds->rowplan) != 0) {
-    rc = LARDER_ENOMEM;
-    goto fail;
-  }
+  if (ds->rg_busy == NULL) return LARDER_ENOMEM;
+  if (layout_rowplan_make(ds->schema, &ds->rowplan) != 0) return LARDER_ENOMEM;
   if (ds->total_rows == 0) {
     snprintf(err, errlen, "the dataset has no rows: its %u file%s hold%s none", ds->num_files,
              ds->num_files == 1 ? "" : "s", ds->num_files == 1 ? "s" : "");
-    rc = LARDER_EINVAL;
-    goto fail;
+    return LARDER_EINVAL;
   }
+  return 0;
+}
+
+/* The dataset's key: a hash of the unit settings, its files' identities
+ * and its columns.  Datasets with equal keys cut the same units. */
+static uint64_t dataset_key(const dataset_t *ds, const dataset_options_t *opts) {
   uint64_t h = util_hash64(&opts->unit_rows, sizeof(opts->unit_rows), 0);
   h = util_hash64(&opts->unit_bytes, sizeof(opts->unit_bytes), h);
   for (uint32_t i = 0; i < ds->num_files; i++) {
     h = util_hash64(&ds->files[i].object_id, 8, h);
   }
   for (int c = 0; c < ds->num_columns; c++) h = util_hash64(&ds->column_hash[c], 8, h);
-  ds->key = h;
+  return h;
+}
+
+int dataset_open(const char *const *sources, size_t n, const char *const *columns,
+                 size_t ncols, const dataset_options_t *opts, dataset_t **out, char *err,
+                 size_t errlen) {
+  *out = NULL;
+  if (n == 0) {
+    snprintf(err, errlen, "no sources given");
+    return LARDER_EINVAL;
+  }
+  strlist files = {0};
+  int rc = list_files(sources, n, opts, &files, err, errlen);
+  if (rc) return rc;
+  dataset_t *ds = calloc(1, sizeof(*ds));
+  if (ds == NULL) {
+    strlist_free(&files);
+    return LARDER_ENOMEM;
+  }
+  ds->refs = 1;
+  ds->footers = opts->footers;
+  rc = open_files(ds, &files, columns, ncols, opts, err, errlen);
+  if (rc == 0) rc = check_schemas(ds, err, errlen);
+  if (rc == 0) rc = check_row_counts(ds, opts, err, errlen);
+  if (rc == 0) rc = cut_dataset(ds, opts, err, errlen);
   strlist_free(&files);
+  if (rc) {
+    dataset_free(ds);
+    return rc;
+  }
+  ds->key = dataset_key(ds, opts);
   *out = ds;
   return 0;
-fail:
-  strlist_free(&files);
-  dataset_free(ds);
-  return rc;
 }
 
 void dataset_free(dataset_t *ds) {
@@ -927,4 +956,30 @@ uint32_t dataset_window_units(const dataset_t *ds, uint64_t window_bytes) {
   if (w > DATASET_MAX_WINDOW_ROWS / rows_per_unit) w = DATASET_MAX_WINDOW_ROWS / rows_per_unit;
   if (w < 1) w = 1;
   return (uint32_t)w;
+}
+
+void dataset_register_objects(store_t *store, const dataset_t *ds) {
+  if (store == NULL) return;
+  for (uint32_t i = 0; i < ds->num_files; i++) {
+    const dataset_file_t *f = &ds->files[i];
+    char name[1024];
+    if (f->remote) fetch_redact(f->path, name, sizeof(name));
+    else snprintf(name, sizeof(name), "%s", f->path);
+    store_object_t o = {f->object_id, name, f->identity};
+    store_object_put(store, &o);
+  }
+}
+
+char *dataset_sources_label(char *const *sources, size_t n) {
+  /* The first source, and how many more: a job may name thousands of
+   * shards, and the label ends up in every metric series of the stream. */
+  char red[1024] = "";
+  if (n > 0) {
+    if (remote_is_url(sources[0])) fetch_redact(sources[0], red, sizeof(red));
+    else snprintf(red, sizeof(red), "%s", sources[0]);
+  }
+  if (n <= 1) return strdup(red);
+  char *out = NULL;
+  if (asprintf(&out, "%s (+%zu more)", red, n - 1) < 0) return NULL;
+  return out;
 }

@@ -137,6 +137,20 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
                  char *err, size_t errlen);
 void dataset_free(dataset_t *ds);
 
+/* Records ds's files in the cache's object index (their names, URLs
+ * redacted with fetch_redact, and identities: what `larderctl ls` and
+ * `evict` show and match).  Nothing when store is NULL; a failed write is
+ * left to the store's own reporting.  Any thread (a worker, after
+ * dataset_open). */
+void dataset_register_objects(store_t *store, const dataset_t *ds);
+
+/* What stats, clients and metrics show of a dataset named by n sources:
+ * its first source (a URL without credentials or query string:
+ * fetch_redact) and " (+N more)" when there are more; "" for none.
+ * Returns a malloc'd string the caller frees, or NULL when out of memory.
+ * Any thread. */
+char *dataset_sources_label(char *const *sources, size_t n);
+
 /* The descriptor through which a local file of a dataset is read (opened
  * when the dataset was, with its client's credentials, and kept while the
  * dataset lives; shared through the footer table), or -1 for a remote

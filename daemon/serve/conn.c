@@ -18,6 +18,9 @@
 
 #include "serve/cuda.h"
 #include "log.h"
+#include "serve/admin.h"
+#include "serve/conn.h"
+#include "serve/stream.h"
 #include "serve/server.h"
 #include "util.h"
 
@@ -72,7 +75,7 @@ static void on_close(uv_handle_t *h) {
   if (c->next) c->next->prev = c->prev;
   while (c->pending) pending_free(pending_pop(c));
   free(c->rbuf);
-  pq_strbuf_free(&c->cork);
+  strbuf_free(&c->cork);
   free(c->groups); /* larder ACL: SO_PEERGROUPS */
   STATS_SUB(&srv->stats, clients, 1);
   free(c);
@@ -253,9 +256,8 @@ static void flush_pending(conn_t *c) {
 /* Writes the frames collected in the cork, in one write. */
 static int flush_cork(conn_t *c) {
   if (c->cork.len == 0) return 0;
-  uint8_t *buf = (uint8_t *)c->cork.data;
-  size_t len = c->cork.len;
-  memset(&c->cork, 0, sizeof(c->cork)); /* queue_write owns buf now */
+  size_t len;
+  uint8_t *buf = (uint8_t *)strbuf_take(&c->cork, &len); /* queue_write's now */
   if (c->closing || c->draining || c->broken) {
     free(buf);
     return LARDER_ECLOSED;
@@ -296,7 +298,7 @@ static int send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int n
    * finish in one iteration, and the answers to one read's releases, then
    * leave in one write, which the trainer reads in one call. */
   if (num_fds == 0 && c->pending == NULL) {
-    int rc = pq_strbuf_append(&c->cork, (const char *)buf, len);
+    int rc = strbuf_append(&c->cork, buf, len);
     free(buf);
     if (rc) conn_fail(c);
     return rc;

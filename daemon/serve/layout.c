@@ -479,18 +479,12 @@ static int gather_singletons(gather_ctx *g, const pq_field_t *f, int me, const s
   return 1;
 }
 
-/* Spans are passed as a position in the scratch stack, not a pointer: a
- * list level pushes its children's spans, which may move the stack. */
-static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first, size_t ns) {
-  const span_t *spans = (*g->scratch)->spans + first;
-  int me = (*k)++;
-  int fast = gather_singletons(g, f, me, spans, ns);
-  if (fast) return fast < 0 ? fast : 0;
-  layout_node_t nd;
-  memset(&nd, 0, sizeof(nd));
+/* The length and null count of node me over the spans, into nd.  Offsets
+ * of shuffled samples are random reads: this pass starts the misses of the
+ * coming spans, so that the copies after it find them in cache. */
+static void gather_count(const pq_field_t *f, int me, const span_t *spans, size_t ns,
+                         layout_node_t *nd) {
   int64_t len = 0, nulls = 0;
-  /* Offsets of shuffled samples are random reads: start the misses of the
-   * coming spans now, so that the sizing pass below finds them in cache. */
   int has_offsets = is_var(f) || is_list(f);
   for (size_t s = 0; s < ns; s++) {
     if (has_offsets && s + GATHER_AHEAD < ns) {
@@ -502,44 +496,56 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
     len += spans[s].count;
     nulls += count_nulls(spans[s].view, me, spans[s].start, spans[s].count);
   }
-  nd.length = len;
-  nd.null_count = f->type == LARDER_TYPE_NULL ? len : nulls;
-  if (nd.null_count > 0) {
-    uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd.validity_offset);
-    nd.validity_length = (uint64_t)(len + 7) / 8;
-    if (v) {
-      memset(v, 0, (size_t)nd.validity_length);
-      int64_t pos = 0;
-      if (f->type != LARDER_TYPE_NULL) {
-        for (size_t s = 0; s < ns; s++) {
-          const span_t *sp = &spans[s];
-          const layout_node_t *src = &sp->view->nodes[me];
-          if (src->null_count == 0) set_bits(v, pos, sp->count);
-          else copy_bits(v, pos, node_buf(sp->view, me, 0), sp->start, sp->count);
-          pos += sp->count;
-        }
-      }
-    }
+  nd->length = len;
+  nd->null_count = f->type == LARDER_TYPE_NULL ? len : nulls;
+}
+
+/* The validity bitmap of node me, when it has nulls (all clear for a NULL
+ * column). */
+static void gather_validity(gather_ctx *g, const pq_field_t *f, int me, const span_t *spans,
+                            size_t ns, layout_node_t *nd) {
+  int64_t len = nd->length;
+  uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd->validity_offset);
+  nd->validity_length = (uint64_t)(len + 7) / 8;
+  if (v == NULL) return;
+  memset(v, 0, (size_t)nd->validity_length);
+  int64_t pos = 0;
+  if (f->type == LARDER_TYPE_NULL) return;
+  for (size_t s = 0; s < ns; s++) {
+    const span_t *sp = &spans[s];
+    const layout_node_t *src = &sp->view->nodes[me];
+    if (src->null_count == 0) set_bits(v, pos, sp->count);
+    else copy_bits(v, pos, node_buf(sp->view, me, 0), sp->start, sp->count);
+    pos += sp->count;
   }
-  size_t w = pq_field_value_width(f);
-  if (f->type == LARDER_TYPE_BOOL) {
-    uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd.values_offset);
-    nd.values_length = (uint64_t)(len + 7) / 8;
-    if (v) {
-      memset(v, 0, (size_t)nd.values_length);
-      int64_t pos = 0;
-      for (size_t s = 0; s < ns; s++) {
-        copy_bits(v, pos, node_buf(spans[s].view, me, 2), spans[s].start, spans[s].count);
-        pos += spans[s].count;
-      }
-    }
-  } else if (w) {
-    uint8_t *v = take(g, (uint64_t)len * w, &nd.values_offset);
-    nd.values_length = (uint64_t)len * w;
-    if (v) {
-      uint8_t *o = v;
-      /* Each span is a random read (a list's elements, say): prefetch the
-       * first and last line of the span GATHER_AHEAD ahead. */
+}
+
+/* The values of a BOOL node: bits. */
+static void gather_bools(gather_ctx *g, int me, const span_t *spans, size_t ns,
+                         layout_node_t *nd) {
+  int64_t len = nd->length;
+  uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd->values_offset);
+  nd->values_length = (uint64_t)(len + 7) / 8;
+  if (v == NULL) return;
+  memset(v, 0, (size_t)nd->values_length);
+  int64_t pos = 0;
+  for (size_t s = 0; s < ns; s++) {
+    copy_bits(v, pos, node_buf(spans[s].view, me, 2), spans[s].start, spans[s].count);
+    pos += spans[s].count;
+  }
+}
+
+/* The values of a node of fixed width w bytes (4 and 8 have copies of
+ * their own, which the compiler makes into moves). */
+static void gather_fixed(gather_ctx *g, int me, const span_t *spans, size_t ns, size_t w,
+                         layout_node_t *nd) {
+  int64_t len = nd->length;
+  uint8_t *v = take(g, (uint64_t)len * w, &nd->values_offset);
+  nd->values_length = (uint64_t)len * w;
+  if (v == NULL) return;
+  uint8_t *o = v;
+  /* Each span is a random read (a list's elements, say): prefetch the
+   * first and last line of the span GATHER_AHEAD ahead. */
 #define GATHER_SPAN_PREFETCH(s)                                                      \
   if ((s) + GATHER_AHEAD < ns) {                                                     \
     const span_t *a = &spans[(s) + GATHER_AHEAD];                                    \
@@ -547,89 +553,132 @@ static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first,
     __builtin_prefetch(p);                                                           \
     __builtin_prefetch(p + (size_t)a->count * w - 1);                                \
   }
-      if (w == 4) {
-        for (size_t s = 0; s < ns; s++) {
-          GATHER_SPAN_PREFETCH(s)
-          const uint8_t *src = node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * 4;
-          if (spans[s].count == 1) memcpy(o, src, 4);
-          else memcpy(o, src, (size_t)spans[s].count * 4);
-          o += (size_t)spans[s].count * 4;
-        }
-      } else if (w == 8) {
-        for (size_t s = 0; s < ns; s++) {
-          GATHER_SPAN_PREFETCH(s)
-          const uint8_t *src = node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * 8;
-          if (spans[s].count == 1) memcpy(o, src, 8);
-          else memcpy(o, src, (size_t)spans[s].count * 8);
-          o += (size_t)spans[s].count * 8;
-        }
-      } else {
-        for (size_t s = 0; s < ns; s++) {
-          GATHER_SPAN_PREFETCH(s)
-          memcpy(o, node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * w,
-                 (size_t)spans[s].count * w);
-          o += (size_t)spans[s].count * w;
-        }
-      }
-#undef GATHER_SPAN_PREFETCH
+  if (w == 4) {
+    for (size_t s = 0; s < ns; s++) {
+      GATHER_SPAN_PREFETCH(s)
+      const uint8_t *src = node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * 4;
+      if (spans[s].count == 1) memcpy(o, src, 4);
+      else memcpy(o, src, (size_t)spans[s].count * 4);
+      o += (size_t)spans[s].count * 4;
     }
+  } else if (w == 8) {
+    for (size_t s = 0; s < ns; s++) {
+      GATHER_SPAN_PREFETCH(s)
+      const uint8_t *src = node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * 8;
+      if (spans[s].count == 1) memcpy(o, src, 8);
+      else memcpy(o, src, (size_t)spans[s].count * 8);
+      o += (size_t)spans[s].count * 8;
+    }
+  } else {
+    for (size_t s = 0; s < ns; s++) {
+      GATHER_SPAN_PREFETCH(s)
+      memcpy(o, node_buf(spans[s].view, me, 2) + (size_t)spans[s].start * w,
+             (size_t)spans[s].count * w);
+      o += (size_t)spans[s].count * w;
+    }
+  }
+#undef GATHER_SPAN_PREFETCH
+}
+
+/* The offsets of a variable-width or LIST node, rebased to start at 0, and
+ * in *total the bytes (or child rows) they span.  Returns 0, or
+ * LARDER_ELIMIT when that passes INT32_MAX (the batch cannot hold it). */
+static int gather_offsets(gather_ctx *g, int me, const span_t *spans, size_t ns,
+                          layout_node_t *nd, uint64_t *total) {
+  int64_t len = nd->length;
+  *total = 0;
+  for (size_t s = 0; s < ns; s++) {
+    const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
+    *total += (uint64_t)(off[spans[s].start + spans[s].count] - off[spans[s].start]);
+  }
+  if (*total > INT32_MAX) return LARDER_ELIMIT;
+  int32_t *o = (int32_t *)(void *)take(g, (uint64_t)(len + 1) * 4, &nd->offsets_offset);
+  nd->offsets_length = (uint64_t)(len + 1) * 4;
+  if (o == NULL) return 0;
+  int32_t cur = 0;
+  int64_t pos = 0;
+  o[0] = 0;
+  for (size_t s = 0; s < ns; s++) {
+    const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
+    int32_t base_off = off[spans[s].start];
+    for (int64_t i = 0; i < spans[s].count; i++)
+      o[++pos] = cur + (off[spans[s].start + i + 1] - base_off);
+    cur = o[pos];
+  }
+  return 0;
+}
+
+/* The bytes of a variable-width node (total of them, gather_offsets). */
+static void gather_bytes(gather_ctx *g, int me, const span_t *spans, size_t ns, uint64_t total,
+                         layout_node_t *nd) {
+  uint8_t *v = take(g, total, &nd->values_offset);
+  nd->values_length = total;
+  if (v == NULL) return;
+  for (size_t s = 0; s < ns; s++) {
+    if (s + GATHER_AHEAD < ns) {
+      const span_t *p = &spans[s + GATHER_AHEAD];
+      const int32_t *po = (const int32_t *)(const void *)node_buf(p->view, me, 1);
+      const uint8_t *pv = node_buf(p->view, me, 2);
+      __builtin_prefetch(pv + po[p->start]);
+      __builtin_prefetch(pv + po[p->start + p->count] - 1);
+    }
+    const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
+    int32_t a = off[spans[s].start], b = off[spans[s].start + spans[s].count];
+    memcpy(v, node_buf(spans[s].view, me, 2) + a, (size_t)(b - a));
+    v += b - a;
+  }
+}
+
+static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first, size_t ns);
+
+/* A LIST node's elements: one child span per source span (pushed on the
+ * scratch stack, above the spans at first), gathered as node *k on.  nd
+ * (the list's own node) is written first, as gather_node would.  Returns
+ * 0 or a negative code. */
+static int gather_list_elements(gather_ctx *g, const pq_field_t *f, int *k, int me, size_t first,
+                                size_t ns, const layout_node_t *nd) {
+  size_t mark = (*g->scratch)->len;
+  if (scratch_push(g->scratch, ns ? ns : 1) == NULL) return LARDER_ENOMEM;
+  const span_t *spans = (*g->scratch)->spans + first; /* the push may have moved them */
+  span_t *child = (*g->scratch)->spans + mark;
+  size_t nc = 0;
+  for (size_t s = 0; s < ns; s++) {
+    const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
+    int32_t a = off[spans[s].start], b = off[spans[s].start + spans[s].count];
+    if (b > a) child[nc++] = (span_t){spans[s].view, a, b - a};
+  }
+  if (g->fill) g->nodes[me] = *nd;
+  int rc = gather_node(g, &f->children[0], k, mark, nc);
+  (*g->scratch)->len = mark;
+  return rc;
+}
+
+/* Gathers field f's node (number *k, then its children's) from the spans
+ * at first (ns of them) in the scratch stack: sizes only, or fills the
+ * batch when g->fill.  Spans are passed as a position in the scratch
+ * stack, not a pointer: a list level pushes its children's spans, which
+ * may move the stack.  Returns 0 or a negative code. */
+static int gather_node(gather_ctx *g, const pq_field_t *f, int *k, size_t first, size_t ns) {
+  const span_t *spans = (*g->scratch)->spans + first;
+  int me = (*k)++;
+  int fast = gather_singletons(g, f, me, spans, ns);
+  if (fast) return fast < 0 ? fast : 0;
+  layout_node_t nd;
+  memset(&nd, 0, sizeof(nd));
+  gather_count(f, me, spans, ns, &nd);
+  if (nd.null_count > 0) gather_validity(g, f, me, spans, ns, &nd);
+  size_t w = pq_field_value_width(f);
+  if (f->type == LARDER_TYPE_BOOL) {
+    gather_bools(g, me, spans, ns, &nd);
+  } else if (w) {
+    gather_fixed(g, me, spans, ns, w, &nd);
   } else if (is_var(f) || is_list(f)) {
     /* Offsets, then either the bytes or the child's rows. */
-    uint64_t total = 0;
-    for (size_t s = 0; s < ns; s++) {
-      const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
-      total += (uint64_t)(off[spans[s].start + spans[s].count] - off[spans[s].start]);
-    }
-    if (total > INT32_MAX) return LARDER_ELIMIT;
-    int32_t *o = (int32_t *)(void *)take(g, (uint64_t)(len + 1) * 4, &nd.offsets_offset);
-    nd.offsets_length = (uint64_t)(len + 1) * 4;
-    if (o) {
-      int32_t cur = 0;
-      int64_t pos = 0;
-      o[0] = 0;
-      for (size_t s = 0; s < ns; s++) {
-        const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
-        int32_t base_off = off[spans[s].start];
-        for (int64_t i = 0; i < spans[s].count; i++)
-          o[++pos] = cur + (off[spans[s].start + i + 1] - base_off);
-        cur = o[pos];
-      }
-    }
-    if (is_var(f)) {
-      uint8_t *v = take(g, total, &nd.values_offset);
-      nd.values_length = total;
-      if (v) {
-        for (size_t s = 0; s < ns; s++) {
-          if (s + GATHER_AHEAD < ns) {
-            const span_t *p = &spans[s + GATHER_AHEAD];
-            const int32_t *po = (const int32_t *)(const void *)node_buf(p->view, me, 1);
-            const uint8_t *pv = node_buf(p->view, me, 2);
-            __builtin_prefetch(pv + po[p->start]);
-            __builtin_prefetch(pv + po[p->start + p->count] - 1);
-          }
-          const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
-          int32_t a = off[spans[s].start], b = off[spans[s].start + spans[s].count];
-          memcpy(v, node_buf(spans[s].view, me, 2) + a, (size_t)(b - a));
-          v += b - a;
-        }
-      }
-    } else {
-      /* The elements: one span per source span. */
-      size_t mark = (*g->scratch)->len;
-      if (scratch_push(g->scratch, ns ? ns : 1) == NULL) return LARDER_ENOMEM;
-      spans = (*g->scratch)->spans + first; /* the push may have moved them */
-      span_t *child = (*g->scratch)->spans + mark;
-      size_t nc = 0;
-      for (size_t s = 0; s < ns; s++) {
-        const int32_t *off = (const int32_t *)(const void *)node_buf(spans[s].view, me, 1);
-        int32_t a = off[spans[s].start], b = off[spans[s].start + spans[s].count];
-        if (b > a) child[nc++] = (span_t){spans[s].view, a, b - a};
-      }
-      if (g->fill) g->nodes[me] = nd;
-      int rc = gather_node(g, &f->children[0], k, mark, nc);
-      (*g->scratch)->len = mark;
-      return rc;
-    }
+    uint64_t total;
+    int rc = gather_offsets(g, me, spans, ns, &nd, &total);
+    if (rc) return rc;
+    if (!is_var(f)) return gather_list_elements(g, f, k, me, first, ns, &nd);
+    gather_bytes(g, me, spans, ns, total, &nd);
   } else if (f->type == LARDER_TYPE_STRUCT) {
     if (g->fill) g->nodes[me] = nd;
     for (int i = 0; i < f->num_children; i++) {

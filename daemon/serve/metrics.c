@@ -15,6 +15,8 @@
 #include "log.h"
 #include "serve/metrics.h"
 #include "fetch/remote.h"
+#include "serve/conn.h"
+#include "serve/stream.h"
 #include "serve/server.h"
 #include "util.h"
 

@@ -27,6 +27,10 @@
 #include "cred.h"
 #include "log.h"
 #include "serve/metrics.h"
+#include "serve/admin.h"
+#include "serve/conn.h"
+#include "serve/stream.h"
+#include "serve/units.h"
 #include "serve/server.h"
 #include "util.h"
 
@@ -78,9 +82,39 @@ static void expire_boost(server_t *srv) {
   }
 }
 
-void server_task_begin(server_t *srv) { srv->tasks_in_flight++; }
+/* A resolution under way (server_resolve): the caller's callback, and the
+ * server whose count it is in. */
+typedef struct resolve {
+  server_t *srv;
+  remote_cb cb;
+  void *arg;
+} resolve_t;
 
-void server_task_end(server_t *srv) { srv->tasks_in_flight--; }
+static void on_resolve_done(int status, const char *message, remote_object_t *objects,
+                            size_t count, void *arg) {
+  resolve_t *r = arg;
+  r->srv->resolves_in_flight--;
+  remote_cb cb = r->cb;
+  void *cb_arg = r->arg;
+  free(r);
+  cb(status, message, objects, count, cb_arg);
+}
+
+int server_resolve(server_t *srv, const char *const *sources, size_t n, remote_cb cb, void *arg) {
+  resolve_t *r = malloc(sizeof(*r));
+  if (r == NULL) return LARDER_ENOMEM;
+  r->srv = srv;
+  r->cb = cb;
+  r->arg = arg;
+  srv->resolves_in_flight++;
+  int rc = remote_resolve(srv->fetch, srv->remote_footers, sources, n,
+                          (uint32_t)srv->cfg.footer_guess, (uint32_t)64 << 20, on_resolve_done, r);
+  if (rc) {
+    srv->resolves_in_flight--;
+    free(r);
+  }
+  return rc;
+}
 
 static void on_connection(uv_stream_t *listener, int status);
 
@@ -282,7 +316,8 @@ static void on_flush(uv_prepare_t *h) {
 }
 
 static void finish_shutdown(server_t *srv) {
-  /* Called from the tick once no task is in flight and no client is left.
+  /* Called from the tick once no task is in flight (work_pool_pending), no
+   * resolution is under way (server_resolve) and no client is left.
    * The fetches end first: their callbacks may still queue tasks, which the
    * pool then runs or cancels as it stops. */
   awscreds_stop(srv->awscreds);
@@ -597,7 +632,6 @@ static void trim_done(work_t *w, int cancelled) {
   (void)cancelled;
   server_t *srv = w->data;
   srv->trim_queued = 0;
-  server_task_end(srv);
 }
 
 /* Hands the heap that many freed footers left back to the system, on a
@@ -610,7 +644,6 @@ static void trim_heap(server_t *srv) {
   srv->trim_work.data = srv;
   if (work_queue_background(srv->pool, &srv->trim_work, trim_work, trim_done) == 0) {
     srv->trim_queued = 1;
-    server_task_begin(srv);
   }
 }
 
@@ -625,7 +658,8 @@ static void on_tick(uv_timer_t *t) {
           conn_close(c);
         }
     }
-    if (srv->tasks_in_flight == 0 && srv->conns == NULL) finish_shutdown(srv);
+    if (work_pool_pending(srv->pool) == 0 && srv->resolves_in_flight == 0 && srv->conns == NULL)
+      finish_shutdown(srv);
     return;
   }
   /* systemctl status shows this line (a no-op outside systemd). */
@@ -717,7 +751,7 @@ int server_run(server_t *srv) {
   srv->loop = uv_default_loop();
   srv->started_ns = util_now_ns();
   srv->started_unix = (int64_t)time(NULL);
-  units_init(srv);
+  units_init(srv, stream_read_ahead_all);
   if (footers_create(&srv->stats, &srv->footers) != 0 ||
       remote_footers_create(srv->cfg.remote_footer_memory, &srv->stats,
                             &srv->remote_footers) != 0) {

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "log.h"
+#include "serve/units.h"
 #include "serve/server.h"
 #include "util.h"
 
@@ -42,7 +43,8 @@ static uint64_t columns_hash_of(const dataset_t *ds) {
  * read-ahead, and must never walk a long chain (4096 fixed buckets made
  * chains of 250 at a million units, and the loop stopped answering).
  */
-void units_init(server_t *srv) {
+void units_init(server_t *srv, void (*room)(server_t *srv)) {
+  srv->units_room = room;
   memset(&srv->unit_table, 0, sizeof(srv->unit_table));
   memset(&srv->rgbuf_table, 0, sizeof(srv->rgbuf_table));
 }
@@ -322,7 +324,7 @@ static void rb_done(rgbuf_t *b) {
   /* Room in the read-ahead budget: the streams may ask for more. */
   if (freed && !srv->in_read_ahead) {
     srv->in_read_ahead = 1;
-    stream_read_ahead_all(srv);
+    if (srv->units_room) srv->units_room(srv);
     srv->in_read_ahead = 0;
   }
 }
@@ -652,17 +654,14 @@ static void note_admission(void) {
     log_notice("cache admission resumed: the disk has room again");
 }
 
-/* Offers the serialized columns of unit k to the cache. */
-static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8_t **blobs,
-                           const size_t *sizes, int *admitted) {
+int units_offer(store_t *st, const dataset_t *ds, uint32_t k, const void *const *data,
+                const size_t *sizes) {
   int nc = ds->num_columns;
-  *admitted = 0;
-  if (srv->store == NULL) return;
+  int result = UNITS_OFFER_SKIPPED;
   store_entry_t *entries = malloc((size_t)(nc ? nc : 1) * sizeof(*entries));
   store_key_t *keys = malloc((size_t)(nc ? nc : 1) * sizeof(*keys));
   uint64_t *usizes = malloc((size_t)(nc ? nc : 1) * sizeof(*usizes));
-  int *col = malloc((size_t)(nc ? nc : 1) * sizeof(*col));
-  if (entries == NULL || keys == NULL || usizes == NULL || col == NULL) goto out;
+  if (entries == NULL || keys == NULL || usizes == NULL) goto out;
   /* Offer only the columns the cache lacks.  Columns are cached per
    * column, and another job's projection may have cached some of them
    * already; offering those too would make store_reserve refuse the whole
@@ -673,45 +672,59 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   for (int c = 0; c < nc; c++) {
     store_key_t key;
     dataset_column_key(ds, k, c, &key);
-    if (store_contains(srv->store, &key)) continue;
-    col[n] = c;
+    if (store_contains(st, &key)) continue;
+    if (data[c] == NULL) goto out;
     keys[n] = key;
     usizes[n] = sizes[c];
+    entries[n].key = key;
+    entries[n].data = data[c];
+    entries[n].size = sizes[c];
     n++;
   }
   if (n == 0) {
-    *admitted = 1;
+    result = UNITS_OFFER_HELD;
     goto out;
   }
   const dataset_unit_t *du = &ds->units[k];
   uint64_t object_id = ds->files[du->file].object_id;
   /* store_reserve returns 1, 0, or a negative code; a negative code
    * (EINVAL, ENOMEM) means nothing was reserved either. */
-  if (store_reserve(srv->store, object_id, keys, usizes, n, du->priority) <= 0) {
-    note_refusal(srv);
+  if (store_reserve(st, object_id, keys, usizes, n, du->priority) <= 0) {
+    result = UNITS_OFFER_REFUSED;
     goto out;
   }
-  for (int i = 0; i < n; i++) {
-    entries[i].key = keys[i];
-    entries[i].data = blobs[col[i]];
-    entries[i].size = sizes[col[i]];
-  }
-  int rc = store_put(srv->store, object_id, du->priority, entries, n);
+  int rc = store_put(st, object_id, du->priority, entries, n);
   if (rc) {
-    store_unreserve(srv->store, keys, n);
-    if (rc != LARDER_ENOSPC)
-      log_warn("cache write of %s failed: %s", ds->files[du->file].name, larder_strerror(rc));
-    else
-      note_refusal(srv);
+    store_unreserve(st, keys, n);
+    result = rc;
     goto out;
   }
-  note_admission();
-  *admitted = 1;
+  result = UNITS_OFFER_WRITTEN;
 out:
   free(entries);
   free(keys);
   free(usizes);
-  free(col);
+  return result;
+}
+
+/* Offers the serialized columns of unit k to the cache (units_offer), and
+ * reports what came of it: a refusal or a failed write in the log (once
+ * for a full disk), an admission after a full disk too.  *admitted: whether
+ * the cache holds every column now. */
+static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8_t **blobs,
+                           const size_t *sizes, int *admitted) {
+  *admitted = 0;
+  if (srv->store == NULL) return;
+  int r = units_offer(srv->store, ds, k, (const void *const *)blobs, sizes);
+  if (r == UNITS_OFFER_REFUSED || r == LARDER_ENOSPC) {
+    note_refusal(srv);
+  } else if (r < 0) {
+    log_warn("cache write of %s failed: %s", ds->files[ds->units[k].file].name,
+             larder_strerror(r));
+  } else if (r == UNITS_OFFER_WRITTEN) {
+    note_admission();
+  }
+  *admitted = r == UNITS_OFFER_HELD || r == UNITS_OFFER_WRITTEN;
 }
 
 /* Decodes units [start, ...) of u's row group: u's own columns are kept in
@@ -1001,7 +1014,6 @@ void units_retry(server_t *srv) {
 static void load_done(work_t *w, int status) {
   unit_t *u = w->data;
   server_t *srv = u->srv;
-  server_task_end(srv);
   srv->loads_in_flight--;
   if (u->retry && status != UV_ECANCELED && !srv->shutting_down) {
     /* Its row group is being decoded by another load, which will cache
@@ -1074,10 +1086,10 @@ static void load_done(work_t *w, int status) {
    * so hold a reference. */
   u->refs++;
   int n = u->num_waiters;
-  stream_t **ws = u->waiters;
+  unit_waiter_t **ws = u->waiters;
   u->waiters = NULL;
   u->num_waiters = u->cap_waiters = 0;
-  for (int i = 0; i < n; i++) stream_units_changed(ws[i]);
+  for (int i = 0; i < n; i++) ws[i]->cb(ws[i]);
   free(ws);
   units_release(srv, u);
 }
@@ -1207,9 +1219,7 @@ int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cach
 static int queue_load(server_t *srv, unit_t *u) {
   u->work.data = u;
   srv->loads_in_flight++;
-  server_task_begin(srv);
   if (work_queue(srv->pool, &u->work, load_work, load_done) != 0) {
-    server_task_end(srv);
     srv->loads_in_flight--;
     return LARDER_ENOMEM;
   }
@@ -1234,7 +1244,6 @@ static void cancel_load(server_t *srv, unit_t *u) {
   if (u->ahead || u->rgbuf != NULL || __atomic_load_n(&u->retry, __ATOMIC_RELAXED) ||
       work_cancel(srv->pool, &u->work) != 0)
     return;
-  server_task_end(srv);
   srv->loads_in_flight--;
   STATS_ADD(&srv->stats, unit_loads_cancelled, 1);
   if (u->ds && --u->ds->refs == 0) dataset_free(u->ds);
@@ -1256,23 +1265,23 @@ void units_release(server_t *srv, unit_t *u) {
   }
 }
 
-int units_wait(unit_t *u, stream_t *s) {
+int units_wait(unit_t *u, unit_waiter_t *w) {
   for (int i = 0; i < u->num_waiters; i++)
-    if (u->waiters[i] == s) return 0;
+    if (u->waiters[i] == w) return 0;
   if (u->num_waiters == u->cap_waiters) {
     int cap = u->cap_waiters ? u->cap_waiters * 2 : 4;
-    stream_t **w = realloc(u->waiters, (size_t)cap * sizeof(stream_t *));
-    if (w == NULL) return LARDER_ENOMEM;
-    u->waiters = w;
+    unit_waiter_t **ws = realloc(u->waiters, (size_t)cap * sizeof(unit_waiter_t *));
+    if (ws == NULL) return LARDER_ENOMEM;
+    u->waiters = ws;
     u->cap_waiters = cap;
   }
-  u->waiters[u->num_waiters++] = s;
+  u->waiters[u->num_waiters++] = w;
   return 0;
 }
 
-void units_unwait(unit_t *u, stream_t *s) {
+void units_unwait(unit_t *u, unit_waiter_t *w) {
   for (int i = 0; i < u->num_waiters; i++)
-    if (u->waiters[i] == s) {
+    if (u->waiters[i] == w) {
       u->waiters[i] = u->waiters[--u->num_waiters];
       return;
     }
