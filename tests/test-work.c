@@ -460,12 +460,15 @@ TEST_IMPL(work_queue_quiet_wakes) {
   ASSERT_EQ(done, 1); /* taken once the loop woke */
   ASSERT_EQ(t[0].status, 0);
 
-  /* Flag clear: the task's end wakes the loop long before the timer. */
+  /* Flag clear: the task's end wakes the loop long before the timer.  It
+   * ends once the loop sleeps (quiet_run), so that the wakeup is its end's:
+   * a task done before the loop's prepare is taken there, and the loop
+   * then sleeps until the timer with nothing left to wake it. */
   atomic_store(&quiet, 0);
   atomic_store(&next_seq, 0);
   done = 0;
   ordered_init(t + 1, 1, &next_seq, &done);
-  ASSERT_OK(work_queue_quiet(p, &t[1].work, ordered_run, ordered_done, &quiet));
+  ASSERT_OK(work_queue_quiet(p, &t[1].work, quiet_run, ordered_done, &quiet));
   {
     quiet_probe_t late = {.task = &t[1], .done_at_timer = -1};
     uv_timer_t timer;
