@@ -27,7 +27,7 @@
 #include "fetch/fetch.h"
 #include "log.h"
 #include "serve/metrics.h"
-#include "fetch/remote.h"
+#include "fetch/version.h"
 #include "util.h"
 
 /* RQ_DEFERRED: the result is known when fetch_get is called (an object
@@ -893,7 +893,7 @@ static void whole_drop(fetch_t *f, const char *url) {
 static int serve_from_whole(fetch_req_t *r, int deferred) {
   whole_obj_t *w = find_whole(r->f, r->url);
   if (w == NULL) return 0;
-  if (!remote_same_version(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
+  if (!version_same(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
                            w->last_modified))
     return 0;
   uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
@@ -1080,7 +1080,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
         snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %lld bytes", where,
                  (unsigned long long)r->len, (long long)r->content_length);
       } else if ((r->ranged || r->range.suffix) &&
-                 !remote_same_version(r->known_size, r->known_etag, r->known_lm, r->len, r->etag,
+                 !version_same(r->known_size, r->known_etag, r->known_lm, r->len, r->etag,
                                       r->last_modified)) {
         /* A 200 answering a range that disagrees with the object the
          * stream opened is an error for this request, retried, and never
@@ -1166,7 +1166,7 @@ static void completed(fetch_req_t *r, CURLcode cc) {
      * stale: later ranges must come from the server, not from it.  Tested
      * by remote_hostile_no_range_change. */
     whole_obj_t *w = r->range.fresh ? find_whole(f, r->url) : NULL;
-    if (w && !remote_same_version(w->size, w->etag, w->last_modified, r->res.object_size,
+    if (w && !version_same(w->size, w->etag, w->last_modified, r->res.object_size,
                                   r->etag, r->last_modified))
       whole_drop(f, r->url);
     if (f->opts.stats) {
