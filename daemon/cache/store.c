@@ -130,7 +130,8 @@
  *                                    0 turns it off.  For hosts where a
  *                                    small filesystem cannot be mounted.
  *   store_test_crc32c_sw / _hw / _hw_available
- *                                    the two CRC32C implementations.
+ *                                    the two CRC32C implementations
+ *                                    (crc32c.c).
  */
 #include "cache/store.h"
 
@@ -148,20 +149,11 @@
 #include <rocksdb/c.h>
 
 #include "larder.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
-#define STORE_HAVE_X86_CRC 1
-#else
-#define STORE_HAVE_X86_CRC 0
-#endif
+#include "cache/crc32c.h"
 
 /* Test hooks, defined here and declared by tests/test-store.c only. */
 void store_test_advance_clock(store_t *st, int64_t seconds);
 void store_test_fail_writes(store_t *st, int code);
-uint32_t store_test_crc32c_sw(uint32_t crc, const void *data, size_t len);
-uint32_t store_test_crc32c_hw(uint32_t crc, const void *data, size_t len);
-int store_test_crc32c_hw_available(void);
 
 #define STORE_FORMAT_VERSION 1
 #define VALUE_MAGIC 0x5644524cu /* "LRDV" */
@@ -225,201 +217,6 @@ static uint64_t get_be64(const uint8_t *p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
   return v;
-}
-
-/* ------------------------------------------------------------------------ */
-/* CRC32C                                                                    */
-
-#define CRC32C_POLY 0x82f63b78u /* reflected Castagnoli polynomial */
-#define CRC_LONG 8192
-#define CRC_SHORT 256
-
-static uint32_t crc_table[8][256];     /* slicing-by-8 */
-static uint32_t crc_long_shift[4][256]; /* advance over CRC_LONG zero bytes */
-static uint32_t crc_short_shift[4][256];
-static int crc_have_hw;
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
-  uint32_t sum = 0;
-  while (vec) {
-    if (vec & 1) sum ^= *mat;
-    vec >>= 1;
-    mat++;
-  }
-  return sum;
-}
-
-static void gf2_square(uint32_t *square, const uint32_t *mat) {
-  for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
-}
-
-/* The operator that advances a raw CRC register over len zero bytes (len a
- * power of two), as a 32x32 GF(2) matrix. */
-static void crc_zeros_op(uint32_t *even, size_t len) {
-  uint32_t odd[32];
-  uint32_t row = 1;
-  odd[0] = CRC32C_POLY; /* one zero bit */
-  for (int n = 1; n < 32; n++) {
-    odd[n] = row;
-    row <<= 1;
-  }
-  gf2_square(even, odd); /* two zero bits */
-  gf2_square(odd, even); /* four zero bits */
-  /* Each square doubles the length: the first gives one byte. */
-  for (;;) {
-    gf2_square(even, odd);
-    len >>= 1;
-    if (len == 0) return;
-    gf2_square(odd, even);
-    len >>= 1;
-    if (len == 0) break;
-  }
-  memcpy(even, odd, sizeof(odd));
-}
-
-static void crc_zeros_table(uint32_t zeros[4][256], size_t len) {
-  uint32_t op[32];
-  crc_zeros_op(op, len);
-  for (uint32_t n = 0; n < 256; n++) {
-    zeros[0][n] = gf2_times(op, n);
-    zeros[1][n] = gf2_times(op, n << 8);
-    zeros[2][n] = gf2_times(op, n << 16);
-    zeros[3][n] = gf2_times(op, n << 24);
-  }
-}
-
-static uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
-  return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^
-         zeros[2][(crc >> 16) & 0xff] ^ zeros[3][crc >> 24];
-}
-
-static void crc_init(void) {
-  for (uint32_t n = 0; n < 256; n++) {
-    uint32_t c = n;
-    for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ CRC32C_POLY : c >> 1;
-    crc_table[0][n] = c;
-  }
-  for (uint32_t n = 0; n < 256; n++)
-    for (int k = 1; k < 8; k++)
-      crc_table[k][n] =
-          (crc_table[k - 1][n] >> 8) ^ crc_table[0][crc_table[k - 1][n] & 0xff];
-  crc_zeros_table(crc_long_shift, CRC_LONG);
-  crc_zeros_table(crc_short_shift, CRC_SHORT);
-#if STORE_HAVE_X86_CRC
-  __builtin_cpu_init();
-  crc_have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-#endif
-}
-
-static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len) {
-  const uint8_t *p = data;
-  uint32_t c = ~crc;
-  while (len && ((uintptr_t)p & 7)) {
-    c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-    len--;
-  }
-  while (len >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    w = __builtin_bswap64(w);
-#endif
-    w ^= c;
-    c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
-        crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
-        crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
-        crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
-    p += 8;
-    len -= 8;
-  }
-  while (len--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-  return ~c;
-}
-
-#if STORE_HAVE_X86_CRC
-static inline uint64_t load64(const uint8_t *p) {
-  uint64_t w;
-  memcpy(&w, p, 8);
-  return w;
-}
-
-/* Three independent streams hide the instruction's 3-cycle latency; their
- * registers are joined by advancing the earlier ones over the later blocks'
- * length with the zeros tables (CRC is linear over GF(2)). */
-__attribute__((target("sse4.2"))) static uint32_t
-crc32c_hw(uint32_t crc, const void *data, size_t len) {
-  const uint8_t *p = data;
-  uint64_t c0 = (uint32_t)~crc;
-  while (len && ((uintptr_t)p & 7)) {
-    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
-    len--;
-  }
-  while (len >= 3 * CRC_LONG) {
-    uint64_t c1 = 0, c2 = 0;
-    const uint8_t *end = p + CRC_LONG;
-    do {
-      c0 = _mm_crc32_u64(c0, load64(p));
-      c1 = _mm_crc32_u64(c1, load64(p + CRC_LONG));
-      c2 = _mm_crc32_u64(c2, load64(p + 2 * CRC_LONG));
-      p += 8;
-    } while (p < end);
-    c0 = crc_shift(crc_long_shift, (uint32_t)c0) ^ (uint32_t)c1;
-    c0 = crc_shift(crc_long_shift, (uint32_t)c0) ^ (uint32_t)c2;
-    p += 2 * CRC_LONG;
-    len -= 3 * CRC_LONG;
-  }
-  while (len >= 3 * CRC_SHORT) {
-    uint64_t c1 = 0, c2 = 0;
-    const uint8_t *end = p + CRC_SHORT;
-    do {
-      c0 = _mm_crc32_u64(c0, load64(p));
-      c1 = _mm_crc32_u64(c1, load64(p + CRC_SHORT));
-      c2 = _mm_crc32_u64(c2, load64(p + 2 * CRC_SHORT));
-      p += 8;
-    } while (p < end);
-    c0 = crc_shift(crc_short_shift, (uint32_t)c0) ^ (uint32_t)c1;
-    c0 = crc_shift(crc_short_shift, (uint32_t)c0) ^ (uint32_t)c2;
-    p += 2 * CRC_SHORT;
-    len -= 3 * CRC_SHORT;
-  }
-  while (len >= 8) {
-    c0 = _mm_crc32_u64(c0, load64(p));
-    p += 8;
-    len -= 8;
-  }
-  while (len) {
-    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
-    len--;
-  }
-  return ~(uint32_t)c0;
-}
-#endif
-
-uint32_t store_crc32c(uint32_t crc, const void *data, size_t len) {
-  pthread_once(&crc_once, crc_init);
-#if STORE_HAVE_X86_CRC
-  if (crc_have_hw) return crc32c_hw(crc, data, len);
-#endif
-  return crc32c_sw(crc, data, len);
-}
-
-uint32_t store_test_crc32c_sw(uint32_t crc, const void *data, size_t len) {
-  pthread_once(&crc_once, crc_init);
-  return crc32c_sw(crc, data, len);
-}
-
-uint32_t store_test_crc32c_hw(uint32_t crc, const void *data, size_t len) {
-  pthread_once(&crc_once, crc_init);
-#if STORE_HAVE_X86_CRC
-  if (crc_have_hw) return crc32c_hw(crc, data, len);
-#endif
-  return crc32c_sw(crc, data, len);
-}
-
-int store_test_crc32c_hw_available(void) {
-  pthread_once(&crc_once, crc_init);
-  return crc_have_hw;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -894,8 +691,8 @@ static void encode_value_header(uint8_t *h, uint32_t crc, uint64_t len) {
   put_u16(h + 6, 0);
   put_u32(h + 8, crc);
   put_u64(h + 16, len);
-  uint32_t hc = store_crc32c(0, h, 12);
-  hc = store_crc32c(hc, h + 16, 16);
+  uint32_t hc = cache_crc32c(0, h, 12);
+  hc = cache_crc32c(hc, h + 16, 16);
   put_u32(h + 12, hc);
 }
 
@@ -905,13 +702,13 @@ static int check_value(const uint8_t *v, size_t vlen, uint64_t expect) {
   if (vlen < VALUE_HDR) return LARDER_ECHECKSUM;
   if (get_u32(v) != VALUE_MAGIC || get_u16(v + 4) != STORE_FORMAT_VERSION)
     return LARDER_ECHECKSUM;
-  uint32_t hc = store_crc32c(0, v, 12);
-  hc = store_crc32c(hc, v + 16, 16);
+  uint32_t hc = cache_crc32c(0, v, 12);
+  hc = cache_crc32c(hc, v + 16, 16);
   if (hc != get_u32(v + 12)) return LARDER_ECHECKSUM;
   uint64_t len = get_u64(v + 16);
   if (len != vlen - VALUE_HDR) return LARDER_ECHECKSUM;
   if (expect != UINT64_MAX && len != expect) return LARDER_ECHECKSUM;
-  if (store_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8))
+  if (cache_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8))
     return LARDER_ECHECKSUM;
   return 0;
 }
@@ -2272,7 +2069,7 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   }
   /* Checksums first, holding no lock. */
   for (int i = 0; i < n; i++) {
-    uint32_t crc = store_crc32c(0, entries[i].data, entries[i].size);
+    uint32_t crc = cache_crc32c(0, entries[i].data, entries[i].size);
     encode_value_header(hdrs + (size_t)i * VALUE_HDR, crc, entries[i].size);
   }
   /* Claim the reservations. */
@@ -2605,4 +2402,9 @@ void store_stats_get(store_t *st, store_stats_t *out) {
   out->disk_needed_bytes = st->low_space ? st->low_need : 0;
   out->write_error = st->writes_off ? st->writes_off_code : st->low_space ? LARDER_ENOSPC : 0;
   pthread_mutex_unlock(&st->mu);
+}
+
+/* The checksum store.h offers: crc32c.c's. */
+uint32_t store_crc32c(uint32_t crc, const void *data, size_t len) {
+  return cache_crc32c(crc, data, len);
 }
