@@ -1606,7 +1606,8 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
   size_t nm = 0;
   entry_t **miss = rc == 0 ? index_collect(&st->ix, pick_missing, &snap_gen, &nm) : NULL;
   if (rc == 0 && miss == NULL) rc = LARDER_ENOMEM;
-  for (size_t i = 0; i < nm; i++) {
+  /* index_collect leaves nm at 0 when it returns NULL. */
+  for (size_t i = 0; miss != NULL && i < nm; i++) {
     nchecked++;
     nbad++;
     index_drop_present(&st->ix, miss[i]);
