@@ -168,7 +168,7 @@ $(SERVE_CLIENT): $(call obj,bench/serve-client.c) $(LIBLARDER_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CLIENT_LIBS) -lm -o $@
 
-$(BENCH_STORE): $(call obj,bench/bench-store.c daemon/cache/store.c daemon/util.c daemon/log.c client/error.c)
+$(BENCH_STORE): $(call obj,bench/bench-store.c daemon/cache/store.c daemon/cache/index.c daemon/cache/crc32c.c daemon/util.c daemon/log.c client/error.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -lm -o $@
 

@@ -42,26 +42,10 @@
  *
  * In-memory index
  * ---------------
- * - entries: an open-addressing hash map (linear probing, backward-shift
- *   deletion) from key to entry_t.  An entry is RESERVED (store_reserve),
- *   WRITING (its store_put is in flight) or PRESENT.
- * - Present entries are also in a binary max-heap by priority (worst on
- *   top; each entry knows its heap position, so removal is O(log n)) and in
- *   a recency list ordered by last use (oldest first).  Eviction takes idle
- *   entries (last use older than idle_evict_s) from the front of the list
- *   first, then the worst priorities from the heap, a whole put (the
- *   columns of one unit) at a time (evict_put).  Reserved and writing
- *   entries are in neither, so they are never evicted, and their bytes
- *   count toward the capacity.
- * - objects: a second hash map from object id; objects stay in memory for
- *   the life of the store (so that a name recorded once survives its entries
- *   being evicted), their on-disk records are deleted when their last entry
- *   goes and written again with the next entry.  Each object keeps a list of
- *   its present entries.  A third map, names, holds the current identity of
- *   each name (name_register); an older identity is superseded (its entries
- *   rank worst) and freed once it has no entry left.
- * - Heap order ties: the entries of one put share a generation, and the
- *   heap orders equal priorities by it, so a put's entries leave together.
+ * index.c keeps every entry and object in memory (maps, a max-heap by
+ * priority, a recency list) and decides admission and eviction; see
+ * index.h.  It never does I/O: what it evicts is queued in its list of
+ * pending deletes, which this file writes to RocksDB.
  * - last_use changes only in memory on a hit.  It is written back (index
  *   records rewritten) at most every STORE_PERSIST_INTERVAL_S seconds by a
  *   get or put that finds the write lock free, and at close, for entries
@@ -83,14 +67,14 @@
  *
  * Admission
  * ---------
- * store_reserve admits n entries of total size S at priority p iff the
- * space they need (used + reserved + S - capacity) can be freed from idle
- * entries and entries strictly worse than p; the check is done without
- * changing anything (a walk of the list's idle prefix and a pruned walk of
- * the heap), and only then are the victims evicted, worst first.  So the
- * store never holds more than the capacity at reservation time; a put whose
- * real sizes exceed the reserved ones can overshoot by at most that unit,
- * and the put then evicts worse entries to get back under.
+ * store_reserve (index_reserve) admits n entries of total size S at
+ * priority p iff the space they need (used + reserved + S - capacity) can
+ * be freed from idle entries and entries strictly worse than p; the check
+ * is done without changing anything (a walk of the list's idle prefix and
+ * a pruned walk of the heap), and only then are the victims evicted, worst
+ * first.  So the store never holds more than the capacity at reservation
+ * time; a put whose real sizes exceed the reserved ones can overshoot by at
+ * most that unit, and the put then evicts worse entries to get back under.
  *
  * Disk full (and other write errors)
  * -----------------------------------
@@ -130,7 +114,8 @@
  *                                    0 turns it off.  For hosts where a
  *                                    small filesystem cannot be mounted.
  *   store_test_crc32c_sw / _hw / _hw_available
- *                                    the two CRC32C implementations.
+ *                                    the two CRC32C implementations
+ *                                    (crc32c.c).
  */
 #include "cache/store.h"
 
@@ -148,20 +133,12 @@
 #include <rocksdb/c.h>
 
 #include "larder.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
-#define STORE_HAVE_X86_CRC 1
-#else
-#define STORE_HAVE_X86_CRC 0
-#endif
+#include "cache/crc32c.h"
+#include "cache/index.h"
 
 /* Test hooks, defined here and declared by tests/test-store.c only. */
 void store_test_advance_clock(store_t *st, int64_t seconds);
 void store_test_fail_writes(store_t *st, int code);
-uint32_t store_test_crc32c_sw(uint32_t crc, const void *data, size_t len);
-uint32_t store_test_crc32c_hw(uint32_t crc, const void *data, size_t len);
-int store_test_crc32c_hw_available(void);
 
 #define STORE_FORMAT_VERSION 1
 #define VALUE_MAGIC 0x5644524cu /* "LRDV" */
@@ -190,7 +167,6 @@ int store_test_crc32c_hw_available(void);
 #define NAME_MAX_LEN 1023
 #define IDENTITY_MAX_LEN 255
 
-enum { ST_RESERVED = 1, ST_WRITING = 2, ST_PRESENT = 3 };
 
 /* ------------------------------------------------------------------------ */
 /* Little-endian and big-endian helpers                                      */
@@ -227,362 +203,6 @@ static uint64_t get_be64(const uint8_t *p) {
   return v;
 }
 
-/* ------------------------------------------------------------------------ */
-/* CRC32C                                                                    */
-
-#define CRC32C_POLY 0x82f63b78u /* reflected Castagnoli polynomial */
-#define CRC_LONG 8192
-#define CRC_SHORT 256
-
-static uint32_t crc_table[8][256];     /* slicing-by-8 */
-static uint32_t crc_long_shift[4][256]; /* advance over CRC_LONG zero bytes */
-static uint32_t crc_short_shift[4][256];
-static int crc_have_hw;
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
-  uint32_t sum = 0;
-  while (vec) {
-    if (vec & 1) sum ^= *mat;
-    vec >>= 1;
-    mat++;
-  }
-  return sum;
-}
-
-static void gf2_square(uint32_t *square, const uint32_t *mat) {
-  for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
-}
-
-/* The operator that advances a raw CRC register over len zero bytes (len a
- * power of two), as a 32x32 GF(2) matrix. */
-static void crc_zeros_op(uint32_t *even, size_t len) {
-  uint32_t odd[32];
-  uint32_t row = 1;
-  odd[0] = CRC32C_POLY; /* one zero bit */
-  for (int n = 1; n < 32; n++) {
-    odd[n] = row;
-    row <<= 1;
-  }
-  gf2_square(even, odd); /* two zero bits */
-  gf2_square(odd, even); /* four zero bits */
-  /* Each square doubles the length: the first gives one byte. */
-  for (;;) {
-    gf2_square(even, odd);
-    len >>= 1;
-    if (len == 0) return;
-    gf2_square(odd, even);
-    len >>= 1;
-    if (len == 0) break;
-  }
-  memcpy(even, odd, sizeof(odd));
-}
-
-static void crc_zeros_table(uint32_t zeros[4][256], size_t len) {
-  uint32_t op[32];
-  crc_zeros_op(op, len);
-  for (uint32_t n = 0; n < 256; n++) {
-    zeros[0][n] = gf2_times(op, n);
-    zeros[1][n] = gf2_times(op, n << 8);
-    zeros[2][n] = gf2_times(op, n << 16);
-    zeros[3][n] = gf2_times(op, n << 24);
-  }
-}
-
-static uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
-  return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^
-         zeros[2][(crc >> 16) & 0xff] ^ zeros[3][crc >> 24];
-}
-
-static void crc_init(void) {
-  for (uint32_t n = 0; n < 256; n++) {
-    uint32_t c = n;
-    for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ CRC32C_POLY : c >> 1;
-    crc_table[0][n] = c;
-  }
-  for (uint32_t n = 0; n < 256; n++)
-    for (int k = 1; k < 8; k++)
-      crc_table[k][n] =
-          (crc_table[k - 1][n] >> 8) ^ crc_table[0][crc_table[k - 1][n] & 0xff];
-  crc_zeros_table(crc_long_shift, CRC_LONG);
-  crc_zeros_table(crc_short_shift, CRC_SHORT);
-#if STORE_HAVE_X86_CRC
-  __builtin_cpu_init();
-  crc_have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-#endif
-}
-
-static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len) {
-  const uint8_t *p = data;
-  uint32_t c = ~crc;
-  while (len && ((uintptr_t)p & 7)) {
-    c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-    len--;
-  }
-  while (len >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    w = __builtin_bswap64(w);
-#endif
-    w ^= c;
-    c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
-        crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
-        crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
-        crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
-    p += 8;
-    len -= 8;
-  }
-  while (len--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-  return ~c;
-}
-
-#if STORE_HAVE_X86_CRC
-static inline uint64_t load64(const uint8_t *p) {
-  uint64_t w;
-  memcpy(&w, p, 8);
-  return w;
-}
-
-/* Three independent streams hide the instruction's 3-cycle latency; their
- * registers are joined by advancing the earlier ones over the later blocks'
- * length with the zeros tables (CRC is linear over GF(2)). */
-__attribute__((target("sse4.2"))) static uint32_t
-crc32c_hw(uint32_t crc, const void *data, size_t len) {
-  const uint8_t *p = data;
-  uint64_t c0 = (uint32_t)~crc;
-  while (len && ((uintptr_t)p & 7)) {
-    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
-    len--;
-  }
-  while (len >= 3 * CRC_LONG) {
-    uint64_t c1 = 0, c2 = 0;
-    const uint8_t *end = p + CRC_LONG;
-    do {
-      c0 = _mm_crc32_u64(c0, load64(p));
-      c1 = _mm_crc32_u64(c1, load64(p + CRC_LONG));
-      c2 = _mm_crc32_u64(c2, load64(p + 2 * CRC_LONG));
-      p += 8;
-    } while (p < end);
-    c0 = crc_shift(crc_long_shift, (uint32_t)c0) ^ (uint32_t)c1;
-    c0 = crc_shift(crc_long_shift, (uint32_t)c0) ^ (uint32_t)c2;
-    p += 2 * CRC_LONG;
-    len -= 3 * CRC_LONG;
-  }
-  while (len >= 3 * CRC_SHORT) {
-    uint64_t c1 = 0, c2 = 0;
-    const uint8_t *end = p + CRC_SHORT;
-    do {
-      c0 = _mm_crc32_u64(c0, load64(p));
-      c1 = _mm_crc32_u64(c1, load64(p + CRC_SHORT));
-      c2 = _mm_crc32_u64(c2, load64(p + 2 * CRC_SHORT));
-      p += 8;
-    } while (p < end);
-    c0 = crc_shift(crc_short_shift, (uint32_t)c0) ^ (uint32_t)c1;
-    c0 = crc_shift(crc_short_shift, (uint32_t)c0) ^ (uint32_t)c2;
-    p += 2 * CRC_SHORT;
-    len -= 3 * CRC_SHORT;
-  }
-  while (len >= 8) {
-    c0 = _mm_crc32_u64(c0, load64(p));
-    p += 8;
-    len -= 8;
-  }
-  while (len) {
-    c0 = _mm_crc32_u8((uint32_t)c0, *p++);
-    len--;
-  }
-  return ~(uint32_t)c0;
-}
-#endif
-
-uint32_t store_crc32c(uint32_t crc, const void *data, size_t len) {
-  pthread_once(&crc_once, crc_init);
-#if STORE_HAVE_X86_CRC
-  if (crc_have_hw) return crc32c_hw(crc, data, len);
-#endif
-  return crc32c_sw(crc, data, len);
-}
-
-uint32_t store_test_crc32c_sw(uint32_t crc, const void *data, size_t len) {
-  pthread_once(&crc_once, crc_init);
-  return crc32c_sw(crc, data, len);
-}
-
-uint32_t store_test_crc32c_hw(uint32_t crc, const void *data, size_t len) {
-  pthread_once(&crc_once, crc_init);
-#if STORE_HAVE_X86_CRC
-  if (crc_have_hw) return crc32c_hw(crc, data, len);
-#endif
-  return crc32c_sw(crc, data, len);
-}
-
-int store_test_crc32c_hw_available(void) {
-  pthread_once(&crc_once, crc_init);
-  return crc_have_hw;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Hashing and the open-addressing map                                       */
-
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static uint64_t hash_key(const uint8_t *p, size_t n) {
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)n * 0xff51afd7ed558ccdull);
-  while (n >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
-    p += 8;
-    n -= 8;
-  }
-  if (n) {
-    uint64_t w = 0;
-    memcpy(&w, p, n);
-    h = (h ^ mix64(w)) * 0x9e3779b97f4a7c15ull;
-  }
-  return mix64(h);
-}
-
-typedef struct map_slot {
-  uint64_t h;
-  void *p; /* NULL = empty */
-} map_slot_t;
-
-typedef struct map {
-  map_slot_t *slots;
-  size_t mask; /* capacity - 1; capacity is a power of two */
-  size_t count;
-} map_t;
-
-typedef bool (*map_eq_fn)(const void *item, const void *key);
-
-static int map_init(map_t *m, size_t cap) {
-  size_t c = 16;
-  while (c < cap) c <<= 1;
-  m->slots = calloc(c, sizeof(map_slot_t));
-  if (m->slots == NULL) return LARDER_ENOMEM;
-  m->mask = c - 1;
-  m->count = 0;
-  return 0;
-}
-
-static void map_free(map_t *m) {
-  free(m->slots);
-  m->slots = NULL;
-}
-
-static long map_find(const map_t *m, uint64_t h, map_eq_fn eq,
-                     const void *key) {
-  for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
-    const map_slot_t *s = &m->slots[i];
-    if (s->p == NULL) return -1;
-    if (s->h == h && eq(s->p, key)) return (long)i;
-  }
-}
-
-static void map_place(map_t *m, uint64_t h, void *p) {
-  size_t i = h & m->mask;
-  while (m->slots[i].p != NULL) i = (i + 1) & m->mask;
-  m->slots[i].h = h;
-  m->slots[i].p = p;
-  m->count++;
-}
-
-static int map_insert(map_t *m, uint64_t h, void *p) {
-  if ((m->count + 1) * 10 > (m->mask + 1) * 7) {
-    size_t old_cap = m->mask + 1;
-    map_slot_t *old = m->slots;
-    map_slot_t *ns = calloc(old_cap * 2, sizeof(map_slot_t));
-    if (ns == NULL) return LARDER_ENOMEM;
-    m->slots = ns;
-    m->mask = old_cap * 2 - 1;
-    m->count = 0;
-    for (size_t i = 0; i < old_cap; i++)
-      if (old[i].p != NULL) map_place(m, old[i].h, old[i].p);
-    free(old);
-  }
-  map_place(m, h, p);
-  return 0;
-}
-
-/* Removes slot i, shifting later members of its probe run back so that no
- * tombstones are needed. */
-static void map_remove_at(map_t *m, size_t i) {
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & m->mask;
-    if (m->slots[j].p == NULL) break;
-    size_t k = m->slots[j].h & m->mask; /* j's home slot */
-    /* j may move to i unless its home lies cyclically in (i, j]. */
-    bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
-    if (!stays) {
-      m->slots[i] = m->slots[j];
-      i = j;
-    }
-  }
-  m->slots[i].p = NULL;
-  m->count--;
-}
-
-static void map_remove_ptr(map_t *m, uint64_t h, const void *p) {
-  for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
-    if (m->slots[i].p == NULL) return;
-    if (m->slots[i].p == p) {
-      map_remove_at(m, i);
-      return;
-    }
-  }
-}
-
-/* ------------------------------------------------------------------------ */
-/* Types                                                                     */
-
-typedef struct object {
-  uint64_t id;
-  char *name;     /* NULL until store_object_put names it */
-  char *identity;
-  uint64_t bytes;   /* value bytes of present entries */
-  uint64_t entries; /* present entries */
-  uint64_t refs;    /* present + reserved + writing entries */
-  int64_t last_use;
-  struct entry *present; /* its present entries, by entry_t.onext */
-  int64_t refreshed;     /* when a registration last marked them used */
-  bool on_disk;     /* its record is (or is about to be) in RocksDB */
-  bool superseded;  /* another identity of its name came later */
-} object_t;
-
-typedef struct entry {
-  uint64_t h;
-  uint64_t size; /* reserved size, or the value size once present */
-  uint64_t priority;
-  uint64_t gen;   /* its put's generation, shared by the entries of one put
-                     (0 for entries loaded at open) */
-  uint64_t touch; /* recency sequence number */
-  int64_t last_use;
-  int64_t saved_use; /* last_use as in the index record */
-  object_t *obj;
-  struct entry *prev, *next;   /* recency list (present entries) */
-  struct entry *oprev, *onext; /* its object's present entries */
-  uint32_t heap_pos;
-  uint8_t state;
-  uint8_t mark; /* scratch for admission (under mu, cleared before unlock) */
-  uint8_t seen; /* store_verify found its value */
-  uint8_t keylen;
-  uint8_t key[];
-} entry_t;
-
-#define HEAP_NONE UINT32_MAX
-
-typedef struct bytes {
-  uint8_t *p;
-  size_t len, cap;
-} bytes_t;
-
 struct store {
   rocksdb_t *db;
   rocksdb_options_t *dbopts;
@@ -602,21 +222,11 @@ struct store {
   pthread_mutex_t wmu; /* RocksDB writes */
   pthread_mutex_t vmu; /* one store_verify at a time */
 
-  uint64_t capacity, used, reserved, present;
-  map_t entries;
-  map_t objects;
-  map_t names; /* name -> the object that last registered it */
-  entry_t **heap;
-  size_t heap_len, heap_cap;
-  entry_t *lru_head, *lru_tail;
-  uint64_t gen_counter, touch_counter, persisted_touch;
+  uint64_t capacity;
+  store_index_t ix;     /* entries, objects, pending deletes (mu) */
   int64_t last_persist; /* monotonic seconds */
-  bytes_t pending;      /* records: type byte, length byte, bytes */
-  uint32_t *scratch;    /* heap-walk stack for admission */
-  size_t scratch_cap;
 
   store_stats_t stats;
-  uint64_t live_objects;
   bool writes_off;      /* a write failed: no more until the reopen */
   int writes_off_code;  /* what later writes return meanwhile */
   int64_t retry_at;     /* monotonic seconds: when to reopen */
@@ -723,29 +333,6 @@ static int db_write(store_t *st, rocksdb_writebatch_t *b) {
   return code;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Growable byte buffer (pending deletes)                                    */
-
-static int bytes_reserve(bytes_t *b, size_t extra) {
-  if (b->len + extra <= b->cap) return 0;
-  size_t nc = b->cap ? b->cap * 2 : 1024;
-  while (nc < b->len + extra) nc *= 2;
-  uint8_t *np = realloc(b->p, nc);
-  if (np == NULL) return LARDER_ENOMEM;
-  b->p = np;
-  b->cap = nc;
-  return 0;
-}
-
-static int bytes_append(bytes_t *b, const void *p, size_t n) {
-  if (n == 0) return 0; /* p may be NULL */
-  int rc = bytes_reserve(b, n);
-  if (rc) return rc;
-  memcpy(b->p + b->len, p, n);
-  b->len += n;
-  return 0;
-}
-
 /*
  * A set of the keys of one reservation or put, for the checks that compare
  * every key of a unit with every other (no two equal) or with every pending
@@ -780,7 +367,7 @@ static bool keyset_has_upto(const keyset_t *ks, const uint8_t *bytes, size_t len
       if (key_is(keyset_at(ks, i), bytes, len)) return true;
     return false;
   }
-  for (size_t at = hash_key(bytes, len) & ks->mask; ks->slot[at] != 0; at = (at + 1) & ks->mask)
+  for (size_t at = index_hash_key(bytes, len) & ks->mask; ks->slot[at] != 0; at = (at + 1) & ks->mask)
     if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), bytes, len)) return true;
   return false;
 }
@@ -814,7 +401,7 @@ static int keyset_build(keyset_t *ks, const store_key_t *first, size_t stride, i
   ks->mask = cap - 1;
   for (int i = 0; i < n; i++) {
     const store_key_t *k = keyset_at(ks, i);
-    size_t at = hash_key(k->bytes, k->len) & ks->mask;
+    size_t at = index_hash_key(k->bytes, k->len) & ks->mask;
     for (; ks->slot[at] != 0; at = (at + 1) & ks->mask) {
       if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), k->bytes, k->len)) {
         keyset_free(ks);
@@ -824,24 +411,6 @@ static int keyset_build(keyset_t *ks, const store_key_t *first, size_t stride, i
     ks->slot[at] = (uint32_t)i + 1;
   }
   return 0;
-}
-
-/* Pending records: 'e' len key (an entry: delete 'v'+key and 'i'+key) or
- * 'o' 8 id (an object record).  A record that cannot be queued for lack of
- * memory is dropped: the entry is already gone from the index and at worst
- * its bytes stay on disk until the next open finds an over-full cache. */
-static void pending_entry(store_t *st, const uint8_t *key, uint8_t len) {
-  uint8_t hdr[2] = {'e', len};
-  if (bytes_reserve(&st->pending, 2u + len) == 0) {
-    bytes_append(&st->pending, hdr, 2);
-    bytes_append(&st->pending, key, len);
-  }
-}
-
-static void pending_object(store_t *st, uint64_t id) {
-  uint8_t rec[10] = {'o', 8};
-  put_be64(rec + 2, id);
-  bytes_append(&st->pending, rec, sizeof(rec));
 }
 
 /* Builds RocksDB keys. */
@@ -894,8 +463,8 @@ static void encode_value_header(uint8_t *h, uint32_t crc, uint64_t len) {
   put_u16(h + 6, 0);
   put_u32(h + 8, crc);
   put_u64(h + 16, len);
-  uint32_t hc = store_crc32c(0, h, 12);
-  hc = store_crc32c(hc, h + 16, 16);
+  uint32_t hc = cache_crc32c(0, h, 12);
+  hc = cache_crc32c(hc, h + 16, 16);
   put_u32(h + 12, hc);
 }
 
@@ -905,13 +474,13 @@ static int check_value(const uint8_t *v, size_t vlen, uint64_t expect) {
   if (vlen < VALUE_HDR) return LARDER_ECHECKSUM;
   if (get_u32(v) != VALUE_MAGIC || get_u16(v + 4) != STORE_FORMAT_VERSION)
     return LARDER_ECHECKSUM;
-  uint32_t hc = store_crc32c(0, v, 12);
-  hc = store_crc32c(hc, v + 16, 16);
+  uint32_t hc = cache_crc32c(0, v, 12);
+  hc = cache_crc32c(hc, v + 16, 16);
   if (hc != get_u32(v + 12)) return LARDER_ECHECKSUM;
   uint64_t len = get_u64(v + 16);
   if (len != vlen - VALUE_HDR) return LARDER_ECHECKSUM;
   if (expect != UINT64_MAX && len != expect) return LARDER_ECHECKSUM;
-  if (store_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8))
+  if (cache_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8))
     return LARDER_ECHECKSUM;
   return 0;
 }
@@ -927,73 +496,6 @@ static void encode_index(uint8_t *r, uint64_t size, uint64_t priority,
   put_u64(r + 32, (uint64_t)last_use);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Objects                                                                   */
-
-static bool obj_eq(const void *item, const void *key) {
-  return ((const object_t *)item)->id == *(const uint64_t *)key;
-}
-
-static object_t *obj_find(store_t *st, uint64_t id) {
-  long i = map_find(&st->objects, mix64(id), obj_eq, &id);
-  return i < 0 ? NULL : st->objects.slots[i].p;
-}
-
-static object_t *obj_get(store_t *st, uint64_t id) {
-  object_t *o = obj_find(st, id);
-  if (o != NULL) return o;
-  o = calloc(1, sizeof(*o));
-  if (o == NULL) return NULL;
-  o->id = id;
-  if (map_insert(&st->objects, mix64(id), o) != 0) {
-    free(o);
-    return NULL;
-  }
-  return o;
-}
-
-/* Frees o if nothing refers to it any more: no entry, and another identity
- * of its name registered since (the names map refers to that one).  Other
- * objects stay, so that a name outlives its entries' eviction; superseded
- * ones would otherwise pile up, one per file per rewrite, for the life of
- * the daemon. */
-static void obj_free_if_done(store_t *st, object_t *o) {
-  if (o->refs != 0 || !o->superseded) return;
-  map_remove_ptr(&st->objects, mix64(o->id), o);
-  free(o->name);
-  free(o->identity);
-  free(o);
-}
-
-static void obj_unref(store_t *st, object_t *o) {
-  if (--o->refs == 0 && o->on_disk) {
-    pending_object(st, o->id);
-    o->on_disk = false;
-  }
-  obj_free_if_done(st, o);
-}
-
-static void obj_add_present(store_t *st, entry_t *e, int64_t last_use) {
-  object_t *o = e->obj;
-  if (o->entries++ == 0) st->live_objects++;
-  o->bytes += e->size;
-  if (last_use > o->last_use) o->last_use = last_use;
-  e->oprev = NULL;
-  e->onext = o->present;
-  if (o->present) o->present->oprev = e;
-  o->present = e;
-}
-
-static void obj_del_present(store_t *st, entry_t *e) {
-  object_t *o = e->obj;
-  o->bytes -= e->size;
-  if (--o->entries == 0) st->live_objects--;
-  if (e->oprev) e->oprev->onext = e->onext;
-  else o->present = e->onext;
-  if (e->onext) e->onext->oprev = e->oprev;
-  e->oprev = e->onext = NULL;
-}
-
 /* Appends an object record's value to b (for a put). */
 static int encode_object(bytes_t *b, const object_t *o) {
   size_t nl = strlen(o->name), il = strlen(o->identity);
@@ -1003,269 +505,10 @@ static int encode_object(bytes_t *b, const object_t *o) {
   put_u16(h + 6, 0);
   put_u32(h + 8, (uint32_t)nl);
   put_u32(h + 12, (uint32_t)il);
-  int rc = bytes_append(b, h, sizeof(h));
-  if (!rc) rc = bytes_append(b, o->name, nl);
-  if (!rc) rc = bytes_append(b, o->identity, il);
+  int rc = index_bytes_append(b, h, sizeof(h));
+  if (!rc) rc = index_bytes_append(b, o->name, nl);
+  if (!rc) rc = index_bytes_append(b, o->identity, il);
   return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Entries: heap, recency list, map                                          */
-
-typedef struct keyref {
-  const uint8_t *p;
-  uint8_t len;
-} keyref_t;
-
-static bool entry_eq(const void *item, const void *key) {
-  const entry_t *e = item;
-  const keyref_t *k = key;
-  return e->keylen == k->len && memcmp(e->key, k->p, k->len) == 0;
-}
-
-static entry_t *entry_find(store_t *st, const uint8_t *key, uint8_t len,
-                           uint64_t h) {
-  keyref_t k = {key, len};
-  long i = map_find(&st->entries, h, entry_eq, &k);
-  return i < 0 ? NULL : st->entries.slots[i].p;
-}
-
-/* The heap's order: worse priority first, and among equal priorities
- * (every unit of a row group shares one) the later put first, so that the
- * entries of one put (the columns of one unit) are adjacent in it and
- * evict_down can take them together. */
-static bool heap_worse(const entry_t *a, const entry_t *b) {
-  return a->priority != b->priority ? a->priority > b->priority : a->gen > b->gen;
-}
-
-static void heap_set(store_t *st, size_t i, entry_t *e) {
-  st->heap[i] = e;
-  e->heap_pos = (uint32_t)i;
-}
-
-static void heap_up(store_t *st, size_t i) {
-  entry_t *e = st->heap[i];
-  while (i > 0) {
-    size_t parent = (i - 1) / 2;
-    if (!heap_worse(e, st->heap[parent])) break;
-    heap_set(st, i, st->heap[parent]);
-    i = parent;
-  }
-  heap_set(st, i, e);
-}
-
-static void heap_down(store_t *st, size_t i) {
-  entry_t *e = st->heap[i];
-  for (;;) {
-    size_t l = 2 * i + 1, best = i;
-    const entry_t *b = e;
-    if (l < st->heap_len && heap_worse(st->heap[l], b)) {
-      best = l;
-      b = st->heap[l];
-    }
-    if (l + 1 < st->heap_len && heap_worse(st->heap[l + 1], b)) best = l + 1;
-    if (best == i) break;
-    heap_set(st, i, st->heap[best]);
-    i = best;
-  }
-  heap_set(st, i, e);
-}
-
-static int heap_push(store_t *st, entry_t *e) {
-  if (st->heap_len == st->heap_cap) {
-    size_t nc = st->heap_cap ? st->heap_cap * 2 : 1024;
-    entry_t **nh = realloc(st->heap, nc * sizeof(entry_t *));
-    if (nh == NULL) return LARDER_ENOMEM;
-    st->heap = nh;
-    st->heap_cap = nc;
-  }
-  heap_set(st, st->heap_len++, e);
-  heap_up(st, st->heap_len - 1);
-  return 0;
-}
-
-static void heap_remove(store_t *st, entry_t *e) {
-  size_t i = e->heap_pos;
-  if (i == HEAP_NONE) return;
-  e->heap_pos = HEAP_NONE;
-  entry_t *last = st->heap[--st->heap_len];
-  if (last == e) return;
-  heap_set(st, i, last);
-  heap_up(st, i);
-  heap_down(st, last->heap_pos);
-}
-
-static void lru_unlink(store_t *st, entry_t *e) {
-  if (e->prev) e->prev->next = e->next;
-  else st->lru_head = e->next;
-  if (e->next) e->next->prev = e->prev;
-  else st->lru_tail = e->prev;
-  e->prev = e->next = NULL;
-}
-
-static void lru_append(store_t *st, entry_t *e) {
-  e->prev = st->lru_tail;
-  e->next = NULL;
-  if (st->lru_tail) st->lru_tail->next = e;
-  else st->lru_head = e;
-  st->lru_tail = e;
-}
-
-static void touch(store_t *st, entry_t *e, int64_t now) {
-  if (now > e->last_use) e->last_use = now;
-  e->touch = ++st->touch_counter;
-  if (e->obj->last_use < e->last_use) e->obj->last_use = e->last_use;
-  if (st->lru_tail != e) {
-    lru_unlink(st, e);
-    lru_append(st, e);
-  }
-}
-
-/* ------------------------------------------------------------------------ */
-/* Identities of one name                                                    */
-
-static bool name_eq(const void *item, const void *key) {
-  const object_t *o = item;
-  return o->name != NULL && strcmp(o->name, key) == 0;
-}
-
-static uint64_t name_hash(const char *name) {
-  return hash_key((const uint8_t *)name, strlen(name));
-}
-
-/* Ranks o's entries below every other: o is an older identity of a name
- * whose newer one was registered since (a file rewritten, or only touched:
- * its ctime is part of its identity; an object replaced).  Only a stream
- * that opened on the old identity reads them again, so they are served
- * while they last and are the first to go when room is needed, instead of
- * keeping their share of the cache at their random priorities until they
- * go idle, days later. */
-static void obj_supersede(store_t *st, object_t *o) {
-  o->superseded = true;
-  for (entry_t *e = o->present; e != NULL; e = e->onext) {
-    if (e->priority == UINT64_MAX) continue;
-    bool in_heap = e->heap_pos != HEAP_NONE;
-    if (in_heap) heap_remove(st, e);
-    e->priority = UINT64_MAX;
-    /* Cannot fail: heap_remove left room. */
-    if (in_heap) (void)heap_push(st, e);
-  }
-}
-
-/* Makes o the current identity of its name, superseding the one before,
- * and marks its entries used: a dataset that names o was just opened, so
- * they are about to be read.  Otherwise a job that resumes after a pause
- * longer than idle_evict_s would find all its entries idle, and the misses
- * of its first epoch would evict its own best entries before it reads
- * them.  At most once per persist granularity, so that a dataset opened
- * often costs a walk of its entries rarely. */
-static void name_register(store_t *st, object_t *o) {
-  int64_t now = wall_now(st);
-  if (o->present != NULL && now - o->refreshed >= st->persist_granularity) {
-    for (entry_t *e = o->present; e != NULL; e = e->onext) touch(st, e, now);
-    o->refreshed = now;
-  }
-  if (o->name == NULL) return;
-  uint64_t h = name_hash(o->name);
-  long i = map_find(&st->names, h, name_eq, o->name);
-  if (i >= 0) {
-    object_t *cur = st->names.slots[i].p;
-    if (cur == o) return;
-    st->names.slots[i].p = o; /* the same name, so the same slot */
-    obj_supersede(st, cur);
-    if (cur->refs == 0 && cur->on_disk) { /* a record without entries */
-      pending_object(st, cur->id);
-      cur->on_disk = false;
-    }
-    obj_free_if_done(st, cur);
-  } else if (map_insert(&st->names, h, o) != 0) {
-    /* No memory for the map: o's next identity will not supersede it. */
-  }
-  o->superseded = false;
-}
-
-/* At open: of the identities of a name found on disk, the one used last is
- * taken for the current one until a dataset registers one; on a tie none
- * is superseded (the wrong one would lose its place). */
-static void names_at_open(store_t *st) {
-  for (size_t j = 0; j <= st->objects.mask; j++) {
-    object_t *o = st->objects.slots[j].p;
-    if (o == NULL || o->name == NULL) continue;
-    uint64_t h = name_hash(o->name);
-    long i = map_find(&st->names, h, name_eq, o->name);
-    if (i < 0) {
-      if (map_insert(&st->names, h, o) != 0) return;
-      continue;
-    }
-    object_t *cur = st->names.slots[i].p;
-    if (o->last_use > cur->last_use) {
-      st->names.slots[i].p = o;
-      obj_supersede(st, cur);
-    } else if (o->last_use < cur->last_use) {
-      obj_supersede(st, o);
-    }
-  }
-}
-
-static bool is_idle(const store_t *st, const entry_t *e, int64_t now) {
-  return now - e->last_use >= (int64_t)st->idle_s;
-}
-
-/* Drops a present entry from the index and queues its deletion. */
-static void drop_present(store_t *st, entry_t *e) {
-  heap_remove(st, e);
-  lru_unlink(st, e);
-  map_remove_ptr(&st->entries, e->h, e);
-  st->used -= e->size;
-  st->present--;
-  obj_del_present(st, e);
-  pending_entry(st, e->key, e->keylen);
-  obj_unref(st, e->obj);
-  free(e);
-}
-
-static void evict_entry(store_t *st, entry_t *e) {
-  st->stats.evictions++;
-  st->stats.evicted_bytes += e->size;
-  drop_present(st, e);
-}
-
-/* Evicts e and the other entries of the put that wrote it, all on top of
- * the heap (heap_worse).  A unit is read from the cache only when every
- * column it needs is there (units.c), so the columns left behind by an
- * eviction that stopped halfway through a unit would take room and never
- * serve a read, and the unit, refused again as the worst, would stay half
- * cached.  Entries loaded at open (generation 0) do not know their put and
- * go one by one. */
-static void evict_put(store_t *st, entry_t *e) {
-  uint64_t priority = e->priority, gen = e->gen;
-  evict_entry(st, e);
-  while (gen != 0 && st->heap_len > 0 && st->heap[0]->priority == priority &&
-         st->heap[0]->gen == gen)
-    evict_entry(st, st->heap[0]);
-}
-
-/* Drops a reserved (or writing) entry. */
-static void drop_reserved(store_t *st, entry_t *e) {
-  map_remove_ptr(&st->entries, e->h, e);
-  st->reserved -= e->size;
-  obj_unref(st, e->obj);
-  free(e);
-}
-
-/* Evicts until used + reserved <= target: idle entries first, then the
- * worst priorities; unless any_priority, only entries of priority > floor
- * (strictly worse) go.  Reserved entries are never evicted. */
-static void evict_down(store_t *st, uint64_t target, bool any_priority,
-                       uint64_t floor, int64_t now) {
-  while (st->used + st->reserved > target && st->lru_head != NULL &&
-         is_idle(st, st->lru_head, now))
-    evict_entry(st, st->lru_head);
-  while (st->used + st->reserved > target && st->heap_len > 0) {
-    entry_t *top = st->heap[0];
-    if (!any_priority && top->priority <= floor) break;
-    evict_put(st, top);
-  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1298,25 +541,6 @@ static int mkdir_p(const char *path) {
   return 0;
 }
 
-static void free_all_entries(store_t *st) {
-  if (st->entries.slots == NULL) return;
-  for (size_t i = 0; i <= st->entries.mask; i++) free(st->entries.slots[i].p);
-  map_free(&st->entries);
-}
-
-static void free_all_objects(store_t *st) {
-  if (st->objects.slots == NULL) return;
-  for (size_t i = 0; i <= st->objects.mask; i++) {
-    object_t *o = st->objects.slots[i].p;
-    if (o == NULL) continue;
-    free(o->name);
-    free(o->identity);
-    free(o);
-  }
-  map_free(&st->objects);
-  map_free(&st->names);
-}
-
 static void store_free(store_t *st) {
   if (st->db) {
     /* The WAL is off: flush so that a clean shutdown keeps everything. */
@@ -1334,11 +558,7 @@ static void store_free(store_t *st) {
   if (st->dbopts) rocksdb_options_destroy(st->dbopts);
   if (st->bbto) rocksdb_block_based_options_destroy(st->bbto);
   if (st->cache) rocksdb_cache_destroy(st->cache);
-  free_all_entries(st);
-  free_all_objects(st);
-  free(st->heap);
-  free(st->pending.p);
-  free(st->scratch);
+  index_free(&st->ix);
   free(st->dir);
   free(st->dbdir);
   pthread_mutex_destroy(&st->mu);
@@ -1468,10 +688,10 @@ static int load_object(store_t *st, const uint8_t *k, size_t kl,
        il <= IDENTITY_MAX_LEN;
   if (!ok) {
     /* A record we cannot read: drop it (entries keep an unnamed object). */
-    if (kl == 9) pending_object(st, get_be64(k + 1));
+    if (kl == 9) index_pending_object(&st->ix, get_be64(k + 1));
     return 0;
   }
-  object_t *o = obj_get(st, get_be64(k + 1));
+  object_t *o = index_obj_get(&st->ix, get_be64(k + 1));
   if (o == NULL) return LARDER_ENOMEM;
   free(o->name);
   free(o->identity);
@@ -1489,54 +709,11 @@ static int load_index(store_t *st, const uint8_t *k, size_t kl,
   uint8_t len = (uint8_t)(kl - 1);
   if (vl != INDEX_REC || get_u32(v) != INDEX_MAGIC ||
       get_u16(v + 4) != STORE_FORMAT_VERSION) {
-    pending_entry(st, key, len); /* unreadable: drop value and index */
+    index_pending_entry(&st->ix, key, len); /* unreadable: drop value and index */
     return 0;
   }
-  entry_t *e = calloc(1, sizeof(*e) + len);
-  if (e == NULL) return LARDER_ENOMEM;
-  e->keylen = len;
-  memcpy(e->key, key, len);
-  e->h = hash_key(key, len);
-  e->size = get_u64(v + 8);
-  e->priority = get_u64(v + 16);
-  e->last_use = e->saved_use = (int64_t)get_u64(v + 32);
-  e->heap_pos = HEAP_NONE;
-  e->state = ST_PRESENT;
-  e->obj = obj_get(st, get_u64(v + 24));
-  if (e->obj == NULL || map_insert(&st->entries, e->h, e) != 0) {
-    free(e);
-    return LARDER_ENOMEM;
-  }
-  e->obj->refs++;
-  obj_add_present(st, e, e->last_use);
-  st->used += e->size;
-  st->present++;
-  return 0;
-}
-
-static int cmp_last_use(const void *a, const void *b) {
-  const entry_t *x = *(entry_t *const *)a, *y = *(entry_t *const *)b;
-  return (x->last_use > y->last_use) - (x->last_use < y->last_use);
-}
-
-/* After loading: the recency list sorted by last use, and the heap. */
-static int build_order(store_t *st) {
-  size_t n = st->entries.count;
-  if (n == 0) return 0;
-  entry_t **v = malloc(n * sizeof(entry_t *));
-  if (v == NULL) return LARDER_ENOMEM;
-  size_t j = 0;
-  for (size_t i = 0; i <= st->entries.mask; i++)
-    if (st->entries.slots[i].p) v[j++] = st->entries.slots[i].p;
-  qsort(v, n, sizeof(entry_t *), cmp_last_use);
-  for (size_t i = 0; i < n; i++) lru_append(st, v[i]);
-  free(st->heap);
-  st->heap = v; /* reuse the array as the heap, then heapify */
-  st->heap_cap = n;
-  st->heap_len = n;
-  for (size_t i = 0; i < n; i++) v[i]->heap_pos = (uint32_t)i;
-  for (size_t i = n / 2; i-- > 0;) heap_down(st, i);
-  return 0;
+  return index_load_entry(&st->ix, key, len, get_u64(v + 8), get_u64(v + 16), get_u64(v + 24),
+                          (int64_t)get_u64(v + 32));
 }
 
 static int flush_pending(store_t *st);
@@ -1679,9 +856,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   st->idle_s = opts->idle_evict_s ? opts->idle_evict_s : DEFAULT_IDLE_S;
   st->persist_granularity = st->idle_s / 8 < 3600 ? st->idle_s / 8 : 3600;
   if (st->persist_granularity < 1) st->persist_granularity = 1;
-  int rc = map_init(&st->entries, 1024);
-  if (!rc) rc = map_init(&st->objects, 64);
-  if (!rc) rc = map_init(&st->names, 64);
+  int rc = index_init(&st->ix, st->idle_s, st->persist_granularity, &st->stats);
   if (rc) {
     store_free(st);
     return rc;
@@ -1719,8 +894,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
                                errlen);
   if (rc == 0)
     rc = scan_range(st, PFX_INDEX, PFX_INDEX + 1, load_index, err, errlen);
-  if (rc == 0) names_at_open(st);
-  if (rc == 0) rc = build_order(st);
+  if (rc == 0) rc = index_loaded(&st->ix);
   if (rc != 0) {
     if (err && errlen && err[0] == '\0')
       snprintf(err, errlen, "store: cannot open %s: %s", st->dbdir,
@@ -1728,17 +902,10 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
     store_free(st);
     return rc;
   }
-  /* Objects without entries lose their records; an over-full cache (the
-   * capacity shrank, or evictions were lost to a crash) is evicted down. */
-  for (size_t i = 0; i <= st->objects.mask; i++) {
-    object_t *o = st->objects.slots[i].p;
-    if (o != NULL && o->refs == 0 && o->on_disk) {
-      pending_object(st, o->id);
-      o->on_disk = false;
-    }
-  }
+  /* An over-full cache (the capacity shrank, or evictions were lost to a
+   * crash) is evicted down. */
   st->last_persist = mono_now(st);
-  evict_down(st, st->capacity, true, 0, wall_now(st));
+  index_evict_down(&st->ix, st->capacity, true, 0, wall_now(st));
   pthread_mutex_lock(&st->wmu);
   flush_pending(st); /* best effort: a full disk keeps them pending */
   pthread_mutex_unlock(&st->wmu);
@@ -1752,19 +919,19 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
 /* Writes the pending deletes (wmu held).  On failure they stay pending. */
 static int flush_pending(store_t *st) {
   pthread_mutex_lock(&st->mu);
-  if (st->pending.len == 0) {
+  if (st->ix.pending.len == 0) {
     pthread_mutex_unlock(&st->mu);
     return 0;
   }
-  bytes_t taken = st->pending;
-  memset(&st->pending, 0, sizeof(st->pending));
+  bytes_t taken = st->ix.pending;
+  memset(&st->ix.pending, 0, sizeof(st->ix.pending));
   pthread_mutex_unlock(&st->mu);
   rocksdb_writebatch_t *b = rocksdb_writebatch_create();
   pending_to_batch(&taken, b, NULL, 0, false);
   int rc = db_write(st, b);
   rocksdb_writebatch_destroy(b);
   pthread_mutex_lock(&st->mu);
-  if (rc != 0) bytes_append(&st->pending, taken.p, taken.len);
+  if (rc != 0) index_bytes_append(&st->ix.pending, taken.p, taken.len);
   pthread_mutex_unlock(&st->mu);
   free(taken.p);
   return rc;
@@ -1778,8 +945,8 @@ static void persist_last_use(store_t *st, bool all) {
     int n = 0;
     bool complete = true;
     pthread_mutex_lock(&st->mu);
-    uint64_t counter = st->touch_counter;
-    for (entry_t *e = st->lru_tail; e != NULL && e->touch > st->persisted_touch;
+    uint64_t counter = st->ix.touch_counter;
+    for (entry_t *e = st->ix.lru_tail; e != NULL && e->touch > st->ix.persisted_touch;
          e = e->prev) {
       if (e->last_use - e->saved_use < st->persist_granularity) continue;
       if (n == PERSIST_BATCH_MAX) {
@@ -1793,7 +960,7 @@ static void persist_last_use(store_t *st, bool all) {
       e->saved_use = e->last_use;
       n++;
     }
-    if (complete) st->persisted_touch = counter;
+    if (complete) st->ix.persisted_touch = counter;
     st->last_persist = mono_now(st);
     pthread_mutex_unlock(&st->mu);
     int rc = n ? db_write(st, b) : 0;
@@ -1804,7 +971,7 @@ static void persist_last_use(store_t *st, bool all) {
 
 static bool persist_due(store_t *st) {
   return mono_now(st) - st->last_persist >= STORE_PERSIST_INTERVAL_S &&
-         st->touch_counter != st->persisted_touch;
+         st->ix.touch_counter != st->ix.persisted_touch;
 }
 
 void store_close(store_t *st) {
@@ -1825,7 +992,7 @@ void store_set_capacity(store_t *st, uint64_t capacity_bytes) {
   if (st == NULL) return;
   pthread_mutex_lock(&st->mu);
   st->capacity = capacity_bytes;
-  evict_down(st, capacity_bytes, true, 0, wall_now(st));
+  index_evict_down(&st->ix, capacity_bytes, true, 0, wall_now(st));
   pthread_mutex_unlock(&st->mu);
   pthread_mutex_lock(&st->wmu);
   flush_pending(st);
@@ -1864,7 +1031,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
   if (nl > NAME_MAX_LEN || il > IDENTITY_MAX_LEN) return LARDER_EINVAL;
   pthread_mutex_lock(&st->wmu);
   pthread_mutex_lock(&st->mu);
-  object_t *o = obj_get(st, obj->id);
+  object_t *o = index_obj_get(&st->ix, obj->id);
   if (o == NULL) {
     pthread_mutex_unlock(&st->mu);
     pthread_mutex_unlock(&st->wmu);
@@ -1874,7 +1041,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
               strcmp(o->identity, obj->identity) == 0;
   if (same && (o->on_disk || o->refs == 0)) {
     /* Known; a record is written with its first entry. */
-    name_register(st, o);
+    index_name_register(&st->ix, o, wall_now(st));
     pthread_mutex_unlock(&st->mu);
     pthread_mutex_unlock(&st->wmu);
     return 0;
@@ -1887,19 +1054,14 @@ int store_object_put(store_t *st, const store_object_t *obj) {
     pthread_mutex_unlock(&st->wmu);
     return LARDER_ENOMEM;
   }
-  if (o->name != NULL) map_remove_ptr(&st->names, name_hash(o->name), o);
-  free(o->name);
-  free(o->identity);
-  o->name = name;
-  o->identity = ident;
-  name_register(st, o);
+  index_obj_rename(&st->ix, o, name, ident, wall_now(st));
   int rc = 0;
   if (o->refs > 0) {
     /* It has entries: write its record now, with the pending deletes. */
     bytes_t rec = {0};
     rc = encode_object(&rec, o);
-    bytes_t taken = st->pending;
-    memset(&st->pending, 0, sizeof(st->pending));
+    bytes_t taken = st->ix.pending;
+    memset(&st->ix.pending, 0, sizeof(st->ix.pending));
     bool was_on_disk = o->on_disk;
     o->on_disk = true;
     pthread_mutex_unlock(&st->mu);
@@ -1915,7 +1077,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
     }
     pthread_mutex_lock(&st->mu);
     if (rc != 0) {
-      bytes_append(&st->pending, taken.p, taken.len);
+      index_bytes_append(&st->ix.pending, taken.p, taken.len);
       o->on_disk = was_on_disk;
     }
     free(taken.p);
@@ -1931,9 +1093,9 @@ int store_object_put(store_t *st, const store_object_t *obj) {
 
 int store_contains(store_t *st, const store_key_t *key) {
   if (st == NULL || key == NULL || key->len > STORE_KEY_MAX) return 0;
-  uint64_t h = hash_key(key->bytes, key->len);
+  uint64_t h = index_hash_key(key->bytes, key->len);
   pthread_mutex_lock(&st->mu);
-  const entry_t *e = entry_find(st, key->bytes, key->len, h);
+  const entry_t *e = index_entry_find(&st->ix, key->bytes, key->len, h);
   int present = e != NULL && e->state == ST_PRESENT;
   pthread_mutex_unlock(&st->mu);
   return present;
@@ -1961,10 +1123,10 @@ static bool drop_if_gen(store_t *st, const store_key_t *key, uint64_t h,
                         uint64_t gen, bool corrupt) {
   bool dropped = false;
   pthread_mutex_lock(&st->mu);
-  entry_t *e = entry_find(st, key->bytes, key->len, h);
+  entry_t *e = index_entry_find(&st->ix, key->bytes, key->len, h);
   if (e != NULL && e->state == ST_PRESENT && e->gen == gen) {
     if (corrupt) st->stats.checksum_failures++;
-    drop_present(st, e);
+    index_drop_present(&st->ix, e);
     dropped = true;
   }
   pthread_mutex_unlock(&st->mu);
@@ -1986,12 +1148,12 @@ static void unhit(store_t *st, uint64_t size) {
 
 void store_discard(store_t *st, const store_key_t *key) {
   if (st == NULL || key == NULL || key->len > STORE_KEY_MAX) return;
-  uint64_t h = hash_key(key->bytes, key->len);
+  uint64_t h = index_hash_key(key->bytes, key->len);
   pthread_mutex_lock(&st->mu);
-  entry_t *e = entry_find(st, key->bytes, key->len, h);
+  entry_t *e = index_entry_find(&st->ix, key->bytes, key->len, h);
   if (e != NULL && e->state == ST_PRESENT) {
     if (st->stats.hits > 0 && st->stats.hit_bytes >= e->size) unhit_locked(st, e->size);
-    drop_present(st, e);
+    index_drop_present(&st->ix, e);
   }
   pthread_mutex_unlock(&st->mu);
 }
@@ -2000,15 +1162,15 @@ int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
   if (out) *out = NULL;
   if (st == NULL || key == NULL || out == NULL || key->len > STORE_KEY_MAX)
     return LARDER_EINVAL;
-  uint64_t h = hash_key(key->bytes, key->len);
+  uint64_t h = index_hash_key(key->bytes, key->len);
   pthread_mutex_lock(&st->mu);
-  entry_t *e = entry_find(st, key->bytes, key->len, h);
+  entry_t *e = index_entry_find(&st->ix, key->bytes, key->len, h);
   if (e == NULL || e->state != ST_PRESENT) {
     st->stats.misses++;
     pthread_mutex_unlock(&st->mu);
     return LARDER_ENOENT;
   }
-  touch(st, e, wall_now(st));
+  index_touch(&st->ix, e, wall_now(st));
   uint64_t gen = e->gen, size = e->size;
   st->stats.hits++; /* undone below if the read fails */
   st->stats.hit_bytes += size;
@@ -2087,52 +1249,8 @@ int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
   return 0;
 }
 
-
 /* ------------------------------------------------------------------------ */
 /* Admission                                                                 */
-
-static int scratch_push(store_t *st, size_t *len, uint32_t v) {
-  if (*len == st->scratch_cap) {
-    size_t nc = st->scratch_cap ? st->scratch_cap * 2 : 256;
-    uint32_t *ns = realloc(st->scratch, nc * sizeof(*ns));
-    if (ns == NULL) return LARDER_ENOMEM;
-    st->scratch = ns;
-    st->scratch_cap = nc;
-  }
-  st->scratch[(*len)++] = v;
-  return 0;
-}
-
-/* Whether `need` bytes can be freed from idle entries and entries worse
- * than priority; changes nothing. */
-static bool can_free(store_t *st, uint64_t need, uint64_t priority,
-                     int64_t now) {
-  uint64_t avail = 0;
-  size_t marked = 0;
-  for (entry_t *e = st->lru_head; e && avail < need && is_idle(st, e, now);
-       e = e->next) {
-    avail += e->size;
-    e->mark = 1;
-    marked++;
-  }
-  /* Heap entries worse than priority form a subtree at the root. */
-  size_t sp = 0;
-  if (avail < need && st->heap_len > 0 && scratch_push(st, &sp, 0) != 0)
-    sp = 0;
-  while (sp > 0 && avail < need) {
-    uint32_t i = st->scratch[--sp];
-    entry_t *e = st->heap[i];
-    if (e->priority <= priority) continue;
-    if (!e->mark) avail += e->size;
-    size_t l = 2 * (size_t)i + 1;
-    if (l < st->heap_len && scratch_push(st, &sp, (uint32_t)l) != 0) break;
-    if (l + 1 < st->heap_len && scratch_push(st, &sp, (uint32_t)(l + 1)) != 0)
-      break;
-  }
-  entry_t *e = st->lru_head;
-  for (size_t i = 0; i < marked; i++, e = e->next) e->mark = 0;
-  return avail >= need;
-}
 
 int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
                   const uint64_t *sizes, int n, uint64_t priority) {
@@ -2168,57 +1286,10 @@ int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
   int64_t now = wall_now(st);
   pthread_mutex_lock(&st->mu);
   st->low_space = !room;
-  bool admit = room && total <= st->capacity;
-  for (int i = 0; i < n && admit; i++)
-    if (entry_find(st, keys[i].bytes, keys[i].len,
-                   hash_key(keys[i].bytes, keys[i].len)) != NULL)
-      admit = false;
-  if (admit && st->used + st->reserved + total > st->capacity) {
-    uint64_t need = st->used + st->reserved + total - st->capacity;
-    admit = can_free(st, need, priority, now);
-    if (admit) evict_down(st, st->capacity - total, false, priority, now);
-    admit = st->used + st->reserved + total <= st->capacity;
-  }
-  object_t *o = admit ? obj_get(st, object_id) : NULL;
-  if (admit && o == NULL) {
-    pthread_mutex_unlock(&st->mu);
-    return LARDER_ENOMEM;
-  }
-  int made = 0;
-  int rc = admit ? 1 : 0;
-  for (int i = 0; i < n && admit; i++) {
-    const store_key_t *k = &keys[i];
-    entry_t *e = calloc(1, sizeof(*e) + k->len);
-    uint64_t h = hash_key(k->bytes, k->len);
-    if (e != NULL) {
-      e->keylen = k->len;
-      memcpy(e->key, k->bytes, k->len);
-      e->h = h;
-      e->size = sizes[i];
-      e->priority = priority;
-      e->heap_pos = HEAP_NONE;
-      e->state = ST_RESERVED;
-      e->obj = o;
-    }
-    if (e == NULL || map_insert(&st->entries, h, e) != 0) {
-      free(e);
-      rc = LARDER_ENOMEM;
-      break;
-    }
-    o->refs++;
-    st->reserved += e->size;
-    made++;
-  }
-  if (rc < 0) {
-    /* Undo the reservations made so far. */
-    for (int i = 0; i < made; i++) {
-      entry_t *e = entry_find(st, keys[i].bytes, keys[i].len,
-                              hash_key(keys[i].bytes, keys[i].len));
-      if (e) drop_reserved(st, e);
-    }
-  } else if (rc == 0) {
-    st->stats.rejected++;
-  }
+  int rc = room ? index_reserve(&st->ix, st->capacity, object_id, keys, sizes, n, total,
+                                priority, now)
+                 : 0;
+  if (rc == 0) st->stats.rejected++;
   pthread_mutex_unlock(&st->mu);
   return rc;
 }
@@ -2228,8 +1299,8 @@ int store_would_admit(store_t *st, uint64_t bytes, uint64_t priority) {
   int64_t now = wall_now(st);
   pthread_mutex_lock(&st->mu);
   int admit = !st->writes_off && !st->low_space && bytes <= st->capacity;
-  if (admit && st->used + st->reserved + bytes > st->capacity)
-    admit = can_free(st, st->used + st->reserved + bytes - st->capacity, priority, now);
+  if (admit && st->ix.used + st->ix.reserved + bytes > st->capacity)
+    admit = index_can_free(&st->ix, st->ix.used + st->ix.reserved + bytes - st->capacity, priority, now);
   pthread_mutex_unlock(&st->mu);
   return admit;
 }
@@ -2239,15 +1310,85 @@ void store_unreserve(store_t *st, const store_key_t *keys, int n) {
   pthread_mutex_lock(&st->mu);
   for (int i = 0; i < n; i++) {
     if (keys[i].len > STORE_KEY_MAX) continue;
-    uint64_t h = hash_key(keys[i].bytes, keys[i].len);
-    entry_t *e = entry_find(st, keys[i].bytes, keys[i].len, h);
-    if (e != NULL && e->state == ST_RESERVED) drop_reserved(st, e);
+    uint64_t h = index_hash_key(keys[i].bytes, keys[i].len);
+    entry_t *e = index_entry_find(&st->ix, keys[i].bytes, keys[i].len, h);
+    if (e != NULL && e->state == ST_RESERVED) index_drop_reserved(&st->ix, e);
   }
   pthread_mutex_unlock(&st->mu);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Writes                                                                    */
+
+/* Encodes the value header (with the payload's checksum) of each of a
+ * put's n entries into hdrs[i * VALUE_HDR].  Holds no lock: checksumming is
+ * the costly part of a put. */
+static void put_headers(const store_entry_t *entries, int n, uint8_t *hdrs) {
+  for (int i = 0; i < n; i++) {
+    uint32_t crc = cache_crc32c(0, entries[i].data, entries[i].size);
+    encode_value_header(hdrs + (size_t)i * VALUE_HDR, crc, entries[i].size);
+  }
+}
+
+/* A put's batch: each entry's value record (its header from hdrs, then its
+ * payload) and its index record (encoded into recs[i * INDEX_REC], last
+ * use now).  RocksDB copies keys and values into the batch here. */
+static rocksdb_writebatch_t *put_batch(const store_entry_t *entries, int n, const uint8_t *hdrs,
+                                       uint8_t *recs, uint64_t priority, uint64_t object_id,
+                                       int64_t now) {
+  rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+  for (int i = 0; i < n; i++) {
+    uint8_t k[1 + STORE_KEY_MAX];
+    size_t kl = make_key(k, PFX_VALUE, entries[i].key.bytes, entries[i].key.len);
+    const char *keyp = (const char *)k;
+    const char *vparts[2] = {(const char *)hdrs + (size_t)i * VALUE_HDR,
+                             entries[i].size ? entries[i].data : ""};
+    size_t vsizes[2] = {VALUE_HDR, entries[i].size};
+    rocksdb_writebatch_putv(b, 1, &keyp, &kl, 2, vparts, vsizes);
+    uint8_t *r = recs + (size_t)i * INDEX_REC;
+    encode_index(r, entries[i].size, priority, object_id, now);
+    k[0] = PFX_INDEX;
+    rocksdb_writebatch_put(b, (const char *)k, kl, (const char *)r, INDEX_REC);
+  }
+  return b;
+}
+
+/* Takes the pending deletes (into *taken) for a put of o's entries, and
+ * o's record (into *orec) when it is named and not yet on disk, marking it
+ * on disk.  Returns whether the record is to be written.  wmu held, so
+ * that the batch reaches RocksDB in the order the index queued its
+ * deletes; takes mu. */
+static bool put_take_pending(store_t *st, object_t *o, bytes_t *taken, bytes_t *orec) {
+  pthread_mutex_lock(&st->mu);
+  *taken = st->ix.pending;
+  memset(&st->ix.pending, 0, sizeof(st->ix.pending));
+  bool write_obj = o->name != NULL && !o->on_disk;
+  if (write_obj && encode_object(orec, o) != 0) write_obj = false;
+  if (write_obj) o->on_disk = true;
+  pthread_mutex_unlock(&st->mu);
+  return write_obj;
+}
+
+/* Adds to b the taken deletes, but for the keys of this put (ks) and for
+ * object_id when its record (orec) goes in too. */
+static void put_add_pending(rocksdb_writebatch_t *b, const bytes_t *taken, const keyset_t *ks,
+                            uint64_t object_id, bool write_obj, const bytes_t *orec) {
+  pending_to_batch(taken, b, ks, object_id, write_obj);
+  if (write_obj) {
+    uint8_t k[9];
+    make_obj_key(k, object_id);
+    rocksdb_writebatch_put(b, (const char *)k, sizeof(k), (const char *)orec->p, orec->len);
+  }
+}
+
+/* A put's batch failed (mu held): the deletes it carried are queued again,
+ * o's record counts as unwritten, and its entries are dropped. */
+static void put_undo_locked(store_t *st, entry_t **es, int n, object_t *o, const bytes_t *taken,
+                            bool write_obj) {
+  index_bytes_append(&st->ix.pending, taken->p, taken->len);
+  if (write_obj) o->on_disk = false;
+  index_abort(&st->ix, es, n);
+}
 
 int store_put(store_t *st, uint64_t object_id, uint64_t priority,
               const store_entry_t *entries, int n) {
@@ -2270,33 +1411,11 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
     keyset_free(&ks);
     return LARDER_ENOMEM;
   }
-  /* Checksums first, holding no lock. */
-  for (int i = 0; i < n; i++) {
-    uint32_t crc = store_crc32c(0, entries[i].data, entries[i].size);
-    encode_value_header(hdrs + (size_t)i * VALUE_HDR, crc, entries[i].size);
-  }
+  put_headers(entries, n, hdrs);
   /* Claim the reservations. */
+  object_t *o = NULL;
   pthread_mutex_lock(&st->mu);
-  int rc = 0;
-  for (int i = 0; i < n && rc == 0; i++) {
-    const store_key_t *k = &entries[i].key;
-    es[i] = entry_find(st, k->bytes, k->len, hash_key(k->bytes, k->len));
-    if (es[i] == NULL || es[i]->state != ST_RESERVED) rc = LARDER_EINVAL;
-  }
-  object_t *o = rc == 0 ? obj_get(st, object_id) : NULL;
-  if (rc == 0 && o == NULL) rc = LARDER_ENOMEM;
-  if (rc == 0) {
-    for (int i = 0; i < n; i++) {
-      entry_t *e = es[i];
-      e->state = ST_WRITING;
-      e->priority = priority;
-      if (e->obj != o) { /* reserved under another object id */
-        o->refs++;
-        obj_unref(st, e->obj);
-        e->obj = o;
-      }
-    }
-  }
+  int rc = index_claim(&st->ix, object_id, priority, entries, n, es, &o);
   pthread_mutex_unlock(&st->mu);
   if (rc != 0) {
     free(es);
@@ -2305,89 +1424,23 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
     return rc;
   }
 
-  /* The batch: values and index records (copied into the batch here). */
   int64_t now = wall_now(st);
-  rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-  for (int i = 0; i < n; i++) {
-    uint8_t k[1 + STORE_KEY_MAX];
-    size_t kl = make_key(k, PFX_VALUE, entries[i].key.bytes, entries[i].key.len);
-    const char *keyp = (const char *)k;
-    const char *vparts[2] = {(const char *)hdrs + (size_t)i * VALUE_HDR,
-                             entries[i].size ? entries[i].data : ""};
-    size_t vsizes[2] = {VALUE_HDR, entries[i].size};
-    rocksdb_writebatch_putv(b, 1, &keyp, &kl, 2, vparts, vsizes);
-    uint8_t *r = hdrs + (size_t)n * VALUE_HDR + (size_t)i * INDEX_REC;
-    encode_index(r, entries[i].size, priority, object_id, now);
-    k[0] = PFX_INDEX;
-    rocksdb_writebatch_put(b, (const char *)k, kl, (const char *)r, INDEX_REC);
-  }
-
+  rocksdb_writebatch_t *b =
+      put_batch(entries, n, hdrs, hdrs + (size_t)n * VALUE_HDR, priority, object_id, now);
   pthread_mutex_lock(&st->wmu);
-  pthread_mutex_lock(&st->mu);
-  bytes_t taken = st->pending;
-  memset(&st->pending, 0, sizeof(st->pending));
-  bytes_t orec = {0};
-  bool write_obj = o->name != NULL && !o->on_disk;
-  if (write_obj && encode_object(&orec, o) != 0) write_obj = false;
-  if (write_obj) o->on_disk = true;
-  pthread_mutex_unlock(&st->mu);
-  pending_to_batch(&taken, b, &ks, object_id, write_obj);
+  bytes_t taken, orec = {0};
+  bool write_obj = put_take_pending(st, o, &taken, &orec);
+  put_add_pending(b, &taken, &ks, object_id, write_obj, &orec);
   keyset_free(&ks);
-  if (write_obj) {
-    uint8_t k[9];
-    make_obj_key(k, object_id);
-    rocksdb_writebatch_put(b, (const char *)k, sizeof(k),
-                           (const char *)orec.p, orec.len);
-  }
   rc = db_write(st, b);
   rocksdb_writebatch_destroy(b);
 
   pthread_mutex_lock(&st->mu);
-  uint64_t total = 0;
-  if (rc == 0) {
-    uint64_t gen = ++st->gen_counter;
-    for (int i = 0; i < n; i++) {
-      entry_t *e = es[i];
-      st->reserved -= e->size;
-      e->size = entries[i].size;
-      e->last_use = e->saved_use = now;
-      e->gen = gen;
-      e->touch = ++st->touch_counter;
-      e->state = ST_PRESENT;
-      st->used += e->size;
-      st->present++;
-      total += e->size;
-      obj_add_present(st, e, now);
-      lru_append(st, e);
-      if (heap_push(st, e) != 0) {
-        /* No memory for the heap: forget the entry (deleted later). */
-        st->used -= e->size;
-        st->present--;
-        obj_del_present(st, e);
-        lru_unlink(st, e);
-        map_remove_ptr(&st->entries, e->h, e);
-        pending_entry(st, e->key, e->keylen);
-        obj_unref(st, o);
-        free(e);
-      }
-    }
-    st->stats.puts++;
-    st->stats.put_bytes += total;
-    /* Real sizes above the reserved ones: get back under the capacity,
-     * evicting only idle or worse entries (overshoot <= this unit). */
-    evict_down(st, st->capacity, false, priority, now);
-  } else {
-    bytes_append(&st->pending, taken.p, taken.len);
-    if (write_obj) o->on_disk = false;
-    /* A batch can reach the WAL and still report an error (a failed sync):
-     * make sure no value outlives its failed put.  A later put of the same
-     * key supersedes these deletes. */
-    for (int i = 0; i < n; i++) {
-      pending_entry(st, es[i]->key, es[i]->keylen);
-      drop_reserved(st, es[i]);
-    }
-  }
-  bool more = st->pending.len > 0 && rc == 0;
+  if (rc == 0)
+    index_commit(&st->ix, es, entries, n, o, priority, st->capacity, now);
+  else
+    put_undo_locked(st, es, n, o, &taken, write_obj);
+  bool more = st->ix.pending.len > 0 && rc == 0;
   bool persist = rc == 0 && persist_due(st);
   pthread_mutex_unlock(&st->mu);
   if (more) flush_pending(st);
@@ -2408,15 +1461,15 @@ int store_list_objects(store_t *st,
                        void *arg) {
   if (st == NULL) return LARDER_EINVAL;
   pthread_mutex_lock(&st->mu);
-  size_t n = st->live_objects;
+  size_t n = st->ix.live_objects;
   store_object_info_t *v = n ? calloc(n, sizeof(*v)) : NULL;
   if (n && v == NULL) {
     pthread_mutex_unlock(&st->mu);
     return LARDER_ENOMEM;
   }
   size_t j = 0;
-  for (size_t i = 0; i <= st->objects.mask && j < n; i++) {
-    const object_t *o = st->objects.slots[i].p;
+  for (size_t i = 0; i <= st->ix.objects.mask && j < n; i++) {
+    const object_t *o = st->ix.objects.slots[i].p;
     if (o == NULL || o->entries == 0) continue;
     store_object_info_t *info = &v[j++];
     info->id = o->id;
@@ -2441,22 +1494,6 @@ static bool name_matches(const object_t *o, const char *prefix,
   return o->name != NULL && strncmp(o->name, prefix, strlen(prefix)) == 0;
 }
 
-/* The present entries for which pick(e, arg) holds, in a malloc'd array
- * (mu held; *n set).  Collected first and dropped afterwards, because a
- * removal from the map moves other entries between slots. */
-static entry_t **collect(store_t *st, bool (*pick)(const entry_t *, void *),
-                         void *arg, size_t *n) {
-  *n = 0;
-  entry_t **v = malloc((st->entries.count ? st->entries.count : 1) *
-                       sizeof(entry_t *));
-  if (v == NULL) return NULL;
-  for (size_t i = 0; i <= st->entries.mask; i++) {
-    entry_t *e = st->entries.slots[i].p;
-    if (e != NULL && e->state == ST_PRESENT && pick(e, arg)) v[(*n)++] = e;
-  }
-  return v;
-}
-
 typedef struct evict_sel {
   const char *prefix;
   uint64_t object_id;
@@ -2476,14 +1513,14 @@ int store_evict(store_t *st, const char *prefix, uint64_t object_id,
   uint64_t nb = 0;
   size_t ne = 0;
   pthread_mutex_lock(&st->mu);
-  entry_t **v = collect(st, pick_evict, &sel, &ne);
+  entry_t **v = index_collect(&st->ix, pick_evict, &sel, &ne);
   if (v == NULL) {
     pthread_mutex_unlock(&st->mu);
     return LARDER_ENOMEM;
   }
   for (size_t i = 0; i < ne; i++) {
     nb += v[i]->size;
-    if (!dry_run) evict_entry(st, v[i]);
+    if (!dry_run) index_evict_entry(&st->ix, v[i]);
   }
   pthread_mutex_unlock(&st->mu);
   free(v);
@@ -2512,7 +1549,7 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
   pthread_mutex_lock(&st->vmu);
   pthread_mutex_lock(&st->mu);
   /* Entries put after this are not in the iterator's snapshot. */
-  uint64_t snap_gen = st->gen_counter;
+  uint64_t snap_gen = st->ix.gen_counter;
   pthread_mutex_unlock(&st->mu);
 
   char lower[1] = {PFX_VALUE}, upper[1] = {PFX_VALUE + 1};
@@ -2537,20 +1574,20 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
     bool sound = check_value(v, vl, UINT64_MAX) == 0;
     const uint8_t *key = k + 1;
     uint8_t len = (uint8_t)(kl - 1);
-    uint64_t h = hash_key(key, len);
+    uint64_t h = index_hash_key(key, len);
     pthread_mutex_lock(&st->mu);
-    entry_t *e = entry_find(st, key, len, h);
+    entry_t *e = index_entry_find(&st->ix, key, len, h);
     if (e == NULL) {
       /* Evicted since the scan began, or an orphan: deleting is safe, a
        * later put of this key supersedes the delete. */
-      pending_entry(st, key, len);
+      index_pending_entry(&st->ix, key, len);
     } else if (e->state == ST_PRESENT && e->gen <= snap_gen) {
       nchecked++;
       e->seen = 1;
       if (!sound || get_u64(v + 16) != e->size) {
         nbad++;
         st->stats.checksum_failures++;
-        drop_present(st, e);
+        index_drop_present(&st->ix, e);
       }
     }
     pthread_mutex_unlock(&st->mu);
@@ -2567,16 +1604,17 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
   /* Index entries whose value was not there (only after a full scan). */
   pthread_mutex_lock(&st->mu);
   size_t nm = 0;
-  entry_t **miss = rc == 0 ? collect(st, pick_missing, &snap_gen, &nm) : NULL;
+  entry_t **miss = rc == 0 ? index_collect(&st->ix, pick_missing, &snap_gen, &nm) : NULL;
   if (rc == 0 && miss == NULL) rc = LARDER_ENOMEM;
-  for (size_t i = 0; i < nm; i++) {
+  /* index_collect leaves nm at 0 when it returns NULL. */
+  for (size_t i = 0; miss != NULL && i < nm; i++) {
     nchecked++;
     nbad++;
-    drop_present(st, miss[i]);
+    index_drop_present(&st->ix, miss[i]);
   }
   free(miss);
-  for (size_t i = 0; i <= st->entries.mask; i++) {
-    entry_t *e = st->entries.slots[i].p;
+  for (size_t i = 0; i <= st->ix.entries.mask; i++) {
+    entry_t *e = st->ix.entries.slots[i].p;
     if (e != NULL) e->seen = 0;
   }
   pthread_mutex_unlock(&st->mu);
@@ -2596,13 +1634,18 @@ void store_stats_get(store_t *st, store_stats_t *out) {
   pthread_mutex_lock(&st->mu);
   *out = st->stats;
   out->capacity_bytes = st->capacity;
-  out->used_bytes = st->used;
-  out->reserved_bytes = st->reserved;
-  out->entries = st->present;
-  out->objects = st->live_objects;
+  out->used_bytes = st->ix.used;
+  out->reserved_bytes = st->ix.reserved;
+  out->entries = st->ix.present;
+  out->objects = st->ix.live_objects;
   out->admission_disabled = st->writes_off || st->low_space;
   out->disk_free_bytes = st->low_space ? st->low_avail : 0;
   out->disk_needed_bytes = st->low_space ? st->low_need : 0;
   out->write_error = st->writes_off ? st->writes_off_code : st->low_space ? LARDER_ENOSPC : 0;
   pthread_mutex_unlock(&st->mu);
+}
+
+/* The checksum store.h offers: crc32c.c's. */
+uint32_t store_crc32c(uint32_t crc, const void *data, size_t len) {
+  return cache_crc32c(crc, data, len);
 }

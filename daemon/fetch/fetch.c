@@ -1,6 +1,7 @@
 /*
  * fetch.c: HTTP(S) and S3 range requests with libcurl's multi interface
- * inside the libuv loop.
+ * inside the libuv loop.  What is S3's own (its URLs, signing, error codes
+ * and listings' pages) is in s3.c; this file carries the transfers.
  *
  * The integration follows curl's multi-socket pattern: libcurl tells us
  * which sockets to watch (socket_cb) and when to wake it (timer_cb); each
@@ -14,9 +15,7 @@
  */
 #include <ctype.h>
 #include <curl/curl.h>
-#include <expat.h>
 #include <errno.h>
-#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +24,10 @@
 
 #include "larder.h"
 #include "fetch/fetch.h"
+#include "fetch/s3.h"
 #include "log.h"
 #include "serve/metrics.h"
-#include "fetch/remote.h"
+#include "fetch/version.h"
 #include "util.h"
 
 /* RQ_DEFERRED: the result is known when fetch_get is called (an object
@@ -66,11 +66,9 @@ struct fetch {
   CURLM *multi;
   uv_timer_t timer;
   fetch_options_t opts;
-  char aws_sigv4[128];
-  /* The S3 credentials, owned (opts.s3_access_key, s3_secret_key and
-   * s3_session_token point at them), and "access:secret" for libcurl. */
-  char *cred[3];
-  char *userpwd;
+  /* The S3 signer owns the credentials (opts.s3_access_key, s3_secret_key
+   * and s3_session_token point at its copies). */
+  s3_signer_t s3;
   fetch_req_t *q_head, *q_tail; /* queued, in ask order */
   host_slot_t *hosts;
   uint64_t inflight_bytes;
@@ -196,72 +194,13 @@ void fetch_redact(const char *url, char *buf, size_t size) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Credentials                                                               */
-
-/* Frees a secret string after overwriting it. */
-static void free_secret(char *s) {
-  if (s == NULL) return;
-  explicit_bzero(s, strlen(s));
-  free(s);
-}
-
-/* ------------------------------------------------------------------------ */
 /* URLs                                                                      */
 
-/* Turns s3://bucket/key into the HTTP URL of the configured endpoint. */
+/* The HTTP(S) URL a request goes to: an s3:// URL's on the configured
+ * endpoint (s3.h), any other as written.  Returns a malloc'd string, or
+ * NULL when out of memory. */
 static char *resolve_url(fetch_t *f, const char *url, const char *query) {
-  char *out = NULL;
-  if (strncmp(url, "s3://", 5) == 0) {
-    const char *bucket = url + 5;
-    const char *slash = strchr(bucket, '/');
-    size_t blen = slash ? (size_t)(slash - bucket) : strlen(bucket);
-    const char *key = slash ? slash + 1 : "";
-    /* Keys are sent as written: S3 keys of training shards are plain path
-     * characters; escape anything else. */
-    char *ekey = curl_easy_escape(NULL, key, 0);
-    if (ekey == NULL) return NULL;
-    /* curl_easy_escape escapes '/', which S3 keys use as a separator. */
-    size_t el = strlen(ekey);
-    char *k2 = malloc(el + 1);
-    if (k2 == NULL) {
-      curl_free(ekey);
-      return NULL;
-    }
-    size_t j = 0;
-    for (size_t i = 0; i < el; i++) {
-      if (ekey[i] == '%' && i + 2 < el && ekey[i + 1] == '2' && (ekey[i + 2] == 'F' || ekey[i + 2] == 'f')) {
-        k2[j++] = '/';
-        i += 2;
-      } else {
-        k2[j++] = ekey[i];
-      }
-    }
-    k2[j] = '\0';
-    curl_free(ekey);
-    const char *ep = f->opts.s3_endpoint;
-    size_t n = strlen(k2) + blen + 256 + (ep ? strlen(ep) : 0) + (query ? strlen(query) : 0);
-    out = malloc(n);
-    if (out) {
-      if (ep && f->opts.s3_path_style) {
-        snprintf(out, n, "%s/%.*s/%s%s%s", ep, (int)blen, bucket, k2, query ? "?" : "",
-                 query ? query : "");
-      } else if (ep) {
-        /* Virtual-hosted on a custom endpoint: the bucket joins the host. */
-        const char *hs = strstr(ep, "://");
-        const char *host = hs ? hs + 3 : ep;
-        snprintf(out, n, "%.*s%.*s.%s/%s%s%s", (int)(host - ep), ep, (int)blen, bucket, host, k2,
-                 query ? "?" : "", query ? query : "");
-      } else if (f->opts.s3_path_style) {
-        snprintf(out, n, "https://s3.%s.amazonaws.com/%.*s/%s%s%s", f->opts.s3_region, (int)blen,
-                 bucket, k2, query ? "?" : "", query ? query : "");
-      } else {
-        snprintf(out, n, "https://%.*s.s3.%s.amazonaws.com/%s%s%s", (int)blen, bucket,
-                 f->opts.s3_region, k2, query ? "?" : "", query ? query : "");
-      }
-    }
-    free(k2);
-    return out;
-  }
+  if (strncmp(url, "s3://", 5) == 0) return s3_http_url(&f->opts, url, query);
   return strdup(url);
 }
 
@@ -328,8 +267,7 @@ static void maybe_done(fetch_t *f) {
     f->hosts = hs->next;
     free(hs);
   }
-  for (int i = 0; i < 3; i++) free_secret(f->cred[i]);
-  free_secret(f->userpwd);
+  s3_signer_free(&f->s3);
   free(f);
   done(arg);
 }
@@ -622,33 +560,8 @@ static int setup_easy(fetch_req_t *r) {
     }
   }
   if (strncmp(r->url, "s3://", 5) == 0) {
-    if (f->opts.s3_access_key == NULL || f->opts.s3_secret_key == NULL) {
-      snprintf(r->msg, sizeof(r->msg),
-               "%s: no S3 credentials (set the daemon's s3_access_key, AWS_ACCESS_KEY_ID and "
-               "AWS_SECRET_ACCESS_KEY, a web identity, a profile in ~/.aws/credentials, or "
-               "run with a container or instance role)",
-               r->url);
-      return LARDER_EACCES;
-    }
-    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, f->aws_sigv4);
-    curl_easy_setopt(e, CURLOPT_USERPWD, f->userpwd);
-    if (f->opts.s3_session_token && *f->opts.s3_session_token) {
-      static const char name[] = "x-amz-security-token: ";
-      size_t n = strlen(f->opts.s3_session_token);
-      char *tok = malloc(sizeof(name) + n);
-      if (tok == NULL) return LARDER_ENOMEM;
-      memcpy(tok, name, sizeof(name) - 1);
-      memcpy(tok + sizeof(name) - 1, f->opts.s3_session_token, n + 1);
-      struct curl_slist *h = curl_slist_append(r->headers, tok);
-      explicit_bzero(tok, sizeof(name) + n);
-      free(tok);
-      if (h == NULL) return LARDER_ENOMEM;
-      r->headers = h;
-    }
-    /* S3 wants the payload hash in a header; a GET has an empty body. */
-    r->headers = curl_slist_append(
-        r->headers,
-        "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    int rc = s3_sign(&f->s3, e, &r->headers, r->url, r->msg, sizeof(r->msg));
+    if (rc) return rc;
   }
   if (r->headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
   return 0;
@@ -793,20 +706,6 @@ static int parse_content_range(const char *s, uint64_t *a, uint64_t *b, uint64_t
   return 0;
 }
 
-/* Finds S3's <Code>...</Code> in an error body. */
-static void s3_code(const fetch_req_t *r, char *code, size_t size) {
-  code[0] = '\0';
-  if (r->buf == NULL || r->len == 0) return;
-  const char *b = (const char *)r->buf;
-  size_t n = r->len < 4096 ? (size_t)r->len : 4096;
-  const char *open = memmem(b, n, "<Code>", 6);
-  if (open == NULL) return;
-  open += 6;
-  const char *close = memmem(open, n - (size_t)(open - b), "</Code>", 7);
-  if (close == NULL) return;
-  snprintf(code, size, "%.*s", (int)(close - open), open);
-}
-
 /* The object kept whole for url, moved to the front (most recently used). */
 static whole_obj_t *find_whole(fetch_t *f, const char *url) {
   for (whole_obj_t **pp = &f->wholes; *pp; pp = &(*pp)->next) {
@@ -893,8 +792,8 @@ static void whole_drop(fetch_t *f, const char *url) {
 static int serve_from_whole(fetch_req_t *r, int deferred) {
   whole_obj_t *w = find_whole(r->f, r->url);
   if (w == NULL) return 0;
-  if (!remote_same_version(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
-                           w->last_modified))
+  if (!version_same(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
+                    w->last_modified))
     return 0;
   uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
                  : r->ranged     ? r->range.offset
@@ -922,260 +821,315 @@ static int serve_from_whole(fetch_req_t *r, int deferred) {
   return 1;
 }
 
-/* Decides what a finished transfer means: done, retry, or fail. */
-static void completed(fetch_req_t *r, CURLcode cc) {
-  fetch_t *f = r->f;
-  char where[400];
-  fetch_redact(r->url, where, sizeof(where));
-  if (f->opts.stats) STATS_SUB(f->opts.stats, fetch_inflight, 1);
-  release_slot(r);
-  curl_multi_remove_handle(f->multi, r->easy);
-  int retry = 0, code = 0;
-  /* libcurl's error buffer says more than curl_easy_strerror (which
-   * certificate check failed, which host did not answer); it never holds
-   * credentials. */
-  const char *why = r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc);
-  /* An error body cut at its cap still has its status to decide by. */
-  if (cc == CURLE_WRITE_ERROR && r->error_body_cut && !r->header_too_long) cc = CURLE_OK;
-  if (cc != CURLE_OK && (r->header_too_long || (cc == CURLE_OUT_OF_MEMORY && r->http_status))) {
+/* What a finished transfer's outcome handlers return, besides 0 (done) and
+ * a negative code: the request has already ended (served from an object
+ * kept whole), and nothing is left for completed to do. */
+#define ENDED 1
+
+/* A body libcurl stopped taking (CURLE_WRITE_ERROR): over its cap
+ * (body_limit) or out of memory.  Returns the code, with r->msg set and
+ * *retry set where another answer may differ. */
+static int body_refused(fetch_req_t *r, const char *where, int *retry) {
+  int code;
+  uint64_t limit = body_limit(r);
+  code = r->overflow ? LARDER_ECORRUPT : LARDER_ENOMEM;
+  *retry = r->overflow;
+  if (!r->overflow) {
+    snprintf(r->msg, sizeof(r->msg), "%s: out of memory for the body", where);
+  } else if (r->http_status != 206 && !r->is_list && r->known_size > limit) {
+    /* The whole object, larger than may be kept. */
+    *retry = 0;
+    code = LARDER_ELIMIT;
+    snprintf(r->msg, sizeof(r->msg),
+             "%s: HTTP %ld: the server sent the whole object (it ignores Range) and its "
+             "%llu bytes are more than fetch_whole_bytes (%llu bytes), the most larderd "
+             "keeps of such objects",
+             where, r->http_status, (unsigned long long)r->known_size,
+             (unsigned long long)limit);
+  } else if (r->http_status == 206 || r->known_size) {
+    /* More than the range, or than the object the stream opened: a
+     * wrong answer (an error page, another version), maybe not the
+     * next one. */
+    snprintf(r->msg, sizeof(r->msg),
+             "%s: HTTP %ld: the body is longer than the %llu bytes %s", where,
+             r->http_status, (unsigned long long)limit,
+             r->http_status == 206 ? "the range asked for" : "of the object");
+  } else if (r->is_list) {
+    *retry = 0;
+    snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld: a listing page is longer than %llu bytes",
+             where, r->http_status, (unsigned long long)limit);
+  } else {
+    /* A whole object of unknown size, larger than may be kept. */
+    *retry = 0;
+    code = LARDER_ELIMIT;
+    snprintf(r->msg, sizeof(r->msg),
+             "%s: HTTP %ld: the server sent the whole object (it ignores Range) and it is "
+             "larger than fetch_whole_bytes (%llu bytes), the most larderd keeps of such "
+             "objects",
+             where, r->http_status, (unsigned long long)limit);
+  }
+  return code;
+}
+
+/* A transfer libcurl failed (cc != CURLE_OK): the code to end it with,
+ * with r->msg set and *retry set when another attempt may succeed.  Never
+ * returns 0. */
+static int transfer_failed(fetch_req_t *r, CURLcode cc, const char *where, const char *why,
+                           int *retry) {
+  int code;
+  if (r->header_too_long || (cc == CURLE_OUT_OF_MEMORY && r->http_status)) {
     /* libcurl fails a header line over its own limit (100 KB) as out of
      * memory; ours is lower (FETCH_HEADER_LINE_MAX).  Either way a proxy or
      * server misbehaves, and another attempt may meet a healthy one. */
-    retry = 1;
-    code = LARDER_EREMOTE;
+    *retry = 1;
     snprintf(r->msg, sizeof(r->msg),
              "%s: HTTP %ld: a response header line is longer than %u bytes (or libcurl's limit)",
              where, r->http_status, (unsigned)FETCH_HEADER_LINE_MAX);
-  } else if (cc != CURLE_OK) {
-    switch (cc) {
-      case CURLE_COULDNT_RESOLVE_HOST:
-      case CURLE_COULDNT_CONNECT:
-      case CURLE_OPERATION_TIMEDOUT:
-      case CURLE_RECV_ERROR:
-      case CURLE_SEND_ERROR:
-      case CURLE_PARTIAL_FILE:
-      case CURLE_GOT_NOTHING:
-      case CURLE_HTTP2:
-      case CURLE_HTTP2_STREAM:
-      case CURLE_SSL_CONNECT_ERROR:
-        retry = 1;
-        code = LARDER_EREMOTE;
-        snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, why,
-                 cc == CURLE_OPERATION_TIMEDOUT ? " (stalled or timed out)" : "");
-        break;
-      case CURLE_WRITE_ERROR: {
-        uint64_t limit = body_limit(r);
-        code = r->overflow ? LARDER_ECORRUPT : LARDER_ENOMEM;
-        retry = r->overflow;
-        if (!r->overflow) {
-          snprintf(r->msg, sizeof(r->msg), "%s: out of memory for the body", where);
-        } else if (r->http_status != 206 && !r->is_list && r->known_size > limit) {
-          /* The whole object, larger than may be kept. */
-          retry = 0;
-          code = LARDER_ELIMIT;
-          snprintf(r->msg, sizeof(r->msg),
-                   "%s: HTTP %ld: the server sent the whole object (it ignores Range) and its "
-                   "%llu bytes are more than fetch_whole_bytes (%llu bytes), the most larderd "
-                   "keeps of such objects",
-                   where, r->http_status, (unsigned long long)r->known_size,
-                   (unsigned long long)limit);
-        } else if (r->http_status == 206 || r->known_size) {
-          /* More than the range, or than the object the stream opened: a
-           * wrong answer (an error page, another version), maybe not the
-           * next one. */
-          snprintf(r->msg, sizeof(r->msg),
-                   "%s: HTTP %ld: the body is longer than the %llu bytes %s", where,
-                   r->http_status, (unsigned long long)limit,
-                   r->http_status == 206 ? "the range asked for" : "of the object");
-        } else if (r->is_list) {
-          retry = 0;
-          snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld: a listing page is longer than %llu bytes",
-                   where, r->http_status, (unsigned long long)limit);
-        } else {
-          /* A whole object of unknown size, larger than may be kept. */
-          retry = 0;
-          code = LARDER_ELIMIT;
-          snprintf(r->msg, sizeof(r->msg),
-                   "%s: HTTP %ld: the server sent the whole object (it ignores Range) and it is "
-                   "larger than fetch_whole_bytes (%llu bytes), the most larderd keeps of such "
-                   "objects",
-                   where, r->http_status, (unsigned long long)limit);
-        }
-        break;
-      }
-      case CURLE_PEER_FAILED_VERIFICATION:
-      case CURLE_SSL_CACERT_BADFILE:
-        code = LARDER_EACCES;
-        snprintf(r->msg, sizeof(r->msg), "%s: TLS verification failed: %s", where, why);
-        break;
-      default:
-        code = LARDER_EREMOTE;
-        snprintf(r->msg, sizeof(r->msg), "%s: %s", where, why);
-        break;
-    }
+    return LARDER_EREMOTE;
+  }
+  switch (cc) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+      *retry = 1;
+      code = LARDER_EREMOTE;
+      snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, why,
+               cc == CURLE_OPERATION_TIMEDOUT ? " (stalled or timed out)" : "");
+      break;
+    case CURLE_WRITE_ERROR:
+      code = body_refused(r, where, retry);
+      break;
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+      code = LARDER_EACCES;
+      snprintf(r->msg, sizeof(r->msg), "%s: TLS verification failed: %s", where, why);
+      break;
+    default:
+      code = LARDER_EREMOTE;
+      snprintf(r->msg, sizeof(r->msg), "%s: %s", where, why);
+      break;
+  }
+  return code;
+}
+
+/* A 206: the bytes asked for, checked against Content-Range and their
+ * count.  Returns 0 (r->res.object_size set) or the code, with r->msg and
+ * *retry set. */
+static int partial_answer(fetch_req_t *r, const char *where, int *retry) {
+  int code = 0;
+  uint64_t a, b, total;
+  uint64_t want_a = r->range.offset, want_b = r->range.offset + r->range.length - 1;
+  if (parse_content_range(r->content_range, &a, &b, &total) != 0) {
+    code = LARDER_ECORRUPT;
+    *retry = 1;
+    snprintf(r->msg, sizeof(r->msg), "%s: 206 without a valid Content-Range ('%s')", where,
+             r->content_range);
   } else {
-    long st = 0;
-    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &st);
-    r->http_status = st;
-    char s3[64];
-    s3_code(r, s3, sizeof(s3));
-    if (st == 206) {
-      uint64_t a, b, total;
-      uint64_t want_a = r->range.offset, want_b = r->range.offset + r->range.length - 1;
-      if (parse_content_range(r->content_range, &a, &b, &total) != 0) {
-        code = LARDER_ECORRUPT;
-        retry = 1;
-        snprintf(r->msg, sizeof(r->msg), "%s: 206 without a valid Content-Range ('%s')", where,
-                 r->content_range);
-      } else {
-        if (r->range.suffix) {
-          want_b = total ? total - 1 : b;
-          want_a = r->range.suffix >= want_b + 1 ? 0 : want_b + 1 - r->range.suffix;
-        }
-        if (a != want_a || b != want_b || (total && b >= total)) {
-          code = LARDER_ECORRUPT;
-          retry = 1;
-          snprintf(r->msg, sizeof(r->msg),
-                   "%s: asked for bytes %llu-%llu, the server answered %s", where,
-                   (unsigned long long)want_a, (unsigned long long)want_b, r->content_range);
-        } else if (r->len != b - a + 1) {
-          code = LARDER_EREMOTE;
-          retry = 1;
-          snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %llu bytes", where,
-                   (unsigned long long)r->len, (unsigned long long)b - a + 1);
-        } else {
-          r->res.object_size = total;
-        }
-      }
-    } else if (st == 304 && r->conditional == 2) {
-      /* The caller's copy is current: no bytes, and its validators. */
-      r->res.not_modified = 1;
-      r->len = 0;
-      if (r->etag[0] == '\0') snprintf(r->etag, sizeof(r->etag), "%s", r->reval_etag);
-      if (r->last_modified[0] == '\0')
-        snprintf(r->last_modified, sizeof(r->last_modified), "%s", r->reval_lm);
-    } else if (st == 304 && r->conditional && find_whole(f, r->url)) {
-      /* The object kept whole is still current. */
-      if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
-      serve_from_whole(r, 0);
-      return;
-    } else if (st == 304) {
-      /* larderd asks conditionally only for an object it keeps whole; a
-       * 304 otherwise (a caching proxy answering for a client that never
-       * asked, or the copy just dropped) is an error, not a redirect
-       * without a target, and is retried, unconditionally.  Tested by
-       * remote_hostile_headers. */
-      code = LARDER_EREMOTE;
-      retry = 1;
-      snprintf(r->msg, sizeof(r->msg),
-               "%s: HTTP 304 Not Modified to a request %s", where,
-               r->conditional ? "whose object larderd no longer keeps"
-                              : "that was not conditional (a caching proxy answering wrongly?)");
-    } else if (st == 200) {
-      /* The whole object: if a range was asked, the server ignores Range;
-       * keep the object so it is downloaded only once. */
-      if (r->content_length >= 0 && r->len != (uint64_t)r->content_length) {
-        code = LARDER_EREMOTE;
-        retry = 1;
-        snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %lld bytes", where,
-                 (unsigned long long)r->len, (long long)r->content_length);
-      } else if ((r->ranged || r->range.suffix) &&
-                 !remote_same_version(r->known_size, r->known_etag, r->known_lm, r->len, r->etag,
-                                      r->last_modified)) {
-        /* A 200 answering a range that disagrees with the object the
-         * stream opened is an error for this request, retried, and never
-         * kept: kept as the whole object, a 24-byte maintenance page would
-         * stand for the object until the daemon restarted.  Tested by
-         * remote_hostile_wrong_whole. */
-        code = LARDER_EREMOTE;
-        retry = 1;
-        snprintf(r->msg, sizeof(r->msg),
-                 "%s: HTTP 200 with %llu bytes%s%s answering a range request, but the object is "
-                 "%llu bytes%s%s: not the object (an error page?); not used",
-                 where, (unsigned long long)r->len, r->etag[0] ? ", ETag " : "", r->etag,
-                 (unsigned long long)r->known_size, r->known_etag[0] ? ", ETag " : "",
-                 r->known_etag);
-      } else {
-        r->res.object_size = r->len;
-        if (r->ranged || r->range.suffix) {
-          whole_obj_t *w = calloc(1, sizeof(*w));
-          if (w) w->url = strdup(r->url);
-          if (w && w->url == NULL) {
-            free(w);
-            w = NULL;
-          }
-          if (w) {
-            w->data = r->buf;
-            w->size = r->len;
-            snprintf(w->etag, sizeof(w->etag), "%s", r->etag);
-            snprintf(w->last_modified, sizeof(w->last_modified), "%s", r->last_modified);
-            whole_keep(f, w);
-            r->buf = NULL;
-            r->len = r->cap = 0;
-            snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
-            snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
-            log_notice("%s ignores Range requests: read the whole object once", where);
-            if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_bytes, w->size);
-            if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
-            serve_from_whole(r, 0);
-            return;
-          }
-        }
-      }
-    } else if (st == 403 || st == 401) {
-      code = LARDER_EACCES;
-      snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP %ld%s%s)",
-               where, st, s3[0] ? " " : "", s3);
-    } else if (st == 404) {
-      code = LARDER_ENOENT;
-      snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? " " : "",
-               s3);
-    } else if (st >= 300 && st < 400) {
-      code = LARDER_EREMOTE;
-      snprintf(r->msg, sizeof(r->msg),
-               "%.500s: redirected (HTTP %ld) to %.300s; larderd does not follow redirects, so that "
-               "the allowlist covers every host it reads: use the final URL as the source",
-               where, st, r->location[0] ? r->location : "(no Location header)");
-    } else if (st == 416) {
+    if (r->range.suffix) {
+      want_b = total ? total - 1 : b;
+      want_a = r->range.suffix >= want_b + 1 ? 0 : want_b + 1 - r->range.suffix;
+    }
+    if (a != want_a || b != want_b || (total && b >= total)) {
       code = LARDER_ECORRUPT;
-      if (r->range.suffix)
-        snprintf(r->msg, sizeof(r->msg), "%s: not a Parquet file: the object is empty (HTTP 416)",
-                 where);
-      else
-        snprintf(r->msg, sizeof(r->msg), "%s: range not satisfiable (HTTP 416): the object is "
-                 "shorter than its footer says", where);
-    } else if (st == 429 || st >= 500) {
+      *retry = 1;
+      snprintf(r->msg, sizeof(r->msg),
+               "%s: asked for bytes %llu-%llu, the server answered %s", where,
+               (unsigned long long)want_a, (unsigned long long)want_b, r->content_range);
+    } else if (r->len != b - a + 1) {
       code = LARDER_EREMOTE;
-      retry = 1;
-      snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld%s%s", where, st, s3[0] ? " " : "", s3);
-    } else if (st == 400 && strstr(s3, "Signature")) {
-      code = LARDER_EACCES;
-      snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP 400 %s)",
-               where, s3);
+      *retry = 1;
+      snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %llu bytes", where,
+               (unsigned long long)r->len, (unsigned long long)b - a + 1);
     } else {
-      code = LARDER_EREMOTE;
-      snprintf(r->msg, sizeof(r->msg), "%s: unexpected HTTP %ld%s%s", where, st, s3[0] ? " " : "",
-               s3);
+      r->res.object_size = total;
     }
   }
-  if (code == 0) {
-    snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
-    snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
-    /* A fresh answer of another version than the copy kept whole (a server
-     * that ignores Range only at times, as a CDN on a miss) makes the copy
-     * stale: later ranges must come from the server, not from it.  Tested
-     * by remote_hostile_no_range_change. */
-    whole_obj_t *w = r->range.fresh ? find_whole(f, r->url) : NULL;
-    if (w && !remote_same_version(w->size, w->etag, w->last_modified, r->res.object_size,
-                                  r->etag, r->last_modified))
-      whole_drop(f, r->url);
-    if (f->opts.stats) {
-      STATS_ADD(f->opts.stats, fetch_bytes, r->len);
-      STATS_ADD(f->opts.stats, fetch_requests, 1);
-    }
-    finish(r, 0);
-    return;
+  return code;
+}
+
+/* A 304 Not Modified: the caller's copy (conditional 2) or the object kept
+ * whole (conditional 1) is current, or else a wrong answer.  Returns 0,
+ * ENDED (served from the object kept whole) or the code, with r->msg and
+ * *retry set. */
+static int not_modified_answer(fetch_req_t *r, const char *where, int *retry) {
+  fetch_t *f = r->f;
+  int code = 0;
+  if (r->conditional == 2) {
+    /* The caller's copy is current: no bytes, and its validators. */
+    r->res.not_modified = 1;
+    r->len = 0;
+    if (r->etag[0] == '\0') snprintf(r->etag, sizeof(r->etag), "%s", r->reval_etag);
+    if (r->last_modified[0] == '\0')
+      snprintf(r->last_modified, sizeof(r->last_modified), "%s", r->reval_lm);
+  } else if (r->conditional && find_whole(f, r->url)) {
+    /* The object kept whole is still current. */
+    if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
+    serve_from_whole(r, 0);
+    return ENDED;
+  } else {
+    /* larderd asks conditionally only for an object it keeps whole; a
+     * 304 otherwise (a caching proxy answering for a client that never
+     * asked, or the copy just dropped) is an error, not a redirect
+     * without a target, and is retried, unconditionally.  Tested by
+     * remote_hostile_headers. */
+    code = LARDER_EREMOTE;
+    *retry = 1;
+    snprintf(r->msg, sizeof(r->msg),
+             "%s: HTTP 304 Not Modified to a request %s", where,
+             r->conditional ? "whose object larderd no longer keeps"
+                            : "that was not conditional (a caching proxy answering wrongly?)");
   }
+  return code;
+}
+
+/* A 200: the whole object.  A range asked for means the server ignores
+ * Range: the object is kept whole so that it is downloaded only once, and
+ * the range is served from it.  Returns 0 (r->res.object_size set), ENDED
+ * (served from the object kept) or the code, with r->msg and *retry set. */
+static int whole_answer(fetch_req_t *r, const char *where, int *retry) {
+  fetch_t *f = r->f;
+  int code = 0;
+  if (r->content_length >= 0 && r->len != (uint64_t)r->content_length) {
+    code = LARDER_EREMOTE;
+    *retry = 1;
+    snprintf(r->msg, sizeof(r->msg), "%s: short read: %llu of %lld bytes", where,
+             (unsigned long long)r->len, (long long)r->content_length);
+  } else if ((r->ranged || r->range.suffix) &&
+             !version_same(r->known_size, r->known_etag, r->known_lm, r->len, r->etag,
+                           r->last_modified)) {
+    /* A 200 answering a range that disagrees with the object the
+     * stream opened is an error for this request, retried, and never
+     * kept: kept as the whole object, a 24-byte maintenance page would
+     * stand for the object until the daemon restarted.  Tested by
+     * remote_hostile_wrong_whole. */
+    code = LARDER_EREMOTE;
+    *retry = 1;
+    snprintf(r->msg, sizeof(r->msg),
+             "%s: HTTP 200 with %llu bytes%s%s answering a range request, but the object is "
+             "%llu bytes%s%s: not the object (an error page?); not used",
+             where, (unsigned long long)r->len, r->etag[0] ? ", ETag " : "", r->etag,
+             (unsigned long long)r->known_size, r->known_etag[0] ? ", ETag " : "",
+             r->known_etag);
+  } else {
+    r->res.object_size = r->len;
+    if (r->ranged || r->range.suffix) {
+      whole_obj_t *w = calloc(1, sizeof(*w));
+      if (w) w->url = strdup(r->url);
+      if (w && w->url == NULL) {
+        free(w);
+        w = NULL;
+      }
+      if (w) {
+        w->data = r->buf;
+        w->size = r->len;
+        snprintf(w->etag, sizeof(w->etag), "%s", r->etag);
+        snprintf(w->last_modified, sizeof(w->last_modified), "%s", r->last_modified);
+        whole_keep(f, w);
+        r->buf = NULL;
+        r->len = r->cap = 0;
+        snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
+        snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
+        log_notice("%s ignores Range requests: read the whole object once", where);
+        if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_bytes, w->size);
+        if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_requests, 1);
+        serve_from_whole(r, 0);
+        return ENDED;
+      }
+    }
+  }
+  return code;
+}
+
+/* Any other status: refused (4xx, 3xx) or failed (5xx, 429).  Returns the
+ * code (never 0), with r->msg and *retry set.  s3: S3's error code from the
+ * body, or "". */
+static int status_refused(fetch_req_t *r, long st, const char *s3, const char *where,
+                          int *retry) {
+  int code;
+  if (st == 403 || st == 401) {
+    code = LARDER_EACCES;
+    snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP %ld%s%s)",
+             where, st, s3[0] ? " " : "", s3);
+  } else if (st == 404) {
+    code = LARDER_ENOENT;
+    snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? " " : "",
+             s3);
+  } else if (st >= 300 && st < 400) {
+    code = LARDER_EREMOTE;
+    snprintf(r->msg, sizeof(r->msg),
+             "%.500s: redirected (HTTP %ld) to %.300s; larderd does not follow redirects, so that "
+             "the allowlist covers every host it reads: use the final URL as the source",
+             where, st, r->location[0] ? r->location : "(no Location header)");
+  } else if (st == 416) {
+    code = LARDER_ECORRUPT;
+    if (r->range.suffix)
+      snprintf(r->msg, sizeof(r->msg), "%s: not a Parquet file: the object is empty (HTTP 416)",
+               where);
+    else
+      snprintf(r->msg, sizeof(r->msg), "%s: range not satisfiable (HTTP 416): the object is "
+               "shorter than its footer says", where);
+  } else if (st == 429 || st >= 500) {
+    code = LARDER_EREMOTE;
+    *retry = 1;
+    snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld%s%s", where, st, s3[0] ? " " : "", s3);
+  } else if (st == 400 && strstr(s3, "Signature")) {
+    code = LARDER_EACCES;
+    snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP 400 %s)",
+             where, s3);
+  } else {
+    code = LARDER_EREMOTE;
+    snprintf(r->msg, sizeof(r->msg), "%s: unexpected HTTP %ld%s%s", where, st, s3[0] ? " " : "",
+             s3);
+  }
+  return code;
+}
+
+/* A transfer libcurl completed: what its HTTP status means.  Returns 0,
+ * ENDED or the code, with r->msg and *retry set. */
+static int http_answer(fetch_req_t *r, const char *where, int *retry) {
+  long st = 0;
+  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &st);
+  r->http_status = st;
+  char s3[64];
+  s3_error_code(r->buf, r->len, s3, sizeof(s3));
+  if (st == 206) return partial_answer(r, where, retry);
+  if (st == 304) return not_modified_answer(r, where, retry);
+  if (st == 200) return whole_answer(r, where, retry);
+  return status_refused(r, st, s3, where, retry);
+}
+
+/* Ends r with its bytes and validators.  A copy of the object kept whole
+ * that the answer shows stale is dropped. */
+static void succeeded(fetch_req_t *r) {
+  fetch_t *f = r->f;
+  snprintf(r->res.etag, sizeof(r->res.etag), "%s", r->etag);
+  snprintf(r->res.last_modified, sizeof(r->res.last_modified), "%s", r->last_modified);
+  /* A fresh answer of another version than the copy kept whole (a server
+   * that ignores Range only at times, as a CDN on a miss) makes the copy
+   * stale: later ranges must come from the server, not from it.  Tested
+   * by remote_hostile_no_range_change. */
+  whole_obj_t *w = r->range.fresh ? find_whole(f, r->url) : NULL;
+  if (w && !version_same(w->size, w->etag, w->last_modified, r->res.object_size, r->etag,
+                         r->last_modified))
+    whole_drop(f, r->url);
+  if (f->opts.stats) {
+    STATS_ADD(f->opts.stats, fetch_bytes, r->len);
+    STATS_ADD(f->opts.stats, fetch_requests, 1);
+  }
+  finish(r, 0);
+}
+
+/* Ends r with code, or, where retry allows and attempts are left, waits
+ * out a backoff and queues it again.  Either way the queue moves on. */
+static void retry_or_fail(fetch_req_t *r, int code, int retry) {
+  fetch_t *f = r->f;
   if (retry && !r->cancelled && !f->closing && (uint32_t)r->attempts <= f->opts.max_retries) {
     if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_retries, 1);
     uint64_t delay = (uint64_t)f->opts.retry_base_ms << (r->attempts > 16 ? 16 : r->attempts - 1);
@@ -1201,6 +1155,33 @@ static void completed(fetch_req_t *r, CURLcode cc) {
   if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_errors, 1);
   finish(r, code);
   start_queued(f);
+}
+
+/* Decides what a finished transfer means: done, retry, or fail. */
+static void completed(fetch_req_t *r, CURLcode cc) {
+  fetch_t *f = r->f;
+  char where[400];
+  fetch_redact(r->url, where, sizeof(where));
+  if (f->opts.stats) STATS_SUB(f->opts.stats, fetch_inflight, 1);
+  release_slot(r);
+  curl_multi_remove_handle(f->multi, r->easy);
+  int retry = 0, code = 0;
+  /* libcurl's error buffer says more than curl_easy_strerror (which
+   * certificate check failed, which host did not answer); it never holds
+   * credentials. */
+  const char *why = r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc);
+  /* An error body cut at its cap still has its status to decide by. */
+  if (cc == CURLE_WRITE_ERROR && r->error_body_cut && !r->header_too_long) cc = CURLE_OK;
+  if (cc != CURLE_OK)
+    code = transfer_failed(r, cc, where, why, &retry);
+  else
+    code = http_answer(r, where, &retry);
+  if (code == ENDED) return;
+  if (code == 0) {
+    succeeded(r);
+    return;
+  }
+  retry_or_fail(r, code, retry);
 }
 
 static void on_req_close(uv_handle_t *h) {
@@ -1265,8 +1246,7 @@ int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out) {
     free(f);
     return LARDER_ENOMEM;
   }
-  snprintf(f->aws_sigv4, sizeof(f->aws_sigv4), "aws:amz:%s:s3",
-           opts->s3_region && *opts->s3_region ? opts->s3_region : "us-east-1");
+  s3_signer_init(&f->s3, opts->s3_region);
   f->opts.s3_access_key = f->opts.s3_secret_key = f->opts.s3_session_token = NULL;
   if (fetch_set_credentials(f, opts->s3_access_key, opts->s3_secret_key,
                             opts->s3_session_token) != 0) {
@@ -1343,34 +1323,11 @@ void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
 
 int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret_key,
                           const char *session_token) {
-  const char *in[3] = {access_key, secret_key, session_token};
-  char *cred[3] = {NULL, NULL, NULL}, *userpwd = NULL;
-  int ok = 1;
-  for (int i = 0; i < 3; i++)
-    if (in[i] && (cred[i] = strdup(in[i])) == NULL) ok = 0;
-  if (ok && access_key && secret_key) {
-    size_t a = strlen(access_key), b = strlen(secret_key);
-    if ((userpwd = malloc(a + b + 2)) == NULL) {
-      ok = 0;
-    } else {
-      memcpy(userpwd, access_key, a);
-      userpwd[a] = ':';
-      memcpy(userpwd + a + 1, secret_key, b + 1);
-    }
-  }
-  if (!ok) {
-    for (int i = 0; i < 3; i++) free_secret(cred[i]);
-    return LARDER_ENOMEM;
-  }
-  for (int i = 0; i < 3; i++) {
-    free_secret(f->cred[i]);
-    f->cred[i] = cred[i];
-  }
-  free_secret(f->userpwd);
-  f->userpwd = userpwd;
-  f->opts.s3_access_key = f->cred[0];
-  f->opts.s3_secret_key = f->cred[1];
-  f->opts.s3_session_token = f->cred[2];
+  int rc = s3_signer_set(&f->s3, access_key, secret_key, session_token);
+  if (rc) return rc;
+  f->opts.s3_access_key = f->s3.cred[0];
+  f->opts.s3_secret_key = f->s3.cred[1];
+  f->opts.s3_session_token = f->s3.cred[2];
   return 0;
 }
 
@@ -1481,298 +1438,65 @@ uint8_t *fetch_req_steal(fetch_req_t *r, uint64_t *length) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* ListObjectsV2                                                             */
+/* ListObjectsV2: the pages' transfers (what they say is s3.c's)            */
 
 typedef struct list_ctx {
   fetch_t *f;
-  char *bucket;
-  char *prefix;
-  char *pattern;
+  s3_listing_t *ls;
   fetch_list_cb cb;
   void *arg;
-  fetch_object_t *objs;
-  size_t n, cap;
-  char token[1024];
-  int pages;
-  int empty_pages;    /* truncated pages in a row with no key */
-  char last_key[1100]; /* the greatest key listed so far */
 } list_ctx_t;
 
 static void list_next(list_ctx_t *lc);
 
-static void list_free(list_ctx_t *lc, int free_objs) {
-  if (free_objs) {
-    for (size_t i = 0; i < lc->n; i++) free(lc->objs[i].url);
-    free(lc->objs);
-  }
-  free(lc->bucket);
-  free(lc->prefix);
-  free(lc->pattern);
+static void list_free(list_ctx_t *lc) {
+  s3_listing_free(lc->ls);
   free(lc);
 }
 
-/* One page of a ListObjectsV2 answer, as libexpat parses it (every entity
- * and character reference decoded, any key length). */
-typedef struct list_entry {
-  char *key;
-  uint64_t size;
-  char etag[160];
-} list_entry_t;
-
-typedef struct list_parse {
-  list_entry_t *v;
-  size_t n, cap;
-  int contents;          /* <Contents> elements seen */
-  int truncated;
-  char token[1024];
-  int depth;             /* element depth: 1 is ListBucketResult */
-  int in_contents;       /* the depth of the <Contents> we are in, or 0 */
-  const char *field;     /* the leaf being read: "Key", "Size", ... or NULL */
-  char *text;            /* its characters so far */
-  size_t len, tcap;
-  int oom;
-} list_parse_t;
-
-static void XMLCALL lp_start(void *data, const XML_Char *name, const XML_Char **attrs) {
-  (void)attrs;
-  list_parse_t *lp = data;
-  lp->depth++;
-  lp->field = NULL;
-  lp->len = 0;
-  if (lp->depth == 2 && strcmp(name, "Contents") == 0) {
-    lp->in_contents = lp->depth;
-    lp->contents++;
-    if (lp->n == lp->cap) {
-      size_t cap = lp->cap ? lp->cap * 2 : 64;
-      list_entry_t *v = realloc(lp->v, cap * sizeof(*v));
-      if (v == NULL) {
-        lp->oom = 1;
-        return;
-      }
-      lp->v = v;
-      lp->cap = cap;
-    }
-    memset(&lp->v[lp->n++], 0, sizeof(list_entry_t));
-  } else if (lp->in_contents && lp->depth == lp->in_contents + 1 &&
-             (strcmp(name, "Key") == 0 || strcmp(name, "Size") == 0 ||
-              strcmp(name, "ETag") == 0)) {
-    lp->field = strcmp(name, "Key") == 0 ? "Key" : strcmp(name, "Size") == 0 ? "Size" : "ETag";
-  } else if (lp->depth == 2 && (strcmp(name, "IsTruncated") == 0 ||
-                                strcmp(name, "NextContinuationToken") == 0)) {
-    lp->field = name[0] == 'I' ? "IsTruncated" : "NextContinuationToken";
-  }
-}
-
-static void XMLCALL lp_text(void *data, const XML_Char *s, int n) {
-  list_parse_t *lp = data;
-  if (lp->field == NULL || n <= 0) return;
-  if (lp->len + (size_t)n + 1 > lp->tcap) {
-    size_t cap = lp->tcap ? lp->tcap : 256;
-    while (cap < lp->len + (size_t)n + 1) cap *= 2;
-    char *t = realloc(lp->text, cap);
-    if (t == NULL) {
-      lp->oom = 1;
-      return;
-    }
-    lp->text = t;
-    lp->tcap = cap;
-  }
-  memcpy(lp->text + lp->len, s, (size_t)n);
-  lp->len += (size_t)n;
-  lp->text[lp->len] = '\0';
-}
-
-static void XMLCALL lp_end(void *data, const XML_Char *name) {
-  (void)name;
-  list_parse_t *lp = data;
-  if (lp->field) {
-    const char *t = lp->len ? lp->text : "";
-    list_entry_t *e = lp->in_contents && lp->n ? &lp->v[lp->n - 1] : NULL;
-    if (strcmp(lp->field, "Key") == 0 && e) {
-      free(e->key);
-      e->key = strdup(t);
-      if (e->key == NULL) lp->oom = 1;
-    } else if (strcmp(lp->field, "Size") == 0 && e) {
-      e->size = strtoull(t, NULL, 10);
-    } else if (strcmp(lp->field, "ETag") == 0 && e) {
-      snprintf(e->etag, sizeof(e->etag), "%s", t);
-    } else if (strcmp(lp->field, "IsTruncated") == 0) {
-      lp->truncated = strcmp(t, "true") == 0;
-    } else if (strcmp(lp->field, "NextContinuationToken") == 0) {
-      snprintf(lp->token, sizeof(lp->token), "%s", t);
-    }
-    lp->field = NULL;
-  }
-  if (lp->in_contents == lp->depth) lp->in_contents = 0;
-  lp->depth--;
-}
-
-static void list_parse_free(list_parse_t *lp) {
-  for (size_t i = 0; i < lp->n; i++) free(lp->v[i].key);
-  free(lp->v);
-  free(lp->text);
-}
-
-/* Parses a ListObjectsV2 page (len bytes at data) into lp.  Returns 0, or
- * LARDER_ECORRUPT (not XML) / LARDER_ENOMEM with a message in err. */
-static int list_parse(const char *data, size_t len, list_parse_t *lp, char *err, size_t errlen) {
-  memset(lp, 0, sizeof(*lp));
-  XML_Parser x = XML_ParserCreate(NULL);
-  if (x == NULL) return LARDER_ENOMEM;
-  XML_SetUserData(x, lp);
-  XML_SetElementHandler(x, lp_start, lp_end);
-  XML_SetCharacterDataHandler(x, lp_text);
-  int ok = XML_Parse(x, data ? data : "", (int)len, 1) == XML_STATUS_OK;
-  if (!ok)
-    snprintf(err, errlen, "the listing is not well-formed XML (%s at line %lu)",
-             XML_ErrorString(XML_GetErrorCode(x)), (unsigned long)XML_GetCurrentLineNumber(x));
-  XML_ParserFree(x);
-  if (lp->oom) {
-    snprintf(err, errlen, "out of memory reading a listing");
-    return LARDER_ENOMEM;
-  }
-  return ok ? 0 : LARDER_ECORRUPT;
-}
-
-static int cmp_obj(const void *a, const void *b) {
-  return strcmp(((const fetch_object_t *)a)->url, ((const fetch_object_t *)b)->url);
-}
-
+/* A page's answer: the next page, the objects listed, or the error.
+ * Exactly one of them, and lc is freed unless a page follows. */
 static void list_page(fetch_req_t *req, const fetch_result_t *res, void *arg) {
   list_ctx_t *lc = arg;
   if (res->status != 0) {
     lc->cb(res->status, res->message, NULL, 0, lc->arg);
     fetch_req_free(req);
-    list_free(lc, 1);
+    list_free(lc);
     return;
   }
-  list_parse_t lp;
-  char perr[300];
-  int prc = list_parse((const char *)res->data, res->length, &lp, perr, sizeof(perr));
-  if (prc) {
-    char m[1024], where[600];
-    fetch_redact(req->url ? req->url : "", where, sizeof(where));
-    snprintf(m, sizeof(m), "%s: %s", where, perr);
-    lc->cb(prc, m, NULL, 0, lc->arg);
-    list_parse_free(&lp);
-    fetch_req_free(req);
-    list_free(lc, 1);
-    return;
-  }
-  for (size_t i = 0; i < lp.n; i++) {
-    const char *key = lp.v[i].key ? lp.v[i].key : "";
-    /* S3 lists keys in ascending order, across pages too: a key that does
-     * not come after the last one means the endpoint went back (a repeated
-     * continuation token), which would list forever. */
-    if (key[0] && lc->last_key[0] && strcmp(key, lc->last_key) <= 0) {
-      char m[1024], where[600];
-      fetch_redact(req->url ? req->url : "", where, sizeof(where));
-      snprintf(m, sizeof(m),
-               "%s: the listing does not progress (page %d lists key '%.200s' again or out of "
-               "order): the endpoint's continuation token is broken",
-               where, lc->pages, key);
-      lc->cb(LARDER_EREMOTE, m, NULL, 0, lc->arg);
-      list_parse_free(&lp);
-      fetch_req_free(req);
-      list_free(lc, 1);
-      return;
-    }
-    if (key[0]) snprintf(lc->last_key, sizeof(lc->last_key), "%s", key);
-    if (lc->pattern && fnmatch(lc->pattern, key, FNM_PATHNAME) != 0) continue;
-    if (key[0] == '\0' || key[strlen(key) - 1] == '/') continue;
-    /* A prefix means its Parquet objects, as a local directory means its
-     * *.parquet files: markers such as _SUCCESS, which every Spark or Hive
-     * job writes beside its shards, are not part of it.  A glob matches
-     * what it says. */
-    size_t kl = strlen(key);
-    if (lc->pattern == NULL && (kl < 8 || strcmp(key + kl - 8, ".parquet") != 0)) continue;
-    if (lc->n == lc->cap) {
-      size_t cap = lc->cap ? lc->cap * 2 : 64;
-      fetch_object_t *o = realloc(lc->objs, cap * sizeof(*o));
-      if (o == NULL) break;
-      lc->objs = o;
-      lc->cap = cap;
-    }
-    fetch_object_t *o = &lc->objs[lc->n];
-    size_t ul = strlen(lc->bucket) + strlen(key) + 8;
-    o->url = malloc(ul);
-    if (o->url == NULL) break;
-    snprintf(o->url, ul, "s3://%s/%s", lc->bucket, key);
-    o->size = lp.v[i].size;
-    snprintf(o->etag, sizeof(o->etag), "%.127s", lp.v[i].etag);
-    lc->n++;
-  }
-  char prev_token[sizeof(lc->token)];
-  snprintf(prev_token, sizeof(prev_token), "%s", lc->token);
-  snprintf(lc->token, sizeof(lc->token), "%s", lp.token);
-  int more = lp.truncated && lc->token[0];
-  lc->empty_pages = more && lp.contents == 0 ? lc->empty_pages + 1 : 0;
-  list_parse_free(&lp);
-  /* An endpoint that gives the same continuation token again (or only
-   * empty pages) is not followed: it would be followed for 100,000 pages,
-   * after the client had gone and after SIGTERM.  Tested by
-   * remote_hostile_listing_loop. */
-  if (more && (strcmp(prev_token, lc->token) == 0 || lc->empty_pages > 100)) {
-    char m[1024], where[600];
-    fetch_redact(req->url ? req->url : "", where, sizeof(where));
-    snprintf(m, sizeof(m),
-             "%s: the listing does not progress (page %d %s): the endpoint's continuation token "
-             "is broken",
-             where, lc->pages,
-             lc->empty_pages > 100 ? "follows 100 pages in a row without a key"
-                                   : "gives the same continuation token as the page before");
-    lc->cb(LARDER_EREMOTE, m, NULL, 0, lc->arg);
-    fetch_req_free(req);
-    list_free(lc, 1);
-    return;
-  }
+  char m[1400], where[600];
+  fetch_redact(req->url ? req->url : "", where, sizeof(where));
+  int rc = s3_listing_page(lc->ls, (const char *)res->data, res->length, where, m, sizeof(m));
   fetch_req_free(req);
-  if (more && lc->pages >= 100000) {
-    char m[1400];
-    snprintf(m, sizeof(m), "s3://%.200s/%.1000s: the listing has more than 100,000 pages",
-             lc->bucket, lc->prefix);
-    lc->cb(LARDER_ELIMIT, m, NULL, 0, lc->arg);
-    list_free(lc, 1);
+  if (rc < 0) {
+    lc->cb(rc, m, NULL, 0, lc->arg);
+    list_free(lc);
     return;
   }
-  if (more) {
+  if (rc > 0) {
     list_next(lc);
     return;
   }
-  /* An empty listing has no array, and qsort must not be given NULL even
-   * for no elements.  Tested by remote_s3_errors (under UBSan). */
-  if (lc->n > 1) qsort(lc->objs, lc->n, sizeof(*lc->objs), cmp_obj);
-  lc->cb(0, NULL, lc->objs, lc->n, lc->arg);
-  list_free(lc, 0);
+  size_t n = 0;
+  fetch_object_t *objs = s3_listing_take(lc->ls, &n);
+  lc->cb(0, NULL, objs, n, lc->arg);
+  list_free(lc);
 }
 
+/* Queues the request of the listing's next page. */
 static void list_next(list_ctx_t *lc) {
-  lc->pages++;
-  char *ep = curl_easy_escape(NULL, lc->prefix, 0);
-  char *et = lc->token[0] ? curl_easy_escape(NULL, lc->token, 0) : NULL;
-  /* Parameters in sorted order: libcurl 7.88 signs the query as written,
-   * and S3 verifies it sorted. */
-  char query[4096];
-  uint32_t max_keys = lc->f->opts.s3_list_max_keys;
-  if (max_keys == 0 || max_keys > 1000) max_keys = 1000;
-  snprintf(query, sizeof(query), "%s%s%slist-type=2&max-keys=%u&prefix=%s",
-           et ? "continuation-token=" : "", et ? et : "", et ? "&" : "", max_keys, ep ? ep : "");
-  curl_free(ep);
-  curl_free(et);
-  char bucket_url[1100];
-  snprintf(bucket_url, sizeof(bucket_url), "s3://%s/", lc->bucket);
+  char query[4096], bucket_url[1100];
+  s3_listing_next_page(lc->ls, lc->f->opts.s3_list_max_keys, query, sizeof(query), bucket_url,
+                       sizeof(bucket_url));
   fetch_req_t *r = calloc(1, sizeof(*r));
   if (r == NULL) {
     lc->cb(LARDER_ENOMEM, "out of memory", NULL, 0, lc->arg);
-    list_free(lc, 1);
+    list_free(lc);
     return;
   }
   fetch_t *f = lc->f;
   r->f = f;
-  /* Messages name what is listed (s3://bucket/prefix), not the bucket. */
-  size_t ul = strlen(lc->bucket) + strlen(lc->prefix) + 8;
-  r->url = malloc(ul);
-  if (r->url) snprintf(r->url, ul, "s3://%s/%s", lc->bucket, lc->prefix);
+  r->url = s3_listing_name(lc->ls);
   r->real_url = resolve_url(f, bucket_url, query);
   r->cb = list_page;
   r->arg = lc;
@@ -1802,21 +1526,18 @@ static void list_next(list_ctx_t *lc) {
 
 int fetch_list(fetch_t *f, const char *s3_prefix, const char *pattern, fetch_list_cb cb,
                void *arg) {
-  if (strncmp(s3_prefix, "s3://", 5) != 0) return LARDER_EINVAL;
+  s3_listing_t *ls = NULL;
+  int rc = s3_listing_create(s3_prefix, pattern, &ls);
+  if (rc) return rc;
   list_ctx_t *lc = calloc(1, sizeof(*lc));
-  if (lc == NULL) return LARDER_ENOMEM;
-  const char *b = s3_prefix + 5;
-  const char *slash = strchr(b, '/');
-  lc->f = f;
-  lc->bucket = slash ? strndup(b, (size_t)(slash - b)) : strdup(b);
-  lc->prefix = strdup(slash ? slash + 1 : "");
-  lc->pattern = pattern ? strdup(pattern) : NULL;
-  lc->cb = cb;
-  lc->arg = arg;
-  if (lc->bucket == NULL || lc->prefix == NULL || (pattern && lc->pattern == NULL)) {
-    list_free(lc, 1);
+  if (lc == NULL) {
+    s3_listing_free(ls);
     return LARDER_ENOMEM;
   }
+  lc->f = f;
+  lc->ls = ls;
+  lc->cb = cb;
+  lc->arg = arg;
   list_next(lc);
   return 0;
 }

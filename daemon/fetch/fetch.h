@@ -40,6 +40,11 @@
  * - Errors are negative larder_errno_t with a message that names the URL,
  *   the status and the cause, and never contains credentials.  CURLcode and
  *   HTTP statuses are converted here, once.
+ * - Dependencies: the fetcher depends on fetch/s3.h (internal: S3's URLs,
+ *   signing and listing pages) and fetch/version.h (is an answer of the
+ *   version the caller knows?), and on no module above it: remote.c
+ *   and the streams call it, and it tells them about results through
+ *   callbacks only.
  */
 #ifndef LARDER_FETCH_H
 #define LARDER_FETCH_H

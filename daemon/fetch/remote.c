@@ -10,28 +10,10 @@
 #include "log.h"
 #include "parquet/parquet.h"
 #include "fetch/remote.h"
+#include "fetch/version.h"
 #include "util.h"
 
 int remote_is_url(const char *s) { return strstr(s, "://") != NULL; }
-
-/* The opaque part of an ETag: W/"x" and "x" name the same version (a
- * server or proxy may weaken an ETag, e.g. when it compresses). */
-static const char *etag_opaque(const char *e) {
-  return e[0] == 'W' && e[1] == '/' ? e + 2 : e;
-}
-
-int remote_same_version(uint64_t size_a, const char *etag_a, const char *lm_a, uint64_t size_b,
-                        const char *etag_b, const char *lm_b) {
-  if (size_a && size_b && size_a != size_b) return 0;
-  if (etag_a && etag_a[0] && etag_b && etag_b[0])
-    return strcmp(etag_opaque(etag_a), etag_opaque(etag_b)) == 0;
-  /* Without an ETag, Last-Modified is compared too, not the size alone: an
-   * object replaced by one of the same size on a server that sends
-   * Last-Modified alone would otherwise be decoded as a mix of both
-   * versions.  Tested by remote_hostile_no_etag. */
-  if (lm_a && lm_a[0] && lm_b && lm_b[0]) return strcmp(lm_a, lm_b) == 0;
-  return 1;
-}
 
 /* URLs already warned about (hashes; the oldest forgotten first): the
  * warning about an object without validators comes once per object, not
@@ -425,7 +407,7 @@ static void read_footer(resolve_ctx_t *rc, size_t index) {
   fentry_t *e = fc ? fentry_find(fc, o->url) : NULL;
   /* A listing named this very version: the footer kept is its footer. */
   if (e && e->footer && !e->reading && o->etag[0] && e->etag[0] &&
-      remote_same_version(o->size, o->etag, NULL, e->size, e->etag, NULL)) {
+      version_same(o->size, o->etag, NULL, e->size, e->etag, NULL)) {
     if (fentry_give(fc, e, o) != 0) fail(rc, LARDER_ENOMEM, "out of memory");
     else if (fc->stats) STATS_ADD(fc->stats, remote_footers_listed, 1);
     return;

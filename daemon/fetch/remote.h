@@ -11,6 +11,8 @@
  *   Last-Modified) comes from the same responses.
  * - The result feeds dataset_open (a worker), which then needs no network.
  * - Errors name the source and the cause; the callback runs exactly once.
+ * - Dependencies: sits above the fetcher (fetch/fetch.h: transfers and
+ *   listings) and fetch/version.h; neither calls into this module.
  */
 #ifndef LARDER_REMOTE_H
 #define LARDER_REMOTE_H
@@ -19,6 +21,7 @@
 #include <stdint.h>
 
 #include "fetch/fetch.h"
+#include "fetch/version.h"
 #include "stats.h"
 
 typedef struct remote_object {
@@ -68,15 +71,11 @@ int remote_resolve(fetch_t *f, remote_footers_t *footers, const char *const *sou
 
 void remote_objects_free(remote_object_t *objects, size_t count);
 
-/*
- * Whether two observations of an object are the same version: sizes (0:
- * unknown) must agree, then ETags are compared when both have one (a weak
- * ETag, W/"x", by its opaque value "x"), else Last-Modified when both have
- * one.  With neither validator on both sides only the size can tell, and
- * two versions of one size look the same (remote_resolve warns once per
- * object).  NULL or "" means absent.
- */
-int remote_same_version(uint64_t size_a, const char *etag_a, const char *lm_a, uint64_t size_b,
-                        const char *etag_b, const char *lm_b);
+/* Whether two observations of an object are the same version: version_same
+ * (fetch/version.h), under the name the streams know it by.  Any thread. */
+static inline int remote_same_version(uint64_t size_a, const char *etag_a, const char *lm_a,
+                                      uint64_t size_b, const char *etag_b, const char *lm_b) {
+  return version_same(size_a, etag_a, lm_a, size_b, etag_b, lm_b);
+}
 
 #endif /* LARDER_REMOTE_H */
