@@ -191,7 +191,7 @@ test: deps
 	$(MAKE) --no-print-directory V=asan check
 	$(MAKE) --no-print-directory V=ubsan check
 	$(MAKE) --no-print-directory V=tsan check-threads
-	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=60
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=120
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory check-readme
 	$(MAKE) --no-print-directory V=release check-systemd

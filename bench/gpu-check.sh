@@ -29,6 +29,8 @@ LD_PRELOAD= timeout "${CUDA_LIMIT:-200}" env BENCH=1 bash "$b/tests/cuda-real.sh
 tail -45 "$out/gpu-cuda.log"
 
 echo "== 2. Python package tests"
+# On a GPU, tests/python/test_cuda.py uses the real driver (not the double).
+if nvidia-smi -L >/dev/null 2>&1; then export LARDER_TEST_CUDA_REAL=1; fi
 # Not those that build or install from the source tree (make, gcc).
 LARDER_BUILD_DIR=$b timeout "${PY_LIMIT:-150}" python3 -m pytest -q -p no:cacheprovider -rs \
   -k "not make_install and not pip_install and not ctypes_suite and not describe_abi" \

@@ -6,30 +6,49 @@ training loop, against the same loop fed from host memory, in one run.
     python3 bench/torch-trainer.py BUILD_DIR 'SOURCE_GLOB' [--step-us 1000 200]
 
 BUILD_DIR is a build directory or a bundle from bench/bundle.sh: the script
-starts BUILD_DIR/bin/larderd on a temporary socket and cache and loads
-BUILD_DIR/lib/liblarder.so through ctypes (the bindings of
-tests/python/test_ctypes.py).
+starts BUILD_DIR/bin/larderd on a temporary socket and cache (the Daemon
+helper of tests/python/test_ctypes.py) and reads it through the Python
+package of client/python (larder), over BUILD_DIR/lib/liblarder.so.
 
-The loop is what a trainer with pinned-memory prefetch does.  For each batch
-it takes the next larder batch, copies its buffers into one of RING pinned
-host buffers, releases the batch, starts an asynchronous copy to the GPU,
-and queues the step: a kernel that keeps the GPU busy for a fixed time
-(torch.cuda._sleep, calibrated first) and a reduction that reads the copied
-bytes.  The host runs up to RING batches ahead of the GPU, as a DataLoader
-with pin_memory does, so the GPU idles only when the host cannot fetch and
-stage batches as fast as the GPU steps.
+Each step of the loop is a kernel that keeps the GPU busy for a fixed time
+(torch.cuda._sleep, calibrated first) and a reduction that reads the
+batch's bytes on the GPU.  The host queues up to RING steps ahead of the
+GPU, as a DataLoader with pin_memory does, so the GPU idles only when the
+host cannot fetch and stage batches as fast as the GPU steps.  Three arms
+feed that loop, for each step time:
 
-For each step time it prints, per epoch:
-  - the GPU's busy fraction: steps x step time over the epoch's wall time;
-  - the same loop's busy fraction with its batches memmoved from one host
-    buffer instead (the peer: everything but larder);
-  - the idle time larder adds, 1 - peer wall / larder wall;
-  - liblarder's own stall figure for the stream.
-Epoch 0 starts with an empty cache, so it includes decoding.
+  - larder host (memory="host"): the pinned-memory prefetch of a trainer.
+    For each batch the loop copies the batch's arrays (numpy views of the
+    daemon's arena) into one of RING pinned host buffers, releases the
+    batch, and queues an asynchronous copy of the buffer to the GPU before
+    the step; the step's reduction reads the copy.
+  - larder cuda (memory="cuda", on a GPU only): the batches arrive in GPU
+    memory, so there is no pinned staging and no host-to-device copy.  The
+    loop takes the columns' CUDA tensors (batch.torch(), through DLPack)
+    and the step reads them in place: one torch.cat gathers them into one
+    input, as a model's first layer gathers its feature columns, and the
+    reduction reads that.  The loop holds each batch's tensors until the
+    GPU has read them (an event per ring slot), so RING batches are held.
+  - peer: the host arm's loop with each batch copied from one host buffer
+    instead of a larder batch, in as many pieces as a larder batch has
+    arrays: everything but larder.
 
-Without PyTorch or a GPU (--device cpu, or when torch is missing) the step
-is a busy wait on the host and the copy goes to a host buffer, which checks
-the bindings on a machine without a GPU; its figures say nothing about GPUs.
+Per arm and epoch it prints:
+  - the GPU's busy fraction: steps x step time over the epoch's wall time,
+    beside the peer's;
+  - the idle time larder adds, 1 - peer wall / larder wall (negative when
+    the arm keeps the GPU busier than the peer does);
+  - liblarder's stall figure for the stream (time waiting in next() over
+    the time between calls);
+  - the bytes per second the loop takes in, and the host's time per batch
+    in next() and the staging (the copy, or the DLPack exports).
+Epoch 0 starts with an empty cache, so it includes decoding; the CUDA arm
+reads the same data after the host arm, from a warm cache.
+
+Without PyTorch or a GPU (--device cpu, or when torch is missing or sees no
+GPU) the step is a busy wait on the host and the host arm copies into a
+host buffer, which checks the package's path on a machine without a GPU;
+its figures say nothing about GPUs, and the CUDA arm is skipped.
 """
 import argparse
 import ctypes
@@ -39,47 +58,44 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))
-import test_ctypes as lt  # noqa: E402  (the bindings and the daemon wrapper)
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+import test_ctypes as lt  # noqa: E402  (the daemon wrapper)
 
 RING = 4
 COLUMNS = ["label", "f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "weight",
            "image", "embedding"]
+TIMEOUT_S = 60  # the longest one next() may wait
 
 
-class Buffers:
-    """Finds every buffer of a batch with one larder_batch_describe call
-    (the larder_array_* accessors took about 80 calls a batch)."""
+def host_arrays(x, out):
+    """Appends the numpy arrays of a host batch's column x (a VarColumn's
+    offsets and values, a struct's fields) to out."""
+    if isinstance(x, np.ndarray):
+        out.append(x)
+    elif isinstance(x, dict):
+        for v in x.values():
+            host_arrays(v, out)
+    else:  # VarColumn: (offsets, values, kind)
+        host_arrays(x[0], out)
+        host_arrays(x[1], out)
 
-    HEAD, WORDS = 8, 12  # larder_batch_info_t and larder_array_info_t, in int64 words
 
-    def __init__(self, lib):
-        self.fn = lib.larder_batch_describe
-        self.fn.restype = ctypes.c_int
-        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        self.n = None
-
-    def __call__(self, b):
-        """[(pointer, bytes)] of batch b's buffers, columns and children."""
-        if self.n is None:
-            self.n = self.fn(b, None, None, 0)
-            self.buf = (ctypes.c_int64 * (self.HEAD + self.n * self.WORDS))()
-            addr = ctypes.addressof(self.buf)
-            self.args = (addr, addr + self.HEAD * 8, self.n)
-        self.fn(b, *self.args)
-        v = self.buf[:]
-        out = []
-        for k in range(self.HEAD, len(v), self.WORDS):
-            n, ow = v[k + 6], v[k + 2]
-            validity, offsets, values = v[k + 8], v[k + 9], v[k + 10]
-            if validity:
-                out.append((validity, (n + 7) // 8))
-            if offsets:
-                out.append((offsets, (n + 1) * ow))
-            if values:
-                out.append((values, v[k + 11]))
-        return out
+def device_tensors(x, out):
+    """Appends the CUDA tensors of one entry of DeviceBatch.torch() (a
+    tensor, an (offsets, values) pair, a struct's dict) to out."""
+    if isinstance(x, dict):
+        for v in x.values():
+            device_tensors(v, out)
+    elif isinstance(x, tuple):
+        for v in x:
+            device_tensors(v, out)
+    else:
+        out.append(x)
 
 
 class Gpu:
@@ -87,10 +103,13 @@ class Gpu:
 
     def __init__(self, torch, cap):
         self.torch = torch
-        self.dev = torch.device("cuda")
+        self.index = torch.cuda.current_device()
+        self.dev = torch.device("cuda", self.index)
         self.pinned = [torch.empty(cap, dtype=torch.uint8).pin_memory() for _ in range(RING)]
+        self.host = [p.numpy() for p in self.pinned]  # the same memory, for numpy copies
         self.on_gpu = [torch.empty(cap, dtype=torch.uint8, device=self.dev) for _ in range(RING)]
-        self.done = [None] * RING
+        self.done = [None] * RING   # per slot: the event after its last read of the input
+        self.held = [None] * RING   # per slot: the CUDA arm's tensors the GPU may still read
         self.acc = torch.zeros((), dtype=torch.int64, device=self.dev)
         self.cycles_per_us = self.calibrate()
 
@@ -107,12 +126,15 @@ class Gpu:
         return n / (a.elapsed_time(b) * 1000)
 
     def slot(self, k):
-        """Returns slot k's pinned buffer address once its last copy ended."""
+        """Slot k's pinned buffer (a numpy view) once the GPU has read its
+        last input; the CUDA arm's tensors held there are dropped then."""
         if self.done[k] is not None:
             self.done[k].synchronize()
-        return self.pinned[k].data_ptr()
+        self.held[k] = None
+        return self.host[k]
 
     def step(self, k, size, step_us):
+        """Copies size bytes of slot k's pinned buffer to the GPU, then the step."""
         t = self.torch
         self.on_gpu[k][:size].copy_(self.pinned[k][:size], non_blocking=True)
         ev = t.cuda.Event()
@@ -121,18 +143,37 @@ class Gpu:
         t.cuda._sleep(int(step_us * self.cycles_per_us))
         self.acc += self.on_gpu[k][:size].sum(dtype=t.int64)
 
+    def step_tensors(self, k, tensors, step_us):
+        """The step on a CUDA batch's tensors, read where larder put them;
+        slot k holds them until the gather has read them."""
+        t = self.torch
+        x = t.cat([v.reshape(-1).view(t.uint8) for v in tensors])
+        ev = t.cuda.Event()
+        ev.record()
+        self.done[k] = ev
+        self.held[k] = tensors
+        t.cuda._sleep(int(step_us * self.cycles_per_us))
+        self.acc += x.sum(dtype=t.int64)
+
     def sync(self):
         self.torch.cuda.synchronize()
+
+    def drop(self):
+        """Waits for the GPU and drops every tensor held."""
+        self.sync()
+        self.held = [None] * RING
 
 
 class Cpu:
     """The host stand-in: a copy to a host buffer and a busy-wait step."""
 
+    index = None
+
     def __init__(self, cap):
-        self.bufs = [ctypes.create_string_buffer(cap) for _ in range(RING)]
+        self.bufs = [np.empty(cap, np.uint8) for _ in range(RING)]
 
     def slot(self, k):
-        return ctypes.addressof(self.bufs[k])
+        return self.bufs[k]
 
     def step(self, k, size, step_us):
         end = time.perf_counter() + step_us / 1e6
@@ -142,54 +183,88 @@ class Cpu:
     def sync(self):
         pass
 
+    drop = sync
 
-def run_larder(L, lib, dev, sock, source, epochs, step_us, batch_size, seed):
-    """Returns one dict per epoch for a stream read with the given step."""
-    rc, client = L.connect(sock)
-    lt.check(rc == 0, "connect: " + L.err(rc))
-    opts = L.options([source], COLUMNS, batch_size=batch_size, seed=seed, epochs=epochs,
-                     rank=0, world_size=1)
-    stream = L.open_ok(client, opts)
-    per_epoch = lib.larder_stream_batches_per_epoch(stream)
-    find = Buffers(lib)
+
+def stage_host(dev, k, batch):
+    """Copies a host batch's arrays into slot k and releases the batch;
+    returns (bytes, arrays, seconds spent copying)."""
+    arrays = []
+    for x in batch.values():
+        host_arrays(x, arrays)
+    dst = dev.slot(k)
+    t0 = time.perf_counter()
+    pos = 0
+    for a in arrays:
+        n = a.nbytes
+        dst[pos:pos + n] = a.reshape(-1).view(np.uint8)
+        pos += n
+    count = len(arrays)
+    arrays = a = None
+    batch.release()  # no view is left: the region goes back to the daemon now
+    return pos, count, time.perf_counter() - t0
+
+
+def run_larder(client, dev, memory, source, epochs, step_us, batch_size, seed):
+    """Runs the loop on a larder stream of the given memory kind; returns
+    one dict per epoch."""
+    kw = {"memory": "cuda", "device": dev.index} if memory == "cuda" else {}
+    stream = client.stream([source], columns=COLUMNS, batch_size=batch_size, seed=seed,
+                           epochs=epochs, rank=0, world_size=1, **kw)
+    per_epoch = len(stream)
+    arm = "larder " + memory
     rows = []
     k = 0
+    nbufs = 0
     for epoch in range(epochs):
-        w0, c0 = ctypes.c_uint64(), ctypes.c_uint64()
-        lib.larder_stream_stall(stream, ctypes.byref(w0), ctypes.byref(c0))
+        w0, c0 = stream.stall
         dev.sync()
         t0 = time.perf_counter()
         moved = 0
+        feed = 0.0
         for _ in range(per_epoch):
-            rc, b = L.next(stream, 60000)
-            lt.check(rc == 0, "next: " + L.err(rc))
-            bufs = find(b)
-            dst = dev.slot(k)
-            pos = 0
-            for ptr, size in bufs:
-                ctypes.memmove(dst + pos, ptr, size)
-                pos += size
-            lib.larder_batch_release(b)
-            dev.step(k, pos, step_us)
-            moved += pos
+            f0 = time.perf_counter()
+            b = stream.next(timeout=TIMEOUT_S)
+            if b is None:
+                sys.exit("torch-trainer: %s: the stream ended in epoch %d" % (arm, epoch))
+            if memory == "cuda":
+                tensors = []
+                for x in b.torch().values():
+                    device_tensors(x, tensors)
+                b.release()  # the tensors hold the batch now
+                del b
+                nbufs = len(tensors)
+                size = sum(v.numel() * v.element_size() for v in tensors)
+                feed += time.perf_counter() - f0
+                dev.slot(k)
+                dev.step_tensors(k, tensors, step_us)
+                del tensors
+            else:
+                feed += time.perf_counter() - f0
+                size, nbufs, copy_s = stage_host(dev, k, b)
+                del b
+                feed += copy_s
+                dev.step(k, size, step_us)
+            moved += size
             k = (k + 1) % RING
         dev.sync()
         wall = time.perf_counter() - t0
-        w1, c1 = ctypes.c_uint64(), ctypes.c_uint64()
-        lib.larder_stream_stall(stream, ctypes.byref(w1), ctypes.byref(c1))
-        wait, comp = w1.value - w0.value, c1.value - c0.value
-        rows.append({"epoch": epoch, "batches": per_epoch, "wall_s": wall, "bytes": moved,
+        w1, c1 = stream.stall
+        wait, comp = w1 - w0, c1 - c0
+        rows.append({"arm": arm, "epoch": epoch, "batches": per_epoch, "wall_s": wall,
+                     "bytes": moved, "buffers": nbufs,
                      "busy": per_epoch * step_us / 1e6 / wall,
-                     "larder_stall": wait / max(1, wait + comp)})
-    lib.larder_stream_close(stream)
-    lib.larder_client_close(client)
+                     "larder_stall": wait / max(1, wait + comp),
+                     "feed_us": feed / per_epoch * 1e6})
+    dev.drop()
+    stream.close()
     return rows
 
 
 def run_peer(dev, batches, batch_bytes, nbufs, step_us):
-    """The same loop with each batch memmoved from one host buffer, in as
-    many pieces as a larder batch has buffers; returns its wall time."""
-    src = ctypes.create_string_buffer(batch_bytes)
+    """The host arm's loop with each batch copied from one host buffer, in
+    nbufs pieces; returns its wall time."""
+    src = np.ones(batch_bytes, np.uint8)
     piece = batch_bytes // nbufs
     k = 0
     dev.sync()
@@ -197,11 +272,40 @@ def run_peer(dev, batches, batch_bytes, nbufs, step_us):
     for _ in range(batches):
         dst = dev.slot(k)
         for i in range(nbufs):
-            ctypes.memmove(dst + i * piece, ctypes.addressof(src) + i * piece, piece)
+            dst[i * piece:(i + 1) * piece] = src[i * piece:(i + 1) * piece]
         dev.step(k, piece * nbufs, step_us)
         k = (k + 1) % RING
     dev.sync()
     return time.perf_counter() - t0
+
+
+def cuda_driver():
+    """The path of the CUDA driver library this process has loaded (torch's),
+    or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith("libcuda.so"):
+                    return parts[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def report(r, step_us, peer, peer_busy, gpu):
+    """Prints an epoch's figures against the peer's: a JSON line, then words."""
+    r.update({"step_us": step_us, "peer_wall_s": peer, "peer_busy": peer_busy,
+              "added_idle": 1 - peer / r["wall_s"]})
+    print(json.dumps(r), flush=True)
+    cold = " (cold)" if r["epoch"] == 0 else "       "
+    print(f"  {r['arm']:<11} step {step_us:6.0f} us, epoch {r['epoch']}{cold}: "
+          f"{'GPU' if gpu else 'stand-in'} busy {100 * r['busy']:6.2f}% "
+          f"(peer from host memory {100 * peer_busy:6.2f}%), "
+          f"idle added by larder {100 * r['added_idle']:6.2f}%, liblarder stall "
+          f"{100 * r['larder_stall']:5.2f}%, {r['bytes'] / r['wall_s'] / 1e9:5.2f} GB/s "
+          f"{'to the GPU' if r['arm'] == 'larder host' and gpu else 'read on the GPU' if gpu else 'to the host buffer'}, "
+          f"host feed {r['feed_us']:5.0f} us/batch", flush=True)
 
 
 def main():
@@ -227,50 +331,72 @@ def main():
 
     # liblarder.so needs libprotobuf-c.so.1; a bundle carries it beside
     # liblarder.so, and the host's loader does not look there by itself.
-    libdir = os.path.join(args.build, "lib")
+    build = os.path.abspath(args.build)
+    libdir = os.path.join(build, "lib")
     pb = os.path.join(libdir, "libprotobuf-c.so.1")
     if os.path.exists(pb):
         ctypes.CDLL(pb, mode=ctypes.RTLD_GLOBAL)
-    lib = lt.load_library(args.build)
-    L = lt.Larder(lib)
+    # The package loads exactly this library (no other candidate is tried).
+    os.environ["LARDER_LIB"] = os.path.join(libdir, "liblarder.so")
+    import larder
+    larder.library()
+
+    if torch is not None and not os.environ.get("LARDER_LIBCUDA"):
+        # larderd (and liblarder here) dlopen the driver as libcuda.so.1,
+        # which a bundle's loader, limited to the bundle's lib/, may not
+        # find: both get the path of the driver torch has loaded instead.
+        drv = cuda_driver()
+        if drv:
+            os.environ["LARDER_LIBCUDA"] = drv
 
     cap = 8 << 20
     dev = Gpu(torch, cap) if torch is not None else Cpu(cap)
-    where = torch.cuda.get_device_name(0) if torch is not None else "host (no GPU)"
+    where = torch.cuda.get_device_name(dev.index) if torch is not None else "host (no GPU)"
     print(f"torch-trainer: {where}, {os.cpu_count()} cores, batches of {args.batch_size} rows, "
-          f"pinned ring of {RING}", flush=True)
+          f"pinned ring of {RING}; arms: larder host, "
+          f"{'larder cuda, ' if torch is not None else ''}peer", flush=True)
+    if torch is None:
+        why = ("--device cpu" if args.device == "cpu" else
+               "no PyTorch" if "torch" not in sys.modules else "PyTorch sees no GPU")
+        print(f"torch-trainer: larder cuda skipped ({why}): the host arm and the peer run "
+              f"with the CPU stand-in", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="larder-torch-") as tmp:
-        d = lt.Daemon(args.build, tmp, ["--log_level=warning"])
+        d = lt.Daemon(build, tmp, ["--log_level=warning"])
         d.start()
         try:
+            client = larder.Client(d.socket)
+            cuda_ok = torch is not None
             for i, step_us in enumerate(args.step_us):
-                rows = run_larder(L, lib, dev, d.socket, args.source, args.epochs, step_us,
+                rows = run_larder(client, dev, "host", args.source, args.epochs, step_us,
                                   args.batch_size, seed=7 + i)
-                # One probe batch for the peer's shape: bytes and buffer count.
+                # The peer takes the shape of the host arm's last (warm) epoch.
                 warm = rows[-1]
-                batch_bytes = warm["bytes"] // warm["batches"]
-                rc, client = L.connect(d.socket)
-                stream = L.open_ok(client, L.options([args.source], COLUMNS,
-                                                     batch_size=args.batch_size, epochs=1))
-                rc, b = L.next(stream, 60000)
-                lt.check(rc == 0, "next: " + L.err(rc))
-                bufs = Buffers(lib)(b)
-                lib.larder_batch_release(b)
-                lib.larder_stream_close(stream)
-                lib.larder_client_close(client)
-                peer = run_peer(dev, warm["batches"], batch_bytes, len(bufs), step_us)
+                per = warm["bytes"] // warm["batches"]
+                peer = run_peer(dev, warm["batches"], per, warm["buffers"], step_us)
                 peer_busy = warm["batches"] * step_us / 1e6 / peer
+                print(f"  {'peer':<11} step {step_us:6.0f} us: "
+                      f"{'GPU' if torch is not None else 'stand-in'} busy {100 * peer_busy:6.2f}%, "
+                      f"{warm['batches']} batches of {per} bytes in {warm['buffers']} pieces "
+                      f"from host memory", flush=True)
                 for r in rows:
-                    r.update({"step_us": step_us, "peer_wall_s": peer, "peer_busy": peer_busy,
-                              "added_idle": 1 - peer / r["wall_s"]})
-                    print(json.dumps(r), flush=True)
+                    report(r, step_us, peer, peer_busy, torch is not None)
+                if not cuda_ok:
+                    continue
+                try:
+                    rows = run_larder(client, dev, "cuda", args.source, args.epochs, step_us,
+                                      args.batch_size, seed=7 + i)
+                except larder.LarderError as e:
+                    # larderd or liblarder could not use the GPU (its driver,
+                    # CUDA IPC): the host arm's figures stand alone.
+                    print(f"torch-trainer: larder cuda skipped: {e}\nlarderd's log ends:\n"
+                          f"{d.tail(1500)}", flush=True)
+                    dev.drop()
+                    cuda_ok = False
+                    continue
                 for r in rows:
-                    print(f"  step {step_us:6.0f} us, epoch {r['epoch']}{' (cold)' if r['epoch'] == 0 else '       '}: "
-                          f"{'GPU' if torch is not None else 'stand-in'} busy {100 * r['busy']:6.2f}% (peer from host memory {100 * peer_busy:6.2f}%), "
-                          f"idle added by larder {100 * r['added_idle']:6.2f}%, liblarder stall "
-                          f"{100 * r['larder_stall']:5.2f}%, {r['bytes'] / r['wall_s'] / 1e9:5.2f} GB/s "
-                          f"to the {'GPU' if torch is not None else 'host buffer'}", flush=True)
+                    report(r, step_us, peer, peer_busy, True)
+            client.close()
         finally:
             d.stop()
 

@@ -114,12 +114,16 @@ def test_cuda_batches_equal_host(cclient):
 def test_cuda_interfaces(cclient):
     """DLPack and the CUDA Array Interface describe the column in place:
     device, type, shape and pointer; numpy() is refused with a message."""
+    dev = 1  # the driver double has two devices
+    if REAL:
+        import torch
+        dev = torch.cuda.device_count() - 1
     s = cclient.stream(WIDE, columns=["bitwidth3"], batch_size=50, epochs=1, memory="cuda",
-                       device="cuda:1")
+                       device="cuda:%d" % dev)
     b = next(s)
-    assert b.device == 1
+    assert b.device == dev
     a = b["bitwidth3"]
-    assert a.__dlpack_device__() == (2, 1)
+    assert a.__dlpack_device__() == (2, dev)
     cai = a.__cuda_array_interface__
     assert cai["shape"] == (50,) and cai["typestr"] == "<i8" and cai["data"] == (a.ptr, True)
     assert cai["version"] == 3 and cai["stream"] is None
@@ -127,7 +131,7 @@ def test_cuda_interfaces(cclient):
     p = _api.PyCapsule_GetPointer
     p.restype, p.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     t = DLManagedTensor.from_address(p(cap, b"dltensor")).dl_tensor
-    assert (t.device.device_type, t.device.device_id) == (2, 1)
+    assert (t.device.device_type, t.device.device_id) == (2, dev)
     assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (0, 64, 1)
     assert t.ndim == 1 and t.shape[0] == 50 and t.data == a.ptr and not t.strides
     del cap, t
@@ -215,3 +219,34 @@ def test_cuda_dataset_checks(cuda_daemon):
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
     with pytest.raises(Exception, match="num_workers=0"):
         next(iter(loader))
+
+
+def test_cuda_torch_tensors(cclient):
+    """On a GPU: batch.torch() gives CUDA tensors, on the stream's device,
+    equal to the host stream's, masks included; they outlive the batch."""
+    if not REAL:
+        pytest.skip("torch cannot import CUDA tensors without a GPU")
+    import torch
+    opts = dict(batch_size=100, seed=4, epochs=1, window=4)
+    host = cclient.stream(MAIN, **opts)
+    dev = cclient.stream(MAIN, memory="cuda", device=0, **opts)
+    kept = []
+    for hb in host:
+        db = dev.next(timeout=DEADLINE)
+        ht, dt = hb.torch(masks=True), db.torch(masks=True)
+        for k, (t, m) in ht.items():
+            d, dm = dt[k]
+            if isinstance(t, torch.Tensor):
+                assert d.is_cuda and d.device.index == 0, k
+                assert torch.equal(d.cpu(), t), k
+            else:  # (offsets, values) of a string column
+                assert torch.equal(d[0].cpu(), t[0]) and torch.equal(d[1].cpu(), t[1]), k
+            assert (m is None) == (dm is None), k
+            if m is not None:
+                assert torch.equal(dm.cpu(), m), k
+        kept = kept[-2:] + [dt]  # fewer than the window: the stream goes on
+        del hb, db, ht
+    torch.cuda.synchronize()
+    host.close()
+    dev.close()
+    assert kept
