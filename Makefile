@@ -304,7 +304,11 @@ LINT_SRCS := $(sort $(PQ_SRCS) $(DAEMON_LIB_SRCS) daemon/main.c $(CLIENT_SRCS) $
                client/example-trainer.c)
 # One clang-tidy process per file: clang-tidy 14 carries state from file to
 # file in one process, and crashed (in its comment parser) on this list.
+# The house style (.clang-format): every C file of ours, sources and tests.
+FORMAT_SRCS := $(sort $(wildcard daemon/*.[ch] daemon/*/*.[ch] client/*.[ch] client/ctl/*.[ch] \
+                 tests/*.[ch] tests/fuzz/*.c tests/remote/*.[ch] tests/cuda-fake/*.c bench/*.[ch]))
 lint: $(PROTO_H)
+	clang-format --dry-run --Werror $(FORMAT_SRCS)
 	@rc=0; for f in $(LINT_SRCS); do \
 	  clang-tidy --quiet $$f -- -std=c11 -D_GNU_SOURCE -I$(GEN) -Idaemon -Iclient $(CUDA_CFLAGS) || rc=1; \
 	done; exit $$rc

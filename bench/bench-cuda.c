@@ -42,15 +42,15 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    CUresult r_ = (call);                                                               \
-    if (r_ != CUDA_SUCCESS) {                                                           \
-      char e_[200];                                                                     \
-      fprintf(stderr, "bench-cuda: %s failed: %s\n", #call,                            \
-              lcuda_strerror(cu, r_, e_, sizeof(e_)));                                  \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CHECK(call)                                         \
+  do {                                                      \
+    CUresult r_ = (call);                                   \
+    if (r_ != CUDA_SUCCESS) {                               \
+      char e_[200];                                         \
+      fprintf(stderr, "bench-cuda: %s failed: %s\n", #call, \
+              lcuda_strerror(cu, r_, e_, sizeof(e_)));      \
+      exit(1);                                              \
+    }                                                       \
   } while (0)
 
 /* The daemon's CPU time so far, all threads, in ns: the sum of its
@@ -87,7 +87,8 @@ static uint64_t daemon_cpu_ns(int pid) {
   if (p == NULL) return 0;
   unsigned long long ut = 0, st = 0;
   /* Fields after the name: state(3) ... utime(14) stime(15). */
-  if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return 0;
+  if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+    return 0;
   return (ut + st) * 1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK);
 }
 
@@ -197,7 +198,8 @@ static void *run_stream(void *arg) {
     }
     larder_batch_release(b);
     if (a->compute_us) {
-      struct timespec ts = {(time_t)(a->compute_us / 1000000), (long)(a->compute_us % 1000000) * 1000};
+      struct timespec ts = {(time_t)(a->compute_us / 1000000),
+                            (long)(a->compute_us % 1000000) * 1000};
       nanosleep(&ts, NULL);
     }
   }
@@ -240,8 +242,9 @@ int main(int argc, char **argv) {
   char err[512];
   if (argc < 2 || (strcmp(argv[1], "all") != 0 && strcmp(argv[1], "copy") != 0) ||
       (strcmp(argv[1], "all") == 0 && argc < 5)) {
-    fprintf(stderr, "usage: bench-cuda all SOCKET SOURCE DAEMON_PID [--batch-size N] [--epochs N] "
-                    "[--window N] [--arena-bytes N] [--copy-mib N] | copy [--copy-mib N]\n");
+    fprintf(stderr,
+            "usage: bench-cuda all SOCKET SOURCE DAEMON_PID [--batch-size N] [--epochs N] "
+            "[--window N] [--arena-bytes N] [--copy-mib N] | copy [--copy-mib N]\n");
     return 2;
   }
   cu = lcuda_load(err, sizeof(err));
@@ -263,8 +266,8 @@ int main(int argc, char **argv) {
   if (cr == NULL) return 1;
   for (int d = 0; d < nd; d++) {
     measure_copy(d, (size_t)copy_mib << 20, &cr[d]);
-    printf("  GPU %d %s: cuMemcpyHtoD of %" PRIu64 " MiB: pinned %.2f GB/s, pageable %.2f GB/s\n", d,
-           cr[d].name, copy_mib, cr[d].pinned_gbps, cr[d].pageable_gbps);
+    printf("  GPU %d %s: cuMemcpyHtoD of %" PRIu64 " MiB: pinned %.2f GB/s, pageable %.2f GB/s\n",
+           d, cr[d].name, copy_mib, cr[d].pinned_gbps, cr[d].pageable_gbps);
   }
   fflush(stdout);
   if (strcmp(argv[1], "copy") == 0) return 0;
@@ -297,10 +300,11 @@ int main(int argc, char **argv) {
     double cost = cost_per_batch(&a, pid);
     if (d == 0) cuda_cost = cost;
     double gbps = a.seconds > 0 ? (double)a.bytes / a.seconds / 1e9 : 0;
-    printf("  CUDA stream, GPU %d alone: %.2f GB/s into device memory (%.0f%% of pinned "
-           "cuMemcpyHtoD, %.2f x the host stream), daemon CPU %.1f us per batch (host path %.1f)\n",
-           d, gbps, cr[d].pinned_gbps > 0 ? 100 * gbps / cr[d].pinned_gbps : 0,
-           host_gbps > 0 ? gbps / host_gbps : 0, cost / 1e3, host_cost / 1e3);
+    printf(
+        "  CUDA stream, GPU %d alone: %.2f GB/s into device memory (%.0f%% of pinned "
+        "cuMemcpyHtoD, %.2f x the host stream), daemon CPU %.1f us per batch (host path %.1f)\n",
+        d, gbps, cr[d].pinned_gbps > 0 ? 100 * gbps / cr[d].pinned_gbps : 0,
+        host_gbps > 0 ? gbps / host_gbps : 0, cost / 1e3, host_cost / 1e3);
     fflush(stdout);
   }
   if (nd > 1) {
@@ -323,9 +327,10 @@ int main(int argc, char **argv) {
       }
       double gbps = as[d].seconds > 0 ? (double)as[d].bytes / as[d].seconds / 1e9 : 0;
       total += gbps;
-      printf("  CUDA streams on all %d GPUs at once: GPU %d %.2f GB/s (%.0f%% of its pinned "
-             "cuMemcpyHtoD)\n",
-             nd, d, gbps, cr[d].pinned_gbps > 0 ? 100 * gbps / cr[d].pinned_gbps : 0);
+      printf(
+          "  CUDA streams on all %d GPUs at once: GPU %d %.2f GB/s (%.0f%% of its pinned "
+          "cuMemcpyHtoD)\n",
+          nd, d, gbps, cr[d].pinned_gbps > 0 ? 100 * gbps / cr[d].pinned_gbps : 0);
     }
     printf("  CUDA streams on all %d GPUs at once: %.2f GB/s in all\n", nd, total);
     free(as);
@@ -343,7 +348,8 @@ int main(int argc, char **argv) {
   sh.seed = 7;
   sh.compute_us = step_us;
   run_or_die(&sh);
-  printf("  trainer stepping %" PRIu64 " us (1.1 x the CUDA path's daemon CPU per batch): stall "
+  printf("  trainer stepping %" PRIu64
+         " us (1.1 x the CUDA path's daemon CPU per batch): stall "
          "%.2f%% on a CUDA stream (GPU 0), %.2f%% on a host stream (goal < 1%%)\n",
          step_us, 100 * st.stall, 100 * sh.stall);
   free(cr);

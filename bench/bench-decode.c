@@ -74,7 +74,6 @@ typedef struct mem_stats {
   uint64_t max_rg_decoded_bytes;
 } mem_stats;
 
-
 /* A "Field:   N kB" line of /proc/self/status, in bytes; -1 when absent. */
 static int64_t proc_status_bytes(const char *field) {
   FILE *f = fopen("/proc/self/status", "r");
@@ -101,10 +100,8 @@ static void proc_rss_parts(int64_t *anon, int64_t *file) {
   char line[256];
   long long kb;
   while (fgets(line, sizeof line, f)) {
-    if (sscanf(line, "RssAnon: %lld", &kb) == 1)
-      *anon = (int64_t)kb * 1024;
-    else if (sscanf(line, "RssFile: %lld", &kb) == 1)
-      *file = (int64_t)kb * 1024;
+    if (sscanf(line, "RssAnon: %lld", &kb) == 1) *anon = (int64_t)kb * 1024;
+    else if (sscanf(line, "RssFile: %lld", &kb) == 1) *file = (int64_t)kb * 1024;
   }
   fclose(f);
 }
@@ -121,8 +118,7 @@ typedef struct rss_sampler {
 
 static void atomic_max(atomic_llong *peak, int64_t v) {
   long long cur = atomic_load(peak);
-  while (v > cur && !atomic_compare_exchange_weak(peak, &cur, v)) {
-  }
+  while (v > cur && !atomic_compare_exchange_weak(peak, &cur, v)) {}
 }
 
 static void sampler_sample(rss_sampler *s) {
@@ -158,10 +154,8 @@ static void sampler_stop(rss_sampler *s, mem_stats *mem) {
   }
   sampler_sample(s);
   int64_t anon = atomic_load(&s->anon_peak), file = atomic_load(&s->file_peak);
-  mem->peak_anon_delta =
-      s->anon_before >= 0 && anon >= 0 ? anon - s->anon_before : -1;
-  mem->peak_file_delta =
-      s->file_before >= 0 && file >= 0 ? file - s->file_before : -1;
+  mem->peak_anon_delta = s->anon_before >= 0 && anon >= 0 ? anon - s->anon_before : -1;
+  mem->peak_file_delta = s->file_before >= 0 && file >= 0 ? file - s->file_before : -1;
 }
 
 /* Resets VmHWM to the current RSS (Linux 4.0+).  Returns 0 on success. */
@@ -191,21 +185,16 @@ static double median_of(const double *v, int n) {
 static void json_string(FILE *out, const char *s) {
   fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(out, "\\%c", *p);
-    else if (*p < 0x20)
-      fprintf(out, "\\u%04x", *p);
-    else
-      fputc(*p, out);
+    if (*p == '"' || *p == '\\') fprintf(out, "\\%c", *p);
+    else if (*p < 0x20) fprintf(out, "\\u%04x", *p);
+    else fputc(*p, out);
   }
   fputc('"', out);
 }
 
 static void json_opt_int(FILE *out, const char *key, int64_t v) {
-  if (v < 0)
-    fprintf(out, ",\"%s\":null", key);
-  else
-    fprintf(out, ",\"%s\":%" PRId64, key, v);
+  if (v < 0) fprintf(out, ",\"%s\":null", key);
+  else fprintf(out, ",\"%s\":%" PRId64, key, v);
 }
 
 /*
@@ -213,9 +202,8 @@ static void json_opt_int(FILE *out, const char *key, int64_t v) {
  * When mem is not NULL, also gathers the memory figures.  Returns 0 or a
  * negative code with err filled; *rows_out is the number of rows decoded.
  */
-static int decode_file(const char *path, const pq_options *opts,
-                       int64_t batch_rows, int64_t *rows_out, mem_stats *mem,
-                       rss_sampler *sampler, pq_error *err) {
+static int decode_file(const char *path, const pq_options *opts, int64_t batch_rows,
+                       int64_t *rows_out, mem_stats *mem, rss_sampler *sampler, pq_error *err) {
   pq_source src;
   pq_file *file = NULL;
   pq_projection *proj = NULL;
@@ -259,15 +247,12 @@ static int decode_file(const char *path, const pq_options *opts,
         if (sampler) sampler_sample(sampler);
       }
     }
-    if (mem && rg_bytes > mem->max_rg_decoded_bytes)
-      mem->max_rg_decoded_bytes = rg_bytes;
+    if (mem && rg_bytes > mem->max_rg_decoded_bytes) mem->max_rg_decoded_bytes = rg_bytes;
     if (rows != meta->row_groups[rg].first_row + meta->row_groups[rg].num_rows) {
-      rc = pq_error_set(err, LARDER_ECORRUPT,
-                        "%s: row group %d: decoded %" PRId64
-                        " rows in all, expected %" PRId64,
-                        path, rg, rows,
-                        meta->row_groups[rg].first_row +
-                            meta->row_groups[rg].num_rows);
+      rc =
+          pq_error_set(err, LARDER_ECORRUPT,
+                       "%s: row group %d: decoded %" PRId64 " rows in all, expected %" PRId64, path,
+                       rg, rows, meta->row_groups[rg].first_row + meta->row_groups[rg].num_rows);
       goto done;
     }
   }
@@ -284,10 +269,8 @@ done:
 }
 
 /* Reads the metadata once, outside the timed runs. */
-static int file_facts(const char *path, const pq_options *opts,
-                      int64_t *num_rows, int *row_groups,
-                      uint64_t *decoded_bytes, uint64_t *max_rg_meta_bytes,
-                      pq_error *err) {
+static int file_facts(const char *path, const pq_options *opts, int64_t *num_rows, int *row_groups,
+                      uint64_t *decoded_bytes, uint64_t *max_rg_meta_bytes, pq_error *err) {
   pq_source src;
   pq_file *file = NULL;
   int rc = pq_source_open_file(&src, path, err);
@@ -303,8 +286,7 @@ static int file_facts(const char *path, const pq_options *opts,
     const pq_row_group_t *g = &meta->row_groups[rg];
     for (int c = 0; c < meta->num_leaves; c++)
       total += (uint64_t)g->columns[c].total_uncompressed_size;
-    if ((uint64_t)g->total_byte_size > max_rg)
-      max_rg = (uint64_t)g->total_byte_size;
+    if ((uint64_t)g->total_byte_size > max_rg) max_rg = (uint64_t)g->total_byte_size;
   }
   *num_rows = meta->num_rows;
   *row_groups = meta->num_row_groups;
@@ -315,8 +297,7 @@ static int file_facts(const char *path, const pq_options *opts,
   return 0;
 }
 
-static int bench_file(const char *path, const pq_options *opts, int runs,
-                      int64_t batch_rows) {
+static int bench_file(const char *path, const pq_options *opts, int runs, int64_t batch_rows) {
   pq_error err = {0};
   int64_t num_rows = 0, rows = 0;
   int row_groups = 0;
@@ -327,8 +308,7 @@ static int bench_file(const char *path, const pq_options *opts, int runs,
     fprintf(stderr, "bench-decode: %s: %s\n", path, strerror(errno));
     return -1;
   }
-  int rc = file_facts(path, opts, &num_rows, &row_groups, &decoded_bytes,
-                      &max_rg_meta_bytes, &err);
+  int rc = file_facts(path, opts, &num_rows, &row_groups, &decoded_bytes, &max_rg_meta_bytes, &err);
   if (rc < 0) goto fail;
 
   /* Warm-up, with the memory measurement. */
@@ -341,11 +321,10 @@ static int bench_file(const char *path, const pq_options *opts, int runs,
   int64_t hwm = proc_status_bytes("VmHWM");
   sampler_stop(&sampler, &mem);
   if (rc < 0) goto fail;
-  if (can_reset && rss_before >= 0 && hwm >= 0)
-    mem.peak_rss_delta = hwm - rss_before;
+  if (can_reset && rss_before >= 0 && hwm >= 0) mem.peak_rss_delta = hwm - rss_before;
   if (rows != num_rows) {
-    fprintf(stderr, "bench-decode: %s: decoded %" PRId64
-            " rows, the footer says %" PRId64 "\n", path, rows, num_rows);
+    fprintf(stderr, "bench-decode: %s: decoded %" PRId64 " rows, the footer says %" PRId64 "\n",
+            path, rows, num_rows);
     return -1;
   }
 
@@ -371,13 +350,11 @@ static int bench_file(const char *path, const pq_options *opts, int runs,
   fputs("{\"engine\":\"larder\",\"threads\":1,\"file\":", out);
   json_string(out, path);
   fprintf(out,
-          ",\"file_bytes\":%lld,\"rows\":%" PRId64 ",\"row_groups\":%d"
-          ",\"decoded_bytes\":%" PRIu64 ",\"batch_rows\":%" PRId64
-          ",\"runs\":%d,\"times_s\":[",
-          (long long)st.st_size, num_rows, row_groups, decoded_bytes,
-          batch_rows, runs);
-  for (int i = 0; i < runs; i++)
-    fprintf(out, "%s%.6f", i ? "," : "", times[i]);
+          ",\"file_bytes\":%lld,\"rows\":%" PRId64
+          ",\"row_groups\":%d"
+          ",\"decoded_bytes\":%" PRIu64 ",\"batch_rows\":%" PRId64 ",\"runs\":%d,\"times_s\":[",
+          (long long)st.st_size, num_rows, row_groups, decoded_bytes, batch_rows, runs);
+  for (int i = 0; i < runs; i++) fprintf(out, "%s%.6f", i ? "," : "", times[i]);
   fprintf(out,
           "],\"median_s\":%.6f,\"min_s\":%.6f,\"mb_per_s\":%.1f"
           ",\"rows_per_s\":%.0f",
@@ -394,8 +371,8 @@ static int bench_file(const char *path, const pq_options *opts, int runs,
   return 0;
 
 fail:
-  fprintf(stderr, "bench-decode: %s: %s (%s)\n", path,
-          err.msg[0] ? err.msg : larder_strerror(rc), larder_err_name(rc));
+  fprintf(stderr, "bench-decode: %s: %s (%s)\n", path, err.msg[0] ? err.msg : larder_strerror(rc),
+          larder_err_name(rc));
   return -1;
 }
 
@@ -458,8 +435,7 @@ int main(int argc, char **argv) {
     }
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
       if (WIFSIGNALED(wstatus))
-        fprintf(stderr, "bench-decode: %s: killed by signal %d\n", argv[i],
-                WTERMSIG(wstatus));
+        fprintf(stderr, "bench-decode: %s: killed by signal %d\n", argv[i], WTERMSIG(wstatus));
       status = 1;
     }
   }

@@ -102,10 +102,11 @@ static int run(const char *dir, int flush_threads, int threads, int units, doubl
   store_close(st);
   double all = bench_now_s() - t0;
   double gb = (double)(units / threads * threads) * COLUMNS * COLUMN_BYTES / 1e9;
-  printf("  %d flush thread%s, %2d putting thread%s  puts %6.2f GB/s (%4.2f x memcpy)  "
-         "to flushed %6.2f GB/s%s\n",
-         flush_threads, flush_threads == 1 ? " " : "s", threads, threads == 1 ? " " : "s",
-         gb / puts, gb / puts / memcpy, gb / all, failed ? "  (a put failed)" : "");
+  printf(
+      "  %d flush thread%s, %2d putting thread%s  puts %6.2f GB/s (%4.2f x memcpy)  "
+      "to flushed %6.2f GB/s%s\n",
+      flush_threads, flush_threads == 1 ? " " : "s", threads, threads == 1 ? " " : "s", gb / puts,
+      gb / puts / memcpy, gb / all, failed ? "  (a put failed)" : "");
   return failed;
 }
 

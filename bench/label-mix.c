@@ -35,7 +35,6 @@
 #define UNIT_ROWS 65536u /* for the first two tables */
 #define BATCH 256u
 
-
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
   if (p == NULL) {
@@ -79,8 +78,7 @@ static void dataset_free(dataset_t *d) {
 
 static double batch_tv(const uint32_t *hist, const double *share) {
   double tv = 0;
-  for (int c = 0; c < CLASSES; c++)
-    tv += fabs((double)hist[c] / BATCH - share[c]);
+  for (int c = 0; c < CLASSES; c++) tv += fabs((double)hist[c] / BATCH - share[c]);
   return tv / 2;
 }
 
@@ -107,8 +105,7 @@ static double uniform_tv(const dataset_t *d, double *secs) {
   if (d->n < BATCH) return 0;
   uint8_t *labels = xmalloc(d->n);
   memset(labels, 0, d->n);
-  for (uint64_t g = 0; g < d->n; g++)
-    labels[g] = (uint8_t)(g * CLASSES / d->n);
+  for (uint64_t g = 0; g < d->n; g++) labels[g] = (uint8_t)(g * CLASSES / d->n);
   uint64_t s = 0xba5e11e;
   double t0 = bench_now_s();
   for (uint64_t i = d->n - 1; i > 0; i--) {
@@ -131,14 +128,13 @@ static double uniform_tv(const dataset_t *d, double *secs) {
 
 typedef struct result {
   double tv;
-  double secs;   /* cursor time for the epoch */
+  double secs; /* cursor time for the epoch */
   uint64_t samples;
 } result_t;
 
 /* One epoch of rank `rank` of `world`; TV over this rank's batches. */
-static int run_epoch_blocked(const dataset_t *d, int shuffle, uint32_t window_units,
-                             uint32_t world, uint32_t rank, uint32_t block_units,
-                             result_t *res) {
+static int run_epoch_blocked(const dataset_t *d, int shuffle, uint32_t window_units, uint32_t world,
+                             uint32_t rank, uint32_t block_units, result_t *res) {
   shuffle_params_t p;
   memset(&p, 0, sizeof(p));
   p.seed = 1;
@@ -233,8 +229,8 @@ static int run_epoch_parts(const dataset_t *d, uint32_t window_units, uint32_t g
   return 0;
 }
 
-static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units,
-                     uint32_t world, uint32_t rank, result_t *res) {
+static int run_epoch(const dataset_t *d, int shuffle, uint32_t window_units, uint32_t world,
+                     uint32_t rank, result_t *res) {
   return run_epoch_blocked(d, shuffle, window_units, world, rank, 0, res);
 }
 
@@ -248,8 +244,7 @@ static double predicted_tv(double uniform, uint32_t units, uint32_t w) {
   return uniform * sqrt(1 + (double)BATCH * f / w);
 }
 
-static void row(const dataset_t *d, const char *wname, uint32_t w,
-                double uni, int world) {
+static void row(const dataset_t *d, const char *wname, uint32_t w, double uni, int world) {
   result_t r;
   int rc = run_epoch(d, w > 0, w > 0 ? w : 1, (uint32_t)world, 0, &r);
   if (rc < 0) {
@@ -264,16 +259,17 @@ static void row(const dataset_t *d, const char *wname, uint32_t w,
     snprintf(mib, sizeof(mib), "%.1f", (double)n * 4 / 1048576);
     snprintf(pred, sizeof(pred), "%.4f", predicted_tv(uni, d->units, w));
   }
-  printf("%11" PRIu64 " %6u %9u %6s %11s %8s %8.4f %8s %8.4f %6.2f %9.1f "
+  printf("%11" PRIu64
+         " %6u %9u %6s %11s %8s %8.4f %8s %8.4f %6.2f %9.1f "
          "%9.1f\n",
-         d->n, d->units, d->unit_rows, wname, wrows, mib, r.tv, pred, uni,
-         r.tv / uni, r.secs * 1e3, (double)r.samples / r.secs / 1e6);
+         d->n, d->units, d->unit_rows, wname, wrows, mib, r.tv, pred, uni, r.tv / uni, r.secs * 1e3,
+         (double)r.samples / r.secs / 1e6);
 }
 
 static void header(void) {
-  printf("%11s %6s %9s %6s %11s %8s %8s %8s %8s %6s %9s %9s\n", "rows",
-         "units", "unit rows", "window", "window rows", "perm MiB", "mean TV",
-         "expected", "uniform", "ratio", "epoch ms", "Msample/s");
+  printf("%11s %6s %9s %6s %11s %8s %8s %8s %8s %6s %9s %9s\n", "rows", "units", "unit rows",
+         "window", "window rows", "perm MiB", "mean TV", "expected", "uniform", "ratio", "epoch ms",
+         "Msample/s");
 }
 
 int main(int argc, char **argv) {
@@ -282,14 +278,15 @@ int main(int argc, char **argv) {
   uint64_t max_rows = argc > 1 ? strtoull(argv[1], NULL, 10) : UINT64_MAX;
   char name[16];
 
-  printf("label-mix: 10 labels stored sorted, batch %u, seed 1, epoch 0, "
-         "drop_last.\n"
-         "mean TV: mean over batches of the total-variation distance between "
-         "the batch's\nlabel histogram and the dataset's; expected: the "
-         "formula in predicted_tv();\nuniform: the same for a perfect "
-         "shuffle; epoch ms: opening the cursor and every\n"
-         "shuffle_epoch_batch call of one epoch.\n\n",
-         BATCH);
+  printf(
+      "label-mix: 10 labels stored sorted, batch %u, seed 1, epoch 0, "
+      "drop_last.\n"
+      "mean TV: mean over batches of the total-variation distance between "
+      "the batch's\nlabel histogram and the dataset's; expected: the "
+      "formula in predicted_tv();\nuniform: the same for a perfect "
+      "shuffle; epoch ms: opening the cursor and every\n"
+      "shuffle_epoch_batch call of one epoch.\n\n",
+      BATCH);
   header();
   uint64_t biggest = 0;
   for (size_t di = 0; di < sizeof(sizes) / sizeof(sizes[0]); di++) {
@@ -307,8 +304,8 @@ int main(int argc, char **argv) {
     printf("%11" PRIu64 " %6u %9u %6s %11" PRIu64
            " %8.1f %8s %8s %8.4f %6s %9.1f %9.1f   (uniform: Fisher-Yates "
            "of every label)\n",
-           d.n, d.units, d.unit_rows, "all", d.n, (double)d.n * 4 / 1048576,
-           "-", "-", uni, "-", fy_secs * 1e3, (double)d.n / fy_secs / 1e6);
+           d.n, d.units, d.unit_rows, "all", d.n, (double)d.n * 4 / 1048576, "-", "-", uni, "-",
+           fy_secs * 1e3, (double)d.n / fy_secs / 1e6);
     dataset_free(&d);
   }
   if (biggest == 0) return 0;
@@ -316,8 +313,8 @@ int main(int argc, char **argv) {
   /* Smaller units at the same window memory: more, smaller draws. */
   static const struct {
     uint32_t unit_rows, window;
-  } alt[] = {{65536, 16},  {65536, 64},  {65536, 328}, {8192, 128},
-             {8192, 512},  {1024, 1024}, {1024, 4096}, {1024, 512}};
+  } alt[] = {{65536, 16}, {65536, 64},  {65536, 328}, {8192, 128},
+             {8192, 512}, {1024, 1024}, {1024, 4096}, {1024, 512}};
   printf("\n%" PRIu64 " rows, other unit sizes (world_size 1)\n", biggest);
   header();
   double uni = 0;
@@ -348,19 +345,18 @@ int main(int argc, char **argv) {
       for (size_t bi = 0; bi < sizeof(bb) / sizeof(bb[0]); bi++) {
         result_t r;
         if (run_epoch_blocked(&b, 1, bw[wi], 1, 0, bb[bi], &r) < 0) exit(1);
-        printf("%8u %12u %8.4f %8.4f %6.2f\n", bw[wi], bb[bi] ? bb[bi] : 1, r.tv, uni,
-               r.tv / uni);
+        printf("%8u %12u %8.4f %8.4f %6.2f\n", bw[wi], bb[bi] ? bb[bi] : 1, r.tv, uni, r.tv / uni);
       }
     dataset_free(&b);
   }
 
   /* Node partitions: the whole dataset still mixes into every global
    * batch, each partition's windows holding window / P units. */
-  printf("\n%" PRIu64 " rows in units of 4096 rows, row groups of 8 units: node partitions "
+  printf("\n%" PRIu64
+         " rows in units of 4096 rows, row groups of 8 units: node partitions "
          "(goal: P = 4 within 1.10 of P = 1)\n",
          biggest);
-  printf("%8s %6s %8s %8s %10s %8s\n", "window", "P", "mean TV", "uniform", "vs P = 1",
-         "epoch ms");
+  printf("%8s %6s %8s %8s %10s %8s\n", "window", "P", "mean TV", "uniform", "vs P = 1", "epoch ms");
   {
     dataset_t b;
     dataset_init(&b, biggest, 4096);
@@ -380,8 +376,10 @@ int main(int argc, char **argv) {
   }
 
   /* One rank of eight: every rank still builds every window. */
-  printf("\n%" PRIu64 " rows, world_size 8: rank 0's share (its own "
-         "samples per second)\n", biggest);
+  printf("\n%" PRIu64
+         " rows, world_size 8: rank 0's share (its own "
+         "samples per second)\n",
+         biggest);
   header();
   dataset_t d;
   dataset_init(&d, biggest, UNIT_ROWS);

@@ -60,7 +60,6 @@ static double unix_now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-
 static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_rows) {
   if (row_bytes == 0 || batch_rows == 0 || window_bytes < row_bytes) return 0;
   size_t rows = window_bytes / row_bytes;
@@ -178,7 +177,9 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (argc < 4 || strcmp(argv[1], "run") != 0) {
-    fprintf(stderr, "usage: serve-client memcpy | gather ROW_BYTES WINDOW_BYTES BATCH_ROWS | run SOCKET SOURCE [options]\n");
+    fprintf(stderr,
+            "usage: serve-client memcpy | gather ROW_BYTES WINDOW_BYTES BATCH_ROWS | run SOCKET "
+            "SOURCE [options]\n");
     return 2;
   }
   const char *sock = argv[2];
@@ -212,8 +213,7 @@ int main(int argc, char **argv) {
       for (char *t = strtok(argv[++i], ","); t && nc < 64; t = strtok(NULL, ",")) cols[nc++] = t;
       o.columns = cols;
       o.num_columns = nc;
-    }
-    else if (!strcmp(a, "--start-epoch")) o.start_epoch = strtoull(v, NULL, 10), i++;
+    } else if (!strcmp(a, "--start-epoch")) o.start_epoch = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--rank")) o.rank = atoi(v), i++;
     else if (!strcmp(a, "--world-size")) o.world_size = atoi(v), i++;
     else if (!strcmp(a, "--daemon-pid")) pid = atoi(v), i++;
@@ -271,13 +271,15 @@ int main(int argc, char **argv) {
       if (first_batch_s >= 0) printf("{\"first_batch_s\":%.4f,", first_batch_s);
       else printf("{");
       printf("\"epoch\":%" PRIu64 ",\"seconds\":%.4f,\"batches\":%" PRIu64 ",\"rows\":%" PRIu64
-             ",\"bytes\":%" PRIu64 ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,\"stall_long\":%.5f,"
+             ",\"bytes\":%" PRIu64
+             ",\"gbps\":%.3f,\"rows_per_s\":%.0f,\"stall\":%.5f,\"stall_long\":%.5f,"
              "\"compute_us\":%.1f,\"call_ns_p50\":%.0f,\"call_ns_p90\":%.0f,"
              "\"daemon_rss_kb\":%" PRIu64 ",\"end_unix\":%.6f}\n",
              epoch, secs, batches, rows, bytes, (double)bytes / secs / 1e9, (double)rows / secs,
              (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1),
-             long_waits_s * 1e9 / (double)((w - w0) + (cp - c0) + 1), (double)(cp - c0) / 1e3 / (double)batches,
-             call_p50, call_p90, rss_kb(pid), unix_now_s());
+             long_waits_s * 1e9 / (double)((w - w0) + (cp - c0) + 1),
+             (double)(cp - c0) / 1e3 / (double)batches, call_p50, call_p90, rss_kb(pid),
+             unix_now_s());
       first_batch_s = -1;
       fflush(stdout);
       w0 = w;

@@ -69,12 +69,21 @@ int llib_field_count(const field_t *f) {
  * sends, such as a negative width. */
 int64_t llib_value_width(const field_t *f) {
   switch (f->type) {
-    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
-    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
-    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
+    case LARDER_TYPE_INT8:
+    case LARDER_TYPE_UINT8: return 1;
+    case LARDER_TYPE_INT16:
+    case LARDER_TYPE_UINT16:
+    case LARDER_TYPE_FLOAT16: return 2;
+    case LARDER_TYPE_INT32:
+    case LARDER_TYPE_UINT32:
+    case LARDER_TYPE_FLOAT32:
+    case LARDER_TYPE_DATE32:
+    case LARDER_TYPE_TIME32: return 4;
+    case LARDER_TYPE_INT64:
+    case LARDER_TYPE_UINT64:
+    case LARDER_TYPE_FLOAT64:
+    case LARDER_TYPE_TIME64:
+    case LARDER_TYPE_TIMESTAMP: return 8;
     case LARDER_TYPE_DECIMAL128: return 16;
     case LARDER_TYPE_DECIMAL256: return 32;
     case LARDER_TYPE_FIXED_BINARY: return f->byte_width < 0 ? -1 : f->byte_width;
@@ -85,9 +94,12 @@ int64_t llib_value_width(const field_t *f) {
 /* Bytes per offset of a type with offsets, else 0. */
 uint64_t llib_offset_width(larder_type_t type) {
   switch (type) {
-    case LARDER_TYPE_BINARY: case LARDER_TYPE_STRING: case LARDER_TYPE_LIST:
+    case LARDER_TYPE_BINARY:
+    case LARDER_TYPE_STRING:
+    case LARDER_TYPE_LIST:
     case LARDER_TYPE_MAP: return 4;
-    case LARDER_TYPE_LARGE_BINARY: case LARDER_TYPE_LARGE_STRING:
+    case LARDER_TYPE_LARGE_BINARY:
+    case LARDER_TYPE_LARGE_STRING:
     case LARDER_TYPE_LARGE_LIST: return 8;
     default: return 0;
   }
@@ -257,7 +269,8 @@ int llib_build_arrays(const larder_stream_t *s, const wire_batch_t *b, larder_ar
 static const void *cuda_rebase(const void *p, uintptr_t host, uintptr_t dev) {
   /* A device address is no host object: it can only be made from an
    * integer. */
-  return p ? (const void *)(dev + ((uintptr_t)p - host)) : NULL; /* NOLINT(performance-no-int-to-ptr) */
+  // NOLINTNEXTLINE(performance-no-int-to-ptr)
+  return p ? (const void *)(dev + ((uintptr_t)p - host)) : NULL;
 }
 
 static void cuda_rebase_arrays(const larder_stream_t *s, larder_array_t *nodes) {
@@ -270,7 +283,6 @@ static void cuda_rebase_arrays(const larder_stream_t *s, larder_array_t *nodes) 
     a->memory_kind = LARDER_MEMORY_CUDA;
   }
 }
-
 
 /* See internal.h.  Such a batch has consumed its descriptor: the caller
  * fails the stream on an error. */
@@ -435,4 +447,3 @@ int larder_batch_describe(const larder_batch_t *b, larder_batch_info_t *info,
     }
   return n;
 }
-

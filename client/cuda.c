@@ -58,16 +58,16 @@ const lcuda_api_t *lcuda_load(char *err, size_t errlen) {
     free(api);
     return NULL;
   }
-#define LCUDA_RESOLVE_(name)                                                         \
-  if (ok) {                                                                          \
-    *(void **)(&api->name) = dlsym(h, LCUDA_SYMBOL(name));                           \
-    if (api->name == NULL) {                                                         \
-      snprintf(err, errlen,                                                          \
-               "CUDA device memory is unavailable: the CUDA driver %s lacks %s "     \
-               "(a driver older than the toolkit larder was built with?)",           \
-               path, LCUDA_SYMBOL(name));                                            \
-      ok = 0;                                                                        \
-    }                                                                                \
+#define LCUDA_RESOLVE_(name)                                                     \
+  if (ok) {                                                                      \
+    *(void **)(&api->name) = dlsym(h, LCUDA_SYMBOL(name));                       \
+    if (api->name == NULL) {                                                     \
+      snprintf(err, errlen,                                                      \
+               "CUDA device memory is unavailable: the CUDA driver %s lacks %s " \
+               "(a driver older than the toolkit larder was built with?)",       \
+               path, LCUDA_SYMBOL(name));                                        \
+      ok = 0;                                                                    \
+    }                                                                            \
   }
   int ok = 1;
   LCUDA_FUNCS(LCUDA_RESOLVE_)

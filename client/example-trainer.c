@@ -74,8 +74,8 @@ static long long number(const char *name, const char *v, long long min, long lon
   errno = 0;
   long long x = strtoll(v, &end, 10);
   if (errno || end == v || *end != '\0' || x < min || x > max) {
-    fprintf(stderr, "example-trainer: --%s %s: a whole number from %lld to %lld\n%s", name, v,
-            min, max, usage_text);
+    fprintf(stderr, "example-trainer: --%s %s: a whole number from %lld to %lld\n%s", name, v, min,
+            max, usage_text);
     exit(2);
   }
   return x;
@@ -87,24 +87,37 @@ int main(int argc, char **argv) {
   larder_stream_options_init(&o);
   o.epochs = 1;
   double compute_ms = 0;
-  enum { O_BATCH = 256, O_EPOCHS, O_COMPUTE, O_COLUMNS, O_SEED, O_NOSHUF, O_RANK, O_WORLD,
-         O_LOCAL, O_PARTS, O_UNIT, O_WINDOW, O_SOCKET, O_HELP };
-  static const struct option longopts[] = {
-      {"socket", required_argument, NULL, O_SOCKET},
-      {"batch-size", required_argument, NULL, O_BATCH},
-      {"epochs", required_argument, NULL, O_EPOCHS},
-      {"compute-ms", required_argument, NULL, O_COMPUTE},
-      {"columns", required_argument, NULL, O_COLUMNS},
-      {"seed", required_argument, NULL, O_SEED},
-      {"no-shuffle", no_argument, NULL, O_NOSHUF},
-      {"rank", required_argument, NULL, O_RANK},
-      {"world-size", required_argument, NULL, O_WORLD},
-      {"local-world-size", required_argument, NULL, O_LOCAL},
-      {"partitions", required_argument, NULL, O_PARTS},
-      {"unit-rows", required_argument, NULL, O_UNIT},
-      {"window", required_argument, NULL, O_WINDOW},
-      {"help", no_argument, NULL, O_HELP},
-      {NULL, 0, NULL, 0}};
+  enum {
+    O_BATCH = 256,
+    O_EPOCHS,
+    O_COMPUTE,
+    O_COLUMNS,
+    O_SEED,
+    O_NOSHUF,
+    O_RANK,
+    O_WORLD,
+    O_LOCAL,
+    O_PARTS,
+    O_UNIT,
+    O_WINDOW,
+    O_SOCKET,
+    O_HELP
+  };
+  static const struct option longopts[] = {{"socket", required_argument, NULL, O_SOCKET},
+                                           {"batch-size", required_argument, NULL, O_BATCH},
+                                           {"epochs", required_argument, NULL, O_EPOCHS},
+                                           {"compute-ms", required_argument, NULL, O_COMPUTE},
+                                           {"columns", required_argument, NULL, O_COLUMNS},
+                                           {"seed", required_argument, NULL, O_SEED},
+                                           {"no-shuffle", no_argument, NULL, O_NOSHUF},
+                                           {"rank", required_argument, NULL, O_RANK},
+                                           {"world-size", required_argument, NULL, O_WORLD},
+                                           {"local-world-size", required_argument, NULL, O_LOCAL},
+                                           {"partitions", required_argument, NULL, O_PARTS},
+                                           {"unit-rows", required_argument, NULL, O_UNIT},
+                                           {"window", required_argument, NULL, O_WINDOW},
+                                           {"help", no_argument, NULL, O_HELP},
+                                           {NULL, 0, NULL, 0}};
   int opt;
   while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     switch (opt) {
@@ -116,8 +129,8 @@ int main(int argc, char **argv) {
         errno = 0;
         compute_ms = strtod(optarg, &end);
         if (errno || end == optarg || *end || compute_ms < 0) {
-          fprintf(stderr, "example-trainer: --compute-ms %s: a number of milliseconds\n%s",
-                  optarg, usage_text);
+          fprintf(stderr, "example-trainer: --compute-ms %s: a number of milliseconds\n%s", optarg,
+                  usage_text);
           return 2;
         }
         break;
@@ -127,7 +140,9 @@ int main(int argc, char **argv) {
       case O_NOSHUF: o.shuffle = 0; break;
       case O_RANK: o.rank = (int32_t)number("rank", optarg, 0, (1 << 24) - 1); break;
       case O_WORLD: o.world_size = (int32_t)number("world-size", optarg, 1, 1 << 24); break;
-      case O_LOCAL: o.local_world_size = (int32_t)number("local-world-size", optarg, 1, 1 << 24); break;
+      case O_LOCAL:
+        o.local_world_size = (int32_t)number("local-world-size", optarg, 1, 1 << 24);
+        break;
       case O_PARTS: o.partitions = (uint32_t)number("partitions", optarg, 1, 1 << 16); break;
       case O_UNIT: o.unit_rows = (uint32_t)number("unit-rows", optarg, 64, 65536); break;
       case O_WINDOW: o.window = (uint32_t)number("window", optarg, 1, 1024); break;
@@ -187,10 +202,11 @@ int main(int argc, char **argv) {
       larder_stream_stall(s, &w, &cp);
       double secs = now_s() - t0;
       double stall = (double)(w - w0) / (double)((w - w0) + (cp - c0) + 1);
-      printf("epoch %llu: %llu batches, %llu rows in %.2f s: %.0f rows/s, %.1f MB/s, "
-             "stall %.2f%%\n",
-             (unsigned long long)epoch, (unsigned long long)batches, (unsigned long long)rows,
-             secs, (double)rows / secs, (double)bytes / secs / 1e6, 100.0 * stall);
+      printf(
+          "epoch %llu: %llu batches, %llu rows in %.2f s: %.0f rows/s, %.1f MB/s, "
+          "stall %.2f%%\n",
+          (unsigned long long)epoch, (unsigned long long)batches, (unsigned long long)rows, secs,
+          (double)rows / secs, (double)bytes / secs / 1e6, 100.0 * stall);
       fflush(stdout);
       w0 = w;
       c0 = cp;

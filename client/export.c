@@ -68,8 +68,12 @@ static void format_of(const field_t *f, char *buf, size_t size) {
     case LARDER_TYPE_FLOAT32: snprintf(buf, size, "f"); break;
     case LARDER_TYPE_FLOAT64: snprintf(buf, size, "g"); break;
     case LARDER_TYPE_DATE32: snprintf(buf, size, "tdD"); break;
-    case LARDER_TYPE_TIME32: snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_SECOND ? 's' : 'm'); break;
-    case LARDER_TYPE_TIME64: snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_NANO ? 'n' : 'u'); break;
+    case LARDER_TYPE_TIME32:
+      snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_SECOND ? 's' : 'm');
+      break;
+    case LARDER_TYPE_TIME64:
+      snprintf(buf, size, "tt%c", f->unit == LARDER_UNIT_NANO ? 'n' : 'u');
+      break;
     case LARDER_TYPE_TIMESTAMP:
       snprintf(buf, size, "ts%c:%s", units[f->unit & 3], f->utc ? "UTC" : "");
       break;
@@ -216,8 +220,10 @@ static int buffer_count(const field_t *f) {
   switch (f->type) {
     case LARDER_TYPE_NULL: return 0;
     case LARDER_TYPE_STRUCT: return 1;
-    case LARDER_TYPE_BINARY: case LARDER_TYPE_STRING:
-    case LARDER_TYPE_LARGE_BINARY: case LARDER_TYPE_LARGE_STRING: return 3;
+    case LARDER_TYPE_BINARY:
+    case LARDER_TYPE_STRING:
+    case LARDER_TYPE_LARGE_BINARY:
+    case LARDER_TYPE_LARGE_STRING: return 3;
     default: return 2;
   }
 }
@@ -370,12 +376,12 @@ static int dlpack_type(const larder_array_t *a, DLDataType *t, int *ndim) {
   switch (larder_array_type(a)) {
     case LARDER_TYPE_INT8: *t = (DLDataType){kDLInt, 8, 1}; return 1;
     case LARDER_TYPE_INT16: *t = (DLDataType){kDLInt, 16, 1}; return 1;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32:
-      *t = (DLDataType){kDLInt, 32, 1};
-      return 1;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP:
-      *t = (DLDataType){kDLInt, 64, 1};
-      return 1;
+    case LARDER_TYPE_INT32:
+    case LARDER_TYPE_DATE32:
+    case LARDER_TYPE_TIME32: *t = (DLDataType){kDLInt, 32, 1}; return 1;
+    case LARDER_TYPE_INT64:
+    case LARDER_TYPE_TIME64:
+    case LARDER_TYPE_TIMESTAMP: *t = (DLDataType){kDLInt, 64, 1}; return 1;
     case LARDER_TYPE_UINT8: *t = (DLDataType){kDLUInt, 8, 1}; return 1;
     case LARDER_TYPE_UINT16: *t = (DLDataType){kDLUInt, 16, 1}; return 1;
     case LARDER_TYPE_UINT32: *t = (DLDataType){kDLUInt, 32, 1}; return 1;
@@ -485,8 +491,8 @@ int larder_batch_dlpack(larder_batch_t *batch, const void *data, DLDataType dtyp
   int cuda = s->cuda != NULL;
   uintptr_t base = cuda ? (uintptr_t)lcuda_map_base(s->cuda) : (uintptr_t)s->arena;
   uintptr_t p = (uintptr_t)data;
-  if (bytes > 0 && (data == NULL || p < base || p - base > s->arena_size ||
-                    bytes > s->arena_size - (p - base)))
+  if (bytes > 0 &&
+      (data == NULL || p < base || p - base > s->arena_size || bytes > s->arena_size - (p - base)))
     return LARDER_EINVAL;
   dlpack_one_t *d = calloc(1, sizeof(*d));
   if (d == NULL) return LARDER_ENOMEM;

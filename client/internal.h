@@ -69,7 +69,7 @@ struct larder_array {
   const void *values;
   uint64_t values_size;
   int num_children;
-  int memory_kind;  /* LARDER_MEMORY_CUDA: the buffer pointers are device
+  int memory_kind; /* LARDER_MEMORY_CUDA: the buffer pointers are device
                        pointers (cuda_rebase_arrays) */
   larder_array_t *children;
 };
@@ -89,14 +89,14 @@ typedef struct queued {
  * (development VM). */
 typedef struct node_plan {
   const field_t *field;
-  int slot;             /* its array in a batch's nodes */
-  int children;         /* the slot of its first child */
+  int slot;     /* its array in a batch's nodes */
+  int children; /* the slot of its first child */
   int num_children;
-  int bad_width;        /* a FIXED_BINARY of negative width: no batch is valid */
-  uint64_t value_width; /* bytes per value, 0 when values are not fixed-width */
+  int bad_width;         /* a FIXED_BINARY of negative width: no batch is valid */
+  uint64_t value_width;  /* bytes per value, 0 when values are not fixed-width */
   uint64_t offset_width; /* 4 or 8 for the types with offsets, else 0 */
-  int bitmap_values;    /* BOOL: its values are bits */
-  int validity_checked; /* not the NULL type, whose slots are all null */
+  int bitmap_values;     /* BOOL: its values are bits */
+  int validity_checked;  /* not the NULL type, whose slots are all null */
   /* Its offsets index its child's slots (LIST, LARGE_LIST, MAP) rather
    * than bytes of its values: the checks need not read the field. */
   int offsets_index_child;
@@ -119,14 +119,14 @@ struct larder_stream {
   uint32_t partitions, partitions_first, partitions_last;
   char note[512];
   queued_t *q_head, *q_tail;
-  int ended;   /* EndOfStream received */
-  int error;   /* the error that ended the stream */
+  int ended; /* EndOfStream received */
+  int error; /* the error that ended the stream */
   /* The error was found here (a malformed batch, out of memory), not
    * sent by the daemon: the daemon still has the stream, and close tells
    * it, and no later batch is taken. */
   int failed_here;
-  int closed;  /* larder_stream_close called */
-  int refs;    /* 1 for the stream + one per live batch */
+  int closed; /* larder_stream_close called */
+  int refs;   /* 1 for the stream + one per live batch */
   uint64_t pos_epoch, pos_batch;
   uint64_t wait_ns, compute_ns, last_return_ns;
   int last_timed_out;                   /* the last call returned LARDER_ETIMEDOUT */
@@ -135,8 +135,8 @@ struct larder_stream {
   /* Under the client's send_lock: releases of this stream in c->held, and
    * how many it may hold (half its window). */
   int held_releases, hold_max;
-  uint64_t held_gen;                    /* c->flushes when counted */
-  larder_batch_t *spare;                /* a released batch (and its arrays)
+  uint64_t held_gen;     /* c->flushes when counted */
+  larder_batch_t *spare; /* a released batch (and its arrays)
                                            to reuse, under lock */
   /* The descriptor ring (ring.h), when the daemon offered one: batches
    * come from it rather than from Batch frames, releases go to it. */
@@ -148,10 +148,10 @@ struct larder_stream {
    * of 0 divided by zero). */
   ring_layout_t ring_layout;
   uint32_t ring_num_layout;
-  uint64_t ring_consumed;               /* descriptors taken (reading thread) */
-  uint64_t ring_released;               /* entries written, under lock */
-  uint64_t ring_woken_at;               /* the wake_at last answered, under lock */
-  uint64_t ring_told;                   /* ring_released when that Wake went */
+  uint64_t ring_consumed; /* descriptors taken (reading thread) */
+  uint64_t ring_released; /* entries written, under lock */
+  uint64_t ring_woken_at; /* the wake_at last answered, under lock */
+  uint64_t ring_told;     /* ring_released when that Wake went */
   /* Under lock: the reading thread sleeps on the socket, or returned
    * LARDER_ETIMEDOUT and its caller waits on larder_stream_fd.  A release
    * made then tells the daemon at once when it waits for one (wake_at):
@@ -172,7 +172,7 @@ struct larder_stream {
   uint32_t ring_wake_batches;
   uint32_t window;
   ring_pace_t pace;
-  ring_sleeps_t ring_sleeps;            /* what its sleeps asked (reading thread) */
+  ring_sleeps_t ring_sleeps; /* what its sleeps asked (reading thread) */
   /* larder_stream_fd: an epoll descriptor holding the client's socket and
    * `efd`, an eventfd that the reading thread signals when a call for
    * another stream (or open, close) reads something for this one: a Wake
@@ -222,8 +222,8 @@ struct larder_client {
   /* The connection failed (the error, or LARDER_ECLOSED).  Written by the
    * reading thread; atomic because releases on other threads read it. */
   atomic_int broken;
-  pid_t pid;            /* the process that connected (fork: see close) */
-  unsigned fork_gen;    /* fork_generation when it connected */
+  pid_t pid;         /* the process that connected (fork: see close) */
+  unsigned fork_gen; /* fork_generation when it connected */
   char err[1024];
   /* Under send_lock: Release frames not sent yet.  They go out together
    * when a stream holds half its window of them, before the reading thread
@@ -233,7 +233,7 @@ struct larder_client {
   uint8_t *held;
   size_t held_len, held_cap;
   uint64_t flushes;
-  int reader_waiting;   /* a thread waits in pump: send releases at once */
+  int reader_waiting; /* a thread waits in pump: send releases at once */
   /* Under send_lock: a send failed, so the daemon missed what it carried
    * (a release, a Wake).  The connection is not marked broken for it: what
    * the daemon sent before it went (an error, the end of a stream) may

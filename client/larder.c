@@ -35,7 +35,6 @@
 
 #include "internal.h"
 
-
 static int ring_tell(larder_client_t *c, larder_stream_t *s);
 
 static uint64_t now_ns(void) {
@@ -257,8 +256,7 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
     }
     return;
   }
-  if (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0 &&
-      c->waiting_request == 0) {
+  if (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0 && c->waiting_request == 0) {
     /* A connection-level error: every stream ends with it. */
     snprintf(c->err, sizeof(c->err), "%s", f->error->message ? f->error->message : "");
     for (larder_stream_t *s = c->streams; s; s = s->next) {
@@ -269,8 +267,9 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
     wire_free(f);
     return;
   }
-  if (c->reply == NULL && (request_id == c->waiting_request || f->msg_case == LARDER__FRAME__MSG_HELLO_REPLY ||
-                           (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0))) {
+  if (c->reply == NULL &&
+      (request_id == c->waiting_request || f->msg_case == LARDER__FRAME__MSG_HELLO_REPLY ||
+       (f->msg_case == LARDER__FRAME__MSG_ERROR && request_id == 0))) {
     c->reply = f;
     /* Descriptors come in the order of their frames: the reply's follow
      * those of a reply routed before it (none: the open took them). */
@@ -567,8 +566,9 @@ static int absolute_source(larder_client_t *c, const char *src, char **out) {
   }
   char cwd[4096];
   if (getcwd(cwd, sizeof(cwd)) == NULL)
-    return set_err(c, LARDER_EINVAL, "%s: a relative path, and the working directory is unknown: %s",
-                   src, strerror(errno));
+    return set_err(c, LARDER_EINVAL,
+                   "%s: a relative path, and the working directory is unknown: %s", src,
+                   strerror(errno));
   while (src[0] == '.' && src[1] == '/') {
     src += 2;
     while (*src == '/') src++;
@@ -587,7 +587,6 @@ static int absolute_source(larder_client_t *c, const char *src, char **out) {
   *out = r;
   return 0;
 }
-
 
 /* Checks that fd, a memfd the daemon sent, holds at least size bytes and
  * is sealed against shrinking, as the daemon seals its arenas and rings
@@ -684,14 +683,16 @@ typedef struct open_params {
  * LARDER_EINVAL (a variable that is no number, an unknown memory kind),
  * or lcuda_device_uuid's error, with the client's error set.  The thread
  * that opens. */
-static int open_resolve(larder_client_t *c, const larder_stream_options_t *opts,
-                        open_params_t *p) {
+static int open_resolve(larder_client_t *c, const larder_stream_options_t *opts, open_params_t *p) {
   int rank = opts->rank, world = opts->world_size, cuda = opts->cuda_device, rc = 0;
   /* Only the first variable set counts, and only it is parsed, so that a
    * LOCAL_RANK or SLURM_NTASKS that is no number does not fail the open
    * where RANK and WORLD_SIZE say all.  Tested by client_rank_env. */
   if (rank < 0)
-    rc = env_int(c, env_set("RANK") ? "RANK" : env_set("SLURM_PROCID") ? "SLURM_PROCID" : "LOCAL_RANK",
+    rc = env_int(c,
+                 env_set("RANK")           ? "RANK"
+                 : env_set("SLURM_PROCID") ? "SLURM_PROCID"
+                                           : "LOCAL_RANK",
                  0, 0, &rank);
   if (rc == 0 && world <= 0)
     rc = env_int(c, env_set("WORLD_SIZE") ? "WORLD_SIZE" : "SLURM_NTASKS", 1, 1, &world);
@@ -702,18 +703,18 @@ static int open_resolve(larder_client_t *c, const larder_stream_options_t *opts,
   if (rc == 0 && cuda < 0) {
     if (opts->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA)
       rc = env_int(c, "LOCAL_RANK", 0, 0, &cuda);
-    else
-      cuda = 0;
+    else cuda = 0;
   }
   /* Ranks per node: torchrun's, else Slurm's, else one node. */
   int local = opts->local_world_size;
   if (rc == 0 && local < 0)
-    rc = env_int(c, env_set("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "SLURM_NTASKS_PER_NODE",
-                 0, 1, &local);
+    rc = env_int(c, env_set("LOCAL_WORLD_SIZE") ? "LOCAL_WORLD_SIZE" : "SLURM_NTASKS_PER_NODE", 0,
+                 1, &local);
   /* CUDA (client/cuda.c): the driver must be there before the daemon
    * allocates device memory for the stream. */
   if (rc == 0 && opts->memory_kind != LARDER_MEMORY_HOST && opts->memory_kind != LARDER_MEMORY_CUDA)
-    rc = set_err(c, LARDER_EINVAL, "memory_kind %d is neither LARDER_MEMORY_HOST nor LARDER_MEMORY_CUDA",
+    rc = set_err(c, LARDER_EINVAL,
+                 "memory_kind %d is neither LARDER_MEMORY_HOST nor LARDER_MEMORY_CUDA",
                  opts->memory_kind);
   if (rc == 0 && opts->memory_kind == LARDER_MEMORY_CUDA)
     rc = lcuda_device_uuid(cuda, p->cuda_uuid, c->err, sizeof(c->err));
@@ -728,8 +729,8 @@ static int open_resolve(larder_client_t *c, const larder_stream_options_t *opts,
  * absolute, and sets *request_id to its id.  Returns 0, or LARDER_ENOMEM,
  * LARDER_EINVAL (absolute_source) or the send's error, with the client's
  * error set.  The thread that opens. */
-static int open_send(larder_client_t *c, const larder_stream_options_t *opts,
-                     open_params_t *p, uint32_t *request_id) {
+static int open_send(larder_client_t *c, const larder_stream_options_t *opts, open_params_t *p,
+                     uint32_t *request_id) {
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
   req.partitions = opts->partitions;
   req.local_world_size = (uint32_t)p->local;
@@ -903,7 +904,8 @@ static int stream_map_shared(larder_client_t *c, larder_stream_t *s, const open_
   int rc = check_shm(c, o->afd, s->arena_size, "arena");
   if (rc == 0) {
     void *m = mmap(NULL, s->arena_size, PROT_READ, MAP_SHARED, o->afd, 0);
-    if (m == MAP_FAILED) rc = set_err(c, LARDER_ENOMEM, "cannot map the arena: %s", strerror(errno));
+    if (m == MAP_FAILED)
+      rc = set_err(c, LARDER_ENOMEM, "cannot map the arena: %s", strerror(errno));
     else s->arena = m;
   }
   if (rc == 0 && o->rfd >= 0) rc = check_shm(c, o->rfd, o->ring_size, "descriptor ring");
@@ -1155,7 +1157,6 @@ void larder_stream_close(larder_stream_t *s) {
   if (left == 0) stream_free(s);
 }
 
-
 /* Sends a Wake frame for s: the daemon reads its ring.  Returns 0,
  * LARDER_ECLOSED or LARDER_ENOMEM.  Any thread. */
 static int send_wake(larder_client_t *c, larder_stream_t *s) {
@@ -1185,9 +1186,9 @@ int llib_ring_take(larder_stream_t *s, wire_batch_t *view) {
   if (published == s->ring_consumed) return 0;
   if (published - s->ring_consumed > l->slots) return LARDER_EPROTO;
   const ring_desc_t *d = ring_layout_desc(l, s->ring_consumed++);
-  *view = (wire_batch_t){s->id,              d->seq,          d->epoch,     d->index,
-                         d->num_rows,        d->arena_offset, d->arena_length,
-                         s->ring_num_layout, d->layout};
+  *view =
+      (wire_batch_t){s->id,           d->seq,          d->epoch,           d->index, d->num_rows,
+                     d->arena_offset, d->arena_length, s->ring_num_layout, d->layout};
   if (atomic_load_explicit(&h->wake_client_at, memory_order_relaxed))
     atomic_store_explicit(&h->wake_client_at, 0, memory_order_relaxed);
   /* The daemon wrote the next descriptor from another core, so reading it
@@ -1228,8 +1229,8 @@ static int ring_prepare_sleep(larder_client_t *c, larder_stream_t *s) {
    * per batch less. */
   pthread_mutex_lock(&s->lock);
   s->ring_reader_asleep = 1;
-  int tell = atomic_load_explicit(&h->wake_at, memory_order_relaxed) &&
-             s->ring_released != s->ring_told;
+  int tell =
+      atomic_load_explicit(&h->wake_at, memory_order_relaxed) && s->ring_released != s->ring_told;
   if (tell) s->ring_told = s->ring_released;
   pthread_mutex_unlock(&s->lock);
   if (tell) (void)send_wake(c, s);
@@ -1309,9 +1310,9 @@ static int next_deliver(larder_client_t *c, larder_stream_t *s, const wire_batch
   larder_batch_t *batch;
   int rc = llib_batch_make(s, b, spare, &batch);
   if (rc)
-    return stream_fail(c, s, rc,
-                       rc == LARDER_ENOMEM ? "out of memory for a batch"
-                                           : "the daemon sent a malformed batch");
+    return stream_fail(
+        c, s, rc,
+        rc == LARDER_ENOMEM ? "out of memory for a batch" : "the daemon sent a malformed batch");
   s->pos_epoch = batch->epoch;
   s->pos_batch = batch->index + 1;
   if (s->batches_per_epoch && s->pos_batch >= s->batches_per_epoch) {
@@ -1378,9 +1379,8 @@ static int next_take(larder_client_t *c, larder_stream_t *s, larder_batch_t **sp
     /* A batch protobuf-c decoded (a form wire_decode_batch leaves to
      * it). */
     const Larder__Batch *pb = f->batch;
-    view = (wire_batch_t){pb->stream_id,    pb->seq,          pb->epoch,   pb->index,
-                          pb->num_rows,     pb->arena_offset, pb->arena_length,
-                          pb->n_layout,     pb->layout};
+    view = (wire_batch_t){pb->stream_id,    pb->seq,          pb->epoch,    pb->index, pb->num_rows,
+                          pb->arena_offset, pb->arena_length, pb->n_layout, pb->layout};
     *rc = next_deliver(c, s, &view, spare, out);
     wire_free(f);
     return 1;
@@ -1500,7 +1500,6 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   return rc;
 }
 
-
 /* See internal.h. */
 void llib_batch_release(larder_batch_t *b, int recycle) {
   larder_stream_t *s = b->stream;
@@ -1569,4 +1568,3 @@ void llib_batch_release(larder_batch_t *b, int recycle) {
   if (wake || frame) stream_unref(s);
   else if (left == 0) stream_free(s);
 }
-

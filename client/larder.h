@@ -30,33 +30,33 @@ extern "C" {
  * Error codes.  The list is an X-macro so that the code, its name and its
  * message are defined once and shared by the daemon, the library and the CLI.
  */
-#define LARDER_ERRNO_MAP(XX)                                                  \
-  XX(EINVAL, -1, "invalid argument")                                          \
-  XX(ENOMEM, -2, "out of memory")                                             \
-  XX(EIO, -3, "input/output error")                                           \
-  XX(ECORRUPT, -4, "corrupt or malformed data")                               \
-  XX(EUNSUPPORTED, -5, "unsupported feature")                                 \
-  XX(ELIMIT, -6, "configured limit exceeded")                                 \
-  XX(ECHECKSUM, -7, "checksum mismatch")                                      \
-  XX(ENOENT, -8, "no such file or object")                                    \
-  XX(EPROTO, -9, "protocol error")                                            \
-  XX(ETIMEDOUT, -10, "timed out")                                             \
-  XX(ECLOSED, -11, "connection closed")                                       \
-  XX(EACCES, -12, "not allowed")                                              \
-  XX(EREMOTE, -13, "remote source failed")                                    \
-  XX(ESHUTDOWN, -14, "daemon is shutting down")                               \
-  XX(EAGAIN, -15, "resource temporarily unavailable")                         \
-  XX(EVERSION, -16, "protocol version mismatch")                              \
-  XX(EEOF, -17, "end of stream")                                              \
-  XX(ENOSPC, -18, "no space left on device")                                  \
-  XX(EBUSY, -19, "resource busy")                                             \
+#define LARDER_ERRNO_MAP(XX)                          \
+  XX(EINVAL, -1, "invalid argument")                  \
+  XX(ENOMEM, -2, "out of memory")                     \
+  XX(EIO, -3, "input/output error")                   \
+  XX(ECORRUPT, -4, "corrupt or malformed data")       \
+  XX(EUNSUPPORTED, -5, "unsupported feature")         \
+  XX(ELIMIT, -6, "configured limit exceeded")         \
+  XX(ECHECKSUM, -7, "checksum mismatch")              \
+  XX(ENOENT, -8, "no such file or object")            \
+  XX(EPROTO, -9, "protocol error")                    \
+  XX(ETIMEDOUT, -10, "timed out")                     \
+  XX(ECLOSED, -11, "connection closed")               \
+  XX(EACCES, -12, "not allowed")                      \
+  XX(EREMOTE, -13, "remote source failed")            \
+  XX(ESHUTDOWN, -14, "daemon is shutting down")       \
+  XX(EAGAIN, -15, "resource temporarily unavailable") \
+  XX(EVERSION, -16, "protocol version mismatch")      \
+  XX(EEOF, -17, "end of stream")                      \
+  XX(ENOSPC, -18, "no space left on device")          \
+  XX(EBUSY, -19, "resource busy")                     \
   XX(ECONNECT, -20, "cannot connect to the daemon")
 
 typedef enum larder_errno {
 #define LARDER_ERRNO_ENUM_(name, code, msg) LARDER_##name = (code),
   LARDER_ERRNO_MAP(LARDER_ERRNO_ENUM_)
 #undef LARDER_ERRNO_ENUM_
-  LARDER_ERRNO_MIN_ = -21
+      LARDER_ERRNO_MIN_ = -21
 } larder_errno_t;
 
 /* Returns a static, never-NULL description of err.  Any thread. */
@@ -126,7 +126,6 @@ typedef enum larder_time_unit {
 /* Returns the static lower-case name of a type ("int64", "list"), or "?". */
 const char *larder_type_name(larder_type_t type);
 
-
 /* ------------------------------------------------------------------------ */
 /* Connecting                                                                */
 
@@ -190,54 +189,54 @@ const char *larder_client_last_error(const larder_client_t *client);
 #define LARDER_DEFAULT_WINDOW 32
 
 typedef struct larder_stream_options {
-  const char *const *sources;  /* paths, globs, directories or URLs;
+  const char *const *sources; /* paths, globs, directories or URLs;
                                   relative paths are relative to the
                                   caller's working directory */
   size_t num_sources;
-  const char *const *columns;  /* dotted paths; NULL/0 = every column;
+  const char *const *columns; /* dotted paths; NULL/0 = every column;
                                   a batch holds them in the file's order
                                   (larder_batch_column_by_name finds one) */
   size_t num_columns;
-  uint32_t batch_size;         /* rows per batch on this rank (default 256; <= 2^20) */
-  uint64_t seed;               /* default 0 */
-  int shuffle;                 /* default 1 */
-  uint32_t shuffle_window;     /* units shuffled together; 0 = daemon's.
+  uint32_t batch_size;     /* rows per batch on this rank (default 256; <= 2^20) */
+  uint64_t seed;           /* default 0 */
+  int shuffle;             /* default 1 */
+  uint32_t shuffle_window; /* units shuffled together; 0 = daemon's.
                                   More than the daemon's memory_limit holds
                                   (or its shuffle_window_bytes, if larger)
                                   fails the open with LARDER_ELIMIT */
-  uint32_t unit_rows;          /* rows per unit at most; 0 = daemon's;
+  uint32_t unit_rows;      /* rows per unit at most; 0 = daemon's;
                                   the daemon keeps it within 64..65536 */
-  uint64_t epochs;             /* the epoch the stream ends before, counted
+  uint64_t epochs;         /* the epoch the stream ends before, counted
                                   from epoch 0, not from start_epoch: a
                                   stream resumed at start_epoch 3 with
                                   epochs 5 delivers epochs 3 and 4, so a
                                   checkpoint's position resumes a job with
                                   the same setting (default 1; 0 =
                                   unbounded) */
-  int32_t rank;                /* -1 (default): $RANK, else 0 */
-  int32_t world_size;          /* -1 (default): $WORLD_SIZE, else 1;
+  int32_t rank;            /* -1 (default): $RANK, else 0 */
+  int32_t world_size;      /* -1 (default): $WORLD_SIZE, else 1;
                                   at most 65536 */
-  int drop_last;               /* default 0: the last batch is padded */
-  uint64_t start_epoch;        /* resume position (default 0, 0) */
+  int drop_last;           /* default 0: the last batch is padded */
+  uint64_t start_epoch;    /* resume position (default 0, 0) */
   uint64_t start_batch;
-  uint32_t window;             /* batches the client may hold (default
+  uint32_t window;          /* batches the client may hold (default
                                   LARDER_DEFAULT_WINDOW, 32),
                                   at most LARDER_MAX_WINDOW */
-  uint64_t arena_bytes;        /* 0 = daemon's default */
-  int memory_kind;             /* LARDER_MEMORY_HOST (default) or
+  uint64_t arena_bytes;     /* 0 = daemon's default */
+  int memory_kind;          /* LARDER_MEMORY_HOST (default) or
                                   LARDER_MEMORY_CUDA: see below */
-  int cuda_device;             /* CUDA streams: the device ordinal;
+  int cuda_device;          /* CUDA streams: the device ordinal;
                                   -1 (default): $LOCAL_RANK, else 0 */
-  uint32_t partitions;         /* node partitions P (0: the daemon's
+  uint32_t partitions;      /* node partitions P (0: the daemon's
                                   `partitions`, default 1): with P > 1
                                   the ranks of each node read, fetch and
                                   cache only their node's partitions of
                                   the data; batch_size * world_size must
                                   be a multiple of P */
-  int32_t local_world_size;    /* ranks per node; -1 (default):
+  int32_t local_world_size; /* ranks per node; -1 (default):
                                   $LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE,
                                   else world_size (one node) */
-  const char *job;             /* the job's name in the daemon's metrics
+  const char *job;          /* the job's name in the daemon's metrics
                                   (the job label) and larderctl clients;
                                   NULL (default): $LARDER_JOB, else "";
                                   at most 64 printable ASCII characters */
@@ -348,8 +347,8 @@ uint64_t larder_stream_num_samples(const larder_stream_t *stream);
  * partitions) and [*first, *last) the partitions of this rank's node (node
  * rank / local_world_size).  Any pointer may be NULL.  Any thread.
  */
-void larder_stream_partitions(const larder_stream_t *stream, uint32_t *partitions,
-                              uint32_t *first, uint32_t *last);
+void larder_stream_partitions(const larder_stream_t *stream, uint32_t *partitions, uint32_t *first,
+                              uint32_t *last);
 
 /* What the daemon said the trainer should know of the stream at open (for
  * instance that the node count does not divide the partitions, so that
@@ -466,27 +465,27 @@ int larder_array_memory_kind(const larder_array_t *a);
  * Python caller turns it into a list in one step.
  */
 typedef struct larder_array_info {
-  int64_t type;           /* larder_type_t */
-  int64_t byte_width;     /* bytes per fixed-width value, else 0 */
-  int64_t offset_width;   /* 4, 8, or 0 when the type has no offsets */
+  int64_t type;         /* larder_type_t */
+  int64_t byte_width;   /* bytes per fixed-width value, else 0 */
+  int64_t offset_width; /* 4, 8, or 0 when the type has no offsets */
   int64_t num_children;
-  int64_t first_child;    /* index of its first child here, -1 when none */
-  int64_t parent;         /* index of its parent here, -1 for a column */
+  int64_t first_child; /* index of its first child here, -1 when none */
+  int64_t parent;      /* index of its parent here, -1 for a column */
   int64_t length;
   int64_t null_count;
   const uint8_t *validity;
   const void *offsets;
   const void *values;
-  uint64_t values_size;   /* bytes at values */
+  uint64_t values_size; /* bytes at values */
 } larder_array_info_t;
 
 typedef struct larder_batch_info {
   int64_t num_rows;
   uint64_t epoch;
   uint64_t index;
-  uint64_t bytes;         /* larder_batch_bytes */
+  uint64_t bytes; /* larder_batch_bytes */
   int64_t num_columns;
-  int64_t num_arrays;     /* columns and their children, all levels */
+  int64_t num_arrays; /* columns and their children, all levels */
   /* The stream's arena, which holds every buffer of the batch: a caller
    * that maps it once (a Python buffer object) makes each array a view at
    * an offset into it, and a bounds-checked one. */
@@ -596,7 +595,13 @@ typedef struct {
   DLDeviceType device_type;
   int32_t device_id;
 } DLDevice;
-typedef enum { kDLInt = 0U, kDLUInt = 1U, kDLFloat = 2U, kDLBfloat = 4U, kDLBool = 6U } DLDataTypeCode;
+typedef enum {
+  kDLInt = 0U,
+  kDLUInt = 1U,
+  kDLFloat = 2U,
+  kDLBfloat = 4U,
+  kDLBool = 6U
+} DLDataTypeCode;
 typedef struct {
   uint8_t code;
   uint8_t bits;

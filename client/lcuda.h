@@ -30,6 +30,8 @@
 #ifdef LARDER_HAVE_CUDA_H
 #include <cuda.h>
 
+/* A table: clang-format would run it into one expression. */
+/* clang-format off */
 #define LCUDA_FUNCS(XX)                                                         \
   XX(cuInit) XX(cuDriverGetVersion) XX(cuGetErrorString) XX(cuGetErrorName)     \
   XX(cuDeviceGetCount) XX(cuDeviceGet) XX(cuDeviceGetName) XX(cuDeviceGetUuid)  \
@@ -41,6 +43,7 @@
   XX(cuMemHostUnregister) XX(cuStreamCreate) XX(cuStreamDestroy)                \
   XX(cuStreamSynchronize) XX(cuMemcpyHtoDAsync) XX(cuMemcpyHtoD)                \
   XX(cuMemcpyDtoH)
+/* clang-format on */
 
 #define LCUDA_STR_(x) #x
 /* The symbol's name as cuda.h spells it after its renames. */

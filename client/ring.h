@@ -73,9 +73,9 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
 typedef struct ring_header {
   /* Written by the daemon before it passes the ring; fixed afterwards. */
   uint64_t magic;
-  uint32_t slots;           /* entries of each kind: the stream's window */
-  uint32_t slot_bytes;      /* bytes of one descriptor */
-  uint32_t num_layout;      /* layout values in each descriptor */
+  uint32_t slots;      /* entries of each kind: the stream's window */
+  uint32_t slot_bytes; /* bytes of one descriptor */
+  uint32_t num_layout; /* layout values in each descriptor */
   uint32_t reserved0;
   uint64_t releases_offset; /* from the start of the ring */
   uint64_t descs_offset;

@@ -24,8 +24,8 @@ uint8_t *wire_encode(const Larder__Frame *frame, size_t *len) {
 
 int64_t wire_frame_ready(const uint8_t *buf, size_t len, uint32_t max) {
   if (len < WIRE_HEADER) return 0;
-  uint32_t n = (uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 |
-               (uint32_t)buf[3] << 24;
+  uint32_t n =
+      (uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 | (uint32_t)buf[3] << 24;
   if (n > max) return LARDER_EPROTO;
   if (len - WIRE_HEADER < n) return 0;
   return (int64_t)n + WIRE_HEADER;
@@ -178,8 +178,8 @@ int64_t wire_sendmsg(int sock, const void *buf, size_t len, const int *fds, int 
   }
 }
 
-int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds,
-                     int *num_fds, int dontwait) {
+int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds, int *num_fds,
+                     int dontwait) {
   struct iovec iov = {buf, cap};
   struct msghdr msg;
   memset(&msg, 0, sizeof(msg));

@@ -90,7 +90,7 @@ int64_t wire_sendmsg(int sock, const void *buf, size_t len, const int *fds, int 
  * max_fds; extras are closed) and *num_fds is updated.  Returns the bytes
  * read, 0 at end of stream, or a negative errno-style code.
  */
-int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds,
-                     int *num_fds, int dontwait);
+int64_t wire_recvmsg(int sock, void *buf, size_t cap, int *fds, int max_fds, int *num_fds,
+                     int dontwait);
 
 #endif /* LARDER_WIRE_H */

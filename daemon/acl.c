@@ -18,9 +18,9 @@
 #define ACL_URL_MAX 4096
 
 typedef struct acl_rule {
-  char *prefix;     /* canonical form */
+  char *prefix; /* canonical form */
   size_t len;
-  int host_only;    /* the prefix ends at the authority: match at a boundary */
+  int host_only; /* the prefix ends at the authority: match at a boundary */
   uid_t uids[ACL_MAX_OWNERS];
   int num_uids;
   gid_t gids[ACL_MAX_OWNERS];
@@ -200,8 +200,8 @@ static int parse_rule(const char *line, acl_rule_t *r, char *err, size_t errlen)
   size_t auth_end = 0;
   if (canon_url(tok, canon, sizeof(canon), &auth_end, why, sizeof(why)) != 0) {
     snprintf(err, errlen,
-             "allow: '%s' is not a URL prefix (%s); local paths are confined with local_roots",
-             tok, why);
+             "allow: '%s' is not a URL prefix (%s); local paths are confined with local_roots", tok,
+             why);
     free(copy);
     return LARDER_EINVAL;
   }
@@ -270,8 +270,8 @@ int acl_rule_check(const char *line, char *err, size_t errlen) {
   return rc;
 }
 
-int acl_create(const char *const *allow, size_t n, const char *admin_group, acl_t **out,
-               char *err, size_t errlen) {
+int acl_create(const char *const *allow, size_t n, const char *admin_group, acl_t **out, char *err,
+               size_t errlen) {
   *out = NULL;
   acl_t *a = calloc(1, sizeof(*a));
   if (a == NULL || (n && (a->rules = calloc(n, sizeof(acl_rule_t))) == NULL)) {
@@ -371,8 +371,7 @@ char **acl_split_roots(const char *spec, int *oom) {
   memcpy(copy, spec, len + 1);
   size_t k = 0;
   char *save = NULL;
-  for (char *t = strtok_r(copy, ":, \t", &save); t; t = strtok_r(NULL, ":, \t", &save))
-    v[k++] = t;
+  for (char *t = strtok_r(copy, ":, \t", &save); t; t = strtok_r(NULL, ":, \t", &save)) v[k++] = t;
   v[k] = NULL;
   return v;
 }

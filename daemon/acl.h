@@ -60,8 +60,8 @@ void acl_peer_clear(acl_peer_t *p);
 
 /* Builds the rules from the allow lines and the admin group ("" or NULL:
  * none).  Returns 0 or LARDER_EINVAL / LARDER_ENOMEM with a message. */
-int acl_create(const char *const *allow, size_t n, const char *admin_group, acl_t **out,
-               char *err, size_t errlen);
+int acl_create(const char *const *allow, size_t n, const char *admin_group, acl_t **out, char *err,
+               size_t errlen);
 void acl_free(acl_t *a);
 
 /* Checks the syntax of one allow line (for config.c); 0 or LARDER_EINVAL. */

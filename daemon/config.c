@@ -54,10 +54,26 @@ static int parse_size(const char *s, uint64_t *out) {
   while (*end == ' ') end++;
   uint64_t mul = 1;
   switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    case 't': case 'T': mul = 1ull << 40; end++; break;
+    case 'k':
+    case 'K':
+      mul = 1ull << 10;
+      end++;
+      break;
+    case 'm':
+    case 'M':
+      mul = 1ull << 20;
+      end++;
+      break;
+    case 'g':
+    case 'G':
+      mul = 1ull << 30;
+      end++;
+      break;
+    case 't':
+    case 'T':
+      mul = 1ull << 40;
+      end++;
+      break;
     default: break;
   }
   if (*end == 'i' || *end == 'I') end++;
@@ -188,8 +204,7 @@ static int key_like(const char *name) {
   size_t n = 0;
   for (; name[n]; n++) {
     char ch = name[n];
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
-      return 0;
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-')) return 0;
   }
   return n > 0 && n <= 40;
 }
@@ -254,8 +269,8 @@ static int read_secret_file(const char *key, const char *path, char **out, char 
     buf[n] = '\0';
     size_t a = 0;
     while (a < n && (buf[a] == ' ' || buf[a] == '\t' || buf[a] == '\r' || buf[a] == '\n')) a++;
-    while (n > a && (buf[n - 1] == ' ' || buf[n - 1] == '\t' || buf[n - 1] == '\r' ||
-                     buf[n - 1] == '\n'))
+    while (n > a &&
+           (buf[n - 1] == ' ' || buf[n - 1] == '\t' || buf[n - 1] == '\r' || buf[n - 1] == '\n'))
       n--;
     memmove(buf, buf + a, n - a);
     n -= a;
@@ -268,8 +283,8 @@ static int read_secret_file(const char *key, const char *path, char **out, char 
       unsigned char ch = (unsigned char)buf[i];
       if (ch < 0x20 || ch == 0x7f) {
         snprintf(err, errlen,
-                 "%s: %s holds %s at byte %zu: a secret file holds one line, the secret",
-                 key, path, ch == '\n' ? "more than one line" : "a control character", i + 1);
+                 "%s: %s holds %s at byte %zu: a secret file holds one line, the secret", key, path,
+                 ch == '\n' ? "more than one line" : "a control character", i + 1);
         rc = LARDER_EINVAL;
       }
     }
@@ -305,8 +320,8 @@ static const char *str_field(const config_t *cfg, const key_info *k) {
 
 /* Sets a *_file key (kf) to path and its secret (ks) to the file's content;
  * an empty path forgets the file and the secret read from it. */
-static int set_secret_file(config_t *cfg, const key_info *kf, const key_info *ks,
-                           const char *path, char *err, size_t errlen) {
+static int set_secret_file(config_t *cfg, const key_info *kf, const key_info *ks, const char *path,
+                           char *err, size_t errlen) {
   const char *secret = "";
   char *content = NULL;
   if (*path) {
@@ -325,13 +340,11 @@ static int set_secret_file(config_t *cfg, const key_info *kf, const key_info *ks
   return rc;
 }
 
-int config_set(config_t *cfg, const char *key, const char *value, char *err,
-               size_t errlen) {
+int config_set(config_t *cfg, const char *key, const char *value, char *err, size_t errlen) {
   if (strcmp(key, "allow") == 0) return add_allow(cfg, value, err, errlen);
   const key_info *k = find_key(key);
   if (k == NULL) {
-    if (key_like(key))
-      snprintf(err, errlen, "unknown setting '%s'", key);
+    if (key_like(key)) snprintf(err, errlen, "unknown setting '%s'", key);
     else
       snprintf(err, errlen,
                "unknown setting (not shown: it is not lowercase letters, digits and '_', and "
@@ -399,8 +412,7 @@ static int apply_line(config_t *cfg, char *line, size_t len, const char *path, s
   if (junk) {
     if (byte == 0 || byte == '\r')
       snprintf(err, errlen, "%s:%zu: %s at column %zu", path, lineno, junk, col);
-    else
-      snprintf(err, errlen, "%s:%zu: %s (0x%02x) at column %zu", path, lineno, junk, byte, col);
+    else snprintf(err, errlen, "%s:%zu: %s (0x%02x) at column %zu", path, lineno, junk, byte, col);
     return LARDER_EINVAL;
   }
   char *s = strip(line);
@@ -436,8 +448,7 @@ static int apply_line(config_t *cfg, char *line, size_t len, const char *path, s
   return rc;
 }
 
-int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err,
-                     size_t errlen) {
+int config_load_file(config_t *cfg, const char *path, int missing_ok, char *err, size_t errlen) {
   FILE *f = fopen(path, "r");
   if (f == NULL) {
     if (errno == ENOENT && missing_ok) return 0;
@@ -491,8 +502,7 @@ static void list_add(char *buf, size_t len, size_t *used, const char *name) {
   *used += (size_t)snprintf(buf + *used, len - *used, "%s%s", *used ? ", " : "", name);
 }
 
-void config_apply_live(config_t *cur, const config_t *next, char *restart,
-                       size_t restart_len) {
+void config_apply_live(config_t *cur, const config_t *next, char *restart, size_t restart_len) {
   config_apply_live_report(cur, next, restart, restart_len, NULL, 0);
 }
 
@@ -546,8 +556,8 @@ void config_apply_live_report(config_t *cur, const config_t *next, char *restart
         memcpy((char *)cur + k->offset, b, k->type == T_SIZE || k->type == T_U64 ? 8 : sizeof(int));
       }
     } else if (used + strlen(k->name) + 2 < restart_len) {
-      used += (size_t)snprintf(restart + used, restart_len - used, "%s%s", used ? ", " : "",
-                               k->name);
+      used +=
+          (size_t)snprintf(restart + used, restart_len - used, "%s%s", used ? ", " : "", k->name);
     }
   }
 }
@@ -567,10 +577,9 @@ void config_free(config_t *cfg) {
   cfg->num_allow = 0;
 }
 
-void config_each(const config_t *cfg, void (*fn)(const char *key, const char *value, int live,
-                                                 void *arg),
-                 void *arg) {
-  static const char *const levels[] = {"emerg", "alert", "crit",   "err",
+void config_each(const config_t *cfg,
+                 void (*fn)(const char *key, const char *value, int live, void *arg), void *arg) {
+  static const char *const levels[] = {"emerg",   "alert",  "crit", "err",
                                        "warning", "notice", "info", "debug"};
   for (size_t i = 0; i < NUM_KEYS; i++) {
     const key_info *k = &keys[i];
@@ -601,7 +610,8 @@ void config_each(const config_t *cfg, void (*fn)(const char *key, const char *va
             u++;
           if (u < 0) snprintf(buf, sizeof(buf), "%llu", (unsigned long long)n);
           else
-            snprintf(buf, sizeof(buf), "%llu%c", (unsigned long long)(n >> (10 * (u + 1))), units[u]);
+            snprintf(buf, sizeof(buf), "%llu%c", (unsigned long long)(n >> (10 * (u + 1))),
+                     units[u]);
         } else {
           snprintf(buf, sizeof(buf), "%llu", (unsigned long long)n);
         }
@@ -619,8 +629,7 @@ void config_each(const config_t *cfg, void (*fn)(const char *key, const char *va
         v = l >= 0 && l < 8 ? levels[l] : "?";
         break;
       }
-      default:
-        v = "";
+      default: v = "";
     }
     fn(k->name, v, k->live, arg);
   }
@@ -628,28 +637,30 @@ void config_each(const config_t *cfg, void (*fn)(const char *key, const char *va
 }
 
 void config_print_reference(FILE *out) {
-  fputs("# larderd configuration.  Every key is optional; the values shown are the\n"
-        "# defaults.  Sizes take K, M, G, T suffixes.  Keys marked [live] change\n"
-        "# on SIGHUP; the others need a restart.  Any key can also be given on the\n"
-        "# command line as --key=value.\n\n[larderd]\n",
-        out);
+  fputs(
+      "# larderd configuration.  Every key is optional; the values shown are the\n"
+      "# defaults.  Sizes take K, M, G, T suffixes.  Keys marked [live] change\n"
+      "# on SIGHUP; the others need a restart.  Any key can also be given on the\n"
+      "# command line as --key=value.\n\n[larderd]\n",
+      out);
   for (size_t i = 0; i < NUM_KEYS; i++) {
-    fprintf(out, "\n# %s%s\n%s = %s\n", keys[i].doc, keys[i].live ? " [live]" : "",
-            keys[i].name, keys[i].def);
+    fprintf(out, "\n# %s%s\n%s = %s\n", keys[i].doc, keys[i].live ? " [live]" : "", keys[i].name,
+            keys[i].def);
   }
-  fputs("\n# The allowlist of remote sources: one `allow` line per URL prefix (the key\n"
-        "# may repeat; on the command line, one --allow=... flag per rule), each\n"
-        "# optionally limited to owners: uid=N, user=NAME, gid=N, group=NAME\n"
-        "# (alternatives), checked against the client's SO_PEERCRED credentials and\n"
-        "# supplementary groups.  Stream opens, prefetch, inspect and cat of a URL\n"
-        "# outside it fail with \"not allowed: URL is outside the configured sources\".\n"
-        "# With no allow line every URL is allowed: anyone who can reach the socket\n"
-        "# can then make the daemon fetch with its S3 credentials, so production\n"
-        "# configurations should list their sources. [live]\n"
-        "# allow = s3://training-data/imagenet/\n"
-        "# allow = s3://team-a/ uid=1000 group=trainers\n"
-        "# allow = https://datasets.example.com/public/\n",
-        out);
+  fputs(
+      "\n# The allowlist of remote sources: one `allow` line per URL prefix (the key\n"
+      "# may repeat; on the command line, one --allow=... flag per rule), each\n"
+      "# optionally limited to owners: uid=N, user=NAME, gid=N, group=NAME\n"
+      "# (alternatives), checked against the client's SO_PEERCRED credentials and\n"
+      "# supplementary groups.  Stream opens, prefetch, inspect and cat of a URL\n"
+      "# outside it fail with \"not allowed: URL is outside the configured sources\".\n"
+      "# With no allow line every URL is allowed: anyone who can reach the socket\n"
+      "# can then make the daemon fetch with its S3 credentials, so production\n"
+      "# configurations should list their sources. [live]\n"
+      "# allow = s3://training-data/imagenet/\n"
+      "# allow = s3://team-a/ uid=1000 group=trainers\n"
+      "# allow = https://datasets.example.com/public/\n",
+      out);
 }
 
 int config_systemd_credentials(config_t *cfg, char *err, size_t errlen) {

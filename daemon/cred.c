@@ -94,8 +94,8 @@ int cred_enter(const acl_peer_t *peer, cred_saved_t *saved, char *err, size_t er
              (unsigned)self.uid, (unsigned)peer->uid);
     return LARDER_EACCES;
   }
-  int grouped = syscall(SYS_setgroups, (size_t)(peer->groups ? peer->num_groups : 0),
-                        peer->groups) == 0;
+  int grouped =
+      syscall(SYS_setgroups, (size_t)(peer->groups ? peer->num_groups : 0), peer->groups) == 0;
   int e = errno, ok = 0;
   if (grouped) {
     set_fsgid(peer->gid);

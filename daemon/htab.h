@@ -32,12 +32,12 @@ typedef struct htab_node {
 
 typedef struct htab {
   htab_node_t **buckets;
-  size_t mask;  /* buckets - 1: a power of two */
+  size_t mask; /* buckets - 1: a power of two */
   size_t count;
 } htab_t;
 
 /* The entry of type `type` whose member `member` is node. */
-#define HTAB_ENTRY(node, type, member) ((type *)(void *)((char *)(node) - offsetof(type, member)))
+#define HTAB_ENTRY(node, type, member) ((type *)(void *)((char *)(node)-offsetof(type, member)))
 
 /* A zeroed htab_t is an empty table; its buckets come with the first
  * insert.  htab_free frees them (not the entries) and leaves t empty. */

@@ -17,8 +17,8 @@ int log_level_parse(const char *name) {
   static const struct {
     const char *name;
     int level;
-  } names[] = {{"err", LOG_ERR_},       {"error", LOG_ERR_}, {"warning", LOG_WARNING_},
-               {"warn", LOG_WARNING_},  {"notice", LOG_NOTICE_}, {"info", LOG_INFO_},
+  } names[] = {{"err", LOG_ERR_},      {"error", LOG_ERR_},     {"warning", LOG_WARNING_},
+               {"warn", LOG_WARNING_}, {"notice", LOG_NOTICE_}, {"info", LOG_INFO_},
                {"debug", LOG_DEBUG_}};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
     if (strcasecmp(name, names[i].name) == 0) return names[i].level;

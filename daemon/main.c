@@ -148,8 +148,7 @@ static int daemonize(const char *log_file) {
     if (n == 1 && c == '1') _exit(0);
     if (log_file && *log_file)
       fprintf(stderr, "larderd: the daemon failed to start; see %s\n", log_file);
-    else
-      fprintf(stderr, "larderd: the daemon failed to start\n");
+    else fprintf(stderr, "larderd: the daemon failed to start\n");
     _exit(1);
   }
   close(p[0]);
@@ -338,8 +337,8 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   so.idle_evict_s = (uint32_t)srv->cfg.cache_idle_evict;
   so.skip_block_checksums = !srv->cfg.cache_verify_blocks;
   uint64_t flushes = srv->cfg.cache_flush_threads;
-  so.flush_threads = flushes ? (int)(flushes > 64 ? 64 : flushes)
-                             : store_default_flush_threads(srv->workers);
+  so.flush_threads =
+      flushes ? (int)(flushes > 64 ? 64 : flushes) : store_default_flush_threads(srv->workers);
   int rc = store_open(&so, &srv->store, err, sizeof(err));
   if (rc == LARDER_ECORRUPT) {
     /* A cache that RocksDB finds corrupt at open (a lost .sst file, a
@@ -362,10 +361,10 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
      * configuration error, does stop it.  Tested by daemon_cache_unusable. */
     char hint[600];
     int e = strstr(err, "Read-only file system") ? EROFS : rc == LARDER_EACCES ? EACCES : 0;
-    log_err("cannot open the cache in %s: %s; serving without a cache, every epoch decoded "
-            "from the sources, until larderd is restarted with a usable cache_dir%s",
-            srv->cfg.cache_dir, err,
-            util_sandbox_hint(e, srv->cfg.cache_dir, 1, hint, sizeof(hint)));
+    log_err(
+        "cannot open the cache in %s: %s; serving without a cache, every epoch decoded "
+        "from the sources, until larderd is restarted with a usable cache_dir%s",
+        srv->cfg.cache_dir, err, util_sandbox_hint(e, srv->cfg.cache_dir, 1, hint, sizeof(hint)));
     snprintf(srv->cache_error, sizeof(srv->cache_error), "%s", err);
     srv->store = NULL;
     rc = 0;
@@ -373,9 +372,10 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
   if (rc == LARDER_EBUSY) {
     char holder[512];
     cache_holder(srv->cfg.cache_dir, holder, sizeof(holder));
-    log_err("cannot open the cache in %s: another process holds it%s (%s); give this larderd "
-            "a cache_dir of its own, or stop the other",
-            srv->cfg.cache_dir, holder, err);
+    log_err(
+        "cannot open the cache in %s: another process holds it%s (%s); give this larderd "
+        "a cache_dir of its own, or stop the other",
+        srv->cfg.cache_dir, holder, err);
     return 1;
   }
   if (rc) {

@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#define STATS_GLOBAL(XX)                                                      \
+#define STATS_GLOBAL(XX)                                                       \
   XX(clients, GAUGE, "connected clients")                                      \
   XX(streams, GAUGE, "open streams")                                           \
   XX(streams_opened, COUNTER, "streams opened")                                \
@@ -36,65 +36,80 @@
   XX(units_decoded, COUNTER, "units decoded from Parquet")                     \
   XX(units_from_cache, COUNTER, "units read from the cache")                   \
   XX(unit_errors, COUNTER, "units that failed to load")                        \
-  XX(unit_shared, COUNTER, "unit loads shared by several streams")            \
-  XX(unit_loads_cancelled, COUNTER, "unit loads dropped before they started, "  \
-                                    "no stream wanting them any more")          \
+  XX(unit_shared, COUNTER, "unit loads shared by several streams")             \
+  XX(unit_loads_cancelled, COUNTER,                                            \
+     "unit loads dropped before they started, "                                \
+     "no stream wanting them any more")                                        \
   XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
   XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
-  XX(prefetch_loaded_bytes, COUNTER, "unit bytes loaded for larderctl prefetch "  \
-                                     "alone (not the trainers' hits or misses)") \
+  XX(prefetch_loaded_bytes, COUNTER,                                           \
+     "unit bytes loaded for larderctl prefetch "                               \
+     "alone (not the trainers' hits or misses)")                               \
   XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                 \
-  XX(footer_bytes, GAUGE, "bytes of parsed Parquet footers held for open "     \
-                          "streams (within footer_memory)")                    \
-  XX(footer_files, GAUGE, "parsed footers held: one per version of a file, "   \
-                          "shared by every stream that reads it")              \
+  XX(footer_bytes, GAUGE,                                                      \
+     "bytes of parsed Parquet footers held for open "                          \
+     "streams (within footer_memory)")                                         \
+  XX(footer_files, GAUGE,                                                      \
+     "parsed footers held: one per version of a file, "                        \
+     "shared by every stream that reads it")                                   \
   XX(footers_parsed, COUNTER, "Parquet footers parsed")                        \
   XX(footers_shared, COUNTER, "footers a stream took from another's parse")    \
-  XX(remote_footer_bytes, GAUGE, "bytes of remote footers kept for later "     \
-                                 "streams (within remote_footer_memory)")      \
-  XX(remote_footers_listed, COUNTER, "remote footers taken from those kept, "  \
-                                     "a listing naming the same version")      \
-  XX(remote_footers_revalidated, COUNTER, "remote footers taken from those "   \
-                                          "kept after a 304 (no bytes)")       \
-  XX(remote_footers_shared, COUNTER, "remote footer reads a stream took from " \
-                                     "another stream's read of the same URL")  \
+  XX(remote_footer_bytes, GAUGE,                                               \
+     "bytes of remote footers kept for later "                                 \
+     "streams (within remote_footer_memory)")                                  \
+  XX(remote_footers_listed, COUNTER,                                           \
+     "remote footers taken from those kept, "                                  \
+     "a listing naming the same version")                                      \
+  XX(remote_footers_revalidated, COUNTER,                                      \
+     "remote footers taken from those "                                        \
+     "kept after a 304 (no bytes)")                                            \
+  XX(remote_footers_shared, COUNTER,                                           \
+     "remote footer reads a stream took from "                                 \
+     "another stream's read of the same URL")                                  \
   XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                \
   XX(fetch_requests, COUNTER, "remote requests completed")                     \
   XX(fetch_retries, COUNTER, "remote requests retried")                        \
   XX(fetch_errors, COUNTER, "remote requests that failed for good")            \
   XX(fetch_inflight, GAUGE, "remote requests in flight")                       \
   XX(fetch_ns, STAGE, "time spent fetching (summed over requests)")            \
-  XX(credentials_refreshes, COUNTER, "S3 credentials resolved again by the "  \
-                                     "refresher (expiry, reload)")            \
-  XX(credentials_refresh_errors, COUNTER, "S3 credential refreshes that "     \
-                                          "failed (retried with backoff)")    \
-  XX(credentials_expiry_seconds, GAUGE, "seconds until the S3 credentials in "  \
-                                      "force expire (0: they do not)")        \
+  XX(credentials_refreshes, COUNTER,                                           \
+     "S3 credentials resolved again by the "                                   \
+     "refresher (expiry, reload)")                                             \
+  XX(credentials_refresh_errors, COUNTER,                                      \
+     "S3 credential refreshes that "                                           \
+     "failed (retried with backoff)")                                          \
+  XX(credentials_expiry_seconds, GAUGE,                                        \
+     "seconds until the S3 credentials in "                                    \
+     "force expire (0: they do not)")                                          \
   XX(decode_ns, STAGE, "time spent decoding Parquet")                          \
   XX(cache_read_ns, STAGE, "time spent reading the cache")                     \
-  XX(assemble_ns, STAGE, "time spent assembling batches")                     \
-  XX(workers_boosted, GAUGE, "1 while trainers wait and the workers run at "   \
-                             "the daemon's priority (else worker_nice nicer)") \
-  XX(worker_boosts, COUNTER, "times trainers waiting raised the workers' "     \
-                             "priority")                                       \
+  XX(assemble_ns, STAGE, "time spent assembling batches")                      \
+  XX(workers_boosted, GAUGE,                                                   \
+     "1 while trainers wait and the workers run at "                           \
+     "the daemon's priority (else worker_nice nicer)")                         \
+  XX(worker_boosts, COUNTER,                                                   \
+     "times trainers waiting raised the workers' "                             \
+     "priority")                                                               \
   XX(ring_streams, COUNTER, "streams opened with a descriptor ring")           \
   XX(ring_wakes_sent, COUNTER, "Wake frames sent to clients asleep on a ring") \
-  XX(ring_wakes_received, COUNTER, "Wake frames from clients: releases "      \
-                                   "written in a ring")                        \
-  XX(cuda_device_bytes, GAUGE, "GPU memory held for CUDA streams (the device " \
-                               "regions that mirror their arenas), all GPUs")
+  XX(ring_wakes_received, COUNTER,                                             \
+     "Wake frames from clients: releases "                                     \
+     "written in a ring")                                                      \
+  XX(cuda_device_bytes, GAUGE,                                                 \
+     "GPU memory held for CUDA streams (the device "                           \
+     "regions that mirror their arenas), all GPUs")
 
-#define STATS_STREAM(XX)                                                      \
-  XX(batches, COUNTER, "batches delivered")                                    \
-  XX(rows, COUNTER, "rows delivered")                                          \
-  XX(bytes, COUNTER, "batch bytes delivered")                                  \
-  XX(wait_ns, SECONDS, "time the trainer blocked waiting for batches")        \
-  XX(compute_ns, SECONDS, "time the trainer spent between batches")           \
-  XX(fetch_ns, STAGE, "fetch time of the units it read")                       \
-  XX(decode_ns, STAGE, "decode time of the units it read")                     \
-  XX(cache_read_ns, STAGE, "cache read time of the units it read")             \
-  XX(assemble_ns, STAGE, "time assembling its batches")                        \
-  XX(cache_hit_bytes, COUNTER, "unit bytes it read from the cache")            \
+#define STATS_STREAM(XX)                                               \
+  XX(batches, COUNTER, "batches delivered")                            \
+  XX(rows, COUNTER, "rows delivered")                                  \
+  XX(bytes, COUNTER, "batch bytes delivered")                          \
+  XX(wait_ns, SECONDS, "time the trainer blocked waiting for batches") \
+  XX(compute_ns, SECONDS, "time the trainer spent between batches")    \
+  XX(fetch_ns, STAGE, "fetch time of the units it read")               \
+  XX(decode_ns, STAGE, "decode time of the units it read")             \
+  XX(cache_read_ns, STAGE, "cache read time of the units it read")     \
+  XX(assemble_ns, STAGE, "time assembling its batches")                \
+  XX(cache_hit_bytes, COUNTER, "unit bytes it read from the cache")    \
   XX(cache_miss_bytes, COUNTER, "unit bytes decoded for it")
 
 typedef struct stats_global {

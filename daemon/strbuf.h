@@ -26,11 +26,11 @@
 #include <stddef.h>
 
 typedef struct strbuf {
-  char *data;  /* the contents, NUL-terminated; NULL while never stored to */
-  size_t len;  /* bytes stored */
-  size_t cap;  /* bytes allocated */
-  size_t max;  /* the most bytes it may hold (0: no limit) */
-  int error;   /* the first failed append's error, or 0 */
+  char *data; /* the contents, NUL-terminated; NULL while never stored to */
+  size_t len; /* bytes stored */
+  size_t cap; /* bytes allocated */
+  size_t max; /* the most bytes it may hold (0: no limit) */
+  int error;  /* the first failed append's error, or 0 */
 } strbuf_t;
 
 /* An empty buffer holding at most max bytes (0: no limit). */

@@ -49,27 +49,27 @@
 #define COSTLY_NS 10000000ull /* 10 ms */
 
 typedef struct owner {
-  htab_node_t node;           /* in owners, by key; not for nobody */
+  htab_node_t node; /* in owners, by key; not for nobody */
   uint64_t key;
-  int holds;                  /* work_pool_hold_owner */
-  int running;                /* its foreground tasks on workers */
-  uint64_t avg_ns;            /* its foreground tasks' run time, a moving
+  int holds;                 /* work_pool_hold_owner */
+  int running;               /* its foreground tasks on workers */
+  uint64_t avg_ns;           /* its foreground tasks' run time, a moving
                                  average (1/8 per task) */
-  int costly;                 /* avg_ns >= COSTLY_NS */
-  int counted_cheap;          /* counted in present_cheap */
-  work_t *head, *tail;        /* its foreground tasks waiting */
-  struct owner *prev, *next;  /* in the ring while it has tasks waiting */
+  int costly;                /* avg_ns >= COSTLY_NS */
+  int counted_cheap;         /* counted in present_cheap */
+  work_t *head, *tail;       /* its foreground tasks waiting */
+  struct owner *prev, *next; /* in the ring while it has tasks waiting */
 } owner_t;
 
 struct work_pool {
-  uv_poll_t poll;     /* the eventfd, readable when tasks are done */
+  uv_poll_t poll; /* the eventfd, readable when tasks are done */
   uv_prepare_t prepare;
   uv_check_t check;
   int efd;
   int nice_delta;
-  int base_nice;         /* the loop's niceness when the pool started */
-  int boosted;           /* workers run at base_nice; under mu */
-  pid_t *tids;           /* of the workers that have started; under mu */
+  int base_nice; /* the loop's niceness when the pool started */
+  int boosted;   /* workers run at base_nice; under mu */
+  pid_t *tids;   /* of the workers that have started; under mu */
   int num_tids;
   void (*drained)(void *arg);
   void *drained_arg;
@@ -78,19 +78,19 @@ struct work_pool {
   int closing_handles;
 
   pthread_mutex_t mu;
-  pthread_cond_t cond;   /* tasks queued, or stopping */
-  htab_t owners;         /* owner_t by key, while present */
-  owner_t nobody;        /* owner 0's tasks, and those of an owner with no entry */
-  owner_t *ring;         /* owners with foreground tasks waiting: the next
+  pthread_cond_t cond;       /* tasks queued, or stopping */
+  htab_t owners;             /* owner_t by key, while present */
+  owner_t nobody;            /* owner 0's tasks, and those of an owner with no entry */
+  owner_t *ring;             /* owners with foreground tasks waiting: the next
                             to serve, then the others in turn */
-  int present_cheap;     /* owners present and not costly */
-  int costly_running;    /* workers running costly owners' tasks */
+  int present_cheap;         /* owners present and not costly */
+  int costly_running;        /* workers running costly owners' tasks */
   work_t *bg_head, *bg_tail; /* background tasks: taken when no foreground
                                 task waits */
   work_t *done_head, *done_tail;
-  int idle;              /* workers waiting on cond */
+  int idle; /* workers waiting on cond */
   int stopping;
-  int pending;           /* tasks queued and whose done callback has not
+  int pending; /* tasks queued and whose done callback has not
                             started (work_pool_pending); the loop's alone,
                             so outside mu */
   /* Set under mu by the loop when it takes the done list just before it
@@ -183,8 +183,8 @@ static void ring_remove(work_pool_t *p, owner_t *o) {
  * when none may start now (see Fairness).  Under mu. */
 static work_t *take_foreground(work_pool_t *p) {
   if (p->ring == NULL) return NULL;
-  int held_back = p->num_threads > 1 && p->present_cheap > 0 &&
-                  p->costly_running >= p->num_threads - 1;
+  int held_back =
+      p->num_threads > 1 && p->present_cheap > 0 && p->costly_running >= p->num_threads - 1;
   owner_t *o = p->ring;
   while (held_back && o->costly) {
     o = o->next;
@@ -413,8 +413,8 @@ int work_pool_start(uv_loop_t *loop, int workers, int nice_delta, void (*drained
   return 0;
 }
 
-static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done,
-                   int background, const atomic_int *quiet_while) {
+static int enqueue(work_pool_t *p, work_t *w, work_run_cb run, work_done_cb done, int background,
+                   const atomic_int *quiet_while) {
   if (p == NULL) return LARDER_ESHUTDOWN; /* the server stopped its pool */
   w->run = run;
   w->done = done;
@@ -500,7 +500,7 @@ void work_pool_hold_owner(work_pool_t *p, uint64_t owner) {
   if (o) {
     o->holds++;
     owner_maybe_free(p, o); /* counts it */
-  } /* no memory: the owner counts only while it has tasks */
+  }                         /* no memory: the owner counts only while it has tasks */
   pthread_mutex_unlock(&p->mu);
 }
 

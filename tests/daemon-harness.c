@@ -22,8 +22,6 @@
 #include "daemon-harness.h"
 #include "pqwrite.h"
 
-
-
 static void mkdir_p(const char *path) {
   char tmp[PATH_MAX];
   snprintf(tmp, sizeof(tmp), "%s", path);
@@ -197,8 +195,7 @@ void dh_spawn(dh_daemon *d) {
   ASSERT(logfd >= 0);
   char banner[256];
   int bn = snprintf(banner, sizeof(banner), "==== start %d ====\n", d->starts);
-  if (write(logfd, banner, (size_t)bn) < 0) {
-  }
+  if (write(logfd, banner, (size_t)bn) < 0) {}
   fflush(NULL);
   pid_t pid = fork();
   ASSERT(pid >= 0);
@@ -285,8 +282,8 @@ char *dh_read_log(const dh_daemon *d) {
 
 void dh_check_log(const dh_daemon *d) {
   static const char *const bad[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
-                                    "runtime error:", "WARNING: ThreadSanitizer",
-                                    "AddressSanitizer:", "SUMMARY: "};
+                                    "runtime error:",          "WARNING: ThreadSanitizer",
+                                    "AddressSanitizer:",       "SUMMARY: "};
   char *log = dh_read_log(d);
   if (log == NULL) return;
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
@@ -393,7 +390,9 @@ static const char *json_path(const char *json, const char *key) {
 
 int dh_json_has(const char *json, const char *key) { return json && json_path(json, key) != NULL; }
 
-const char *dh_json_find(const char *obj, const char *key) { return obj ? json_path(obj, key) : NULL; }
+const char *dh_json_find(const char *obj, const char *key) {
+  return obj ? json_path(obj, key) : NULL;
+}
 
 const char *dh_json_stream(const char *json, int pid, int n) {
   const char *p = dh_json_find(json, "per_stream");
@@ -613,7 +612,8 @@ int64_t dh_spec_id(const dh_spec *spec, int f, int rg, int64_t row) {
 static void name_of(int64_t id, char *buf, size_t size) {
   int n = snprintf(buf, size, "r%lld:", (long long)id);
   int extra = (int)(id % 13);
-  for (int i = 0; i < extra && (size_t)(n + i) < size - 1; i++) buf[n + i] = (char)('a' + (id + i) % 26);
+  for (int i = 0; i < extra && (size_t)(n + i) < size - 1; i++)
+    buf[n + i] = (char)('a' + (id + i) % 26);
   buf[n + extra] = '\0';
 }
 
@@ -705,8 +705,7 @@ void dh_write_file(const dh_spec *spec, int fi, const char *path) {
     vals[0].physical = PQ_INT64, vals[0].fixed = ids, vals[0].count = n;
     vals[1].physical = PQ_INT32, vals[1].fixed = labels, vals[1].count = n;
     vals[2].physical = PQ_DOUBLE, vals[2].fixed = xs, vals[2].count = n;
-    vals[3].physical = PQ_BYTE_ARRAY, vals[3].bytes = (const char *const *)names,
-    vals[3].count = n;
+    vals[3].physical = PQ_BYTE_ARRAY, vals[3].bytes = (const char *const *)names, vals[3].count = n;
     vals[4].physical = PQ_INT64, vals[4].fixed = opts, vals[4].count = no;
     vals[5].physical = PQ_INT32, vals[5].fixed = tvals, vals[5].count = nt;
     pqw_levels lopt = {n, odef, NULL, 1, 0};
@@ -745,9 +744,8 @@ void dh_write_file(const dh_spec *spec, int fi, const char *path) {
 }
 
 static void spec_string(const dh_spec *s, char *buf, size_t size) {
-  snprintf(buf, size, "v3 files=%d rows=%d last=%d rg=%d codec=%d base=%lld variant=%d\n",
-           s->files, s->rows_per_file, s->last_rows, s->rg_rows, s->codec,
-           (long long)s->id_base, s->variant);
+  snprintf(buf, size, "v3 files=%d rows=%d last=%d rg=%d codec=%d base=%lld variant=%d\n", s->files,
+           s->rows_per_file, s->last_rows, s->rg_rows, s->codec, (long long)s->id_base, s->variant);
 }
 
 int64_t dh_dataset(const dh_spec *spec, const char *name, char *dir, size_t dirlen) {
@@ -988,8 +986,7 @@ static void *collect_thread(void *p) {
   return NULL;
 }
 
-void dh_collect_many(const char *socket, const larder_stream_options_t *opts, int n,
-                     dh_run *runs) {
+void dh_collect_many(const char *socket, const larder_stream_options_t *opts, int n, dh_run *runs) {
   pthread_t *th = calloc((size_t)n, sizeof(pthread_t));
   collect_arg *args = calloc((size_t)n, sizeof(collect_arg));
   ASSERT(th && args);
@@ -1016,10 +1013,10 @@ void dh_expect_same(const dh_run *a, const dh_run *b) {
   for (size_t i = 0; i < a->n; i++) {
     if (a->b[i].epoch != b->b[i].epoch || a->b[i].index != b->b[i].index ||
         a->b[i].rows != b->b[i].rows || a->b[i].hash != b->b[i].hash)
-      ASSERT_FAIL_("batch %zu differs: (%" PRIu64 ",%" PRIu64 ") %016" PRIx64
-                   " vs (%" PRIu64 ",%" PRIu64 ") %016" PRIx64,
-                   i, a->b[i].epoch, a->b[i].index, a->b[i].hash, b->b[i].epoch,
-                   b->b[i].index, b->b[i].hash);
+      ASSERT_FAIL_("batch %zu differs: (%" PRIu64 ",%" PRIu64 ") %016" PRIx64 " vs (%" PRIu64
+                   ",%" PRIu64 ") %016" PRIx64,
+                   i, a->b[i].epoch, a->b[i].index, a->b[i].hash, b->b[i].epoch, b->b[i].index,
+                   b->b[i].hash);
   }
 }
 
@@ -1324,9 +1321,7 @@ const char *const *dh_std_source(void) {
   return source;
 }
 
-const char *dh_std_dir(void) {
-  return dh_std_source()[0];
-}
+const char *dh_std_dir(void) { return dh_std_source()[0]; }
 
 void dh_wait_log(const dh_daemon *d, const char *needle, int n, double timeout_ms) {
   double deadline = test_now_ms() + timeout_ms;

@@ -38,12 +38,12 @@
 #define DH_MAX_FLAGS 24
 
 typedef struct dh_daemon {
-  pid_t pid;          /* 0 when not running */
-  char dir[512];      /* <tmpdir>/<name> */
+  pid_t pid;     /* 0 when not running */
+  char dir[512]; /* <tmpdir>/<name> */
   char socket[600];
   char cache[600];
   char log[600];
-  char config[600];   /* an empty config file, so /etc is never read */
+  char config[600]; /* an empty config file, so /etc is never read */
   char flags[DH_MAX_FLAGS][160];
   int num_flags;
   int starts;
@@ -126,12 +126,12 @@ int dh_asan(void);
 
 typedef struct dh_spec {
   int files;
-  int rows_per_file;  /* rows of every file but the last */
-  int last_rows;      /* rows of the last file (0: rows_per_file) */
-  int rg_rows;        /* rows per row group */
-  int codec;          /* PQ_SNAPPY, PQ_ZSTD, ... (0 = uncompressed) */
-  int64_t id_base;    /* first id (0) */
-  int variant;        /* mixed into every non-id value: a "changed" file */
+  int rows_per_file; /* rows of every file but the last */
+  int last_rows;     /* rows of the last file (0: rows_per_file) */
+  int rg_rows;       /* rows per row group */
+  int codec;         /* PQ_SNAPPY, PQ_ZSTD, ... (0 = uncompressed) */
+  int64_t id_base;   /* first id (0) */
+  int variant;       /* mixed into every non-id value: a "changed" file */
 } dh_spec;
 
 /* Writes (or reuses) the dataset of spec under the work dir in a
@@ -153,7 +153,8 @@ const char *dh_work_dir(void);
 #define DH_COL_X 2     /* x: double, id * 0.5 + variant */
 #define DH_COL_NAME 3  /* name: string, "r<id>:" + (id % 13) letters */
 #define DH_COL_OPT 4   /* opt: int64, nullable: null when id % 7 == 3 */
-#define DH_COL_TAGS 5  /* tags: list<int32>, null when id % 11 == 5, else
+#define DH_COL_TAGS \
+  5 /* tags: list<int32>, null when id % 11 == 5, else
                           id % 4 elements id + k */
 #define DH_NUM_COLS 6
 
@@ -199,10 +200,10 @@ typedef struct dh_batch {
 typedef struct dh_run {
   dh_batch *b;
   size_t n, cap;
-  int rc;              /* 0, or the error that ended the stream */
-  char err[1024];      /* larder_client_last_error when rc != 0 */
+  int rc;         /* 0, or the error that ended the stream */
+  char err[1024]; /* larder_client_last_error when rc != 0 */
   uint64_t batches_per_epoch, num_samples;
-  int check_rows;      /* check every row's columns (dh_expect_row) */
+  int check_rows; /* check every row's columns (dh_expect_row) */
   int variant;
   int (*variant_of)(int64_t id); /* per-row variant, else `variant` */
 } dh_run;
@@ -219,8 +220,7 @@ int64_t dh_batch_ids(const larder_batch_t *b, int64_t *ids, int64_t cap);
 int dh_collect(const char *socket, const larder_stream_options_t *opts, uint64_t max_batches,
                dh_run *run);
 /* n streams at once, each on its own thread and client. */
-void dh_collect_many(const char *socket, const larder_stream_options_t *opts, int n,
-                     dh_run *runs);
+void dh_collect_many(const char *socket, const larder_stream_options_t *opts, int n, dh_run *runs);
 void dh_run_free(dh_run *run);
 /* Asserts that two runs delivered the same batches, byte for byte. */
 void dh_expect_same(const dh_run *a, const dh_run *b);

@@ -152,9 +152,7 @@ void pqw_t_binary(pqw_thrift *t, int16_t id, const void *p, size_t n) {
   pqw_t_val_binary(t, p, n);
 }
 
-void pqw_t_string(pqw_thrift *t, int16_t id, const char *s) {
-  pqw_t_binary(t, id, s, strlen(s));
-}
+void pqw_t_string(pqw_thrift *t, int16_t id, const char *s) { pqw_t_binary(t, id, s, strlen(s)); }
 
 void pqw_t_push(pqw_thrift *t) {
   if (t->depth + 1 >= PQW_THRIFT_MAX_DEPTH) pqw_die("thrift nesting too deep");
@@ -191,8 +189,7 @@ void pqw_t_set_begin(pqw_thrift *t, int16_t id, int elem_type, uint64_t n) {
   pqw_t_list_header(t, elem_type, n);
 }
 
-void pqw_t_map_begin(pqw_thrift *t, int16_t id, int key_type, int val_type,
-                     uint64_t n) {
+void pqw_t_map_begin(pqw_thrift *t, int16_t id, int key_type, int val_type, uint64_t n) {
   pqw_t_field(t, id, PQ_TT_MAP);
   pqw_uvarint(t->out, n);
   if (n > 0) pqw_u8(t->out, (uint8_t)(key_type << 4 | val_type));
@@ -234,36 +231,36 @@ void pqw_page_init(pqw_page *h, int type) {
 static void pqw_t_zero_value(pqw_thrift *t, int type) {
   switch (type) {
     case PQ_TT_BYTE: pqw_u8(t->out, 0); break;
-    case PQ_TT_I16: case PQ_TT_I32: case PQ_TT_I64: pqw_u8(t->out, 0); break;
+    case PQ_TT_I16:
+    case PQ_TT_I32:
+    case PQ_TT_I64: pqw_u8(t->out, 0); break;
     case PQ_TT_DOUBLE: pqw_le64(t->out, 0); break;
     case PQ_TT_BINARY: pqw_u8(t->out, 0); break;
-    case PQ_TT_LIST: case PQ_TT_SET: pqw_u8(t->out, PQ_TT_I32); break;
+    case PQ_TT_LIST:
+    case PQ_TT_SET: pqw_u8(t->out, PQ_TT_I32); break;
     case PQ_TT_MAP: pqw_u8(t->out, 0); break;
     case PQ_TT_STRUCT: pqw_u8(t->out, PQ_TT_STOP); break;
     default: break; /* booleans carry their value in the type */
   }
 }
 
-void pqw_page_header(pqw_buf *out, const pqw_page *h, const uint8_t *body,
-                     size_t body_len, size_t raw_len) {
+void pqw_page_header(pqw_buf *out, const pqw_page *h, const uint8_t *body, size_t body_len,
+                     size_t raw_len) {
   pqw_thrift t;
   pqw_t_init(&t, out);
   pqw_t_push(&t);
   if (h->type != PQW_OMIT) pqw_t_i32(&t, 1, h->type);
   if (h->uncompressed_size != PQW_OMIT)
-    pqw_t_i32(&t, 2, h->uncompressed_size == PQW_AUTO ? (int32_t)raw_len
-                                                       : h->uncompressed_size);
+    pqw_t_i32(&t, 2, h->uncompressed_size == PQW_AUTO ? (int32_t)raw_len : h->uncompressed_size);
   if (h->compressed_size != PQW_OMIT)
-    pqw_t_i32(&t, 3, h->compressed_size == PQW_AUTO ? (int32_t)body_len
-                                                     : h->compressed_size);
+    pqw_t_i32(&t, 3, h->compressed_size == PQW_AUTO ? (int32_t)body_len : h->compressed_size);
   if (h->crc != PQW_OMIT)
-    pqw_t_i32(&t, 4, h->crc == PQW_AUTO ? (int32_t)pqw_crc32(body, body_len)
-                                         : h->crc);
-  int kind = h->type == PQ_PAGE_DATA          ? 5
-             : h->type == PQ_PAGE_INDEX       ? 6
-             : h->type == PQ_PAGE_DICTIONARY  ? 7
-             : h->type == PQ_PAGE_DATA_V2     ? 8
-                                              : 0;
+    pqw_t_i32(&t, 4, h->crc == PQW_AUTO ? (int32_t)pqw_crc32(body, body_len) : h->crc);
+  int kind = h->type == PQ_PAGE_DATA         ? 5
+             : h->type == PQ_PAGE_INDEX      ? 6
+             : h->type == PQ_PAGE_DICTIONARY ? 7
+             : h->type == PQ_PAGE_DATA_V2    ? 8
+                                             : 0;
   if (kind && !h->omit_sub) {
     pqw_t_struct_begin(&t, h->sub_id ? h->sub_id : (int16_t)kind);
     switch (kind) {
@@ -359,8 +356,7 @@ void pqw_rle(pqw_buf *out, const uint32_t *v, size_t n, int w, int mode) {
   }
 }
 
-static void pqw_levels_enc(pqw_buf *out, const uint16_t *lv, size_t n,
-                       int max_level, int prefix) {
+static void pqw_levels_enc(pqw_buf *out, const uint16_t *lv, size_t n, int max_level, int prefix) {
   uint32_t *v = pqw_xmalloc(n * sizeof(uint32_t));
   for (size_t i = 0; i < n; i++) v[i] = lv[i];
   pqw_buf tmp = {0};
@@ -379,8 +375,7 @@ void pqw_levels_v2(pqw_buf *out, const uint16_t *lv, size_t n, int max_level) {
   pqw_levels_enc(out, lv, n, max_level, 0);
 }
 
-void pqw_delta(pqw_buf *out, const int64_t *v, size_t n, int block_size,
-               int mini_count, int bits) {
+void pqw_delta(pqw_buf *out, const int64_t *v, size_t n, int block_size, int mini_count, int bits) {
   uint64_t mask = bits == 64 ? UINT64_MAX : 0xffffffffu;
   pqw_uvarint(out, (uint64_t)block_size);
   pqw_uvarint(out, (uint64_t)mini_count);
@@ -423,15 +418,12 @@ void pqw_delta(pqw_buf *out, const int64_t *v, size_t n, int block_size,
 
 void pqw_compress(int codec, const uint8_t *in, size_t n, pqw_buf *out) {
   switch (codec) {
-    case PQ_UNCOMPRESSED:
-      pqw_put(out, in, n);
-      return;
+    case PQ_UNCOMPRESSED: pqw_put(out, in, n); return;
     case PQ_SNAPPY: {
       size_t cap = snappy_max_compressed_length(n);
       pqw_reserve(out, cap);
       size_t len = cap;
-      if (snappy_compress((const char *)in, n, (char *)out->data + out->len, &len) !=
-          SNAPPY_OK)
+      if (snappy_compress((const char *)in, n, (char *)out->data + out->len, &len) != SNAPPY_OK)
         pqw_die("snappy_compress failed");
       out->len += len;
       return;
@@ -463,14 +455,12 @@ void pqw_compress(int codec, const uint8_t *in, size_t n, pqw_buf *out) {
     case PQ_LZ4_RAW: {
       int cap = LZ4_compressBound((int)n);
       pqw_reserve(out, (size_t)cap);
-      int len = LZ4_compress_default((const char *)in, (char *)out->data + out->len,
-                                     (int)n, cap);
+      int len = LZ4_compress_default((const char *)in, (char *)out->data + out->len, (int)n, cap);
       if (len <= 0 && n > 0) pqw_die("LZ4_compress_default failed");
       out->len += (size_t)(len > 0 ? len : 0);
       return;
     }
-    default:
-      pqw_die("codec not supported by the test writer");
+    default: pqw_die("codec not supported by the test writer");
   }
 }
 
@@ -489,8 +479,8 @@ void pqw_chunk_init(pqw_chunk *c, int physical, int codec) {
 
 void pqw_chunk_free(pqw_chunk *c) { pqw_buf_free(&c->bytes); }
 
-void pqw_chunk_page(pqw_chunk *c, const pqw_page *h, const void *body,
-                    size_t body_len, size_t raw_len) {
+void pqw_chunk_page(pqw_chunk *c, const pqw_page *h, const void *body, size_t body_len,
+                    size_t raw_len) {
   size_t start = c->bytes.len;
   if (c->num_pages < 64) c->page_off[c->num_pages] = start;
   pqw_page_header(&c->bytes, h, body, body_len, raw_len);
@@ -508,16 +498,14 @@ void pqw_chunk_page(pqw_chunk *c, const pqw_page *h, const void *body,
   }
 }
 
-void pqw_chunk_page_raw(pqw_chunk *c, const pqw_page *h, const void *raw,
-                        size_t raw_len, size_t levels_len) {
+void pqw_chunk_page_raw(pqw_chunk *c, const pqw_page *h, const void *raw, size_t raw_len,
+                        size_t levels_len) {
   pqw_buf body = {0};
   const uint8_t *r = raw;
   if (h->type == PQ_PAGE_DATA_V2) {
     pqw_put(&body, r, levels_len);
-    if (h->is_compressed == 0)
-      pqw_put(&body, r + levels_len, raw_len - levels_len);
-    else
-      pqw_compress(c->codec, r + levels_len, raw_len - levels_len, &body);
+    if (h->is_compressed == 0) pqw_put(&body, r + levels_len, raw_len - levels_len);
+    else pqw_compress(c->codec, r + levels_len, raw_len - levels_len, &body);
   } else {
     pqw_compress(c->codec, r, raw_len, &body);
   }
@@ -530,8 +518,10 @@ void pqw_chunk_page_raw(pqw_chunk *c, const pqw_page *h, const void *raw,
 static size_t pqw_width(const pqw_values *v) {
   switch (v->physical) {
     case PQ_BOOLEAN: return 1;
-    case PQ_INT32: case PQ_FLOAT: return 4;
-    case PQ_INT64: case PQ_DOUBLE: return 8;
+    case PQ_INT32:
+    case PQ_FLOAT: return 4;
+    case PQ_INT64:
+    case PQ_DOUBLE: return 8;
     case PQ_INT96: return 12;
     case PQ_FIXED_LEN_BYTE_ARRAY: return (size_t)v->type_length;
     default: return 0;
@@ -627,15 +617,12 @@ static void pqw_dict_build(pqw_dict *d, const pqw_values *v) {
 }
 
 /* Encodes values [from, from + n) of one page in encoding `enc`. */
-static void pqw_encode_values(pqw_buf *out, const pqw_values *v, int64_t from,
-                              int64_t n, int enc, const pqw_dict *dict,
-                              const pqw_chunk_opts *o) {
+static void pqw_encode_values(pqw_buf *out, const pqw_values *v, int64_t from, int64_t n, int enc,
+                              const pqw_dict *dict, const pqw_chunk_opts *o) {
   int block = o->delta_block ? o->delta_block : 128;
   int mini = o->delta_mini ? o->delta_mini : 4;
   switch (enc) {
-    case PQ_ENC_PLAIN:
-      pqw_plain(out, v, from, n);
-      return;
+    case PQ_ENC_PLAIN: pqw_plain(out, v, from, n); return;
     case PQ_ENC_RLE_DICTIONARY:
     case PQ_ENC_PLAIN_DICTIONARY: {
       int bw = pqw_bit_width(dict->count > 0 ? (uint64_t)(dict->count - 1) : 0);
@@ -713,8 +700,7 @@ static void pqw_encode_values(pqw_buf *out, const pqw_values *v, int64_t from,
       free(x);
       return;
     }
-    default:
-      pqw_die("encoding not supported by the test writer");
+    default: pqw_die("encoding not supported by the test writer");
   }
 }
 
@@ -879,8 +865,7 @@ void pqw_file_init(pqw_file *f, const pqw_schema *schema, int n) {
   free(plen);
 }
 
-int pqw_file_add_row_group(pqw_file *f, int64_t num_rows, pqw_chunk *chunks,
-                           int n) {
+int pqw_file_add_row_group(pqw_file *f, int64_t num_rows, pqw_chunk *chunks, int n) {
   pqw_rowgroup *rgs = realloc(f->rg, (size_t)(f->num_rg + 1) * sizeof(*rgs));
   if (rgs == NULL) pqw_die("out of memory");
   f->rg = rgs;
@@ -930,8 +915,7 @@ static void pqw_write_logical(pqw_thrift *t, const pqw_schema *s) {
       pqw_t_byte(t, 1, (int8_t)s->lt_bits);
       pqw_t_bool(t, 2, s->lt_signed);
       break;
-    default:
-      break;
+    default: break;
   }
   pqw_t_struct_end(t);
   pqw_t_struct_end(t);

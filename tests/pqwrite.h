@@ -85,12 +85,11 @@ void pqw_t_struct_end(pqw_thrift *t);
 void pqw_t_list_begin(pqw_thrift *t, int16_t id, int elem_type, uint64_t n);
 void pqw_t_set_begin(pqw_thrift *t, int16_t id, int elem_type, uint64_t n);
 /* A map field header: n, then (when n > 0) the key and value types. */
-void pqw_t_map_begin(pqw_thrift *t, int16_t id, int key_type, int val_type,
-                     uint64_t n);
+void pqw_t_map_begin(pqw_thrift *t, int16_t id, int key_type, int val_type, uint64_t n);
 /* Bare values (list elements, map entries). */
 void pqw_t_val_int(pqw_thrift *t, int64_t v); /* i16 / i32 / i64 */
 void pqw_t_val_binary(pqw_thrift *t, const void *p, size_t n);
-void pqw_t_val_bool(pqw_thrift *t, int v);  /* 1 true, 2 false */
+void pqw_t_val_bool(pqw_thrift *t, int v); /* 1 true, 2 false */
 void pqw_t_val_byte(pqw_thrift *t, int8_t v);
 void pqw_t_val_double(pqw_thrift *t, double v);
 
@@ -112,8 +111,8 @@ typedef struct pqw_page {
   int32_t num_nulls, num_rows;        /* v2 */
   int32_t def_length, rep_length;     /* v2 */
   int is_compressed;                  /* v2: -1 left out (default), 0, 1 */
-  int omit_sub;   /* leave out the sub-header the type calls for */
-  int16_t sub_id; /* write the sub-header under this field id (0: by type) */
+  int omit_sub;                       /* leave out the sub-header the type calls for */
+  int16_t sub_id;                     /* write the sub-header under this field id (0: by type) */
   /* An extra unknown field (id, any PQ_TT_ type with a zero value) to
    * check that readers skip it; 0: none. */
   int16_t extra_id;
@@ -124,8 +123,8 @@ typedef struct pqw_page {
 void pqw_page_init(pqw_page *h, int type);
 /* Writes the header for a body of body_len bytes (raw_len before
  * compression) at body. */
-void pqw_page_header(pqw_buf *out, const pqw_page *h, const uint8_t *body,
-                     size_t body_len, size_t raw_len);
+void pqw_page_header(pqw_buf *out, const pqw_page *h, const uint8_t *body, size_t body_len,
+                     size_t raw_len);
 
 /* ------------------------------------------------------------------------ */
 /* Encoders                                                                  */
@@ -147,8 +146,7 @@ void pqw_levels_v2(pqw_buf *out, const uint16_t *lv, size_t n, int max_level);
 /* DELTA_BINARY_PACKED of n values, with deltas computed modulo 2^bits
  * (bits 32 or 64), block_size a multiple of 128 and block_size /
  * mini_count a multiple of 32. */
-void pqw_delta(pqw_buf *out, const int64_t *v, size_t n, int block_size,
-               int mini_count, int bits);
+void pqw_delta(pqw_buf *out, const int64_t *v, size_t n, int block_size, int mini_count, int bits);
 
 /* Compresses n bytes with codec (UNCOMPRESSED, SNAPPY, GZIP, ZSTD,
  * LZ4_RAW); aborts for others. */
@@ -159,7 +157,7 @@ uint32_t pqw_crc32(const uint8_t *p, size_t n);
 /* Column chunks                                                             */
 
 typedef struct pqw_chunk {
-  pqw_buf bytes;             /* the pages, headers included */
+  pqw_buf bytes; /* the pages, headers included */
   int physical;
   int codec;
   int64_t num_values;        /* level entries (ColumnMetaData.num_values) */
@@ -175,18 +173,18 @@ void pqw_chunk_init(pqw_chunk *c, int physical, int codec);
 void pqw_chunk_free(pqw_chunk *c);
 /* Appends a page: the header per h, then body_len bytes of body, which
  * stand for raw_len bytes before compression. */
-void pqw_chunk_page(pqw_chunk *c, const pqw_page *h, const void *body,
-                    size_t body_len, size_t raw_len);
+void pqw_chunk_page(pqw_chunk *c, const pqw_page *h, const void *body, size_t body_len,
+                    size_t raw_len);
 /* Appends a page from its uncompressed body: compresses with the chunk's
  * codec (for v2 pages, all but the first levels_len bytes, unless
  * h->is_compressed is 0). */
-void pqw_chunk_page_raw(pqw_chunk *c, const pqw_page *h, const void *raw,
-                        size_t raw_len, size_t levels_len);
+void pqw_chunk_page_raw(pqw_chunk *c, const pqw_page *h, const void *raw, size_t raw_len,
+                        size_t levels_len);
 
 /* Dense non-null values of one leaf column. */
 typedef struct pqw_values {
   int physical;
-  int32_t type_length;      /* FIXED_LEN_BYTE_ARRAY */
+  int32_t type_length; /* FIXED_LEN_BYTE_ARRAY */
   int64_t count;
   const void *fixed;        /* fixed width: count values back to back
                                (BOOLEAN: one byte each, INT96: 12 bytes) */
@@ -213,7 +211,7 @@ typedef struct pqw_chunk_opts {
    * PQ_ENC_DELTA_BYTE_ARRAY, PQ_ENC_BYTE_STREAM_SPLIT, PQ_ENC_RLE
    * (booleans). */
   int encoding;
-  int crc;                  /* store page CRCs */
+  int crc;                     /* store page CRCs */
   int delta_block, delta_mini; /* 0: 128 and 4 */
 } pqw_chunk_opts;
 
@@ -227,18 +225,18 @@ void pqw_chunk_build(pqw_chunk *c, const pqw_values *v, const pqw_levels *lv,
 
 /* One SchemaElement.  Use the constructors, then adjust fields. */
 typedef struct pqw_schema {
-  const char *name;     /* NULL: no name field */
-  int type;             /* physical type, or -1: none (a group) */
-  int repetition;       /* -1: none (other values are written as given) */
-  int num_children;     /* -1: none */
-  int converted;        /* -1: none */
-  int32_t type_length;  /* 0: none */
+  const char *name;         /* NULL: no name field */
+  int type;                 /* physical type, or -1: none (a group) */
+  int repetition;           /* -1: none (other values are written as given) */
+  int num_children;         /* -1: none */
+  int converted;            /* -1: none */
+  int32_t type_length;      /* 0: none */
   int32_t scale, precision; /* written when precision > 0 */
-  int field_id;         /* -1: none */
-  int logical;          /* LogicalType member (PQ_LT_*), 0: none */
-  int lt_unit;          /* TIME / TIMESTAMP: 1 MILLIS, 2 MICROS, 3 NANOS */
+  int field_id;             /* -1: none */
+  int logical;              /* LogicalType member (PQ_LT_*), 0: none */
+  int lt_unit;              /* TIME / TIMESTAMP: 1 MILLIS, 2 MICROS, 3 NANOS */
   int lt_utc;
-  int lt_bits, lt_signed; /* INTEGER */
+  int lt_bits, lt_signed;         /* INTEGER */
   int32_t lt_scale, lt_precision; /* DECIMAL */
 } pqw_schema;
 
@@ -256,7 +254,7 @@ typedef struct pqw_colmeta {
   int64_t data_page_offset;
   int64_t dictionary_page_offset; /* -1: none */
   int64_t file_offset;
-  int omit_meta;                  /* no meta_data struct */
+  int omit_meta; /* no meta_data struct */
 } pqw_colmeta;
 
 typedef struct pqw_rowgroup {
@@ -287,8 +285,7 @@ typedef struct pqw_file {
 void pqw_file_init(pqw_file *f, const pqw_schema *schema, int n);
 /* Appends the chunks (one per leaf, in order) as a row group and records
  * their metadata.  Returns the row group's index. */
-int pqw_file_add_row_group(pqw_file *f, int64_t num_rows, pqw_chunk *chunks,
-                           int n);
+int pqw_file_add_row_group(pqw_file *f, int64_t num_rows, pqw_chunk *chunks, int n);
 /* Writes the FileMetaData of f (Thrift) into out. */
 void pqw_file_meta(pqw_buf *out, const pqw_file *f);
 /* Writes the footer and tail, returns the file (the caller frees it) and

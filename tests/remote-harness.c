@@ -22,7 +22,8 @@ int rh_require(int need_nginx, int need_node) {
     }
     if (access("tests/node_modules/s3rver", R_OK) != 0 ||
         access("tests/node_modules/@smithy/signature-v4", R_OK) != 0) {
-      fprintf(stderr, "skip: tests/node_modules lacks s3rver or @smithy/signature-v4 "
+      fprintf(stderr,
+              "skip: tests/node_modules lacks s3rver or @smithy/signature-v4 "
               "(make deps installs them)\n");
       return TEST_SKIP;
     }
@@ -68,9 +69,10 @@ int rh_s3_put(const rs_server *s3, const char *bucket, const char *prefix, const
   rh_files_free(names, n);
   char out[PATH_MAX];
   snprintf(out, sizeof(out), "%s/s3put.out", test_tmpdir());
-  int rc = test_system("node tests/remote/s3put.mjs --endpoint %s --bucket %s --prefix '%s' "
-                       "'%s'/*.parquet > '%s'",
-                       s3->url, bucket, prefix, dir, out);
+  int rc = test_system(
+      "node tests/remote/s3put.mjs --endpoint %s --bucket %s --prefix '%s' "
+      "'%s'/*.parquet > '%s'",
+      s3->url, bucket, prefix, dir, out);
   ASSERT_EQ(rc, 0);
   return n;
 }
@@ -118,8 +120,8 @@ int rh_urls(const char *base, const char *dir, char **urls, int max) {
   return n;
 }
 
-int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap,
-              char out[][64], int max, uint64_t *bytes) {
+int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap, char out[][64],
+              int max, uint64_t *bytes) {
   pq_source src;
   pq_error err = {0, ""};
   ASSERT_OK(pq_source_open_file(&src, path, &err));
@@ -138,8 +140,7 @@ int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t 
     for (int i = 0; i < k; i++) {
       if (m > 0 && r[i].offset <= r[m - 1].offset + r[m - 1].length + gap)
         r[m - 1].length = r[i].offset + r[i].length - r[m - 1].offset;
-      else
-        r[m++] = r[i];
+      else r[m++] = r[i];
     }
     for (int i = 0; i < m; i++) {
       if (bytes) *bytes += r[i].length;
@@ -172,9 +173,9 @@ uint64_t rh_projected_bytes(const char *dir, const char *const *cols, size_t nco
 }
 
 void rh_copy_dir(const char *src, const char *dst) {
-  ASSERT_EQ(test_system("rm -rf '%s' && mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dst, dst, src,
-                        dst),
-            0);
+  ASSERT_EQ(
+      test_system("rm -rf '%s' && mkdir -p '%s' && cp '%s'/*.parquet '%s'/", dst, dst, src, dst),
+      0);
 }
 
 /* ------------------------------------------------------------------------ */

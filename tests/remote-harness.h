@@ -59,8 +59,8 @@ int rh_urls(const char *base, const char *dir, char **urls, int max);
  * chunks closer than gap merged as units.c does: "bytes=a-b" strings into
  * out (at most max; NULL to only count).  Returns the number of ranges and
  * adds their bytes to *bytes when not NULL. */
-int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap,
-              char out[][64], int max, uint64_t *bytes);
+int rh_ranges(const char *path, const char *const *cols, size_t ncols, uint64_t gap, char out[][64],
+              int max, uint64_t *bytes);
 /* The bytes of the projected ranges of every *.parquet file of dir. */
 uint64_t rh_projected_bytes(const char *dir, const char *const *cols, size_t ncols, uint64_t gap);
 
@@ -71,8 +71,8 @@ void rh_copy_dir(const char *src, const char *dst);
 /* JSON-lines logs                                                           */
 
 typedef struct rh_log {
-  char *text;    /* the whole file */
-  char **lines;  /* pointers into text, NUL-terminated */
+  char *text;   /* the whole file */
+  char **lines; /* pointers into text, NUL-terminated */
   int n;
 } rh_log;
 

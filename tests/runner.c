@@ -99,14 +99,11 @@ double test_now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-double test_now_s(void) {
-  return test_now_ms() / 1e3;
-}
+double test_now_s(void) { return test_now_ms() / 1e3; }
 
 void test_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
 void test_copy_file(const char *from, const char *to) {
@@ -239,10 +236,8 @@ int main(int argc, char **argv) {
       printf("skip    %-44s\n", t->name);
     } else {
       failed++;
-      if (rc == -2)
-        printf("FAIL    %-44s timed out after %d ms\n", t->name, t->timeout_ms);
-      else
-        printf("FAIL    %-44s exit status %d\n", t->name, rc);
+      if (rc == -2) printf("FAIL    %-44s timed out after %d ms\n", t->name, t->timeout_ms);
+      else printf("FAIL    %-44s exit status %d\n", t->name, rc);
     }
     fflush(stdout);
   }

@@ -27,26 +27,25 @@
 #define TEST_IMPL(name) int run_test_##name(void)
 #define TEST_DECLARE(name) int run_test_##name(void);
 
-#define ASSERT_FAIL_(fmt, ...)                                                \
-  do {                                                                        \
-    fprintf(stderr, "Assertion failed in %s on line %d: " fmt "\n", __FILE__, \
-            __LINE__, __VA_ARGS__);                                           \
-    fflush(stderr);                                                           \
-    abort();                                                                  \
+#define ASSERT_FAIL_(fmt, ...)                                                          \
+  do {                                                                                  \
+    fprintf(stderr, "Assertion failed in %s on line %d: " fmt "\n", __FILE__, __LINE__, \
+            __VA_ARGS__);                                                               \
+    fflush(stderr);                                                                     \
+    abort();                                                                            \
   } while (0)
 
-#define ASSERT(expr)                                                          \
-  do {                                                                        \
-    if (!(expr)) ASSERT_FAIL_("%s", #expr);                                   \
+#define ASSERT(expr)                        \
+  do {                                      \
+    if (!(expr)) ASSERT_FAIL_("%s", #expr); \
   } while (0)
 
-#define ASSERT_BASE_(a, op, b, type, fmt)                                     \
-  do {                                                                        \
-    type eval_a_ = (type)(a);                                                 \
-    type eval_b_ = (type)(b);                                                 \
-    if (!(eval_a_ op eval_b_))                                                \
-      ASSERT_FAIL_("`%s %s %s` (%" fmt " %s %" fmt ")", #a, #op, #b, eval_a_, \
-                   #op, eval_b_);                                             \
+#define ASSERT_BASE_(a, op, b, type, fmt)                                                    \
+  do {                                                                                       \
+    type eval_a_ = (type)(a);                                                                \
+    type eval_b_ = (type)(b);                                                                \
+    if (!(eval_a_ op eval_b_))                                                               \
+      ASSERT_FAIL_("`%s %s %s` (%" fmt " %s %" fmt ")", #a, #op, #b, eval_a_, #op, eval_b_); \
   } while (0)
 
 #define ASSERT_EQ(a, b) ASSERT_BASE_(a, ==, b, int64_t, PRId64)
@@ -64,20 +63,19 @@
 #define ASSERT_NOT_NULL(a) ASSERT((a) != NULL)
 #define ASSERT_PTR_EQ(a, b) ASSERT((const void *)(a) == (const void *)(b))
 
-#define ASSERT_STR_EQ(a, b)                                                   \
-  do {                                                                        \
-    const char *sa_ = (a), *sb_ = (b);                                        \
-    if (sa_ == NULL || sb_ == NULL || strcmp(sa_, sb_) != 0)                  \
-      ASSERT_FAIL_("`%s == %s` (\"%s\" == \"%s\")", #a, #b,                   \
-                   sa_ ? sa_ : "(null)", sb_ ? sb_ : "(null)");               \
+#define ASSERT_STR_EQ(a, b)                                                       \
+  do {                                                                            \
+    const char *sa_ = (a), *sb_ = (b);                                            \
+    if (sa_ == NULL || sb_ == NULL || strcmp(sa_, sb_) != 0)                      \
+      ASSERT_FAIL_("`%s == %s` (\"%s\" == \"%s\")", #a, #b, sa_ ? sa_ : "(null)", \
+                   sb_ ? sb_ : "(null)");                                         \
   } while (0)
 
-#define ASSERT_STR_CONTAINS(hay, needle)                                      \
-  do {                                                                        \
-    const char *sh_ = (hay), *sn_ = (needle);                                 \
-    if (sh_ == NULL || strstr(sh_, sn_) == NULL)                              \
-      ASSERT_FAIL_("`%s` does not contain \"%s\" (\"%s\")", #hay, sn_,        \
-                   sh_ ? sh_ : "(null)");                                     \
+#define ASSERT_STR_CONTAINS(hay, needle)                                                      \
+  do {                                                                                        \
+    const char *sh_ = (hay), *sn_ = (needle);                                                 \
+    if (sh_ == NULL || strstr(sh_, sn_) == NULL)                                              \
+      ASSERT_FAIL_("`%s` does not contain \"%s\" (\"%s\")", #hay, sn_, sh_ ? sh_ : "(null)"); \
   } while (0)
 
 #define ASSERT_MEM_EQ(a, b, n) ASSERT(memcmp((a), (b), (n)) == 0)

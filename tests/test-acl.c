@@ -22,13 +22,12 @@
 
 static const tc_cred nobody = {65534, 65534, {0}, 0};
 
-
-#define EXPECT_RUN(o, want)                  \
-  do {                                       \
-    if ((o)->status != (want)) {             \
-      tc_out_print(#o, o);                   \
-      ASSERT_EQ((o)->status, want);          \
-    }                                        \
+#define EXPECT_RUN(o, want)         \
+  do {                              \
+    if ((o)->status != (want)) {    \
+      tc_out_print(#o, o);          \
+      ASSERT_EQ((o)->status, want); \
+    }                               \
   } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -52,34 +51,34 @@ TEST_IMPL(acl_rules) {
   ASSERT(!acl_is_admin(a, &p));
   acl_free(a);
 
-  static const char *const allow[] = {
-      "s3://Bucket/data/", "https://Example.com", "http://h:8080/pub/ uid=4242 gid=4343",
-      "http://h:8080/team/ user=root group=65534"};
+  static const char *const allow[] = {"s3://Bucket/data/", "https://Example.com",
+                                      "http://h:8080/pub/ uid=4242 gid=4343",
+                                      "http://h:8080/team/ user=root group=65534"};
   ASSERT_OK(acl_create(allow, 4, "4444", &a, err, sizeof(err)));
   ASSERT_EQ(acl_num_rules(a), 4);
   ASSERT(url_ok(a, &p, "s3://Bucket/data/x.parquet"));
-  ASSERT(url_ok(a, &p, "S3://Bucket/data/x.parquet"));        /* scheme: any case */
-  ASSERT(!url_ok(a, &p, "s3://bucket/data/x.parquet"));       /* bucket: exact */
-  ASSERT(!url_ok(a, &p, "s3://Bucket/data"));                 /* above the prefix */
+  ASSERT(url_ok(a, &p, "S3://Bucket/data/x.parquet"));  /* scheme: any case */
+  ASSERT(!url_ok(a, &p, "s3://bucket/data/x.parquet")); /* bucket: exact */
+  ASSERT(!url_ok(a, &p, "s3://Bucket/data"));           /* above the prefix */
   ASSERT(!url_ok(a, &p, "s3://Bucket/datafile"));
   ASSERT(url_ok(a, &p, "s3://Bucket/data/sub/*.parquet"));
-  ASSERT(!url_ok(a, &p, "s3://Bucket/data/../secret/x"));     /* dot segments */
+  ASSERT(!url_ok(a, &p, "s3://Bucket/data/../secret/x")); /* dot segments */
   ASSERT(!url_ok(a, &p, "s3://Bucket/data/%2e%2E/secret/x"));
   ASSERT(!url_ok(a, &p, "s3://Bucket/data/./x"));
   ASSERT(!url_ok(a, &p, "s3://Bucket/data/sub/.."));
   ASSERT(url_ok(a, &p, "s3://Bucket/data/a..b/x"));
-  ASSERT(!url_ok(a, &p, "s3://Bucket/data/x y"));             /* spaces */
+  ASSERT(!url_ok(a, &p, "s3://Bucket/data/x y")); /* spaces */
   /* Encoded separators, which HTTP servers decode before resolving "..". */
   ASSERT(!url_ok(a, &p, "https://example.com/x/..%2fsecret"));
   ASSERT(!url_ok(a, &p, "https://example.com/x/..%2Fsecret"));
   ASSERT(!url_ok(a, &p, "https://example.com/x/..%5csecret"));
   ASSERT(!url_ok(a, &p, "https://example.com/x%00.parquet"));
   ASSERT(url_ok(a, &p, "https://example.com/x%20y.parquet"));
-  ASSERT(url_ok(a, &p, "https://example.com/x?p=a%2Fb"));      /* the query is no path */
-  ASSERT(url_ok(a, &p, "https://example.com/any/path"));      /* host: any case */
+  ASSERT(url_ok(a, &p, "https://example.com/x?p=a%2Fb")); /* the query is no path */
+  ASSERT(url_ok(a, &p, "https://example.com/any/path"));  /* host: any case */
   ASSERT(url_ok(a, &p, "https://EXAMPLE.COM"));
   ASSERT(url_ok(a, &p, "https://example.com?x=1"));
-  ASSERT(!url_ok(a, &p, "https://example.com.evil.org/x"));   /* host boundary */
+  ASSERT(!url_ok(a, &p, "https://example.com.evil.org/x")); /* host boundary */
   ASSERT(!url_ok(a, &p, "https://example.com@evil.org/x"));
   ASSERT(!url_ok(a, &p, "https://example.com:8443/x"));
   ASSERT(!url_ok(a, &p, "http://example.com/x"));
@@ -94,9 +93,9 @@ TEST_IMPL(acl_rules) {
   acl_peer_t s4343 = {5000, 5000, sup, 2};
   ASSERT(url_ok(a, &s4343, "http://h:8080/pub/x"));
   ASSERT(!url_ok(a, &u4242, "http://h:8080/pubx"));
-  ASSERT(url_ok(a, &p, "http://h:8080/team/x"));              /* group=65534 by number */
+  ASSERT(url_ok(a, &p, "http://h:8080/team/x")); /* group=65534 by number */
   acl_peer_t root = {0, 0, NULL, 0};
-  ASSERT(url_ok(a, &root, "http://h:8080/team/x"));           /* user=root by name */
+  ASSERT(url_ok(a, &root, "http://h:8080/team/x")); /* user=root by name */
   ASSERT(!url_ok(a, &u4242, "http://h:8080/team/x"));
   /* Admins: root, the daemon's own user, the admin group. */
   ASSERT(acl_is_admin(a, &root));
@@ -136,8 +135,6 @@ TEST_IMPL(acl_rules) {
 }
 
 /* ------------------------------------------------------------------------ */
-
-
 
 /*
  * The allowlist under different users: URLs outside it are refused for
@@ -294,8 +291,8 @@ TEST_IMPL(acl_admin_uids) {
   uint64_t used = dh_stat(&d, "cache.used_bytes");
   ASSERT_GT(used, 0);
 
-  static const char *const open_cmds[][2] = {{"status", NULL}, {"stats", NULL}, {"ls", NULL},
-                                             {"clients", NULL}};
+  static const char *const open_cmds[][2] = {
+      {"status", NULL}, {"stats", NULL}, {"ls", NULL}, {"clients", NULL}};
   static const char *const admin_cmds[][3] = {{"evict", "--all", NULL},
                                               {"prefetch", NULL, NULL},
                                               {"verify", NULL, NULL},
@@ -633,8 +630,7 @@ TEST_IMPL(acl_uid_arena_limit) {
   /* Arenas of the default 256 MiB (sparse memfds: nothing is touched
    * until batches are written) and a descriptor ring each: two fit in
    * 600M, three do not. */
-  static const char *const fl[] = {"--socket_mode=0666", "--max_arena_bytes_per_uid=600M",
-                                   NULL};
+  static const char *const fl[] = {"--socket_mode=0666", "--max_arena_bytes_per_uid=600M", NULL};
   dh_init(&d, "d", fl);
   tc_open_tmpdir(d.dir);
   dh_start(&d);
@@ -698,8 +694,7 @@ static void wait_listed(const char *socket, const char *const *dirs, int n, int 
     }
     if (ms > timeout_ms) {
       tc_out_print("ls --json", &r);
-      ASSERT_FAIL_("the cache did not list the objects of all %d datasets in %d ms", n,
-                   timeout_ms);
+      ASSERT_FAIL_("the cache did not list the objects of all %d datasets in %d ms", n, timeout_ms);
     }
     tc_out_free(&r);
     struct timespec ts = {0, 20000000L};
@@ -756,8 +751,7 @@ TEST_IMPL(acl_listings_own_only) {
     if (larder_stream_open(c, &o, &s) != 0 || larder_stream_next(s, 60000, &b) != 0) _exit(4);
     if (write(ready[1], "r", 1) != 1) _exit(5);
     char x;
-    while (read(go[0], &x, 1) > 0) {
-    }
+    while (read(go[0], &x, 1) > 0) {}
     larder_batch_release(b);
     larder_stream_close(s);
     larder_client_close(c);

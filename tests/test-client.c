@@ -27,8 +27,6 @@
 #include "ring.h"
 #include "daemon-harness.h"
 
-
-
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
   dh_std_opts(o, dh_std_source(), 1, batch_size, 8, epochs, 1u << 20);
 }
@@ -181,9 +179,9 @@ TEST_IMPL(client_dlpack_buffer_refs) {
   struct ArrowSchema schema;
   struct ArrowArray array;
   ASSERT_OK(larder_batch_export(b2, &schema, &array));
-  ASSERT_EQ(larder_batch_dlpack(b2, larder_array_values(larder_batch_column(b2, 0)), i64, 1, &n,
-                                &bad),
-            LARDER_EINVAL);
+  ASSERT_EQ(
+      larder_batch_dlpack(b2, larder_array_values(larder_batch_column(b2, 0)), i64, 1, &n, &bad),
+      LARDER_EINVAL);
   array.release(&array);
   schema.release(&schema);
   larder_batch_release(b3);
@@ -712,7 +710,7 @@ typedef struct fake {
   int ring_fd;             /* -1: frames */
   ring_header_t *ring;
   uint64_t ring_size;
-  ring_layout_t layout;    /* the fake's own copy, as the daemon keeps one */
+  ring_layout_t layout; /* the fake's own copy, as the daemon keeps one */
 } fake_t;
 
 /* A memfd of file_size bytes (sealed against shrinking and growing when
@@ -1085,8 +1083,10 @@ TEST_IMPL(client_fake_map_keys) {
   uint64_t null_key[FAKE_LAYOUT];
   memcpy(null_key, map_layout, sizeof(null_key));
   null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT] = 1;
-  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET] = 320;
-  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH] = 1;
+  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_VALIDITY_OFFSET] =
+      320;
+  null_key[2 * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS + LARDER__ARRAY_FIELD__ARRAY_VALIDITY_LENGTH] =
+      1;
   fake_send_batch(&f, 1, null_key);
   larder_batch_t *b;
   int rc = larder_stream_next(s, 5000, &b);
@@ -1109,7 +1109,8 @@ TEST_IMPL(client_fake_map_keys) {
   ASSERT_EQ(larder_batch_export(b, &schema2, &array2), LARDER_EUNSUPPORTED);
   ASSERT_NULL(schema2.release);
   ASSERT_NULL(array2.release);
-  const larder_array_t *key = larder_array_child(larder_array_child(larder_batch_column(b, 0), 0), 0);
+  const larder_array_t *key =
+      larder_array_child(larder_array_child(larder_batch_column(b, 0), 0), 0);
   ASSERT_EQ(larder_array_null_count(key), 1);
   ASSERT_EQ(larder_array_validity(key)[0] & 1, 0);
   larder_batch_release(b);

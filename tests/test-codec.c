@@ -53,9 +53,9 @@ static uint32_t lcg(uint32_t *state) {
 
 /* Text-like bytes that compress about as well as a column of strings. */
 static uint8_t *make_text(size_t n, uint32_t seed) {
-  static const char *const words[] = {
-      "larder", "parquet", "column", "page", "dictionary", "0", "17", "gpu",
-      "batch",  "null",    "true",   "42",   "row group",  ",", "\n", "x"};
+  static const char *const words[] = {"larder",    "parquet", "column", "page", "dictionary", "0",
+                                      "17",        "gpu",     "batch",  "null", "true",       "42",
+                                      "row group", ",",       "\n",     "x"};
   uint8_t *p = malloc(n > 0 ? n : 1);
   ASSERT_NOT_NULL(p);
   size_t i = 0;
@@ -80,8 +80,7 @@ static blob comp_snappy(const uint8_t *in, size_t n) {
   b.data = malloc(cap);
   ASSERT_NOT_NULL(b.data);
   b.len = cap;
-  ASSERT_EQ(snappy_compress((const char *)in, n, (char *)b.data, &b.len),
-            SNAPPY_OK);
+  ASSERT_EQ(snappy_compress((const char *)in, n, (char *)b.data, &b.len), SNAPPY_OK);
   return b;
 }
 
@@ -89,8 +88,7 @@ static blob comp_snappy(const uint8_t *in, size_t n) {
 static blob comp_gzip(const uint8_t *in, size_t n, int level) {
   z_stream zs;
   memset(&zs, 0, sizeof(zs));
-  ASSERT_EQ(deflateInit2(&zs, level, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY),
-            Z_OK);
+  ASSERT_EQ(deflateInit2(&zs, level, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY), Z_OK);
   blob b;
   size_t cap = deflateBound(&zs, (uLong)n) + 32;
   b.data = malloc(cap);
@@ -123,8 +121,8 @@ static blob comp_brotli(const uint8_t *in, size_t n, int quality) {
   b.data = malloc(cap);
   ASSERT_NOT_NULL(b.data);
   b.len = cap;
-  ASSERT(BrotliEncoderCompress(quality, BROTLI_DEFAULT_WINDOW,
-                               BROTLI_MODE_GENERIC, n, in, &b.len, b.data));
+  ASSERT(BrotliEncoderCompress(quality, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_GENERIC, n, in, &b.len,
+                               b.data));
   return b;
 }
 
@@ -198,18 +196,12 @@ static blob comp_lz4_hadoop(const uint8_t *in, size_t n, size_t block_size) {
  * in 64 KiB blocks). */
 static blob compress_with(int codec, const uint8_t *in, size_t n) {
   switch (codec) {
-    case PQ_SNAPPY:
-      return comp_snappy(in, n);
-    case PQ_GZIP:
-      return comp_gzip(in, n, 6);
-    case PQ_BROTLI:
-      return comp_brotli(in, n, 5);
-    case PQ_ZSTD:
-      return comp_zstd(in, n);
-    case PQ_LZ4_RAW:
-      return comp_lz4_block(in, n);
-    case PQ_LZ4:
-      return comp_lz4_hadoop(in, n, 65536);
+    case PQ_SNAPPY: return comp_snappy(in, n);
+    case PQ_GZIP: return comp_gzip(in, n, 6);
+    case PQ_BROTLI: return comp_brotli(in, n, 5);
+    case PQ_ZSTD: return comp_zstd(in, n);
+    case PQ_LZ4_RAW: return comp_lz4_block(in, n);
+    case PQ_LZ4: return comp_lz4_hadoop(in, n, 65536);
     default: {
       blob b;
       b.data = malloc(n > 0 ? n : 1);
@@ -245,8 +237,7 @@ static guarded guarded_alloc(size_t len) {
   size_t body = (len + page - 1) / page * page;
   guarded g;
   g.map_len = body + page;
-  g.base = mmap(NULL, g.map_len, PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  g.base = mmap(NULL, g.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT(g.base != MAP_FAILED);
   ASSERT_OK(mprotect(g.base + body, page, PROT_NONE));
   g.p = g.base + body - len;
@@ -260,16 +251,15 @@ static void guarded_free(guarded g) { munmap(g.base, g.map_len); }
  * guard page, and the bytes of dst's page before dst hold a canary.  When
  * out is not NULL it receives a malloc'd copy of dst on success.
  */
-static int decode_guarded(pq_codec_ctx *ctx, int codec, const uint8_t *src,
-                          size_t src_len, size_t dst_len, uint8_t **out,
-                          char *why, size_t why_len) {
+static int decode_guarded(pq_codec_ctx *ctx, int codec, const uint8_t *src, size_t src_len,
+                          size_t dst_len, uint8_t **out, char *why, size_t why_len) {
   guarded in = guarded_alloc(src_len);
   guarded dst = guarded_alloc(dst_len);
   if (src_len > 0) memcpy(in.p, src, src_len);
   memset(dst.base, 0xA5, (size_t)(dst.p - dst.base));
   if (why != NULL && why_len > 0) why[0] = '\0';
-  int rc = pq_decompress(ctx, codec, src_len > 0 ? in.p : NULL, src_len,
-                         dst_len > 0 ? dst.p : NULL, dst_len, why, why_len);
+  int rc = pq_decompress(ctx, codec, src_len > 0 ? in.p : NULL, src_len, dst_len > 0 ? dst.p : NULL,
+                         dst_len, why, why_len);
   for (uint8_t *c = dst.base; c < dst.p; c++) ASSERT_EQ(*c, 0xA5);
   if (rc == 0 && out != NULL) {
     *out = malloc(dst_len > 0 ? dst_len : 1);
@@ -282,30 +272,25 @@ static int decode_guarded(pq_codec_ctx *ctx, int codec, const uint8_t *src,
 }
 
 /* Asserts that src decodes with codec to exactly want. */
-static void expect_roundtrip(pq_codec_ctx *ctx, int codec, const uint8_t *src,
-                             size_t src_len, const uint8_t *want,
-                             size_t want_len) {
+static void expect_roundtrip(pq_codec_ctx *ctx, int codec, const uint8_t *src, size_t src_len,
+                             const uint8_t *want, size_t want_len) {
   char why[256];
   uint8_t *got = NULL;
-  int rc = decode_guarded(ctx, codec, src, src_len, want_len, &got, why,
-                          sizeof(why));
-  if (rc != 0)
-    ASSERT_FAIL_("codec %d: rc %d (%s)", codec, rc, why);
+  int rc = decode_guarded(ctx, codec, src, src_len, want_len, &got, why, sizeof(why));
+  if (rc != 0) ASSERT_FAIL_("codec %d: rc %d (%s)", codec, rc, why);
   if (want_len > 0) ASSERT_MEM_EQ(got, want, want_len);
   free(got);
 }
 
 /* Asserts that decoding fails with LARDER_ECORRUPT and a reason that starts
  * with prefix. */
-static void expect_corrupt(pq_codec_ctx *ctx, int codec, const uint8_t *src,
-                           size_t src_len, size_t dst_len,
-                           const char *prefix) {
+static void expect_corrupt(pq_codec_ctx *ctx, int codec, const uint8_t *src, size_t src_len,
+                           size_t dst_len, const char *prefix) {
   char why[256];
-  int rc = decode_guarded(ctx, codec, src, src_len, dst_len, NULL, why,
-                          sizeof(why));
+  int rc = decode_guarded(ctx, codec, src, src_len, dst_len, NULL, why, sizeof(why));
   if (rc != LARDER_ECORRUPT)
-    ASSERT_FAIL_("codec %d, %zu -> %zu bytes: rc %d, want ECORRUPT (%s)",
-                 codec, src_len, dst_len, rc, why);
+    ASSERT_FAIL_("codec %d, %zu -> %zu bytes: rc %d, want ECORRUPT (%s)", codec, src_len, dst_len,
+                 rc, why);
   if (strncmp(why, prefix, strlen(prefix)) != 0 || why[strlen(prefix)] != ':')
     ASSERT_FAIL_("reason \"%s\" does not start with \"%s:\"", why, prefix);
 }
@@ -339,8 +324,7 @@ static void roundtrip_sizes(int codec) {
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     for (int kind = 0; kind < 2; kind++) {
       size_t n = sizes[i];
-      uint8_t *data = kind == 0 ? make_text(n, (uint32_t)i + 1)
-                                : make_random(n, (uint32_t)i + 7);
+      uint8_t *data = kind == 0 ? make_text(n, (uint32_t)i + 1) : make_random(n, (uint32_t)i + 7);
       blob c = compress_with(codec, data, n);
       expect_roundtrip(ctx, codec, c.data, c.len, data, n);
       free(c.data);
@@ -372,13 +356,11 @@ TEST_IMPL(codec_gzip) {
   /* A whole stream shorter than the header's size, in the documented words. */
   blob c = comp_gzip(data, 812, 6);
   char why[256];
-  ASSERT_EQ(decode_guarded(ctx, PQ_GZIP, c.data, c.len, 1024, NULL, why,
-                           sizeof(why)),
+  ASSERT_EQ(decode_guarded(ctx, PQ_GZIP, c.data, c.len, 1024, NULL, why, sizeof(why)),
             LARDER_ECORRUPT);
   ASSERT_STR_EQ(why, "gzip: stream ends after 812 of 1024 bytes");
   /* A cut stream says so instead. */
-  ASSERT_EQ(decode_guarded(ctx, PQ_GZIP, c.data, c.len - 10, 812, NULL, why,
-                           sizeof(why)),
+  ASSERT_EQ(decode_guarded(ctx, PQ_GZIP, c.data, c.len - 10, 812, NULL, why, sizeof(why)),
             LARDER_ECORRUPT);
   ASSERT_STR_CONTAINS(why, "gzip: input ends inside the stream");
   free(c.data);
@@ -452,8 +434,8 @@ TEST_IMPL(codec_zstd) {
   expect_corrupt(ctx, PQ_ZSTD, ab.data, ab.len, 150001, "zstd");
   /* Garbage where a frame should start. */
   char why[256];
-  ASSERT_EQ(decode_guarded(ctx, PQ_ZSTD, (const uint8_t *)"not zstd at all",
-                           15, 100, NULL, why, sizeof(why)),
+  ASSERT_EQ(decode_guarded(ctx, PQ_ZSTD, (const uint8_t *)"not zstd at all", 15, 100, NULL, why,
+                           sizeof(why)),
             LARDER_ECORRUPT);
   ASSERT_STR_EQ(why, "zstd: Unknown frame descriptor");
   free(a.data);
@@ -498,8 +480,7 @@ TEST_IMPL(codec_lz4_hadoop) {
    * page total to match, parses as framing and then fails in that block. */
   put_be32(framed + 8 + b1.len, 40001);
   char why[256];
-  ASSERT_EQ(decode_guarded(ctx, PQ_LZ4, framed, len, 100001, NULL, why,
-                           sizeof(why)),
+  ASSERT_EQ(decode_guarded(ctx, PQ_LZ4, framed, len, 100001, NULL, why, sizeof(why)),
             LARDER_ECORRUPT);
   ASSERT_STR_CONTAINS(why, "lz4: Hadoop block 1");
   /* The same header with the right page total no longer tiles, so every
@@ -560,8 +541,7 @@ TEST_IMPL(codec_empty) {
   pq_codec_ctx *ctx = new_ctx();
   /* No input at all is an empty page for every codec... */
   expect_roundtrip(ctx, PQ_UNCOMPRESSED, NULL, 0, NULL, 0);
-  for (size_t i = 0; i < NUM_CODECS; i++)
-    expect_roundtrip(ctx, kCodecs[i].codec, NULL, 0, NULL, 0);
+  for (size_t i = 0; i < NUM_CODECS; i++) expect_roundtrip(ctx, kCodecs[i].codec, NULL, 0, NULL, 0);
   /* ...and so is each library's own encoding of nothing. */
   uint8_t none = 0;
   for (size_t i = 0; i < NUM_CODECS; i++) {
@@ -602,11 +582,10 @@ TEST_IMPL(codec_truncated) {
   uint8_t *data = make_text(n, 50);
   for (size_t i = 0; i < NUM_CODECS; i++) {
     blob c = compress_with(kCodecs[i].codec, data, n);
-    size_t cuts[] = {1, 2, 4, 7, 8, 9, 12, c.len / 4, c.len / 2, c.len - 9,
-                     c.len - 4, c.len - 2, c.len - 1};
+    size_t cuts[] = {1,         2,         4,         7,         8,         9,        12,
+                     c.len / 4, c.len / 2, c.len - 9, c.len - 4, c.len - 2, c.len - 1};
     for (size_t k = 0; k < sizeof(cuts) / sizeof(cuts[0]); k++)
-      expect_corrupt(ctx, kCodecs[i].codec, c.data, cuts[k], n,
-                     kCodecs[i].name);
+      expect_corrupt(ctx, kCodecs[i].codec, c.data, cuts[k], n, kCodecs[i].name);
     free(c.data);
   }
   /* The same through the other LZ4 layouts and the zlib header. */
@@ -633,10 +612,8 @@ TEST_IMPL(codec_bomb) {
   for (size_t i = 0; i < NUM_CODECS; i++) {
     blob c = kCodecs[i].codec == PQ_BROTLI ? comp_brotli(zeros, big, 1)
              : kCodecs[i].codec == PQ_GZIP ? comp_gzip(zeros, big, 1)
-                                            : compress_with(kCodecs[i].codec,
-                                                            zeros, big);
-    expect_corrupt(ctx, kCodecs[i].codec, c.data, c.len, 4096,
-                   kCodecs[i].name);
+                                           : compress_with(kCodecs[i].codec, zeros, big);
+    expect_corrupt(ctx, kCodecs[i].codec, c.data, c.len, 4096, kCodecs[i].name);
     free(c.data);
   }
   blob f = comp_lz4_frame(zeros, big);
@@ -672,8 +649,7 @@ TEST_IMPL(codec_size_mismatch) {
     blob c = compress_with(kCodecs[i].codec, data, n);
     const size_t declared[] = {n + 1, n + 1000, 2 * n, n - 1, n / 2, 1};
     for (size_t k = 0; k < sizeof(declared) / sizeof(declared[0]); k++)
-      expect_corrupt(ctx, kCodecs[i].codec, c.data, c.len, declared[k],
-                     kCodecs[i].name);
+      expect_corrupt(ctx, kCodecs[i].codec, c.data, c.len, declared[k], kCodecs[i].name);
     /* The right size still works after all those failures. */
     expect_roundtrip(ctx, kCodecs[i].codec, c.data, c.len, data, n);
     free(c.data);
@@ -697,8 +673,7 @@ TEST_IMPL(codec_garbage) {
       size_t len = 1 + lcg(&seed) % 3000;
       uint8_t *junk = make_random(len, lcg(&seed));
       char why[256];
-      int rc = decode_guarded(ctx, codec, junk, len, lcg(&seed) % 50000, NULL,
-                              why, sizeof(why));
+      int rc = decode_guarded(ctx, codec, junk, len, lcg(&seed) % 50000, NULL, why, sizeof(why));
       ASSERT(rc == 0 || rc == LARDER_ECORRUPT);
       free(junk);
     }
@@ -708,11 +683,9 @@ TEST_IMPL(codec_garbage) {
       ASSERT_NOT_NULL(bent);
       memcpy(bent, c.data, c.len);
       int flips = 1 + (int)(lcg(&seed) % 4);
-      for (int k = 0; k < flips; k++)
-        bent[lcg(&seed) % c.len] ^= (uint8_t)(1u << (lcg(&seed) % 8));
+      for (int k = 0; k < flips; k++) bent[lcg(&seed) % c.len] ^= (uint8_t)(1u << (lcg(&seed) % 8));
       char why[256];
-      int rc = decode_guarded(ctx, codec, bent, c.len, n, NULL, why,
-                              sizeof(why));
+      int rc = decode_guarded(ctx, codec, bent, c.len, n, NULL, why, sizeof(why));
       ASSERT(rc == 0 || rc == LARDER_ECORRUPT);
       free(bent);
     }
@@ -728,19 +701,16 @@ TEST_IMPL(codec_unsupported) {
   uint8_t src[16] = {0};
   uint8_t dst[16];
   char why[128];
-  ASSERT_EQ(pq_decompress(ctx, PQ_LZO, src, sizeof(src), dst, sizeof(dst), why,
-                          sizeof(why)),
+  ASSERT_EQ(pq_decompress(ctx, PQ_LZO, src, sizeof(src), dst, sizeof(dst), why, sizeof(why)),
             LARDER_EUNSUPPORTED);
   ASSERT_STR_CONTAINS(why, "LZO");
   /* Even an empty LZO page names the codec rather than passing. */
-  ASSERT_EQ(pq_decompress(ctx, PQ_LZO, NULL, 0, NULL, 0, why, sizeof(why)),
-            LARDER_EUNSUPPORTED);
+  ASSERT_EQ(pq_decompress(ctx, PQ_LZO, NULL, 0, NULL, 0, why, sizeof(why)), LARDER_EUNSUPPORTED);
   const int unknown[] = {8, 99, -1, INT_MAX, INT_MIN};
   for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
     char num[32];
     snprintf(num, sizeof(num), "codec %d", unknown[i]);
-    ASSERT_EQ(pq_decompress(ctx, unknown[i], src, sizeof(src), dst,
-                            sizeof(dst), why, sizeof(why)),
+    ASSERT_EQ(pq_decompress(ctx, unknown[i], src, sizeof(src), dst, sizeof(dst), why, sizeof(why)),
               LARDER_EUNSUPPORTED);
     ASSERT_STR_CONTAINS(why, num);
   }
@@ -755,13 +725,11 @@ TEST_IMPL(codec_ctx_reuse) {
   const size_t n = 50000;
   uint8_t *data = make_text(n, 80);
   blob c[NUM_CODECS];
-  for (size_t i = 0; i < NUM_CODECS; i++)
-    c[i] = compress_with(kCodecs[i].codec, data, n);
+  for (size_t i = 0; i < NUM_CODECS; i++) c[i] = compress_with(kCodecs[i].codec, data, n);
   blob f = comp_lz4_frame(data, n);
   for (int round = 0; round < 5; round++) {
     for (size_t i = 0; i < NUM_CODECS; i++) {
-      expect_corrupt(ctx, kCodecs[i].codec, c[i].data, c[i].len / 2, n,
-                     kCodecs[i].name);
+      expect_corrupt(ctx, kCodecs[i].codec, c[i].data, c[i].len / 2, n, kCodecs[i].name);
       expect_roundtrip(ctx, kCodecs[i].codec, c[i].data, c[i].len, data, n);
     }
     expect_corrupt(ctx, PQ_LZ4, f.data, f.len / 2, n, "lz4");
@@ -782,22 +750,16 @@ TEST_IMPL(codec_why_buffer) {
   uint8_t dst[8];
   char why[8];
   memset(why, 'Z', sizeof(why));
-  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, src, 4, dst, 8, why, 5),
-            LARDER_ECORRUPT);
+  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, src, 4, dst, 8, why, 5), LARDER_ECORRUPT);
   ASSERT_STR_EQ(why, "zstd");
   ASSERT_EQ(why[5], 'Z');
-  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, src, 4, dst, 8, NULL, 0),
-            LARDER_ECORRUPT);
-  ASSERT_EQ(pq_decompress(ctx, PQ_SNAPPY, src, 4, dst, 8, why, 0),
-            LARDER_ECORRUPT);
+  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, src, 4, dst, 8, NULL, 0), LARDER_ECORRUPT);
+  ASSERT_EQ(pq_decompress(ctx, PQ_SNAPPY, src, 4, dst, 8, why, 0), LARDER_ECORRUPT);
   ASSERT_EQ(why[5], 'Z');
   /* Missing buffers or context are the caller's mistake. */
-  ASSERT_EQ(pq_decompress(NULL, PQ_ZSTD, src, 4, dst, 8, NULL, 0),
-            LARDER_EINVAL);
-  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, NULL, 4, dst, 8, NULL, 0),
-            LARDER_EINVAL);
-  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, src, 4, NULL, 8, NULL, 0),
-            LARDER_EINVAL);
+  ASSERT_EQ(pq_decompress(NULL, PQ_ZSTD, src, 4, dst, 8, NULL, 0), LARDER_EINVAL);
+  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, NULL, 4, dst, 8, NULL, 0), LARDER_EINVAL);
+  ASSERT_EQ(pq_decompress(ctx, PQ_ZSTD, src, 4, NULL, 8, NULL, 0), LARDER_EINVAL);
   pq_codec_ctx_free(ctx);
   return 0;
 }

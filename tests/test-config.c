@@ -347,8 +347,7 @@ TEST_IMPL(config_secret_files) {
   snprintf(fifo, sizeof(fifo), "%s/a-fifo", test_tmpdir());
   ASSERT_OK(mkdir(dir, 0700));
   ASSERT_OK(mkfifo(fifo, 0600));
-  expect_file_error("s3_session_token_file", missing, LARDER_EIO,
-                    "cannot read", NULL);
+  expect_file_error("s3_session_token_file", missing, LARDER_EIO, "cannot read", NULL);
   expect_file_error("s3_session_token_file", missing, LARDER_EIO, "No such file", NULL);
   char *empty = write_secret("empty", "\n \n");
   expect_file_error("s3_secret_key_file", empty, LARDER_EINVAL, "is empty", NULL);
@@ -358,8 +357,9 @@ TEST_IMPL(config_secret_files) {
   expect_file_error("s3_access_key_file", dir, LARDER_EINVAL, "not a regular file", NULL);
   expect_file_error("s3_access_key_file", fifo, LARDER_EINVAL, "not a regular file", NULL);
   /* In the file, with its line. */
-  n = snprintf(conf, sizeof(conf), "# secrets\ns3_secret_key_file = %s\ns3_session_token_file = %s\n",
-               secret_path, missing);
+  n = snprintf(conf, sizeof(conf),
+               "# secrets\ns3_secret_key_file = %s\ns3_session_token_file = %s\n", secret_path,
+               missing);
   path = write_conf("missing.conf", conf, (size_t)n);
   ASSERT_OK(config_defaults(&cfg));
   ASSERT_EQ(config_load_file(&cfg, path, 0, err, sizeof(err)), LARDER_EIO);
@@ -378,8 +378,6 @@ TEST_IMPL(config_secret_files) {
   free(token);
   return 0;
 }
-
-
 
 /* Asserts that none of secrets shows in the daemon's log or in reply. */
 static void expect_hidden(const dh_daemon *d, const char *reply, const char *const *secrets) {
@@ -646,8 +644,8 @@ TEST_IMPL(config_s3_token_file_rotation) {
   if (skip) return skip;
   char data[1024];
   ASSERT_EQ(dh_std_dataset(data, sizeof(data)), DH_STD_ROWS);
-  static const char *const vars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                     "AWS_SESSION_TOKEN", "AWS_PROFILE",
+  static const char *const vars[] = {"AWS_ACCESS_KEY_ID",           "AWS_SECRET_ACCESS_KEY",
+                                     "AWS_SESSION_TOKEN",           "AWS_PROFILE",
                                      "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL"};
   for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
   char home[PATH_MAX];
@@ -678,8 +676,9 @@ TEST_IMPL(config_s3_token_file_rotation) {
   dh_flag(&d, flag);
   FILE *f = fopen(d.config, "w");
   ASSERT_NOT_NULL(f);
-  fprintf(f, "[s3]\ns3_access_key = larder-test-key\ns3_secret_key_file = %s\n"
-             "s3_session_token_file = %s\n",
+  fprintf(f,
+          "[s3]\ns3_access_key = larder-test-key\ns3_secret_key_file = %s\n"
+          "s3_session_token_file = %s\n",
           secret_path, token_path);
   ASSERT_OK(fclose(f));
   dh_start(&d);

@@ -16,7 +16,6 @@
 
 #include "test-ctl-common.h"
 
-
 const char *tc_ctl_bin(void) {
   static char path[PATH_MAX];
   const char *env = getenv("LARDERCTL_BIN");
@@ -39,8 +38,8 @@ static void drop_to(const tc_cred *cred) {
   if (cred == NULL) return;
   if (setgroups((size_t)cred->ngroups, cred->groups) != 0 || setgid(cred->gid) != 0 ||
       setuid(cred->uid) != 0) {
-    fprintf(stderr, "cannot become uid %u gid %u: %s\n", (unsigned)cred->uid,
-            (unsigned)cred->gid, strerror(errno));
+    fprintf(stderr, "cannot become uid %u gid %u: %s\n", (unsigned)cred->uid, (unsigned)cred->gid,
+            strerror(errno));
     _exit(126);
   }
 }
@@ -181,7 +180,8 @@ static const char *json_number(const char *p) {
   const char *s = p;
   if (*p == '-') p++;
   if (*p == '0') p++;
-  else if (isdigit((unsigned char)*p)) while (isdigit((unsigned char)*p)) p++;
+  else if (isdigit((unsigned char)*p))
+    while (isdigit((unsigned char)*p)) p++;
   else return NULL;
   if (*p == '.') {
     p++;
@@ -318,7 +318,8 @@ int tc_prom_check(const char *text, char *err, size_t errlen, char (*names)[128]
             snprintf(err, errlen, "line %d: second TYPE for %s", lineno, name);
             goto out;
           }
-        if (strcmp(rest, "counter") == 0 && (strlen(name) < 6 || strcmp(name + strlen(name) - 6, "_total") != 0)) {
+        if (strcmp(rest, "counter") == 0 &&
+            (strlen(name) < 6 || strcmp(name + strlen(name) - 6, "_total") != 0)) {
           snprintf(err, errlen, "line %d: counter %s does not end in _total", lineno, name);
           goto out;
         }
@@ -547,8 +548,8 @@ void tc_expect_open(const tc_cred *cred, const char *socket, const char *source,
   char msg[1200];
   int rc = tc_open_as(cred, socket, source, msg, sizeof(msg));
   if (rc != want)
-    ASSERT_FAIL_("uid %u opening %s: %s (%s), expected %s", cred ? (unsigned)cred->uid : 0u,
-                 source, larder_err_name(rc), msg, larder_err_name(want));
+    ASSERT_FAIL_("uid %u opening %s: %s (%s), expected %s", cred ? (unsigned)cred->uid : 0u, source,
+                 larder_err_name(rc), msg, larder_err_name(want));
   if (needle) ASSERT_STR_CONTAINS(msg, needle);
 }
 

@@ -21,26 +21,24 @@
 
 #include "test-ctl-common.h"
 
-
-
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
   dh_std_opts(o, dh_std_source(), 1, batch_size, 5, epochs, 1u << 20);
 }
 
-#define EXPECT_RUN(o, want)                  \
-  do {                                       \
-    if ((o)->status != (want)) {             \
-      tc_out_print(#o, o);                   \
-      ASSERT_EQ((o)->status, want);          \
-    }                                        \
+#define EXPECT_RUN(o, want)         \
+  do {                              \
+    if ((o)->status != (want)) {    \
+      tc_out_print(#o, o);          \
+      ASSERT_EQ((o)->status, want); \
+    }                               \
   } while (0)
 
-#define EXPECT_JSON(o)                       \
-  do {                                       \
-    if (!tc_json_valid((o)->out)) {          \
-      tc_out_print("not JSON", o);           \
-      ASSERT(tc_json_valid((o)->out));       \
-    }                                        \
+#define EXPECT_JSON(o)                 \
+  do {                                 \
+    if (!tc_json_valid((o)->out)) {    \
+      tc_out_print("not JSON", o);     \
+      ASSERT(tc_json_valid((o)->out)); \
+    }                                  \
   } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -188,7 +186,8 @@ TEST_IMPL(ctl_status_stats) {
     tc_out_free(&r);
   }
   /* ... and JSON Lines when asked */
-  tc_ctl(&r, NULL, d.socket, "stats", "--watch", "--json", "--count", "2", "--interval", "0.2", NULL);
+  tc_ctl(&r, NULL, d.socket, "stats", "--watch", "--json", "--count", "2", "--interval", "0.2",
+         NULL);
   EXPECT_RUN(&r, 0);
   ASSERT_EQ(tc_json_lines(r.out), 2);
   tc_out_free(&r);
@@ -382,7 +381,8 @@ TEST_IMPL(ctl_evict_while_streaming) {
       while (dh_stat(&d, "units_decoded") == decoded && k + 1 < ref.n) {
         ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
         k++;
-        if (dh_batch_hash(b) != ref.b[k].hash) ASSERT_FAIL_("batch %zu differs after an eviction", k);
+        if (dh_batch_hash(b) != ref.b[k].hash)
+          ASSERT_FAIL_("batch %zu differs after an eviction", k);
         larder_batch_release(b);
       }
       fprintf(stderr, "decoding again %zu batches after the eviction\n", k - from);
@@ -531,7 +531,8 @@ TEST_IMPL(ctl_prefetch_progress) {
   /* 2. Resumed on a terminal: a bar redrawn in place, then the summary. */
   char cmd[4096];
   size_t off = 0;
-  for (int i = 0; i < na; i++) off += (size_t)snprintf(cmd + off, sizeof(cmd) - off, "%s ", args[i]);
+  for (int i = 0; i < na; i++)
+    off += (size_t)snprintf(cmd + off, sizeof(cmd) - off, "%s ", args[i]);
   const char *sargv[] = {"/usr/bin/script", "-qfec", cmd, "/dev/null", NULL};
   tc_out r;
   if (access(sargv[0], X_OK) != 0) {
@@ -541,7 +542,7 @@ TEST_IMPL(ctl_prefetch_progress) {
     EXPECT_RUN(&r, 0);
     ASSERT_STR_CONTAINS(r.out, "already cached: ");
     ASSERT_STR_CONTAINS(r.out, "fetching the rest");
-    ASSERT_GE(count_str(r.out, "\r["), 2);      /* redrawn at least twice */
+    ASSERT_GE(count_str(r.out, "\r["), 2); /* redrawn at least twice */
     ASSERT_GE(count_str(r.out, "\033[K"), 2);
     ASSERT_STR_CONTAINS(r.out, "MB/s");
     ASSERT_STR_CONTAINS(r.out, "ETA ");
@@ -674,7 +675,8 @@ TEST_IMPL(ctl_reload_sighup) {
   ASSERT_EQ(dh_stat(&d, "cache.capacity_bytes"), 2ull << 30);
   rc = tc_open_as(NULL, d.socket, "http://127.0.0.1:9/data/x.parquet", msg, sizeof(msg));
   ASSERT_EQ(rc, LARDER_EACCES);
-  ASSERT_STR_CONTAINS(msg, "not allowed: http://127.0.0.1:9/data/x.parquet is outside the configured sources");
+  ASSERT_STR_CONTAINS(
+      msg, "not allowed: http://127.0.0.1:9/data/x.parquet is outside the configured sources");
 
   /* larderctl reload: says what changed. */
   write_config(&d, "[larderd]\ncache_capacity = 3G\n");
@@ -747,7 +749,8 @@ static void expect_documented(char (*names)[128], int n) {
   size_t len;
   uint8_t *h = test_read_file("daemon/serve/metrics.h", &len);
   if (h == NULL) {
-    fprintf(stderr, "daemon/serve/metrics.h not found from %s: documentation not checked\n", getcwd(NULL, 0));
+    fprintf(stderr, "daemon/serve/metrics.h not found from %s: documentation not checked\n",
+            getcwd(NULL, 0));
     return;
   }
   char *doc = realloc(h, len + 1);
@@ -1041,8 +1044,8 @@ TEST_IMPL(ctl_daemonize) {
   long sid, ppid;
   ASSERT_OK(proc_field(pid, 6, &sid));
   ASSERT_OK(proc_field(pid, 4, &ppid));
-  ASSERT_NE(sid, pid);              /* not a session leader */
-  ASSERT_NE(sid, (long)getsid(0));  /* but in a session of its own */
+  ASSERT_NE(sid, pid);             /* not a session leader */
+  ASSERT_NE(sid, (long)getsid(0)); /* but in a session of its own */
   ASSERT_NE(ppid, (long)getpid());
   char cwd[64], link[PATH_MAX];
   snprintf(cwd, sizeof(cwd), "/proc/%d/cwd", pid);
@@ -1101,23 +1104,28 @@ TEST_IMPL(ctl_systemd_verify) {
     test_system("tail -30 '%s.log' >&2", dest);
     ASSERT_FAIL_("%s", "make install failed");
   }
-  ASSERT_EQ(test_system("test -x '%s/usr/bin/larderd' && test -f '%s/usr/lib/systemd/system/larderd.service'",
-                        dest, dest),
-            0);
-  ASSERT_EQ(test_system("sed -i 's|/usr/bin/|%s/usr/bin/|g' '%s/usr/lib/systemd/system/larderd.service'",
-                        dest, dest),
-            0);
-  int rc = test_system("cd '%s/usr/lib/systemd/system' && systemd-analyze verify "
-                       "./larderd.socket ./larderd.service >'%s/verify.log' 2>&1",
-                       dest, dest);
+  ASSERT_EQ(
+      test_system(
+          "test -x '%s/usr/bin/larderd' && test -f '%s/usr/lib/systemd/system/larderd.service'",
+          dest, dest),
+      0);
+  ASSERT_EQ(
+      test_system("sed -i 's|/usr/bin/|%s/usr/bin/|g' '%s/usr/lib/systemd/system/larderd.service'",
+                  dest, dest),
+      0);
+  int rc = test_system(
+      "cd '%s/usr/lib/systemd/system' && systemd-analyze verify "
+      "./larderd.socket ./larderd.service >'%s/verify.log' 2>&1",
+      dest, dest);
   if (rc != 0) {
     test_system("cat '%s/verify.log' >&2", dest);
     ASSERT_EQ(rc, 0);
   }
   /* The installed example config is the reference the daemon prints. */
-  ASSERT_EQ(test_system("'%s/usr/bin/larderd' --help-config | cmp -s - '%s/etc/larder/larderd.conf'",
-                        dest, dest),
-            0);
+  ASSERT_EQ(
+      test_system("'%s/usr/bin/larderd' --help-config | cmp -s - '%s/etc/larder/larderd.conf'",
+                  dest, dest),
+      0);
   return 0;
 }
 
@@ -1179,11 +1187,12 @@ TEST_IMPL(ctl_errors_clear) {
   const char *help[] = {trainer, "--help", NULL};
   tc_run(&r, NULL, 30000, help);
   EXPECT_RUN(&r, 0);
-  static const char *const flags[] = {"--socket", "--batch-size", "--epochs", "--compute-ms",
-                                      "--columns", "--seed", "--no-shuffle", "--rank",
-                                      "--world-size", "--local-world-size", "--partitions",
-                                      "--unit-rows", "--window"};
-  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) ASSERT_STR_CONTAINS(r.out, flags[i]);
+  static const char *const flags[] = {
+      "--socket",     "--batch-size", "--epochs", "--compute-ms", "--columns",
+      "--seed",       "--no-shuffle", "--rank",   "--world-size", "--local-world-size",
+      "--partitions", "--unit-rows",  "--window"};
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+    ASSERT_STR_CONTAINS(r.out, flags[i]);
   tc_out_free(&r);
   return 0;
 }

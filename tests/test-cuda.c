@@ -67,13 +67,13 @@ static const lcuda_api_t *api(void) {
 
 static int num_devices(void) { return api()->num_devices; }
 
-#define CU_OK(call)                                                         \
-  do {                                                                      \
-    CUresult r_ = (call);                                                   \
-    if (r_ != CUDA_SUCCESS) {                                               \
-      char e_[160];                                                         \
+#define CU_OK(call)                                                             \
+  do {                                                                          \
+    CUresult r_ = (call);                                                       \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      char e_[160];                                                             \
       ASSERT_FAIL_("%s: %s", #call, lcuda_strerror(api(), r_, e_, sizeof(e_))); \
-    }                                                                       \
+    }                                                                           \
   } while (0)
 
 /* Reads n bytes of device memory of device at src (cuMemcpyDtoH, in the
@@ -124,8 +124,7 @@ static void expect_same_array(int device, const larder_array_t *h, const larder_
   if (larder_array_validity(h))
     expect_dev_bytes(device, larder_array_validity(d), larder_array_validity(h),
                      (size_t)(len + 7) / 8, name);
-  else
-    ASSERT_NULL(larder_array_validity(d));
+  else ASSERT_NULL(larder_array_validity(d));
   if (larder_array_offsets(h))
     expect_dev_bytes(device, larder_array_offsets(d), larder_array_offsets(h),
                      (size_t)offset_bytes(h), name);
@@ -153,7 +152,6 @@ static void expect_same_batch(int device, const larder_batch_t *h, const larder_
   for (int i = 0; i < larder_batch_num_columns(h); i++)
     expect_same_array(device, larder_batch_column(h, i), larder_batch_column(d, i));
 }
-
 
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
   dh_std_opts(o, dh_std_source(), 1, batch_size, 8, epochs, 1u << 20);
@@ -200,7 +198,8 @@ static uint64_t compare_streams(const char *socket, const larder_stream_options_
     larder_batch_t *hb = NULL, *cb = NULL;
     int hr = larder_stream_next(hs, 60000 * dh_slow(), &hb);
     int cr = larder_stream_next(cs, 60000 * dh_slow(), &cb);
-    if (cr && cr != LARDER_EEOF) ASSERT_FAIL_("CUDA next: %s: %s", larder_err_name(cr), larder_client_last_error(cc));
+    if (cr && cr != LARDER_EEOF)
+      ASSERT_FAIL_("CUDA next: %s: %s", larder_err_name(cr), larder_client_last_error(cc));
     ASSERT_EQ(cr, hr);
     if (hr == LARDER_EEOF) break;
     ASSERT_OK(hr);

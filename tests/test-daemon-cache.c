@@ -21,9 +21,6 @@
 
 #define ARENA (8u << 20)
 
-
-
-
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
   dh_std_opts(o, dh_std_source(), 1, batch_size, 99, epochs, ARENA);
 }
@@ -99,8 +96,8 @@ TEST_IMPL(daemon_cache_hit_ratio) {
     uint64_t capacity = dh_json_u64(json, "cache.capacity_bytes");
     free(json);
     double ratio = (double)(hit - prev_hit) / (double)((hit - prev_hit) + (miss - prev_miss));
-    fprintf(stderr, "epoch %" PRIu64 ": hit %.3f of %" PRIu64 " bytes (cache %" PRIu64 " / %" PRIu64
-            ")\n",
+    fprintf(stderr,
+            "epoch %" PRIu64 ": hit %.3f of %" PRIu64 " bytes (cache %" PRIu64 " / %" PRIu64 ")\n",
             e, ratio, (hit - prev_hit) + (miss - prev_miss), used, capacity);
     /* The cache never holds more than its capacity plus one unit. */
     ASSERT_LE(used, capacity + total / DH_STD_UNITS * 2);
@@ -151,8 +148,9 @@ TEST_IMPL(daemon_cache_touched_files) {
   ASSERT_OK(test_system("sleep 0.01 && touch '%s'/*.parquet", dir));
   for (uint64_t e = 2; e < 6; e++) {
     uint64_t hit = epoch_hit_bytes(&d, &o, e);
-    fprintf(stderr, "epoch %" PRIu64 " after the touch: %" PRIu64 " bytes from the cache (floor %.0f)\n",
-            e, hit, floor_bytes);
+    fprintf(stderr,
+            "epoch %" PRIu64 " after the touch: %" PRIu64 " bytes from the cache (floor %.0f)\n", e,
+            hit, floor_bytes);
     if (e > 2) ASSERT_DOUBLE_GE((double)hit, floor_bytes);
   }
   char *json = dh_admin(&d, "stats");
@@ -475,8 +473,7 @@ TEST_IMPL(daemon_cache_kill9) {
 
 /* One daemon (its directory `name`, with `flags`), four jobs in turn on
  * the standard dataset with units of at most unit_rows rows. */
-static int shared_columns_case(const char *name, const char *const *flags,
-                               uint32_t unit_rows) {
+static int shared_columns_case(const char *name, const char *const *flags, uint32_t unit_rows) {
   dh_daemon d;
   dh_init(&d, name, flags);
   dh_start(&d);

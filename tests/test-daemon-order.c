@@ -14,8 +14,6 @@
 
 #define ARENA (8u << 20)
 
-
-
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
   dh_std_opts(o, dh_std_source(), 1, batch_size, 1234, epochs, ARENA);
 }
@@ -327,15 +325,17 @@ TEST_IMPL(daemon_exactly_once) {
         for (uint64_t p = 0; p < covered; p++) {
           int64_t id = order[p];
           ASSERT(id >= 0 && id < n);
-          if (seen[id]) ASSERT_FAIL_("ws %d drop %d epoch %" PRIu64 ": id %" PRId64 " twice", ws,
-                                     drop, e, id);
+          if (seen[id])
+            ASSERT_FAIL_("ws %d drop %d epoch %" PRIu64 ": id %" PRId64 " twice", ws, drop, e, id);
           seen[id] = 1;
         }
         if (!drop) {
           for (int64_t id = 0; id < n; id++)
-            if (!seen[id]) ASSERT_FAIL_("ws %d epoch %" PRIu64 ": id %" PRId64 " missing", ws, e, id);
+            if (!seen[id])
+              ASSERT_FAIL_("ws %d epoch %" PRIu64 ": id %" PRId64 " missing", ws, e, id);
           /* Padding: the positions past n repeat the epoch's first ones. */
-          for (uint64_t p = (uint64_t)n; p < bpe * g; p++) ASSERT_EQ(order[p], order[p - (uint64_t)n]);
+          for (uint64_t p = (uint64_t)n; p < bpe * g; p++)
+            ASSERT_EQ(order[p], order[p - (uint64_t)n]);
         } else {
           ASSERT_EQ(covered, (uint64_t)n - (uint64_t)n % g);
         }
@@ -350,7 +350,8 @@ TEST_IMPL(daemon_exactly_once) {
       }
       /* A new order each epoch. */
       size_t same = 0;
-      for (uint64_t p = 0; p < bpe * g && p < (uint64_t)n; p++) same += orders[0][p] == orders[1][p];
+      for (uint64_t p = 0; p < bpe * g && p < (uint64_t)n; p++)
+        same += orders[0][p] == orders[1][p];
       ASSERT_LT(same, (size_t)n / 20);
       free(orders[0]);
       free(orders[1]);
@@ -408,8 +409,8 @@ TEST_IMPL(daemon_elastic) {
       ASSERT_EQ(bpe, ref_bpe);
       for (uint64_t p = 0; p < bpe * epochs * g; p++)
         if (all[p] != ref[p])
-          ASSERT_FAIL_("world size %d: global batch %" PRIu64 " position %" PRIu64
-                       " holds %" PRId64 ", world size 1 has %" PRId64,
+          ASSERT_FAIL_("world size %d: global batch %" PRIu64 " position %" PRIu64 " holds %" PRId64
+                       ", world size 1 has %" PRId64,
                        ws, p / g, p % g, all[p], ref[p]);
       free(all);
     }
@@ -448,8 +449,8 @@ TEST_IMPL(daemon_resume) {
 
   /* Explicit positions, including the last batch of an epoch and a batch
    * index past the epoch's end (it carries into the next epoch). */
-  static const uint64_t points[][2] = {{0, 0}, {0, 1}, {0, 77}, {1, 0}, {1, 148}, {2, 100},
-                                       {2, 148}, {0, 150}};
+  static const uint64_t points[][2] = {{0, 0},   {0, 1},   {0, 77},  {1, 0},
+                                       {1, 148}, {2, 100}, {2, 148}, {0, 150}};
   for (size_t i = 0; i < sizeof(points) / sizeof(points[0]); i++) {
     larder_stream_options_t ro = o;
     ro.start_epoch = points[i][0];
@@ -501,7 +502,8 @@ TEST_IMPL(daemon_resume) {
       dh_print_log(&d);
       int st = 0;
       pid_t w = waitpid(d.pid, &st, WNOHANG);
-      ASSERT_FAIL_("resume at cut %" PRIu64 ": %s (daemon: waitpid %d status 0x%x)", cuts[i], rest.err, (int)w, st);
+      ASSERT_FAIL_("resume at cut %" PRIu64 ": %s (daemon: waitpid %d status 0x%x)", cuts[i],
+                   rest.err, (int)w, st);
     }
     ASSERT_EQ(rest.n + cuts[i], full.n);
     for (size_t k = 0; k < rest.n; k++) ASSERT_EQ(rest.b[k].hash, full.b[cuts[i] + k].hash);

@@ -26,7 +26,6 @@
 #include "pqwrite.h"
 #include "ring.h"
 
-
 /* ------------------------------------------------------------------------ */
 /* The fixture: a daemon, a reference run, a background client               */
 
@@ -651,7 +650,8 @@ TEST_IMPL(daemon_robust_stalled_client) {
     o.window = i % 2 ? 2 : 16;
     o.arena_bytes = i % 2 ? 1u << 20 : 16u << 10;
     ASSERT_OK(larder_stream_open(lc[i], &o, &ls[i]));
-    for (int k = 0; k < 2; k++) ASSERT_OK(larder_stream_next(ls[i], 60000 * dh_slow(), &held[i][k]));
+    for (int k = 0; k < 2; k++)
+      ASSERT_OK(larder_stream_next(ls[i], 60000 * dh_slow(), &held[i][k]));
   }
   /* The stalled streams: the liblarder ones get nothing more. */
   larder_batch_t *none;
@@ -1043,8 +1043,10 @@ TEST_IMPL(daemon_robust_connect_churn) {
   }
   ch.stop = 1;
   pthread_join(th, NULL);
-  fprintf(stderr, "%ld connections churned; %d clients answered, %d refused; at most %d fds "
-          "(baseline %d)\n", ch.connections, answered, refused, most_fds, f.fds0);
+  fprintf(stderr,
+          "%ld connections churned; %d clients answered, %d refused; at most %d fds "
+          "(baseline %d)\n",
+          ch.connections, answered, refused, most_fds, f.fds0);
   if (refused) ASSERT_FAIL_("%d of %d clients were refused: %s", refused, answered + refused, why);
   ASSERT_GE(ch.connections, 1000);
   ASSERT_LE(most_fds, f.fds0 + 300);
@@ -1400,8 +1402,9 @@ static void write_id_file_claiming(const char *path, const char *second, int phy
   memset(v, 0, sizeof(v));
   v[0].physical = PQ_INT64, v[0].fixed = ids, v[0].count = 3;
   v[1].physical = physical, v[1].count = 3;
-  v[1].fixed = physical == PQ_DOUBLE ? (void *)doubles : physical == PQ_INT32 ? (void *)ints
-                                                                               : (void *)longs;
+  v[1].fixed = physical == PQ_DOUBLE  ? (void *)doubles
+               : physical == PQ_INT32 ? (void *)ints
+                                      : (void *)longs;
   pqw_chunk_opts co;
   memset(&co, 0, sizeof(co));
   pqw_chunk ch[2];
@@ -1816,7 +1819,8 @@ static Larder__Frame *expect_frame(int fd, Larder__Frame__MsgCase msg_case, uint
   for (;;) {
     int rc;
     Larder__Frame *e = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
-    if (e == NULL) ASSERT_FAIL_("no frame of kind %d came (%s)", (int)msg_case, larder_err_name(rc));
+    if (e == NULL)
+      ASSERT_FAIL_("no frame of kind %d came (%s)", (int)msg_case, larder_err_name(rc));
     if (e->msg_case == msg_case &&
         (msg_case != LARDER__FRAME__MSG_ERROR || e->error->stream_id == stream) &&
         (msg_case != LARDER__FRAME__MSG_WAKE || e->wake->stream_id == stream))
@@ -1949,7 +1953,7 @@ typedef struct term_client {
   pthread_t th;
   const char *socket;
   larder_stream_options_t o;
-  int hold;              /* keep every batch (window of them) */
+  int hold;           /* keep every batch (window of them) */
   atomic_int started; /* batches received */
   int rc;
   char err[1024];
@@ -2102,13 +2106,13 @@ static uint64_t rnd(chaos_thread *t, uint64_t n) {
   return n ? t->rng % n : 0;
 }
 
-#define CHAOS_CHECK(t, cond, ...)                                 \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      snprintf((t)->err, sizeof((t)->err), __VA_ARGS__);          \
-      (t)->failed = 1;                                            \
-      return;                                                     \
-    }                                                             \
+#define CHAOS_CHECK(t, cond, ...)                        \
+  do {                                                   \
+    if (!(cond)) {                                       \
+      snprintf((t)->err, sizeof((t)->err), __VA_ARGS__); \
+      (t)->failed = 1;                                   \
+      return;                                            \
+    }                                                    \
   } while (0)
 
 /* Opens job j from batch `from` on client c (or a new client) and checks
@@ -2146,9 +2150,7 @@ static void chaos_partial(chaos_thread *t, int j, uint64_t from, uint64_t count,
       larder_stream_close(s);
       larder_client_close(c);
       break;
-    case 1: /* the client goes without closing its stream */
-      larder_client_close(c);
-      break;
+    case 1: /* the client goes without closing its stream */ larder_client_close(c); break;
     case 2: /* close while holding batches, release them afterwards */
       larder_stream_close(s);
       for (int i = 0; i < 2; i++)
@@ -2213,19 +2215,13 @@ static void *chaos_main(void *p) {
     const dh_run *ref = &t->cx->ref[j];
     t->ops[op]++;
     switch (op) {
-      case 0: /* a whole job */
-        chaos_partial(t, j, 0, ref->n + 1, 0);
-        break;
+      case 0: /* a whole job */ chaos_partial(t, j, 0, ref->n + 1, 0); break;
       case 1: /* a bit of a job, abandoned in some way */
-      case 2:
-        chaos_partial(t, j, 0, rnd(t, 40), (int)rnd(t, 4));
-        break;
+      case 2: chaos_partial(t, j, 0, rnd(t, 40), (int)rnd(t, 4)); break;
       case 3: /* resume somewhere, read on */
         chaos_partial(t, j, rnd(t, ref->n), 30 + rnd(t, 60), (int)rnd(t, 4));
         break;
-      case 4:
-        chaos_two_streams(t);
-        break;
+      case 4: chaos_two_streams(t); break;
       case 5: { /* open and close at once, before anything is ready */
         larder_client_t *c;
         if (larder_client_connect(t->cx->socket, &c) == 0) {
@@ -2245,8 +2241,8 @@ static void *chaos_main(void *p) {
       }
       case 8: { /* a client killed while it streams and holds batches */
         int ready;
-        pid_t pid = dh_spawn_holder(t->cx->socket, &t->cx->o[j], 1, 0, 1, 1,
-                                    t->cx->o[j].window > 1, &ready);
+        pid_t pid = dh_spawn_holder(t->cx->socket, &t->cx->o[j], 1, 0, 1, 1, t->cx->o[j].window > 1,
+                                    &ready);
         char ch;
         if (read(ready, &ch, 1) == 1) usleep((useconds_t)rnd(t, 3000));
         kill(pid, SIGKILL);
@@ -2343,9 +2339,10 @@ TEST_IMPL(daemon_robust_chaos) {
       }
       for (int k = 0; k < 9; k++) ops[k] += th[i].ops[k];
     }
-    fprintf(stderr, "chaos: %d whole, %d partial, %d resumed, %d two-stream, %d open-close, "
-            "%d garbage, %d missing, %d killed\n", ops[0], ops[1] + ops[2], ops[3], ops[4], ops[5],
-            ops[6], ops[7], ops[8]);
+    fprintf(stderr,
+            "chaos: %d whole, %d partial, %d resumed, %d two-stream, %d open-close, "
+            "%d garbage, %d missing, %d killed\n",
+            ops[0], ops[1] + ops[2], ops[3], ops[4], ops[5], ops[6], ops[7], ops[8]);
     ASSERT(dh_alive(&f.d));
     fx_expect_baseline(&f, 0, 0);
     /* And it still serves every job exactly. */

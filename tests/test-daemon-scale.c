@@ -24,7 +24,6 @@
 #include "pqwrite.h"
 #include "task.h"
 
-
 /* Writes out's bytes to path, under a temporary name then renamed: a test
  * killed midway leaves no half file for the next run to trust. */
 static void write_whole(const char *path, const pqw_buf *out) {
@@ -192,8 +191,8 @@ static void wide_file(int cols, int rows, int rgs, char *path, size_t len) {
 typedef struct opener {
   const char *socket;
   const char *path;
-  int batches;         /* to read after the open */
-  atomic_int phase;    /* 0 opening, 1 reading, 2 done */
+  int batches;      /* to read after the open */
+  atomic_int phase; /* 0 opening, 1 reading, 2 done */
   int rc;
   uint64_t samples;
   char err[512];
@@ -274,9 +273,10 @@ TEST_IMPL(daemon_scale_million_units) {
     nanosleep(&ts, NULL);
   }
   pthread_join(th, NULL);
-  printf("  %d status replies (%d while opening, %d while reading), worst %.3f s "
-         "(%.3f s while opening); open and %d batches in %.2f s\n",
-         asked, asked_opening, asked_reading, worst, worst_opening, o.batches, test_now_s() - started);
+  printf(
+      "  %d status replies (%d while opening, %d while reading), worst %.3f s "
+      "(%.3f s while opening); open and %d batches in %.2f s\n",
+      asked, asked_opening, asked_reading, worst, worst_opening, o.batches, test_now_s() - started);
   if (o.rc != 0) {
     dh_print_log(&d);
     ASSERT_FAIL_("the stream over a million row groups: %d %s", o.rc, o.err);
@@ -293,7 +293,7 @@ TEST_IMPL(daemon_scale_million_units) {
 typedef struct costly {
   const char *socket;
   const char *path;
-  atomic_int phase;    /* 0 opening, 1 reading, 2 done */
+  atomic_int phase; /* 0 opening, 1 reading, 2 done */
   atomic_int stop;
   int rc;
   char err[512];
@@ -454,8 +454,10 @@ TEST_IMPL(daemon_scale_costly_beside_cheap) {
   double t3 = test_now_s();
   uint64_t costly_units = dh_stat(&d, "units_decoded") - cheap_units;
   int busy = atomic_load(&x.phase) == 1 && costly_units < WIDE_RGS;
-  printf("  the costly client's first unit after %.2f s, %" PRIu64 " units in the %.2f s "
-         "measured\n", t2 - t1, costly_units, t3 - t2);
+  printf("  the costly client's first unit after %.2f s, %" PRIu64
+         " units in the %.2f s "
+         "measured\n",
+         t2 - t1, costly_units, t3 - t2);
   atomic_store(&x.stop, 1);
   pthread_join(th, NULL);
   /* Alone again (its stream closed, its loads cancelled): the control is
@@ -469,11 +471,11 @@ TEST_IMPL(daemon_scale_costly_beside_cheap) {
     beside_sum += beside_e[k];
   }
   double alone = before_sum > after_sum ? before_sum : after_sum, beside = beside_sum;
-  printf("  cheap client's %d epochs: %.3f s alone before, %.3f s after, %.3f s beside costly "
-         "units (%.2fx); median epochs %.2f, %.2f and %.2f ms\n",
-         EPOCHS, before_sum, after_sum, beside_sum, beside / alone,
-         median(alone_e, EPOCHS) * 1e3, median(after_e, EPOCHS) * 1e3,
-         median(beside_e, EPOCHS) * 1e3);
+  printf(
+      "  cheap client's %d epochs: %.3f s alone before, %.3f s after, %.3f s beside costly "
+      "units (%.2fx); median epochs %.2f, %.2f and %.2f ms\n",
+      EPOCHS, before_sum, after_sum, beside_sum, beside / alone, median(alone_e, EPOCHS) * 1e3,
+      median(after_e, EPOCHS) * 1e3, median(beside_e, EPOCHS) * 1e3);
   fflush(stdout);
   if (x.rc != 0) {
     dh_print_log(&d);

@@ -131,8 +131,8 @@ static int cmp_str(const void *a, const void *b) {
  * every decoder row is served and every served row is a decoder row (the
  * padding of the last batch repeats rows).  Returns the rows checked.
  */
-static int64_t check_file(const dh_daemon *d, const char *path, char **want, int64_t n,
-                          int shuffle, uint32_t batch, uint32_t unit_rows) {
+static int64_t check_file(const dh_daemon *d, const char *path, char **want, int64_t n, int shuffle,
+                          uint32_t batch, uint32_t unit_rows) {
   pq_source src;
   pq_file *f = NULL;
   pq_projection *proj = file_projection(path, &src, &f);
@@ -365,8 +365,7 @@ TEST_IMPL(daemon_values_dictionary_units) {
   }
   char path[PATH_MAX];
   snprintf(path, sizeof(path), "%s/dict.parquet", dir);
-  static const char *const flags[] = {"--max_chunk_decoded_bytes=128M", "--memory_limit=1G",
-                                      NULL};
+  static const char *const flags[] = {"--max_chunk_decoded_bytes=128M", "--memory_limit=1G", NULL};
   dh_daemon d;
   dh_init(&d, "d", flags);
   dh_start(&d);

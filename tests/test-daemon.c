@@ -22,8 +22,6 @@
 #include "util.h"
 #include "daemon-harness.h"
 
-
-
 static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t epochs) {
   dh_std_opts(o, dh_std_source(), 1, batch_size, 8, epochs, 1u << 20);
 }
@@ -61,14 +59,9 @@ static void expect_array(const struct ArrowArray *a, const larder_array_t *l, in
       ASSERT_PTR_EQ(a->buffers[2], larder_array_values(l));
       break;
     case LARDER_TYPE_LIST:
-    case LARDER_TYPE_MAP:
-      ASSERT_PTR_EQ(a->buffers[1], larder_array_offsets(l));
-      break;
-    case LARDER_TYPE_STRUCT:
-      break;
-    default:
-      ASSERT_PTR_EQ(a->buffers[1], larder_array_values(l));
-      break;
+    case LARDER_TYPE_MAP: ASSERT_PTR_EQ(a->buffers[1], larder_array_offsets(l)); break;
+    case LARDER_TYPE_STRUCT: break;
+    default: ASSERT_PTR_EQ(a->buffers[1], larder_array_values(l)); break;
   }
   for (int64_t i = 0; i < a->n_children; i++) {
     ASSERT_NOT_NULL(a->children[i]);
@@ -267,8 +260,7 @@ TEST_IMPL(daemon_arrow_export_duckdb) {
 
 static void spin_ms(double ms) {
   double end = test_now_ms() + ms;
-  while (test_now_ms() < end) {
-  }
+  while (test_now_ms() < end) {}
 }
 
 /* Polls the daemon until the stream's reported numbers equal the
@@ -308,8 +300,7 @@ static void expect_daemon_stall(const dh_daemon *d, larder_stream_t *s, uint64_t
 TEST_IMPL(daemon_stall_accounting) {
   dh_daemon d;
   /* One worker and no cache: cold loads are as slow as they get. */
-  static const char *const fl[] = {"--workers=1", "--memory_limit=1", "--cache_capacity=0",
-                                   NULL};
+  static const char *const fl[] = {"--workers=1", "--memory_limit=1", "--cache_capacity=0", NULL};
   dh_init(&d, "d", fl);
   dh_start(&d);
   larder_stream_options_t o;
@@ -392,7 +383,8 @@ TEST_IMPL(daemon_workers_boost) {
   ASSERT_OK(larder_stream_open(c, &o, &s));
   int allowed = dh_can_unnice(), boosted = 0;
   double t0 = test_now_ms(), checked = t0;
-  while (test_now_ms() - t0 < 500.0 || (allowed && !boosted && test_now_ms() - t0 < 10000.0 * dh_slow())) {
+  while (test_now_ms() - t0 < 500.0 ||
+         (allowed && !boosted && test_now_ms() - t0 < 10000.0 * dh_slow())) {
     larder_batch_t *b;
     ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
     larder_batch_release(b);
@@ -416,7 +408,8 @@ TEST_IMPL(daemon_workers_boost) {
 
   /* Without trainers the boost ends within the daemon's tick or two. */
   double t1 = test_now_ms();
-  while (dh_stat(&d, "workers_boosted") != 0 && test_now_ms() - t1 < 5000.0 * dh_slow()) usleep(20000);
+  while (dh_stat(&d, "workers_boosted") != 0 && test_now_ms() - t1 < 5000.0 * dh_slow())
+    usleep(20000);
   fprintf(stderr, "boost ended %.0f ms after the trainer left\n", test_now_ms() - t1);
   ASSERT_EQ(dh_stat(&d, "workers_boosted"), 0);
   expect_workers_nice(&d, base + 7);
@@ -931,7 +924,8 @@ TEST_IMPL(daemon_stream_options) {
   ASSERT_EQ(rc, LARDER_ELIMIT);
   for (int i = 0; i < 6; i++) larder_client_close(cs[i]);
   double deadline = test_now_ms() + 10000.0 * dh_slow();
-  while ((rc = larder_client_connect(d.socket, &more)) != 0 && test_now_ms() < deadline) usleep(5000);
+  while ((rc = larder_client_connect(d.socket, &more)) != 0 && test_now_ms() < deadline)
+    usleep(5000);
   ASSERT_OK(rc);
   larder_client_close(more);
   dh_stop(&d);
@@ -1005,7 +999,6 @@ TEST_IMPL(daemon_second_instance) {
   dh_stop(&d);
   return 0;
 }
-
 
 /*
  * SIGHUP reloads the configuration file and keeps the command line's
@@ -1339,8 +1332,8 @@ TEST_IMPL(daemon_ring_wakeups) {
         struct pollfd pf = {larder_stream_fd(s), POLLIN, 0};
         double t0 = test_now_ms();
         if (poll(&pf, 1, (int)(2 * prompt_ms)) != 1)
-          ASSERT_FAIL_("mode %d: no wakeup within %.0f ms at batch %zu of %zu", mode,
-                       2 * prompt_ms, k, ref.n);
+          ASSERT_FAIL_("mode %d: no wakeup within %.0f ms at batch %zu of %zu", mode, 2 * prompt_ms,
+                       k, ref.n);
         if (test_now_ms() - t0 > slowest) slowest = test_now_ms() - t0;
         polls++;
       }
@@ -1520,8 +1513,8 @@ TEST_IMPL(daemon_release_thread_wakeups) {
       pthread_join(th, NULL);
       pthread_mutex_destroy(&h.mu);
       pthread_cond_destroy(&h.cv);
-      fprintf(stderr, "%s, %s: %zu batches, slowest wait %.1f ms\n",
-              transport ? "frames" : "ring", evloop ? "event loop" : "blocking", k, slowest);
+      fprintf(stderr, "%s, %s: %zu batches, slowest wait %.1f ms\n", transport ? "frames" : "ring",
+              evloop ? "event loop" : "blocking", k, slowest);
       ASSERT_EQ(k, ref.n);
       ASSERT_EQ(h.released, ref.n);
       ASSERT_DOUBLE_LE(slowest, prompt_ms);
@@ -1936,8 +1929,7 @@ TEST_IMPL(daemon_evloop_streams) {
         larder_batch_t *x;
         int rc = larder_stream_next(a, 0, &x);
         if (rc == 0)
-          ASSERT_FAIL_("%s: stream A had a batch while poll waited a second (at %zu)",
-                       d.dir, pos);
+          ASSERT_FAIL_("%s: stream A had a batch while poll waited a second (at %zu)", d.dir, pos);
         ASSERT_EQ(rc, LARDER_ETIMEDOUT);
       }
     }
@@ -1997,7 +1989,8 @@ TEST_IMPL(daemon_close_release_threads) {
       for (int t = 0; t < 4; t++) {
         cr[t].go = &go;
         cr[t].n = 4;
-        for (int i = 0; i < 4; i++) ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &cr[t].items[i]));
+        for (int i = 0; i < 4; i++)
+          ASSERT_OK(larder_stream_next(s, 30000 * dh_slow(), &cr[t].items[i]));
         ASSERT_OK(pthread_create(&th[t], NULL, close_release_main, &cr[t]));
       }
       pthread_barrier_wait(&go);
@@ -2076,8 +2069,12 @@ TEST_IMPL(daemon_open_checks) {
 
   static const struct {
     const char *name, *value;
-  } bad[] = {{"RANK", "abc"}, {"RANK", "-1"}, {"WORLD_SIZE", "2x"}, {"WORLD_SIZE", "0"},
-             {"LOCAL_RANK", "99999999"}, {"LOCAL_RANK", " 1"}};
+  } bad[] = {{"RANK", "abc"},
+             {"RANK", "-1"},
+             {"WORLD_SIZE", "2x"},
+             {"WORLD_SIZE", "0"},
+             {"LOCAL_RANK", "99999999"},
+             {"LOCAL_RANK", " 1"}};
   /* Read from the environment, as the options' defaults say. */
   larder_stream_options_t eo = o;
   eo.rank = -1;
@@ -2306,9 +2303,7 @@ TEST_IMPL(daemon_open_checks) {
 }
 
 /* The descriptors this process has open. */
-static int self_fd_count(void) {
-  return dh_fd_count(getpid());
-}
+static int self_fd_count(void) { return dh_fd_count(getpid()); }
 
 /*
  * An open whose reply comes after larder_stream_open gave up: the reply's

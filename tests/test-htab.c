@@ -21,7 +21,6 @@ typedef struct item {
   htab_node_t node;
 } item_t;
 
-
 static uint64_t hash_of(uint64_t key) { return util_hash64(&key, sizeof(key), 7); }
 
 static item_t *find(const htab_t *t, uint64_t key) {
@@ -35,7 +34,7 @@ static item_t *find(const htab_t *t, uint64_t key) {
 
 typedef struct cost {
   double insert, lookup, remove; /* seconds per operation */
-  double touch; /* one item and one bucket read, in the lookups' order */
+  double touch;                  /* one item and one bucket read, in the lookups' order */
   size_t longest;
 } cost_t;
 
@@ -108,11 +107,12 @@ TEST_IMPL(htab_flat_ops) {
       best[k].longest = c.longest;
     }
   }
-  printf("  ns per op at 100k / 1M entries: insert %.0f / %.0f, lookup %.0f / %.0f, "
-         "remove %.0f / %.0f, memory touch %.0f / %.0f; longest chain %zu / %zu\n",
-         best[0].insert * 1e9, best[1].insert * 1e9, best[0].lookup * 1e9, best[1].lookup * 1e9,
-         best[0].remove * 1e9, best[1].remove * 1e9, best[0].touch * 1e9, best[1].touch * 1e9,
-         best[0].longest, best[1].longest);
+  printf(
+      "  ns per op at 100k / 1M entries: insert %.0f / %.0f, lookup %.0f / %.0f, "
+      "remove %.0f / %.0f, memory touch %.0f / %.0f; longest chain %zu / %zu\n",
+      best[0].insert * 1e9, best[1].insert * 1e9, best[0].lookup * 1e9, best[1].lookup * 1e9,
+      best[0].remove * 1e9, best[1].remove * 1e9, best[0].touch * 1e9, best[1].touch * 1e9,
+      best[0].longest, best[1].longest);
   /* With hashes this well mixed and at most one entry per bucket, a chain
    * of 16 has odds far below one in a billion. */
   ASSERT_LE(best[1].longest, 16);

@@ -29,13 +29,10 @@
 
 static const tc_cred nobody = {65534, 65534, {0}, 0};
 
-
-
 static void copy_file(const char *from, const char *to, mode_t mode) {
   ASSERT_EQ(test_system("cp '%s' '%s'", from, to), 0);
   ASSERT_OK(chmod(to, mode));
 }
-
 
 /* Whether `larderctl ls` (as root) lists an object whose name holds s. */
 static int ls_has(const char *socket, const char *s) {
@@ -373,8 +370,8 @@ TEST_IMPL(local_access_swap_streams) {
   }
   atomic_store(&sw.stop, 1);
   ASSERT_OK(pthread_join(th, NULL));
-  fprintf(stderr, "%d stream opens: %d read inside, %d refused; %llu swaps\n", opens, ok,
-          refused, (unsigned long long)sw.swaps);
+  fprintf(stderr, "%d stream opens: %d read inside, %d refused; %llu swaps\n", opens, ok, refused,
+          (unsigned long long)sw.swaps);
   ASSERT_GT(ok, 0);
   larder_client_close(c);
   dh_stop(&d);

@@ -113,7 +113,8 @@ static const char *last_component(const char *path) {
  */
 TEST_IMPL(metrics_promtool) {
   if (system("command -v promtool >/dev/null 2>&1") != 0) {
-    fprintf(stderr, "promtool is not installed (Debian: prometheus; scripts/deps.sh installs it)\n");
+    fprintf(stderr,
+            "promtool is not installed (Debian: prometheus; scripts/deps.sh installs it)\n");
     return TEST_SKIP;
   }
   char std[1024], mid[1024];
@@ -166,23 +167,25 @@ TEST_IMPL(metrics_promtool) {
   char *text = scrape(port);
   check_text(text);
   char series[1200];
-  snprintf(series, sizeof(series), "larder_batch_wait_seconds_count{job=\"train-a\",dataset=\"%s\"}",
-           last_component(std));
+  snprintf(series, sizeof(series),
+           "larder_batch_wait_seconds_count{job=\"train-a\",dataset=\"%s\"}", last_component(std));
   ASSERT_GT(value_of(text, series), 4);
   snprintf(series, sizeof(series),
            "larder_stream_first_batch_seconds_count{job=\"train-a\",dataset=\"%s\"}",
            last_component(std));
   ASSERT_EQ(value_of(text, series), 1);
   snprintf(series, sizeof(series),
-           "larder_stream_compute_seconds_total{job=\"train-a\",dataset=\"%s\"}", last_component(std));
+           "larder_stream_compute_seconds_total{job=\"train-a\",dataset=\"%s\"}",
+           last_component(std));
   ASSERT(value_of(text, series) > 0);
   ASSERT_EQ(count_lines(text, "larder_batch_wait_seconds_bucket{job=\"train-a\","), 15);
   ASSERT(value_of(text, "larder_stage_seconds_total{stage=\"decode\"}") > 0);
   if (nport) {
     ASSERT_GT(value_of(text, "larder_fetch_request_duration_seconds_count"), 0);
     ASSERT(value_of(text, "larder_stage_seconds_total{stage=\"fetch\"}") > 0);
-    ASSERT_EQ(value_of(text, "larder_stream_first_batch_seconds_count{job=\"train-b\","
-                             "dataset=\"part-002.parquet\"}"),
+    ASSERT_EQ(value_of(text,
+                       "larder_stream_first_batch_seconds_count{job=\"train-b\","
+                       "dataset=\"part-002.parquet\"}"),
               1);
     ASSERT_NULL(strstr(text, "s3cret"));
   }

@@ -21,8 +21,8 @@
 #define GLOBAL 256
 
 typedef struct node_run {
-  uint64_t batches;          /* per epoch */
-  uint64_t *ids[2];          /* per epoch: global batch b at [b * GLOBAL] */
+  uint64_t batches;                   /* per epoch */
+  uint64_t *ids[2];                   /* per epoch: global batch b at [b * GLOBAL] */
   int64_t column_bytes[NODES_MAX][2]; /* per node and epoch */
   uint64_t cache_bytes[NODES_MAX];
 } node_run;
@@ -238,8 +238,8 @@ TEST_IMPL(daemon_partitions_prefetch) {
   argv[a++] = d.socket;
   argv[a++] = "prefetch";
   for (int i = 0; i < nf; i++) argv[a++] = urls[i];
-  static const char *const opts[] = {"--unit-rows", "512", "--partitions", "4", "--nodes", "2",
-                                     "--node", "1", "--seed", "77", "--json"};
+  static const char *const opts[] = {"--unit-rows", "512", "--partitions", "4",  "--nodes", "2",
+                                     "--node",      "1",   "--seed",       "77", "--json"};
   for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) argv[a++] = opts[i];
   argv[a] = NULL;
   tc_out r;
@@ -254,8 +254,8 @@ TEST_IMPL(daemon_partitions_prefetch) {
   rh_wait_lines(log_path, 1, 2000);
   int64_t prefetched = column_bytes(log_path);
   uint64_t whole = rh_projected_bytes(dir, NULL, 0, 1u << 20);
-  fprintf(stderr, "prefetch of node 1 of 2: %" PRId64 " column bytes of %" PRIu64 "\n",
-          prefetched, whole);
+  fprintf(stderr, "prefetch of node 1 of 2: %" PRId64 " column bytes of %" PRIu64 "\n", prefetched,
+          whole);
   ASSERT_GE((double)prefetched, 0.4 * (double)whole);
   ASSERT_LE((double)prefetched, 0.6 * (double)whole);
   larder_stream_options_t o[LOCAL];

@@ -72,8 +72,8 @@ static void init_source(pq_source *src, const uint8_t *data, size_t len, int no_
 /* Opens and reads every row group of a file in memory, rendering every row
  * as JSON.  Returns 0 or the first error (err filled); *rows counts the
  * rows read. */
-static int read_all_ex(const uint8_t *data, size_t len, const pq_options *opts,
-                       int64_t batch, int no_map, pq_error *err, int64_t *rows) {
+static int read_all_ex(const uint8_t *data, size_t len, const pq_options *opts, int64_t batch,
+                       int no_map, pq_error *err, int64_t *rows) {
   pq_source src;
   init_source(&src, data, len, no_map);
   pq_file *f = NULL;
@@ -118,22 +118,21 @@ static int read_all_ex(const uint8_t *data, size_t len, const pq_options *opts,
   return rc;
 }
 
-static int read_all(const uint8_t *data, size_t len, const pq_options *opts,
-                    pq_error *err) {
+static int read_all(const uint8_t *data, size_t len, const pq_options *opts, pq_error *err) {
   return read_all_ex(data, len, opts, 1000, 0, err, NULL);
 }
 
 /* The read must fail with `code`, naming the file, the column and its row
  * group (when column is not NULL) and the reason. */
-static void expect_fail_at(int line, const uint8_t *data, size_t len, const pq_options *opts, int code,
-                        const char *column, const char *what) {
+static void expect_fail_at(int line, const uint8_t *data, size_t len, const pq_options *opts,
+                           int code, const char *column, const char *what) {
   for (int no_map = 0; no_map < 2; no_map++) {
     pq_error err;
     int64_t rows;
     int rc = read_all_ex(data, len, opts, 1000, no_map, &err, &rows);
     if (rc != code)
-      ASSERT_FAIL_("case at line %d: expected %s, got %s (%d): %s", line,
-                   larder_err_name(code), larder_err_name(rc), rc, err.msg);
+      ASSERT_FAIL_("case at line %d: expected %s, got %s (%d): %s", line, larder_err_name(code),
+                   larder_err_name(rc), rc, err.msg);
     ASSERT_STR_CONTAINS(err.msg, HOSTILE_NAME);
     if (column) {
       char col[160];
@@ -157,9 +156,8 @@ static void expect_survives(int rc, const pq_error *err) {
 /* ---- allocation watch ---------------------------------------------------- */
 
 #ifdef HOSTILE_ASAN
-int __sanitizer_install_malloc_and_free_hooks(
-    void (*malloc_hook)(const volatile void *, size_t),
-    void (*free_hook)(const volatile void *));
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
 static volatile size_t g_max_alloc;
 static volatile int g_watching;
 static void watch_malloc(const volatile void *p, size_t n) {
@@ -623,7 +621,8 @@ TEST_IMPL(parquet_hostile_footer_lies) {
   for (size_t i = 0; i < 3; i++) {
     uint32_t x = i == 2 ? (uint32_t)len - 11 : fl[i];
     memcpy(d + len - 8, &x, 4);
-    expect_fail(d, len, NULL, LARDER_ECORRUPT, NULL, i == 0 ? "empty footer" : "exceeds the file size");
+    expect_fail(d, len, NULL, LARDER_ECORRUPT, NULL,
+                i == 0 ? "empty footer" : "exceeds the file size");
   }
   memcpy(d + len - 8, &saved, 4);
   pq_options small;
@@ -648,10 +647,10 @@ TEST_IMPL(parquet_hostile_footer_lies) {
   struct {
     int64_t dpo, tcs;
     const char *what;
-  } offs[] = {{0, -1, "outside the data"},          {-5, -1, "outside the data"},
-              {1 << 20, -1, "outside the data"},     {INT64_MAX, -1, "outside the data"},
-              {INT64_MIN, -1, "outside the data"},   {-1, 0, "claims 0 bytes"},
-              {-1, -7, "claims -7 bytes"},            {-1, 1 << 20, "past the data"},
+  } offs[] = {{0, -1, "outside the data"},         {-5, -1, "outside the data"},
+              {1 << 20, -1, "outside the data"},   {INT64_MAX, -1, "outside the data"},
+              {INT64_MIN, -1, "outside the data"}, {-1, 0, "claims 0 bytes"},
+              {-1, -7, "claims -7 bytes"},         {-1, 1 << 20, "past the data"},
               {-1, INT64_MAX, "past the data"}};
   for (size_t i = 0; i < ARRAY_LEN(offs); i++) {
     simple_file(&f, 10, PQ_UNCOMPRESSED);
@@ -1043,8 +1042,10 @@ TEST_IMPL(parquet_hostile_huge_uncompressed_size) {
       pq_error err;
       int rc = read_all(d, len, NULL, &err);
       char what[96];
-      snprintf(what, sizeof(what), "%s %s page declaring 2^31-1 bytes",
-               pq_codec_name(codecs[z]), kind == 0 ? "v1" : kind == 1 ? "v2" : "dictionary");
+      snprintf(what, sizeof(what), "%s %s page declaring 2^31-1 bytes", pq_codec_name(codecs[z]),
+               kind == 0   ? "v1"
+               : kind == 1 ? "v2"
+                           : "dictionary");
       if (rc != LARDER_ELIMIT && rc != LARDER_ECORRUPT)
         ASSERT_FAIL_("%s: got %s: %s", what, larder_err_name(rc), err.msg);
       ASSERT_STR_CONTAINS(err.msg, HOSTILE_NAME);
@@ -1331,8 +1332,8 @@ static void levels_runs(pqw_buf *body, const uint16_t *lv, int n) {
 }
 
 /* A v1 page of the list column from explicit levels and values. */
-static uint8_t *list_file(const uint16_t *rep, const uint16_t *def, int n,
-                          int32_t num_values, int64_t rows, size_t *len) {
+static uint8_t *list_file(const uint16_t *rep, const uint16_t *def, int n, int32_t num_values,
+                          int64_t rows, size_t *len) {
   pqw_buf body = {0};
   levels_runs(&body, rep, n);
   levels_runs(&body, def, n);
@@ -1356,8 +1357,7 @@ TEST_IMPL(parquet_hostile_levels) {
   /* Repetition levels that start at 1 (ARROW-GH-45185). */
   static const uint16_t rep1[] = {1, 1, 0, 1, 1};
   d = list_file(rep1, def, 5, 5, 2, &len);
-  expect_fail(d, len, NULL, LARDER_ECORRUPT, "l.list.element",
-              "repetition levels start with 1");
+  expect_fail(d, len, NULL, LARDER_ECORRUPT, "l.list.element", "repetition levels start with 1");
   free(d);
   /* Fewer levels than num_values (ARROW-GH-41321, -RS-GH-6229-LEVELS). */
   d = list_file(rep, def, 5, 9, 2, &len);
@@ -1654,9 +1654,12 @@ TEST_IMPL(parquet_hostile_row_counts) {
   pq_file_close(pf);
   free(d);
   /* Struct fields inside a list that disagree on the elements. */
-  pqw_schema ls[] = {pqw_root(1), pqw_group("ls", PQ_OPTIONAL, 1),
-                     pqw_group("list", PQ_REPEATED, 1), pqw_group("element", PQ_OPTIONAL, 2),
-                     pqw_leaf("x", PQ_INT32, PQ_OPTIONAL), pqw_leaf("y", PQ_INT32, PQ_OPTIONAL)};
+  pqw_schema ls[] = {pqw_root(1),
+                     pqw_group("ls", PQ_OPTIONAL, 1),
+                     pqw_group("list", PQ_REPEATED, 1),
+                     pqw_group("element", PQ_OPTIONAL, 2),
+                     pqw_leaf("x", PQ_INT32, PQ_OPTIONAL),
+                     pqw_leaf("y", PQ_INT32, PQ_OPTIONAL)};
   ls[1].logical = PQ_LT_LIST;
   static const uint16_t xr[] = {0, 1, 0}, xd[] = {4, 4, 4}, yr[] = {0, 1, 1, 0},
                         yd[] = {4, 4, 4, 4};
@@ -1684,9 +1687,11 @@ TEST_IMPL(parquet_hostile_encodings) {
       {PQ_INT32, 99, LARDER_EUNSUPPORTED, "values encoded as"},
       {PQ_INT32, 1, LARDER_EUNSUPPORTED, "GROUP_VAR_INT"},
       {PQ_INT32, PQ_ENC_RLE, LARDER_EUNSUPPORTED, "RLE values of type INT32"},
-      {PQ_FLOAT, PQ_ENC_DELTA_BINARY_PACKED, LARDER_ECORRUPT, "DELTA_BINARY_PACKED values of type FLOAT"},
+      {PQ_FLOAT, PQ_ENC_DELTA_BINARY_PACKED, LARDER_ECORRUPT,
+       "DELTA_BINARY_PACKED values of type FLOAT"},
       {PQ_INT32, PQ_ENC_DELTA_LENGTH_BYTE_ARRAY, LARDER_ECORRUPT, "of type INT32"},
-      {PQ_BOOLEAN, PQ_ENC_BYTE_STREAM_SPLIT, LARDER_ECORRUPT, "BYTE_STREAM_SPLIT values of type BOOLEAN"},
+      {PQ_BOOLEAN, PQ_ENC_BYTE_STREAM_SPLIT, LARDER_ECORRUPT,
+       "BYTE_STREAM_SPLIT values of type BOOLEAN"},
       {PQ_INT32, PQ_ENC_BYTE_STREAM_SPLIT, LARDER_ECORRUPT, "BYTE_STREAM_SPLIT: 15 bytes"},
       {PQ_INT32, PQ_ENC_DELTA_BINARY_PACKED, LARDER_ECORRUPT, "DELTA_BINARY_PACKED"},
   };
@@ -1741,8 +1746,7 @@ TEST_IMPL(parquet_hostile_encodings) {
     }
     pqw_chunk c;
     pqw_chunk_init(&c, PQ_BYTE_ARRAY, PQ_UNCOMPRESSED);
-    page_v1(&c, 3, &body,
-            k < 2 ? PQ_ENC_DELTA_LENGTH_BYTE_ARRAY : PQ_ENC_DELTA_BYTE_ARRAY);
+    page_v1(&c, 3, &body, k < 2 ? PQ_ENC_DELTA_LENGTH_BYTE_ARRAY : PQ_ENC_DELTA_BYTE_ARRAY);
     d = file_of(sb, 2, &c, 1, 3, &len);
     static const char *const what[] = {"lengths exceed the page", "negative length",
                                        "prefix 9 longer than the previous value",
@@ -1770,12 +1774,9 @@ TEST_IMPL(parquet_hostile_encodings) {
   static const struct {
     int codec, code;
     const char *what;
-  } codecs[] = {{99, LARDER_EUNSUPPORTED, "codec 99"},
-                {PQ_LZO, LARDER_EUNSUPPORTED, "LZO"},
-                {-1, LARDER_EUNSUPPORTED, "codec -1"},
-                {PQ_ZSTD, LARDER_ECORRUPT, "zstd"},
-                {PQ_BROTLI, LARDER_ECORRUPT, "brotli"},
-                {PQ_LZ4, LARDER_ECORRUPT, "lz4"}};
+  } codecs[] = {{99, LARDER_EUNSUPPORTED, "codec 99"},  {PQ_LZO, LARDER_EUNSUPPORTED, "LZO"},
+                {-1, LARDER_EUNSUPPORTED, "codec -1"},  {PQ_ZSTD, LARDER_ECORRUPT, "zstd"},
+                {PQ_BROTLI, LARDER_ECORRUPT, "brotli"}, {PQ_LZ4, LARDER_ECORRUPT, "lz4"}};
   for (size_t i = 0; i < ARRAY_LEN(codecs); i++) {
     pqw_chunk c;
     pqw_chunk_init(&c, PQ_INT32, codecs[i].codec);

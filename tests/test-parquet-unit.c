@@ -52,9 +52,8 @@ static uint8_t *exact_copy(const void *p, size_t n) {
 /* Reads every row group of a file in memory with a projection and a batch
  * size, appending each row's JSON and a newline to out.  Returns 0 or the
  * first error code (err filled). */
-static int read_json(const uint8_t *data, size_t len, const char *const *cols,
-                     size_t ncols, int64_t batch, const pq_options *opts,
-                     pqw_buf *out, pq_error *err) {
+static int read_json(const uint8_t *data, size_t len, const char *const *cols, size_t ncols,
+                     int64_t batch, const pq_options *opts, pqw_buf *out, pq_error *err) {
   pq_source src;
   pq_source_init_memory(&src, data, len, UNIT_NAME);
   pq_file *f = NULL;
@@ -101,8 +100,8 @@ static int read_json(const uint8_t *data, size_t len, const char *const *cols,
 
 /* Reads the file and returns its JSON lines as a NUL-terminated string
  * (the caller frees it); the read must succeed. */
-static char *json_of(const uint8_t *data, size_t len, const char *const *cols,
-                     size_t ncols, int64_t batch) {
+static char *json_of(const uint8_t *data, size_t len, const char *const *cols, size_t ncols,
+                     int64_t batch) {
   pqw_buf out = {0};
   pq_error err = {0, ""};
   int rc = read_json(data, len, cols, ncols, batch, NULL, &out, &err);
@@ -115,14 +114,13 @@ static char *json_of(const uint8_t *data, size_t len, const char *const *cols,
 /* Builds a file of one row group from parallel arrays of column values and
  * levels (one per leaf; levels may be NULL for required flat columns). */
 static uint8_t *build_file(const pqw_schema *schema, int ns, const pqw_values *vals,
-                           const pqw_levels *const *lvs, int ncols,
-                           const pqw_chunk_opts *o, int64_t rows, size_t *len) {
+                           const pqw_levels *const *lvs, int ncols, const pqw_chunk_opts *o,
+                           int64_t rows, size_t *len) {
   pqw_file f;
   pqw_file_init(&f, schema, ns);
   pqw_chunk chunks[16];
   ASSERT(ncols <= 16);
-  for (int c = 0; c < ncols; c++)
-    pqw_chunk_build(&chunks[c], &vals[c], lvs ? lvs[c] : NULL, o);
+  for (int c = 0; c < ncols; c++) pqw_chunk_build(&chunks[c], &vals[c], lvs ? lvs[c] : NULL, o);
   pqw_file_add_row_group(&f, rows, chunks, ncols);
   for (int c = 0; c < ncols; c++) pqw_chunk_free(&chunks[c]);
   return pqw_file_finish(&f, len);
@@ -170,8 +168,7 @@ static pqw_schema leaf_lt(const char *name, int physical, int rep, int logical) 
   return s;
 }
 
-static const char kB64[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /* Reference base64 with padding, into out (NUL-terminated). */
 static void ref_base64(const uint8_t *p, size_t n, char *out) {
@@ -346,8 +343,7 @@ TEST_IMPL(parquet_unit_rle_truncated) {
     if (cut == m.len) ASSERT_EQ(n, 200);
     if (n > 0)
       for (int64_t i = 0; i < n; i++) ASSERT_EQ(out[i], mixed[i]);
-    else
-      ASSERT(n == 0 || n == LARDER_ECORRUPT);
+    else ASSERT(n == 0 || n == LARDER_ECORRUPT);
     free(c);
   }
   /* An RLE run whose value bytes are missing (width 9: two bytes). */
@@ -406,8 +402,8 @@ TEST_IMPL(parquet_unit_rle_widths) {
         }
         for (size_t i = 0; i < n; i++)
           if (out[i] != v[i])
-            ASSERT_FAIL_("w=%d mode=%d n=%zu i=%zu: got %u want %u", w, modes[mi], n, i,
-                         out[i], v[i]);
+            ASSERT_FAIL_("w=%d mode=%d n=%zu i=%zu: got %u want %u", w, modes[mi], n, i, out[i],
+                         v[i]);
         if (modes[mi] == PQW_RLE_RUNS_ONLY) ASSERT_EQ(pq_rle_get32(&r, out, 1), 0);
         if (w <= 16) {
           uint16_t *o16 = malloc(n * sizeof(uint16_t));
@@ -457,8 +453,8 @@ static void delta_roundtrip(const int64_t *v, size_t n, int block, int mini, int
     }
     for (size_t i = 0; i < n; i++)
       if (out[i] != (int32_t)v[i])
-        ASSERT_FAIL_("n=%zu block=%d mini=%d i=%zu: got %d want %d", n, block, mini, i,
-                     out[i], (int32_t)v[i]);
+        ASSERT_FAIL_("n=%zu block=%d mini=%d i=%zu: got %d want %d", n, block, mini, i, out[i],
+                     (int32_t)v[i]);
     ASSERT_EQ(pq_delta_get32(d, out, 1), 0);
     free(out);
   } else {
@@ -489,7 +485,7 @@ static void delta_roundtrip(const int64_t *v, size_t n, int block, int mini, int
   pqw_buf_free(&b);
 }
 
-static const size_t kDeltaTotals[] = {0,   1,   2,   3,   31,  32,  33,   65,   127,
+static const size_t kDeltaTotals[] = {0,   1,   2,   3,   31,  32,  33,   65,  127,
                                       128, 129, 130, 255, 256, 257, 1000, 4097};
 static const int kDeltaBlocks[][2] = {{128, 4}, {128, 1}, {256, 8}, {256, 4}, {1024, 32}};
 
@@ -504,10 +500,10 @@ static void delta_suite(int bits) {
       uint64_t r = rnd64();
       switch (pattern) {
         case 0: v[i] = bits == 32 ? (int64_t)(int32_t)(uint32_t)r : (int64_t)r; break;
-        case 1: v[i] = i % 2 ? hi : lo; break;          /* deltas wrap around */
-        case 2: v[i] = 42; break;                       /* all deltas zero */
-        case 3: v[i] = (int64_t)i * 3 - 1000; break;    /* constant delta */
-        case 4: v[i] = hi - (int64_t)(r % 5); break;    /* near the top */
+        case 1: v[i] = i % 2 ? hi : lo; break;       /* deltas wrap around */
+        case 2: v[i] = 42; break;                    /* all deltas zero */
+        case 3: v[i] = (int64_t)i * 3 - 1000; break; /* constant delta */
+        case 4: v[i] = hi - (int64_t)(r % 5); break; /* near the top */
         case 5: v[i] = i % 3 == 0 ? lo : (int64_t)(r % 1000) - 500; break;
         default: v[i] = (int64_t)(r % 2000000) - 1000000; break;
       }
@@ -529,7 +525,7 @@ TEST_IMPL(parquet_unit_delta_int64) {
   rnd_seed(6464);
   delta_suite(64);
   /* The extremes one after the other, in every order. */
-  const int64_t ext[] = {INT64_MIN, INT64_MAX, 0, -1, 1, INT64_MIN, INT64_MIN + 1,
+  const int64_t ext[] = {INT64_MIN, INT64_MAX,     0,        -1, 1, INT64_MIN, INT64_MIN + 1,
                          INT64_MAX, INT64_MAX - 1, INT64_MIN};
   for (size_t n = 1; n <= ARRAY_LEN(ext); n++) delta_roundtrip(ext, n, 128, 4, 64);
   return 0;
@@ -673,7 +669,7 @@ static void thrift_every_type(pqw_buf *out) {
   pqw_t_val_bool(&t, 0);
   pqw_t_val_bool(&t, 0);
   pqw_t_val_bool(&t, 1);
-  pqw_t_map_begin(&t, 14, 0, 0, 0); /* an empty map has no type byte */
+  pqw_t_map_begin(&t, 14, 0, 0, 0);        /* an empty map has no type byte */
   pqw_t_list_begin(&t, 15, PQ_TT_LIST, 2); /* list<list<i64>> */
   pqw_u8(t.out, (uint8_t)(2 << 4 | PQ_TT_I64));
   pqw_t_val_int(&t, -1);
@@ -714,8 +710,8 @@ static void thrift_every_type(pqw_buf *out) {
   pqw_u8(t.out, (uint8_t)(PQ_TT_I16 << 4 | PQ_TT_I16));
   pqw_t_val_int(&t, 1);
   pqw_t_val_int(&t, 2);
-  pqw_t_i32(&t, 900, -1);     /* a long jump in ids: the long header form */
-  pqw_t_i32(&t, -5, 3);       /* a negative id */
+  pqw_t_i32(&t, 900, -1); /* a long jump in ids: the long header form */
+  pqw_t_i32(&t, -5, 3);   /* a negative id */
   pqw_t_i32(&t, 1001, 42);
   pqw_t_struct_end(&t);
 }
@@ -878,11 +874,11 @@ TEST_IMPL(parquet_unit_thrift_errors) {
     ASSERT_STR_CONTAINS(why, "unknown field type");
   }
   /* A varint longer than ten bytes, and one that overflows 64 bits. */
-  uint8_t v11[] = {1 << 4 | PQ_TT_I64, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                   0xff, 0xff, 0xff, 0xff, 0x01, 0};
+  uint8_t v11[] = {
+      1 << 4 | PQ_TT_I64, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0};
   ASSERT_EQ(thrift_skip_all(v11, sizeof(v11), why, sizeof(why)), 1);
-  uint8_t v10[] = {1 << 4 | PQ_TT_I64, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                   0xff, 0xff, 0xff, 0x7f, 0};
+  uint8_t v10[] = {
+      1 << 4 | PQ_TT_I64, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0};
   ASSERT_EQ(thrift_skip_all(v10, sizeof(v10), why, sizeof(why)), 1);
   ASSERT_STR_CONTAINS(why, "varint");
   /* A field id that does not fit 16 bits (long form). */
@@ -1043,12 +1039,16 @@ TEST_IMPL(parquet_unit_thrift_unknown_fields) {
     t.last[t.depth] = 6;
     pqw_t_field(&t, 100, et);
     switch (et) {
-      case PQ_TT_TRUE: case PQ_TT_FALSE: break;
+      case PQ_TT_TRUE:
+      case PQ_TT_FALSE: break;
       case PQ_TT_BYTE: pqw_t_val_byte(&t, 1); break;
-      case PQ_TT_I16: case PQ_TT_I32: case PQ_TT_I64: pqw_t_val_int(&t, -99); break;
+      case PQ_TT_I16:
+      case PQ_TT_I32:
+      case PQ_TT_I64: pqw_t_val_int(&t, -99); break;
       case PQ_TT_DOUBLE: pqw_t_val_double(&t, 1.5); break;
       case PQ_TT_BINARY: pqw_t_val_binary(&t, "zz", 2); break;
-      case PQ_TT_LIST: case PQ_TT_SET:
+      case PQ_TT_LIST:
+      case PQ_TT_SET:
         pqw_u8(t.out, 2 << 4 | PQ_TT_BINARY);
         pqw_t_val_binary(&t, "a", 1);
         pqw_t_val_binary(&t, "b", 1);
@@ -1103,18 +1103,17 @@ TEST_IMPL(parquet_unit_json_integers) {
                       pqw_leaf("i64", PQ_INT64, PQ_REQUIRED),
                       pqw_leaf("c8", PQ_INT32, PQ_REQUIRED),
                       pqw_leaf("cu16", PQ_INT32, PQ_REQUIRED)};
-  s[8].converted = 15;  /* INT_8 */
-  s[9].converted = 12;  /* UINT_16 */
+  s[8].converted = 15; /* INT_8 */
+  s[9].converted = 12; /* UINT_16 */
   static const int32_t i8[] = {-128, 127, 0}, u8[] = {255, 0, 7};
   static const int32_t i16[] = {-32768, 32767, 1}, u16[] = {65535, 0, 2};
   static const int32_t u32[] = {-1, 0, INT32_MIN};
   static const int64_t u64[] = {-1, 0, INT64_MIN}, i64[] = {INT64_MIN, INT64_MAX, 0};
   static const int32_t c8[] = {-1, 127, -128}, cu16[] = {65535, 0, 1};
-  pqw_values v[9] = {vals_fixed(PQ_INT32, i8, 3),  vals_fixed(PQ_INT32, u8, 3),
-                     vals_fixed(PQ_INT32, i16, 3), vals_fixed(PQ_INT32, u16, 3),
-                     vals_fixed(PQ_INT32, u32, 3), vals_fixed(PQ_INT64, u64, 3),
-                     vals_fixed(PQ_INT64, i64, 3), vals_fixed(PQ_INT32, c8, 3),
-                     vals_fixed(PQ_INT32, cu16, 3)};
+  pqw_values v[9] = {
+      vals_fixed(PQ_INT32, i8, 3),  vals_fixed(PQ_INT32, u8, 3),  vals_fixed(PQ_INT32, i16, 3),
+      vals_fixed(PQ_INT32, u16, 3), vals_fixed(PQ_INT32, u32, 3), vals_fixed(PQ_INT64, u64, 3),
+      vals_fixed(PQ_INT64, i64, 3), vals_fixed(PQ_INT32, c8, 3),  vals_fixed(PQ_INT32, cu16, 3)};
   size_t len;
   uint8_t *data = build_file(s, 10, v, NULL, 9, NULL, 3, &len);
   expect_json(data, len,
@@ -1195,8 +1194,8 @@ TEST_IMPL(parquet_unit_json_decimal) {
   be_bytes(10000000000LL, d5 + 96, 24);
   static const int32_t d6[] = {123, -7, 0, 999999999, -999999999};
   pqw_values v[6] = {vals_fixed(PQ_INT32, d1, 5), vals_fixed(PQ_INT64, d2, 5),
-                     vals_flba(9, d3, 5),          vals_bytes(d4, d4len, 5),
-                     vals_flba(24, d5, 5),         vals_fixed(PQ_INT32, d6, 5)};
+                     vals_flba(9, d3, 5),         vals_bytes(d4, d4len, 5),
+                     vals_flba(24, d5, 5),        vals_fixed(PQ_INT32, d6, 5)};
   size_t len;
   uint8_t *data = build_file(s, 7, v, NULL, 6, NULL, 5, &len);
   expect_json(data, len,
@@ -1235,8 +1234,8 @@ TEST_IMPL(parquet_unit_json_temporal) {
                       pqw_leaf("i96", PQ_INT96, PQ_REQUIRED),
                       pqw_leaf("tml", PQ_INT32, PQ_REQUIRED),
                       leaf_time("tsnl", PQ_INT64, PQ_LT_TIMESTAMP, 3, 0)};
-  s[8].converted = 10;  /* TIMESTAMP_MICROS: adjusted to UTC */
-  s[10].converted = 7;  /* TIME_MILLIS */
+  s[8].converted = 10; /* TIMESTAMP_MICROS: adjusted to UTC */
+  s[10].converted = 7; /* TIME_MILLIS */
   static const int32_t dt[] = {0, -1, 18262, 11016, -719162};
   static const int32_t tm[] = {45296789, 0, 86399999, 1, 3600000};
   static const int64_t tu[] = {45296789012LL, 0, 86399999999LL, 1, 3600000000LL};
@@ -1260,41 +1259,39 @@ TEST_IMPL(parquet_unit_json_temporal) {
     memcpy(i96 + 12 * i + 8, &i96v[i].jd, 4);
   }
   static const int32_t tml[] = {1, 2, 3, 4, 5};
-  pqw_values v[11] = {vals_fixed(PQ_INT32, dt, 5),  vals_fixed(PQ_INT32, tm, 5),
-                      vals_fixed(PQ_INT64, tu, 5),  vals_fixed(PQ_INT64, tn, 5),
-                      vals_fixed(PQ_INT64, tsm, 5), vals_fixed(PQ_INT64, tsu, 5),
-                      vals_fixed(PQ_INT64, tsn, 5), vals_fixed(PQ_INT64, tsl, 5),
-                      vals_fixed(PQ_INT96, i96, 5), vals_fixed(PQ_INT32, tml, 5),
-                      vals_fixed(PQ_INT64, tsn, 5)};
+  pqw_values v[11] = {
+      vals_fixed(PQ_INT32, dt, 5),  vals_fixed(PQ_INT32, tm, 5),  vals_fixed(PQ_INT64, tu, 5),
+      vals_fixed(PQ_INT64, tn, 5),  vals_fixed(PQ_INT64, tsm, 5), vals_fixed(PQ_INT64, tsu, 5),
+      vals_fixed(PQ_INT64, tsn, 5), vals_fixed(PQ_INT64, tsl, 5), vals_fixed(PQ_INT96, i96, 5),
+      vals_fixed(PQ_INT32, tml, 5), vals_fixed(PQ_INT64, tsn, 5)};
   size_t len;
   uint8_t *data = build_file(s, 12, v, NULL, 11, NULL, 5, &len);
-  expect_json(
-      data, len,
-      "{\"dt\":\"1970-01-01\",\"tm\":\"12:34:56.789\",\"tu\":\"12:34:56.789012\","
-      "\"tn\":\"12:34:56.789012345\",\"tsm\":\"2023-11-14T22:13:20.123Z\","
-      "\"tsu\":\"2023-11-14T22:13:20.123456\",\"tsn\":\"2023-11-14T22:13:20.123456789Z\","
-      "\"tsl\":\"1970-01-01T00:00:00.000001Z\",\"i96\":\"1970-01-01T00:00:00.000000000\","
-      "\"tml\":\"00:00:00.001\",\"tsnl\":\"2023-11-14T22:13:20.123456789\"}\n"
-      "{\"dt\":\"1969-12-31\",\"tm\":\"00:00:00.000\",\"tu\":\"00:00:00.000000\","
-      "\"tn\":\"00:00:00.000000000\",\"tsm\":\"1970-01-01T00:00:00.000Z\","
-      "\"tsu\":\"1970-01-01T00:00:00.000000\",\"tsn\":\"1970-01-01T00:00:00.000000000Z\","
-      "\"tsl\":\"1970-01-01T00:00:00.000000Z\",\"i96\":\"2000-01-01T12:00:00.000000001\","
-      "\"tml\":\"00:00:00.002\",\"tsnl\":\"1970-01-01T00:00:00.000000000\"}\n"
-      "{\"dt\":\"2020-01-01\",\"tm\":\"23:59:59.999\",\"tu\":\"23:59:59.999999\","
-      "\"tn\":\"23:59:59.999999999\",\"tsm\":\"1969-12-31T23:59:59.999Z\","
-      "\"tsu\":\"1969-12-31T23:59:59.999999\",\"tsn\":\"1969-12-31T23:59:59.999999999Z\","
-      "\"tsl\":\"1969-12-31T23:59:59.000000Z\",\"i96\":\"1969-12-31T23:59:59.999999999\","
-      "\"tml\":\"00:00:00.003\",\"tsnl\":\"1969-12-31T23:59:59.999999999\"}\n"
-      "{\"dt\":\"2000-02-29\",\"tm\":\"00:00:00.001\",\"tu\":\"00:00:00.000001\","
-      "\"tn\":\"00:00:00.000000001\",\"tsm\":\"2000-02-29T00:00:00.000Z\","
-      "\"tsu\":\"2000-02-29T00:00:00.000000\",\"tsn\":\"1938-04-24T22:13:20.000000000Z\","
-      "\"tsl\":\"1970-01-02T00:00:00.000000Z\",\"i96\":\"1970-01-02T00:00:00.000001000\","
-      "\"tml\":\"00:00:00.004\",\"tsnl\":\"1938-04-24T22:13:20.000000000\"}\n"
-      "{\"dt\":\"0001-01-01\",\"tm\":\"01:00:00.000\",\"tu\":\"01:00:00.000000\","
-      "\"tn\":\"00:00:00.000001000\",\"tsm\":\"9999-12-31T23:59:59.999Z\","
-      "\"tsu\":\"1970-01-01T00:00:00.000001\",\"tsn\":\"2096-10-02T07:06:40.000000000Z\","
-      "\"tsl\":\"2023-11-14T22:13:20.123456Z\",\"i96\":\"2000-02-29T00:00:00.000000000\","
-      "\"tml\":\"00:00:00.005\",\"tsnl\":\"2096-10-02T07:06:40.000000000\"}\n");
+  expect_json(data, len,
+              "{\"dt\":\"1970-01-01\",\"tm\":\"12:34:56.789\",\"tu\":\"12:34:56.789012\","
+              "\"tn\":\"12:34:56.789012345\",\"tsm\":\"2023-11-14T22:13:20.123Z\","
+              "\"tsu\":\"2023-11-14T22:13:20.123456\",\"tsn\":\"2023-11-14T22:13:20.123456789Z\","
+              "\"tsl\":\"1970-01-01T00:00:00.000001Z\",\"i96\":\"1970-01-01T00:00:00.000000000\","
+              "\"tml\":\"00:00:00.001\",\"tsnl\":\"2023-11-14T22:13:20.123456789\"}\n"
+              "{\"dt\":\"1969-12-31\",\"tm\":\"00:00:00.000\",\"tu\":\"00:00:00.000000\","
+              "\"tn\":\"00:00:00.000000000\",\"tsm\":\"1970-01-01T00:00:00.000Z\","
+              "\"tsu\":\"1970-01-01T00:00:00.000000\",\"tsn\":\"1970-01-01T00:00:00.000000000Z\","
+              "\"tsl\":\"1970-01-01T00:00:00.000000Z\",\"i96\":\"2000-01-01T12:00:00.000000001\","
+              "\"tml\":\"00:00:00.002\",\"tsnl\":\"1970-01-01T00:00:00.000000000\"}\n"
+              "{\"dt\":\"2020-01-01\",\"tm\":\"23:59:59.999\",\"tu\":\"23:59:59.999999\","
+              "\"tn\":\"23:59:59.999999999\",\"tsm\":\"1969-12-31T23:59:59.999Z\","
+              "\"tsu\":\"1969-12-31T23:59:59.999999\",\"tsn\":\"1969-12-31T23:59:59.999999999Z\","
+              "\"tsl\":\"1969-12-31T23:59:59.000000Z\",\"i96\":\"1969-12-31T23:59:59.999999999\","
+              "\"tml\":\"00:00:00.003\",\"tsnl\":\"1969-12-31T23:59:59.999999999\"}\n"
+              "{\"dt\":\"2000-02-29\",\"tm\":\"00:00:00.001\",\"tu\":\"00:00:00.000001\","
+              "\"tn\":\"00:00:00.000000001\",\"tsm\":\"2000-02-29T00:00:00.000Z\","
+              "\"tsu\":\"2000-02-29T00:00:00.000000\",\"tsn\":\"1938-04-24T22:13:20.000000000Z\","
+              "\"tsl\":\"1970-01-02T00:00:00.000000Z\",\"i96\":\"1970-01-02T00:00:00.000001000\","
+              "\"tml\":\"00:00:00.004\",\"tsnl\":\"1938-04-24T22:13:20.000000000\"}\n"
+              "{\"dt\":\"0001-01-01\",\"tm\":\"01:00:00.000\",\"tu\":\"01:00:00.000000\","
+              "\"tn\":\"00:00:00.000001000\",\"tsm\":\"9999-12-31T23:59:59.999Z\","
+              "\"tsu\":\"1970-01-01T00:00:00.000001\",\"tsn\":\"2096-10-02T07:06:40.000000000Z\","
+              "\"tsl\":\"2023-11-14T22:13:20.123456Z\",\"i96\":\"2000-02-29T00:00:00.000000000\","
+              "\"tml\":\"00:00:00.005\",\"tsnl\":\"2096-10-02T07:06:40.000000000\"}\n");
   free(data);
   /* Years outside 0..9999 take a sign and at least four digits (ISO 8601's
    * expanded form), as DuckDB and Arrow read them: 74 BC is year -73. */
@@ -1375,10 +1372,10 @@ TEST_IMPL(parquet_unit_json_float) {
                      pqw_leaf("d", PQ_DOUBLE, PQ_REQUIRED),
                      leaf_lt("h", PQ_FIXED_LEN_BYTE_ARRAY, PQ_REQUIRED, PQ_LT_FLOAT16)};
   s[3].type_length = 2;
-  const float f[] = {1.5f, 0.1f, -0.0f, NAN, INFINITY, -INFINITY,
-                     3.4028234663852886e38f, 1e-45f, 16777216.0f, -2.25f};
-  const double d[] = {0.1, 1.0 / 3, 5e-324, 1.7976931348623157e308, -NAN,
-                      -INFINITY, 0.5, 1e22, 9007199254740992.0, -123.456};
+  const float f[] = {1.5f,   0.1f,        -0.0f, NAN, INFINITY, -INFINITY, 3.4028234663852886e38f,
+                     1e-45f, 16777216.0f, -2.25f};
+  const double d[] = {0.1,       1.0 / 3, 5e-324, 1.7976931348623157e308, -NAN,
+                      -INFINITY, 0.5,     1e22,   9007199254740992.0,     -123.456};
   static const uint16_t h[] = {0x3c00, 0x3555, 0xc000, 0x7bff, 0x0001,
                                0x7c00, 0xfc00, 0x7e00, 0x8000, 0x3e00};
   pqw_values v[3] = {vals_fixed(PQ_FLOAT, f, 10), vals_fixed(PQ_DOUBLE, d, 10),
@@ -1445,31 +1442,37 @@ TEST_IMPL(parquet_unit_json_binary) {
   static const char *const bin[] = {"", "f", "fo", "foo", "foobar", "\xff\x00\xfe"};
   static const int32_t binlen[] = {0, 1, 2, 3, 6, 3};
   static const uint8_t fl[] = "abc\0\0\0\xff\xff\xffxyz123!!!";
-  static const char *const str[] = {"plain", "a\"b\\c", "\n\t\r\b\f",
-                                    "\x01\x1f\x7f", "\xc3\xa9\xf0\x9f\x98\x80", "\xff\xc3"};
+  static const char *const str[] = {
+      "plain", "a\"b\\c", "\n\t\r\b\f", "\x01\x1f\x7f", "\xc3\xa9\xf0\x9f\x98\x80", "\xff\xc3"};
   static const char *const en[] = {"A", "B", "C", "D", "E", "\x00x"};
   static const int32_t enlen[] = {1, 1, 1, 1, 1, 2};
   static const char *const js[] = {"{}", "[1]", "\"q\"", "null", "1.5", "{\"a\":[]}"};
   static const char *const legacy[] = {"\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80",
-                                       "\xc0\xaf", "ok\xe2\x82", "\xe2\x82\xac"};
+                                       "\xc0\xaf",     "ok\xe2\x82",   "\xe2\x82\xac"};
   pqw_values v[6] = {vals_bytes(bin, binlen, 6), vals_flba(3, fl, 6),
-                     vals_bytes(str, NULL, 6),    vals_bytes(en, enlen, 6),
-                     vals_bytes(js, NULL, 6),     vals_bytes(legacy, NULL, 6)};
+                     vals_bytes(str, NULL, 6),   vals_bytes(en, enlen, 6),
+                     vals_bytes(js, NULL, 6),    vals_bytes(legacy, NULL, 6)};
   size_t len;
   uint8_t *data = build_file(s, 7, v, NULL, 6, NULL, 6, &len);
 #define FFFD "\xef\xbf\xbd"
   expect_json(data, len,
               "{\"bin\":\"\",\"fl\":\"YWJj\",\"str\":\"plain\",\"en\":\"A\",\"js\":\"{}\","
-              "\"legacy\":\"" FFFD FFFD FFFD "\"}\n"
+              "\"legacy\":\"" FFFD FFFD FFFD
+              "\"}\n"
               "{\"bin\":\"Zg==\",\"fl\":\"AAAA\",\"str\":\"a\\\"b\\\\c\",\"en\":\"B\","
-              "\"js\":\"[1]\",\"legacy\":\"" FFFD FFFD FFFD "\"}\n"
+              "\"js\":\"[1]\",\"legacy\":\"" FFFD FFFD FFFD
+              "\"}\n"
               "{\"bin\":\"Zm8=\",\"fl\":\"////\",\"str\":\"\\n\\t\\r\\b\\f\",\"en\":\"C\","
-              "\"js\":\"\\\"q\\\"\",\"legacy\":\"" FFFD FFFD FFFD FFFD "\"}\n"
+              "\"js\":\"\\\"q\\\"\",\"legacy\":\"" FFFD FFFD FFFD FFFD
+              "\"}\n"
               "{\"bin\":\"Zm9v\",\"fl\":\"eHl6\",\"str\":\"\\u0001\\u001f\x7f\",\"en\":\"D\","
-              "\"js\":\"null\",\"legacy\":\"" FFFD FFFD "\"}\n"
+              "\"js\":\"null\",\"legacy\":\"" FFFD FFFD
+              "\"}\n"
               "{\"bin\":\"Zm9vYmFy\",\"fl\":\"MTIz\",\"str\":\"\xc3\xa9\xf0\x9f\x98\x80\","
-              "\"en\":\"E\",\"js\":\"1.5\",\"legacy\":\"ok" FFFD FFFD "\"}\n"
-              "{\"bin\":\"/wD+\",\"fl\":\"ISEh\",\"str\":\"" FFFD FFFD "\",\"en\":\"\\u0000x\","
+              "\"en\":\"E\",\"js\":\"1.5\",\"legacy\":\"ok" FFFD FFFD
+              "\"}\n"
+              "{\"bin\":\"/wD+\",\"fl\":\"ISEh\",\"str\":\"" FFFD FFFD
+              "\",\"en\":\"\\u0000x\","
               "\"js\":\"{\\\"a\\\":[]}\",\"legacy\":\"\xe2\x82\xac\"}\n");
 #undef FFFD
   free(data);
@@ -1531,8 +1534,7 @@ TEST_IMPL(parquet_unit_json_nested) {
     static const int32_t vals[] = {1, 2, 3};
     static const uint16_t def[] = {3, 3, 1, 0, 2, 3}, rep[] = {0, 1, 0, 0, 0, 1};
     nested_col c = {vals_fixed(PQ_INT32, vals, 3), {6, def, rep, 3, 1}};
-    nested_case(s, 4, &c, 1, 4,
-                "{\"l\":[1,2]}\n{\"l\":[]}\n{\"l\":null}\n{\"l\":[null,3]}\n");
+    nested_case(s, 4, &c, 1, 4, "{\"l\":[1,2]}\n{\"l\":[]}\n{\"l\":null}\n{\"l\":[null,3]}\n");
   }
   /* An optional struct with a required and an optional field. */
   {
@@ -1566,7 +1568,8 @@ TEST_IMPL(parquet_unit_json_nested) {
   }
   /* Lists of lists. */
   {
-    pqw_schema s[] = {pqw_root(1), group_lt("ll", PQ_OPTIONAL, 1, PQ_LT_LIST),
+    pqw_schema s[] = {pqw_root(1),
+                      group_lt("ll", PQ_OPTIONAL, 1, PQ_LT_LIST),
                       pqw_group("list", PQ_REPEATED, 1),
                       group_lt("element", PQ_OPTIONAL, 1, PQ_LT_LIST),
                       pqw_group("list", PQ_REPEATED, 1),
@@ -1580,8 +1583,10 @@ TEST_IMPL(parquet_unit_json_nested) {
   }
   /* A list of structs. */
   {
-    pqw_schema s[] = {pqw_root(1), group_lt("ls", PQ_OPTIONAL, 1, PQ_LT_LIST),
-                      pqw_group("list", PQ_REPEATED, 1), pqw_group("element", PQ_OPTIONAL, 2),
+    pqw_schema s[] = {pqw_root(1),
+                      group_lt("ls", PQ_OPTIONAL, 1, PQ_LT_LIST),
+                      pqw_group("list", PQ_REPEATED, 1),
+                      pqw_group("element", PQ_OPTIONAL, 2),
                       pqw_leaf("x", PQ_INT32, PQ_OPTIONAL),
                       leaf_lt("y", PQ_BYTE_ARRAY, PQ_OPTIONAL, PQ_LT_STRING)};
     static const int32_t x[] = {1};
@@ -1792,8 +1797,7 @@ static int rec_read(const pq_source *src, uint64_t off, size_t len, void *buf) {
   if (r->allowed) {
     int ok = 0;
     for (int i = 0; i < r->nallowed; i++)
-      if (off >= r->allowed[i].offset &&
-          off + len <= r->allowed[i].offset + r->allowed[i].length)
+      if (off >= r->allowed[i].offset && off + len <= r->allowed[i].offset + r->allowed[i].length)
         ok = 1;
     if (!ok)
       ASSERT_FAIL_("read of %zu bytes at %llu is outside the projection's ranges", len,
@@ -1847,8 +1851,7 @@ TEST_IMPL(parquet_unit_projection_ranges) {
     expect_ranges(f, a, 1, -1, w, 2);
     pq_range_t all[] = {{4, ch[1][3].offset + ch[1][3].length - 4}};
     expect_ranges(f, NULL, 0, -1, all, 1);
-    pq_range_t w2[] = {ch[0][0], {ch[0][3].offset, ch[0][3].length + ch[1][0].length},
-                       ch[1][3]};
+    pq_range_t w2[] = {ch[0][0], {ch[0][3].offset, ch[0][3].length + ch[1][0].length}, ch[1][3]};
     expect_ranges(f, ae, 2, -1, w2, 3);
   }
   /* A row group that does not exist. */
@@ -2335,8 +2338,8 @@ TEST_IMPL(parquet_unit_encodings) {
         pqw_put(&want, "}\n", 2);
       }
       pqw_u8(&want, 0);
-      pqw_schema s[2] = {pqw_root(1), pqw_leaf("c", ec->physical,
-                                               optional ? PQ_OPTIONAL : PQ_REQUIRED)};
+      pqw_schema s[2] = {pqw_root(1),
+                         pqw_leaf("c", ec->physical, optional ? PQ_OPTIONAL : PQ_REQUIRED)};
       if (ec->physical == PQ_BYTE_ARRAY) s[1].logical = PQ_LT_STRING;
       if (ec->physical == PQ_FIXED_LEN_BYTE_ARRAY) s[1].type_length = FLBA_W;
       pqw_levels lv = {ENC_ROWS, def, NULL, 1, 0};
@@ -2361,8 +2364,8 @@ TEST_IMPL(parquet_unit_encodings) {
             while (got[i] == want.data[i]) i++;
             ASSERT_FAIL_("%s %s %s v%d %s: differs at byte %zu: got \"%.60s\" want \"%.60s\"",
                          pq_physical_name(ec->physical), pq_encoding_name(ec->encoding),
-                         pq_codec_name(codecs[z]), v2 + 1, optional ? "optional" : "required",
-                         i, got + i, (const char *)want.data + i);
+                         pq_codec_name(codecs[z]), v2 + 1, optional ? "optional" : "required", i,
+                         got + i, (const char *)want.data + i);
           }
           free(got);
           free(data);
@@ -2380,8 +2383,7 @@ TEST_IMPL(parquet_unit_encodings) {
 /* The conformance files                                                     */
 
 /* Reads a file on disk completely; returns 0 or the error code. */
-static int read_disk_file(const char *path, const pq_options *opts, int64_t *rows,
-                          pq_error *err) {
+static int read_disk_file(const char *path, const pq_options *opts, int64_t *rows, pq_error *err) {
   pq_source src;
   int rc = pq_source_open_file(&src, path, err);
   if (rc) return rc;

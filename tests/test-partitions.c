@@ -73,17 +73,17 @@ static shuffle_params_t pparams(uint64_t seed, uint32_t window, uint32_t bs, uin
 
 static shuffle_plan_t *pplan(const pdata *d, const shuffle_params_t *p) {
   shuffle_plan_t *plan = NULL;
-  int rc = shuffle_plan_create_partitioned(d->rows, d->units, d->group_units, d->groups, 0, p,
-                                           &plan);
+  int rc =
+      shuffle_plan_create_partitioned(d->rows, d->units, d->group_units, d->groups, 0, p, &plan);
   if (rc) ASSERT_FAIL_("plan: %s", larder_err_name(rc));
   return plan;
 }
 
 /* Every rank's batches of one epoch, as dataset indices: out[b][r * bs + k].
  * Returns the batches per epoch. */
-static uint64_t read_epoch(const pdata *d, uint64_t seed, uint32_t window, uint32_t ws,
-                           uint64_t g, uint32_t parts, uint32_t local, int drop_last,
-                           uint64_t epoch, uint64_t **out) {
+static uint64_t read_epoch(const pdata *d, uint64_t seed, uint32_t window, uint32_t ws, uint64_t g,
+                           uint32_t parts, uint32_t local, int drop_last, uint64_t epoch,
+                           uint64_t **out) {
   uint32_t bs = (uint32_t)(g / ws);
   uint64_t batches = 0;
   uint64_t *all = NULL;
@@ -173,8 +173,7 @@ TEST_IMPL(partitions_exactly_once) {
     /* Another epoch is another order. */
     uint64_t *other;
     read_epoch(&d, 11, 8, 2, g, parts, 2, drop, 4, &other);
-    for (uint64_t b = 0; b < ref_batches; b++)
-      qsort(other + b * g, g, sizeof(uint64_t), cmp_u64);
+    for (uint64_t b = 0; b < ref_batches; b++) qsort(other + b * g, g, sizeof(uint64_t), cmp_u64);
     ASSERT(memcmp(other, ref, ref_batches * g * sizeof(uint64_t)) != 0);
     free(other);
     free(ref);
@@ -218,9 +217,9 @@ TEST_IMPL(partitions_assign) {
     ASSERT_OK(shuffle_partition_assign(d.rows, d.units, d.group_units, d.groups, parts, 6, other));
     ASSERT(memcmp(part, other, d.units * sizeof(uint32_t)) != 0);
   }
-  ASSERT_EQ(shuffle_partition_assign(d.rows, d.units, d.group_units, d.groups, d.groups + 1, 5,
-                                     part),
-            LARDER_EINVAL);
+  ASSERT_EQ(
+      shuffle_partition_assign(d.rows, d.units, d.group_units, d.groups, d.groups + 1, 5, part),
+      LARDER_EINVAL);
   for (uint32_t nodes = 1; nodes <= 8; nodes++) {
     uint32_t prev_last = 0;
     for (uint32_t n = 0; n < nodes; n++) {
@@ -313,8 +312,8 @@ TEST_IMPL(partitions_one_is_today) {
     p1.partitions = 1;
     shuffle_plan_t *x = NULL, *y = NULL;
     ASSERT_OK(shuffle_plan_create(d.rows, d.units, &p0, &x));
-    ASSERT_OK(shuffle_plan_create_partitioned(d.rows, d.units, d.group_units, d.groups, 0, &p1,
-                                              &y));
+    ASSERT_OK(
+        shuffle_plan_create_partitioned(d.rows, d.units, d.group_units, d.groups, 0, &p1, &y));
     ASSERT_EQ(shuffle_batches_per_epoch(x), shuffle_batches_per_epoch(y));
     shuffle_epoch_t *ex, *ey;
     ASSERT_OK(shuffle_epoch_open(x, 2, &ex));

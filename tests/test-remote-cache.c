@@ -31,7 +31,7 @@ static range_use column_ranges(const char *log_path) {
   rh_log lg;
   rh_log_read(&lg, log_path);
   range_use u = {0, 0, 0};
-  char (*seen)[600] = calloc((size_t)lg.n + 1, 600);
+  char(*seen)[600] = calloc((size_t)lg.n + 1, 600);
   int *count = calloc((size_t)lg.n + 1, sizeof(int));
   ASSERT(seen && count);
   for (int i = 0; i < lg.n; i++) {
@@ -115,8 +115,10 @@ TEST_IMPL(remote_shared_fetch) {
   rh_nginx_log("ng", log_path, sizeof(log_path));
   range_use u = column_ranges(log_path);
   uint64_t projected = rh_projected_bytes(dir, NULL, 0, 1u << 20);
-  fprintf(stderr, "%d column ranges, fetched at most %d times each; %" PRId64
-          " column bytes for %" PRIu64 " projected (%" PRIu64 " in all with footers); "
+  fprintf(stderr,
+          "%d column ranges, fetched at most %d times each; %" PRId64 " column bytes for %" PRIu64
+          " projected (%" PRIu64
+          " in all with footers); "
           "%" PRIu64 " unit loads shared\n",
           u.distinct, u.max_repeat, u.bytes, projected, fetched, shared);
   ASSERT_EQ(u.max_repeat, 1);
@@ -213,8 +215,9 @@ TEST_IMPL(remote_bounded_fetch) {
     range_use u = column_ranges(log_path);
     uint64_t fetched = (uint64_t)u.bytes;
     double ratio = (double)(fetched - prev) / (double)projected;
-    fprintf(stderr, "epoch %" PRIu64 ": %" PRIu64 " column bytes fetched, %.3f of the projected %"
-            PRIu64 "; cache %" PRIu64 " of %" PRIu64 "\n",
+    fprintf(stderr,
+            "epoch %" PRIu64 ": %" PRIu64 " column bytes fetched, %.3f of the projected %" PRIu64
+            "; cache %" PRIu64 " of %" PRIu64 "\n",
             e, fetched - prev, ratio, projected, used, total);
     ASSERT_DOUBLE_LE(ratio, 1.1);
     /* After the first epoch, the cache holds about half: about half is
@@ -450,8 +453,7 @@ TEST_IMPL(remote_footers_once) {
   ASSERT_OK(dh_collect(d.socket, &o[0], 0, &again));
   dh_run_free(&again);
   footer_reads(log_path, &sent, &not_modified, &files);
-  fprintf(stderr, "a later job: %d footer reads with bytes, %d answered 304\n", sent,
-          not_modified);
+  fprintf(stderr, "a later job: %d footer reads with bytes, %d answered 304\n", sent, not_modified);
   ASSERT_EQ(sent, nf);
   ASSERT_GE(not_modified, nf);
   ASSERT_GE(dh_stat(&d, "remote_footers_revalidated"), (uint64_t)nf);

@@ -32,13 +32,22 @@ static char issued[PATH_MAX];
 
 /* Every AWS variable the chain reads, cleared; the metadata service off. */
 static void clear_aws_env(void) {
-  static const char *const vars[] = {
-      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-      "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_ENDPOINT_URL",
-      "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
-      "AWS_ENDPOINT_URL_STS", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-      "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-      "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "AWS_EC2_METADATA_SERVICE_ENDPOINT"};
+  static const char *const vars[] = {"AWS_ACCESS_KEY_ID",
+                                     "AWS_SECRET_ACCESS_KEY",
+                                     "AWS_SESSION_TOKEN",
+                                     "AWS_PROFILE",
+                                     "AWS_SHARED_CREDENTIALS_FILE",
+                                     "AWS_CONFIG_FILE",
+                                     "AWS_ENDPOINT_URL",
+                                     "AWS_WEB_IDENTITY_TOKEN_FILE",
+                                     "AWS_ROLE_ARN",
+                                     "AWS_ROLE_SESSION_NAME",
+                                     "AWS_ENDPOINT_URL_STS",
+                                     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                                     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                                     "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+                                     "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+                                     "AWS_EC2_METADATA_SERVICE_ENDPOINT"};
   for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
   setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
   char home[PATH_MAX];
@@ -79,10 +88,11 @@ static void start_servers(rs_server *s3, rs_server *fake, int ttl_s, const char 
   const char *dirv = getenv("LARDER_REMOTE_DIR");
   char script[PATH_MAX];
   snprintf(script, sizeof(script), "%s/credfake.mjs", dirv && *dirv ? dirv : "tests/remote");
-  const char *argv[] = {"node", script, "--issued", issued, "--ttl-s", ttl,
-                        "--web-token", WEB_TOKEN, "--role-arn", ROLE_ARN,
-                        "--container-auth", CONTAINER_AUTH, "--log", log,
-                        "--watch-pid", watch, NULL};
+  const char *argv[] = {"node",       script,   "--issued",         issued,
+                        "--ttl-s",    ttl,      "--web-token",      WEB_TOKEN,
+                        "--role-arn", ROLE_ARN, "--container-auth", CONTAINER_AUTH,
+                        "--log",      log,      "--watch-pid",      watch,
+                        NULL};
   ASSERT_OK(rs_start(fake, argv, err, 20000));
 }
 
@@ -94,8 +104,9 @@ static void register_keys(const char *ak, const char *sk, const char *token) {
   time_t exp = time(NULL) + 3600;
   char when[64];
   strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime(&exp));
-  fprintf(f, "{\"access_key\":\"%s\",\"secret_key\":\"%s\",\"session_token\":\"%s\","
-             "\"expiration\":\"%s\"}\n",
+  fprintf(f,
+          "{\"access_key\":\"%s\",\"secret_key\":\"%s\",\"session_token\":\"%s\","
+          "\"expiration\":\"%s\"}\n",
           ak, sk, token, when);
   ASSERT_OK(fclose(f));
 }
@@ -138,7 +149,6 @@ static void expect_all_rows(dh_daemon *d, const char *what) {
   ASSERT_EQ(rows, DH_STD_ROWS);
   dh_run_free(&r);
 }
-
 
 /* No secret key or session token of issued (nor the web identity and
  * container tokens) in the daemon's log or its stats. */
@@ -300,8 +310,8 @@ TEST_IMPL(remote_creds_sources) {
   clear_aws_env();
   rs_server s3, fake;
   start_servers(&s3, &fake, 3600, NULL);
-  static const char *const sources[] = {"env", "web_identity", "profile", "process",
-                                        "container", "imds"};
+  static const char *const sources[] = {"env",     "web_identity", "profile",
+                                        "process", "container",    "imds"};
   for (size_t i = 0; i < sizeof(sources) / sizeof(sources[0]); i++) {
     clear_aws_env();
     use_source(sources[i], &fake);
@@ -470,9 +480,9 @@ TEST_IMPL(remote_creds_refresh_errors) {
   fprintf(stderr, "epoch: %.1f s\n", (test_now_ms() - t0) / 1000);
   /* The refreshes run on their own clock: wait for them, with a deadline. */
   double end = test_now_ms() + 30000;
-  while ((dh_stat(&d, "credentials_refresh_errors") < 2 ||
-          dh_stat(&d, "credentials_refreshes") < 1) &&
-         test_now_ms() < end)
+  while (
+      (dh_stat(&d, "credentials_refresh_errors") < 2 || dh_stat(&d, "credentials_refreshes") < 1) &&
+      test_now_ms() < end)
     usleep(100 * 1000);
   ASSERT_EQ(dh_stat(&d, "credentials_refresh_errors"), 2);
   ASSERT_GE(dh_stat(&d, "credentials_refreshes"), 1);
@@ -533,8 +543,7 @@ TEST_IMPL(remote_creds_errors) {
     ASSERT_STR_CONTAINS(r.err, "no S3 credentials");
     dh_run_free(&r);
     double end = test_now_ms() + 10000;
-    while (dh_stat(&d, "credentials_refresh_errors") < 1 && test_now_ms() < end)
-      usleep(50 * 1000);
+    while (dh_stat(&d, "credentials_refresh_errors") < 1 && test_now_ms() < end) usleep(50 * 1000);
     ASSERT_GE(dh_stat(&d, "credentials_refresh_errors"), 1);
     char *log = dh_read_log(&d);
     ASSERT_NOT_NULL(log);
@@ -605,8 +614,8 @@ TEST_IMPL(remote_creds_readers) {
   ASSERT_EQ(v.expiration, 1795838400);
   awscreds_value_clear(&v);
   /* No Expiration, no token: long-term keys. */
-  ASSERT_OK(process_resolve("{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"S\"}",
-                            NULL, &v, err, sizeof(err)));
+  ASSERT_OK(process_resolve("{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"S\"}", NULL,
+                            &v, err, sizeof(err)));
   ASSERT_NULL(v.session_token);
   ASSERT_EQ(v.expiration, 0);
   awscreds_value_clear(&v);

@@ -25,7 +25,6 @@ static void std_opts(larder_stream_options_t *o, const char *const *src, size_t 
   dh_std_opts(o, src, nsrc, 100, 5, epochs, ARENA);
 }
 
-
 static void local_reference(uint64_t epochs, dh_run *out) {
   const char *src[1] = {dh_std_dir()};
   larder_stream_options_t o;
@@ -35,15 +34,19 @@ static void local_reference(uint64_t epochs, dh_run *out) {
 
 /* Daemon settings for fault runs: quick retries, and a stall detected
  * after one second under 1000 bytes/s. */
-static const char *const fault_flags[] = {
-    "--workers=2", "--fetch_retry_base_ms=10", "--fetch_retries=6", "--fetch_low_speed_time=1",
-    "--fetch_low_speed_bytes=1000", "--fetch_connect_timeout=2", NULL};
+static const char *const fault_flags[] = {"--workers=2",
+                                          "--fetch_retry_base_ms=10",
+                                          "--fetch_retries=6",
+                                          "--fetch_low_speed_time=1",
+                                          "--fetch_low_speed_bytes=1000",
+                                          "--fetch_connect_timeout=2",
+                                          NULL};
 
 typedef struct fault_case {
   const char *name;
-  const char *rules;  /* JSON array of fault rules for the proxy */
-  const char *type;   /* the faults.<type> counter that must show them */
-  int applied;        /* how many times they must have been applied */
+  const char *rules; /* JSON array of fault rules for the proxy */
+  const char *type;  /* the faults.<type> counter that must show them */
+  int applied;       /* how many times they must have been applied */
 } fault_case;
 
 /*
@@ -65,23 +68,34 @@ TEST_IMPL(remote_faults_transient) {
   char *urls[RH_MAX_FILES];
   int nf = rh_urls(fp.url, dh_std_dir(), urls, RH_MAX_FILES);
   static const fault_case cases[] = {
-      {"503", "[{\"type\":\"status\",\"status\":503,\"count\":2},"
-              "{\"type\":\"status\",\"status\":503,\"count\":3,\"skip\":4}]", "status", 5},
-      {"429", "[{\"type\":\"status\",\"status\":429,\"retry_after\":0,\"count\":1},"
-              "{\"type\":\"status\",\"status\":429,\"count\":2,\"skip\":4}]", "status", 3},
+      {"503",
+       "[{\"type\":\"status\",\"status\":503,\"count\":2},"
+       "{\"type\":\"status\",\"status\":503,\"count\":3,\"skip\":4}]",
+       "status", 5},
+      {"429",
+       "[{\"type\":\"status\",\"status\":429,\"retry_after\":0,\"count\":1},"
+       "{\"type\":\"status\",\"status\":429,\"count\":2,\"skip\":4}]",
+       "status", 3},
       {"500", "[{\"type\":\"status\",\"status\":500,\"count\":2,\"skip\":5}]", "status", 2},
-      {"cut-rst", "[{\"type\":\"cut\",\"after_bytes\":1000,\"mode\":\"rst\",\"count\":1},"
-                  "{\"type\":\"cut\",\"after_bytes\":3000,\"mode\":\"rst\",\"count\":2,\"skip\":4}]",
+      {"cut-rst",
+       "[{\"type\":\"cut\",\"after_bytes\":1000,\"mode\":\"rst\",\"count\":1},"
+       "{\"type\":\"cut\",\"after_bytes\":3000,\"mode\":\"rst\",\"count\":2,\"skip\":4}]",
        "cut", 3},
-      {"cut-fin", "[{\"type\":\"cut\",\"after_bytes\":500,\"mode\":\"fin\",\"count\":1},"
-                  "{\"type\":\"cut\",\"after_bytes\":2000,\"mode\":\"fin\",\"count\":2,\"skip\":4}]",
+      {"cut-fin",
+       "[{\"type\":\"cut\",\"after_bytes\":500,\"mode\":\"fin\",\"count\":1},"
+       "{\"type\":\"cut\",\"after_bytes\":2000,\"mode\":\"fin\",\"count\":2,\"skip\":4}]",
        "cut", 3},
-      {"drop", "[{\"type\":\"drop\",\"mode\":\"rst\",\"count\":1},"
-               "{\"type\":\"drop\",\"mode\":\"fin\",\"count\":2,\"skip\":4}]", "drop", 3},
-      {"short", "[{\"type\":\"short\",\"missing\":100,\"count\":1},"
-                "{\"type\":\"short\",\"count\":2,\"skip\":4}]", "short", 3},
-      {"stall", "[{\"type\":\"stall\",\"seconds\":4,\"count\":1,\"skip\":4},"
-                "{\"type\":\"stall\",\"seconds\":4,\"after_bytes\":2000,\"count\":1,\"skip\":4}]",
+      {"drop",
+       "[{\"type\":\"drop\",\"mode\":\"rst\",\"count\":1},"
+       "{\"type\":\"drop\",\"mode\":\"fin\",\"count\":2,\"skip\":4}]",
+       "drop", 3},
+      {"short",
+       "[{\"type\":\"short\",\"missing\":100,\"count\":1},"
+       "{\"type\":\"short\",\"count\":2,\"skip\":4}]",
+       "short", 3},
+      {"stall",
+       "[{\"type\":\"stall\",\"seconds\":4,\"count\":1,\"skip\":4},"
+       "{\"type\":\"stall\",\"seconds\":4,\"after_bytes\":2000,\"count\":1,\"skip\":4}]",
        "stall", 2},
       {"ignore-range", "[{\"type\":\"ignore_range\",\"count\":1,\"skip\":5}]", "ignore_range", 1},
       {"wrong-content-range",
@@ -114,9 +128,9 @@ TEST_IMPL(remote_faults_transient) {
     snprintf(key, sizeof(key), "faults.%s", fc->type);
     int64_t applied = rs_json_int(st, key, 0);
     uint64_t retries = dh_stat(&d, "fetch_retries");
-    fprintf(stderr, "%-20s %5.0f ms, %" PRId64 " faults, %" PRIu64 " retries, %" PRId64
-            " requests\n", fc->name, test_now_ms() - t0, applied, retries,
-            rs_json_int(st, "requests", 0));
+    fprintf(stderr,
+            "%-20s %5.0f ms, %" PRId64 " faults, %" PRIu64 " retries, %" PRId64 " requests\n",
+            fc->name, test_now_ms() - t0, applied, retries, rs_json_int(st, "requests", 0));
     free(st);
     if (fc->applied > 0) {
       ASSERT_EQ(applied, fc->applied);
@@ -151,10 +165,11 @@ TEST_IMPL(remote_faults_s3_slowdown) {
   rs_server s3;
   rh_s3(&s3, "s3", NULL);
   ASSERT_EQ(rh_s3_put(&s3, "data", "std/", dh_std_dir()), 4);
-  ASSERT_OK(rs_control(&s3, "{\"reset_stats\":true,\"add\":["
-                            "{\"type\":\"slowdown\",\"count\":2},"
-                            "{\"type\":\"status\",\"status\":429,\"count\":1,\"skip\":1},"
-                            "{\"type\":\"status\",\"status\":500,\"count\":2,\"skip\":4}]}"));
+  ASSERT_OK(rs_control(&s3,
+                       "{\"reset_stats\":true,\"add\":["
+                       "{\"type\":\"slowdown\",\"count\":2},"
+                       "{\"type\":\"status\",\"status\":429,\"count\":1,\"skip\":1},"
+                       "{\"type\":\"status\",\"status\":500,\"count\":2,\"skip\":4}]}"));
   dh_daemon d;
   dh_init(&d, "d", fault_flags);
   char ep[160];
@@ -222,11 +237,14 @@ TEST_IMPL(remote_faults_wrong_bytes) {
   } cases[] = {
       {"{\"type\":\"wrong_content_range\",\"shift\":16,\"path\":\"/part-001.parquet\","
        "\"skip\":1,\"count\":-1}",
-       "wrong_content_range", {"/part-001.parquet: asked for bytes ", ", the server answered bytes "}},
+       "wrong_content_range",
+       {"/part-001.parquet: asked for bytes ", ", the server answered bytes "}},
       {"{\"type\":\"wrong_bytes\",\"path\":\"/part-001.parquet\",\"skip\":1,\"count\":-1}",
-       "wrong_bytes", {"/part-001.parquet", ""}},
+       "wrong_bytes",
+       {"/part-001.parquet", ""}},
       {"{\"type\":\"wrong_bytes\",\"path\":\"/part-002.parquet\",\"count\":1}",
-       "wrong_bytes", {"/part-002.parquet", ""}},
+       "wrong_bytes",
+       {"/part-002.parquet", ""}},
   };
   static const char *const flags[] = {"--workers=2", "--fetch_retry_base_ms=10",
                                       "--fetch_retries=2", "--footer_guess=4K", NULL};
@@ -259,7 +277,8 @@ TEST_IMPL(remote_faults_wrong_bytes) {
     fprintf(stderr, "case %zu: %zu batches, then %s: %s\n", k, n, larder_strerror(rc),
             larder_client_last_error(c));
     ASSERT_NE(rc, LARDER_EEOF);
-    for (int j = 0; j < 2; j++) ASSERT_STR_CONTAINS(larder_client_last_error(c), cases[k].expect[j]);
+    for (int j = 0; j < 2; j++)
+      ASSERT_STR_CONTAINS(larder_client_last_error(c), cases[k].expect[j]);
     ASSERT_NULL(strstr(larder_client_last_error(c), "pw-SECRET-9"));
     char *log = dh_read_log(&d);
     if (strstr(log, "pw-SECRET-9")) {
@@ -330,33 +349,39 @@ TEST_IMPL(remote_faults_permanent) {
     }
     rh_files_free(names, nn);
   }
-  static const char *const flags[] = {"--workers=2", "--fetch_retry_base_ms=20",
-                                      "--fetch_retries=3", "--fetch_low_speed_time=1",
+  static const char *const flags[] = {"--workers=2",
+                                      "--fetch_retry_base_ms=20",
+                                      "--fetch_retries=3",
+                                      "--fetch_low_speed_time=1",
                                       "--fetch_low_speed_bytes=1000",
-                                      "--fetch_connect_timeout=2", NULL};
+                                      "--fetch_connect_timeout=2",
+                                      NULL};
   struct {
     const char *name;
-    const char *rule;      /* proxy rule (NULL: the dead server) */
+    const char *rule; /* proxy rule (NULL: the dead server) */
     const char *const expect[3];
   } cases[] = {
       {"always-503",
-       "{\"type\":\"status\",\"status\":503,\"path\":\"/part-002.parquet\",\"skip\":1,\"count\":-1}",
+       "{\"type\":\"status\",\"status\":503,\"path\":\"/"
+       "part-002.parquet\",\"skip\":1,\"count\":-1}",
        {"/part-002.parquet", "HTTP 503", "gave up after 4 attempts"}},
-      {"footer-503", "{\"type\":\"status\",\"status\":503,\"path\":\"/part-001.parquet\",\"count\":-1}",
+      {"footer-503",
+       "{\"type\":\"status\",\"status\":503,\"path\":\"/part-001.parquet\",\"count\":-1}",
        {"/part-001.parquet", "HTTP 503", "gave up after 4 attempts"}},
       {"stall",
        "{\"type\":\"stall\",\"seconds\":30,\"path\":\"/part-003.parquet\",\"skip\":1,\"count\":-1}",
        {"/part-003.parquet", "stalled or timed out", "gave up after 4 attempts"}},
-      {"cut", "{\"type\":\"cut\",\"after_bytes\":100,\"path\":\"/part-000.parquet\",\"skip\":1,"
-              "\"count\":-1}",
+      {"cut",
+       "{\"type\":\"cut\",\"after_bytes\":100,\"path\":\"/part-000.parquet\",\"skip\":1,"
+       "\"count\":-1}",
        {"/part-000.parquet", "gave up after 4 attempts", "reset"}},
       {"dead", NULL, {"http://127.0.0.1:", "onnect", "gave up after 4 attempts"}},
       /* Not followed (the allowlist would not cover the target), not retried. */
       {"redirect",
        "{\"type\":\"status\",\"status\":302,\"path\":\"/part-001.parquet\",\"count\":-1,"
        "\"location\":\"http://169.254.169.254/latest/meta-data?X-Amz-Signature=secret\"}",
-       {"redirected (HTTP 302) to http://169.254.169.254/latest/meta-data?...",
-        "/part-001.parquet", "does not follow redirects"}},
+       {"redirected (HTTP 302) to http://169.254.169.254/latest/meta-data?...", "/part-001.parquet",
+        "does not follow redirects"}},
   };
   for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
     char ctl[1024];
@@ -426,13 +451,14 @@ TEST_IMPL(remote_faults_shutdown) {
   int nf = rh_urls(fp.url, dh_std_dir(), urls, RH_MAX_FILES);
   /* After the footers: part-000 and part-001 stall, part-002 answers 503
    * (backoff), the rest is fine. */
-  ASSERT_OK(rs_control(&fp, "{\"add\":["
-                            "{\"type\":\"stall\",\"seconds\":60,\"path\":\"/part-000.parquet\","
-                            "\"skip\":1,\"count\":-1},"
-                            "{\"type\":\"stall\",\"seconds\":60,\"after_bytes\":100,"
-                            "\"path\":\"/part-001.parquet\",\"skip\":1,\"count\":-1},"
-                            "{\"type\":\"status\",\"status\":503,\"path\":\"/part-002.parquet\","
-                            "\"skip\":1,\"count\":-1}]}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"add\":["
+                       "{\"type\":\"stall\",\"seconds\":60,\"path\":\"/part-000.parquet\","
+                       "\"skip\":1,\"count\":-1},"
+                       "{\"type\":\"stall\",\"seconds\":60,\"after_bytes\":100,"
+                       "\"path\":\"/part-001.parquet\",\"skip\":1,\"count\":-1},"
+                       "{\"type\":\"status\",\"status\":503,\"path\":\"/part-002.parquet\","
+                       "\"skip\":1,\"count\":-1}]}"));
   static const char *const flags[] = {"--workers=2", "--fetch_retry_base_ms=2000",
                                       "--fetch_low_speed_time=30", NULL};
   dh_daemon d;

@@ -144,8 +144,9 @@ TEST_IMPL(remote_hostile_no_etag) {
   dh_expect_same(&ref, &weak);
 
   /* Neither validator: one warning per object over two streams. */
-  ASSERT_OK(rs_control(&fp, "{\"clear\":true,\"add\":{\"type\":\"strip_headers\","
-                            "\"drop\":\"etag,last-modified\",\"count\":-1}}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"clear\":true,\"add\":{\"type\":\"strip_headers\","
+                       "\"drop\":\"etag,last-modified\",\"count\":-1}}"));
   larder_stream_options_t one = o;
   one.epochs = 1;
   for (int k = 0; k < 2; k++) {
@@ -164,10 +165,11 @@ TEST_IMPL(remote_hostile_no_etag) {
   dh_daemon d2;
   dh_init(&d2, "d2", fl);
   dh_start(&d2);
-  ASSERT_OK(rs_control(&fp, "{\"clear\":true,\"add\":["
-                            "{\"type\":\"strip_headers\",\"drop\":\"etag\",\"count\":-1},"
-                            "{\"type\":\"latency\",\"ms\":1500,\"path\":\"/part-001.parquet\","
-                            "\"skip\":1,\"count\":-1}]}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"clear\":true,\"add\":["
+                       "{\"type\":\"strip_headers\",\"drop\":\"etag\",\"count\":-1},"
+                       "{\"type\":\"latency\",\"ms\":1500,\"path\":\"/part-001.parquet\","
+                       "\"skip\":1,\"count\":-1}]}"));
   larder_client_t *c;
   ASSERT_OK(larder_client_connect(d2.socket, &c));
   larder_stream_t *s;
@@ -199,13 +201,14 @@ TEST_IMPL(remote_hostile_no_etag) {
   /* Last-Modified only, the object changed between epochs, everything
    * cached: the revalidation at the epoch start must see it (it compared
    * size and ETag only). */
-  static const char *const flr[] = {"--workers=2", "--fetch_retry_base_ms=10",
-                                    "--revalidate=1", NULL};
+  static const char *const flr[] = {"--workers=2", "--fetch_retry_base_ms=10", "--revalidate=1",
+                                    NULL};
   dh_daemon d3;
   dh_init(&d3, "d3", flr);
   dh_start(&d3);
-  ASSERT_OK(rs_control(&fp, "{\"clear\":true,\"add\":"
-                            "{\"type\":\"strip_headers\",\"drop\":\"etag\",\"count\":-1}}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"clear\":true,\"add\":"
+                       "{\"type\":\"strip_headers\",\"drop\":\"etag\",\"count\":-1}}"));
   larder_stream_options_t two = o;
   two.epochs = 3;
   ASSERT_OK(larder_client_connect(d3.socket, &c));
@@ -272,7 +275,8 @@ TEST_IMPL(remote_hostile_endless_body) {
       "{\"clear\":true,\"reset_stats\":true,\"add\":{\"type\":\"endless\",\"status\":206,"
       "\"content_range\":\"bytes 0-99/*\",\"path\":\"/part-000.parquet\",\"count\":-1}}",
   };
-  static const char *const want[] = {"larger than fetch_whole_bytes", "HTTP 206: the body is longer"};
+  static const char *const want[] = {"larger than fetch_whole_bytes",
+                                     "HTTP 206: the body is longer"};
   for (int k = 0; k < 2; k++) {
     ASSERT_OK(rs_control(&fp, rules[k]));
     double t0 = test_now_ms();
@@ -284,8 +288,8 @@ TEST_IMPL(remote_hostile_endless_body) {
     ASSERT_NOT_NULL(st);
     int64_t sent = rs_json_int(st, "bytes_sent", 0);
     free(st);
-    fprintf(stderr, "%s: failed in %.0f ms, rss %ld kB, %lld bytes sent: %s\n",
-            k ? "206" : "200", ms, rss, (long long)sent, r.err);
+    fprintf(stderr, "%s: failed in %.0f ms, rss %ld kB, %lld bytes sent: %s\n", k ? "206" : "200",
+            ms, rss, (long long)sent, r.err);
     ASSERT_NE(rc, 0);
     ASSERT_STR_CONTAINS(r.err, "/part-000.parquet");
     ASSERT_STR_CONTAINS(r.err, want[k]);
@@ -331,9 +335,10 @@ TEST_IMPL(remote_hostile_wrong_whole) {
   larder_stream_options_t o;
   std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
   /* skip 1: the footer read; then row-group ranges get the page. */
-  ASSERT_OK(rs_control(&fp, "{\"add\":{\"type\":\"status\",\"status\":200,"
-                            "\"body\":\"<html>maintenance</html>\",\"path\":\"/part-000.parquet\","
-                            "\"skip\":1,\"count\":2}}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"add\":{\"type\":\"status\",\"status\":200,"
+                       "\"body\":\"<html>maintenance</html>\",\"path\":\"/part-000.parquet\","
+                       "\"skip\":1,\"count\":2}}"));
   dh_run r1 = {0};
   if (dh_collect(d.socket, &o, 0, &r1) != 0) {
     dh_print_log(&d);
@@ -349,9 +354,10 @@ TEST_IMPL(remote_hostile_wrong_whole) {
   dh_daemon d2;
   dh_init(&d2, "d2", fl);
   dh_start(&d2);
-  ASSERT_OK(rs_control(&fp, "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":200,"
-                            "\"body\":\"<html>maintenance</html>\",\"path\":\"/part-000.parquet\","
-                            "\"skip\":1,\"count\":-1}}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":200,"
+                       "\"body\":\"<html>maintenance</html>\",\"path\":\"/part-000.parquet\","
+                       "\"skip\":1,\"count\":-1}}"));
   dh_run r2 = {0};
   ASSERT_NE(dh_collect(d2.socket, &o, 0, &r2), 0);
   fprintf(stderr, "pages forever: %s\n", r2.err);
@@ -526,10 +532,11 @@ TEST_IMPL(remote_hostile_no_range_large) {
     int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
     /* The footers (one suffix range per file, first) are answered. */
     char ctl[256];
-    snprintf(ctl, sizeof(ctl), "{\"add\":{\"type\":\"ignore_range\",\"skip\":%d,\"count\":-1}}", nf);
+    snprintf(ctl, sizeof(ctl), "{\"add\":{\"type\":\"ignore_range\",\"skip\":%d,\"count\":-1}}",
+             nf);
     ASSERT_OK(rs_control(&fp, ctl));
-    const char *const fl[] = {"--workers=2", room ? "--fetch_whole_bytes=64M" : "--fetch_whole_bytes=8K",
-                              NULL};
+    const char *const fl[] = {"--workers=2",
+                              room ? "--fetch_whole_bytes=64M" : "--fetch_whole_bytes=8K", NULL};
     dh_daemon d;
     dh_init(&d, room ? "d1" : "d0", fl);
     dh_start(&d);
@@ -537,7 +544,8 @@ TEST_IMPL(remote_hostile_no_range_large) {
     std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
     dh_run r = {0};
     int rc = dh_collect(d.socket, &o, 0, &r);
-    fprintf(stderr, "fetch_whole_bytes %s: %s %s\n", room ? "64M" : "8K", larder_err_name(rc), r.err);
+    fprintf(stderr, "fetch_whole_bytes %s: %s %s\n", room ? "64M" : "8K", larder_err_name(rc),
+            r.err);
     if (room) {
       ASSERT_OK(rc);
       dh_expect_same(&ref, &r);
@@ -630,16 +638,21 @@ TEST_IMPL(remote_hostile_listing_loop) {
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   ASSERT_OK(rs_control(
-      &fp, "{\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\",\"count\":-1,"
-           "\"headers\":{\"content-type\":\"application/xml\"},\"body\":\"<?xml version=\\\"1.0\\\"?>"
-           "<ListBucketResult><Name>data</Name><Prefix></Prefix><KeyCount>1</KeyCount>"
-           "<MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
-           "<NextContinuationToken>SAME</NextContinuationToken><Contents><Key>a.parquet</Key>"
-           "<Size>100</Size><ETag>&quot;x&quot;</ETag></Contents></ListBucketResult>\"}}"));
+      &fp,
+      "{\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\",\"count\":-1,"
+      "\"headers\":{\"content-type\":\"application/xml\"},\"body\":\"<?xml version=\\\"1.0\\\"?>"
+      "<ListBucketResult><Name>data</Name><Prefix></Prefix><KeyCount>1</KeyCount>"
+      "<MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
+      "<NextContinuationToken>SAME</NextContinuationToken><Contents><Key>a.parquet</Key>"
+      "<Size>100</Size><ETag>&quot;x&quot;</ETag></Contents></ListBucketResult>\"}}"));
   char ep[160];
   snprintf(ep, sizeof(ep), "--s3_endpoint=%s", fp.url);
-  const char *const fl[] = {"--workers=2", ep, "--s3_path_style=true",
-                            "--s3_access_key=AKIDEXAMPLE", "--s3_secret_key=SECRETEXAMPLE", NULL};
+  const char *const fl[] = {"--workers=2",
+                            ep,
+                            "--s3_path_style=true",
+                            "--s3_access_key=AKIDEXAMPLE",
+                            "--s3_secret_key=SECRETEXAMPLE",
+                            NULL};
   dh_daemon d;
   dh_init(&d, "d", fl);
   dh_start(&d);
@@ -758,8 +771,9 @@ TEST_IMPL(remote_hostile_headers) {
   larder_stream_options_t o;
   std_opts(&o, (const char *const *)urls, (size_t)nf, 1);
 
-  ASSERT_OK(rs_control(&fp, "{\"add\":{\"type\":\"status\",\"status\":503,\"retry_after\":2,"
-                            "\"path\":\"/part-000.parquet\"}}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"add\":{\"type\":\"status\",\"status\":503,\"retry_after\":2,"
+                       "\"path\":\"/part-000.parquet\"}}"));
   double t0 = test_now_ms();
   dh_run r = {0};
   ASSERT_OK(dh_collect(d.socket, &o, 0, &r));
@@ -768,8 +782,9 @@ TEST_IMPL(remote_hostile_headers) {
   ASSERT_GE(ms, 1900.0);
   dh_expect_same(&ref, &r);
 
-  ASSERT_OK(rs_control(&fp, "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":304,"
-                            "\"path\":\"/part-001.parquet\",\"count\":-1}}"));
+  ASSERT_OK(rs_control(&fp,
+                       "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":304,"
+                       "\"path\":\"/part-001.parquet\",\"count\":-1}}"));
   dh_run r304 = {0};
   ASSERT_NE(dh_collect(d.socket, &o, 0, &r304), 0);
   fprintf(stderr, "304: %s\n", r304.err);
@@ -779,8 +794,9 @@ TEST_IMPL(remote_hostile_headers) {
   size_t big = 20000;
   char *ctl = malloc(big + 256);
   ASSERT_NOT_NULL(ctl);
-  int k = sprintf(ctl, "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":503,"
-                       "\"path\":\"/part-002.parquet\",\"count\":-1,\"headers\":{\"x-big\":\"");
+  int k = sprintf(ctl,
+                  "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":503,"
+                  "\"path\":\"/part-002.parquet\",\"count\":-1,\"headers\":{\"x-big\":\"");
   memset(ctl + k, 'a', big);
   sprintf(ctl + k + big, "\"}}}");
   ASSERT_OK(rs_control(&fp, ctl));
@@ -832,9 +848,12 @@ TEST_IMPL(remote_hostile_long_key) {
   ASSERT_EQ(rh_s3_put(&s3, "data", prefix, dir), 4);
   char ep[160];
   snprintf(ep, sizeof(ep), "--s3_endpoint=%s", s3.url);
-  const char *const fl[] = {"--workers=2", ep, "--s3_path_style=true",
+  const char *const fl[] = {"--workers=2",
+                            ep,
+                            "--s3_path_style=true",
                             "--s3_access_key=larder-test-key",
-                            "--s3_secret_key=larder-test-secret", NULL};
+                            "--s3_secret_key=larder-test-secret",
+                            NULL};
   dh_daemon d;
   dh_init(&d, "d", fl);
   dh_start(&d);
@@ -877,17 +896,22 @@ TEST_IMPL(remote_s3_listing_xml) {
   snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
   ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, NULL));
   ASSERT_OK(rs_control(
-      &fp, "{\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\",\"count\":-1,"
-           "\"headers\":{\"content-type\":\"application/xml\"},\"body\":\"<?xml version=\\\"1.0\\\"?>"
-           "<ListBucketResult><Name>data</Name><IsTruncated>false</IsTruncated>"
-           "<Contents><Key>part-00&#48;.parquet</Key><Size>0</Size><ETag>&quot;a&quot;</ETag>"
-           "<Owner><ID>x</ID><Key>not-this.parquet</Key></Owner></Contents>"
-           "<Contents><Key><![CDATA[part-001.parquet]]></Key><Size>0</Size></Contents>"
-           "</ListBucketResult>\"}}"));
+      &fp,
+      "{\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\",\"count\":-1,"
+      "\"headers\":{\"content-type\":\"application/xml\"},\"body\":\"<?xml version=\\\"1.0\\\"?>"
+      "<ListBucketResult><Name>data</Name><IsTruncated>false</IsTruncated>"
+      "<Contents><Key>part-00&#48;.parquet</Key><Size>0</Size><ETag>&quot;a&quot;</ETag>"
+      "<Owner><ID>x</ID><Key>not-this.parquet</Key></Owner></Contents>"
+      "<Contents><Key><![CDATA[part-001.parquet]]></Key><Size>0</Size></Contents>"
+      "</ListBucketResult>\"}}"));
   char ep[160];
   snprintf(ep, sizeof(ep), "--s3_endpoint=%s", fp.url);
-  const char *const fl[] = {"--workers=2", ep, "--s3_path_style=true",
-                            "--s3_access_key=AKIDEXAMPLE", "--s3_secret_key=SECRETEXAMPLE", NULL};
+  const char *const fl[] = {"--workers=2",
+                            ep,
+                            "--s3_path_style=true",
+                            "--s3_access_key=AKIDEXAMPLE",
+                            "--s3_secret_key=SECRETEXAMPLE",
+                            NULL};
   dh_daemon d;
   dh_init(&d, "d", fl);
   dh_start(&d);
@@ -899,9 +923,10 @@ TEST_IMPL(remote_s3_listing_xml) {
   ASSERT_EQ(r.num_samples, 5000); /* part-000 and part-001, 2,500 rows each */
   dh_run_free(&r);
   ASSERT_OK(rs_control(
-      &fp, "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\","
-           "\"count\":-1,\"headers\":{\"content-type\":\"application/xml\"},"
-           "\"body\":\"<ListBucketResult><Contents><Key>a.parquet</Contents>\"}}"));
+      &fp,
+      "{\"clear\":true,\"add\":{\"type\":\"status\",\"status\":200,\"regex\":\"list-type=2\","
+      "\"count\":-1,\"headers\":{\"content-type\":\"application/xml\"},"
+      "\"body\":\"<ListBucketResult><Contents><Key>a.parquet</Contents>\"}}"));
   dh_run bad = {0};
   ASSERT_NE(dh_collect(d.socket, &o, 0, &bad), 0);
   ASSERT_STR_CONTAINS(bad.err, "not well-formed XML");

@@ -156,7 +156,8 @@ TEST_IMPL(remote_http_order) {
    * reuse every one of them (more connections open only for requests in
    * flight at once). */
   int reused = 0;
-  for (int i = 0; i < log.n; i++) reused += rh_field_int(log.lines[i], "connection_requests", 1) > 1;
+  for (int i = 0; i < log.n; i++)
+    reused += rh_field_int(log.lines[i], "connection_requests", 1) > 1;
   fprintf(stderr, "%d requests, %d on a reused connection\n", log.n, reused);
   ASSERT_GE(reused, 3 * nf);
   rh_log_free(&log);
@@ -352,7 +353,8 @@ TEST_IMPL(remote_part_sizes) {
   rh_nginx(&ng, "ng", dir, NULL);
   char *urls[RH_MAX_FILES];
   int nf = rh_urls(ng.url, dir, urls, RH_MAX_FILES);
-  static const char *const sizes[] = {"--fetch_part_bytes=0", "--fetch_part_bytes=9223372036854775808"};
+  static const char *const sizes[] = {"--fetch_part_bytes=0",
+                                      "--fetch_part_bytes=9223372036854775808"};
   for (int k = 0; k < 2; k++) {
     dh_daemon d;
     const char *const fl[] = {"--workers=2", "--fetch_merge_gap=0", sizes[k], NULL};

@@ -25,7 +25,6 @@ static void std_opts(larder_stream_options_t *o, const char *const *src, size_t 
   dh_std_opts(o, src, nsrc, 100, 11, epochs, ARENA);
 }
 
-
 /* The standard dataset read locally: what every S3 run must equal. */
 static void local_reference(uint64_t epochs, dh_run *out) {
   const char *src[1] = {dh_std_dir()};
@@ -37,8 +36,8 @@ static void local_reference(uint64_t epochs, dh_run *out) {
 /* No AWS_* variable of the test's environment may reach a daemon unless a
  * test sets it. */
 static void clear_aws_env(void) {
-  static const char *const vars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                     "AWS_SESSION_TOKEN", "AWS_PROFILE",
+  static const char *const vars[] = {"AWS_ACCESS_KEY_ID",           "AWS_SECRET_ACCESS_KEY",
+                                     "AWS_SESSION_TOKEN",           "AWS_PROFILE",
                                      "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL"};
   for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) unsetenv(vars[i]);
 }
@@ -120,7 +119,8 @@ TEST_IMPL(remote_s3_listing) {
   setenv("AWS_ACCESS_KEY_ID", KEY, 1);
   setenv("AWS_SECRET_ACCESS_KEY", SECRET, 1);
   dh_daemon d;
-  static const char *const fl[] = {"--workers=2", "--s3_list_max_keys=2", "--log_level=debug", NULL};
+  static const char *const fl[] = {"--workers=2", "--s3_list_max_keys=2", "--log_level=debug",
+                                   NULL};
   dh_init(&d, "d", fl);
   s3_flags(&d, &s3, 0);
   dh_start(&d);
@@ -152,7 +152,8 @@ TEST_IMPL(remote_s3_listing) {
   /* Two listings, two keys a page: the prefix's five keys in three pages,
    * the glob's four (listed from std/part-00) in two, the pages after the
    * first with a continuation token, all verified. */
-  int lists = front_requests("s3", "GET", "/data?", 200) + front_requests("s3", "GET", "/data/?", 200);
+  int lists =
+      front_requests("s3", "GET", "/data?", 200) + front_requests("s3", "GET", "/data/?", 200);
   int tokens = 0;
   {
     char path[PATH_MAX], url[2048];
@@ -160,7 +161,8 @@ TEST_IMPL(remote_s3_listing) {
     rh_log lg;
     rh_log_read(&lg, path);
     for (int i = 0; i < lg.n; i++)
-      tokens += strstr(rh_field(lg.lines[i], "url", url, sizeof(url)), "continuation-token=") != NULL;
+      tokens +=
+          strstr(rh_field(lg.lines[i], "url", url, sizeof(url)), "continuation-token=") != NULL;
     rh_log_free(&lg);
   }
   fprintf(stderr, "%d list pages, %d with a continuation token\n", lists, tokens);
@@ -198,9 +200,10 @@ static void write_profile(const char *home, const char *token) {
   snprintf(path, sizeof(path), "%s/credentials", dir);
   FILE *f = fopen(path, "w");
   ASSERT_NOT_NULL(f);
-  fprintf(f, "# test profiles\n[default]\naws_access_key_id = wrong-key\n"
-             "aws_secret_access_key = wrong-secret\n\n[larder]\n"
-             "aws_access_key_id = " KEY "\naws_secret_access_key = " SECRET "\n");
+  fprintf(f,
+          "# test profiles\n[default]\naws_access_key_id = wrong-key\n"
+          "aws_secret_access_key = wrong-secret\n\n[larder]\n"
+          "aws_access_key_id = " KEY "\naws_secret_access_key = " SECRET "\n");
   if (token) fprintf(f, "aws_session_token = %s\n", token);
   fclose(f);
 }
@@ -256,9 +259,8 @@ TEST_IMPL(remote_s3_credentials) {
     const char *name;
     int token, virt; /* token: 1 = the front that wants one, 2 = eu-west-1 */
   } cases[] = {
-      {"flags", 0, 0}, {"file", 0, 1}, {"profile", 0, 0}, {"aws-profile", 0, 1},
-      {"env-token", 1, 0}, {"config-token", 1, 1}, {"profile-token", 1, 0},
-      {"region", 2, 1},
+      {"flags", 0, 0},     {"file", 0, 1},         {"profile", 0, 0},       {"aws-profile", 0, 1},
+      {"env-token", 1, 0}, {"config-token", 1, 1}, {"profile-token", 1, 0}, {"region", 2, 1},
   };
   for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
     clear_aws_env();

@@ -51,9 +51,8 @@ static uint64_t *dataset_prefix(dataset d) {
   return p;
 }
 
-static shuffle_params_t params_of(uint64_t seed, uint32_t window_units,
-                                  uint32_t batch_size, uint32_t world_size,
-                                  uint32_t rank, int drop_last) {
+static shuffle_params_t params_of(uint64_t seed, uint32_t window_units, uint32_t batch_size,
+                                  uint32_t world_size, uint32_t rank, int drop_last) {
   shuffle_params_t p = {0};
   p.seed = seed;
   p.shuffle = 1;
@@ -86,8 +85,8 @@ static shuffle_sample_t *alloc_samples(uint64_t n) {
 }
 
 /* Dataset indices of samples, checking that each names a real row. */
-static void to_index(dataset d, const uint64_t *prefix,
-                     const shuffle_sample_t *s, uint64_t n, uint64_t *out) {
+static void to_index(dataset d, const uint64_t *prefix, const shuffle_sample_t *s, uint64_t n,
+                     uint64_t *out) {
   for (uint64_t i = 0; i < n; i++) {
     ASSERT_LT(s[i].unit, d.units);
     ASSERT_LT(s[i].row, d.rows[s[i].unit]);
@@ -96,8 +95,8 @@ static void to_index(dataset d, const uint64_t *prefix,
 }
 
 /* The whole order of an epoch (N entries, caller frees), through the API. */
-static uint64_t *epoch_order(dataset d, uint64_t seed, int shuffle,
-                             uint32_t window_units, uint64_t epoch) {
+static uint64_t *epoch_order(dataset d, uint64_t seed, int shuffle, uint32_t window_units,
+                             uint64_t epoch) {
   uint64_t n = dataset_rows(d);
   shuffle_params_t p = params_of(seed, window_units, (uint32_t)n, 1, 0, 1);
   p.shuffle = shuffle;
@@ -129,14 +128,12 @@ static void assert_permutation(const uint64_t *order, uint64_t n) {
 }
 
 /* The samples of global batch k: this batch of every rank, in rank order. */
-static void global_batch(dataset d, const uint64_t *prefix, uint64_t seed,
-                         uint32_t window_units, uint32_t batch_size,
-                         uint32_t world_size, int drop_last, uint64_t epoch,
+static void global_batch(dataset d, const uint64_t *prefix, uint64_t seed, uint32_t window_units,
+                         uint32_t batch_size, uint32_t world_size, int drop_last, uint64_t epoch,
                          uint64_t k, uint64_t *out) {
   shuffle_sample_t *s = alloc_samples(batch_size);
   for (uint32_t r = 0; r < world_size; r++) {
-    shuffle_params_t p =
-        params_of(seed, window_units, batch_size, world_size, r, drop_last);
+    shuffle_params_t p = params_of(seed, window_units, batch_size, world_size, r, drop_last);
     shuffle_plan_t *plan = plan_of(d, &p);
     shuffle_epoch_t *ep = open_epoch(plan, epoch);
     ASSERT_EQ(shuffle_epoch_batch(ep, k, s), batch_size);
@@ -170,8 +167,8 @@ static uint64_t ref_bounded(uint64_t *s, uint64_t n) {
   }
 }
 
-static void ref_permute(uint64_t *a, uint64_t n, uint64_t seed, uint64_t epoch,
-                        uint64_t purpose, uint64_t index) {
+static void ref_permute(uint64_t *a, uint64_t n, uint64_t seed, uint64_t epoch, uint64_t purpose,
+                        uint64_t index) {
   const uint64_t g = 0x9e3779b97f4a7c15ull;
   uint64_t s = ref_mix(seed + g);
   s = ref_mix(s ^ (epoch + g));
@@ -186,8 +183,7 @@ static void ref_permute(uint64_t *a, uint64_t n, uint64_t seed, uint64_t epoch,
   }
 }
 
-static uint64_t *reference_order(dataset d, uint64_t seed,
-                                 uint32_t window_units, uint64_t epoch) {
+static uint64_t *reference_order(dataset d, uint64_t seed, uint32_t window_units, uint64_t epoch) {
   uint64_t n = dataset_rows(d);
   uint64_t *prefix = dataset_prefix(d);
   uint64_t *units = malloc((size_t)d.units * sizeof(*units));
@@ -200,10 +196,8 @@ static uint64_t *reference_order(dataset d, uint64_t seed,
   for (uint64_t w = 0; w * window_units < d.units; w++) {
     /* The window's rows: its units in permuted order, rows ascending. */
     uint64_t r = 0;
-    for (uint64_t i = w * window_units;
-         i < (w + 1) * window_units && i < d.units; i++)
-      for (uint64_t k = 0; k < d.rows[units[i]]; k++)
-        rows[r++] = prefix[units[i]] + k;
+    for (uint64_t i = w * window_units; i < (w + 1) * window_units && i < d.units; i++)
+      for (uint64_t k = 0; k < d.rows[units[i]]; k++) rows[r++] = prefix[units[i]] + k;
     if (r == 0) continue;
     ref_permute(perm, r, seed, epoch, 2, w);
     for (uint64_t q = 0; q < r; q++) order[pos++] = rows[perm[q]];
@@ -220,8 +214,8 @@ static uint64_t *reference_order(dataset d, uint64_t seed,
  * block's units permuted on their own (purpose 3, index = block), then the
  * windows as in the unblocked order. */
 static uint64_t *reference_order_blocked(dataset d, const uint32_t *block_units,
-                                         uint32_t num_blocks, uint64_t seed,
-                                         uint32_t window_units, uint64_t epoch) {
+                                         uint32_t num_blocks, uint64_t seed, uint32_t window_units,
+                                         uint64_t epoch) {
   uint64_t n = dataset_rows(d);
   uint64_t *prefix = dataset_prefix(d);
   uint64_t *first = malloc(((size_t)num_blocks + 1) * sizeof(*first));
@@ -263,9 +257,8 @@ static uint64_t *reference_order_blocked(dataset d, const uint32_t *block_units,
 }
 
 /* epoch_order for a blocked plan. */
-static uint64_t *epoch_order_blocked(dataset d, const uint32_t *block_units,
-                                     uint32_t num_blocks, uint64_t seed,
-                                     uint32_t window_units, uint64_t epoch) {
+static uint64_t *epoch_order_blocked(dataset d, const uint32_t *block_units, uint32_t num_blocks,
+                                     uint64_t seed, uint32_t window_units, uint64_t epoch) {
   uint64_t n = dataset_rows(d);
   shuffle_params_t p = params_of(seed, window_units, (uint32_t)n, 1, 0, 1);
   shuffle_plan_t *plan = NULL;
@@ -285,8 +278,8 @@ static uint64_t *epoch_order_blocked(dataset d, const uint32_t *block_units,
 }
 
 /* A dataset with units of all sizes, zero-row units included. */
-static const uint64_t kMixed[] = {37, 0, 120, 5, 64, 0, 0, 1, 300, 77, 2,
-                                  150, 0, 9, 64, 64, 31, 200, 0, 18, 3, 99};
+static const uint64_t kMixed[] = {37,  0, 120, 5,  64, 0,  0,   1, 300, 77, 2,
+                                  150, 0, 9,   64, 64, 31, 200, 0, 18,  3,  99};
 static const dataset kMixedSet = {kMixed, sizeof(kMixed) / sizeof(kMixed[0])};
 
 /* ------------------------------------------------------------------------ */
@@ -296,10 +289,7 @@ TEST_IMPL(shuffle_reference) {
   static const uint64_t one[] = {1000};
   static const uint64_t ones[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   static const uint64_t zeros_end[] = {0, 0, 50, 0, 0, 0, 0, 40, 0, 0};
-  const dataset sets[] = {kMixedSet,
-                          {one, 1},
-                          {ones, 13},
-                          {zeros_end, 10}};
+  const dataset sets[] = {kMixedSet, {one, 1}, {ones, 13}, {zeros_end, 10}};
   const uint32_t windows[] = {1, 2, 3, 4, 7, 22, 100};
   for (size_t s = 0; s < sizeof(sets) / sizeof(sets[0]); s++)
     for (size_t w = 0; w < sizeof(windows) / sizeof(windows[0]); w++)
@@ -380,8 +370,7 @@ TEST_IMPL(shuffle_sparse_units) {
   enum { U = 1 << 20 };
   uint64_t *rows = calloc(U, sizeof(*rows));
   ASSERT_NOT_NULL(rows);
-  for (uint32_t i = 0; i < U; i++)
-    rows[i] = i % 65536 == 7 ? 5000 : i % 4099 == 0 ? 3 : 0;
+  for (uint32_t i = 0; i < U; i++) rows[i] = i % 65536 == 7 ? 5000 : i % 4099 == 0 ? 3 : 0;
   rows[U - 1] = 4096;
   dataset d = {rows, U};
   uint64_t n = dataset_rows(d);
@@ -408,8 +397,8 @@ TEST_IMPL(shuffle_golden) {
     h ^= order[i];
     h *= 0x100000001b3ull;
   }
-  fprintf(stderr, "golden: first %" PRIu64 " %" PRIu64 " %" PRIu64
-                  " %" PRIu64 " hash %016" PRIx64 "\n",
+  fprintf(stderr,
+          "golden: first %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " hash %016" PRIx64 "\n",
           order[0], order[1], order[2], order[3], h);
   ASSERT_UINT_EQ(order[0], GOLDEN_0);
   ASSERT_UINT_EQ(order[1], GOLDEN_1);
@@ -494,9 +483,9 @@ TEST_IMPL(shuffle_determinism) {
 
 /* Every rank's batches of one epoch, as dataset indices in the order of
  * global positions (batch-major, then rank).  Returns the position count. */
-static uint64_t *all_ranks(dataset d, const uint64_t *prefix, uint64_t seed,
-                           uint32_t window_units, uint32_t bs, uint32_t ws,
-                           int drop_last, uint64_t epoch, uint64_t *count) {
+static uint64_t *all_ranks(dataset d, const uint64_t *prefix, uint64_t seed, uint32_t window_units,
+                           uint32_t bs, uint32_t ws, int drop_last, uint64_t epoch,
+                           uint64_t *count) {
   uint64_t nb = 0;
   uint64_t *all = NULL;
   shuffle_sample_t *s = alloc_samples(bs);
@@ -585,8 +574,7 @@ TEST_IMPL(shuffle_elastic) {
       global_batch(d, prefix, 3, 2, 24, 1, drop, 1, k, want);
       for (size_t wi = 1; wi < 6; wi++) {
         memset(got, 0xff, g * sizeof(*got));
-        global_batch(d, prefix, 3, 2, (uint32_t)(g / worlds[wi]), worlds[wi],
-                     drop, 1, k, got);
+        global_batch(d, prefix, 3, 2, (uint32_t)(g / worlds[wi]), worlds[wi], drop, 1, k, got);
         /* The same samples in the same order, so the same multiset. */
         ASSERT_MEM_EQ(got, want, g * sizeof(*got));
       }
@@ -611,8 +599,7 @@ TEST_IMPL(shuffle_resume) {
       uint64_t nb = shuffle_batches_per_epoch(plan);
       for (uint64_t start = 0; start < nb; start += 17) {
         shuffle_epoch_t *seq = open_epoch(plan, e);
-        for (uint64_t k = 0; k < start; k++)
-          ASSERT_EQ(shuffle_epoch_batch(seq, k, s), bs);
+        for (uint64_t k = 0; k < start; k++) ASSERT_EQ(shuffle_epoch_batch(seq, k, s), bs);
         shuffle_epoch_t *resumed = open_epoch(plan, e);
         for (uint64_t k = start; k < nb; k++) {
           ASSERT_EQ(shuffle_epoch_batch(seq, k, s), bs);
@@ -669,8 +656,7 @@ TEST_IMPL(shuffle_no_shuffle) {
   for (uint64_t k = 0; k < nb; k++) {
     ASSERT_EQ(shuffle_epoch_batch(ep, k, s), 10);
     to_index(d, prefix, s, 10, idx);
-    for (uint64_t i = 0; i < 10; i++)
-      ASSERT_UINT_EQ(idx[i], (k * 30 + 20 + i) % n);
+    for (uint64_t i = 0; i < 10; i++) ASSERT_UINT_EQ(idx[i], (k * 30 + 20 + i) % n);
   }
   shuffle_epoch_close(ep);
   shuffle_plan_free(plan);
@@ -789,8 +775,7 @@ TEST_IMPL(shuffle_straddle) {
       ASSERT(shuffle_epoch_units(ep, k, k + 3, units, U) > 0);
       ASSERT_EQ(shuffle_epoch_batch(ep, k, s), 97);
       to_index(d, prefix, s, 97, idx);
-      for (uint64_t i = 0; i < 97; i++)
-        ASSERT_UINT_EQ(idx[i], want[(k * 194 + 97 + i) % n]);
+      for (uint64_t i = 0; i < 97; i++) ASSERT_UINT_EQ(idx[i], want[(k * 194 + 97 + i) % n]);
     }
     shuffle_epoch_close(ep);
     shuffle_plan_free(plan);
@@ -952,8 +937,7 @@ static double batch_tv(const uint32_t *hist, uint32_t bs, const double *p) {
 /* A uniform shuffle: Fisher-Yates over the labels of all rows, the first
  * `take` positions only (a partial Fisher-Yates is an exactly uniform
  * sample), cut into batches of bs. */
-static double baseline_tv(uint64_t n, uint64_t take, uint32_t bs,
-                          const double *p) {
+static double baseline_tv(uint64_t n, uint64_t take, uint32_t bs, const double *p) {
   uint8_t *labels = malloc((size_t)n);
   ASSERT_NOT_NULL(labels);
   for (uint64_t g = 0; g < n; g++) labels[g] = (uint8_t)(g * CLASSES / n);
@@ -976,8 +960,8 @@ static double baseline_tv(uint64_t n, uint64_t take, uint32_t bs,
 }
 
 /* Our TV over `count` batches spread evenly over the epoch (all if 0). */
-static double shuffle_tv(dataset d, uint32_t window_units, uint32_t bs,
-                         uint64_t count, const double *p) {
+static double shuffle_tv(dataset d, uint32_t window_units, uint32_t bs, uint64_t count,
+                         const double *p) {
   uint64_t n = dataset_rows(d);
   uint64_t *prefix = dataset_prefix(d);
   shuffle_params_t sp = params_of(42, window_units, bs, 1, 0, 1);
@@ -991,8 +975,7 @@ static double shuffle_tv(dataset d, uint32_t window_units, uint32_t bs,
     uint64_t k = i * nb / count;
     ASSERT_EQ(shuffle_epoch_batch(ep, k, s), bs);
     uint32_t hist[CLASSES] = {0};
-    for (uint32_t j = 0; j < bs; j++)
-      hist[(prefix[s[j].unit] + s[j].row) * CLASSES / n]++;
+    for (uint32_t j = 0; j < bs; j++) hist[(prefix[s[j].unit] + s[j].row) * CLASSES / n]++;
     acc.sum += batch_tv(hist, bs, p);
     acc.batches++;
   }
@@ -1007,8 +990,7 @@ static uint64_t *sorted_units(uint64_t n, uint32_t unit_rows, uint32_t *count) {
   uint32_t u = (uint32_t)((n + unit_rows - 1) / unit_rows);
   uint64_t *rows = malloc((size_t)u * sizeof(*rows));
   ASSERT_NOT_NULL(rows);
-  for (uint32_t i = 0; i < u; i++)
-    rows[i] = i + 1 < u ? unit_rows : n - (uint64_t)i * unit_rows;
+  for (uint32_t i = 0; i < u; i++) rows[i] = i + 1 < u ? unit_rows : n - (uint64_t)i * unit_rows;
   *count = u;
   return rows;
 }

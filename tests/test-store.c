@@ -63,8 +63,7 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static store_key_t mkkey(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
+static store_key_t mkkey(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static store_key_t mkkey(const char *fmt, ...) {
   store_key_t k;
   memset(&k, 0, sizeof(k));
@@ -134,9 +133,8 @@ static store_stats_t stats(store_t *st) {
 /* Unit u of `tag`: n entries "<tag>.<u>.<c>" of sizes[c] bytes.  Reserves
  * (with reserve_sizes, or sizes) and puts it.  Returns 1 when stored, 0 when
  * not admitted, or the negative put error. */
-static int put_unit_ex(store_t *st, uint64_t obj, uint64_t tag, uint64_t u,
-                       int n, const size_t *sizes, const size_t *reserve_sizes,
-                       uint64_t prio) {
+static int put_unit_ex(store_t *st, uint64_t obj, uint64_t tag, uint64_t u, int n,
+                       const size_t *sizes, const size_t *reserve_sizes, uint64_t prio) {
   store_key_t keys[16];
   uint64_t rs[16];
   store_entry_t es[16];
@@ -162,15 +160,14 @@ static int put_unit_ex(store_t *st, uint64_t obj, uint64_t tag, uint64_t u,
   return rc == 0 ? 1 : rc;
 }
 
-static int put_unit(store_t *st, uint64_t obj, uint64_t tag, uint64_t u, int n,
-                    const size_t *sizes, uint64_t prio) {
+static int put_unit(store_t *st, uint64_t obj, uint64_t tag, uint64_t u, int n, const size_t *sizes,
+                    uint64_t prio) {
   return put_unit_ex(st, obj, tag, u, n, sizes, NULL, prio);
 }
 
 /* Reads entry c of unit u: 1 present and correct, 0 absent; aborts on a
  * wrong value or an error. */
-static int get_entry(store_t *st, uint64_t tag, uint64_t u, int c,
-                     size_t size) {
+static int get_entry(store_t *st, uint64_t tag, uint64_t u, int c, size_t size) {
   store_key_t k = mkkey("%" PRIu64 ".%" PRIu64 ".%d", tag, u, c);
   store_value_t *v = NULL;
   int rc = store_get(st, &k, &v);
@@ -187,8 +184,7 @@ static int get_entry(store_t *st, uint64_t tag, uint64_t u, int c,
 }
 
 /* How many of unit u's n entries are present (each one checked). */
-static int unit_present(store_t *st, uint64_t tag, uint64_t u, int n,
-                        const size_t *sizes) {
+static int unit_present(store_t *st, uint64_t tag, uint64_t u, int n, const size_t *sizes) {
   int k = 0;
   for (int c = 0; c < n; c++) k += get_entry(st, tag, u, c, sizes[c]);
   return k;
@@ -209,8 +205,7 @@ static rocksdb_t *raw_open(const char *dir) {
 }
 
 /* Returns the raw record for (prefix, key) (malloc'd) or NULL. */
-static char *raw_get(rocksdb_t *db, char pfx, const store_key_t *k,
-                     size_t *len) {
+static char *raw_get(rocksdb_t *db, char pfx, const store_key_t *k, size_t *len) {
   char rk[1 + STORE_KEY_MAX];
   rk[0] = pfx;
   memcpy(rk + 1, k->bytes, k->len);
@@ -222,8 +217,7 @@ static char *raw_get(rocksdb_t *db, char pfx, const store_key_t *k,
   return v;
 }
 
-static void raw_put(rocksdb_t *db, char pfx, const store_key_t *k,
-                    const char *v, size_t len) {
+static void raw_put(rocksdb_t *db, char pfx, const store_key_t *k, const char *v, size_t len) {
   char rk[1 + STORE_KEY_MAX];
   rk[0] = pfx;
   memcpy(rk + 1, k->bytes, k->len);
@@ -260,13 +254,11 @@ static void raw_flip(rocksdb_t *db, const store_key_t *k, long off) {
 
 /* Counts records by prefix; checks each 'i' has a 'v' of the size it says
  * (payload = record - 32) and vice versa.  Returns the number of 'v'. */
-static uint64_t raw_check_consistent(rocksdb_t *db, uint64_t *sum_sizes,
-                                     uint64_t *objects) {
+static uint64_t raw_check_consistent(rocksdb_t *db, uint64_t *sum_sizes, uint64_t *objects) {
   rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
   rocksdb_iterator_t *it = rocksdb_create_iterator(db, ro);
   uint64_t ni = 0, nv = 0, no = 0, sum = 0;
-  for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it);
-       rocksdb_iter_next(it)) {
+  for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
     size_t kl = 0, vl = 0;
     const char *k = rocksdb_iter_key(it, &kl);
     const char *v = rocksdb_iter_value(it, &vl);
@@ -331,17 +323,15 @@ TEST_IMPL(store_crc32c) {
   for (int i = 0; i < 32; i++) b[i] = (uint8_t)(31 - i);
   ASSERT_UINT_EQ(store_crc32c(0, b, 32), 0x113fdb5cu);
   /* Continuation. */
-  ASSERT_UINT_EQ(store_crc32c(store_crc32c(0, digits, 4), digits + 4, 5),
-                 0xe3069283u);
+  ASSERT_UINT_EQ(store_crc32c(store_crc32c(0, digits, 4), digits + 4, 5), 0xe3069283u);
   /* Both implementations agree on random data at every alignment, across
    * the 3-way thresholds (3 * 256 and 3 * 8192 bytes). */
   size_t cap = 200000;
   uint8_t *buf = malloc(cap + 16);
   ASSERT_NOT_NULL(buf);
   fill(buf, cap + 16, 7);
-  static const size_t lens[] = {0,    1,     7,     8,     9,     255,
-                                767,  768,   769,   1000,  24575, 24576,
-                                24577, 50000, 73728, 199999};
+  static const size_t lens[] = {0,   1,    7,     8,     9,     255,   767,   768,
+                                769, 1000, 24575, 24576, 24577, 50000, 73728, 199999};
   for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
     for (size_t off = 0; off < 16; off++) {
       uint32_t sw = store_test_crc32c_sw(0, buf + off, lens[li]);
@@ -359,8 +349,7 @@ TEST_IMPL(store_crc32c) {
   uint32_t whole = store_crc32c(0, buf, cap);
   for (int i = 0; i < 50; i++) {
     size_t cut = rnd_below(cap);
-    ASSERT_UINT_EQ(store_crc32c(store_crc32c(0, buf, cut), buf + cut, cap - cut),
-                   whole);
+    ASSERT_UINT_EQ(store_crc32c(store_crc32c(0, buf, cut), buf + cut, cap - cut), whole);
   }
   free(buf);
   if (!store_test_crc32c_hw_available())
@@ -470,16 +459,15 @@ TEST_IMPL(store_checksum_corruption) {
   path_in(dir, sizeof(dir), "c");
   store_t *st = open_store(dir, 64 * MIB);
   static const size_t sizes[] = {200, 50000, 300, 9000};
-  for (uint64_t u = 0; u < 4; u++)
-    ASSERT_EQ(put_unit(st, 1, 2, u, 4, sizes, u), 1);
+  for (uint64_t u = 0; u < 4; u++) ASSERT_EQ(put_unit(st, 1, 2, u, 4, sizes, u), 1);
   store_close(st);
 
   rocksdb_t *db = raw_open(dir);
   store_key_t k0 = mkkey("2.0.1"), k1 = mkkey("2.1.0"), k2 = mkkey("2.2.3");
   store_key_t k3 = mkkey("2.3.2");
-  raw_flip(db, &k0, -1);    /* last payload byte of a blob-sized value */
-  raw_flip(db, &k1, 40);    /* a payload byte of a small value */
-  raw_flip(db, &k2, 0);     /* the magic */
+  raw_flip(db, &k0, -1);             /* last payload byte of a blob-sized value */
+  raw_flip(db, &k1, 40);             /* a payload byte of a small value */
+  raw_flip(db, &k2, 0);              /* the magic */
   raw_put(db, 'v', &k3, "short", 5); /* truncated record */
   rocksdb_close(db);
 
@@ -495,8 +483,7 @@ TEST_IMPL(store_checksum_corruption) {
   store_stats_t s = stats(st);
   ASSERT_UINT_EQ(s.checksum_failures, 4);
   ASSERT_UINT_EQ(s.entries, 12);
-  ASSERT_UINT_EQ(s.used_bytes, 4 * (200 + 50000 + 300 + 9000) - 50000 - 200 -
-                                   9000 - 300);
+  ASSERT_UINT_EQ(s.used_bytes, 4 * (200 + 50000 + 300 + 9000) - 50000 - 200 - 9000 - 300);
   /* The others are intact. */
   ASSERT_EQ(unit_present(st, 2, 0, 4, sizes), 3);
   ASSERT_EQ(unit_present(st, 2, 1, 4, sizes), 3);
@@ -522,8 +509,7 @@ TEST_IMPL(store_verify) {
   path_in(dir, sizeof(dir), "c");
   store_t *st = open_store(dir, 64 * MIB);
   static const size_t sizes[] = {1000, 20000};
-  for (uint64_t u = 0; u < 5; u++)
-    ASSERT_EQ(put_unit(st, 1, 3, u, 2, sizes, u), 1);
+  for (uint64_t u = 0; u < 5; u++) ASSERT_EQ(put_unit(st, 1, 3, u, 2, sizes, u), 1);
   uint64_t checked = 0, bad = 0;
   ASSERT_OK(store_verify(st, &checked, &bad, NULL, 0));
   ASSERT_UINT_EQ(checked, 10);
@@ -533,7 +519,7 @@ TEST_IMPL(store_verify) {
   rocksdb_t *db = raw_open(dir);
   store_key_t a = mkkey("3.1.1"), b = mkkey("3.2.0"), c = mkkey("3.4.1");
   raw_flip(db, &a, 5000);
-  raw_flip(db, &b, 12); /* the header's own CRC field */
+  raw_flip(db, &b, 12);    /* the header's own CRC field */
   raw_delete(db, 'v', &c); /* a value gone missing */
   rocksdb_close(db);
 
@@ -609,8 +595,7 @@ TEST_IMPL(store_verify_damaged_table) {
 #define CRASH_BASE 1000000u
 
 static void crash_sizes(uint64_t u, size_t *sizes) {
-  for (int c = 0; c < CRASH_COLS; c++)
-    sizes[c] = 500 + (size_t)(mix(u * 4 + (uint64_t)c) % 40000);
+  for (int c = 0; c < CRASH_COLS; c++) sizes[c] = 500 + (size_t)(mix(u * 4 + (uint64_t)c) % 40000);
 }
 
 static store_t *crash_open(const char *dir) {
@@ -645,8 +630,7 @@ static void crash_check(const char *dir, int rounds, uint64_t *units_out) {
       crash_sizes(u, sizes);
       int k = unit_present(st, 9, u, CRASH_COLS, sizes);
       if (k != 0 && k != CRASH_COLS)
-        fprintf(stderr, "round %d unit %" PRIu64 ": %d of %d entries\n", r, u,
-                k, CRASH_COLS);
+        fprintf(stderr, "round %d unit %" PRIu64 ": %d of %d entries\n", r, u, k, CRASH_COLS);
       ASSERT(k == 0 || k == CRASH_COLS);
       if (k == 0) {
         if (++absent_run == 20) break;
@@ -673,8 +657,8 @@ static void crash_check(const char *dir, int rounds, uint64_t *units_out) {
   *units_out = units;
 }
 
-static int run_child(void (*fn)(const char *, int, uint64_t *), const char *dir,
-                     int arg, uint64_t *result) {
+static int run_child(void (*fn)(const char *, int, uint64_t *), const char *dir, int arg,
+                     uint64_t *result) {
   int pfd[2];
   ASSERT_OK(pipe(pfd));
   fflush(NULL);
@@ -692,8 +676,7 @@ static int run_child(void (*fn)(const char *, int, uint64_t *), const char *dir,
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ssize_t n = read(pfd[0], result, sizeof(*result));
   close(pfd[0]);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || n != sizeof(*result))
-    return -1;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || n != sizeof(*result)) return -1;
   return 0;
 }
 
@@ -723,8 +706,7 @@ TEST_IMPL(store_crash_atomic) {
     ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     uint64_t units = 0;
     ASSERT_OK(run_child(crash_check_child, dir, r + 1, &units));
-    printf("  round %d: killed after %d ms, %" PRIu64 " complete units\n", r,
-           delay, units);
+    printf("  round %d: killed after %d ms, %" PRIu64 " complete units\n", r, delay, units);
     ASSERT_GE(units, last);
     last = units;
   }
@@ -763,8 +745,7 @@ TEST_IMPL(store_capacity_bound) {
     store_stats_t s = stats(st);
     ASSERT_UINT_EQ(s.reserved_bytes, 0);
     ASSERT_LE(s.used_bytes, cap + last_unit);
-    if (s.used_bytes > cap && s.used_bytes - cap > max_over)
-      max_over = s.used_bytes - cap;
+    if (s.used_bytes > cap && s.used_bytes - cap > max_over) max_over = s.used_bytes - cap;
   }
   /* Everything the index holds reads back correctly. */
   uint64_t present = 0;
@@ -775,8 +756,7 @@ TEST_IMPL(store_capacity_bound) {
       int rc = store_get(st, &k, &v);
       if (rc == LARDER_ENOENT) continue;
       ASSERT_OK(rc);
-      ASSERT(content_ok(store_value_data(v), store_value_size(v),
-                        seed_of(4, u, c)));
+      ASSERT(content_ok(store_value_data(v), store_value_size(v), seed_of(4, u, c)));
       present += store_value_size(v);
       store_value_free(v);
     }
@@ -1009,8 +989,7 @@ TEST_IMPL(store_set_capacity) {
   store_stats_t s = stats(st);
   ASSERT_UINT_EQ(s.capacity_bytes, 50000);
   ASSERT_UINT_EQ(s.used_bytes, 50000);
-  for (uint64_t u = 1; u <= 10; u++)
-    ASSERT_EQ(unit_present(st, 8, u, 2, sz), u <= 5 ? 2 : 0);
+  for (uint64_t u = 1; u <= 10; u++) ASSERT_EQ(unit_present(st, 8, u, 2, sz), u <= 5 ? 2 : 0);
   store_close(st);
   st = open_store(dir, 100000);
   ASSERT_UINT_EQ(stats(st).used_bytes, 50000);
@@ -1018,8 +997,7 @@ TEST_IMPL(store_set_capacity) {
   /* Opening with a smaller capacity evicts down to it, worst first. */
   st = open_store(dir, 30000);
   ASSERT_UINT_EQ(stats(st).used_bytes, 30000);
-  for (uint64_t u = 1; u <= 5; u++)
-    ASSERT_EQ(unit_present(st, 8, u, 2, sz), u <= 3 ? 2 : 0);
+  for (uint64_t u = 1; u <= 5; u++) ASSERT_EQ(unit_present(st, 8, u, 2, sz), u <= 3 ? 2 : 0);
   store_close(st);
   rocksdb_t *db = raw_open(dir);
   ASSERT_UINT_EQ(raw_check_consistent(db, NULL, NULL), 6);
@@ -1056,8 +1034,7 @@ TEST_IMPL(store_evict_admin) {
   put_object(st, 12, "/data/a/2.parquet");
   put_object(st, 13, "/data/b/3.parquet");
   for (uint64_t id = 11; id <= 13; id++)
-    for (uint64_t u = 0; u < 2; u++)
-      ASSERT_EQ(put_unit(st, id, id, u, 2, sz, u), 1);
+    for (uint64_t u = 0; u < 2; u++) ASSERT_EQ(put_unit(st, id, id, u, 2, sz, u), 1);
   listed_t l = {0};
   ASSERT_EQ(store_list_objects(st, list_cb, &l), 3);
   const store_object_info_t *i12 = find_info(&l, 12);
@@ -1118,8 +1095,7 @@ TEST_IMPL(store_persistence) {
   static const size_t sz[3] = {10, 5000, 70000};
   store_t *st = open_store(dir, 64 * MIB);
   put_object(st, 21, "s3://bucket/x.parquet");
-  for (uint64_t u = 0; u < 20; u++)
-    ASSERT_EQ(put_unit(st, 21, 21, u, 3, sz, 1000 + u), 1);
+  for (uint64_t u = 0; u < 20; u++) ASSERT_EQ(put_unit(st, 21, 21, u, 3, sz, 1000 + u), 1);
   store_stats_t before = stats(st);
   /* A hit much later: last use is written back at close. */
   store_test_advance_clock(st, 5000);
@@ -1201,14 +1177,9 @@ static void *thr_main(void *p) {
         ASSERT_UINT_EQ(bad, 0);
         break;
       }
-      case 2:
-        store_set_capacity(a->st, (r >> 40) % 2 ? 2 * MIB : MIB);
-        break;
-      case 3:
-        ASSERT_GE(store_list_objects(a->st, NULL, NULL), 0);
-        break;
-      default:
-        break;
+      case 2: store_set_capacity(a->st, (r >> 40) % 2 ? 2 * MIB : MIB); break;
+      case 3: ASSERT_GE(store_list_objects(a->st, NULL, NULL), 0); break;
+      default: break;
     }
   }
   return NULL;
@@ -1261,8 +1232,7 @@ typedef struct flush_arg {
 static void *flush_thr(void *p) {
   flush_arg_t *a = p;
   static const size_t sz[4] = {64 * KIB, 64 * KIB, 64 * KIB, 64 * KIB};
-  for (int u = 0; u < a->units; u++)
-    a->stored += put_unit(a->st, 1, a->tag, (uint64_t)u, 4, sz, 0);
+  for (int u = 0; u < a->units; u++) a->stored += put_unit(a->st, 1, a->tag, (uint64_t)u, 4, sz, 0);
   return NULL;
 }
 
@@ -1310,8 +1280,7 @@ TEST_IMPL(store_parallel_flush) {
 
 /* Waits (up to 10 s) for admission to come back after a write error: the
  * first reserve past the retry time starts the background reopen. */
-static int put_after_reopen(store_t *st, uint64_t tag, uint64_t u,
-                            const size_t *sz) {
+static int put_after_reopen(store_t *st, uint64_t tag, uint64_t u, const size_t *sz) {
   double t0 = now_s();
   while (now_s() - t0 < 10) {
     int rc = put_unit(st, 1, tag, u, 2, sz, 0);
@@ -1359,8 +1328,7 @@ TEST_IMPL(store_enospc_hook) {
   ASSERT_EQ(stats(st).write_error, 0);
   for (int i = 0; i < 12; i++) {
     ASSERT_UINT_EQ(store_value_size(held[i]), sz[i % 2]);
-    ASSERT(content_ok(store_value_data(held[i]), sz[i % 2],
-                      seed_of(30, (uint64_t)i / 2, i % 2)));
+    ASSERT(content_ok(store_value_data(held[i]), sz[i % 2], seed_of(30, (uint64_t)i / 2, i % 2)));
     store_value_free(held[i]);
   }
   /* Any write error stops writes until the reopen. */
@@ -1397,8 +1365,7 @@ static void fill_disk(const char *file) {
   static uint8_t chunk[MIB];
   memset(chunk, 0x5a, sizeof(chunk));
   for (size_t step = MIB; step >= 4096; step /= 16)
-    while (write(fd, chunk, step) == (ssize_t)step) {
-    }
+    while (write(fd, chunk, step) == (ssize_t)step) {}
   close(fd);
 }
 
@@ -1409,11 +1376,11 @@ TEST_IMPL(store_enospc_tmpfs) {
   snprintf(filler, sizeof(filler), "%s/filler", mnt);
   ASSERT_OK(mkdir(mnt, 0755));
   /* A private mount namespace: the tmpfs vanishes with this process. */
-  if (unshare(CLONE_NEWNS) != 0 ||
-      mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+  if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
       mount("tmpfs", mnt, "tmpfs", 0, "size=64m") != 0) {
-    fprintf(stderr, "cannot mount a tmpfs here (%s): skipped; "
-                    "store_enospc_hook covers the error path\n",
+    fprintf(stderr,
+            "cannot mount a tmpfs here (%s): skipped; "
+            "store_enospc_hook covers the error path\n",
             strerror(errno));
     return TEST_SKIP;
   }
@@ -1458,8 +1425,7 @@ TEST_IMPL(store_enospc_tmpfs) {
   ASSERT_UINT_EQ(s.reserved_bytes, 0);
   ASSERT_UINT_EQ(s.entries, (uint64_t)acked * 2);
   ASSERT_EQ(put_unit(st, 1, 41, 0, 2, sz, 0), 0); /* admission off */
-  for (int u = 0; u < acked; u++)
-    ASSERT_EQ(unit_present(st, 40, (uint64_t)u, 2, sz), 2);
+  for (int u = 0; u < acked; u++) ASSERT_EQ(unit_present(st, 40, (uint64_t)u, 2, sz), 2);
   printf("  %d units written before ENOSPC\n", acked);
 
   /* Space back, retry time passed: the store reopens the database and
@@ -1490,8 +1456,7 @@ TEST_IMPL(store_enospc_tmpfs) {
   s = stats(st);
   ASSERT_EQ(s.admission_disabled, 1);
   ASSERT_UINT_EQ(s.write_errors, errors);
-  printf("  free-space check stopped admission after %" PRIu64
-         " more units\n", written41);
+  printf("  free-space check stopped admission after %" PRIu64 " more units\n", written41);
   store_close(st);
 
   st = open_opts(&o);
@@ -1508,8 +1473,7 @@ TEST_IMPL(store_enospc_tmpfs) {
     ASSERT(got == 0 || (got == 2 && i < acked));
     present40 += got == 2;
   }
-  for (uint64_t i = 0; i < written41; i++)
-    ASSERT_EQ(unit_present(st, 41, i, 2, sz), 2);
+  for (uint64_t i = 0; i < written41; i++) ASSERT_EQ(unit_present(st, 41, i, 2, sz), 2);
   ASSERT_UINT_EQ(checked, (present40 + written41) * 2);
   store_close(st);
   free(buf0);
@@ -1625,7 +1589,8 @@ TEST_IMPL(store_perf) {
     b[i] = perf_best(all[i]);
   }
   double get_med = m[0];
-  printf("  GB/s, median (best) of %d rounds of %d x 4 MiB [%" PRIu64 "]\n"
+  printf("  GB/s, median (best) of %d rounds of %d x 4 MiB [%" PRIu64
+         "]\n"
          "  store_get, reopened    %6.2f (%6.2f)\n"
          "  store_get, same run    %6.2f (%6.2f)\n"
          "  memcpy, %d buffers     %6.2f (%6.2f)\n"
@@ -1633,9 +1598,8 @@ TEST_IMPL(store_perf) {
          "  store_crc32c cold      %6.2f (%6.2f)  hw %s\n"
          "  store_crc32c hot       %6.2f (%6.2f)\n"
          "  crc32c software        %6.2f (%6.2f)\n",
-         ROUNDS, N, sink & 1, m[0], b[0], m[1], b[1], N, m[2], b[2], m[3],
-         b[3], m[4], b[4], store_test_crc32c_hw_available() ? "yes" : "no",
-         m[5], b[5], m[6], b[6]);
+         ROUNDS, N, sink & 1, m[0], b[0], m[1], b[1], N, m[2], b[2], m[3], b[3], m[4], b[4],
+         store_test_crc32c_hw_available() ? "yes" : "no", m[5], b[5], m[6], b[6]);
   ASSERT_DOUBLE_GE(get_med, 0.05);
   free(src);
   free(dst);

@@ -191,10 +191,10 @@ TEST_IMPL(work_pool_stop_cancels_queued) {
 typedef struct ordered {
   work_t work;
   atomic_int *next_seq;
-  atomic_int *gate;  /* the task holds its worker until this is nonzero */
-  int sleep_ms;      /* or for this long */
+  atomic_int *gate; /* the task holds its worker until this is nonzero */
+  int sleep_ms;     /* or for this long */
   atomic_int started;
-  int seq;           /* when it ran, among the test's tasks; -1 before */
+  int seq; /* when it ran, among the test's tasks; -1 before */
   int status;
   int *done;
 } ordered_t;
@@ -335,10 +335,10 @@ TEST_IMPL(work_cancel_queued) {
   ASSERT_EQ(work_pool_pending(p), 5);
   wait_started(&t[0]);
   ASSERT_EQ(work_cancel(p, &t[0].work), LARDER_EBUSY); /* running */
-  ASSERT_OK(work_cancel(p, &t[3].work));                /* last in its list */
-  ASSERT_OK(work_cancel(p, &t[2].work));                /* in the middle */
-  ASSERT_EQ(work_cancel(p, &t[2].work), LARDER_EBUSY);  /* not queued any more */
-  ASSERT_EQ(work_pool_foreground_waiting(p), 1);        /* t[4] */
+  ASSERT_OK(work_cancel(p, &t[3].work));               /* last in its list */
+  ASSERT_OK(work_cancel(p, &t[2].work));               /* in the middle */
+  ASSERT_EQ(work_cancel(p, &t[2].work), LARDER_EBUSY); /* not queued any more */
+  ASSERT_EQ(work_pool_foreground_waiting(p), 1);       /* t[4] */
   ASSERT_OK(work_cancel(p, &t[4].work));
   ASSERT_EQ(work_pool_foreground_waiting(p), 0);
   ASSERT_EQ(work_pool_pending(p), 2); /* t[0] running, t[1] waiting */
@@ -529,7 +529,6 @@ static void probe_done(work_t *w, int status) {
   if (status == 0) (*pr->done)++;
 }
 
-
 /* Asserts that each of the pool's n workers runs at niceness want. */
 static void expect_worker_nice(uv_loop_t *loop, work_pool_t *p, int n, int want) {
   pthread_barrier_t barrier;
@@ -606,8 +605,8 @@ TEST_IMPL(work_pool_boost_refused) {
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    if (geteuid() == 0 && (setresgid(65534, 65534, 65534) != 0 ||
-                           setresuid(65534, 65534, 65534) != 0))
+    if (geteuid() == 0 &&
+        (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0))
       _exit(2);
     struct rlimit none = {0, 0};
     if (setrlimit(RLIMIT_NICE, &none) != 0) _exit(3);
@@ -872,8 +871,7 @@ TEST_IMPL(work_costly_owners_share_the_rest) {
   /* Two start, and no third. */
   int started = 0;
   for (int i = 0; i < 10000 && started < 2; i++) {
-    started = count_started(g[0], GATED) + count_started(g[1], GATED) +
-              count_started(g[2], GATED);
+    started = count_started(g[0], GATED) + count_started(g[1], GATED) + count_started(g[2], GATED);
     struct timespec sl = {0, 1000000L};
     nanosleep(&sl, NULL);
   }
@@ -890,8 +888,7 @@ TEST_IMPL(work_costly_owners_share_the_rest) {
   work_pool_release_owner(p, 6);
   started = 0;
   for (int i = 0; i < 10000 && started < 3; i++) {
-    started = count_started(g[0], GATED) + count_started(g[1], GATED) +
-              count_started(g[2], GATED);
+    started = count_started(g[0], GATED) + count_started(g[1], GATED) + count_started(g[2], GATED);
     struct timespec w = {0, 1000000L};
     nanosleep(&w, NULL);
   }

@@ -13,7 +13,6 @@
 
 #include "parquet/parquet.h"
 
-
 /* Global options (larderctl.c): --socket (NULL: $LARDER_SOCKET, else the
  * default socket). */
 extern const char *ctl_socket;

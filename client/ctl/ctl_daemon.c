@@ -142,8 +142,7 @@ static int ctl_connect(ctl_conn_t *c, char *err, size_t errlen) {
                "cannot connect to larderd at %s: %s (the socket admits its group only: is this "
                "user in the larder group?)",
                path, strerror(e));
-    else
-      snprintf(err, errlen, "cannot connect to larderd at %s: %s", path, strerror(e));
+    else snprintf(err, errlen, "cannot connect to larderd at %s: %s", path, strerror(e));
     ctl_disconnect(c);
     return LARDER_ECONNECT;
   }
@@ -434,8 +433,10 @@ int ctl_cmd_stats(int json, int watch, double interval, long count) {
       localtime_r(&now, &tm);
       char when[16];
       strftime(when, sizeof(when), "%H:%M:%S", &tm);
-      printf("\033[H\033[7m larderctl stats --watch · every %gs · %s · Ctrl-C to stop \033[0m\033[K\n\033[K\n",
-             interval, when);
+      printf(
+          "\033[H\033[7m larderctl stats --watch · every %gs · %s · Ctrl-C to stop "
+          "\033[0m\033[K\n\033[K\n",
+          interval, when);
       for (char *line = out.p, *nl; line && *line; line = nl ? nl + 1 : NULL) {
         nl = strchr(line, '\n');
         if (nl) *nl = '\0';
@@ -518,8 +519,8 @@ static void progress_line(const json_t *js, progress_t *p, char *line, size_t si
     snprintf(line + o, size - o, "%3.0f%%  %s / %s  (%.0f/%.0f units)", frac * 100, a, b,
              units_done, units);
   else if (rate <= 0 || eta < 0)
-    snprintf(line + o, size - o, "%3.0f%%  %s / %s  (%.0f/%.0f units, starting)", frac * 100, a,
-             b, units_done, units);
+    snprintf(line + o, size - o, "%3.0f%%  %s / %s  (%.0f/%.0f units, starting)", frac * 100, a, b,
+             units_done, units);
   else
     snprintf(line + o, size - o, "%3.0f%%  %s / %s  %.1f MB/s  ETA %s  (%.0f/%.0f units)",
              frac * 100, a, b, rate / 1e6, e, units_done, units);
@@ -590,8 +591,9 @@ static int on_prefetch_event(const Larder__AdminReply *r, const json_t *js, prog
     double before = json_num_or(js, "cached_before_units", 0);
     double na = json_num_or(js, "not_admitted_units", 0);
     double failed = json_num_or(js, "failed_units", 0);
-    printf("done in %s: %.0f units cached now, %.0f were cached already; the cache holds %s of %s\n",
-           e, now_units, before, a, b);
+    printf(
+        "done in %s: %.0f units cached now, %.0f were cached already; the cache holds %s of %s\n",
+        e, now_units, before, a, b);
     char admission[160] = "";
     json_str(js, "admission", admission, sizeof(admission));
     /* When admission is off (a full disk, failing writes), the note says so
@@ -600,9 +602,10 @@ static int on_prefetch_event(const Larder__AdminReply *r, const json_t *js, prog
     if (na > 0 && admission[0] && strcmp(admission, "on") != 0)
       printf("note: %.0f units were decoded but not kept: cache admission is %s\n", na, admission);
     else if (na > 0)
-      printf("note: %.0f units were decoded but not kept: the cache prefers data it ranks "
-             "higher (raise cache_capacity to keep them all)\n",
-             na);
+      printf(
+          "note: %.0f units were decoded but not kept: the cache prefers data it ranks "
+          "higher (raise cache_capacity to keep them all)\n",
+          na);
     if (failed > 0) {
       char msg[1024] = "";
       json_str(js, "error", msg, sizeof(msg));

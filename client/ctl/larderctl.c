@@ -18,7 +18,8 @@ static void usage(FILE *out) {
   fputs(
       "usage: larderctl [--socket PATH] [--json] COMMAND [OPTIONS]\n"
       "\n"
-      "The daemon (socket: --socket, else $LARDER_SOCKET, else " LARDER_DEFAULT_SOCKET "):\n"
+      "The daemon (socket: --socket, else $LARDER_SOCKET, else " LARDER_DEFAULT_SOCKET
+      "):\n"
       "  status                           is larderd up: version, uptime, config, cache\n"
       "  stats [--watch [--interval S]]   cache, fetches, clients, stage times and what\n"
       "                                   limits throughput right now\n"
@@ -93,8 +94,9 @@ static int cmd_inspect(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (common_option(argc, argv, &i, &json)) continue;
     else if (strcmp(argv[i], "--help") == 0) {
-      puts("usage: larderctl inspect PATH|URL [--json]\n"
-           "URLs (http://, https://, s3://) are read by the daemon, within its allowlist.");
+      puts(
+          "usage: larderctl inspect PATH|URL [--json]\n"
+          "URLs (http://, https://, s3://) are read by the daemon, within its allowlist.");
       return 0;
     } else if (argv[i][0] == '-' && argv[i][1]) {
       fprintf(stderr, "larderctl inspect: unknown option %s\n", argv[i]);
@@ -124,8 +126,8 @@ static int cmd_cat(int argc, char **argv) {
     const char *a = argv[i];
     const char *val = NULL;
     if (common_option(argc, argv, &i, &json_unused)) continue;
-    if ((strcmp(a, "--columns") == 0 || strcmp(a, "--offset") == 0 ||
-         strcmp(a, "--limit") == 0 || strcmp(a, "--max-chunk-bytes") == 0)) {
+    if ((strcmp(a, "--columns") == 0 || strcmp(a, "--offset") == 0 || strcmp(a, "--limit") == 0 ||
+         strcmp(a, "--max-chunk-bytes") == 0)) {
       if (i + 1 >= argc) {
         fprintf(stderr, "larderctl cat: %s needs a value\n", a);
         return 2;
@@ -157,9 +159,10 @@ static int cmd_cat(int argc, char **argv) {
     } else if (strcmp(a, "--no-verify-crc") == 0) {
       opts.verify_crc = 0;
     } else if (strcmp(a, "--help") == 0) {
-      puts("usage: larderctl cat PATH|URL [--columns a,b.c] [--offset N] [--limit N]\n"
-           "                          [--no-verify-crc] [--max-chunk-bytes N]\n"
-           "URLs (http://, https://, s3://) are read by the daemon, within its allowlist.");
+      puts(
+          "usage: larderctl cat PATH|URL [--columns a,b.c] [--offset N] [--limit N]\n"
+          "                          [--no-verify-crc] [--max-chunk-bytes N]\n"
+          "URLs (http://, https://, s3://) are read by the daemon, within its allowlist.");
       return 0;
     } else if (a[0] == '-' && a[1]) {
       fprintf(stderr, "larderctl cat: unknown option %s\n", a);
@@ -183,31 +186,44 @@ static int cmd_cat(int argc, char **argv) {
 
 /* Usage lines of the daemon commands. */
 static const char *const usage_of[][2] = {
-    {"status", "larderctl status [--json]\nWhether larderd is up: version, uptime, config file, socket, cache.\nExit status 1 when it is not running."},
-    {"stats", "larderctl stats [--json] [--watch [--interval SECONDS] [--count N]]\n"
-              "Cache use and hit ratio per dataset, fetches, per-client batches/s, MB/s and\n"
-              "stall, the stage breakdown and what limits throughput right now.  --watch\n"
-              "refreshes in place (JSON Lines with --json)."},
-    {"clients", "larderctl clients [--json]\nThe connected trainers and their streams: your own, or everyone's when an\n"
-                "admin asks (root, the daemon's user, admin_group)."},
-    {"ls", "larderctl ls [PREFIX] [--json]\nCached objects (files and URLs): id, identity, bytes, entries, last use: those\n"
-           "your open streams read, or all of them when an admin asks."},
-    {"evict", "larderctl evict OBJECT... | --prefix URL-OR-PATH | --dataset SOURCE... | --all\n"
-              "                [--dry-run] [--json]\n"
-              "Drops cached data and reports the bytes freed.  OBJECT is an id or a name\n"
-              "from `larderctl ls`; --dataset takes the sources as trainers name them\n"
-              "(paths, globs, directories, URLs, S3 prefixes).  Streams reading it keep\n"
-              "working: what they need again is fetched and decoded again."},
-    {"prefetch", "larderctl prefetch SOURCE... [--columns a,b] [--unit-rows N]\n"
-                 "                  [--partitions P --nodes N --node n --seed S] [--json]\n"
-                 "Warms the cache with a dataset before training: a progress bar on a terminal\n"
-                 "(plain lines otherwise, JSON Lines with --json).  Resumable: what is cached\n"
-                 "already is skipped, so running it again continues where it stopped.  Use the\n"
-                 "columns and unit_rows the trainers use: the cache is per column and unit.\n"
-                 "With --partitions, only the row groups of node n's partitions (of N nodes),\n"
-                 "as streams with that seed and partitions cut them."},
-    {"verify", "larderctl verify [--json]\nReads every cached value, checks its checksum and drops the bad ones."},
-    {"reload", "larderctl reload [--json]\nReloads the daemon's configuration (like SIGHUP) and says what changed."},
+    {"status",
+     "larderctl status [--json]\nWhether larderd is up: version, uptime, config file, socket, "
+     "cache.\nExit status 1 when it is not running."},
+    {"stats",
+     "larderctl stats [--json] [--watch [--interval SECONDS] [--count N]]\n"
+     "Cache use and hit ratio per dataset, fetches, per-client batches/s, MB/s and\n"
+     "stall, the stage breakdown and what limits throughput right now.  --watch\n"
+     "refreshes in place (JSON Lines with --json)."},
+    {"clients",
+     "larderctl clients [--json]\nThe connected trainers and their streams: your own, or "
+     "everyone's when an\n"
+     "admin asks (root, the daemon's user, admin_group)."},
+    {"ls",
+     "larderctl ls [PREFIX] [--json]\nCached objects (files and URLs): id, identity, bytes, "
+     "entries, last use: those\n"
+     "your open streams read, or all of them when an admin asks."},
+    {"evict",
+     "larderctl evict OBJECT... | --prefix URL-OR-PATH | --dataset SOURCE... | --all\n"
+     "                [--dry-run] [--json]\n"
+     "Drops cached data and reports the bytes freed.  OBJECT is an id or a name\n"
+     "from `larderctl ls`; --dataset takes the sources as trainers name them\n"
+     "(paths, globs, directories, URLs, S3 prefixes).  Streams reading it keep\n"
+     "working: what they need again is fetched and decoded again."},
+    {"prefetch",
+     "larderctl prefetch SOURCE... [--columns a,b] [--unit-rows N]\n"
+     "                  [--partitions P --nodes N --node n --seed S] [--json]\n"
+     "Warms the cache with a dataset before training: a progress bar on a terminal\n"
+     "(plain lines otherwise, JSON Lines with --json).  Resumable: what is cached\n"
+     "already is skipped, so running it again continues where it stopped.  Use the\n"
+     "columns and unit_rows the trainers use: the cache is per column and unit.\n"
+     "With --partitions, only the row groups of node n's partitions (of N nodes),\n"
+     "as streams with that seed and partitions cut them."},
+    {"verify",
+     "larderctl verify [--json]\nReads every cached value, checks its checksum and drops the bad "
+     "ones."},
+    {"reload",
+     "larderctl reload [--json]\nReloads the daemon's configuration (like SIGHUP) and says what "
+     "changed."},
     {"config", "larderctl config [--json]\nThe configuration in effect (secrets hidden)."},
 };
 
@@ -276,7 +292,8 @@ static int cmd_plain(int argc, char **argv, size_t max_pos) {
   for (int i = 1; i < argc; i++) {
     if (common_option(argc, argv, &i, &json)) continue;
     if (strcmp(argv[i], "--help") == 0) return puts(usage_for(cmd)), 0;
-    if (argv[i][0] == '-' || n >= max_pos) return usage_error(cmd, "unexpected argument %s", argv[i]);
+    if (argv[i][0] == '-' || n >= max_pos)
+      return usage_error(cmd, "unexpected argument %s", argv[i]);
     pos[n++] = argv[i];
   }
   /* ls PREFIX: a relative local prefix is relative to us, not the daemon. */
@@ -371,7 +388,8 @@ static int cmd_evict(int argc, char **argv) {
     }
   if (modes != 1) {
     free_args(args, n);
-    return usage_error("evict", "%s", modes ? "name what to evict one way only" : "name what to evict");
+    return usage_error("evict", "%s",
+                       modes ? "name what to evict one way only" : "name what to evict");
   }
   int rc = ctl_cmd_simple("evict", args, n, json, dry);
   free_args(args, n);
@@ -390,8 +408,8 @@ static int cmd_prefetch(int argc, char **argv) {
       free_args(args, n);
       return puts(usage_for("prefetch")), 0;
     }
-    static const char *const valued[] = {"columns", "unit-rows", "partitions", "nodes", "node",
-                                         "seed"};
+    static const char *const valued[] = {"columns", "unit-rows", "partitions",
+                                         "nodes",   "node",      "seed"};
     const char *key = NULL;
     for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]) && key == NULL; k++) {
       size_t kl = strlen(valued[k]);
@@ -435,10 +453,10 @@ typedef struct ctl_command {
 } ctl_command;
 
 static const ctl_command commands[] = {
-    {"inspect", cmd_inspect}, {"cat", cmd_cat},         {"status", cmd_status},
-    {"stats", cmd_stats},     {"clients", cmd_clients}, {"ls", cmd_ls},
+    {"inspect", cmd_inspect}, {"cat", cmd_cat},           {"status", cmd_status},
+    {"stats", cmd_stats},     {"clients", cmd_clients},   {"ls", cmd_ls},
     {"evict", cmd_evict},     {"prefetch", cmd_prefetch}, {"verify", cmd_verify},
-    {"reload", cmd_reload},   {"config", cmd_config},   {NULL, NULL},
+    {"reload", cmd_reload},   {"config", cmd_config},     {NULL, NULL},
 };
 
 int main(int argc, char **argv) {

@@ -29,7 +29,7 @@ int store_test_crc32c_hw_available(void);
 #define CRC_LONG 8192
 #define CRC_SHORT 256
 
-static uint32_t crc_table[8][256];     /* slicing-by-8 */
+static uint32_t crc_table[8][256];      /* slicing-by-8 */
 static uint32_t crc_long_shift[4][256]; /* advance over CRC_LONG zero bytes */
 static uint32_t crc_short_shift[4][256];
 static int crc_have_hw;
@@ -85,8 +85,8 @@ static void crc_zeros_table(uint32_t zeros[4][256], size_t len) {
 }
 
 static uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
-  return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^
-         zeros[2][(crc >> 16) & 0xff] ^ zeros[3][crc >> 24];
+  return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^
+         zeros[3][crc >> 24];
 }
 
 static void crc_init(void) {
@@ -97,8 +97,7 @@ static void crc_init(void) {
   }
   for (uint32_t n = 0; n < 256; n++)
     for (int k = 1; k < 8; k++)
-      crc_table[k][n] =
-          (crc_table[k - 1][n] >> 8) ^ crc_table[0][crc_table[k - 1][n] & 0xff];
+      crc_table[k][n] = (crc_table[k - 1][n] >> 8) ^ crc_table[0][crc_table[k - 1][n] & 0xff];
   crc_zeros_table(crc_long_shift, CRC_LONG);
   crc_zeros_table(crc_short_shift, CRC_SHORT);
 #if CRC32C_HAVE_X86
@@ -121,10 +120,9 @@ static uint32_t crc32c_sw(uint32_t crc, const void *data, size_t len) {
     w = __builtin_bswap64(w);
 #endif
     w ^= c;
-    c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
-        crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
-        crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
-        crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
+    c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^ crc_table[5][(w >> 16) & 0xff] ^
+        crc_table[4][(w >> 24) & 0xff] ^ crc_table[3][(w >> 32) & 0xff] ^
+        crc_table[2][(w >> 40) & 0xff] ^ crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
     p += 8;
     len -= 8;
   }
@@ -142,8 +140,8 @@ static inline uint64_t load64(const uint8_t *p) {
 /* Three independent streams hide the instruction's 3-cycle latency; their
  * registers are joined by advancing the earlier ones over the later blocks'
  * length with the zeros tables (CRC is linear over GF(2)). */
-__attribute__((target("sse4.2"))) static uint32_t
-crc32c_hw(uint32_t crc, const void *data, size_t len) {
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const void *data,
+                                                            size_t len) {
   const uint8_t *p = data;
   uint64_t c0 = (uint32_t)~crc;
   while (len && ((uintptr_t)p & 7)) {
@@ -216,4 +214,3 @@ int store_test_crc32c_hw_available(void) {
   pthread_once(&crc_once, crc_init);
   return crc_have_hw;
 }
-

@@ -41,7 +41,6 @@ uint64_t index_hash_key(const uint8_t *p, size_t n) {
 
 typedef bool (*map_eq_fn)(const void *item, const void *key);
 
-
 static int map_init(map_t *m, size_t cap) {
   size_t c = 16;
   while (c < cap) c <<= 1;
@@ -57,8 +56,7 @@ static void map_free(map_t *m) {
   m->slots = NULL;
 }
 
-static long map_find(const map_t *m, uint64_t h, map_eq_fn eq,
-                     const void *key) {
+static long map_find(const map_t *m, uint64_t h, map_eq_fn eq, const void *key) {
   for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
     const map_slot_t *s = &m->slots[i];
     if (s->p == NULL) return -1;
@@ -239,7 +237,6 @@ typedef struct keyref {
   const uint8_t *p;
   uint8_t len;
 } keyref_t;
-
 
 static bool entry_eq(const void *item, const void *key) {
   const entry_t *e = item;
@@ -492,8 +489,7 @@ void index_drop_reserved(store_index_t *ix, entry_t *e) {
  * (strictly worse) go.  Reserved entries are never evicted. */
 void index_evict_down(store_index_t *ix, uint64_t target, bool any_priority, uint64_t floor,
                       int64_t now) {
-  while (ix->used + ix->reserved > target && ix->lru_head != NULL &&
-         is_idle(ix, ix->lru_head, now))
+  while (ix->used + ix->reserved > target && ix->lru_head != NULL && is_idle(ix, ix->lru_head, now))
     index_evict_entry(ix, ix->lru_head);
   while (ix->used + ix->reserved > target && ix->heap_len > 0) {
     entry_t *top = ix->heap[0];
@@ -628,16 +624,14 @@ static int scratch_push(store_index_t *ix, size_t *len, uint32_t v) {
 bool index_can_free(store_index_t *ix, uint64_t need, uint64_t priority, int64_t now) {
   uint64_t avail = 0;
   size_t marked = 0;
-  for (entry_t *e = ix->lru_head; e && avail < need && is_idle(ix, e, now);
-       e = e->next) {
+  for (entry_t *e = ix->lru_head; e && avail < need && is_idle(ix, e, now); e = e->next) {
     avail += e->size;
     e->mark = 1;
     marked++;
   }
   /* Heap entries worse than priority form a subtree at the root. */
   size_t sp = 0;
-  if (avail < need && ix->heap_len > 0 && scratch_push(ix, &sp, 0) != 0)
-    sp = 0;
+  if (avail < need && ix->heap_len > 0 && scratch_push(ix, &sp, 0) != 0) sp = 0;
   while (sp > 0 && avail < need) {
     uint32_t i = ix->scratch[--sp];
     entry_t *e = ix->heap[i];
@@ -645,8 +639,7 @@ bool index_can_free(store_index_t *ix, uint64_t need, uint64_t priority, int64_t
     if (!e->mark) avail += e->size;
     size_t l = 2 * (size_t)i + 1;
     if (l < ix->heap_len && scratch_push(ix, &sp, (uint32_t)l) != 0) break;
-    if (l + 1 < ix->heap_len && scratch_push(ix, &sp, (uint32_t)(l + 1)) != 0)
-      break;
+    if (l + 1 < ix->heap_len && scratch_push(ix, &sp, (uint32_t)(l + 1)) != 0) break;
   }
   entry_t *e = ix->lru_head;
   for (size_t i = 0; i < marked; i++, e = e->next) e->mark = 0;
@@ -659,8 +652,7 @@ bool index_can_free(store_index_t *ix, uint64_t need, uint64_t priority, int64_t
 entry_t **index_collect(store_index_t *ix, bool (*pick)(const entry_t *, void *), void *arg,
                         size_t *n) {
   *n = 0;
-  entry_t **v = malloc((ix->entries.count ? ix->entries.count : 1) *
-                       sizeof(entry_t *));
+  entry_t **v = malloc((ix->entries.count ? ix->entries.count : 1) * sizeof(entry_t *));
   if (v == NULL) return NULL;
   for (size_t i = 0; i <= ix->entries.mask; i++) {
     entry_t *e = ix->entries.slots[i].p;
@@ -672,9 +664,8 @@ entry_t **index_collect(store_index_t *ix, bool (*pick)(const entry_t *, void *)
 /* ------------------------------------------------------------------------ */
 /* Writes: reservations claimed, committed or abandoned                      */
 
-int index_reserve(store_index_t *ix, uint64_t capacity, uint64_t object_id,
-                  const store_key_t *keys, const uint64_t *sizes, int n, uint64_t total,
-                  uint64_t priority, int64_t now) {
+int index_reserve(store_index_t *ix, uint64_t capacity, uint64_t object_id, const store_key_t *keys,
+                  const uint64_t *sizes, int n, uint64_t total, uint64_t priority, int64_t now) {
   bool admit = total <= capacity;
   for (int i = 0; i < n && admit; i++)
     if (index_entry_find(ix, keys[i].bytes, keys[i].len,
@@ -750,8 +741,8 @@ int index_claim(store_index_t *ix, uint64_t object_id, uint64_t priority,
   return rc;
 }
 
-void index_commit(store_index_t *ix, entry_t **es, const store_entry_t *entries, int n,
-                  object_t *o, uint64_t priority, uint64_t capacity, int64_t now) {
+void index_commit(store_index_t *ix, entry_t **es, const store_entry_t *entries, int n, object_t *o,
+                  uint64_t priority, uint64_t capacity, int64_t now) {
   uint64_t total = 0;
   uint64_t gen = ++ix->gen_counter;
   for (int i = 0; i < n; i++) {

@@ -78,7 +78,7 @@ typedef struct map {
 
 typedef struct object {
   uint64_t id;
-  char *name;     /* NULL until store_object_put names it */
+  char *name; /* NULL until store_object_put names it */
   char *identity;
   uint64_t bytes;   /* value bytes of present entries */
   uint64_t entries; /* present entries */
@@ -86,8 +86,8 @@ typedef struct object {
   int64_t last_use;
   struct entry *present; /* its present entries, by entry_t.onext */
   int64_t refreshed;     /* when a registration last marked them used */
-  bool on_disk;     /* its record is (or is about to be) in RocksDB */
-  bool superseded;  /* another identity of its name came later */
+  bool on_disk;          /* its record is (or is about to be) in RocksDB */
+  bool superseded;       /* another identity of its name came later */
 } object_t;
 
 typedef struct entry {
@@ -111,13 +111,13 @@ typedef struct entry {
 } entry_t;
 
 typedef struct store_index {
-  uint32_t idle_s;             /* entries unused this long are idle */
-  int64_t persist_granularity; /* seconds; also how often a registration
+  uint32_t idle_s;                  /* entries unused this long are idle */
+  int64_t persist_granularity;      /* seconds; also how often a registration
                                   marks an object's entries used */
-  store_stats_t *stats;        /* the store's counters: evictions */
+  store_stats_t *stats;             /* the store's counters: evictions */
   uint64_t used, reserved, present; /* bytes present, bytes reserved (and
                                        writing), entries present */
-  uint64_t live_objects;       /* objects with present entries */
+  uint64_t live_objects;            /* objects with present entries */
   map_t entries;
   map_t objects;
   map_t names; /* name -> the object that last registered it */
@@ -208,9 +208,8 @@ void index_evict_down(store_index_t *ix, uint64_t target, bool any_priority, uin
  * admitted: a key is already cached, or there is no room at this
  * priority) or LARDER_ENOMEM (nothing reserved).
  */
-int index_reserve(store_index_t *ix, uint64_t capacity, uint64_t object_id,
-                  const store_key_t *keys, const uint64_t *sizes, int n, uint64_t total,
-                  uint64_t priority, int64_t now);
+int index_reserve(store_index_t *ix, uint64_t capacity, uint64_t object_id, const store_key_t *keys,
+                  const uint64_t *sizes, int n, uint64_t total, uint64_t priority, int64_t now);
 /*
  * Claims the reservations of a put's n entries for object_id: es[i] gets
  * the entry of entries[i].key, now WRITING at priority, and *obj the
@@ -222,8 +221,8 @@ int index_claim(store_index_t *ix, uint64_t object_id, uint64_t priority,
 /* A claimed put was written: its entries become present with their real
  * sizes, used at now, one generation; counts the put, and evicts idle or
  * worse entries down to capacity (real sizes above the reserved ones). */
-void index_commit(store_index_t *ix, entry_t **es, const store_entry_t *entries, int n,
-                  object_t *o, uint64_t priority, uint64_t capacity, int64_t now);
+void index_commit(store_index_t *ix, entry_t **es, const store_entry_t *entries, int n, object_t *o,
+                  uint64_t priority, uint64_t capacity, int64_t now);
 /* A claimed put failed: its entries are dropped and their records queued
  * for deletion (the batch may have reached the disk all the same). */
 void index_abort(store_index_t *ix, entry_t **es, int n);

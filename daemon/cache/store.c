@@ -141,8 +141,8 @@ void store_test_advance_clock(store_t *st, int64_t seconds);
 void store_test_fail_writes(store_t *st, int code);
 
 #define STORE_FORMAT_VERSION 1
-#define VALUE_MAGIC 0x5644524cu /* "LRDV" */
-#define INDEX_MAGIC 0x4944524cu /* "LRDI" */
+#define VALUE_MAGIC 0x5644524cu  /* "LRDV" */
+#define INDEX_MAGIC 0x4944524cu  /* "LRDI" */
 #define OBJECT_MAGIC 0x4f44524cu /* "LRDO" */
 #define VALUE_HDR 32
 #define INDEX_REC 40
@@ -167,7 +167,6 @@ void store_test_fail_writes(store_t *st, int code);
 #define NAME_MAX_LEN 1023
 #define IDENTITY_MAX_LEN 255
 
-
 /* ------------------------------------------------------------------------ */
 /* Little-endian and big-endian helpers                                      */
 
@@ -181,9 +180,7 @@ static void put_u32(uint8_t *p, uint32_t v) {
 static void put_u64(uint8_t *p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
-static uint16_t get_u16(const uint8_t *p) {
-  return (uint16_t)(p[0] | (p[1] << 8));
-}
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static uint32_t get_u32(const uint8_t *p) {
   uint32_t v = 0;
   for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
@@ -227,15 +224,15 @@ struct store {
   int64_t last_persist; /* monotonic seconds */
 
   store_stats_t stats;
-  bool writes_off;      /* a write failed: no more until the reopen */
-  int writes_off_code;  /* what later writes return meanwhile */
-  int64_t retry_at;     /* monotonic seconds: when to reopen */
-  bool low_space;       /* the last statvfs check refused */
-  uint64_t open_free;   /* free bytes open_db needs (scaled to the disk) */
+  bool writes_off;              /* a write failed: no more until the reopen */
+  int writes_off_code;          /* what later writes return meanwhile */
+  int64_t retry_at;             /* monotonic seconds: when to reopen */
+  bool low_space;               /* the last statvfs check refused */
+  uint64_t open_free;           /* free bytes open_db needs (scaled to the disk) */
   uint64_t low_avail, low_need; /* the refusing check's free bytes, and
                                    what it wanted free (statistics) */
-  bool reopen_running;  /* a reopen thread is at work (mu) */
-  bool reopen_started;  /* reopen_tid must be joined */
+  bool reopen_running;          /* a reopen thread is at work (mu) */
+  bool reopen_started;          /* reopen_tid must be joined */
   pthread_t reopen_tid;
   pthread_rwlock_t dblk; /* st->db: shared by users, exclusive to reopen */
 
@@ -260,21 +257,17 @@ void store_test_advance_clock(store_t *st, int64_t seconds) {
   atomic_fetch_add(&st->clock_offset, seconds);
 }
 
-void store_test_fail_writes(store_t *st, int code) {
-  atomic_store(&st->fail_writes, code);
-}
+void store_test_fail_writes(store_t *st, int code) { atomic_store(&st->fail_writes, code); }
 
 /* ------------------------------------------------------------------------ */
 /* RocksDB errors: converted here, once                                      */
 
 static int rdb_code(const char *msg) {
   if (msg == NULL) return 0;
-  if (strstr(msg, "No space left") != NULL || strstr(msg, "NoSpace") != NULL)
-    return LARDER_ENOSPC;
+  if (strstr(msg, "No space left") != NULL || strstr(msg, "NoSpace") != NULL) return LARDER_ENOSPC;
   if (strncmp(msg, "Corruption", 10) == 0) return LARDER_ECORRUPT;
-  if (strstr(msg, "lock") != NULL &&
-      (strstr(msg, "Resource temporarily unavailable") != NULL ||
-       strstr(msg, "No locks available") != NULL))
+  if (strstr(msg, "lock") != NULL && (strstr(msg, "Resource temporarily unavailable") != NULL ||
+                                      strstr(msg, "No locks available") != NULL))
     return LARDER_EBUSY;
   if (strstr(msg, "Permission denied") != NULL) return LARDER_EACCES;
   if (strncmp(msg, "Invalid argument", 16) == 0) return LARDER_EINVAL;
@@ -292,8 +285,7 @@ static int rdb_take(char **errp, char *msg, size_t msglen) {
   return code;
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, const char *a,
-                    const char *b) {
+static void set_err(char *err, size_t errlen, const char *fmt, const char *a, const char *b) {
   if (err != NULL && errlen > 0) snprintf(err, errlen, fmt, a, b);
 }
 
@@ -313,9 +305,8 @@ static int db_write(store_t *st, rocksdb_writebatch_t *b) {
   if (inj != 0) {
     /* The test hook: the message RocksDB would give, through the same
      * conversion. */
-    code = rdb_code(inj == LARDER_ENOSPC
-                        ? "IO error: No space left on device (injected)"
-                        : "IO error: injected write failure");
+    code = rdb_code(inj == LARDER_ENOSPC ? "IO error: No space left on device (injected)"
+                                         : "IO error: injected write failure");
   } else {
     pthread_rwlock_rdlock(&st->dblk);
     if (st->db != NULL) rocksdb_write(st->db, st->wo, b, &e);
@@ -367,7 +358,8 @@ static bool keyset_has_upto(const keyset_t *ks, const uint8_t *bytes, size_t len
       if (key_is(keyset_at(ks, i), bytes, len)) return true;
     return false;
   }
-  for (size_t at = index_hash_key(bytes, len) & ks->mask; ks->slot[at] != 0; at = (at + 1) & ks->mask)
+  for (size_t at = index_hash_key(bytes, len) & ks->mask; ks->slot[at] != 0;
+       at = (at + 1) & ks->mask)
     if (key_is(keyset_at(ks, (int)ks->slot[at] - 1), bytes, len)) return true;
   return false;
 }
@@ -414,8 +406,7 @@ static int keyset_build(keyset_t *ks, const store_key_t *first, size_t stride, i
 }
 
 /* Builds RocksDB keys. */
-static size_t make_key(uint8_t *out, char pfx, const uint8_t *key,
-                       size_t len) {
+static size_t make_key(uint8_t *out, char pfx, const uint8_t *key, size_t len) {
   out[0] = (uint8_t)pfx;
   memcpy(out + 1, key, len);
   return len + 1;
@@ -430,8 +421,7 @@ static size_t make_obj_key(uint8_t *out, uint64_t id) {
 /* Adds the deletes of pending records to b, skipping those superseded by
  * the keys of this put (skip_keys, or NULL) and objects in skip_obj. */
 static void pending_to_batch(const bytes_t *pend, rocksdb_writebatch_t *b,
-                             const keyset_t *skip_keys,
-                             uint64_t skip_obj, bool skip_obj_valid) {
+                             const keyset_t *skip_keys, uint64_t skip_obj, bool skip_obj_valid) {
   uint8_t k[1 + STORE_KEY_MAX];
   for (size_t off = 0; off + 2 <= pend->len;) {
     uint8_t type = pend->p[off];
@@ -472,21 +462,19 @@ static void encode_value_header(uint8_t *h, uint32_t crc, uint64_t len) {
  * size when expect is UINT64_MAX); LARDER_ECHECKSUM otherwise. */
 static int check_value(const uint8_t *v, size_t vlen, uint64_t expect) {
   if (vlen < VALUE_HDR) return LARDER_ECHECKSUM;
-  if (get_u32(v) != VALUE_MAGIC || get_u16(v + 4) != STORE_FORMAT_VERSION)
-    return LARDER_ECHECKSUM;
+  if (get_u32(v) != VALUE_MAGIC || get_u16(v + 4) != STORE_FORMAT_VERSION) return LARDER_ECHECKSUM;
   uint32_t hc = cache_crc32c(0, v, 12);
   hc = cache_crc32c(hc, v + 16, 16);
   if (hc != get_u32(v + 12)) return LARDER_ECHECKSUM;
   uint64_t len = get_u64(v + 16);
   if (len != vlen - VALUE_HDR) return LARDER_ECHECKSUM;
   if (expect != UINT64_MAX && len != expect) return LARDER_ECHECKSUM;
-  if (cache_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8))
-    return LARDER_ECHECKSUM;
+  if (cache_crc32c(0, v + VALUE_HDR, len) != get_u32(v + 8)) return LARDER_ECHECKSUM;
   return 0;
 }
 
-static void encode_index(uint8_t *r, uint64_t size, uint64_t priority,
-                         uint64_t object_id, int64_t last_use) {
+static void encode_index(uint8_t *r, uint64_t size, uint64_t priority, uint64_t object_id,
+                         int64_t last_use) {
   put_u32(r, INDEX_MAGIC);
   put_u16(r + 4, STORE_FORMAT_VERSION);
   put_u16(r + 6, 0);
@@ -514,9 +502,7 @@ static int encode_object(bytes_t *b, const object_t *o) {
 /* ------------------------------------------------------------------------ */
 /* Options and open                                                          */
 
-void store_options_init(store_options_t *opts) {
-  memset(opts, 0, sizeof(*opts));
-}
+void store_options_init(store_options_t *opts) { memset(opts, 0, sizeof(*opts)); }
 
 int store_default_flush_threads(int workers) {
   int n = workers / 4;
@@ -599,8 +585,8 @@ static void setup_rocksdb_options(store_t *st) {
   st->bbto = rocksdb_block_based_options_create();
   rocksdb_block_based_options_set_block_cache(st->bbto, st->cache);
   rocksdb_block_based_options_set_cache_index_and_filter_blocks(st->bbto, 1);
-  rocksdb_block_based_options_set_filter_policy(
-      st->bbto, rocksdb_filterpolicy_create_bloom_full(10));
+  rocksdb_block_based_options_set_filter_policy(st->bbto,
+                                                rocksdb_filterpolicy_create_bloom_full(10));
   rocksdb_options_set_block_based_table_factory(o, st->bbto);
   rocksdb_options_set_max_open_files(o, MAX_OPEN_FILES);
   rocksdb_options_set_max_background_flushes(o, st->flush_threads);
@@ -630,8 +616,7 @@ static int check_format(store_t *st, char *err, size_t errlen) {
     rocksdb_free(v);
     if (ver != STORE_FORMAT_VERSION) {
       if (err && errlen)
-        snprintf(err, errlen, "cache format %u is not %d", ver,
-                 STORE_FORMAT_VERSION);
+        snprintf(err, errlen, "cache format %u is not %d", ver, STORE_FORMAT_VERSION);
       return LARDER_EUNSUPPORTED;
     }
     return 0;
@@ -644,8 +629,8 @@ static int check_format(store_t *st, char *err, size_t errlen) {
 
 /* Iterates [lo, hi) calling fn for each record; returns 0 or a code. */
 static int scan_range(store_t *st, char lo, char hi,
-                      int (*fn)(store_t *st, const uint8_t *k, size_t kl,
-                                const uint8_t *v, size_t vl),
+                      int (*fn)(store_t *st, const uint8_t *k, size_t kl, const uint8_t *v,
+                                size_t vl),
                       char *err, size_t errlen) {
   char lower[1] = {lo}, upper[1] = {hi};
   rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
@@ -655,8 +640,7 @@ static int scan_range(store_t *st, char lo, char hi,
   rocksdb_readoptions_set_fill_cache(ro, 0);
   rocksdb_iterator_t *it = rocksdb_create_iterator(st->db, ro);
   int rc = 0;
-  for (rocksdb_iter_seek(it, lower, 1); rocksdb_iter_valid(it) && rc == 0;
-       rocksdb_iter_next(it)) {
+  for (rocksdb_iter_seek(it, lower, 1); rocksdb_iter_valid(it) && rc == 0; rocksdb_iter_next(it)) {
     size_t kl = 0, vl = 0;
     const char *k = rocksdb_iter_key(it, &kl);
     const char *v = rocksdb_iter_value(it, &vl);
@@ -680,12 +664,10 @@ static char *strndup_or_empty(const uint8_t *p, size_t n) {
   return s;
 }
 
-static int load_object(store_t *st, const uint8_t *k, size_t kl,
-                       const uint8_t *v, size_t vl) {
+static int load_object(store_t *st, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl) {
   bool ok = kl == 9 && vl >= OBJ_REC_HDR && get_u32(v) == OBJECT_MAGIC;
   uint32_t nl = ok ? get_u32(v + 8) : 0, il = ok ? get_u32(v + 12) : 0;
-  ok = ok && (uint64_t)OBJ_REC_HDR + nl + il == vl && nl <= NAME_MAX_LEN &&
-       il <= IDENTITY_MAX_LEN;
+  ok = ok && (uint64_t)OBJ_REC_HDR + nl + il == vl && nl <= NAME_MAX_LEN && il <= IDENTITY_MAX_LEN;
   if (!ok) {
     /* A record we cannot read: drop it (entries keep an unnamed object). */
     if (kl == 9) index_pending_object(&st->ix, get_be64(k + 1));
@@ -702,13 +684,11 @@ static int load_object(store_t *st, const uint8_t *k, size_t kl,
   return 0;
 }
 
-static int load_index(store_t *st, const uint8_t *k, size_t kl,
-                      const uint8_t *v, size_t vl) {
+static int load_index(store_t *st, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl) {
   if (kl < 1 || kl - 1 > STORE_KEY_MAX) return 0;
   const uint8_t *key = k + 1;
   uint8_t len = (uint8_t)(kl - 1);
-  if (vl != INDEX_REC || get_u32(v) != INDEX_MAGIC ||
-      get_u16(v + 4) != STORE_FORMAT_VERSION) {
+  if (vl != INDEX_REC || get_u32(v) != INDEX_MAGIC || get_u16(v + 4) != STORE_FORMAT_VERSION) {
     index_pending_entry(&st->ix, key, len); /* unreadable: drop value and index */
     return 0;
   }
@@ -811,8 +791,7 @@ static void start_reopen(store_t *st) {
   }
 }
 
-int store_open(const store_options_t *opts, store_t **out, char *err,
-               size_t errlen) {
+int store_open(const store_options_t *opts, store_t **out, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (out == NULL) return LARDER_EINVAL;
   *out = NULL;
@@ -833,8 +812,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   pthread_rwlockattr_t rwa;
   pthread_rwlockattr_init(&rwa);
   /* A reopen must not wait behind a steady stream of reads. */
-  pthread_rwlockattr_setkind_np(&rwa,
-                                PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlockattr_setkind_np(&rwa, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
   pthread_rwlock_init(&st->dblk, &rwa);
   pthread_rwlockattr_destroy(&rwa);
   atomic_init(&st->clock_offset, 0);
@@ -849,8 +827,7 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
   snprintf(st->dbdir, dl + 4, "%s/db", opts->dir);
   st->capacity = opts->capacity_bytes;
   st->min_blob = opts->min_blob_size ? opts->min_blob_size : DEFAULT_MIN_BLOB;
-  st->write_buffer =
-      opts->write_buffer_bytes ? opts->write_buffer_bytes : DEFAULT_WRITE_BUFFER;
+  st->write_buffer = opts->write_buffer_bytes ? opts->write_buffer_bytes : DEFAULT_WRITE_BUFFER;
   scale_to_disk(st);
   st->flush_threads = opts->flush_threads > 0 ? opts->flush_threads : DEFAULT_FLUSH_THREADS;
   st->idle_s = opts->idle_evict_s ? opts->idle_evict_s : DEFAULT_IDLE_S;
@@ -861,9 +838,8 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
     store_free(st);
     return rc;
   }
-  st->cache = rocksdb_cache_create_lru(opts->block_cache_bytes
-                                           ? opts->block_cache_bytes
-                                           : DEFAULT_BLOCK_CACHE);
+  st->cache = rocksdb_cache_create_lru(opts->block_cache_bytes ? opts->block_cache_bytes
+                                                               : DEFAULT_BLOCK_CACHE);
   setup_rocksdb_options(st);
   /* Reads keep RocksDB's own block and blob checksums (its default),
    * although the value header's CRC32C covers each payload end to end:
@@ -890,15 +866,12 @@ int store_open(const store_options_t *opts, store_t **out, char *err,
 
   rc = open_db(st, err, errlen);
   if (rc == 0) rc = check_format(st, err, errlen);
-  if (rc == 0) rc = scan_range(st, PFX_OBJECT, PFX_OBJECT + 1, load_object, err,
-                               errlen);
-  if (rc == 0)
-    rc = scan_range(st, PFX_INDEX, PFX_INDEX + 1, load_index, err, errlen);
+  if (rc == 0) rc = scan_range(st, PFX_OBJECT, PFX_OBJECT + 1, load_object, err, errlen);
+  if (rc == 0) rc = scan_range(st, PFX_INDEX, PFX_INDEX + 1, load_index, err, errlen);
   if (rc == 0) rc = index_loaded(&st->ix);
   if (rc != 0) {
     if (err && errlen && err[0] == '\0')
-      snprintf(err, errlen, "store: cannot open %s: %s", st->dbdir,
-               larder_strerror(rc));
+      snprintf(err, errlen, "store: cannot open %s: %s", st->dbdir, larder_strerror(rc));
     store_free(st);
     return rc;
   }
@@ -1025,8 +998,7 @@ static bool disk_has_room(store_t *st, uint64_t need) {
 /* Objects                                                                   */
 
 int store_object_put(store_t *st, const store_object_t *obj) {
-  if (st == NULL || obj == NULL || obj->name == NULL || obj->identity == NULL)
-    return LARDER_EINVAL;
+  if (st == NULL || obj == NULL || obj->name == NULL || obj->identity == NULL) return LARDER_EINVAL;
   size_t nl = strlen(obj->name), il = strlen(obj->identity);
   if (nl > NAME_MAX_LEN || il > IDENTITY_MAX_LEN) return LARDER_EINVAL;
   pthread_mutex_lock(&st->wmu);
@@ -1037,8 +1009,8 @@ int store_object_put(store_t *st, const store_object_t *obj) {
     pthread_mutex_unlock(&st->wmu);
     return LARDER_ENOMEM;
   }
-  bool same = o->name != NULL && strcmp(o->name, obj->name) == 0 &&
-              strcmp(o->identity, obj->identity) == 0;
+  bool same =
+      o->name != NULL && strcmp(o->name, obj->name) == 0 && strcmp(o->identity, obj->identity) == 0;
   if (same && (o->on_disk || o->refs == 0)) {
     /* Known; a record is written with its first entry. */
     index_name_register(&st->ix, o, wall_now(st));
@@ -1070,8 +1042,7 @@ int store_object_put(store_t *st, const store_object_t *obj) {
       pending_to_batch(&taken, b, NULL, obj->id, true);
       uint8_t k[9];
       make_obj_key(k, obj->id);
-      rocksdb_writebatch_put(b, (const char *)k, sizeof(k),
-                             (const char *)rec.p, rec.len);
+      rocksdb_writebatch_put(b, (const char *)k, sizeof(k), (const char *)rec.p, rec.len);
       rc = db_write(st, b);
       rocksdb_writebatch_destroy(b);
     }
@@ -1119,8 +1090,8 @@ void store_value_free(store_value_t *v) {
 }
 
 /* Drops the entry for key if it is still generation gen (a failed read). */
-static bool drop_if_gen(store_t *st, const store_key_t *key, uint64_t h,
-                        uint64_t gen, bool corrupt) {
+static bool drop_if_gen(store_t *st, const store_key_t *key, uint64_t h, uint64_t gen,
+                        bool corrupt) {
   bool dropped = false;
   pthread_mutex_lock(&st->mu);
   entry_t *e = index_entry_find(&st->ix, key->bytes, key->len, h);
@@ -1160,8 +1131,7 @@ void store_discard(store_t *st, const store_key_t *key) {
 
 int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
   if (out) *out = NULL;
-  if (st == NULL || key == NULL || out == NULL || key->len > STORE_KEY_MAX)
-    return LARDER_EINVAL;
+  if (st == NULL || key == NULL || out == NULL || key->len > STORE_KEY_MAX) return LARDER_EINVAL;
   uint64_t h = index_hash_key(key->bytes, key->len);
   pthread_mutex_lock(&st->mu);
   entry_t *e = index_entry_find(&st->ix, key->bytes, key->len, h);
@@ -1202,8 +1172,7 @@ int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
     rc = LARDER_ECHECKSUM; /* RocksDB found the stored bytes corrupt */
   }
   /* A value replaced while we read it is a miss, not a corrupt entry. */
-  if (rc == LARDER_ECHECKSUM && !drop_if_gen(st, key, h, gen, true))
-    rc = LARDER_ENOENT;
+  if (rc == LARDER_ECHECKSUM && !drop_if_gen(st, key, h, gen, true)) rc = LARDER_ENOENT;
   store_value_t *val = NULL;
   if (rc == 0) {
     val = calloc(1, sizeof(*val));
@@ -1252,14 +1221,12 @@ int store_get(store_t *st, const store_key_t *key, store_value_t **out) {
 /* ------------------------------------------------------------------------ */
 /* Admission                                                                 */
 
-int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
-                  const uint64_t *sizes, int n, uint64_t priority) {
-  if (st == NULL || keys == NULL || sizes == NULL || n <= 0)
-    return LARDER_EINVAL;
+int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys, const uint64_t *sizes,
+                  int n, uint64_t priority) {
+  if (st == NULL || keys == NULL || sizes == NULL || n <= 0) return LARDER_EINVAL;
   uint64_t total = 0;
   for (int i = 0; i < n; i++) {
-    if (keys[i].len > STORE_KEY_MAX || sizes[i] > UINT64_MAX / 4 - total)
-      return LARDER_EINVAL;
+    if (keys[i].len > STORE_KEY_MAX || sizes[i] > UINT64_MAX / 4 - total) return LARDER_EINVAL;
     total += sizes[i];
   }
   keyset_t ks;
@@ -1286,9 +1253,9 @@ int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
   int64_t now = wall_now(st);
   pthread_mutex_lock(&st->mu);
   st->low_space = !room;
-  int rc = room ? index_reserve(&st->ix, st->capacity, object_id, keys, sizes, n, total,
-                                priority, now)
-                 : 0;
+  int rc =
+      room ? index_reserve(&st->ix, st->capacity, object_id, keys, sizes, n, total, priority, now)
+           : 0;
   if (rc == 0) st->stats.rejected++;
   pthread_mutex_unlock(&st->mu);
   return rc;
@@ -1300,7 +1267,8 @@ int store_would_admit(store_t *st, uint64_t bytes, uint64_t priority) {
   pthread_mutex_lock(&st->mu);
   int admit = !st->writes_off && !st->low_space && bytes <= st->capacity;
   if (admit && st->ix.used + st->ix.reserved + bytes > st->capacity)
-    admit = index_can_free(&st->ix, st->ix.used + st->ix.reserved + bytes - st->capacity, priority, now);
+    admit = index_can_free(&st->ix, st->ix.used + st->ix.reserved + bytes - st->capacity, priority,
+                           now);
   pthread_mutex_unlock(&st->mu);
   return admit;
 }
@@ -1390,12 +1358,11 @@ static void put_undo_locked(store_t *st, entry_t **es, int n, object_t *o, const
   index_abort(&st->ix, es, n);
 }
 
-int store_put(store_t *st, uint64_t object_id, uint64_t priority,
-              const store_entry_t *entries, int n) {
+int store_put(store_t *st, uint64_t object_id, uint64_t priority, const store_entry_t *entries,
+              int n) {
   if (st == NULL || entries == NULL || n <= 0) return LARDER_EINVAL;
   for (int i = 0; i < n; i++) {
-    if (entries[i].key.len > STORE_KEY_MAX ||
-        (entries[i].data == NULL && entries[i].size > 0))
+    if (entries[i].key.len > STORE_KEY_MAX || (entries[i].data == NULL && entries[i].size > 0))
       return LARDER_EINVAL;
   }
   /* Kept until the batch is built: it also finds the pending deletes that
@@ -1436,10 +1403,8 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
   rocksdb_writebatch_destroy(b);
 
   pthread_mutex_lock(&st->mu);
-  if (rc == 0)
-    index_commit(&st->ix, es, entries, n, o, priority, st->capacity, now);
-  else
-    put_undo_locked(st, es, n, o, &taken, write_obj);
+  if (rc == 0) index_commit(&st->ix, es, entries, n, o, priority, st->capacity, now);
+  else put_undo_locked(st, es, n, o, &taken, write_obj);
   bool more = st->ix.pending.len > 0 && rc == 0;
   bool persist = rc == 0 && persist_due(st);
   pthread_mutex_unlock(&st->mu);
@@ -1456,8 +1421,7 @@ int store_put(store_t *st, uint64_t object_id, uint64_t priority,
 /* ------------------------------------------------------------------------ */
 /* Administration                                                            */
 
-int store_list_objects(store_t *st,
-                       void (*fn)(const store_object_info_t *info, void *arg),
+int store_list_objects(store_t *st, void (*fn)(const store_object_info_t *info, void *arg),
                        void *arg) {
   if (st == NULL) return LARDER_EINVAL;
   pthread_mutex_lock(&st->mu);
@@ -1474,8 +1438,7 @@ int store_list_objects(store_t *st,
     store_object_info_t *info = &v[j++];
     info->id = o->id;
     snprintf(info->name, sizeof(info->name), "%s", o->name ? o->name : "");
-    snprintf(info->identity, sizeof(info->identity), "%s",
-             o->identity ? o->identity : "");
+    snprintf(info->identity, sizeof(info->identity), "%s", o->identity ? o->identity : "");
     info->bytes = o->bytes;
     info->entries = o->entries;
     info->last_use = o->last_use;
@@ -1487,8 +1450,7 @@ int store_list_objects(store_t *st,
   return (int)j;
 }
 
-static bool name_matches(const object_t *o, const char *prefix,
-                         uint64_t object_id) {
+static bool name_matches(const object_t *o, const char *prefix, uint64_t object_id) {
   if (object_id != 0) return o->id == object_id;
   if (prefix == NULL || prefix[0] == '\0') return true;
   return o->name != NULL && strncmp(o->name, prefix, strlen(prefix)) == 0;
@@ -1504,8 +1466,8 @@ static bool pick_evict(const entry_t *e, void *arg) {
   return name_matches(e->obj, sel->prefix, sel->object_id);
 }
 
-int store_evict(store_t *st, const char *prefix, uint64_t object_id,
-                int dry_run, uint64_t *entries, uint64_t *bytes) {
+int store_evict(store_t *st, const char *prefix, uint64_t object_id, int dry_run, uint64_t *entries,
+                uint64_t *bytes) {
   if (entries) *entries = 0;
   if (bytes) *bytes = 0;
   if (st == NULL) return LARDER_EINVAL;
@@ -1565,8 +1527,7 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
     return LARDER_EIO;
   }
   rocksdb_iterator_t *it = rocksdb_create_iterator(st->db, ro);
-  for (rocksdb_iter_seek(it, lower, 1); rocksdb_iter_valid(it);
-       rocksdb_iter_next(it)) {
+  for (rocksdb_iter_seek(it, lower, 1); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
     size_t kl = 0, vl = 0;
     const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
     const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);

@@ -71,21 +71,21 @@
 typedef struct store store_t;
 
 typedef struct store_options {
-  const char *dir;          /* cache directory; created if missing */
-  uint64_t capacity_bytes;  /* value bytes kept at most (plus one unit) */
-  uint64_t min_blob_size;   /* values at least this big go to blob files;
+  const char *dir;             /* cache directory; created if missing */
+  uint64_t capacity_bytes;     /* value bytes kept at most (plus one unit) */
+  uint64_t min_blob_size;      /* values at least this big go to blob files;
                                0 = 4096 */
   uint64_t block_cache_bytes;  /* RocksDB block cache; 0 = 32 MiB */
   uint64_t write_buffer_bytes; /* RocksDB memtable size; 0 = 64 MiB; at
                                most 1/16 of the filesystem (store.c) */
-  int flush_threads;        /* memtables flushed at once; 0 = 2.  The store
+  int flush_threads;           /* memtables flushed at once; 0 = 2.  The store
                                keeps flush_threads + 2 memtables, so that
                                puts go on while that many flush */
-  uint32_t idle_evict_s;    /* 0 = 7 days */
-  int sync_writes;          /* fsync the WAL on every put (default off: a
+  uint32_t idle_evict_s;       /* 0 = 7 days */
+  int sync_writes;             /* fsync the WAL on every put (default off: a
                                process crash loses nothing, a power loss
                                only recent units, never consistency) */
-  int skip_block_checksums; /* reads skip RocksDB's block and blob
+  int skip_block_checksums;    /* reads skip RocksDB's block and blob
                                checksums (default off: they are checked).
                                Faster, but a damaged table block aborts the
                                process in a RocksDB built with assertions */
@@ -105,8 +105,7 @@ int store_default_flush_threads(int workers);
  * LARDER_ECORRUPT when its files are damaged or missing (larderd then
  * discards it).  Any thread.
  */
-int store_open(const store_options_t *opts, store_t **out, char *err,
-               size_t errlen);
+int store_open(const store_options_t *opts, store_t **out, char *err, size_t errlen);
 void store_close(store_t *st);
 
 /* Changes the capacity at run time (SIGHUP), evicting down to it. */
@@ -157,8 +156,8 @@ void store_discard(store_t *st, const store_key_t *key);
  * serves the unit without caching it).  Never blocks on I/O: evicted
  * entries are deleted in the background or by the next store call.
  */
-int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys,
-                  const uint64_t *sizes, int n, uint64_t priority);
+int store_reserve(store_t *st, uint64_t object_id, const store_key_t *keys, const uint64_t *sizes,
+                  int n, uint64_t priority);
 void store_unreserve(store_t *st, const store_key_t *keys, int n);
 /* Whether store_reserve would now admit `bytes` at this priority (room, or
  * idle or worse entries to evict), without reserving or evicting anything.
@@ -176,8 +175,8 @@ typedef struct store_entry {
  * records.  They must have been reserved.  Returns 0; LARDER_ENOSPC (the
  * disk is full: nothing was written, admission is now off); LARDER_EIO.
  */
-int store_put(store_t *st, uint64_t object_id, uint64_t priority,
-              const store_entry_t *entries, int n);
+int store_put(store_t *st, uint64_t object_id, uint64_t priority, const store_entry_t *entries,
+              int n);
 
 /* ------------------------------------------------------------------------ */
 /* Administration (larderctl ls / evict / verify)                            */
@@ -186,14 +185,13 @@ typedef struct store_object_info {
   uint64_t id;
   char name[1024];
   char identity[256];
-  uint64_t bytes;      /* value bytes cached */
+  uint64_t bytes; /* value bytes cached */
   uint64_t entries;
-  int64_t last_use;    /* unix seconds */
+  int64_t last_use; /* unix seconds */
 } store_object_info_t;
 
 /* Calls fn for each object with cached entries.  Returns the count. */
-int store_list_objects(store_t *st,
-                       void (*fn)(const store_object_info_t *info, void *arg),
+int store_list_objects(store_t *st, void (*fn)(const store_object_info_t *info, void *arg),
                        void *arg);
 
 /*
@@ -201,8 +199,8 @@ int store_list_objects(store_t *st,
  * = all), or of one object when object_id != 0.  With dry_run nothing is
  * deleted.  Reports what was (or would be) freed.  Returns 0 or a code.
  */
-int store_evict(store_t *st, const char *prefix, uint64_t object_id,
-                int dry_run, uint64_t *entries, uint64_t *bytes);
+int store_evict(store_t *st, const char *prefix, uint64_t object_id, int dry_run, uint64_t *entries,
+                uint64_t *bytes);
 
 /*
  * Reads every value, checks its checksum and deletes the bad ones.  Returns

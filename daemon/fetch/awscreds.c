@@ -101,8 +101,7 @@ int64_t awscreds_parse_time(const char *s) {
     return 0;
   const char *p = s + n;
   if (*p == '.')
-    for (p++; isdigit((unsigned char)*p); p++) {
-    }
+    for (p++; isdigit((unsigned char)*p); p++) {}
   int64_t offset = 0;
   if (*p == '+' || *p == '-') {
     int hh = 0, mm = 0, m = 0;
@@ -169,24 +168,26 @@ static const char *json_string(const char *p, char **out) {
     if (c == '\\') {
       c = *++p;
       switch (c) {
-      case 'n': c = '\n'; break;
-      case 't': c = '\t'; break;
-      case 'r': c = '\r'; break;
-      case 'b': c = '\b'; break;
-      case 'f': c = '\f'; break;
-      case 'u': {
-        unsigned v = 0;
-        for (int i = 1; i <= 4; i++) {
-          char h = p[i];
-          if (!isxdigit((unsigned char)h)) goto bad;
-          v = v * 16 + (unsigned)(isdigit((unsigned char)h) ? h - '0' : (tolower(h) - 'a' + 10));
+        case 'n': c = '\n'; break;
+        case 't': c = '\t'; break;
+        case 'r': c = '\r'; break;
+        case 'b': c = '\b'; break;
+        case 'f': c = '\f'; break;
+        case 'u': {
+          unsigned v = 0;
+          for (int i = 1; i <= 4; i++) {
+            char h = p[i];
+            if (!isxdigit((unsigned char)h)) goto bad;
+            v = v * 16 + (unsigned)(isdigit((unsigned char)h) ? h - '0' : (tolower(h) - 'a' + 10));
+          }
+          p += 4;
+          c = v < 0x80 ? (char)v : '?';
+          break;
         }
-        p += 4;
-        c = v < 0x80 ? (char)v : '?';
-        break;
-      }
-      case '"': case '\\': case '/': break;
-      default: goto bad;
+        case '"':
+        case '\\':
+        case '/': break;
+        default: goto bad;
       }
     }
     if (out) {
@@ -296,7 +297,8 @@ static int value_from_json(const char *json, const char *source, const char *tok
   int rc = json_fields(json, f, nf);
   if (rc != 0) {
     snprintf(err, errlen, "%s: the answer is not a JSON object", source);
-  } else if (strcmp(source, "process") == 0 && (f[4].value == NULL || strcmp(f[4].value, "1") != 0)) {
+  } else if (strcmp(source, "process") == 0 &&
+             (f[4].value == NULL || strcmp(f[4].value, "1") != 0)) {
     snprintf(err, errlen, "process: the credential_process output is not Version 1");
     rc = LARDER_ECORRUPT;
   } else if (f[5].value && strcmp(f[5].value, "Success") != 0) {
@@ -431,15 +433,15 @@ static int timeout_s(const walk_t *w) { return w->o->timeout_s ? (int)w->o->time
 typedef struct sts_parse {
   char path[4][32]; /* the innermost elements, by depth (capped) */
   int depth;
-  int field;        /* which of text[] the current element fills, or -1 */
-  char *text[6];    /* AccessKeyId, SecretAccessKey, SessionToken,
+  int field;     /* which of text[] the current element fills, or -1 */
+  char *text[6]; /* AccessKeyId, SecretAccessKey, SessionToken,
                        Expiration, Code, Message */
   size_t len[6];
   int over;
 } sts_parse_t;
 
-static const char *const sts_names[6] = {"AccessKeyId", "SecretAccessKey", "SessionToken",
-                                         "Expiration",  "Code",            "Message"};
+static const char *const sts_names[6] = {
+    "AccessKeyId", "SecretAccessKey", "SessionToken", "Expiration", "Code", "Message"};
 
 static void XMLCALL sts_start(void *arg, const XML_Char *name, const XML_Char **attrs) {
   (void)attrs;
@@ -518,8 +520,8 @@ static int web_identity(const walk_t *w, awscreds_value_t *out) {
   const char *sn = env("AWS_ROLE_SESSION_NAME");
   if (sn) snprintf(session, sizeof(session), "%s", sn);
   else snprintf(session, sizeof(session), "larderd-%ld", (long)getpid());
-  const char *endpoint = w->o->sts_endpoint && *w->o->sts_endpoint ? w->o->sts_endpoint
-                                                                   : env("AWS_ENDPOINT_URL_STS");
+  const char *endpoint =
+      w->o->sts_endpoint && *w->o->sts_endpoint ? w->o->sts_endpoint : env("AWS_ENDPOINT_URL_STS");
   char url[512];
   if (endpoint) snprintf(url, sizeof(url), "%s", endpoint);
   else
@@ -548,8 +550,8 @@ static int web_identity(const walk_t *w, awscreds_value_t *out) {
   struct curl_slist *h2 = h ? curl_slist_append(h, "Accept: application/xml") : NULL;
   body_t b;
   memset(&b, 0, sizeof(b));
-  int status = h2 ? http(w, "web_identity", "POST", url, h2, body, 5, timeout_s(w), &b)
-                  : LARDER_ENOMEM;
+  int status =
+      h2 ? http(w, "web_identity", "POST", url, h2, body, 5, timeout_s(w), &b) : LARDER_ENOMEM;
   curl_slist_free_all(h2 ? h2 : h);
   free_secret(body);
   if (status < 0) {
@@ -710,8 +712,7 @@ static int run_process(const walk_t *w, const char *cmd, char **out) {
     kill(pid, SIGKILL);
   }
   int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
   if (rc == 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
     rc = LARDER_EIO;
     snprintf(w->err, w->errlen, "process: credential_process exited with status %d",
@@ -772,9 +773,9 @@ static int container_host_ok(const char *url) {
   if (strncasecmp(url, "https://", 8) == 0) return 1;
   if (strncasecmp(url, "http://", 7) != 0) return 0;
   const char *h = url + 7;
-  static const char *const ok[] = {"127.", "localhost:", "localhost/", "[::1]",
-                                   "169.254.170.2:", "169.254.170.2/", "169.254.170.23:",
-                                   "169.254.170.23/", "[fd00:ec2::23]"};
+  static const char *const ok[] = {
+      "127.",           "localhost:",      "localhost/",      "[::1]",         "169.254.170.2:",
+      "169.254.170.2/", "169.254.170.23:", "169.254.170.23/", "[fd00:ec2::23]"};
   for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
     if (strncasecmp(h, ok[i], strlen(ok[i])) == 0) return 1;
   return strcasecmp(h, "localhost") == 0 || strcmp(h, "169.254.170.2") == 0 ||
@@ -889,8 +890,8 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
     rc = LARDER_ENOENT;
   }
   if (rc == 0) {
-    snprintf(url, sizeof(url), "%.*s/latest/meta-data/iam/security-credentials/%s", (int)bl,
-             base, role);
+    snprintf(url, sizeof(url), "%.*s/latest/meta-data/iam/security-credentials/%s", (int)bl, base,
+             role);
     status = http(w, "imds", "GET", url, h, NULL, 1, 3, &b);
     if (status == 200) {
       rc = value_from_json(b.data, "imds", "Token", out, w->err, w->errlen);
@@ -924,8 +925,8 @@ static int walk(const walk_t *w, awscreds_value_t *out) {
   /* libcurl's global state, once, before any request of ours. */
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, init_curl);
-  int (*const sources[])(const walk_t *, awscreds_value_t *) = {env_source, web_identity,
-                                                                profile, container, imds};
+  int (*const sources[])(const walk_t *, awscreds_value_t *) = {env_source, web_identity, profile,
+                                                                container, imds};
   memset(out, 0, sizeof(*out));
   for (size_t i = 0; i < sizeof(sources) / sizeof(sources[0]); i++) {
     if (stopped(w->stop)) {
@@ -944,8 +945,7 @@ static int walk(const walk_t *w, awscreds_value_t *out) {
   return LARDER_ENOENT;
 }
 
-int awscreds_resolve(const awscreds_options_t *o, awscreds_value_t *out, char *err,
-                     size_t errlen) {
+int awscreds_resolve(const awscreds_options_t *o, awscreds_value_t *out, char *err, size_t errlen) {
   char scratch[8];
   walk_t w = {o, NULL, err ? err : scratch, err ? errlen : sizeof(scratch)};
   w.err[0] = '\0';

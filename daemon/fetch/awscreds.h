@@ -79,8 +79,7 @@ void awscreds_value_clear(awscreds_value_t *v);
 /* Walks the chain once.  Returns 0 with *out filled, LARDER_ENOENT when no
  * source has credentials (err says so), or another code when a source that
  * applies failed (err names it); *out is empty then. */
-int awscreds_resolve(const awscreds_options_t *o, awscreds_value_t *out, char *err,
-                     size_t errlen);
+int awscreds_resolve(const awscreds_options_t *o, awscreds_value_t *out, char *err, size_t errlen);
 
 /* Parses an ISO 8601 UTC time ("2026-11-28T04:00:00Z", fraction allowed)
  * into unix seconds; 0 when it is not one. */

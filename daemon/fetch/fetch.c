@@ -58,7 +58,7 @@ typedef struct host_slot {
   struct host_slot *next;
   char name[256];
   uint32_t inflight;
-  uint32_t refs;       /* requests whose host it is */
+  uint32_t refs; /* requests whose host it is */
 } host_slot_t;
 
 struct fetch {
@@ -74,10 +74,10 @@ struct fetch {
   uint64_t inflight_bytes;
   uint32_t demand_running; /* running requests that a trainer waits for */
   int running;
-  fetch_req_t *live;            /* every request not finished yet */
-  whole_obj_t *wholes;          /* most recently used first */
+  fetch_req_t *live;   /* every request not finished yet */
+  whole_obj_t *wholes; /* most recently used first */
   uint64_t whole_bytes;
-  uint32_t num_wholes;          /* at most WHOLES_MAX */
+  uint32_t num_wholes; /* at most WHOLES_MAX */
   int closing;
   int handles_open; /* uv handles not yet closed (timer + polls + reqs) */
   void (*done)(void *);
@@ -87,15 +87,15 @@ struct fetch {
 
 struct fetch_req {
   fetch_t *f;
-  fetch_req_t *next; /* queue link */
+  fetch_req_t *next;                  /* queue link */
   fetch_req_t *live_prev, *live_next; /* fetch_t.live: not finished yet */
   int live;
   char *url;
   char *real_url;
   fetch_range_t range;
   int ranged;
-  int ahead;        /* read-ahead: queued behind the demand requests */
-  int demand_slot;  /* counted in demand_running */
+  int ahead;       /* read-ahead: queued behind the demand requests */
+  int demand_slot; /* counted in demand_running */
   fetch_cb cb;
   void *arg;
   CURL *easy;
@@ -104,17 +104,17 @@ struct fetch_req {
   uint64_t charged; /* bytes counted in inflight_bytes */
   uint8_t *buf;
   uint64_t len, cap;
-  uint64_t expect;  /* bytes the range asks for (0: unknown) */
-  int overflow;     /* the body went past body_limit */
+  uint64_t expect;    /* bytes the range asks for (0: unknown) */
+  int overflow;       /* the body went past body_limit */
   int error_body_cut; /* an error body reached FETCH_ERROR_BODY_MAX */
   int header_too_long;
-  int conditional;  /* asked with If-None-Match / If-Modified-Since */
-  int is_list;      /* a ListObjectsV2 page */
+  int conditional;         /* asked with If-None-Match / If-Modified-Since */
+  int is_list;             /* a ListObjectsV2 page */
   uint64_t retry_after_ms; /* the last answer's Retry-After (0: none) */
   uint64_t known_size;     /* fetch_range_t.object_size */
   char known_etag[128];
   char known_lm[64];
-  char reval_etag[128];    /* fetch_range_t.revalidate_* */
+  char reval_etag[128]; /* fetch_range_t.revalidate_* */
   char reval_lm[64];
   long http_status;
   char content_range[128];
@@ -792,8 +792,7 @@ static void whole_drop(fetch_t *f, const char *url) {
 static int serve_from_whole(fetch_req_t *r, int deferred) {
   whole_obj_t *w = find_whole(r->f, r->url);
   if (w == NULL) return 0;
-  if (!version_same(r->known_size, r->known_etag, r->known_lm, w->size, w->etag,
-                    w->last_modified))
+  if (!version_same(r->known_size, r->known_etag, r->known_lm, w->size, w->etag, w->last_modified))
     return 0;
   uint64_t off = r->range.suffix ? (r->range.suffix > w->size ? 0 : w->size - r->range.suffix)
                  : r->ranged     ? r->range.offset
@@ -844,15 +843,13 @@ static int body_refused(fetch_req_t *r, const char *where, int *retry) {
              "%s: HTTP %ld: the server sent the whole object (it ignores Range) and its "
              "%llu bytes are more than fetch_whole_bytes (%llu bytes), the most larderd "
              "keeps of such objects",
-             where, r->http_status, (unsigned long long)r->known_size,
-             (unsigned long long)limit);
+             where, r->http_status, (unsigned long long)r->known_size, (unsigned long long)limit);
   } else if (r->http_status == 206 || r->known_size) {
     /* More than the range, or than the object the stream opened: a
      * wrong answer (an error page, another version), maybe not the
      * next one. */
-    snprintf(r->msg, sizeof(r->msg),
-             "%s: HTTP %ld: the body is longer than the %llu bytes %s", where,
-             r->http_status, (unsigned long long)limit,
+    snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld: the body is longer than the %llu bytes %s",
+             where, r->http_status, (unsigned long long)limit,
              r->http_status == 206 ? "the range asked for" : "of the object");
   } else if (r->is_list) {
     *retry = 0;
@@ -903,9 +900,7 @@ static int transfer_failed(fetch_req_t *r, CURLcode cc, const char *where, const
       snprintf(r->msg, sizeof(r->msg), "%s: %s%s", where, why,
                cc == CURLE_OPERATION_TIMEDOUT ? " (stalled or timed out)" : "");
       break;
-    case CURLE_WRITE_ERROR:
-      code = body_refused(r, where, retry);
-      break;
+    case CURLE_WRITE_ERROR: code = body_refused(r, where, retry); break;
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
       code = LARDER_EACCES;
@@ -939,9 +934,8 @@ static int partial_answer(fetch_req_t *r, const char *where, int *retry) {
     if (a != want_a || b != want_b || (total && b >= total)) {
       code = LARDER_ECORRUPT;
       *retry = 1;
-      snprintf(r->msg, sizeof(r->msg),
-               "%s: asked for bytes %llu-%llu, the server answered %s", where,
-               (unsigned long long)want_a, (unsigned long long)want_b, r->content_range);
+      snprintf(r->msg, sizeof(r->msg), "%s: asked for bytes %llu-%llu, the server answered %s",
+               where, (unsigned long long)want_a, (unsigned long long)want_b, r->content_range);
     } else if (r->len != b - a + 1) {
       code = LARDER_EREMOTE;
       *retry = 1;
@@ -981,8 +975,7 @@ static int not_modified_answer(fetch_req_t *r, const char *where, int *retry) {
      * remote_hostile_headers. */
     code = LARDER_EREMOTE;
     *retry = 1;
-    snprintf(r->msg, sizeof(r->msg),
-             "%s: HTTP 304 Not Modified to a request %s", where,
+    snprintf(r->msg, sizeof(r->msg), "%s: HTTP 304 Not Modified to a request %s", where,
              r->conditional ? "whose object larderd no longer keeps"
                             : "that was not conditional (a caching proxy answering wrongly?)");
   }
@@ -1015,8 +1008,7 @@ static int whole_answer(fetch_req_t *r, const char *where, int *retry) {
              "%s: HTTP 200 with %llu bytes%s%s answering a range request, but the object is "
              "%llu bytes%s%s: not the object (an error page?); not used",
              where, (unsigned long long)r->len, r->etag[0] ? ", ETag " : "", r->etag,
-             (unsigned long long)r->known_size, r->known_etag[0] ? ", ETag " : "",
-             r->known_etag);
+             (unsigned long long)r->known_size, r->known_etag[0] ? ", ETag " : "", r->known_etag);
   } else {
     r->res.object_size = r->len;
     if (r->ranged || r->range.suffix) {
@@ -1050,8 +1042,7 @@ static int whole_answer(fetch_req_t *r, const char *where, int *retry) {
 /* Any other status: refused (4xx, 3xx) or failed (5xx, 429).  Returns the
  * code (never 0), with r->msg and *retry set.  s3: S3's error code from the
  * body, or "". */
-static int status_refused(fetch_req_t *r, long st, const char *s3, const char *where,
-                          int *retry) {
+static int status_refused(fetch_req_t *r, long st, const char *s3, const char *where, int *retry) {
   int code;
   if (st == 403 || st == 401) {
     code = LARDER_EACCES;
@@ -1059,8 +1050,7 @@ static int status_refused(fetch_req_t *r, long st, const char *s3, const char *w
              where, st, s3[0] ? " " : "", s3);
   } else if (st == 404) {
     code = LARDER_ENOENT;
-    snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? " " : "",
-             s3);
+    snprintf(r->msg, sizeof(r->msg), "not found: %s (HTTP 404%s%s)", where, s3[0] ? " " : "", s3);
   } else if (st >= 300 && st < 400) {
     code = LARDER_EREMOTE;
     snprintf(r->msg, sizeof(r->msg),
@@ -1073,16 +1063,18 @@ static int status_refused(fetch_req_t *r, long st, const char *s3, const char *w
       snprintf(r->msg, sizeof(r->msg), "%s: not a Parquet file: the object is empty (HTTP 416)",
                where);
     else
-      snprintf(r->msg, sizeof(r->msg), "%s: range not satisfiable (HTTP 416): the object is "
-               "shorter than its footer says", where);
+      snprintf(r->msg, sizeof(r->msg),
+               "%s: range not satisfiable (HTTP 416): the object is "
+               "shorter than its footer says",
+               where);
   } else if (st == 429 || st >= 500) {
     code = LARDER_EREMOTE;
     *retry = 1;
     snprintf(r->msg, sizeof(r->msg), "%s: HTTP %ld%s%s", where, st, s3[0] ? " " : "", s3);
   } else if (st == 400 && strstr(s3, "Signature")) {
     code = LARDER_EACCES;
-    snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP 400 %s)",
-             where, s3);
+    snprintf(r->msg, sizeof(r->msg), "access denied for %s: check credentials (HTTP 400 %s)", where,
+             s3);
   } else {
     code = LARDER_EREMOTE;
     snprintf(r->msg, sizeof(r->msg), "%s: unexpected HTTP %ld%s%s", where, st, s3[0] ? " " : "",
@@ -1172,10 +1164,8 @@ static void completed(fetch_req_t *r, CURLcode cc) {
   const char *why = r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc);
   /* An error body cut at its cap still has its status to decide by. */
   if (cc == CURLE_WRITE_ERROR && r->error_body_cut && !r->header_too_long) cc = CURLE_OK;
-  if (cc != CURLE_OK)
-    code = transfer_failed(r, cc, where, why, &retry);
-  else
-    code = http_answer(r, where, &retry);
+  if (cc != CURLE_OK) code = transfer_failed(r, cc, where, why, &retry);
+  else code = http_answer(r, where, &retry);
   if (code == ENDED) return;
   if (code == 0) {
     succeeded(r);
@@ -1248,8 +1238,8 @@ int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out) {
   }
   s3_signer_init(&f->s3, opts->s3_region);
   f->opts.s3_access_key = f->opts.s3_secret_key = f->opts.s3_session_token = NULL;
-  if (fetch_set_credentials(f, opts->s3_access_key, opts->s3_secret_key,
-                            opts->s3_session_token) != 0) {
+  if (fetch_set_credentials(f, opts->s3_access_key, opts->s3_secret_key, opts->s3_session_token) !=
+      0) {
     curl_multi_cleanup(f->multi);
     free(f);
     return LARDER_ENOMEM;

@@ -62,23 +62,23 @@ typedef struct fetch_options {
   uint32_t max_inflight_per_host; /* concurrent requests to one host */
   uint64_t max_inflight_bytes;    /* bytes of ranges in flight, all hosts */
   uint32_t max_retries;
-  uint32_t retry_base_ms;         /* first backoff; doubles, with jitter */
+  uint32_t retry_base_ms; /* first backoff; doubles, with jitter */
   uint32_t retry_max_ms;
   uint32_t connect_timeout_s;
-  uint32_t low_speed_bytes;       /* a transfer slower than this ... */
-  uint32_t low_speed_time_s;      /* ... for this long is a stall, retried */
-  uint64_t max_whole_bytes;       /* objects kept whole (Range ignored), LRU */
+  uint32_t low_speed_bytes;  /* a transfer slower than this ... */
+  uint32_t low_speed_time_s; /* ... for this long is a stall, retried */
+  uint64_t max_whole_bytes;  /* objects kept whole (Range ignored), LRU */
   int tls_verify;
-  const char *ca_file;            /* NULL: the system's */
+  const char *ca_file; /* NULL: the system's */
   /* S3 */
   const char *s3_region;
-  const char *s3_endpoint;        /* "http://host:port"; NULL: AWS */
-  int s3_path_style;              /* bucket in the path, not the host name */
-  uint32_t s3_list_max_keys;      /* ListObjectsV2 page size (1..1000) */
+  const char *s3_endpoint;   /* "http://host:port"; NULL: AWS */
+  int s3_path_style;         /* bucket in the path, not the host name */
+  uint32_t s3_list_max_keys; /* ListObjectsV2 page size (1..1000) */
   const char *s3_access_key;
   const char *s3_secret_key;
   const char *s3_session_token;
-  stats_global_t *stats;          /* fetch_* counters, may be NULL */
+  stats_global_t *stats; /* fetch_* counters, may be NULL */
 } fetch_options_t;
 
 void fetch_options_init(fetch_options_t *opts);
@@ -108,17 +108,17 @@ void fetch_destroy(fetch_t *f, void (*done)(void *arg), void *arg);
 
 /* What a finished request hands back. */
 typedef struct fetch_result {
-  int status;             /* 0 or a negative code */
-  const char *message;    /* the error, when status < 0 */
-  uint8_t *data;          /* the bytes (owned by the request) */
+  int status;          /* 0 or a negative code */
+  const char *message; /* the error, when status < 0 */
+  uint8_t *data;       /* the bytes (owned by the request) */
   uint64_t length;
-  uint64_t object_size;   /* from Content-Range or Content-Length */
+  uint64_t object_size; /* from Content-Range or Content-Length */
   char etag[128];
   char last_modified[64];
-  int whole_object;       /* the server ignored Range */
-  int not_modified;       /* a 304 to fetch_range_t.revalidate_*: the
+  int whole_object;  /* the server ignored Range */
+  int not_modified;  /* a 304 to fetch_range_t.revalidate_*: the
                              caller's copy is current (no bytes) */
-  uint64_t fetch_ns;      /* time from start to completion, retries included */
+  uint64_t fetch_ns; /* time from start to completion, retries included */
   int attempts;
 } fetch_result_t;
 
@@ -179,7 +179,7 @@ uint8_t *fetch_req_steal(fetch_req_t *req, uint64_t *length);
 /* S3 listing                                                                */
 
 typedef struct fetch_object {
-  char *url;      /* s3://bucket/key */
+  char *url; /* s3://bucket/key */
   uint64_t size;
   char etag[128];
 } fetch_object_t;
@@ -192,8 +192,7 @@ typedef void (*fetch_list_cb)(int status, const char *message, fetch_object_t *o
  * tokens, keeping keys that match pattern (fnmatch; NULL = all).  cb gets
  * the objects sorted by URL (the caller frees each url and the array).
  */
-int fetch_list(fetch_t *f, const char *s3_prefix, const char *pattern, fetch_list_cb cb,
-               void *arg);
+int fetch_list(fetch_t *f, const char *s3_prefix, const char *pattern, fetch_list_cb cb, void *arg);
 
 /* Writes url without credentials or query secrets into buf. */
 void fetch_redact(const char *url, char *buf, size_t size);

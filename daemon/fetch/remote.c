@@ -29,10 +29,11 @@ static void warn_unvalidated(const char *url) {
   unvalidated[unvalidated_next++ % UNVALIDATED_SLOTS] = h;
   char where[600];
   fetch_redact(url, where, sizeof(where));
-  log_warn("%s has neither an ETag nor a Last-Modified header: if it is replaced by an object of "
-           "the same size, larderd cannot tell, and may serve cached data of the old version or "
-           "a mix of both",
-           where);
+  log_warn(
+      "%s has neither an ETag nor a Last-Modified header: if it is replaced by an object of "
+      "the same size, larderd cannot tell, and may serve cached data of the old version or "
+      "a mix of both",
+      where);
 }
 
 typedef struct resolve_ctx {
@@ -43,7 +44,7 @@ typedef struct resolve_ctx {
   uint32_t guess, max_footer;
   remote_object_t *objs;
   size_t n, cap;
-  int pending;     /* listings and footer reads outstanding */
+  int pending; /* listings and footer reads outstanding */
   int status;
   char message[1024];
   int done;
@@ -53,8 +54,8 @@ typedef struct fentry fentry_t;
 
 typedef struct footer_req {
   resolve_ctx_t *rc;
-  size_t index;    /* in rc->objs */
-  fentry_t *e;     /* its URL's entry in the footer set, or NULL */
+  size_t index; /* in rc->objs */
+  fentry_t *e;  /* its URL's entry in the footer set, or NULL */
 } footer_req_t;
 
 /* ------------------------------------------------------------------------ */
@@ -68,16 +69,16 @@ typedef struct waiter {
 } waiter_t;
 
 struct fentry {
-  htab_node_t node;       /* by the URL's hash */
-  fentry_t *prev, *next;  /* recency, most recent first (entries with a footer) */
+  htab_node_t node;      /* by the URL's hash */
+  fentry_t *prev, *next; /* recency, most recent first (entries with a footer) */
   char *url;
   uint64_t size;
   char etag[128];
   char last_modified[64];
-  uint8_t *footer;        /* NULL until a read gave one */
+  uint8_t *footer; /* NULL until a read gave one */
   uint32_t footer_len;
-  int reading;            /* a read of it is under way */
-  waiter_t *waiters;      /* resolutions taking that read's result */
+  int reading;       /* a read of it is under way */
+  waiter_t *waiters; /* resolutions taking that read's result */
 };
 
 struct remote_footers {

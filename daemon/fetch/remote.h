@@ -29,15 +29,15 @@ typedef struct remote_object {
   uint64_t size;
   char etag[128];
   char last_modified[64];
-  uint8_t *footer;      /* the FileMetaData bytes (no tail) */
+  uint8_t *footer; /* the FileMetaData bytes (no tail) */
   uint32_t footer_len;
 } remote_object_t;
 
 /* Whether a source names a remote object or prefix. */
 int remote_is_url(const char *source);
 
-typedef void (*remote_cb)(int status, const char *message, remote_object_t *objects,
-                          size_t count, void *arg);
+typedef void (*remote_cb)(int status, const char *message, remote_object_t *objects, size_t count,
+                          void *arg);
 
 /*
  * The raw footers of remote objects, kept for the streams that open them

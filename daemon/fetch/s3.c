@@ -35,7 +35,8 @@ char *s3_http_url(const fetch_options_t *opts, const char *url, const char *quer
   }
   size_t j = 0;
   for (size_t i = 0; i < el; i++) {
-    if (ekey[i] == '%' && i + 2 < el && ekey[i + 1] == '2' && (ekey[i + 2] == 'F' || ekey[i + 2] == 'f')) {
+    if (ekey[i] == '%' && i + 2 < el && ekey[i + 1] == '2' &&
+        (ekey[i + 2] == 'F' || ekey[i + 2] == 'f')) {
       k2[j++] = '/';
       i += 2;
     } else {
@@ -137,8 +138,8 @@ void s3_signer_free(s3_signer_t *s) {
   s->userpwd = NULL;
 }
 
-int s3_sign(const s3_signer_t *s, CURL *e, struct curl_slist **headers, const char *url,
-            char *msg, size_t msglen) {
+int s3_sign(const s3_signer_t *s, CURL *e, struct curl_slist **headers, const char *url, char *msg,
+            size_t msglen) {
   const char *session_token = s->cred[2];
   if (s->cred[0] == NULL || s->cred[1] == NULL) {
     snprintf(msg, msglen,
@@ -181,7 +182,7 @@ struct s3_listing {
   size_t n, cap;
   char token[1024];
   int pages;
-  int empty_pages;    /* truncated pages in a row with no key */
+  int empty_pages;     /* truncated pages in a row with no key */
   char last_key[1100]; /* the greatest key listed so far */
 };
 
@@ -221,8 +222,8 @@ void s3_listing_next_page(s3_listing_t *ls, uint32_t max_keys, char *query, size
   /* Parameters in sorted order: libcurl 7.88 signs the query as written,
    * and S3 verifies it sorted. */
   if (max_keys == 0 || max_keys > 1000) max_keys = 1000;
-  snprintf(query, qsize, "%s%s%slist-type=2&max-keys=%u&prefix=%s",
-           et ? "continuation-token=" : "", et ? et : "", et ? "&" : "", max_keys, ep ? ep : "");
+  snprintf(query, qsize, "%s%s%slist-type=2&max-keys=%u&prefix=%s", et ? "continuation-token=" : "",
+           et ? et : "", et ? "&" : "", max_keys, ep ? ep : "");
   curl_free(ep);
   curl_free(et);
   snprintf(bucket_url, bsize, "s3://%s/", ls->bucket);
@@ -247,13 +248,13 @@ typedef struct list_entry {
 typedef struct list_parse {
   list_entry_t *v;
   size_t n, cap;
-  int contents;          /* <Contents> elements seen */
+  int contents; /* <Contents> elements seen */
   int truncated;
   char token[1024];
-  int depth;             /* element depth: 1 is ListBucketResult */
-  int in_contents;       /* the depth of the <Contents> we are in, or 0 */
-  const char *field;     /* the leaf being read: "Key", "Size", ... or NULL */
-  char *text;            /* its characters so far */
+  int depth;         /* element depth: 1 is ListBucketResult */
+  int in_contents;   /* the depth of the <Contents> we are in, or 0 */
+  const char *field; /* the leaf being read: "Key", "Size", ... or NULL */
+  char *text;        /* its characters so far */
   size_t len, tcap;
   int oom;
 } list_parse_t;
@@ -279,11 +280,10 @@ static void XMLCALL lp_start(void *data, const XML_Char *name, const XML_Char **
     }
     memset(&lp->v[lp->n++], 0, sizeof(list_entry_t));
   } else if (lp->in_contents && lp->depth == lp->in_contents + 1 &&
-             (strcmp(name, "Key") == 0 || strcmp(name, "Size") == 0 ||
-              strcmp(name, "ETag") == 0)) {
+             (strcmp(name, "Key") == 0 || strcmp(name, "Size") == 0 || strcmp(name, "ETag") == 0)) {
     lp->field = strcmp(name, "Key") == 0 ? "Key" : strcmp(name, "Size") == 0 ? "Size" : "ETag";
-  } else if (lp->depth == 2 && (strcmp(name, "IsTruncated") == 0 ||
-                                strcmp(name, "NextContinuationToken") == 0)) {
+  } else if (lp->depth == 2 &&
+             (strcmp(name, "IsTruncated") == 0 || strcmp(name, "NextContinuationToken") == 0)) {
     lp->field = name[0] == 'I' ? "IsTruncated" : "NextContinuationToken";
   }
 }
@@ -408,8 +408,8 @@ static int take_keys(s3_listing_t *ls, const list_parse_t *lp, const char *where
   return 0;
 }
 
-int s3_listing_page(s3_listing_t *ls, const char *data, size_t len, const char *where,
-                    char *msg, size_t msglen) {
+int s3_listing_page(s3_listing_t *ls, const char *data, size_t len, const char *where, char *msg,
+                    size_t msglen) {
   list_parse_t lp;
   char perr[300];
   int prc = list_parse(data, len, &lp, perr, sizeof(perr));

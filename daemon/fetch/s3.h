@@ -69,8 +69,8 @@ void s3_signer_free(s3_signer_t *s);
  * without credentials (msg says where they may come from); LARDER_ENOMEM.
  * On failure *headers stays a valid list for the caller to free.
  */
-int s3_sign(const s3_signer_t *s, CURL *e, struct curl_slist **headers, const char *url,
-            char *msg, size_t msglen);
+int s3_sign(const s3_signer_t *s, CURL *e, struct curl_slist **headers, const char *url, char *msg,
+            size_t msglen);
 
 /* ------------------------------------------------------------------------ */
 /* ListObjectsV2                                                             */
@@ -104,8 +104,8 @@ char *s3_listing_name(const s3_listing_t *ls);
  * of order, a repeated continuation token, 100 empty pages in a row),
  * LARDER_ELIMIT (more than 100,000 pages).
  */
-int s3_listing_page(s3_listing_t *ls, const char *data, size_t len, const char *where,
-                    char *msg, size_t msglen);
+int s3_listing_page(s3_listing_t *ls, const char *data, size_t len, const char *where, char *msg,
+                    size_t msglen);
 
 /* The objects listed, sorted by URL; the caller owns each url and the
  * array (NULL when there is none).  The listing keeps none of them. */

@@ -8,9 +8,7 @@
 
 /* The opaque part of an ETag: W/"x" and "x" name the same version (a
  * server or proxy may weaken an ETag, e.g. when it compresses). */
-static const char *etag_opaque(const char *e) {
-  return e[0] == 'W' && e[1] == '/' ? e + 2 : e;
-}
+static const char *etag_opaque(const char *e) { return e[0] == 'W' && e[1] == '/' ? e + 2 : e; }
 
 int version_same(uint64_t size_a, const char *etag_a, const char *lm_a, uint64_t size_b,
                  const char *etag_b, const char *lm_b) {

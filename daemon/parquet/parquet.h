@@ -59,8 +59,8 @@ extern "C" {
 /* Errors                                                                    */
 
 typedef struct pq_error {
-  int code;       /* a negative larder_errno_t, or 0 */
-  char msg[512];  /* "<file>: column '<path>', row group <n>: <what>" */
+  int code;      /* a negative larder_errno_t, or 0 */
+  char msg[512]; /* "<file>: column '<path>', row group <n>: <what>" */
   /* With LARDER_ELIMIT: one page alone needs more decoded bytes than
    * max_chunk_decoded_bytes (its header claims that many values), so
    * reading fewer rows at once would not help. */
@@ -81,28 +81,26 @@ typedef struct pq_source {
    * larder_errno_t (LARDER_EIO, LARDER_ECORRUPT for a short read).  Called
    * only from the thread that uses the reader.
    */
-  int (*read)(const struct pq_source *src, uint64_t off, size_t len,
-              void *buf);
+  int (*read)(const struct pq_source *src, uint64_t off, size_t len, void *buf);
   /*
    * Optional.  When the source already holds [off, off + len) in memory it
    * may return a pointer to it (valid until the source is closed) and spare
    * the decoder a copy; otherwise NULL.
    */
-  const uint8_t *(*map)(const struct pq_source *src, uint64_t off,
-                        size_t len);
+  const uint8_t *(*map)(const struct pq_source *src, uint64_t off, size_t len);
   /*
    * Optional.  Says that [off, off + len) will be read soon: a mapped file
    * fills its page tables for the range in one call, instead of taking a
    * page fault for every 4 KiB the decoder touches.
    */
   void (*will_read)(const struct pq_source *src, uint64_t off, uint64_t len);
-  void *ctx;     /* the callbacks' own state */
-  intptr_t fd;   /* file sources: the descriptor */
+  void *ctx;   /* the callbacks' own state */
+  intptr_t fd; /* file sources: the descriptor */
   /* Set when map() returns memory that can fault (a mapped file that may be
    * truncated under us): readers then catch SIGBUS and fail with LARDER_EIO
    * instead of taking the process down. */
   int may_fault;
-  uint64_t size; /* total size of the object in bytes */
+  uint64_t size;  /* total size of the object in bytes */
   char name[256]; /* path or URL, for error messages only */
 } pq_source;
 
@@ -120,8 +118,7 @@ int pq_source_open_fd(pq_source *src, int fd, const char *name, pq_error *err);
 void pq_source_close_file(pq_source *src);
 
 /* A source over len bytes at data, which the caller keeps alive. */
-void pq_source_init_memory(pq_source *src, const void *data, size_t len,
-                           const char *name);
+void pq_source_init_memory(pq_source *src, const void *data, size_t len, const char *name);
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
@@ -153,11 +150,7 @@ typedef enum pq_physical {
   PQ_PHYSICAL_NONE = -1 /* a group */
 } pq_physical_t;
 
-typedef enum pq_repetition {
-  PQ_REQUIRED = 0,
-  PQ_OPTIONAL = 1,
-  PQ_REPEATED = 2
-} pq_repetition_t;
+typedef enum pq_repetition { PQ_REQUIRED = 0, PQ_OPTIONAL = 1, PQ_REPEATED = 2 } pq_repetition_t;
 
 /* Codec numbers as in parquet.thrift's CompressionCodec. */
 typedef enum pq_codec {
@@ -205,33 +198,33 @@ typedef enum pq_logical_kind {
   PQ_LT_BSON = 13,
   PQ_LT_UUID = 14,
   PQ_LT_FLOAT16 = 15,
-  PQ_LT_INTERVAL = 100, /* legacy ConvertedType INTERVAL only */
+  PQ_LT_INTERVAL = 100,     /* legacy ConvertedType INTERVAL only */
   PQ_LT_MAP_KEY_VALUE = 101 /* legacy ConvertedType MAP_KEY_VALUE only */
 } pq_logical_kind_t;
 
 typedef struct pq_logical {
   pq_logical_kind_t kind;
-  int32_t precision, scale;   /* DECIMAL */
-  larder_time_unit_t unit;    /* TIME, TIMESTAMP */
-  int utc;                    /* TIME, TIMESTAMP: isAdjustedToUTC */
-  int bit_width, is_signed;   /* INTEGER */
+  int32_t precision, scale; /* DECIMAL */
+  larder_time_unit_t unit;  /* TIME, TIMESTAMP */
+  int utc;                  /* TIME, TIMESTAMP: isAdjustedToUTC */
+  int bit_width, is_signed; /* INTEGER */
 } pq_logical_t;
 
 /* One node of the Parquet schema tree (a SchemaElement). */
 typedef struct pq_schema_node {
   char *name;
-  pq_physical_t physical;     /* PQ_PHYSICAL_NONE for groups */
-  int32_t type_length;        /* FIXED_LEN_BYTE_ARRAY */
+  pq_physical_t physical; /* PQ_PHYSICAL_NONE for groups */
+  int32_t type_length;    /* FIXED_LEN_BYTE_ARRAY */
   pq_repetition_t repetition;
-  int converted;              /* ConvertedType number, -1 when absent */
+  int converted; /* ConvertedType number, -1 when absent */
   pq_logical_t logical;
-  int32_t field_id;           /* -1 when absent */
+  int32_t field_id; /* -1 when absent */
   int num_children;
   struct pq_schema_node *children;
   struct pq_schema_node *parent;
   int16_t def_level, rep_level; /* counting this node */
-  int leaf_index;             /* index among leaves, -1 for groups */
-  char *path;                 /* dotted path from the root's children */
+  int leaf_index;               /* index among leaves, -1 for groups */
+  char *path;                   /* dotted path from the root's children */
 } pq_schema_node_t;
 
 /* The serving schema: Arrow-like fields derived from the Parquet tree. */
@@ -239,15 +232,15 @@ typedef struct pq_field {
   char *name;
   larder_type_t type;
   int nullable;
-  int32_t byte_width;         /* FIXED_BINARY; 16/32 for DECIMAL128/256 */
-  int32_t precision, scale;   /* DECIMAL* */
-  larder_time_unit_t unit;    /* TIME32/TIME64/TIMESTAMP */
-  int utc;                    /* TIMESTAMP: adjusted to UTC */
+  int32_t byte_width;       /* FIXED_BINARY; 16/32 for DECIMAL128/256 */
+  int32_t precision, scale; /* DECIMAL* */
+  larder_time_unit_t unit;  /* TIME32/TIME64/TIMESTAMP */
+  int utc;                  /* TIMESTAMP: adjusted to UTC */
   int num_children;
   struct pq_field *children;
   /* Where the field came from, for display and for the decoder. */
   const pq_schema_node_t *node; /* the Parquet node carrying the value */
-  int from_int96;             /* TIMESTAMP decoded from legacy INT96 */
+  int from_int96;               /* TIMESTAMP decoded from legacy INT96 */
   /* Dremel parameters (see pq_assemble.c). */
   int16_t def_level;          /* present (non-null) when def >= this */
   int16_t slot_def, slot_rep; /* a slot exists when def >= slot_def and
@@ -265,7 +258,7 @@ typedef struct pq_kv {
 
 typedef struct pq_column_chunk {
   pq_codec_t codec;
-  uint32_t encodings;          /* bit (1 << pq_encoding_t) */
+  uint32_t encodings; /* bit (1 << pq_encoding_t) */
   int64_t num_values;
   int64_t total_compressed_size;
   int64_t total_uncompressed_size;
@@ -286,17 +279,17 @@ typedef struct pq_row_group {
 typedef struct pq_file_meta {
   int32_t version;
   int64_t num_rows;
-  char *created_by;              /* NULL when absent */
+  char *created_by; /* NULL when absent */
   int num_kv;
   pq_kv_t *kv;
-  pq_schema_node_t *root;        /* the message node */
+  pq_schema_node_t *root; /* the message node */
   int num_leaves;
-  pq_schema_node_t **leaves;     /* in column order */
+  pq_schema_node_t **leaves; /* in column order */
   int num_row_groups;
   pq_row_group_t *row_groups;
-  pq_field_t *schema;            /* serving schema: a STRUCT root */
+  pq_field_t *schema; /* serving schema: a STRUCT root */
   uint64_t file_size;
-  uint32_t footer_length;        /* serialized FileMetaData bytes */
+  uint32_t footer_length; /* serialized FileMetaData bytes */
 } pq_file_meta_t;
 
 /* ------------------------------------------------------------------------ */
@@ -314,22 +307,19 @@ typedef struct pq_file pq_file;
  * Returns 0, LARDER_ECORRUPT (no magic, length out of range) or
  * LARDER_EUNSUPPORTED (encrypted footer).  Any thread.
  */
-int pq_footer_length(const uint8_t tail[PQ_TAIL_SIZE], uint64_t file_size,
-                     const pq_options *opts, uint32_t *footer_length,
-                     const char *name, pq_error *err);
+int pq_footer_length(const uint8_t tail[PQ_TAIL_SIZE], uint64_t file_size, const pq_options *opts,
+                     uint32_t *footer_length, const char *name, pq_error *err);
 
 /*
  * Parses a FileMetaData of len bytes (the footer without its tail) of an
  * object of file_size bytes, and builds the schema.  On success *out is a new
  * pq_file the caller closes.  Any thread.
  */
-int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size,
-                  const pq_options *opts, const char *name, pq_file **out,
-                  pq_error *err);
+int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size, const pq_options *opts,
+                  const char *name, pq_file **out, pq_error *err);
 
 /* Reads the tail and footer through src, then does what pq_file_parse does. */
-int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out,
-                 pq_error *err);
+int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out, pq_error *err);
 
 void pq_file_close(pq_file *file);
 
@@ -358,8 +348,8 @@ typedef struct pq_projection pq_projection;
  * keeps the struct with only the named children.  Returns 0, or
  * LARDER_ENOENT naming the path that matches nothing.  Any thread.
  */
-int pq_projection_create(const pq_file *file, const char *const *columns,
-                         size_t n, pq_projection **out, pq_error *err);
+int pq_projection_create(const pq_file *file, const char *const *columns, size_t n,
+                         pq_projection **out, pq_error *err);
 void pq_projection_free(pq_projection *proj);
 
 /* The projected serving schema: a STRUCT whose children are the columns. */
@@ -388,8 +378,8 @@ typedef struct pq_range {
  * exactly the bytes pq_reader_next will ask its source for.  Returns the
  * number of ranges or a negative code.  Any thread.
  */
-int pq_projection_ranges(const pq_file *file, const pq_projection *proj,
-                         int rg, pq_range_t **ranges, pq_error *err);
+int pq_projection_ranges(const pq_file *file, const pq_projection *proj, int rg,
+                         pq_range_t **ranges, pq_error *err);
 
 /* ------------------------------------------------------------------------ */
 /* Reading                                                                   */
@@ -431,9 +421,8 @@ typedef struct pq_reader pq_reader;
  * and outlive the reader.  Returns 0 or a negative code.  Any thread; the
  * reader then belongs to that thread.
  */
-int pq_reader_open(const pq_file *file, const pq_source *src,
-                   const pq_projection *proj, int rg, const pq_options *opts,
-                   pq_reader **out, pq_error *err);
+int pq_reader_open(const pq_file *file, const pq_source *src, const pq_projection *proj, int rg,
+                   const pq_options *opts, pq_reader **out, pq_error *err);
 
 /*
  * Decodes the next min(max_rows, rows left) rows of the row group into out,
@@ -442,8 +431,7 @@ int pq_reader_open(const pq_file *file, const pq_source *src,
  * closed.  Memory in use is bounded by the pages of the current position and
  * the decoded rows, not by the row group.
  */
-int64_t pq_reader_next(pq_reader *reader, int64_t max_rows, pq_batch_t *out,
-                       pq_error *err);
+int64_t pq_reader_next(pq_reader *reader, int64_t max_rows, pq_batch_t *out, pq_error *err);
 
 /*
  * Moves the reader to the start of row group rg of the same file, keeping

@@ -42,9 +42,9 @@
 #include "parquet/pq_internal.h"
 
 struct pq_codec_ctx {
-  ZSTD_DCtx *zstd;     /* NULL until the first zstd page */
-  LZ4F_dctx *lz4f;     /* NULL until the first LZ4 frame */
-  z_stream zlib;       /* valid when zlib_ready */
+  ZSTD_DCtx *zstd; /* NULL until the first zstd page */
+  LZ4F_dctx *lz4f; /* NULL until the first LZ4 frame */
+  z_stream zlib;   /* valid when zlib_ready */
   bool zlib_ready;
 };
 
@@ -60,8 +60,7 @@ struct pq_codec_ctx {
 
 /* Formats a reason into why (when the caller gave room for one) and returns
  * code, so that every failure is a single return statement. */
-__attribute__((format(printf, 4, 5))) static int fail(char *why,
-                                                      size_t why_len, int code,
+__attribute__((format(printf, 4, 5))) static int fail(char *why, size_t why_len, int code,
                                                       const char *fmt, ...) {
   if (why != NULL && why_len > 0) {
     va_list ap;
@@ -76,13 +75,11 @@ __attribute__((format(printf, 4, 5))) static int fail(char *why,
 }
 
 static uint32_t load_be32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
-         (uint32_t)p[3];
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
 static uint32_t load_le32(const uint8_t *p) {
-  return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 |
-         (uint32_t)p[0];
+  return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | (uint32_t)p[0];
 }
 
 static bool all_zero(const uint8_t *p, size_t n) {
@@ -111,12 +108,11 @@ void pq_codec_ctx_free(pq_codec_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* UNCOMPRESSED and SNAPPY                                                   */
 
-static int copy_uncompressed(const uint8_t *src, size_t src_len, uint8_t *dst,
-                             size_t dst_len, char *why, size_t why_len) {
+static int copy_uncompressed(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
+                             char *why, size_t why_len) {
   if (src_len != dst_len)
     return fail(why, why_len, LARDER_ECORRUPT,
-                "uncompressed: page holds %zu bytes, header says %zu",
-                src_len, dst_len);
+                "uncompressed: page holds %zu bytes, header says %zu", src_len, dst_len);
   /* The lengths were checked equal just above (Annex K's memcpy_s, which
    * clang-tidy asks for, does not exist in glibc). */
   /* NOLINTNEXTLINE(clang-analyzer-security.insecureAPI.DeprecatedOrUnsafeBufferHandling) */
@@ -124,51 +120,42 @@ static int copy_uncompressed(const uint8_t *src, size_t src_len, uint8_t *dst,
   return 0;
 }
 
-static int snappy_decode(const uint8_t *src, size_t src_len, uint8_t *dst,
-                         size_t dst_len, char *why, size_t why_len) {
+static int snappy_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
+                         char *why, size_t why_len) {
   /* The stream opens with its own length; checking it first turns a
    * mismatch into a precise message and spares decoding a doomed page. */
   size_t claimed = 0;
-  if (snappy_uncompressed_length((const char *)src, src_len, &claimed) !=
-      SNAPPY_OK)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "snappy: malformed length prefix");
+  if (snappy_uncompressed_length((const char *)src, src_len, &claimed) != SNAPPY_OK)
+    return fail(why, why_len, LARDER_ECORRUPT, "snappy: malformed length prefix");
   if (claimed != dst_len)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "snappy: stream says %zu bytes, header says %zu", claimed,
-                dst_len);
+    return fail(why, why_len, LARDER_ECORRUPT, "snappy: stream says %zu bytes, header says %zu",
+                claimed, dst_len);
   size_t out_len = dst_len;
-  if (snappy_uncompress((const char *)src, src_len, (char *)dst, &out_len) !=
-      SNAPPY_OK)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "snappy: malformed or truncated stream");
+  if (snappy_uncompress((const char *)src, src_len, (char *)dst, &out_len) != SNAPPY_OK)
+    return fail(why, why_len, LARDER_ECORRUPT, "snappy: malformed or truncated stream");
   /* Snappy fills exactly the length it announced or fails, so this holds
    * already; it is checked because the contract depends on it. */
   if (out_len != dst_len)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "snappy: output is %zu bytes, header says %zu", out_len,
-                dst_len);
+    return fail(why, why_len, LARDER_ECORRUPT, "snappy: output is %zu bytes, header says %zu",
+                out_len, dst_len);
   return 0;
 }
 
 /* ------------------------------------------------------------------------ */
 /* GZIP                                                                      */
 
-static int gzip_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
-                       uint8_t *dst, size_t dst_len, char *why,
-                       size_t why_len) {
+static int gzip_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
+                       size_t dst_len, char *why, size_t why_len) {
   z_stream *zs = &ctx->zlib;
   if (!ctx->zlib_ready) {
     *zs = (z_stream){0};
     /* 15 + 32: the largest window, with a gzip or zlib header detected from
      * the first bytes, since writers have used both under this codec. */
     int rc = inflateInit2(zs, 15 + 32);
-    if (rc == Z_MEM_ERROR)
-      return fail(why, why_len, LARDER_ENOMEM, "gzip: out of memory");
+    if (rc == Z_MEM_ERROR) return fail(why, why_len, LARDER_ENOMEM, "gzip: out of memory");
     if (rc != Z_OK)
-      return fail(why, why_len, LARDER_EUNSUPPORTED,
-                  "gzip: zlib %s refuses to start (error %d)", zlibVersion(),
-                  rc);
+      return fail(why, why_len, LARDER_EUNSUPPORTED, "gzip: zlib %s refuses to start (error %d)",
+                  zlibVersion(), rc);
     ctx->zlib_ready = true;
   } else if (inflateReset(zs) != Z_OK) {
     return fail(why, why_len, LARDER_ECORRUPT, "gzip: cannot reset zlib");
@@ -193,8 +180,7 @@ static int gzip_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
     size_t produced = out_avail - zs->avail_out;
     in_pos += consumed;
     if (spilling && produced > 0)
-      return fail(why, why_len, LARDER_ECORRUPT,
-                  "gzip: stream holds more than %zu bytes", dst_len);
+      return fail(why, why_len, LARDER_ECORRUPT, "gzip: stream holds more than %zu bytes", dst_len);
     if (!spilling) out_pos += produced;
 
     if (rc == Z_STREAM_END) {
@@ -209,38 +195,34 @@ static int gzip_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
     if (rc == Z_OK) continue; /* zlib says Z_OK only after some progress */
     if (rc == Z_BUF_ERROR && in_pos == src_len)
       return fail(why, why_len, LARDER_ECORRUPT,
-                  "gzip: input ends inside the stream after %zu of %zu bytes",
-                  out_pos, dst_len);
-    if (rc == Z_MEM_ERROR)
-      return fail(why, why_len, LARDER_ENOMEM, "gzip: out of memory");
+                  "gzip: input ends inside the stream after %zu of %zu bytes", out_pos, dst_len);
+    if (rc == Z_MEM_ERROR) return fail(why, why_len, LARDER_ENOMEM, "gzip: out of memory");
     if (rc == Z_NEED_DICT)
-      return fail(why, why_len, LARDER_ECORRUPT,
-                  "gzip: stream needs a preset dictionary");
+      return fail(why, why_len, LARDER_ECORRUPT, "gzip: stream needs a preset dictionary");
     return fail(why, why_len, LARDER_ECORRUPT, "gzip: %s at input byte %zu",
                 zs->msg != NULL ? zs->msg : "malformed stream", in_pos);
   }
   if (out_pos != dst_len)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "gzip: stream ends after %zu of %zu bytes", out_pos, dst_len);
+    return fail(why, why_len, LARDER_ECORRUPT, "gzip: stream ends after %zu of %zu bytes", out_pos,
+                dst_len);
   return 0;
 }
 
 /* ------------------------------------------------------------------------ */
 /* BROTLI                                                                    */
 
-static int brotli_decode(const uint8_t *src, size_t src_len, uint8_t *dst,
-                         size_t dst_len, char *why, size_t why_len) {
+static int brotli_decode(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len,
+                         char *why, size_t why_len) {
   BrotliDecoderState *st = BrotliDecoderCreateInstance(NULL, NULL, NULL);
-  if (st == NULL)
-    return fail(why, why_len, LARDER_ENOMEM, "brotli: out of memory");
+  if (st == NULL) return fail(why, why_len, LARDER_ENOMEM, "brotli: out of memory");
   size_t avail_in = src_len, avail_out = dst_len;
   const uint8_t *next_in = src;
   uint8_t *next_out = dst;
   /* One call with the whole input and the bounded output: the decoder stops
    * either at the end of the stream or when it wants more room than the
    * page header allowed, and the latter is the error. */
-  BrotliDecoderResult res = BrotliDecoderDecompressStream(
-      st, &avail_in, &next_in, &avail_out, &next_out, NULL);
+  BrotliDecoderResult res =
+      BrotliDecoderDecompressStream(st, &avail_in, &next_in, &avail_out, &next_out, NULL);
   BrotliDecoderErrorCode code = BrotliDecoderGetErrorCode(st);
   BrotliDecoderDestroyInstance(st);
 
@@ -251,23 +233,20 @@ static int brotli_decode(const uint8_t *src, size_t src_len, uint8_t *dst,
        * anything else there means the page is not what the writer made. */
       if (!all_zero(next_in, avail_in))
         return fail(why, why_len, LARDER_ECORRUPT,
-                    "brotli: %zu stray bytes after the end of the stream",
-                    avail_in);
+                    "brotli: %zu stray bytes after the end of the stream", avail_in);
       if (produced != dst_len)
-        return fail(why, why_len, LARDER_ECORRUPT,
-                    "brotli: stream ends after %zu of %zu bytes", produced,
-                    dst_len);
+        return fail(why, why_len, LARDER_ECORRUPT, "brotli: stream ends after %zu of %zu bytes",
+                    produced, dst_len);
       return 0;
     case BROTLI_DECODER_RESULT_NEEDS_MORE_OUTPUT:
-      return fail(why, why_len, LARDER_ECORRUPT,
-                  "brotli: stream holds more than %zu bytes", dst_len);
+      return fail(why, why_len, LARDER_ECORRUPT, "brotli: stream holds more than %zu bytes",
+                  dst_len);
     case BROTLI_DECODER_RESULT_NEEDS_MORE_INPUT:
       return fail(why, why_len, LARDER_ECORRUPT,
                   "brotli: input ends inside the stream after %zu of %zu "
                   "bytes",
                   produced, dst_len);
-    default:
-      break;
+    default: break;
   }
   if (code <= BROTLI_DECODER_ERROR_ALLOC_CONTEXT_MODES &&
       code >= BROTLI_DECODER_ERROR_ALLOC_BLOCK_TYPE_TREES)
@@ -279,13 +258,11 @@ static int brotli_decode(const uint8_t *src, size_t src_len, uint8_t *dst,
 /* ------------------------------------------------------------------------ */
 /* ZSTD                                                                      */
 
-static int zstd_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
-                       uint8_t *dst, size_t dst_len, char *why,
-                       size_t why_len) {
+static int zstd_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
+                       size_t dst_len, char *why, size_t why_len) {
   if (ctx->zstd == NULL) {
     ctx->zstd = ZSTD_createDCtx();
-    if (ctx->zstd == NULL)
-      return fail(why, why_len, LARDER_ENOMEM, "zstd: out of memory");
+    if (ctx->zstd == NULL) return fail(why, why_len, LARDER_ENOMEM, "zstd: out of memory");
   }
   /* The one-shot call decodes every frame in src straight into dst, using
    * dst as the window, so nothing is allocated whatever window the frame
@@ -295,16 +272,14 @@ static int zstd_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
   if (ZSTD_isError(n)) {
     ZSTD_ErrorCode code = ZSTD_getErrorCode(n);
     if (code == ZSTD_error_dstSize_tooSmall)
-      return fail(why, why_len, LARDER_ECORRUPT,
-                  "zstd: stream holds more than %zu bytes", dst_len);
+      return fail(why, why_len, LARDER_ECORRUPT, "zstd: stream holds more than %zu bytes", dst_len);
     if (code == ZSTD_error_memory_allocation)
       return fail(why, why_len, LARDER_ENOMEM, "zstd: out of memory");
-    return fail(why, why_len, LARDER_ECORRUPT, "zstd: %s",
-                ZSTD_getErrorName(n));
+    return fail(why, why_len, LARDER_ECORRUPT, "zstd: %s", ZSTD_getErrorName(n));
   }
   if (n != dst_len)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "zstd: stream ends after %zu of %zu bytes", n, dst_len);
+    return fail(why, why_len, LARDER_ECORRUPT, "zstd: stream ends after %zu of %zu bytes", n,
+                dst_len);
   return 0;
 }
 
@@ -315,19 +290,16 @@ static int zstd_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
  * bytes.  Returns the decoded length, or a negative number when the block is
  * malformed, would overflow dst, or exceeds what the block format (which
  * counts in int) can describe. */
-static int lz4_block_run(const uint8_t *src, size_t src_len, uint8_t *dst,
-                         size_t dst_len) {
+static int lz4_block_run(const uint8_t *src, size_t src_len, uint8_t *dst, size_t dst_len) {
   if (src_len > LZ4_MAX_INPUT_SIZE || dst_len > INT_MAX) return INT_MIN;
-  return LZ4_decompress_safe((const char *)src, (char *)dst, (int)src_len,
-                             (int)dst_len);
+  return LZ4_decompress_safe((const char *)src, (char *)dst, (int)src_len, (int)dst_len);
 }
 
 /* Decodes one bare block into exactly dst_len bytes; prefix starts the
  * reason.  The library cannot tell a truncated block from one that would
  * overflow dst, so both read as a malformed block. */
-static int lz4_block_decode(const char *prefix, const uint8_t *src,
-                            size_t src_len, uint8_t *dst, size_t dst_len,
-                            char *why, size_t why_len) {
+static int lz4_block_decode(const char *prefix, const uint8_t *src, size_t src_len, uint8_t *dst,
+                            size_t dst_len, char *why, size_t why_len) {
   int n = lz4_block_run(src, src_len, dst, dst_len);
   if (n >= 0 && (size_t)n == dst_len) return 0;
   if (n == INT_MIN)
@@ -337,10 +309,9 @@ static int lz4_block_decode(const char *prefix, const uint8_t *src,
                 prefix, src_len, dst_len);
   if (n < 0)
     return fail(why, why_len, LARDER_ECORRUPT,
-                "%s: malformed block (error at input byte %d of %zu)", prefix,
-                -(n + 1), src_len);
-  return fail(why, why_len, LARDER_ECORRUPT,
-              "%s: block ends after %d of %zu bytes", prefix, n, dst_len);
+                "%s: malformed block (error at input byte %d of %zu)", prefix, -(n + 1), src_len);
+  return fail(why, why_len, LARDER_ECORRUPT, "%s: block ends after %d of %zu bytes", prefix, n,
+              dst_len);
 }
 
 /*
@@ -349,8 +320,7 @@ static int lz4_block_decode(const char *prefix, const uint8_t *src,
  * headers are read, so a miss costs little before the other layouts are
  * tried.
  */
-static bool lz4_hadoop_framed(const uint8_t *src, size_t src_len,
-                              size_t dst_len) {
+static bool lz4_hadoop_framed(const uint8_t *src, size_t src_len, size_t dst_len) {
   size_t pos = 0, total = 0;
   if (src_len < HADOOP_HEADER_SIZE) return false;
   while (pos < src_len) {
@@ -367,8 +337,8 @@ static bool lz4_hadoop_framed(const uint8_t *src, size_t src_len,
 
 /* Decodes a framing that lz4_hadoop_framed accepted, block by block, each
  * into exactly the length its header gives. */
-static int lz4_hadoop_decode(const uint8_t *src, size_t src_len, uint8_t *dst,
-                             char *why, size_t why_len) {
+static int lz4_hadoop_decode(const uint8_t *src, size_t src_len, uint8_t *dst, char *why,
+                             size_t why_len) {
   size_t pos = 0, out = 0;
   for (size_t block = 0; pos < src_len; block++) {
     uint32_t decoded = load_be32(src + pos);
@@ -389,12 +359,10 @@ static int lz4_hadoop_decode(const uint8_t *src, size_t src_len, uint8_t *dst,
   return 0;
 }
 
-static int lz4_frame_decode(pq_codec_ctx *ctx, const uint8_t *src,
-                            size_t src_len, uint8_t *dst, size_t dst_len,
-                            char *why, size_t why_len) {
+static int lz4_frame_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len, uint8_t *dst,
+                            size_t dst_len, char *why, size_t why_len) {
   if (ctx->lz4f == NULL) {
-    if (LZ4F_isError(
-            LZ4F_createDecompressionContext(&ctx->lz4f, LZ4F_VERSION))) {
+    if (LZ4F_isError(LZ4F_createDecompressionContext(&ctx->lz4f, LZ4F_VERSION))) {
       ctx->lz4f = NULL;
       return fail(why, why_len, LARDER_ENOMEM, "lz4: out of memory");
     }
@@ -409,14 +377,12 @@ static int lz4_frame_decode(pq_codec_ctx *ctx, const uint8_t *src,
     bool spilling = out_pos == dst_len;
     size_t out_avail = spilling ? 1 : dst_len - out_pos;
     size_t in_avail = src_len - in_pos;
-    hint = LZ4F_decompress(ctx->lz4f, spilling ? &spill : dst + out_pos,
-                           &out_avail, src + in_pos, &in_avail, NULL);
+    hint = LZ4F_decompress(ctx->lz4f, spilling ? &spill : dst + out_pos, &out_avail, src + in_pos,
+                           &in_avail, NULL);
     if (LZ4F_isError(hint))
-      return fail(why, why_len, LARDER_ECORRUPT, "lz4: frame: %s",
-                  LZ4F_getErrorName(hint));
+      return fail(why, why_len, LARDER_ECORRUPT, "lz4: frame: %s", LZ4F_getErrorName(hint));
     if (spilling && out_avail > 0)
-      return fail(why, why_len, LARDER_ECORRUPT,
-                  "lz4: frame holds more than %zu bytes", dst_len);
+      return fail(why, why_len, LARDER_ECORRUPT, "lz4: frame holds more than %zu bytes", dst_len);
     if (!spilling) out_pos += out_avail;
     in_pos += in_avail;
     /* LZ4F always consumes or produces something while it has input and
@@ -427,11 +393,10 @@ static int lz4_frame_decode(pq_codec_ctx *ctx, const uint8_t *src,
   }
   if (hint != 0)
     return fail(why, why_len, LARDER_ECORRUPT,
-                "lz4: input ends inside the frame after %zu of %zu bytes",
-                out_pos, dst_len);
+                "lz4: input ends inside the frame after %zu of %zu bytes", out_pos, dst_len);
   if (out_pos != dst_len)
-    return fail(why, why_len, LARDER_ECORRUPT,
-                "lz4: frame ends after %zu of %zu bytes", out_pos, dst_len);
+    return fail(why, why_len, LARDER_ECORRUPT, "lz4: frame ends after %zu of %zu bytes", out_pos,
+                dst_len);
   return 0;
 }
 
@@ -443,35 +408,28 @@ static int lz4_frame_decode(pq_codec_ctx *ctx, const uint8_t *src,
  * all of it or fails too.  When every try fails, the reason reported is the
  * one from the layout the input most resembles.
  */
-static int lz4_hadoop_or_frame_decode(pq_codec_ctx *ctx, const uint8_t *src,
-                                      size_t src_len, uint8_t *dst,
-                                      size_t dst_len, char *why,
-                                      size_t why_len) {
+static int lz4_hadoop_or_frame_decode(pq_codec_ctx *ctx, const uint8_t *src, size_t src_len,
+                                      uint8_t *dst, size_t dst_len, char *why, size_t why_len) {
   /* The reason of the most plausible layout; see above. */
   char first_why[192];
   first_why[0] = '\0';
   bool framed = lz4_hadoop_framed(src, src_len, dst_len);
   if (framed) {
-    if (lz4_hadoop_decode(src, src_len, dst, first_why, sizeof(first_why)) ==
-        0)
-      return 0;
+    if (lz4_hadoop_decode(src, src_len, dst, first_why, sizeof(first_why)) == 0) return 0;
   }
 
   bool frame_magic = false;
   if (src_len >= 4) {
     uint32_t magic = load_le32(src);
-    frame_magic = magic == LZ4_FRAME_MAGIC ||
-                  (magic & LZ4_SKIPPABLE_MASK) == LZ4_SKIPPABLE_MAGIC;
+    frame_magic = magic == LZ4_FRAME_MAGIC || (magic & LZ4_SKIPPABLE_MASK) == LZ4_SKIPPABLE_MAGIC;
   }
   if (frame_magic) {
     /* The frame's reason matters only when the framing did not parse. */
     char frame_why[192];
     char *reason = framed ? frame_why : first_why;
-    int rc = lz4_frame_decode(ctx, src, src_len, dst, dst_len, reason,
-                              sizeof(frame_why));
+    int rc = lz4_frame_decode(ctx, src, src_len, dst, dst_len, reason, sizeof(frame_why));
     if (rc == 0) return 0;
-    if (rc == LARDER_ENOMEM)
-      return fail(why, why_len, rc, "lz4: out of memory");
+    if (rc == LARDER_ENOMEM) return fail(why, why_len, rc, "lz4: out of memory");
   }
 
   if (framed || frame_magic) {
@@ -479,70 +437,51 @@ static int lz4_hadoop_or_frame_decode(pq_codec_ctx *ctx, const uint8_t *src,
     if (n >= 0 && (size_t)n == dst_len) return 0;
     return fail(why, why_len, LARDER_ECORRUPT, "%s", first_why);
   }
-  return lz4_block_decode(
-      "lz4: neither Hadoop framing nor an LZ4 frame; as a bare block", src,
-      src_len, dst, dst_len, why, why_len);
+  return lz4_block_decode("lz4: neither Hadoop framing nor an LZ4 frame; as a bare block", src,
+                          src_len, dst, dst_len, why, why_len);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Dispatch                                                                  */
 
-int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src,
-                  size_t src_len, uint8_t *dst, size_t dst_len, char *why,
-                  size_t why_len) {
+int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src, size_t src_len, uint8_t *dst,
+                  size_t dst_len, char *why, size_t why_len) {
   /* Libraries differ on whether a NULL pointer with a zero length is
    * acceptable, so empty buffers are given a real address. */
   static const uint8_t no_input[1];
   uint8_t no_output[1];
-  if (ctx == NULL || (src == NULL && src_len > 0) ||
-      (dst == NULL && dst_len > 0))
-    return fail(why, why_len, LARDER_EINVAL,
-                "decompress: missing context or buffer");
+  if (ctx == NULL || (src == NULL && src_len > 0) || (dst == NULL && dst_len > 0))
+    return fail(why, why_len, LARDER_EINVAL, "decompress: missing context or buffer");
   if (src_len == 0) src = no_input;
   if (dst_len == 0) dst = no_output;
 
   if (codec == PQ_LZO)
-    return fail(why, why_len, LARDER_EUNSUPPORTED,
-                "lzo: the LZO codec (3) is not supported");
+    return fail(why, why_len, LARDER_EUNSUPPORTED, "lzo: the LZO codec (3) is not supported");
   if (codec < PQ_UNCOMPRESSED || codec > PQ_LZ4_RAW)
-    return fail(why, why_len, LARDER_EUNSUPPORTED,
-                "codec %d is unknown and not supported", codec);
+    return fail(why, why_len, LARDER_EUNSUPPORTED, "codec %d is unknown and not supported", codec);
   /* Data page v2 may leave the compressed section out entirely when the
    * levels fill the page, so no input means no output for every codec. */
   if (src_len == 0 && dst_len == 0) return 0;
 
   switch ((pq_codec_t)codec) {
-    case PQ_UNCOMPRESSED:
-      return copy_uncompressed(src, src_len, dst, dst_len, why, why_len);
-    case PQ_SNAPPY:
-      return snappy_decode(src, src_len, dst, dst_len, why, why_len);
-    case PQ_GZIP:
-      return gzip_decode(ctx, src, src_len, dst, dst_len, why, why_len);
-    case PQ_BROTLI:
-      return brotli_decode(src, src_len, dst, dst_len, why, why_len);
-    case PQ_ZSTD:
-      return zstd_decode(ctx, src, src_len, dst, dst_len, why, why_len);
-    case PQ_LZ4_RAW:
-      return lz4_block_decode("lz4_raw", src, src_len, dst, dst_len, why,
-                              why_len);
-    case PQ_LZ4:
-      return lz4_hadoop_or_frame_decode(ctx, src, src_len, dst, dst_len, why,
-                                        why_len);
+    case PQ_UNCOMPRESSED: return copy_uncompressed(src, src_len, dst, dst_len, why, why_len);
+    case PQ_SNAPPY: return snappy_decode(src, src_len, dst, dst_len, why, why_len);
+    case PQ_GZIP: return gzip_decode(ctx, src, src_len, dst, dst_len, why, why_len);
+    case PQ_BROTLI: return brotli_decode(src, src_len, dst, dst_len, why, why_len);
+    case PQ_ZSTD: return zstd_decode(ctx, src, src_len, dst, dst_len, why, why_len);
+    case PQ_LZ4_RAW: return lz4_block_decode("lz4_raw", src, src_len, dst, dst_len, why, why_len);
+    case PQ_LZ4: return lz4_hadoop_or_frame_decode(ctx, src, src_len, dst, dst_len, why, why_len);
     case PQ_LZO:
-    default:
-      break;
+    default: break;
   }
-  return fail(why, why_len, LARDER_EUNSUPPORTED,
-              "codec %d is unknown and not supported", codec);
+  return fail(why, why_len, LARDER_EUNSUPPORTED, "codec %d is unknown and not supported", codec);
 }
 
-int pq_decompress_check(int codec, const uint8_t *src, size_t src_len,
-                        size_t dst_len, char *why, size_t why_len) {
+int pq_decompress_check(int codec, const uint8_t *src, size_t src_len, size_t dst_len, char *why,
+                        size_t why_len) {
   uint64_t bound = UINT64_MAX;
   switch (codec) {
-    case PQ_UNCOMPRESSED:
-      bound = src_len;
-      break;
+    case PQ_UNCOMPRESSED: bound = src_len; break;
     case PQ_SNAPPY: {
       size_t claimed = 0;
       if (snappy_uncompressed_length((const char *)src, src_len, &claimed) != SNAPPY_OK ||
@@ -557,9 +496,7 @@ int pq_decompress_check(int codec, const uint8_t *src, size_t src_len,
       bound = (uint64_t)src_len * 1032 + 4096;
       break;
     case PQ_LZ4:
-    case PQ_LZ4_RAW:
-      bound = (uint64_t)src_len * 255 + 4096;
-      break;
+    case PQ_LZ4_RAW: bound = (uint64_t)src_len * 255 + 4096; break;
     case PQ_ZSTD: {
       unsigned long long n = ZSTD_getFrameContentSize(src, src_len);
       if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR && n > dst_len) {
@@ -576,8 +513,7 @@ int pq_decompress_check(int codec, const uint8_t *src, size_t src_len,
       }
       return 0;
     }
-    default:
-      return 0;
+    default: return 0;
   }
   if (dst_len > bound) {
     snprintf(why, why_len, "%s: %zu compressed bytes cannot hold the %zu the header claims",

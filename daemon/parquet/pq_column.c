@@ -44,7 +44,7 @@ struct pq_leaf {
 
   /* The chunk's bytes. */
   uint64_t pos, end;
-  uint64_t advised;  /* how far will_read was called */
+  uint64_t advised; /* how far will_read was called */
   pq_buf_t io;
   uint64_t io_off;
   pq_buf_t page;
@@ -69,7 +69,7 @@ struct pq_leaf {
   pq_buf_t lens, prefix;
   int64_t lens_pos;
   uint64_t bss_stride;
-  pq_buf_t prev; /* DELTA_BYTE_ARRAY: the previous value */
+  pq_buf_t prev;                      /* DELTA_BYTE_ARRAY: the previous value */
   pq_buf_t skip_values, skip_offsets; /* where skipped values go */
 
   /* Levels of the last read.  While every entry read so far has the maximum
@@ -81,16 +81,14 @@ struct pq_leaf {
   int64_t entries_seen; /* level entries consumed in the chunk */
 };
 
-static int leaf_fail(const pq_leaf *L, pq_error *err, int code,
-                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int leaf_fail(const pq_leaf *L, pq_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 void pq_leaf_where(const pq_leaf *L, char *buf, size_t size) {
-  snprintf(buf, size, "%s: column '%s', row group %d", L->file->name,
-           L->node->path, L->rg);
+  snprintf(buf, size, "%s: column '%s', row group %d", L->file->name, L->node->path, L->rg);
 }
 
-static int leaf_fail(const pq_leaf *L, pq_error *err, int code,
-                     const char *fmt, ...) {
+static int leaf_fail(const pq_leaf *L, pq_error *err, int code, const char *fmt, ...) {
   char what[320];
   va_list ap;
   va_start(ap, fmt);
@@ -112,8 +110,7 @@ static int charge_page(pq_leaf *L, uint64_t n, int64_t page_values, pq_error *er
     int rc = leaf_fail(L, err, LARDER_ELIMIT,
                        "a page of %lld values needs %llu decoded bytes, more than the "
                        "ceiling of %llu bytes per column chunk (max_chunk_decoded_bytes)",
-                       (long long)page_values, (unsigned long long)n,
-                       (unsigned long long)max);
+                       (long long)page_values, (unsigned long long)n, (unsigned long long)max);
     if (err) err->whole_page = 1;
     return rc;
   }
@@ -131,8 +128,10 @@ static int charge(pq_leaf *L, uint64_t n, pq_error *err) { return charge_page(L,
 static int physical_width(pq_physical_t phys, int32_t type_length) {
   switch (phys) {
     case PQ_BOOLEAN: return 1;
-    case PQ_INT32: case PQ_FLOAT: return 4;
-    case PQ_INT64: case PQ_DOUBLE: return 8;
+    case PQ_INT32:
+    case PQ_FLOAT: return 4;
+    case PQ_INT64:
+    case PQ_DOUBLE: return 8;
     case PQ_INT96: return 12;
     case PQ_FIXED_LEN_BYTE_ARRAY: return type_length;
     default: return 0;
@@ -148,9 +147,8 @@ static int bit_width_of(uint32_t max) {
   return w;
 }
 
-int pq_leaf_open(const struct pq_file *file, const pq_source *src,
-                 const pq_options *opts, pq_codec_ctx *codec, int rg,
-                 int leaf_index, pq_leaf **out, pq_error *err) {
+int pq_leaf_open(const struct pq_file *file, const pq_source *src, const pq_options *opts,
+                 pq_codec_ctx *codec, int rg, int leaf_index, pq_leaf **out, pq_error *err) {
   pq_leaf *L = calloc(1, sizeof(*L));
   if (L == NULL)
     return pq_error_set(err, LARDER_ENOMEM, "%s: column '%s', row group %d: out of memory",
@@ -170,10 +168,9 @@ int pq_leaf_open(const struct pq_file *file, const pq_source *src,
   L->end = L->cc->range_offset + L->cc->range_length;
   L->advised = 0;
   if (L->end > src->size) {
-    int rc = leaf_fail(L, err, LARDER_ECORRUPT,
-                       "chunk ends at byte %llu, past the object's %llu bytes",
-                       (unsigned long long)L->end,
-                       (unsigned long long)src->size);
+    int rc =
+        leaf_fail(L, err, LARDER_ECORRUPT, "chunk ends at byte %llu, past the object's %llu bytes",
+                  (unsigned long long)L->end, (unsigned long long)src->size);
     free(L);
     return rc;
   }
@@ -227,8 +224,8 @@ void pq_leaf_close(pq_leaf *L) {
 
 const pq_schema_node_t *pq_leaf_node(const pq_leaf *L) { return L->node; }
 
-void pq_leaf_levels(const pq_leaf *L, const uint16_t **def,
-                    const uint16_t **rep, int64_t *n, int64_t *num_values) {
+void pq_leaf_levels(const pq_leaf *L, const uint16_t **def, const uint16_t **rep, int64_t *n,
+                    int64_t *num_values) {
   *def = L->max_def && !L->out_def_virtual ? (const uint16_t *)L->out_def.data : NULL;
   *rep = L->max_rep ? (const uint16_t *)L->out_rep.data : NULL;
   *n = L->out_n;
@@ -240,11 +237,10 @@ void pq_leaf_levels(const pq_leaf *L, const uint16_t **def,
 
 /* Returns a pointer to [off, off + len) of the chunk, valid until the next
  * call, reading `ahead` bytes beyond it when it must read anyway. */
-static const uint8_t *chunk_bytes(pq_leaf *L, uint64_t off, size_t len,
-                                  size_t ahead, pq_error *err) {
+static const uint8_t *chunk_bytes(pq_leaf *L, uint64_t off, size_t len, size_t ahead,
+                                  pq_error *err) {
   if (off < L->cc->range_offset || off > L->end || len > L->end - off) {
-    leaf_fail(L, err, LARDER_ECORRUPT,
-              "page at byte %llu runs past the end of the column chunk",
+    leaf_fail(L, err, LARDER_ECORRUPT, "page at byte %llu runs past the end of the column chunk",
               (unsigned long long)off);
     return NULL;
   }
@@ -261,8 +257,7 @@ static const uint8_t *chunk_bytes(pq_leaf *L, uint64_t off, size_t len,
     const uint8_t *p = L->src->map(L->src, off, len);
     if (p) return p;
   }
-  if (off >= L->io_off && off + len <= L->io_off + L->io.len)
-    return L->io.data + (off - L->io_off);
+  if (off >= L->io_off && off + len <= L->io_off + L->io.len) return L->io.data + (off - L->io_off);
   size_t want = len;
   uint64_t room = L->end - off;
   if (want < ahead) want = ahead;
@@ -273,8 +268,8 @@ static const uint8_t *chunk_bytes(pq_leaf *L, uint64_t off, size_t len,
   }
   int rc = L->src->read(L->src, off, want, L->io.data);
   if (rc) {
-    leaf_fail(L, err, rc, "cannot read %zu bytes at offset %llu: %s", want,
-              (unsigned long long)off, larder_strerror(rc));
+    leaf_fail(L, err, rc, "cannot read %zu bytes at offset %llu: %s", want, (unsigned long long)off,
+              larder_strerror(rc));
     L->io.len = 0;
     return NULL;
   }
@@ -288,16 +283,15 @@ static const uint8_t *chunk_bytes(pq_leaf *L, uint64_t off, size_t len,
 
 /* Decodes n PLAIN values from [*pp, end) and appends them to values (and
  * offsets, for BYTE_ARRAY).  Returns 0 or a negative code with why set. */
-static int plain_decode(pq_leaf *L, const uint8_t **pp, const uint8_t *end,
-                        int64_t n, pq_buf_t *values, pq_buf_t *offsets,
-                        uint64_t *bool_bit, char *why, size_t why_len) {
+static int plain_decode(pq_leaf *L, const uint8_t **pp, const uint8_t *end, int64_t n,
+                        pq_buf_t *values, pq_buf_t *offsets, uint64_t *bool_bit, char *why,
+                        size_t why_len) {
   const uint8_t *p = *pp;
   size_t avail = (size_t)(end - p);
   if (L->phys == PQ_BOOLEAN) {
     uint64_t bit = bool_bit ? *bool_bit : 0;
     if (bit + (uint64_t)n > (uint64_t)avail * 8) {
-      snprintf(why, why_len, "PLAIN: %lld booleans need more than %zu bytes",
-               (long long)n, avail);
+      snprintf(why, why_len, "PLAIN: %lld booleans need more than %zu bytes", (long long)n, avail);
       return LARDER_ECORRUPT;
     }
     if (pq_buf_reserve(values, values->len + (size_t)n)) return LARDER_ENOMEM;
@@ -346,8 +340,8 @@ static int plain_decode(pq_leaf *L, const uint8_t **pp, const uint8_t *end,
   }
   uint64_t bytes;
   if (!pq_mul_ok((uint64_t)n, (uint64_t)L->width, &bytes) || bytes > avail) {
-    snprintf(why, why_len, "PLAIN: %lld values of %d bytes need more than %zu bytes",
-             (long long)n, L->width, avail);
+    snprintf(why, why_len, "PLAIN: %lld values of %d bytes need more than %zu bytes", (long long)n,
+             L->width, avail);
     return LARDER_ECORRUPT;
   }
   if (pq_buf_reserve(values, values->len + (size_t)bytes)) return LARDER_ENOMEM;
@@ -361,9 +355,8 @@ static int plain_decode(pq_leaf *L, const uint8_t **pp, const uint8_t *end,
 /* Pages                                                                     */
 
 /* Decompresses a page whose header claims page_values values. */
-static int decompress_into(pq_leaf *L, const uint8_t *src, size_t src_len,
-                           size_t dst_len, int64_t page_values, pq_buf_t *dst,
-                           pq_error *err) {
+static int decompress_into(pq_leaf *L, const uint8_t *src, size_t src_len, size_t dst_len,
+                           int64_t page_values, pq_buf_t *dst, pq_error *err) {
   char why[200] = "";
   /* The ceiling first: its message names the setting to change. */
   int rc = charge_page(L, dst_len, page_values, err);
@@ -372,30 +365,28 @@ static int decompress_into(pq_leaf *L, const uint8_t *src, size_t src_len,
   if (rc) return leaf_fail(L, err, rc, "cannot decompress page: %s", why);
   if (pq_buf_reserve(dst, dst_len ? dst_len : 1))
     return leaf_fail(L, err, LARDER_ENOMEM, "out of memory for a %zu-byte page", dst_len);
-  rc = pq_decompress(L->codec, L->cc->codec, src, src_len, dst->data, dst_len,
-                     why, sizeof(why));
+  rc = pq_decompress(L->codec, L->cc->codec, src, src_len, dst->data, dst_len, why, sizeof(why));
   if (rc) return leaf_fail(L, err, rc, "cannot decompress page: %s", why);
   dst->len = dst_len;
   return 0;
 }
 
-static int load_dictionary(pq_leaf *L, const pq_page_header_t *h,
-                           const uint8_t *body, pq_error *err) {
-  if (L->has_dict)
-    return leaf_fail(L, err, LARDER_ECORRUPT, "second dictionary page");
+static int load_dictionary(pq_leaf *L, const pq_page_header_t *h, const uint8_t *body,
+                           pq_error *err) {
+  if (L->has_dict) return leaf_fail(L, err, LARDER_ECORRUPT, "second dictionary page");
   if (L->first_page_seen)
     return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary page after data pages");
   if (!h->has_dict || h->num_values < 0)
-    return leaf_fail(L, err, LARDER_ECORRUPT,
-                     "dictionary page header declares %d values", h->num_values);
+    return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary page header declares %d values",
+                     h->num_values);
   if (h->encoding != PQ_ENC_PLAIN && h->encoding != PQ_ENC_PLAIN_DICTIONARY)
     return leaf_fail(L, err, LARDER_EUNSUPPORTED, "dictionary encoded as %s",
                      pq_encoding_name(h->encoding));
   const uint8_t *data = body;
   size_t len = (size_t)h->compressed_size;
   if (L->cc->codec != PQ_UNCOMPRESSED) {
-    int rc = decompress_into(L, body, len, (size_t)h->uncompressed_size, h->num_values,
-                             &L->page, err);
+    int rc =
+        decompress_into(L, body, len, (size_t)h->uncompressed_size, h->num_values, &L->page, err);
     if (rc) return rc;
     data = L->page.data;
     len = L->page.len;
@@ -406,8 +397,7 @@ static int load_dictionary(pq_leaf *L, const pq_page_header_t *h,
   uint64_t per = L->phys == PQ_BYTE_ARRAY ? 4 : (uint64_t)(L->width ? L->width : 1);
   if (L->phys == PQ_BOOLEAN) per = 0;
   if (per && (uint64_t)h->num_values > len / per)
-    return leaf_fail(L, err, LARDER_ECORRUPT,
-                     "dictionary declares %d values but holds %zu bytes",
+    return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary declares %d values but holds %zu bytes",
                      h->num_values, len);
   int rc = charge_page(L, len + (uint64_t)h->num_values * 4 + 4, h->num_values, err);
   if (rc) return rc;
@@ -415,12 +405,13 @@ static int load_dictionary(pq_leaf *L, const pq_page_header_t *h,
   L->dict_offsets.len = 0;
   char why[200] = "";
   const uint8_t *p = data;
-  rc = plain_decode(L, &p, data + len, h->num_values, &L->dict_values,
-                    &L->dict_offsets, NULL, why, sizeof(why));
+  rc = plain_decode(L, &p, data + len, h->num_values, &L->dict_values, &L->dict_offsets, NULL, why,
+                    sizeof(why));
   if (rc == LARDER_ENOMEM) return leaf_fail(L, err, rc, "out of memory for the dictionary");
   if (rc) return leaf_fail(L, err, rc, "dictionary: %s", why);
   if (L->phys == PQ_BYTE_ARRAY && L->dict_offsets.len == 0) {
-    if (pq_buf_reserve(&L->dict_offsets, 4)) return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
+    if (pq_buf_reserve(&L->dict_offsets, 4))
+      return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
     memset(L->dict_offsets.data, 0, 4);
     L->dict_offsets.len = 4;
   }
@@ -431,9 +422,8 @@ static int load_dictionary(pq_leaf *L, const pq_page_header_t *h,
 
 /* Decodes num levels at [*pp, end) in `encoding` (v1 pages), or in the
  * length-less RLE form (v2 pages, rle_len >= 0). */
-static int decode_levels(pq_leaf *L, int encoding, const uint8_t **pp,
-                         const uint8_t *end, int64_t rle_len, int64_t num,
-                         uint16_t max, pq_buf_t *out, int *all_max,
+static int decode_levels(pq_leaf *L, int encoding, const uint8_t **pp, const uint8_t *end,
+                         int64_t rle_len, int64_t num, uint16_t max, pq_buf_t *out, int *all_max,
                          const char *kind, pq_error *err) {
   const uint8_t *p = *pp;
   int bw = bit_width_of(max);
@@ -454,9 +444,8 @@ static int decode_levels(pq_leaf *L, int encoding, const uint8_t **pp,
       len = l32;
     }
     if (len > (size_t)(end - p))
-      return leaf_fail(L, err, LARDER_ECORRUPT,
-                       "%s levels: %zu bytes declared, %zu in the page", kind,
-                       len, (size_t)(end - p));
+      return leaf_fail(L, err, LARDER_ECORRUPT, "%s levels: %zu bytes declared, %zu in the page",
+                       kind, len, (size_t)(end - p));
     if (all_max && pq_rle_starts_with_run(p, len, bw, num, max)) {
       /* One run of the maximum level covers the page: nothing to decode. */
       *all_max = 1;
@@ -470,19 +459,19 @@ static int decode_levels(pq_leaf *L, int encoding, const uint8_t **pp,
     if (got < 0 && r.over_width)
       return leaf_fail(L, err, LARDER_ECORRUPT, "%s level %u exceeds the maximum %u", kind,
                        r.bad_value, max);
-    if (got < 0)
-      return leaf_fail(L, err, LARDER_ECORRUPT, "%s levels: malformed run", kind);
+    if (got < 0) return leaf_fail(L, err, LARDER_ECORRUPT, "%s levels: malformed run", kind);
     if (got < num)
       return leaf_fail(L, err, LARDER_ECORRUPT,
-                       "%s levels: page has %lld values but only %lld levels",
-                       kind, (long long)num, (long long)got);
+                       "%s levels: page has %lld values but only %lld levels", kind, (long long)num,
+                       (long long)got);
     p += len;
   } else if (encoding == PQ_ENC_BIT_PACKED) {
     /* The deprecated BIT_PACKED form packs from the most significant bit. */
     uint64_t bits = (uint64_t)num * (uint64_t)bw;
     uint64_t bytes = (bits + 7) / 8;
     if (bytes > (uint64_t)(end - p))
-      return leaf_fail(L, err, LARDER_ECORRUPT, "%s levels: bit-packed levels run past the page", kind);
+      return leaf_fail(L, err, LARDER_ECORRUPT, "%s levels: bit-packed levels run past the page",
+                       kind);
     for (int64_t i = 0; i < num; i++) {
       uint32_t v = 0;
       uint64_t b = (uint64_t)i * (uint64_t)bw;
@@ -500,16 +489,14 @@ static int decode_levels(pq_leaf *L, int encoding, const uint8_t **pp,
   if (max != (1u << bw) - 1)
     for (int64_t i = 0; i < num; i++) m = lv[i] > m ? lv[i] : m;
   if (m > max)
-    return leaf_fail(L, err, LARDER_ECORRUPT, "%s level %u exceeds the maximum %u",
-                     kind, m, max);
+    return leaf_fail(L, err, LARDER_ECORRUPT, "%s level %u exceeds the maximum %u", kind, m, max);
   out->len = (size_t)num * 2;
   *pp = p;
   return 0;
 }
 
 /* Prepares the value decoder for the page's values at [p, end). */
-static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
-                       pq_error *err) {
+static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end, pq_error *err) {
   char why[200] = "";
   L->vp = p;
   L->vend = end;
@@ -517,18 +504,15 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
   int enc = L->encoding;
   int64_t n = L->page_values;
   switch (enc) {
-    case PQ_ENC_PLAIN:
-      return 0;
+    case PQ_ENC_PLAIN: return 0;
     case PQ_ENC_PLAIN_DICTIONARY:
     case PQ_ENC_RLE_DICTIONARY: {
       if (!L->has_dict)
         return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary-encoded page but no dictionary");
       if (n == 0) return 0;
-      if (p >= end)
-        return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary indices missing");
+      if (p >= end) return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary indices missing");
       int bw = p[0];
-      if (bw > 32)
-        return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary index width %d", bw);
+      if (bw > 32) return leaf_fail(L, err, LARDER_ECORRUPT, "dictionary index width %d", bw);
       pq_rle_init(&L->rle, p + 1, (size_t)(end - p - 1), bw);
       return 0;
     }
@@ -536,8 +520,7 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
       if (L->phys != PQ_BOOLEAN)
         return leaf_fail(L, err, LARDER_EUNSUPPORTED, "RLE values of type %s",
                          pq_physical_name(L->phys));
-      if (end - p < 4)
-        return leaf_fail(L, err, LARDER_ECORRUPT, "RLE booleans: truncated length");
+      if (end - p < 4) return leaf_fail(L, err, LARDER_ECORRUPT, "RLE booleans: truncated length");
       uint32_t len;
       memcpy(&len, p, 4);
       if (len > (size_t)(end - p - 4))
@@ -551,8 +534,8 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
                          pq_physical_name(L->phys));
       if (L->delta == NULL && (L->delta = malloc(sizeof(*L->delta))) == NULL)
         return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
-      if (pq_delta_init(L->delta, p, (size_t)(end - p), L->phys == PQ_INT32 ? 32 : 64,
-                        why, sizeof(why)))
+      if (pq_delta_init(L->delta, p, (size_t)(end - p), L->phys == PQ_INT32 ? 32 : 64, why,
+                        sizeof(why)))
         return leaf_fail(L, err, LARDER_ECORRUPT, "%s", why);
       if (L->delta->total < (uint64_t)n)
         return leaf_fail(L, err, LARDER_ECORRUPT,
@@ -563,8 +546,8 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
     case PQ_ENC_DELTA_BYTE_ARRAY: {
       if (L->phys != PQ_BYTE_ARRAY &&
           !(enc == PQ_ENC_DELTA_BYTE_ARRAY && L->phys == PQ_FIXED_LEN_BYTE_ARRAY))
-        return leaf_fail(L, err, LARDER_ECORRUPT, "%s values of type %s",
-                         pq_encoding_name(enc), pq_physical_name(L->phys));
+        return leaf_fail(L, err, LARDER_ECORRUPT, "%s values of type %s", pq_encoding_name(enc),
+                         pq_physical_name(L->phys));
       if (L->delta == NULL && (L->delta = malloc(sizeof(*L->delta))) == NULL)
         return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
       /* Each list of lengths is decoded whole: its count is bounded by the
@@ -579,9 +562,8 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
         uint64_t total = L->delta->total;
         if (total > (uint64_t)L->page_n || total < (uint64_t)n ||
             (k == 1 && first == 0 && total != count))
-          return leaf_fail(L, err, LARDER_ECORRUPT,
-                           "%s: %llu lengths for %lld values", pq_encoding_name(enc),
-                           (unsigned long long)total, (long long)n);
+          return leaf_fail(L, err, LARDER_ECORRUPT, "%s: %llu lengths for %lld values",
+                           pq_encoding_name(enc), (unsigned long long)total, (long long)n);
         count = total;
         if (pq_buf_reserve(lists[k], (size_t)total * 4 + 4))
           return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
@@ -605,8 +587,8 @@ static int init_values(pq_leaf *L, const uint8_t *p, const uint8_t *end,
       size_t len = (size_t)(end - p);
       if (len % (size_t)L->width != 0 || len / (size_t)L->width < (uint64_t)n)
         return leaf_fail(L, err, LARDER_ECORRUPT,
-                         "BYTE_STREAM_SPLIT: %zu bytes for %lld values of %d bytes",
-                         len, (long long)n, L->width);
+                         "BYTE_STREAM_SPLIT: %zu bytes for %lld values of %d bytes", len,
+                         (long long)n, L->width);
       L->bss_stride = len / (size_t)L->width;
       return 0;
     }
@@ -637,8 +619,7 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
       if (hlen < 0) return leaf_fail(L, err, LARDER_ECORRUPT, "%s", why);
       if (hlen > 0) break;
       if (window >= L->end - L->pos || window >= PQ_MAX_PAGE_HEADER)
-        return leaf_fail(L, err, LARDER_ECORRUPT,
-                         "page header at byte %llu is cut short",
+        return leaf_fail(L, err, LARDER_ECORRUPT, "page header at byte %llu is cut short",
                          (unsigned long long)L->pos);
       window *= 4;
       if (window > L->end - L->pos) window = (size_t)(L->end - L->pos);
@@ -660,13 +641,11 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
         continue;
       }
     }
-    const uint8_t *body = chunk_bytes(L, body_off, (size_t)h.compressed_size,
-                                      PQ_READAHEAD, err);
+    const uint8_t *body = chunk_bytes(L, body_off, (size_t)h.compressed_size, PQ_READAHEAD, err);
     if (body == NULL) return err ? err->code : LARDER_EIO;
     L->pos = body_off + (uint64_t)h.compressed_size;
     if (h.has_crc && L->opts->verify_crc &&
-        (h.type == PQ_PAGE_DATA || h.type == PQ_PAGE_DATA_V2 ||
-         h.type == PQ_PAGE_DICTIONARY)) {
+        (h.type == PQ_PAGE_DATA || h.type == PQ_PAGE_DATA_V2 || h.type == PQ_PAGE_DICTIONARY)) {
       uint32_t crc = (uint32_t)crc32(0L, body, (uInt)h.compressed_size);
       if (crc != h.crc)
         return leaf_fail(L, err, LARDER_ECHECKSUM,
@@ -696,41 +675,40 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
         p = body;
         end = body + h.compressed_size;
       } else {
-        rc = decompress_into(L, body, (size_t)h.compressed_size,
-                             (size_t)h.uncompressed_size, num, &L->page, err);
+        rc = decompress_into(L, body, (size_t)h.compressed_size, (size_t)h.uncompressed_size, num,
+                             &L->page, err);
         if (rc) return rc;
         p = L->page.data;
         end = p + L->page.len;
       }
       if (L->max_rep) {
-        rc = decode_levels(L, h.rep_encoding, &p, end, -1, num, L->max_rep,
-                           &L->reps, NULL, "repetition", err);
+        rc = decode_levels(L, h.rep_encoding, &p, end, -1, num, L->max_rep, &L->reps, NULL,
+                           "repetition", err);
         if (rc) return rc;
       }
       if (L->max_def) {
-        rc = decode_levels(L, h.def_encoding, &p, end, -1, num, L->max_def,
-                           &L->defs, &L->page_all_def, "definition", err);
+        rc = decode_levels(L, h.def_encoding, &p, end, -1, num, L->max_def, &L->defs,
+                           &L->page_all_def, "definition", err);
         if (rc) return rc;
       }
     } else {
       if (h.rep_length < 0 || h.def_length < 0 ||
           (int64_t)h.rep_length + h.def_length > h.compressed_size ||
           (int64_t)h.rep_length + h.def_length > h.uncompressed_size)
-        return leaf_fail(L, err, LARDER_ECORRUPT,
-                         "v2 page level lengths %d + %d exceed the page",
+        return leaf_fail(L, err, LARDER_ECORRUPT, "v2 page level lengths %d + %d exceed the page",
                          h.rep_length, h.def_length);
       p = body;
       const uint8_t *lend = body + h.rep_length + h.def_length;
       if (L->max_rep) {
-        rc = decode_levels(L, PQ_ENC_RLE, &p, lend, h.rep_length, num, L->max_rep,
-                           &L->reps, NULL, "repetition", err);
+        rc = decode_levels(L, PQ_ENC_RLE, &p, lend, h.rep_length, num, L->max_rep, &L->reps, NULL,
+                           "repetition", err);
         if (rc) return rc;
       } else {
         p += h.rep_length;
       }
       if (L->max_def) {
-        rc = decode_levels(L, PQ_ENC_RLE, &p, lend, h.def_length, num, L->max_def,
-                           &L->defs, &L->page_all_def, "definition", err);
+        rc = decode_levels(L, PQ_ENC_RLE, &p, lend, h.def_length, num, L->max_def, &L->defs,
+                           &L->page_all_def, "definition", err);
         if (rc) return rc;
       }
       p = lend;
@@ -752,8 +730,8 @@ static int next_page(pq_leaf *L, int64_t skip_rows, int64_t *skipped, pq_error *
       for (int64_t i = 0; i < num; i++) c += d[i] == L->max_def;
       values = c;
     }
-    uint64_t vbytes = L->phys == PQ_BYTE_ARRAY ? (uint64_t)values * 4
-                                               : (uint64_t)values * (uint64_t)L->width;
+    uint64_t vbytes =
+        L->phys == PQ_BYTE_ARRAY ? (uint64_t)values * 4 : (uint64_t)values * (uint64_t)L->width;
     rc = charge_page(L, vbytes, num, err);
     if (rc) return rc;
     L->page_n = num;
@@ -778,13 +756,13 @@ static int dict_check(pq_leaf *L, const uint32_t *idx, int64_t n, pq_error *err)
   for (int64_t i = 0; i < n; i++) max = idx[i] > max ? idx[i] : max;
   if (n > 0 && (int64_t)max >= L->dict_count)
     return leaf_fail(L, err, LARDER_ECORRUPT,
-                     "dictionary index %u out of range (dictionary has %lld entries)",
-                     max, (long long)L->dict_count);
+                     "dictionary index %u out of range (dictionary has %lld entries)", max,
+                     (long long)L->dict_count);
   return 0;
 }
 
-static int dict_gather(pq_leaf *L, const uint32_t *idx, int64_t n,
-                       pq_buf_t *values, pq_buf_t *offsets, pq_error *err) {
+static int dict_gather(pq_leaf *L, const uint32_t *idx, int64_t n, pq_buf_t *values,
+                       pq_buf_t *offsets, pq_error *err) {
   int crc = dict_check(L, idx, n, err);
   if (crc) return crc;
   if (L->phys == PQ_BYTE_ARRAY) {
@@ -839,13 +817,11 @@ static int dict_gather(pq_leaf *L, const uint32_t *idx, int64_t n,
  * stream k, position i.  Interleaving sixteen values at a time with SSE2
  * unpacks (baseline on x86-64) is several times faster than a byte loop.
  */
-static void bss_decode(const uint8_t *base, size_t stride, size_t w, uint8_t *o,
-                       int64_t n) {
+static void bss_decode(const uint8_t *base, size_t stride, size_t w, uint8_t *o, int64_t n) {
   int64_t i = 0;
 #if defined(__SSE2__)
   if (w == 4) {
-    const uint8_t *s0 = base, *s1 = base + stride, *s2 = base + 2 * stride,
-                  *s3 = base + 3 * stride;
+    const uint8_t *s0 = base, *s1 = base + stride, *s2 = base + 2 * stride, *s3 = base + 3 * stride;
     for (; i + 16 <= n; i += 16) {
       __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(s0 + i));
       __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s1 + i));
@@ -894,8 +870,8 @@ static void bss_decode(const uint8_t *base, size_t stride, size_t w, uint8_t *o,
  * values (one 3 MB string repeated 800 times: 2.8 KB on disk, 2.4 GB
  * decoded) would fail at the ceiling, or take that much scratch memory,
  * for rows it does not keep. */
-static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
-                         pq_buf_t *offsets, int skipping, pq_error *err) {
+static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values, pq_buf_t *offsets, int skipping,
+                         pq_error *err) {
   if (n == 0) return 0;
   if (n > L->page_values - L->page_vpos)
     return leaf_fail(L, err, LARDER_ECORRUPT, "page has fewer values than its levels");
@@ -923,10 +899,10 @@ static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
         int64_t m = n - done < PQ_INDEX_BLOCK ? n - done : PQ_INDEX_BLOCK;
         int64_t got = pq_rle_get32(&L->rle, idx, m);
         if (got != m)
-          return leaf_fail(L, err, LARDER_ECORRUPT,
-                           "dictionary indices end after %lld of %lld values",
-                           (long long)L->page_vpos + (long long)done + (long long)(got > 0 ? got : 0),
-                           (long long)L->page_values);
+          return leaf_fail(
+              L, err, LARDER_ECORRUPT, "dictionary indices end after %lld of %lld values",
+              (long long)L->page_vpos + (long long)done + (long long)(got > 0 ? got : 0),
+              (long long)L->page_values);
         rc = skipping ? dict_check(L, idx, m, err) : dict_gather(L, idx, m, values, offsets, err);
         if (rc) return rc;
         done += m;
@@ -941,7 +917,8 @@ static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
         int64_t m = n - done < PQ_INDEX_BLOCK ? n - done : PQ_INDEX_BLOCK;
         if (pq_rle_get32(&L->rle, tmp, m) != m)
           return leaf_fail(L, err, LARDER_ECORRUPT, "RLE booleans end early");
-        for (int64_t i = 0; i < m; i++) values->data[values->len + (size_t)i] = (uint8_t)(tmp[i] & 1);
+        for (int64_t i = 0; i < m; i++)
+          values->data[values->len + (size_t)i] = (uint8_t)(tmp[i] & 1);
         values->len += (size_t)m;
         done += m;
       }
@@ -963,9 +940,11 @@ static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
       uint64_t bytes = 0;
       for (int64_t i = 0; i < n; i++) bytes += (uint64_t)lens[i];
       if (bytes > (uint64_t)(L->vend - L->vp))
-        return leaf_fail(L, err, LARDER_ECORRUPT, "DELTA_LENGTH_BYTE_ARRAY lengths exceed the page");
+        return leaf_fail(L, err, LARDER_ECORRUPT,
+                         "DELTA_LENGTH_BYTE_ARRAY lengths exceed the page");
       if (values->len + bytes > INT32_MAX)
-        return leaf_fail(L, err, LARDER_ELIMIT, "more than 2 GiB of values in one read of a column");
+        return leaf_fail(L, err, LARDER_ELIMIT,
+                         "more than 2 GiB of values in one read of a column");
       if (pq_buf_reserve(values, values->len + (size_t)bytes) ||
           pq_buf_reserve(offsets, offsets->len + ((size_t)n + 1) * 4))
         return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
@@ -997,8 +976,7 @@ static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
         size_t plen = (size_t)pre[i], slen = (size_t)suf[i];
         if (plen > L->prev.len)
           return leaf_fail(L, err, LARDER_ECORRUPT,
-                           "DELTA_BYTE_ARRAY prefix %zu longer than the previous value",
-                           plen);
+                           "DELTA_BYTE_ARRAY prefix %zu longer than the previous value", plen);
         if (slen > (size_t)(L->vend - L->vp))
           return leaf_fail(L, err, LARDER_ECORRUPT, "DELTA_BYTE_ARRAY suffix runs past the page");
         size_t len = plen + slen;
@@ -1009,7 +987,8 @@ static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
         rc = charge(L, len, err);
         if (rc) return rc;
         if (values->len + len > INT32_MAX)
-          return leaf_fail(L, err, LARDER_ELIMIT, "more than 2 GiB of values in one read of a column");
+          return leaf_fail(L, err, LARDER_ELIMIT,
+                           "more than 2 GiB of values in one read of a column");
         if (pq_buf_reserve(values, values->len + len) || pq_buf_reserve(&L->prev, len))
           return leaf_fail(L, err, LARDER_ENOMEM, "out of memory");
         uint8_t *o = values->data + values->len;
@@ -1043,8 +1022,7 @@ static int decode_values(pq_leaf *L, int64_t n, pq_buf_t *values,
       values->len += (size_t)n * w;
       break;
     }
-    default:
-      return leaf_fail(L, err, LARDER_EUNSUPPORTED, "values encoded as %d", L->encoding);
+    default: return leaf_fail(L, err, LARDER_EUNSUPPORTED, "values encoded as %d", L->encoding);
   }
   L->page_vpos += n;
   return 0;
@@ -1113,8 +1091,8 @@ static int64_t leaf_consume(pq_leaf *L, int64_t rows, pq_buf_t *values, pq_buf_t
       const uint16_t *rep = (const uint16_t *)(void *)L->reps.data;
       int64_t i = L->page_pos;
       if (L->entries_seen == 0 && rep[i] != 0)
-        return leaf_fail(L, err, LARDER_ECORRUPT,
-                         "repetition levels start with %u instead of 0", rep[i]);
+        return leaf_fail(L, err, LARDER_ECORRUPT, "repetition levels start with %u instead of 0",
+                         rep[i]);
       /* Count the records that start in the rest of the page with a loop the
        * compiler vectorises; only the page where the batch ends needs the
        * entry-by-entry search for its cut. */
@@ -1163,8 +1141,7 @@ static int64_t leaf_consume(pq_leaf *L, int64_t rows, pq_buf_t *values, pq_buf_t
   return records;
 }
 
-int64_t pq_leaf_read(pq_leaf *L, int64_t rows, pq_buf_t *values, pq_buf_t *offsets,
-                     pq_error *err) {
+int64_t pq_leaf_read(pq_leaf *L, int64_t rows, pq_buf_t *values, pq_buf_t *offsets, pq_error *err) {
   L->out_n = 0;
   L->out_values = 0;
   L->out_def_virtual = 1;

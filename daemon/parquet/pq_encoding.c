@@ -22,8 +22,7 @@ static inline uint64_t load64(const uint8_t *p) {
 
 /* Reads w bits at bit offset `bit` one byte at a time; bytes at or past
  * in_len read as zero. */
-static uint64_t slow_bits(const uint8_t *in, size_t in_len, uint64_t bit,
-                          int w) {
+static uint64_t slow_bits(const uint8_t *in, size_t in_len, uint64_t bit, int w) {
   uint64_t v = 0;
   int got = 0;
   uint64_t byte = bit >> 3;
@@ -47,34 +46,32 @@ static uint64_t slow_bits(const uint8_t *in, size_t in_len, uint64_t bit,
  * the last group that can be read with whole 64-bit loads go through
  * slow_bits.
  */
-#define DEFINE_UNPACK(NAME, OUT_T)                                           \
-  static inline __attribute__((always_inline)) void NAME##_w(               \
-      const uint8_t *in, size_t in_len, const int w, uint64_t start,        \
-      OUT_T *out, size_t n) {                                               \
-    const uint64_t mask = w >= 64 ? ~0ull : ((1ull << w) - 1);              \
-    size_t i = 0;                                                           \
-    for (; i < n && ((start + i) & 7); i++)                                 \
-      out[i] = (OUT_T)slow_bits(in, in_len, (start + i) * (uint64_t)w, w);  \
-    uint64_t group = (start + i) >> 3;                                      \
-    /* A group reads up to byte (7w)/8 + 8 (+1 past 56 bits) of its start. */ \
-    const uint64_t reach = (uint64_t)((7 * w) / 8 + 8 + (w > 56));          \
-    uint64_t first_byte = group * (uint64_t)w;                              \
-    size_t groups = (n - i) / 8;                                            \
-    size_t safe = 0;                                                        \
-    if (in_len >= reach && first_byte <= in_len - reach)                    \
-      safe = (size_t)((in_len - reach - first_byte) / (uint64_t)w + 1);     \
-    if (safe > groups) safe = groups;                                       \
-    const uint8_t *gp = in + first_byte;                                    \
-    for (size_t g = 0; g < safe; g++, gp += w, i += 8) {                    \
-      _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {                 \
-        const int b = k * w;                                                \
-        uint64_t v = load64(gp + b / 8) >> (b % 8);                         \
-        if (w > 56 && (b % 8)) v |= (uint64_t)gp[b / 8 + 8] << (64 - b % 8); \
-        out[i + (size_t)k] = (OUT_T)(v & mask);                             \
-      }                                                                     \
-    }                                                                       \
-    for (; i < n; i++)                                                      \
-      out[i] = (OUT_T)slow_bits(in, in_len, (start + i) * (uint64_t)w, w);  \
+#define DEFINE_UNPACK(NAME, OUT_T)                                                           \
+  static inline __attribute__((always_inline)) void NAME##_w(                                \
+      const uint8_t *in, size_t in_len, const int w, uint64_t start, OUT_T *out, size_t n) { \
+    const uint64_t mask = w >= 64 ? ~0ull : ((1ull << w) - 1);                               \
+    size_t i = 0;                                                                            \
+    for (; i < n && ((start + i) & 7); i++)                                                  \
+      out[i] = (OUT_T)slow_bits(in, in_len, (start + i) * (uint64_t)w, w);                   \
+    uint64_t group = (start + i) >> 3;                                                       \
+    /* A group reads up to byte (7w)/8 + 8 (+1 past 56 bits) of its start. */                \
+    const uint64_t reach = (uint64_t)((7 * w) / 8 + 8 + (w > 56));                           \
+    uint64_t first_byte = group * (uint64_t)w;                                               \
+    size_t groups = (n - i) / 8;                                                             \
+    size_t safe = 0;                                                                         \
+    if (in_len >= reach && first_byte <= in_len - reach)                                     \
+      safe = (size_t)((in_len - reach - first_byte) / (uint64_t)w + 1);                      \
+    if (safe > groups) safe = groups;                                                        \
+    const uint8_t *gp = in + first_byte;                                                     \
+    for (size_t g = 0; g < safe; g++, gp += w, i += 8) {                                     \
+      _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {                                  \
+        const int b = k * w;                                                                 \
+        uint64_t v = load64(gp + b / 8) >> (b % 8);                                          \
+        if (w > 56 && (b % 8)) v |= (uint64_t)gp[b / 8 + 8] << (64 - b % 8);                 \
+        out[i + (size_t)k] = (OUT_T)(v & mask);                                              \
+      }                                                                                      \
+    }                                                                                        \
+    for (; i < n; i++) out[i] = (OUT_T)slow_bits(in, in_len, (start + i) * (uint64_t)w, w);  \
   }
 
 DEFINE_UNPACK(unpack16, uint16_t)
@@ -86,8 +83,9 @@ DEFINE_UNPACK(unpack64, uint64_t)
 
 /* Levels are at most 16 bits wide; unpacking straight into uint16 saves a
  * pass over every repetition and definition level. */
-static void unpack16(const uint8_t *in, size_t in_len, int bit_width,
-                     uint64_t start, uint16_t *out, size_t n) {
+static void unpack16(const uint8_t *in, size_t in_len, int bit_width, uint64_t start, uint16_t *out,
+                     size_t n) {
+  /* clang-format off */
   switch (bit_width) {
     case 0: memset(out, 0, n * sizeof(*out)); return;
     CASE16(1) CASE16(2) CASE16(3) CASE16(4) CASE16(5) CASE16(6) CASE16(7)
@@ -95,15 +93,19 @@ static void unpack16(const uint8_t *in, size_t in_len, int bit_width,
     CASE16(14) CASE16(15) CASE16(16)
     default: memset(out, 0, n * sizeof(*out)); return;
   }
+  /* clang-format on */
 }
 
-#define CASE32(W) \
-  case W: unpack32_w(in, in_len, W, start, out, n); return;
+#define CASE32(W)                             \
+  case W:                                     \
+    unpack32_w(in, in_len, W, start, out, n); \
+    return;
 #define CASE64(W) \
   case W: unpack64_w(in, in_len, W, start, out, n); return;
 
-void pq_unpack32(const uint8_t *in, size_t in_len, int bit_width,
-                 uint64_t start, uint32_t *out, size_t n) {
+void pq_unpack32(const uint8_t *in, size_t in_len, int bit_width, uint64_t start, uint32_t *out,
+                 size_t n) {
+  /* clang-format off */
   switch (bit_width) {
     case 0: memset(out, 0, n * sizeof(*out)); return;
     CASE32(1) CASE32(2) CASE32(3) CASE32(4) CASE32(5) CASE32(6) CASE32(7)
@@ -114,10 +116,12 @@ void pq_unpack32(const uint8_t *in, size_t in_len, int bit_width,
     CASE32(32)
     default: memset(out, 0, n * sizeof(*out)); return;
   }
+  /* clang-format on */
 }
 
-void pq_unpack64(const uint8_t *in, size_t in_len, int bit_width,
-                 uint64_t start, uint64_t *out, size_t n) {
+void pq_unpack64(const uint8_t *in, size_t in_len, int bit_width, uint64_t start, uint64_t *out,
+                 size_t n) {
+  /* clang-format off */
   switch (bit_width) {
     case 0: memset(out, 0, n * sizeof(*out)); return;
     CASE64(1) CASE64(2) CASE64(3) CASE64(4) CASE64(5) CASE64(6) CASE64(7)
@@ -133,6 +137,7 @@ void pq_unpack64(const uint8_t *in, size_t in_len, int bit_width,
     CASE64(62) CASE64(63) CASE64(64)
     default: memset(out, 0, n * sizeof(*out)); return;
   }
+  /* clang-format on */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -146,8 +151,7 @@ void pq_rle_init(pq_rle_t *r, const uint8_t *p, size_t len, int bit_width) {
   if (bit_width < 0 || bit_width > 32) r->failed = 1;
 }
 
-static int read_uvarint32(const uint8_t **pp, const uint8_t *end,
-                          uint32_t *out) {
+static int read_uvarint32(const uint8_t **pp, const uint8_t *end, uint32_t *out) {
   const uint8_t *p = *pp;
   uint64_t v = 0;
   for (int shift = 0; shift < 35; shift += 7) {
@@ -213,8 +217,8 @@ static int rle_next_run(pq_rle_t *r) {
   return 1;
 }
 
-bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width,
-                            int64_t n, uint32_t value) {
+bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width, int64_t n,
+                            uint32_t value) {
   const uint8_t *end = p + len;
   uint32_t header;
   if (bit_width < 0 || bit_width > 32 || read_uvarint32(&p, end, &header) || (header & 1))
@@ -237,8 +241,7 @@ int64_t pq_rle_get32(pq_rle_t *r, uint32_t *out, int64_t n) {
       r->rle_left -= (uint32_t)m;
     } else if (r->bp_left) {
       int64_t m = n - done < r->bp_left ? n - done : r->bp_left;
-      pq_unpack32(r->bp, r->bp_len, r->bit_width, r->bp_pos, out + done,
-                  (size_t)m);
+      pq_unpack32(r->bp, r->bp_len, r->bit_width, r->bp_pos, out + done, (size_t)m);
       done += m;
       r->bp_pos += (uint32_t)m;
       r->bp_left -= (uint32_t)m;
@@ -267,8 +270,7 @@ int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n) {
       done += m;
       r->bp_pos += (uint32_t)m;
       r->bp_left -= (uint32_t)m;
-    } else if (r->p + 2 <= r->end && r->p[0] < 0x80 && !(r->p[0] & 1) &&
-               r->bit_width <= 8) {
+    } else if (r->p + 2 <= r->end && r->p[0] < 0x80 && !(r->p[0] & 1) && r->bit_width <= 8) {
       /* Short RLE runs of narrow levels dominate list columns: parse their
        * one-byte header and one-byte value here instead of in
        * rle_next_run. */
@@ -294,8 +296,7 @@ int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n) {
 /* ------------------------------------------------------------------------ */
 /* DELTA_BINARY_PACKED                                                       */
 
-static int read_uvarint64(const uint8_t **pp, const uint8_t *end,
-                          uint64_t *out) {
+static int read_uvarint64(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
   const uint8_t *p = *pp;
   uint64_t v = 0;
   for (int shift = 0; shift < 70; shift += 7) {
@@ -314,8 +315,8 @@ static int read_uvarint64(const uint8_t **pp, const uint8_t *end,
 
 static uint64_t unzigzag(uint64_t v) { return (v >> 1) ^ (0 - (v & 1)); }
 
-int pq_delta_init(pq_delta_t *d, const uint8_t *p, size_t len, int width_bits,
-                  char *why, size_t why_len) {
+int pq_delta_init(pq_delta_t *d, const uint8_t *p, size_t len, int width_bits, char *why,
+                  size_t why_len) {
   d->p = p;
   d->end = p + len;
   d->width_bits = width_bits;
@@ -325,22 +326,18 @@ int pq_delta_init(pq_delta_t *d, const uint8_t *p, size_t len, int width_bits,
   d->mini_index = 0;
   uint64_t first;
   if (read_uvarint64(&d->p, d->end, &d->block_size) ||
-      read_uvarint64(&d->p, d->end, &d->mini_count) ||
-      read_uvarint64(&d->p, d->end, &d->total) ||
+      read_uvarint64(&d->p, d->end, &d->mini_count) || read_uvarint64(&d->p, d->end, &d->total) ||
       read_uvarint64(&d->p, d->end, &first)) {
     snprintf(why, why_len, "DELTA_BINARY_PACKED: truncated header");
     return LARDER_ECORRUPT;
   }
   if (d->block_size == 0 || d->block_size % 128 != 0 || d->mini_count == 0 ||
-      d->block_size % d->mini_count != 0 ||
-      (d->block_size / d->mini_count) % 32 != 0 ||
-      d->block_size / d->mini_count > PQ_DELTA_MAX_MINI ||
-      d->mini_count > 4096) {
+      d->block_size % d->mini_count != 0 || (d->block_size / d->mini_count) % 32 != 0 ||
+      d->block_size / d->mini_count > PQ_DELTA_MAX_MINI || d->mini_count > 4096) {
     snprintf(why, why_len,
              "DELTA_BINARY_PACKED: bad block layout (%llu values in %llu "
              "miniblocks)",
-             (unsigned long long)d->block_size,
-             (unsigned long long)d->mini_count);
+             (unsigned long long)d->block_size, (unsigned long long)d->mini_count);
     return LARDER_ECORRUPT;
   }
   d->mini_size = d->block_size / d->mini_count;
@@ -370,8 +367,7 @@ static int delta_load_mini(pq_delta_t *d) {
   uint64_t need = (count * (uint64_t)w + 7) / 8;
   size_t avail = (size_t)(d->end - d->p);
   if (need > avail) return -1;
-  pq_unpack64(d->p, avail < full ? avail : (size_t)full, w, 0, d->buf,
-              (size_t)count);
+  pq_unpack64(d->p, avail < full ? avail : (size_t)full, w, 0, d->buf, (size_t)count);
   /* The last miniblock is normally padded to full size; accept writers
    * that stop at the last value. */
   d->p += full <= avail ? full : avail;
@@ -380,29 +376,29 @@ static int delta_load_mini(pq_delta_t *d) {
   return 0;
 }
 
-#define DEFINE_DELTA_GET(NAME, OUT_T, MASK)                                  \
-  int64_t NAME(pq_delta_t *d, OUT_T *out, int64_t n) {                       \
-    int64_t done = 0;                                                       \
-    if (n > 0 && d->produced == 0 && d->total > 0) {                         \
-      out[done++] = (OUT_T)(d->last & (MASK));                               \
-      d->produced = 1;                                                       \
-    }                                                                       \
-    while (done < n && d->produced < d->total) {                             \
+#define DEFINE_DELTA_GET(NAME, OUT_T, MASK)                                       \
+  int64_t NAME(pq_delta_t *d, OUT_T *out, int64_t n) {                            \
+    int64_t done = 0;                                                             \
+    if (n > 0 && d->produced == 0 && d->total > 0) {                              \
+      out[done++] = (OUT_T)(d->last & (MASK));                                    \
+      d->produced = 1;                                                            \
+    }                                                                             \
+    while (done < n && d->produced < d->total) {                                  \
       if (d->buf_pos == d->buf_len && delta_load_mini(d)) return LARDER_ECORRUPT; \
-      uint64_t m = d->buf_len - d->buf_pos;                                 \
-      if ((uint64_t)(n - done) < m) m = (uint64_t)(n - done);               \
-      uint64_t last = d->last, md = d->min_delta;                           \
-      const uint64_t *b = d->buf + d->buf_pos;                              \
-      for (uint64_t i = 0; i < m; i++) {                                    \
-        last += md + b[i];                                                  \
-        out[done + (int64_t)i] = (OUT_T)(last & (MASK));                    \
-      }                                                                     \
-      d->last = last;                                                       \
-      d->buf_pos += m;                                                      \
-      d->produced += m;                                                     \
-      done += (int64_t)m;                                                   \
-    }                                                                       \
-    return done;                                                            \
+      uint64_t m = d->buf_len - d->buf_pos;                                       \
+      if ((uint64_t)(n - done) < m) m = (uint64_t)(n - done);                     \
+      uint64_t last = d->last, md = d->min_delta;                                 \
+      const uint64_t *b = d->buf + d->buf_pos;                                    \
+      for (uint64_t i = 0; i < m; i++) {                                          \
+        last += md + b[i];                                                        \
+        out[done + (int64_t)i] = (OUT_T)(last & (MASK));                          \
+      }                                                                           \
+      d->last = last;                                                             \
+      d->buf_pos += m;                                                            \
+      d->produced += m;                                                           \
+      done += (int64_t)m;                                                         \
+    }                                                                             \
+    return done;                                                                  \
   }
 
 DEFINE_DELTA_GET(pq_delta_get32, int32_t, 0xffffffffull)

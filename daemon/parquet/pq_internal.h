@@ -46,9 +46,8 @@ void pq_codec_ctx_free(pq_codec_ctx *ctx);
  * LZ4 frame format, and a bare LZ4 block, tried in that order.  The thread
  * that owns ctx calls it.
  */
-int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src,
-                  size_t src_len, uint8_t *dst, size_t dst_len, char *why,
-                  size_t why_len);
+int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src, size_t src_len, uint8_t *dst,
+                  size_t dst_len, char *why, size_t why_len);
 
 /*
  * Checks, before anything is allocated, that src_len compressed bytes can
@@ -58,8 +57,8 @@ int pq_decompress(pq_codec_ctx *ctx, int codec, const uint8_t *src,
  * and zstd without a stated size have no such bound; the chunk ceiling is
  * their limit.  Returns 0 or LARDER_ECORRUPT with a reason.  Any thread.
  */
-int pq_decompress_check(int codec, const uint8_t *src, size_t src_len,
-                        size_t dst_len, char *why, size_t why_len);
+int pq_decompress_check(int codec, const uint8_t *src, size_t src_len, size_t dst_len, char *why,
+                        size_t why_len);
 
 /* ------------------------------------------------------------------------ */
 /* Buffers and arenas (pq_util.c)                                            */
@@ -147,11 +146,10 @@ void pq_thrift_fail(pq_thrift_t *t, const char *why);
 /* Struct traversal: call pq_thrift_struct_begin, then pq_thrift_field until
  * it returns 0 (STOP or failure), then pq_thrift_struct_end. */
 void pq_thrift_struct_begin(pq_thrift_t *t, int16_t *last_id);
-int pq_thrift_field(pq_thrift_t *t, int16_t *last_id, int16_t *id,
-                    int *type);
+int pq_thrift_field(pq_thrift_t *t, int16_t *last_id, int16_t *id, int *type);
 void pq_thrift_struct_end(pq_thrift_t *t);
 int64_t pq_thrift_int(pq_thrift_t *t, int type); /* i8/i16/i32/i64 */
-int pq_thrift_bool(int type);                     /* from a field type */
+int pq_thrift_bool(int type);                    /* from a field type */
 /* Returns a pointer into the input and its length. */
 const uint8_t *pq_thrift_binary(pq_thrift_t *t, int type, size_t *len);
 /* Reads a list header; returns the element count, bounded by the bytes
@@ -163,32 +161,27 @@ void pq_thrift_skip(pq_thrift_t *t, int type);
 /* ------------------------------------------------------------------------ */
 /* Page headers (pq_meta.c)                                                  */
 
-enum {
-  PQ_PAGE_DATA = 0,
-  PQ_PAGE_INDEX = 1,
-  PQ_PAGE_DICTIONARY = 2,
-  PQ_PAGE_DATA_V2 = 3
-};
+enum { PQ_PAGE_DATA = 0, PQ_PAGE_INDEX = 1, PQ_PAGE_DICTIONARY = 2, PQ_PAGE_DATA_V2 = 3 };
 
 typedef struct pq_page_header {
   int type;
   int32_t uncompressed_size, compressed_size;
   int has_crc;
   uint32_t crc;
-  int32_t num_values;     /* data v1/v2 and dictionary pages */
+  int32_t num_values; /* data v1/v2 and dictionary pages */
   int32_t encoding;
   int32_t def_encoding, rep_encoding; /* v1 */
-  int32_t num_nulls, num_rows;         /* v2 */
-  int32_t def_length, rep_length;      /* v2 */
-  int is_compressed;                   /* v2, default true */
-  int has_v1, has_dict, has_v2;        /* which sub-headers were present */
+  int32_t num_nulls, num_rows;        /* v2 */
+  int32_t def_length, rep_length;     /* v2 */
+  int is_compressed;                  /* v2, default true */
+  int has_v1, has_dict, has_v2;       /* which sub-headers were present */
 } pq_page_header_t;
 
 /* Parses a PageHeader from at most len bytes.  Returns the header's length
  * in bytes, 0 when len bytes do not hold the whole header (read more and
  * retry), or LARDER_ECORRUPT with a reason in why. */
-int64_t pq_page_header_parse(const uint8_t *p, size_t len,
-                             pq_page_header_t *h, char *why, size_t why_len);
+int64_t pq_page_header_parse(const uint8_t *p, size_t len, pq_page_header_t *h, char *why,
+                             size_t why_len);
 
 /* ------------------------------------------------------------------------ */
 /* Encodings (pq_encoding.c)                                                 */
@@ -196,24 +189,24 @@ int64_t pq_page_header_parse(const uint8_t *p, size_t len,
 /* Unpacks n values of bit_width bits (0..32), LSB first, starting at value
  * index `start` of the packed data at in, which holds in_len bytes.  Values
  * past the end of the input decode as zero; callers check lengths first. */
-void pq_unpack32(const uint8_t *in, size_t in_len, int bit_width,
-                 uint64_t start, uint32_t *out, size_t n);
+void pq_unpack32(const uint8_t *in, size_t in_len, int bit_width, uint64_t start, uint32_t *out,
+                 size_t n);
 /* The same for 0..64 bits into 64-bit values. */
-void pq_unpack64(const uint8_t *in, size_t in_len, int bit_width,
-                 uint64_t start, uint64_t *out, size_t n);
+void pq_unpack64(const uint8_t *in, size_t in_len, int bit_width, uint64_t start, uint64_t *out,
+                 size_t n);
 
 /* The RLE / bit-packing hybrid (levels, dictionary indices, booleans). */
 typedef struct pq_rle {
   const uint8_t *p, *end;
   int bit_width;
-  uint32_t rle_left;   /* values left in the current RLE run */
+  uint32_t rle_left; /* values left in the current RLE run */
   uint32_t rle_value;
-  uint32_t bp_left;    /* values left in the current bit-packed run */
-  const uint8_t *bp;   /* the current bit-packed run's bytes */
+  uint32_t bp_left;  /* values left in the current bit-packed run */
+  const uint8_t *bp; /* the current bit-packed run's bytes */
   size_t bp_len;
-  uint32_t bp_pos;     /* values of the run already consumed */
+  uint32_t bp_pos; /* values of the run already consumed */
   int failed;
-  int over_width;      /* failed because a run's value exceeded the width */
+  int over_width; /* failed because a run's value exceeded the width */
   uint32_t bad_value;
 } pq_rle_t;
 
@@ -224,29 +217,28 @@ int64_t pq_rle_get32(pq_rle_t *r, uint32_t *out, int64_t n);
 int64_t pq_rle_get16(pq_rle_t *r, uint16_t *out, int64_t n);
 /* True when the first run of the data is an RLE run of at least n copies of
  * value: the whole of n levels is that value, without decoding them. */
-bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width,
-                            int64_t n, uint32_t value);
+bool pq_rle_starts_with_run(const uint8_t *p, size_t len, int bit_width, int64_t n, uint32_t value);
 
 /* DELTA_BINARY_PACKED. */
 #define PQ_DELTA_MAX_MINI 8192
 typedef struct pq_delta {
   const uint8_t *p, *end;
   uint64_t block_size, mini_count, mini_size;
-  uint64_t total;      /* values the header declares */
-  uint64_t produced;   /* values handed out so far */
-  uint64_t last;       /* the previous value, with wrap-around */
+  uint64_t total;        /* values the header declares */
+  uint64_t produced;     /* values handed out so far */
+  uint64_t last;         /* the previous value, with wrap-around */
   const uint8_t *widths; /* bit widths of the current block's miniblocks */
   uint64_t min_delta;
   uint64_t mini_index; /* next miniblock of the current block */
   uint64_t buf_pos, buf_len;
   int in_block;
-  int width_bits;      /* 32 or 64: the physical type */
+  int width_bits; /* 32 or 64: the physical type */
   uint64_t buf[PQ_DELTA_MAX_MINI];
 } pq_delta_t;
 
 /* Parses the header.  Returns 0 or LARDER_ECORRUPT with why filled. */
-int pq_delta_init(pq_delta_t *d, const uint8_t *p, size_t len, int width_bits,
-                  char *why, size_t why_len);
+int pq_delta_init(pq_delta_t *d, const uint8_t *p, size_t len, int width_bits, char *why,
+                  size_t why_len);
 /* Decode up to n values into 32- or 64-bit outputs.  Return the count
  * (fewer only at the end of the declared values) or LARDER_ECORRUPT. */
 int64_t pq_delta_get32(pq_delta_t *d, int32_t *out, int64_t n);
@@ -264,9 +256,8 @@ const uint8_t *pq_delta_end(pq_delta_t *d);
  * INT96 twelve bytes, BYTE_ARRAY as int32 offsets plus bytes). */
 typedef struct pq_leaf pq_leaf;
 
-int pq_leaf_open(const struct pq_file *file, const pq_source *src,
-                 const pq_options *opts, pq_codec_ctx *codec, int rg,
-                 int leaf_index, pq_leaf **out, pq_error *err);
+int pq_leaf_open(const struct pq_file *file, const pq_source *src, const pq_options *opts,
+                 pq_codec_ctx *codec, int rg, int leaf_index, pq_leaf **out, pq_error *err);
 void pq_leaf_close(pq_leaf *leaf);
 /* Points the reader at the same column in row group rg, keeping buffers. */
 int pq_leaf_reset(pq_leaf *leaf, int rg, pq_error *err);
@@ -275,8 +266,8 @@ int pq_leaf_reset(pq_leaf *leaf, int rg, pq_error *err);
  * buffers (pq_leaf_levels) and their dense values are appended to
  * values/offsets, which the caller has emptied.  Returns the records read,
  * fewer than `rows` only at the end of the chunk, or a negative code. */
-int64_t pq_leaf_read(pq_leaf *leaf, int64_t rows, pq_buf_t *values,
-                     pq_buf_t *offsets, pq_error *err);
+int64_t pq_leaf_read(pq_leaf *leaf, int64_t rows, pq_buf_t *values, pq_buf_t *offsets,
+                     pq_error *err);
 
 /* Steps over up to `rows` records without producing them, skipping whole
  * pages unread where their headers give their row counts.  Returns the
@@ -287,8 +278,8 @@ int64_t pq_leaf_skip(pq_leaf *leaf, int64_t rows, pq_error *err);
  * column has no definition levels or every entry's level is the maximum
  * (no nulls anywhere on its path), rep when it has no repetition levels.
  * *num_values is the count of dense values appended. */
-void pq_leaf_levels(const pq_leaf *leaf, const uint16_t **def,
-                    const uint16_t **rep, int64_t *n, int64_t *num_values);
+void pq_leaf_levels(const pq_leaf *leaf, const uint16_t **def, const uint16_t **rep, int64_t *n,
+                    int64_t *num_values);
 const pq_schema_node_t *pq_leaf_node(const pq_leaf *leaf);
 /* Formats "<file>: column '<path>', row group <n>" for error messages. */
 void pq_leaf_where(const pq_leaf *leaf, char *buf, size_t size);

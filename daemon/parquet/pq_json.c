@@ -113,8 +113,7 @@ int pq_json_append_string(pq_strbuf_t *sb, const uint8_t *s, size_t n) {
 }
 
 static int put_base64(pq_strbuf_t *sb, const uint8_t *s, size_t n) {
-  static const char tbl[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   if (sb_reserve(sb, (n + 2) / 3 * 4 + 2)) return LARDER_ENOMEM;
   char *o = sb->data + sb->len;
   *o++ = '"';
@@ -175,8 +174,8 @@ static double round_to_half(double v) {
   double a = fabs(v);
   if (a >= 65520.0) return v > 0 ? INFINITY : -INFINITY;
   int e;
-  frexp(a, &e);            /* a = m * 2^e, 0.5 <= m < 1 */
-  int exp2 = e - 1;        /* a = 1.x * 2^exp2 */
+  frexp(a, &e);               /* a = m * 2^e, 0.5 <= m < 1 */
+  int exp2 = e - 1;           /* a = 1.x * 2^exp2 */
   if (exp2 < -14) exp2 = -14; /* subnormals share the smallest exponent */
   double quantum = ldexp(1.0, exp2 - 10);
   double r = nearbyint(a / quantum) * quantum;
@@ -290,7 +289,6 @@ static void civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d) {
   *y = yy + (*m <= 2);
 }
 
-
 static int put_date_part(char *buf, size_t size, int64_t days) {
   int64_t y;
   unsigned m, d;
@@ -365,8 +363,7 @@ static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
   const int32_t *off = (const int32_t *)(const void *)a->offsets.data;
   switch (f->type) {
     case LARDER_TYPE_NULL: return pq_strbuf_puts(sb, "null");
-    case LARDER_TYPE_BOOL:
-      return pq_strbuf_puts(sb, (v[i >> 3] >> (i & 7)) & 1 ? "true" : "false");
+    case LARDER_TYPE_BOOL: return pq_strbuf_puts(sb, (v[i >> 3] >> (i & 7)) & 1 ? "true" : "false");
     case LARDER_TYPE_INT8: return pq_strbuf_printf(sb, "%d", (int8_t)v[i]);
     case LARDER_TYPE_UINT8: return pq_strbuf_printf(sb, "%u", v[i]);
     case LARDER_TYPE_INT16: {
@@ -445,8 +442,7 @@ static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
     }
     case LARDER_TYPE_STRING:
       return pq_json_append_string(sb, v + off[i], (size_t)(off[i + 1] - off[i]));
-    case LARDER_TYPE_BINARY:
-      return put_base64(sb, v + off[i], (size_t)(off[i + 1] - off[i]));
+    case LARDER_TYPE_BINARY: return put_base64(sb, v + off[i], (size_t)(off[i + 1] - off[i]));
     case LARDER_TYPE_FIXED_BINARY:
       return put_base64(sb, v + (size_t)i * (size_t)f->byte_width, (size_t)f->byte_width);
     case LARDER_TYPE_STRUCT: {
@@ -454,8 +450,8 @@ static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
       for (int c = 0; c < a->num_children; c++) {
         if (c && pq_strbuf_append(sb, ",", 1)) return LARDER_ENOMEM;
         const char *name = a->children[c].field->name;
-        if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) || pq_strbuf_append(sb, ":", 1) ||
-            put_value(sb, &a->children[c], i))
+        if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) ||
+            pq_strbuf_append(sb, ":", 1) || put_value(sb, &a->children[c], i))
           return LARDER_ENOMEM;
       }
       return pq_strbuf_append(sb, "}", 1);
@@ -480,8 +476,7 @@ static int put_value(pq_strbuf_t *sb, const pq_array_t *a, int64_t i) {
       }
       return pq_strbuf_append(sb, "]", 1);
     }
-    default:
-      return pq_strbuf_puts(sb, "null");
+    default: return pq_strbuf_puts(sb, "null");
   }
 }
 
@@ -490,8 +485,8 @@ int pq_json_append_row(pq_strbuf_t *sb, const pq_batch_t *batch, int64_t row) {
   for (int c = 0; c < batch->num_columns; c++) {
     if (c && pq_strbuf_append(sb, ",", 1)) return LARDER_ENOMEM;
     const char *name = batch->columns[c].field->name;
-    if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) || pq_strbuf_append(sb, ":", 1) ||
-        put_value(sb, &batch->columns[c], row))
+    if (pq_json_append_string(sb, (const uint8_t *)name, strlen(name)) ||
+        pq_strbuf_append(sb, ":", 1) || put_value(sb, &batch->columns[c], row))
       return LARDER_ENOMEM;
   }
   return pq_strbuf_append(sb, "}", 1);

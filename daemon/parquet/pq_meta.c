@@ -108,9 +108,16 @@ static void parse_logical(pq_thrift_t *t, pq_logical_t *lt) {
     int16_t l2, id2;
     int t2;
     switch (id) {
-      case PQ_LT_STRING: case PQ_LT_MAP: case PQ_LT_LIST: case PQ_LT_ENUM:
-      case PQ_LT_DATE: case PQ_LT_UNKNOWN: case PQ_LT_JSON: case PQ_LT_BSON:
-      case PQ_LT_UUID: case PQ_LT_FLOAT16:
+      case PQ_LT_STRING:
+      case PQ_LT_MAP:
+      case PQ_LT_LIST:
+      case PQ_LT_ENUM:
+      case PQ_LT_DATE:
+      case PQ_LT_UNKNOWN:
+      case PQ_LT_JSON:
+      case PQ_LT_BSON:
+      case PQ_LT_UUID:
+      case PQ_LT_FLOAT16:
         lt->kind = (pq_logical_kind_t)id;
         pq_thrift_skip(t, type);
         break;
@@ -187,8 +194,7 @@ static void parse_schema_element(meta_parser *mp, flat_element *e) {
   pq_thrift_struct_end(t);
 }
 
-static void parse_kv_list(meta_parser *mp, int type, int *count,
-                          pq_kv_t **out) {
+static void parse_kv_list(meta_parser *mp, int type, int *count, pq_kv_t **out) {
   pq_thrift_t *t = &mp->t;
   int et;
   int64_t n = pq_thrift_list(t, type, &et);
@@ -226,8 +232,7 @@ static void parse_kv_list(meta_parser *mp, int type, int *count,
   *out = kv;
 }
 
-static void parse_column_meta(meta_parser *mp, pq_column_chunk_t *cc,
-                              int *physical) {
+static void parse_column_meta(meta_parser *mp, pq_column_chunk_t *cc, int *physical) {
   pq_thrift_t *t = &mp->t;
   int16_t last, id;
   int type;
@@ -256,8 +261,8 @@ static void parse_column_meta(meta_parser *mp, pq_column_chunk_t *cc,
   pq_thrift_struct_end(t);
 }
 
-static void parse_column_chunk(meta_parser *mp, pq_column_chunk_t *cc,
-                               int *physical, int *has_meta) {
+static void parse_column_chunk(meta_parser *mp, pq_column_chunk_t *cc, int *physical,
+                               int *has_meta) {
   pq_thrift_t *t = &mp->t;
   int16_t last, id;
   int type;
@@ -265,9 +270,7 @@ static void parse_column_chunk(meta_parser *mp, pq_column_chunk_t *cc,
   pq_thrift_struct_begin(t, &last);
   while (pq_thrift_field(t, &last, &id, &type)) {
     switch (id) {
-      case 1:
-        fail_unsupported(mp, "column chunks stored in other files");
-        break;
+      case 1: fail_unsupported(mp, "column chunks stored in other files"); break;
       case 3:
         if (type == PQ_TT_STRUCT) {
           parse_column_meta(mp, cc, physical);
@@ -277,9 +280,7 @@ static void parse_column_chunk(meta_parser *mp, pq_column_chunk_t *cc,
         }
         break;
       case 8:
-      case 9:
-        fail_unsupported(mp, "encrypted columns");
-        break;
+      case 9: fail_unsupported(mp, "encrypted columns"); break;
       default: pq_thrift_skip(t, type); break;
     }
   }
@@ -294,8 +295,7 @@ typedef struct rg_parse {
   int has_num_rows;
 } rg_parse;
 
-static void parse_row_group(meta_parser *mp, pq_row_group_t *rg,
-                            rg_parse *rp) {
+static void parse_row_group(meta_parser *mp, pq_row_group_t *rg, rg_parse *rp) {
   pq_thrift_t *t = &mp->t;
   int16_t last, id;
   int type;
@@ -316,8 +316,7 @@ static void parse_row_group(meta_parser *mp, pq_row_group_t *rg,
         if (n && (!rp->columns || !rp->physical || !rp->has_meta)) break;
         for (int64_t i = 0; i < n && !t->failed; i++) {
           rp->physical[i] = -1;
-          parse_column_chunk(mp, &rp->columns[i], &rp->physical[i],
-                             &rp->has_meta[i]);
+          parse_column_chunk(mp, &rp->columns[i], &rp->physical[i], &rp->has_meta[i]);
         }
         break;
       }
@@ -351,22 +350,30 @@ static void logical_from_converted(const flat_element *e, pq_logical_t *lt) {
       lt->scale = e->scale;
       break;
     case 6: lt->kind = PQ_LT_DATE; break;
-    case 7: case 8:
+    case 7:
+    case 8:
       lt->kind = PQ_LT_TIME;
       lt->unit = e->converted == 7 ? LARDER_UNIT_MILLI : LARDER_UNIT_MICRO;
       lt->utc = 1;
       break;
-    case 9: case 10:
+    case 9:
+    case 10:
       lt->kind = PQ_LT_TIMESTAMP;
       lt->unit = e->converted == 9 ? LARDER_UNIT_MILLI : LARDER_UNIT_MICRO;
       lt->utc = 1;
       break;
-    case 11: case 12: case 13: case 14:
+    case 11:
+    case 12:
+    case 13:
+    case 14:
       lt->kind = PQ_LT_INTEGER;
       lt->bit_width = 8 << (e->converted - 11);
       lt->is_signed = 0;
       break;
-    case 15: case 16: case 17: case 18:
+    case 15:
+    case 16:
+    case 17:
+    case 18:
       lt->kind = PQ_LT_INTEGER;
       lt->bit_width = 8 << (e->converted - 15);
       lt->is_signed = 1;
@@ -380,13 +387,13 @@ static void logical_from_converted(const flat_element *e, pq_logical_t *lt) {
 
 typedef struct tree_builder {
   meta_parser *mp;
-  int64_t next;       /* next flat element to consume */
+  int64_t next; /* next flat element to consume */
   int num_leaves;
   char why[200];
 } tree_builder;
 
-static int build_node(tree_builder *tb, pq_schema_node_t *node,
-                      pq_schema_node_t *parent, int depth) {
+static int build_node(tree_builder *tb, pq_schema_node_t *node, pq_schema_node_t *parent,
+                      int depth) {
   meta_parser *mp = tb->mp;
   if (tb->next >= mp->num_elements) {
     snprintf(tb->why, sizeof(tb->why),
@@ -394,26 +401,22 @@ static int build_node(tree_builder *tb, pq_schema_node_t *node,
     return -1;
   }
   if (depth > PQ_MAX_SCHEMA_DEPTH) {
-    snprintf(tb->why, sizeof(tb->why), "schema nests deeper than %d levels",
-             PQ_MAX_SCHEMA_DEPTH);
+    snprintf(tb->why, sizeof(tb->why), "schema nests deeper than %d levels", PQ_MAX_SCHEMA_DEPTH);
     return -1;
   }
   const flat_element *e = &mp->elements[tb->next++];
   node->parent = parent;
-  node->name = pq_arena_strndup(mp->arena, e->name ? (const char *)e->name : "",
-                                e->name_len);
+  node->name = pq_arena_strndup(mp->arena, e->name ? (const char *)e->name : "", e->name_len);
   if (node->name == NULL) return -2;
-  node->repetition = parent == NULL ? PQ_REQUIRED
+  node->repetition = parent == NULL      ? PQ_REQUIRED
                      : e->repetition < 0 ? PQ_OPTIONAL
                                          : (pq_repetition_t)e->repetition;
   if (parent != NULL && (e->repetition < -1 || e->repetition > 2)) {
-    snprintf(tb->why, sizeof(tb->why), "field '%s' has repetition %d",
-             node->name, e->repetition);
+    snprintf(tb->why, sizeof(tb->why), "field '%s' has repetition %d", node->name, e->repetition);
     return -1;
   }
   if (parent != NULL && e->repetition < 0) {
-    snprintf(tb->why, sizeof(tb->why), "field '%s' has no repetition",
-             node->name);
+    snprintf(tb->why, sizeof(tb->why), "field '%s' has no repetition", node->name);
     return -1;
   }
   node->converted = e->converted;
@@ -437,15 +440,14 @@ static int build_node(tree_builder *tb, pq_schema_node_t *node,
                  (e->has_num_children && e->physical == PQ_PHYSICAL_NONE);
   if (!is_group) {
     if (e->physical < PQ_BOOLEAN || e->physical > PQ_FIXED_LEN_BYTE_ARRAY) {
-      snprintf(tb->why, sizeof(tb->why),
-               "column '%s' has unknown physical type %d", node->name,
+      snprintf(tb->why, sizeof(tb->why), "column '%s' has unknown physical type %d", node->name,
                e->physical);
       return -1;
     }
     if (e->physical == PQ_FIXED_LEN_BYTE_ARRAY &&
         (e->type_length <= 0 || e->type_length > (1 << 24))) {
-      snprintf(tb->why, sizeof(tb->why),
-               "column '%s' has fixed length %d", node->name, e->type_length);
+      snprintf(tb->why, sizeof(tb->why), "column '%s' has fixed length %d", node->name,
+               e->type_length);
       return -1;
     }
     node->physical = (pq_physical_t)e->physical;
@@ -457,8 +459,7 @@ static int build_node(tree_builder *tb, pq_schema_node_t *node,
   node->leaf_index = -1;
   int32_t n = e->num_children;
   if (n < 0 || n > mp->num_elements - tb->next) {
-    snprintf(tb->why, sizeof(tb->why),
-             "group '%s' claims %d children but the schema has %lld left",
+    snprintf(tb->why, sizeof(tb->why), "group '%s' claims %d children but the schema has %lld left",
              node->name, n, (long long)(mp->num_elements - tb->next));
     return -1;
   }
@@ -472,8 +473,8 @@ static int build_node(tree_builder *tb, pq_schema_node_t *node,
   return 0;
 }
 
-static int collect_leaves(pq_arena_t *arena, pq_schema_node_t *node,
-                          pq_schema_node_t **leaves, const char *prefix) {
+static int collect_leaves(pq_arena_t *arena, pq_schema_node_t *node, pq_schema_node_t **leaves,
+                          const char *prefix) {
   for (int i = 0; i < node->num_children; i++) {
     pq_schema_node_t *c = &node->children[i];
     size_t plen = prefix ? strlen(prefix) : 0;
@@ -495,8 +496,7 @@ static int collect_leaves(pq_arena_t *arena, pq_schema_node_t *node,
 
 /* ------------------------------------------------------------------------ */
 
-static void parse_file_meta(meta_parser *mp, int64_t *num_rg,
-                            rg_parse **rps) {
+static void parse_file_meta(meta_parser *mp, int64_t *num_rg, rg_parse **rps) {
   pq_thrift_t *t = &mp->t;
   pq_file_meta_t *meta = mp->meta;
   int16_t last, id;
@@ -516,8 +516,7 @@ static void parse_file_meta(meta_parser *mp, int64_t *num_rg,
         mp->elements = n ? arena_alloc(mp, (size_t)n * sizeof(flat_element)) : NULL;
         if (n && mp->elements == NULL) break;
         mp->num_elements = n;
-        for (int64_t i = 0; i < n && !t->failed; i++)
-          parse_schema_element(mp, &mp->elements[i]);
+        for (int64_t i = 0; i < n && !t->failed; i++) parse_schema_element(mp, &mp->elements[i]);
         seen_schema = 1;
         break;
       }
@@ -554,37 +553,30 @@ static void parse_file_meta(meta_parser *mp, int64_t *num_rg,
   if (!t->failed && !seen_rg) *num_rg = 0;
 }
 
-int pq_footer_length(const uint8_t tail[PQ_TAIL_SIZE], uint64_t file_size,
-                     const pq_options *opts, uint32_t *footer_length,
-                     const char *name, pq_error *err) {
+int pq_footer_length(const uint8_t tail[PQ_TAIL_SIZE], uint64_t file_size, const pq_options *opts,
+                     uint32_t *footer_length, const char *name, pq_error *err) {
   pq_options defaults;
   if (opts == NULL) {
     pq_options_init(&defaults);
     opts = &defaults;
   }
   if (file_size < 12)
-    return pq_error_set(err, LARDER_ECORRUPT,
-                        "%s: not a Parquet file: %llu bytes is too short",
+    return pq_error_set(err, LARDER_ECORRUPT, "%s: not a Parquet file: %llu bytes is too short",
                         name, (unsigned long long)file_size);
   if (memcmp(tail + 4, "PARE", 4) == 0)
-    return pq_error_set(err, LARDER_EUNSUPPORTED,
-                        "%s: encrypted footers are not supported", name);
+    return pq_error_set(err, LARDER_EUNSUPPORTED, "%s: encrypted footers are not supported", name);
   if (memcmp(tail + 4, "PAR1", 4) != 0)
-    return pq_error_set(err, LARDER_ECORRUPT,
-                        "%s: not a Parquet file: no PAR1 magic at the end",
+    return pq_error_set(err, LARDER_ECORRUPT, "%s: not a Parquet file: no PAR1 magic at the end",
                         name);
-  uint32_t len = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 |
-                 (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24;
+  uint32_t len = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 |
+                 (uint32_t)tail[3] << 24;
   if ((uint64_t)len + 12 > file_size)
-    return pq_error_set(err, LARDER_ECORRUPT,
-                        "%s: footer length %u exceeds the file size %llu",
+    return pq_error_set(err, LARDER_ECORRUPT, "%s: footer length %u exceeds the file size %llu",
                         name, len, (unsigned long long)file_size);
   if (len > opts->max_footer_bytes)
-    return pq_error_set(err, LARDER_ELIMIT,
-                        "%s: footer of %u bytes exceeds the limit of %u",
-                        name, len, opts->max_footer_bytes);
-  if (len == 0)
-    return pq_error_set(err, LARDER_ECORRUPT, "%s: empty footer", name);
+    return pq_error_set(err, LARDER_ELIMIT, "%s: footer of %u bytes exceeds the limit of %u", name,
+                        len, opts->max_footer_bytes);
+  if (len == 0) return pq_error_set(err, LARDER_ECORRUPT, "%s: empty footer", name);
   *footer_length = len;
   return 0;
 }
@@ -594,8 +586,7 @@ int pq_footer_length(const uint8_t tail[PQ_TAIL_SIZE], uint64_t file_size,
  * dictionary, put the dictionary at data_page_offset, or (for chunks with no
  * data pages) leave data_page_offset 0: the range starts at the dictionary
  * when it really comes first or is the only valid offset. */
-static int chunk_range(pq_column_chunk_t *cc, uint64_t data_end, char *why,
-                       size_t why_len) {
+static int chunk_range(pq_column_chunk_t *cc, uint64_t data_end, char *why, size_t why_len) {
   int64_t start = cc->data_page_offset;
   int64_t dict = cc->dictionary_page_offset;
   if (dict >= 4 && (dict < start || start < 4)) start = dict;
@@ -606,8 +597,7 @@ static int chunk_range(pq_column_chunk_t *cc, uint64_t data_end, char *why,
   }
   if (cc->total_compressed_size <= 0 ||
       (uint64_t)cc->total_compressed_size > data_end - (uint64_t)start) {
-    snprintf(why, why_len,
-             "column chunk at offset %lld claims %lld bytes, past the data",
+    snprintf(why, why_len, "column chunk at offset %lld claims %lld bytes, past the data",
              (long long)start, (long long)cc->total_compressed_size);
     return -1;
   }
@@ -620,8 +610,8 @@ static int chunk_range(pq_column_chunk_t *cc, uint64_t data_end, char *why,
    * what the chunk's bytes could hold is a lie about the file: the reader
    * says so here, naming the chunk, before anyone plans units (or buffers)
    * for 2^62 values. */
-  uint64_t pages_max = ((uint64_t)cc->total_compressed_size + PQ_MIN_PAGE_BYTES - 1) /
-                       PQ_MIN_PAGE_BYTES;
+  uint64_t pages_max =
+      ((uint64_t)cc->total_compressed_size + PQ_MIN_PAGE_BYTES - 1) / PQ_MIN_PAGE_BYTES;
   uint64_t pages_needed = ((uint64_t)cc->num_values + INT32_MAX - 1) / INT32_MAX;
   if (pages_needed > pages_max) {
     snprintf(why, why_len,
@@ -634,9 +624,8 @@ static int chunk_range(pq_column_chunk_t *cc, uint64_t data_end, char *why,
   return 0;
 }
 
-int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size,
-                  const pq_options *opts, const char *name, pq_file **out,
-                  pq_error *err) {
+int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size, const pq_options *opts,
+                  const char *name, pq_file **out, pq_error *err) {
   pq_options defaults;
   if (opts == NULL) {
     pq_options_init(&defaults);
@@ -666,13 +655,10 @@ int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size,
   parse_file_meta(&mp, &num_rg, &rps);
   int rc;
   if (mp.t.failed) {
-    if (mp.oom)
-      rc = pq_error_set(err, LARDER_ELIMIT, "%s: footer: %s", name, mp.t.why);
+    if (mp.oom) rc = pq_error_set(err, LARDER_ELIMIT, "%s: footer: %s", name, mp.t.why);
     else if (mp.unsupported)
-      rc = pq_error_set(err, LARDER_EUNSUPPORTED, "%s: footer: %s are not supported",
-                        name, mp.why);
-    else
-      rc = pq_error_set(err, LARDER_ECORRUPT, "%s: footer: %s", name, mp.t.why);
+      rc = pq_error_set(err, LARDER_EUNSUPPORTED, "%s: footer: %s are not supported", name, mp.why);
+    else rc = pq_error_set(err, LARDER_ECORRUPT, "%s: footer: %s", name, mp.t.why);
     goto fail;
   }
   if (mp.num_elements < 1) {
@@ -697,16 +683,14 @@ int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size,
     goto fail;
   }
   if (tb.next != mp.num_elements) {
-    rc = pq_error_set(err, LARDER_ECORRUPT,
-                      "%s: schema: %lld elements after the tree ends", name,
+    rc = pq_error_set(err, LARDER_ECORRUPT, "%s: schema: %lld elements after the tree ends", name,
                       (long long)(mp.num_elements - tb.next));
     goto fail;
   }
   f->meta.num_leaves = tb.num_leaves;
-  f->meta.leaves = pq_arena_alloc(&f->arena, (size_t)(tb.num_leaves + 1) *
-                                                 sizeof(pq_schema_node_t *));
-  if (f->meta.leaves == NULL ||
-      collect_leaves(&f->arena, f->meta.root, f->meta.leaves, NULL)) {
+  f->meta.leaves =
+      pq_arena_alloc(&f->arena, (size_t)(tb.num_leaves + 1) * sizeof(pq_schema_node_t *));
+  if (f->meta.leaves == NULL || collect_leaves(&f->arena, f->meta.root, f->meta.leaves, NULL)) {
     rc = pq_error_set(err, LARDER_ELIMIT, "%s: footer: schema too large", name);
     goto fail;
   }
@@ -725,17 +709,15 @@ int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size,
     pq_row_group_t *rg = &f->meta.row_groups[i];
     rg_parse *rp = &rps[i];
     if (!rp->has_num_rows || rg->num_rows < 0) {
-      rc = pq_error_set(err, LARDER_ECORRUPT,
-                        "%s: row group %lld: missing or negative row count", name,
-                        (long long)i);
+      rc = pq_error_set(err, LARDER_ECORRUPT, "%s: row group %lld: missing or negative row count",
+                        name, (long long)i);
       goto fail;
     }
     if (rp->num_columns != tb.num_leaves) {
       rc = pq_error_set(err, LARDER_ECORRUPT,
                         "%s: row group %lld has %lld column chunks, the schema %d "
                         "columns",
-                        name, (long long)i, (long long)rp->num_columns,
-                        tb.num_leaves);
+                        name, (long long)i, (long long)rp->num_columns, tb.num_leaves);
       goto fail;
     }
     rg->columns = rp->columns;
@@ -751,22 +733,21 @@ int pq_file_parse(const uint8_t *footer, size_t len, uint64_t file_size,
       char why[160];
       if (!rp->has_meta[c]) {
         rc = pq_error_set(err, LARDER_ECORRUPT,
-                          "%s: column '%s', row group %lld: no column metadata",
-                          name, leaf->path, (long long)i);
+                          "%s: column '%s', row group %lld: no column metadata", name, leaf->path,
+                          (long long)i);
         goto fail;
       }
       if (rp->physical[c] != (int)leaf->physical) {
         rc = pq_error_set(err, LARDER_ECORRUPT,
                           "%s: column '%s', row group %lld: chunk type %s does "
                           "not match the schema's %s",
-                          name, leaf->path, (long long)i,
-                          pq_physical_name(rp->physical[c]),
+                          name, leaf->path, (long long)i, pq_physical_name(rp->physical[c]),
                           pq_physical_name(leaf->physical));
         goto fail;
       }
       if (chunk_range(cc, data_end, why, sizeof(why))) {
-        rc = pq_error_set(err, LARDER_ECORRUPT, "%s: column '%s', row group %lld: %s",
-                          name, leaf->path, (long long)i, why);
+        rc = pq_error_set(err, LARDER_ECORRUPT, "%s: column '%s', row group %lld: %s", name,
+                          leaf->path, (long long)i, why);
         goto fail;
       }
       rg->total_compressed_size += (int64_t)cc->range_length;
@@ -787,8 +768,7 @@ fail:
   return rc;
 }
 
-int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out,
-                 pq_error *err) {
+int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out, pq_error *err) {
   pq_options defaults;
   if (opts == NULL) {
     pq_options_init(&defaults);
@@ -797,12 +777,11 @@ int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out,
   *out = NULL;
   uint8_t tail[PQ_TAIL_SIZE];
   if (src->size < 12)
-    return pq_error_set(err, LARDER_ECORRUPT,
-                        "%s: not a Parquet file: %llu bytes is too short",
+    return pq_error_set(err, LARDER_ECORRUPT, "%s: not a Parquet file: %llu bytes is too short",
                         src->name, (unsigned long long)src->size);
   int rc = src->read(src, src->size - PQ_TAIL_SIZE, PQ_TAIL_SIZE, tail);
-  if (rc) return pq_error_set(err, rc, "%s: cannot read the footer: %s", src->name,
-                              larder_strerror(rc));
+  if (rc)
+    return pq_error_set(err, rc, "%s: cannot read the footer: %s", src->name, larder_strerror(rc));
   uint32_t flen = 0;
   rc = pq_footer_length(tail, src->size, opts, &flen, src->name, err);
   if (rc) return rc;
@@ -811,8 +790,7 @@ int pq_file_open(const pq_source *src, const pq_options *opts, pq_file **out,
   rc = src->read(src, src->size - PQ_TAIL_SIZE - flen, flen, footer);
   if (rc) {
     free(footer);
-    return pq_error_set(err, rc, "%s: cannot read the footer: %s", src->name,
-                        larder_strerror(rc));
+    return pq_error_set(err, rc, "%s: cannot read the footer: %s", src->name, larder_strerror(rc));
   }
   rc = pq_file_parse(footer, flen, src->size, opts, src->name, out, err);
   free(footer);
@@ -881,8 +859,8 @@ static void parse_v2_header(pq_thrift_t *t, pq_page_header_t *h) {
   pq_thrift_struct_end(t);
 }
 
-int64_t pq_page_header_parse(const uint8_t *p, size_t len,
-                             pq_page_header_t *h, char *why, size_t why_len) {
+int64_t pq_page_header_parse(const uint8_t *p, size_t len, pq_page_header_t *h, char *why,
+                             size_t why_len) {
   memset(h, 0, sizeof(*h));
   h->type = -1;
   h->is_compressed = 1;

@@ -38,14 +38,13 @@ struct pq_reader {
   const char *volatile at;
 };
 
-static void where_field(const pq_reader *r, const pq_field_t *f, char *buf,
-                        size_t size) {
+static void where_field(const pq_reader *r, const pq_field_t *f, char *buf, size_t size) {
   snprintf(buf, size, "%s: column '%s', row group %d", r->file->name,
            f->node && f->node->path ? f->node->path : f->name, r->rg);
 }
 
-static int field_fail(const pq_reader *r, const pq_field_t *f, pq_error *err,
-                      int code, const char *what) {
+static int field_fail(const pq_reader *r, const pq_field_t *f, pq_error *err, int code,
+                      const char *what) {
   char where[300];
   where_field(r, f, where, sizeof(where));
   return pq_error_set(err, code, "%s: %s", where, what);
@@ -59,9 +58,8 @@ static int check_fields(const pq_field_t *f) {
   return 0;
 }
 
-int pq_reader_open(const pq_file *file, const pq_source *src,
-                   const pq_projection *proj, int rg, const pq_options *opts,
-                   pq_reader **out, pq_error *err) {
+int pq_reader_open(const pq_file *file, const pq_source *src, const pq_projection *proj, int rg,
+                   const pq_options *opts, pq_reader **out, pq_error *err) {
   *out = NULL;
   const pq_file_meta_t *meta = &file->meta;
   if (rg < 0 || rg >= meta->num_row_groups)
@@ -70,8 +68,8 @@ int pq_reader_open(const pq_file *file, const pq_source *src,
   for (int i = 0; i < root->num_children; i++)
     if (check_fields(&root->children[i]))
       return pq_error_set(err, LARDER_EUNSUPPORTED,
-                          "%s: column '%s' contains a group with no columns",
-                          file->name, root->children[i].name);
+                          "%s: column '%s' contains a group with no columns", file->name,
+                          root->children[i].name);
   pq_reader *r = calloc(1, sizeof(*r));
   if (r == NULL)
     return pq_error_set(err, LARDER_ENOMEM, "%s: row group %d: out of memory", file->name, rg);
@@ -147,8 +145,7 @@ static int batch_shape(pq_batch_t *b, const pq_field_t *root) {
   if (root == NULL) return LARDER_EINVAL;
   if (b->schema == root && b->columns != NULL) return 0;
   pq_batch_free(b);
-  b->columns = calloc((size_t)(root->num_children ? root->num_children : 1),
-                      sizeof(pq_array_t));
+  b->columns = calloc((size_t)(root->num_children ? root->num_children : 1), sizeof(pq_array_t));
   if (b->columns == NULL) return LARDER_ENOMEM;
   b->num_columns = root->num_children;
   b->schema = root;
@@ -197,13 +194,15 @@ static int be_to_le(const uint8_t *in, size_t len, uint8_t *out, size_t w) {
 
 /* Converts n dense physical values in a (values, offsets) into the field's
  * serving representation, still dense. */
-static int convert_dense(pq_reader *r, const pq_field_t *f, pq_array_t *a,
-                         int64_t n, pq_error *err) {
+static int convert_dense(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t n,
+                         pq_error *err) {
   pq_physical_t phys = f->node->physical;
   size_t w = type_width(f);
   switch (f->type) {
-    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8:
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16:
+    case LARDER_TYPE_INT8:
+    case LARDER_TYPE_UINT8:
+    case LARDER_TYPE_INT16:
+    case LARDER_TYPE_UINT16:
       if (phys == PQ_INT32) {
         const int32_t *in = (const int32_t *)(void *)a->values.data;
         if (w == 1) {
@@ -279,8 +278,7 @@ static int convert_dense(pq_reader *r, const pq_field_t *f, pq_array_t *a,
       a->offsets.len = 0;
       return 0;
     }
-    default:
-      return 0;
+    default: return 0;
   }
 oom:
   return field_fail(r, f, err, LARDER_ENOMEM, "out of memory");
@@ -307,8 +305,8 @@ static inline int is_slot(const levels *lv, int64_t j, int16_t sdef, int16_t sre
 
 /* Builds a's validity over the field's slots and returns the slot count, or
  * -1 when out of memory.  *nulls receives the null count. */
-static int64_t build_validity(const pq_field_t *f, const levels *lv, pq_array_t *a,
-                              int64_t rows, int64_t *nulls) {
+static int64_t build_validity(const pq_field_t *f, const levels *lv, pq_array_t *a, int64_t rows,
+                              int64_t *nulls) {
   int64_t slots = 0, null_count = 0;
   int simple = lv->rep == NULL && f->slot_def == 0;
   if (lv->def == NULL) {
@@ -359,9 +357,7 @@ static int64_t build_validity(const pq_field_t *f, const levels *lv, pq_array_t 
   return slots;
 }
 
-static inline int bit_get(const uint8_t *bits, int64_t i) {
-  return (bits[i >> 3] >> (i & 7)) & 1;
-}
+static inline int bit_get(const uint8_t *bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 
 /* Spreads v dense fixed-width values over `slots` slots, per validity. */
 static void spread_fixed(pq_array_t *a, size_t w, int64_t slots, int64_t v) {
@@ -391,8 +387,7 @@ static void spread_offsets(pq_array_t *a, int64_t slots, int64_t v) {
   }
 }
 
-static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t rows,
-                    pq_error *err);
+static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t rows, pq_error *err);
 
 static int assemble_leaf(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t rows,
                          pq_error *err) {
@@ -460,8 +455,7 @@ oom:
   return field_fail(r, f, err, LARDER_ENOMEM, "out of memory");
 }
 
-static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t rows,
-                    pq_error *err) {
+static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t rows, pq_error *err) {
   if (f->num_children == 0) return assemble_leaf(r, f, a, rows, err);
   for (int i = 0; i < f->num_children; i++) {
     int rc = assemble(r, &f->children[i], &a->children[i], rows, err);
@@ -507,13 +501,11 @@ static int assemble(pq_reader *r, const pq_field_t *f, pq_array_t *a, int64_t ro
   off[k] = (int32_t)count;
   a->offsets.len = ((size_t)slots + 1) * 4;
   if (a->children[0].length != count)
-    return field_fail(r, f, err, LARDER_ECORRUPT,
-                      "the list's levels disagree with its elements");
+    return field_fail(r, f, err, LARDER_ECORRUPT, "the list's levels disagree with its elements");
   return 0;
 }
 
-int64_t pq_reader_next(pq_reader *r, int64_t max_rows, pq_batch_t *out,
-                       pq_error *err) {
+int64_t pq_reader_next(pq_reader *r, int64_t max_rows, pq_batch_t *out, pq_error *err) {
   if (r->failed)
     return pq_error_set(err, LARDER_EINVAL, "%s: row group %d: reader used after an error",
                         r->file->name, r->rg);

@@ -31,13 +31,10 @@ static void *sb_alloc(schema_builder *sb, size_t size) {
   return p;
 }
 
-static int is_group(const pq_schema_node_t *n) {
-  return n->physical == PQ_PHYSICAL_NONE;
-}
+static int is_group(const pq_schema_node_t *n) { return n->physical == PQ_PHYSICAL_NONE; }
 
-static void make_field(schema_builder *sb, const pq_schema_node_t *n,
-                       pq_field_t *out, int consumed, int16_t slot_def,
-                       int16_t slot_rep);
+static void make_field(schema_builder *sb, const pq_schema_node_t *n, pq_field_t *out, int consumed,
+                       int16_t slot_def, int16_t slot_rep);
 
 /* Sets a primitive field's type from its physical and logical types.  A
  * logical type that does not fit the physical type is ignored, so the
@@ -48,13 +45,12 @@ static void primitive_type(const pq_schema_node_t *n, pq_field_t *f) {
   if (lt->kind == PQ_LT_UNKNOWN) return; /* NullType: always null */
   if (lt->kind == PQ_LT_DECIMAL) {
     int32_t p = lt->precision, s = lt->scale;
-    int max_bytes = n->physical == PQ_INT32   ? 4
-                    : n->physical == PQ_INT64 ? 8
+    int max_bytes = n->physical == PQ_INT32                  ? 4
+                    : n->physical == PQ_INT64                ? 8
                     : n->physical == PQ_FIXED_LEN_BYTE_ARRAY ? n->type_length
-                    : n->physical == PQ_BYTE_ARRAY ? 32
-                                                   : 0;
-    if (max_bytes > 0 && max_bytes <= 32 && p >= 1 && p <= 76 && s >= 0 &&
-        s <= p) {
+                    : n->physical == PQ_BYTE_ARRAY           ? 32
+                                                             : 0;
+    if (max_bytes > 0 && max_bytes <= 32 && p >= 1 && p <= 76 && s >= 0 && s <= p) {
       f->precision = p;
       f->scale = s;
       if (p <= 38 && max_bytes <= 16) {
@@ -73,7 +69,8 @@ static void primitive_type(const pq_schema_node_t *n, pq_field_t *f) {
       f->type = LARDER_TYPE_INT32;
       if (lt->kind == PQ_LT_INTEGER) {
         if (lt->bit_width == 8) f->type = lt->is_signed ? LARDER_TYPE_INT8 : LARDER_TYPE_UINT8;
-        else if (lt->bit_width == 16) f->type = lt->is_signed ? LARDER_TYPE_INT16 : LARDER_TYPE_UINT16;
+        else if (lt->bit_width == 16)
+          f->type = lt->is_signed ? LARDER_TYPE_INT16 : LARDER_TYPE_UINT16;
         else if (lt->bit_width == 32 && !lt->is_signed) f->type = LARDER_TYPE_UINT32;
       } else if (lt->kind == PQ_LT_DATE) {
         f->type = LARDER_TYPE_DATE32;
@@ -105,8 +102,7 @@ static void primitive_type(const pq_schema_node_t *n, pq_field_t *f) {
     case PQ_FLOAT: f->type = LARDER_TYPE_FLOAT32; return;
     case PQ_DOUBLE: f->type = LARDER_TYPE_FLOAT64; return;
     case PQ_BYTE_ARRAY:
-      f->type = (lt->kind == PQ_LT_STRING || lt->kind == PQ_LT_ENUM ||
-                 lt->kind == PQ_LT_JSON)
+      f->type = (lt->kind == PQ_LT_STRING || lt->kind == PQ_LT_ENUM || lt->kind == PQ_LT_JSON)
                     ? LARDER_TYPE_STRING
                     : LARDER_TYPE_BINARY;
       return;
@@ -123,26 +119,21 @@ static void primitive_type(const pq_schema_node_t *n, pq_field_t *f) {
   }
 }
 
-static void make_struct(schema_builder *sb, const pq_schema_node_t *n,
-                        pq_field_t *out) {
+static void make_struct(schema_builder *sb, const pq_schema_node_t *n, pq_field_t *out) {
   out->type = LARDER_TYPE_STRUCT;
   out->num_children = n->num_children;
-  out->children = n->num_children
-                      ? sb_alloc(sb, (size_t)n->num_children * sizeof(pq_field_t))
-                      : NULL;
+  out->children =
+      n->num_children ? sb_alloc(sb, (size_t)n->num_children * sizeof(pq_field_t)) : NULL;
   if (n->num_children && out->children == NULL) return;
   for (int i = 0; i < n->num_children; i++)
-    make_field(sb, &n->children[i], &out->children[i], 0, out->slot_def,
-               out->slot_rep);
+    make_field(sb, &n->children[i], &out->children[i], 0, out->slot_def, out->slot_rep);
 }
 
 static int valid_list(const pq_schema_node_t *n) {
-  return is_group(n) && n->num_children == 1 &&
-         n->children[0].repetition == PQ_REPEATED;
+  return is_group(n) && n->num_children == 1 && n->children[0].repetition == PQ_REPEATED;
 }
 
-static void make_list(schema_builder *sb, const pq_schema_node_t *n,
-                      pq_field_t *out) {
+static void make_list(schema_builder *sb, const pq_schema_node_t *n, pq_field_t *out) {
   const pq_schema_node_t *r = &n->children[0];
   out->type = LARDER_TYPE_LIST;
   out->elem_def = r->def_level;
@@ -153,18 +144,15 @@ static void make_list(schema_builder *sb, const pq_schema_node_t *n,
   size_t nlen = strlen(n->name);
   int tuple = strlen(r->name) == nlen + 6 && strncmp(r->name, n->name, nlen) == 0 &&
               strcmp(r->name + nlen, "_tuple") == 0;
-  if (!is_group(r) || r->num_children != 1 || strcmp(r->name, "array") == 0 ||
-      tuple) {
+  if (!is_group(r) || r->num_children != 1 || strcmp(r->name, "array") == 0 || tuple) {
     /* The repeated field itself is the element. */
     make_field(sb, r, &out->children[0], 1, out->elem_def, out->elem_rep);
   } else {
-    make_field(sb, &r->children[0], &out->children[0], 0, out->elem_def,
-               out->elem_rep);
+    make_field(sb, &r->children[0], &out->children[0], 0, out->elem_def, out->elem_rep);
   }
 }
 
-static void make_map(schema_builder *sb, const pq_schema_node_t *n,
-                     pq_field_t *out) {
+static void make_map(schema_builder *sb, const pq_schema_node_t *n, pq_field_t *out) {
   const pq_schema_node_t *kv = &n->children[0];
   out->elem_def = kv->def_level;
   out->elem_rep = kv->rep_level;
@@ -176,10 +164,8 @@ static void make_map(schema_builder *sb, const pq_schema_node_t *n,
     out->children = sb_alloc(sb, sizeof(pq_field_t));
     if (out->children == NULL) return;
     if (is_group(kv) && kv->num_children == 1)
-      make_field(sb, &kv->children[0], &out->children[0], 0, out->elem_def,
-                 out->elem_rep);
-    else
-      make_field(sb, kv, &out->children[0], 1, out->elem_def, out->elem_rep);
+      make_field(sb, &kv->children[0], &out->children[0], 0, out->elem_def, out->elem_rep);
+    else make_field(sb, kv, &out->children[0], 1, out->elem_def, out->elem_rep);
     return;
   }
   out->type = LARDER_TYPE_MAP;
@@ -197,15 +183,13 @@ static void make_map(schema_builder *sb, const pq_schema_node_t *n,
   entries->children = sb_alloc(sb, 2 * sizeof(pq_field_t));
   if (entries->children == NULL) return;
   for (int i = 0; i < 2; i++) {
-    make_field(sb, &kv->children[i], &entries->children[i], 0, out->elem_def,
-               out->elem_rep);
+    make_field(sb, &kv->children[i], &entries->children[i], 0, out->elem_def, out->elem_rep);
     entries->children[i].name = i == 0 ? "key" : "value";
   }
 }
 
-static void make_field(schema_builder *sb, const pq_schema_node_t *n,
-                       pq_field_t *out, int consumed, int16_t slot_def,
-                       int16_t slot_rep) {
+static void make_field(schema_builder *sb, const pq_schema_node_t *n, pq_field_t *out, int consumed,
+                       int16_t slot_def, int16_t slot_rep) {
   memset(out, 0, sizeof(*out));
   out->name = n->name;
   out->node = n;
@@ -266,13 +250,11 @@ static void number_leaves(pq_field_t *f) {
 int pq_schema_build(struct pq_file *f, pq_error *err) {
   schema_builder sb = {&f->arena, 0};
   pq_field_t *root = sb_alloc(&sb, sizeof(pq_field_t));
-  if (root == NULL)
-    return pq_error_set(err, LARDER_ELIMIT, "%s: schema too large", f->name);
+  if (root == NULL) return pq_error_set(err, LARDER_ELIMIT, "%s: schema too large", f->name);
   root->name = f->meta.root->name;
   root->node = f->meta.root;
   make_struct(&sb, f->meta.root, root);
-  if (sb.failed)
-    return pq_error_set(err, LARDER_ELIMIT, "%s: schema too large", f->name);
+  if (sb.failed) return pq_error_set(err, LARDER_ELIMIT, "%s: schema too large", f->name);
   number_leaves(root);
   f->meta.schema = root;
   return 0;
@@ -304,8 +286,7 @@ static sel_node *sel_children(pq_arena_t *arena, sel_node *s, int n) {
 
 /* Marks the field named by path below f (whose selection state is s).
  * Returns 0, -1 when nothing matches, -2 when out of memory. */
-static int select_path(pq_arena_t *arena, const pq_field_t *f, sel_node *s,
-                       const char *path) {
+static int select_path(pq_arena_t *arena, const pq_field_t *f, sel_node *s, const char *path) {
   if (s->state == SEL_ALL) return 0;
   if (*path == '\0') {
     s->state = SEL_ALL;
@@ -349,8 +330,8 @@ static int select_path(pq_arena_t *arena, const pq_field_t *f, sel_node *s,
   return -1;
 }
 
-static int copy_selected(pq_projection *proj, const pq_field_t *f,
-                         const sel_node *s, pq_field_t *out) {
+static int copy_selected(pq_projection *proj, const pq_field_t *f, const sel_node *s,
+                         pq_field_t *out) {
   *out = *f;
   if (f->num_children == 0 || s->state == SEL_ALL) {
     /* Whole subtrees are shared with the file's schema. */
@@ -411,8 +392,8 @@ static size_t edit_distance(const char *a, const char *b) {
 
 /* The nearest dotted path to want among the descendants of f (the fields
  * of structs, by name), into best and dist. */
-static void nearest_path(const pq_field_t *f, const char *prefix, const char *want,
-                         char *best, size_t best_size, size_t *dist) {
+static void nearest_path(const pq_field_t *f, const char *prefix, const char *want, char *best,
+                         size_t best_size, size_t *dist) {
   for (int i = 0; i < f->num_children; i++) {
     const pq_field_t *c = &f->children[i];
     char path[256];
@@ -435,10 +416,8 @@ static void column_hint(const pq_field_t *schema, const char *want, char *hint, 
   nearest_path(schema, "", want, best, sizeof(best), &dist);
   size_t len = strlen(want), near = len / 3 > 2 ? len / 3 : 2;
   hint[0] = '\0';
-  if (best[0] && dist <= near)
-    used += (size_t)snprintf(hint, size, " (did you mean '%s'?)", best);
-  if (used < size)
-    used += (size_t)snprintf(hint + used, size - used, "; the columns are");
+  if (best[0] && dist <= near) used += (size_t)snprintf(hint, size, " (did you mean '%s'?)", best);
+  if (used < size) used += (size_t)snprintf(hint + used, size - used, "; the columns are");
   for (int i = 0; i < schema->num_children && used < size; i++) {
     const char *name = schema->children[i].name ? schema->children[i].name : "";
     if (used + strlen(name) + 8 >= size) {
@@ -449,8 +428,8 @@ static void column_hint(const pq_field_t *schema, const char *want, char *hint, 
   }
 }
 
-int pq_projection_create(const pq_file *file, const char *const *columns,
-                         size_t n, pq_projection **out, pq_error *err) {
+int pq_projection_create(const pq_file *file, const char *const *columns, size_t n,
+                         pq_projection **out, pq_error *err) {
   *out = NULL;
   pq_projection *proj = calloc(1, sizeof(*proj));
   if (proj == NULL) return pq_error_set(err, LARDER_ENOMEM, "out of memory");
@@ -482,8 +461,8 @@ int pq_projection_create(const pq_file *file, const char *const *columns,
       if (r != 0 || columns[i][0] == '\0') {
         char hint[400];
         column_hint(meta->schema, columns[i], hint, sizeof(hint));
-        rc = pq_error_set(err, LARDER_ENOENT, "%s: no column named '%s'%s", file->name,
-                          columns[i], hint);
+        rc = pq_error_set(err, LARDER_ENOENT, "%s: no column named '%s'%s", file->name, columns[i],
+                          hint);
         goto fail;
       }
     }
@@ -508,13 +487,9 @@ void pq_projection_free(pq_projection *proj) {
   free(proj);
 }
 
-const pq_field_t *pq_projection_schema(const pq_projection *proj) {
-  return proj->root;
-}
+const pq_field_t *pq_projection_schema(const pq_projection *proj) { return proj->root; }
 
-int pq_projection_num_leaves(const pq_projection *proj) {
-  return proj->num_selected;
-}
+int pq_projection_num_leaves(const pq_projection *proj) { return proj->num_selected; }
 
 int pq_projection_has_leaf(const pq_projection *proj, int leaf_index) {
   if (leaf_index < 0 || leaf_index >= proj->file->meta.num_leaves) return 0;
@@ -526,8 +501,8 @@ static int cmp_range(const void *a, const void *b) {
   return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-int pq_projection_ranges(const pq_file *file, const pq_projection *proj,
-                         int rg, pq_range_t **ranges, pq_error *err) {
+int pq_projection_ranges(const pq_file *file, const pq_projection *proj, int rg,
+                         pq_range_t **ranges, pq_error *err) {
   const pq_file_meta_t *meta = &file->meta;
   *ranges = NULL;
   if (rg >= meta->num_row_groups)
@@ -551,8 +526,7 @@ int pq_projection_ranges(const pq_file *file, const pq_projection *proj,
   for (size_t i = 0; i < n; i++) {
     if (m > 0 && r[i].offset <= r[m - 1].offset + r[m - 1].length) {
       uint64_t end = r[i].offset + r[i].length;
-      if (end > r[m - 1].offset + r[m - 1].length)
-        r[m - 1].length = end - r[m - 1].offset;
+      if (end > r[m - 1].offset + r[m - 1].length) r[m - 1].length = end - r[m - 1].offset;
     } else {
       r[m++] = r[i];
     }
@@ -563,15 +537,25 @@ int pq_projection_ranges(const pq_file *file, const pq_projection *proj,
 
 size_t pq_field_value_width(const pq_field_t *f) {
   switch (f->type) {
-    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
-    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
-    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
+    case LARDER_TYPE_INT8:
+    case LARDER_TYPE_UINT8: return 1;
+    case LARDER_TYPE_INT16:
+    case LARDER_TYPE_UINT16:
+    case LARDER_TYPE_FLOAT16: return 2;
+    case LARDER_TYPE_INT32:
+    case LARDER_TYPE_UINT32:
+    case LARDER_TYPE_FLOAT32:
+    case LARDER_TYPE_DATE32:
+    case LARDER_TYPE_TIME32: return 4;
+    case LARDER_TYPE_INT64:
+    case LARDER_TYPE_UINT64:
+    case LARDER_TYPE_FLOAT64:
+    case LARDER_TYPE_TIME64:
+    case LARDER_TYPE_TIMESTAMP: return 8;
     /* primitive_type sets 16 and 32, and a FIXED_BINARY's width comes from
      * a type_length the footer parser keeps within 1 .. 2^24. */
-    case LARDER_TYPE_DECIMAL128: case LARDER_TYPE_DECIMAL256:
+    case LARDER_TYPE_DECIMAL128:
+    case LARDER_TYPE_DECIMAL256:
     case LARDER_TYPE_FIXED_BINARY: return (size_t)f->byte_width;
     default: return 0;
   }

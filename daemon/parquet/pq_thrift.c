@@ -56,9 +56,7 @@ static uint64_t read_varint(pq_thrift_t *t) {
   return 0;
 }
 
-static int64_t zigzag(uint64_t v) {
-  return (int64_t)(v >> 1) ^ -(int64_t)(v & 1);
-}
+static int64_t zigzag(uint64_t v) { return (int64_t)(v >> 1) ^ -(int64_t)(v & 1); }
 
 void pq_thrift_struct_begin(pq_thrift_t *t, int16_t *last_id) {
   *last_id = 0;
@@ -67,8 +65,7 @@ void pq_thrift_struct_begin(pq_thrift_t *t, int16_t *last_id) {
 
 void pq_thrift_struct_end(pq_thrift_t *t) { t->depth--; }
 
-int pq_thrift_field(pq_thrift_t *t, int16_t *last_id, int16_t *id,
-                    int *type) {
+int pq_thrift_field(pq_thrift_t *t, int16_t *last_id, int16_t *id, int *type) {
   if (t->failed) return 0;
   if (t->p >= t->end) {
     fail_truncated(t);
@@ -106,8 +103,7 @@ int64_t pq_thrift_int(pq_thrift_t *t, int type) {
       return (int8_t)*t->p++;
     case PQ_TT_I16:
     case PQ_TT_I32:
-    case PQ_TT_I64:
-      return zigzag(read_varint(t));
+    case PQ_TT_I64: return zigzag(read_varint(t));
     default:
       pq_thrift_skip(t, type);
       pq_thrift_fail(t, "expected an integer field");
@@ -177,17 +173,14 @@ void pq_thrift_skip(pq_thrift_t *t, int type) {
   if (t->failed) return;
   switch (type) {
     case PQ_TT_TRUE:
-    case PQ_TT_FALSE:
-      return;
+    case PQ_TT_FALSE: return;
     case PQ_TT_BYTE:
       if (t->p >= t->end) fail_truncated(t);
       else t->p++;
       return;
     case PQ_TT_I16:
     case PQ_TT_I32:
-    case PQ_TT_I64:
-      (void)read_varint(t);
-      return;
+    case PQ_TT_I64: (void)read_varint(t); return;
     case PQ_TT_DOUBLE:
       if (t->end - t->p < 8) fail_truncated(t);
       else t->p += 8;
@@ -240,8 +233,6 @@ void pq_thrift_skip(pq_thrift_t *t, int type) {
       pq_thrift_struct_end(t);
       return;
     }
-    default:
-      pq_thrift_fail(t, "unknown field type");
-      return;
+    default: pq_thrift_fail(t, "unknown field type"); return;
   }
 }

@@ -110,8 +110,7 @@ void pq_arena_free(pq_arena_t *arena) {
 
 /* ------------------------------------------------------------------------ */
 
-static int file_read(const pq_source *src, uint64_t off, size_t len,
-                     void *buf) {
+static int file_read(const pq_source *src, uint64_t off, size_t len, void *buf) {
   int fd = (int)src->fd;
   uint8_t *p = buf;
   if (off > src->size || len > src->size - off) return LARDER_ECORRUPT;
@@ -218,10 +217,10 @@ static int source_take_fd(pq_source *src, int fd, const char *name, pq_error *er
 }
 
 static int open_errno_code(int e) {
-  return e == ENOENT                 ? LARDER_ENOENT
-         : e == EACCES               ? LARDER_EACCES
+  return e == ENOENT                  ? LARDER_ENOENT
+         : e == EACCES                ? LARDER_EACCES
          : e == EMFILE || e == ENFILE ? LARDER_ELIMIT
-                                     : LARDER_EIO;
+                                      : LARDER_EIO;
 }
 
 int pq_source_open_file(pq_source *src, const char *path, pq_error *err) {
@@ -262,21 +261,18 @@ void pq_source_close_file(pq_source *src) {
   src->read = NULL;
 }
 
-static int mem_read(const pq_source *src, uint64_t off, size_t len,
-                    void *buf) {
+static int mem_read(const pq_source *src, uint64_t off, size_t len, void *buf) {
   if (off > src->size || len > src->size - off) return LARDER_ECORRUPT;
   if (len) memcpy(buf, (const uint8_t *)src->ctx + off, len);
   return 0;
 }
 
-static const uint8_t *mem_map(const pq_source *src, uint64_t off,
-                              size_t len) {
+static const uint8_t *mem_map(const pq_source *src, uint64_t off, size_t len) {
   if (off > src->size || len > src->size - off) return NULL;
   return (const uint8_t *)src->ctx + off;
 }
 
-void pq_source_init_memory(pq_source *src, const void *data, size_t len,
-                           const char *name) {
+void pq_source_init_memory(pq_source *src, const void *data, size_t len, const char *name) {
   memset(src, 0, sizeof(*src));
   src->fd = -1;
   src->read = mem_read;
@@ -289,26 +285,31 @@ void pq_source_init_memory(pq_source *src, const void *data, size_t len,
 /* ------------------------------------------------------------------------ */
 
 const char *pq_physical_name(int physical) {
-  static const char *const names[] = {"BOOLEAN", "INT32",  "INT64",
-                                      "INT96",   "FLOAT",  "DOUBLE",
-                                      "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"};
+  static const char *const names[] = {"BOOLEAN", "INT32",  "INT64",      "INT96",
+                                      "FLOAT",   "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"};
   if (physical >= 0 && physical < 8) return names[physical];
   return physical == PQ_PHYSICAL_NONE ? "GROUP" : "UNKNOWN";
 }
 
 const char *pq_codec_name(int codec) {
-  static const char *const names[] = {"UNCOMPRESSED", "SNAPPY", "GZIP",
-                                      "LZO",          "BROTLI", "LZ4",
-                                      "ZSTD",         "LZ4_RAW"};
+  static const char *const names[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO",
+                                      "BROTLI",       "LZ4",    "ZSTD", "LZ4_RAW"};
   if (codec >= 0 && codec < 8) return names[codec];
   return "UNKNOWN";
 }
 
 const char *pq_encoding_name(int encoding) {
-  static const char *const names[] = {
-      "PLAIN", "GROUP_VAR_INT", "PLAIN_DICTIONARY", "RLE", "BIT_PACKED",
-      "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY", "DELTA_BYTE_ARRAY",
-      "RLE_DICTIONARY", "BYTE_STREAM_SPLIT", "ALP"};
+  static const char *const names[] = {"PLAIN",
+                                      "GROUP_VAR_INT",
+                                      "PLAIN_DICTIONARY",
+                                      "RLE",
+                                      "BIT_PACKED",
+                                      "DELTA_BINARY_PACKED",
+                                      "DELTA_LENGTH_BYTE_ARRAY",
+                                      "DELTA_BYTE_ARRAY",
+                                      "RLE_DICTIONARY",
+                                      "BYTE_STREAM_SPLIT",
+                                      "ALP"};
   if (encoding >= 0 && encoding < 11) return names[encoding];
   return "UNKNOWN";
 }
@@ -336,21 +337,16 @@ void pq_logical_format(const pq_logical_t *lt, char *buf, size_t size) {
     case PQ_LT_MAP: snprintf(buf, size, "MAP"); break;
     case PQ_LT_LIST: snprintf(buf, size, "LIST"); break;
     case PQ_LT_ENUM: snprintf(buf, size, "ENUM"); break;
-    case PQ_LT_DECIMAL:
-      snprintf(buf, size, "DECIMAL(%d,%d)", lt->precision, lt->scale);
-      break;
+    case PQ_LT_DECIMAL: snprintf(buf, size, "DECIMAL(%d,%d)", lt->precision, lt->scale); break;
     case PQ_LT_DATE: snprintf(buf, size, "DATE"); break;
     case PQ_LT_TIME:
-      snprintf(buf, size, "TIME(%s,%s)", unit_name(lt->unit),
-               lt->utc ? "true" : "false");
+      snprintf(buf, size, "TIME(%s,%s)", unit_name(lt->unit), lt->utc ? "true" : "false");
       break;
     case PQ_LT_TIMESTAMP:
-      snprintf(buf, size, "TIMESTAMP(%s,%s)", unit_name(lt->unit),
-               lt->utc ? "true" : "false");
+      snprintf(buf, size, "TIMESTAMP(%s,%s)", unit_name(lt->unit), lt->utc ? "true" : "false");
       break;
     case PQ_LT_INTEGER:
-      snprintf(buf, size, "INTEGER(%d,%s)", lt->bit_width,
-               lt->is_signed ? "true" : "false");
+      snprintf(buf, size, "INTEGER(%d,%s)", lt->bit_width, lt->is_signed ? "true" : "false");
       break;
     case PQ_LT_UNKNOWN: snprintf(buf, size, "UNKNOWN"); break;
     case PQ_LT_JSON: snprintf(buf, size, "JSON"); break;

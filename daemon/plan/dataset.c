@@ -86,8 +86,8 @@ static int inside_roots(const char *path, const char *const *roots) {
     char root[PATH_MAX];
     if (realpath(roots[i], root) == NULL) continue;
     size_t n = strlen(root);
-    if (strncmp(path, root, n) == 0 && (path[n] == '/' || path[n] == '\0' ||
-                                        (n == 1 && root[0] == '/')))
+    if (strncmp(path, root, n) == 0 &&
+        (path[n] == '/' || path[n] == '\0' || (n == 1 && root[0] == '/')))
       return 1;
   }
   return 0;
@@ -281,15 +281,15 @@ static int open_local(const char *real, const char *const *roots, int *fd, char 
   }
   if (e == EXDEV || e == ELOOP) return refuse_outside(real, err, errlen);
   snprintf(err, errlen, "%s: %s", real, strerror(e));
-  return e == ENOENT                 ? LARDER_ENOENT
-         : e == EACCES || e == EPERM ? LARDER_EACCES
+  return e == ENOENT                  ? LARDER_ENOENT
+         : e == EACCES || e == EPERM  ? LARDER_EACCES
          : e == EMFILE || e == ENFILE ? LARDER_ELIMIT
-                                     : LARDER_EIO;
+                                      : LARDER_EIO;
 }
 
 /* Expands one local source into the resolved paths of its files. */
-static int expand_local(const char *src, const dataset_options_t *opts, strlist *out,
-                        char *err, size_t errlen) {
+static int expand_local(const char *src, const dataset_options_t *opts, strlist *out, char *err,
+                        size_t errlen) {
   strlist found = {0};
   int rc = 0;
   /* larder ACL: a pattern may not climb out of its base with "..", and
@@ -443,8 +443,8 @@ static int take_footer(dataset_file_t *f, footers_parse_cb parse, const remote_o
      * keeps is of the very file this dataset opened. */
     char key[sizeof(f->identity) + 32];
     snprintf(key, sizeof(key), "%s;dev=%llu", f->identity, (unsigned long long)f->dev);
-    rc = footers_acquire(opts->footers, f->path, key, &opts->pq, f->fd, opts->footer_limit,
-                         parse, &a, &f->footer, err, errlen);
+    rc = footers_acquire(opts->footers, f->path, key, &opts->pq, f->fd, opts->footer_limit, parse,
+                         &a, &f->footer, err, errlen);
     if (rc == 0) {
       f->pq = footers_file(f->footer);
       hash = footers_hash(f->footer);
@@ -472,7 +472,8 @@ static int open_remote(dataset_file_t *f, const remote_object_t *o, const char *
   snprintf(f->last_modified, sizeof(f->last_modified), "%s", o->last_modified);
   snprintf(f->identity, sizeof(f->identity), "size=%llu;etag=%s", (unsigned long long)o->size,
            o->etag[0] ? o->etag : o->last_modified);
-  f->object_id = util_hash64(f->path, strlen(f->path), util_hash64(f->identity, strlen(f->identity), 0));
+  f->object_id =
+      util_hash64(f->path, strlen(f->path), util_hash64(f->identity, strlen(f->identity), 0));
   return take_footer(f, remote_parse, o, columns, ncols, opts, err, errlen);
 }
 
@@ -685,7 +686,8 @@ static int list_files(const char *const *sources, size_t n, const dataset_option
     strlist_free(files);
     return rc;
   }
-  for (size_t i = 0; i < opts->num_remote && rc == 0; i++) rc = strlist_add(files, opts->remote[i].url);
+  for (size_t i = 0; i < opts->num_remote && rc == 0; i++)
+    rc = strlist_add(files, opts->remote[i].url);
   if (rc) {
     strlist_free(files);
     return rc;
@@ -702,8 +704,8 @@ static int list_files(const char *const *sources, size_t n, const dataset_option
 /* Opens ds's files (the paths in files) with their footers and the
  * projection of columns.  Returns 0, or a code with a message in err (the
  * files opened so far stay in ds, for dataset_free). */
-static int open_files(dataset_t *ds, const strlist *files, const char *const *columns,
-                      size_t ncols, const dataset_options_t *opts, char *err, size_t errlen) {
+static int open_files(dataset_t *ds, const strlist *files, const char *const *columns, size_t ncols,
+                      const dataset_options_t *opts, char *err, size_t errlen) {
   int rc = 0;
   cred_saved_t saved;
   ds->files = calloc(files->n, sizeof(dataset_file_t));
@@ -773,7 +775,8 @@ static int check_row_counts(const dataset_t *ds, const dataset_options_t *opts, 
           row_bytes += (uint64_t)rg->columns[c].total_uncompressed_size;
         if (!pq_projection_has_leaf(ds->files[i].proj, c)) continue;
         if (rg->columns[c].num_values >= rg->num_rows) continue;
-        snprintf(err, errlen, "%s: row group %d claims %lld rows, but column '%s' holds %lld values",
+        snprintf(err, errlen,
+                 "%s: row group %d claims %lld rows, but column '%s' holds %lld values",
                  ds->files[i].name, g, (long long)rg->num_rows, fm->leaves[c]->path,
                  (long long)rg->columns[c].num_values);
         return LARDER_ECORRUPT;
@@ -805,7 +808,8 @@ static int check_row_counts(const dataset_t *ds, const dataset_options_t *opts, 
 static int cut_dataset(dataset_t *ds, const dataset_options_t *opts, char *err, size_t errlen) {
   size_t nu = 0, cap = 0;
   int oom = 0;
-  for (uint32_t i = 0; i < ds->num_files && !oom; i++) cut_units(ds, i, opts, &ds->units, &nu, &cap, &oom);
+  for (uint32_t i = 0; i < ds->num_files && !oom; i++)
+    cut_units(ds, i, opts, &ds->units, &nu, &cap, &oom);
   if (oom || nu > UINT32_MAX) return LARDER_ENOMEM;
   ds->num_units = (uint32_t)nu;
   for (uint32_t i = 0; i < ds->num_files; i++) {
@@ -835,9 +839,8 @@ static uint64_t dataset_key(const dataset_t *ds, const dataset_options_t *opts) 
   return h;
 }
 
-int dataset_open(const char *const *sources, size_t n, const char *const *columns,
-                 size_t ncols, const dataset_options_t *opts, dataset_t **out, char *err,
-                 size_t errlen) {
+int dataset_open(const char *const *sources, size_t n, const char *const *columns, size_t ncols,
+                 const dataset_options_t *opts, dataset_t **out, char *err, size_t errlen) {
   *out = NULL;
   if (n == 0) {
     snprintf(err, errlen, "no sources given");
@@ -885,9 +888,7 @@ void dataset_free(dataset_t *ds) {
   free(ds);
 }
 
-int dataset_file_fd(const dataset_file_t *f) {
-  return f->footer ? footers_fd(f->footer) : f->fd;
-}
+int dataset_file_fd(const dataset_file_t *f) { return f->footer ? footers_fd(f->footer) : f->fd; }
 
 void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key) {
   const dataset_unit_t *unit = &ds->units[u];
@@ -905,8 +906,8 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
   key->len = 34;
 }
 
-int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
-                         int row_group_blocks, shuffle_plan_t **out) {
+int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params, int row_group_blocks,
+                         shuffle_plan_t **out) {
   /* Partitions are made of whole row groups whatever the order within
    * them, so that no row group is fetched by two nodes. */
   int groups = row_group_blocks || params->partitions > 1;
@@ -926,8 +927,8 @@ int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
     else blocks[nb++] = 1;
   }
   int rc = params->partitions > 1
-               ? shuffle_plan_create_partitioned(rows, ds->num_units, blocks, nb,
-                                                 row_group_blocks, params, out)
+               ? shuffle_plan_create_partitioned(rows, ds->num_units, blocks, nb, row_group_blocks,
+                                                 params, out)
                : shuffle_plan_create_blocked(rows, ds->num_units, blocks, nb, params, out);
   free(rows);
   free(blocks);

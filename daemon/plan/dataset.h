@@ -42,38 +42,38 @@
 #include "cache/store.h"
 
 typedef struct dataset_file {
-  char *path;              /* as opened (absolute path or URL) */
-  char *name;              /* for messages: the path, or the URL without
+  char *path; /* as opened (absolute path or URL) */
+  char *name; /* for messages: the path, or the URL without
                               credentials or query (fetch_redact) */
   uint64_t size;
-  int64_t mtime_ns;        /* local files */
+  int64_t mtime_ns; /* local files */
   int64_t ctime_ns;
   uint64_t ino;
   uint64_t dev;
-  int fd;                  /* local files without a footer table: the
+  int fd;               /* local files without a footer table: the
                               descriptor opened at resolution (else -1;
                               see dataset_file_fd) */
-  uint64_t footer_hash;    /* local files: dataset_footer_hash at open */
-  char identity[160];      /* "size=N;mtime=T;ino=I;ctime=C" or "size=N;etag=E" */
-  uint64_t object_id;      /* hash of path and identity */
-  const pq_file *pq;       /* the parsed footer: footer's, or owned_pq */
-  footer_t *footer;        /* its entry in the footer table, or NULL */
-  pq_file *owned_pq;       /* without a footer table: this dataset's own */
+  uint64_t footer_hash; /* local files: dataset_footer_hash at open */
+  char identity[160];   /* "size=N;mtime=T;ino=I;ctime=C" or "size=N;etag=E" */
+  uint64_t object_id;   /* hash of path and identity */
+  const pq_file *pq;    /* the parsed footer: footer's, or owned_pq */
+  footer_t *footer;     /* its entry in the footer table, or NULL */
+  pq_file *owned_pq;    /* without a footer table: this dataset's own */
   pq_projection *proj;
   uint32_t first_unit, num_units;
-  uint32_t first_rg;       /* index of its row group 0 in dataset.rg_busy */
-  int remote;              /* path is a URL */
-  char etag[128];          /* remote: the ETag its footer came with */
-  char last_modified[64];  /* remote: its Last-Modified, "" when none */
+  uint32_t first_rg;      /* index of its row group 0 in dataset.rg_busy */
+  int remote;             /* path is a URL */
+  char etag[128];         /* remote: the ETag its footer came with */
+  char last_modified[64]; /* remote: its Last-Modified, "" when none */
 } dataset_file_t;
 
 typedef struct dataset_unit {
   uint32_t file;
   uint32_t rg;
-  uint64_t row_start;      /* within the row group */
+  uint64_t row_start; /* within the row group */
   uint32_t rows;
-  uint64_t est_bytes;      /* decoded bytes, estimated from the footer */
-  uint64_t priority;       /* cache priority: a hash of its row group's
+  uint64_t est_bytes; /* decoded bytes, estimated from the footer */
+  uint64_t priority;  /* cache priority: a hash of its row group's
                               identity, shared by the row group's units */
 } dataset_unit_t;
 
@@ -101,7 +101,7 @@ typedef struct dataset_options {
 
 typedef struct dataset {
   int refs;
-  uint64_t key;            /* hash of the sources, columns and settings */
+  uint64_t key; /* hash of the sources, columns and settings */
   uint32_t num_files;
   dataset_file_t *files;
   uint32_t num_units;
@@ -110,13 +110,13 @@ typedef struct dataset {
   uint64_t est_bytes;
   const pq_field_t *schema; /* the projection of the first file */
   int num_columns;
-  uint64_t *column_hash;   /* layout_field_hash of each column */
+  uint64_t *column_hash;     /* layout_field_hash of each column */
   layout_rowplan_t *rowplan; /* row blocks of the small columns, or NULL */
   /* Per row group: set while a worker decodes it, so that two loads never
    * decode the same pages (atomic; the only mutable part of a dataset). */
   int *rg_busy;
   uint32_t num_rgs;
-  footers_t *footers;      /* where its files' footers came from, or NULL */
+  footers_t *footers; /* where its files' footers came from, or NULL */
 } dataset_t;
 
 /*
@@ -132,9 +132,8 @@ int dataset_source_absolute(const char *src, char *err, size_t errlen);
  * dotted paths; 0 = all).  Every file must have the projected columns with
  * the same types.  Returns 0 or a negative code with a message in err.
  */
-int dataset_open(const char *const *sources, size_t n, const char *const *columns,
-                 size_t ncols, const dataset_options_t *opts, dataset_t **out,
-                 char *err, size_t errlen);
+int dataset_open(const char *const *sources, size_t n, const char *const *columns, size_t ncols,
+                 const dataset_options_t *opts, dataset_t **out, char *err, size_t errlen);
 void dataset_free(dataset_t *ds);
 
 /* Records ds's files in the cache's object index (their names, URLs
@@ -166,8 +165,8 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
 /* Makes the shuffle plan of a stream over ds: each row group's units form
  * one block when row_group_blocks (shuffle.h), else every unit stands alone.
  * Returns 0 or a shuffle_plan_create error.  Any thread. */
-int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params,
-                         int row_group_blocks, shuffle_plan_t **out);
+int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params, int row_group_blocks,
+                         shuffle_plan_t **out);
 
 /* The most rows one shuffle window may hold: its permutation takes 4 bytes
  * a row, outside memory_limit, and a stream keeps up to a few windows'.

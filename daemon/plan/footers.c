@@ -28,10 +28,10 @@ struct footer {
   char *path;
   char *identity;
   pq_options opts;
-  pq_file *pq;         /* NULL while parsing */
+  pq_file *pq; /* NULL while parsing */
   uint64_t footer_hash;
-  uint64_t bytes;      /* counted in footers.bytes once parsed */
-  int fd;              /* local files: a descriptor of this version, or -1 */
+  uint64_t bytes; /* counted in footers.bytes once parsed */
+  int fd;         /* local files: a descriptor of this version, or -1 */
   int refs;
   int parsing;
 };
@@ -137,9 +137,9 @@ static void unlink_entry(footers_t *f, footer_t *e) {
   f->count--;
 }
 
-int footers_acquire(footers_t *f, const char *path, const char *identity,
-                    const pq_options *opts, int fd, uint64_t limit, footers_parse_cb parse,
-                    void *arg, footer_t **out, char *err, size_t errlen) {
+int footers_acquire(footers_t *f, const char *path, const char *identity, const pq_options *opts,
+                    int fd, uint64_t limit, footers_parse_cb parse, void *arg, footer_t **out,
+                    char *err, size_t errlen) {
   *out = NULL;
   uint64_t key = entry_key(path, identity, opts);
   pthread_mutex_lock(&f->lock);

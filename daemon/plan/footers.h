@@ -44,8 +44,7 @@ typedef struct footer footer_t;
  * 0, or a negative code with a message in err (and *out NULL).  Runs on the
  * acquiring thread, outside the table's lock.
  */
-typedef int (*footers_parse_cb)(void *arg, pq_file **out, uint64_t *hash, char *err,
-                                size_t errlen);
+typedef int (*footers_parse_cb)(void *arg, pq_file **out, uint64_t *hash, char *err, size_t errlen);
 
 /* Makes an empty table whose gauges and counters go to stats (which may be
  * NULL, and must outlive it).  Returns 0 or LARDER_ENOMEM.  Any thread. */
@@ -67,9 +66,9 @@ void footers_destroy(footers_t *f);
  * with a message naming footer_memory; or LARDER_ENOMEM.  Any thread; it
  * blocks for the parse, or for another thread's parse of the same footer.
  */
-int footers_acquire(footers_t *f, const char *path, const char *identity,
-                    const pq_options *opts, int fd, uint64_t limit, footers_parse_cb parse,
-                    void *arg, footer_t **out, char *err, size_t errlen);
+int footers_acquire(footers_t *f, const char *path, const char *identity, const pq_options *opts,
+                    int fd, uint64_t limit, footers_parse_cb parse, void *arg, footer_t **out,
+                    char *err, size_t errlen);
 /* Drops the caller's reference to e; the last one frees it.  Any thread. */
 void footers_release(footers_t *f, footer_t *e);
 

@@ -107,7 +107,7 @@ typedef struct shared_perm {
   struct shared_perm *next;
   uint64_t epoch, window;
   uint32_t rows;
-  int refs;           /* cursors holding it; freed at 0 */
+  int refs; /* cursors holding it; freed at 0 */
   uint32_t *perm;
 } shared_perm_t;
 
@@ -134,20 +134,20 @@ struct shuffle_plan {
    * an order of their own. */
   uint32_t nparts;
   shuffle_plan_t **part;
-  uint32_t **part_unit;  /* per partition: its unit index -> dataset unit */
-  uint64_t slice;        /* S = G / P */
+  uint32_t **part_unit; /* per partition: its unit index -> dataset unit */
+  uint64_t slice;       /* S = G / P */
 };
 
 /* The row order of one window; a slot is free while index is NO_WINDOW.
  * Windows of no rows are never materialized. */
 typedef struct window {
-  uint64_t index;     /* window number, or NO_WINDOW */
-  uint64_t begin;     /* epoch position of its first row */
-  uint64_t last_use;  /* for least-recently-used eviction */
-  uint32_t first;     /* index in the unit order of its first unit */
-  uint32_t nunits;    /* units in it */
-  uint32_t rows;      /* rows in it */
-  uint32_t *perm;     /* rows entries: position -> window row (packed:
+  uint64_t index;        /* window number, or NO_WINDOW */
+  uint64_t begin;        /* epoch position of its first row */
+  uint64_t last_use;     /* for least-recently-used eviction */
+  uint32_t first;        /* index in the unit order of its first unit */
+  uint32_t nunits;       /* units in it */
+  uint32_t rows;         /* rows in it */
+  uint32_t *perm;        /* rows entries: position -> window row (packed:
                        * index of its unit in the window << row_bits | row) */
   shared_perm_t *shared; /* the holder of perm */
 } window_t;
@@ -155,11 +155,11 @@ typedef struct window {
 struct shuffle_epoch {
   const shuffle_plan_t *plan;
   uint64_t epoch;
-  uint32_t *order;     /* unit order (shuffle only): position -> unit */
-  uint64_t *start;     /* num_units + 1 prefix sums of rows in that order */
+  uint32_t *order; /* unit order (shuffle only): position -> unit */
+  uint64_t *start; /* num_units + 1 prefix sums of rows in that order */
   window_t win[2];
-  uint64_t clock;      /* use counter for the windows */
-  uint64_t *seen;      /* shuffle_epoch_units' bitmap over units (lazy) */
+  uint64_t clock; /* use counter for the windows */
+  uint64_t *seen; /* shuffle_epoch_units' bitmap over units (lazy) */
   /* A window row order being made a slice at a time (shuffle_epoch_prepare),
    * not yet shared: its window, entries still to shuffle, stream state. */
   shared_perm_t *pending;
@@ -189,8 +189,7 @@ static inline uint64_t next64(uint64_t *s) {
   return mix64(*s);
 }
 
-static uint64_t stream_state(uint64_t seed, uint64_t epoch, uint64_t purpose,
-                             uint64_t index) {
+static uint64_t stream_state(uint64_t seed, uint64_t epoch, uint64_t purpose, uint64_t index) {
   uint64_t h = mix64(seed + GAMMA);
   h = mix64(h ^ (epoch + GAMMA));
   h = mix64(h ^ (purpose + GAMMA));
@@ -280,8 +279,7 @@ static int cmp_desc_u64(const void *a, const void *b) {
 
 /* Whether some window_units units could together hold more than UINT32_MAX
  * rows: 1 yes, 0 no, or LARDER_ENOMEM. */
-static int window_too_big(const uint64_t *unit_rows, uint32_t n, uint32_t w,
-                          uint64_t max_rows) {
+static int window_too_big(const uint64_t *unit_rows, uint32_t n, uint32_t w, uint64_t max_rows) {
   if (w > n) w = n;
   if ((uint64_t)w * max_rows <= UINT32_MAX) return 0; /* < 2^64: no wrap */
   uint64_t *sorted = malloc((size_t)n * sizeof(*sorted));
@@ -315,10 +313,9 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
     }
     if (sum != num_units) return LARDER_EINVAL;
   }
-  if (unit_rows == NULL || params == NULL || num_units == 0 ||
-      params->batch_size == 0 || params->batch_size > INT_MAX ||
-      params->world_size == 0 || params->rank >= params->world_size ||
-      params->window_units == 0)
+  if (unit_rows == NULL || params == NULL || num_units == 0 || params->batch_size == 0 ||
+      params->batch_size > INT_MAX || params->world_size == 0 ||
+      params->rank >= params->world_size || params->window_units == 0)
     return LARDER_EINVAL;
   uint64_t n = 0, max_rows = 0;
   for (uint32_t i = 0; i < num_units; i++) {
@@ -330,8 +327,7 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
   uint64_t g = (uint64_t)params->world_size * params->batch_size;
   if (!params->drop_last && n > UINT64_MAX - (g - 1)) return LARDER_EINVAL;
   if (params->shuffle) {
-    int big = window_too_big(unit_rows, num_units, params->window_units,
-                             max_rows);
+    int big = window_too_big(unit_rows, num_units, params->window_units, max_rows);
     if (big != 0) return big < 0 ? big : LARDER_EINVAL;
   }
 
@@ -374,8 +370,7 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
    * in 32 bits, which saves a search per sample; else they are window row
    * numbers and the unit is found by binary search.  Either way the entry
    * at position q stands for window row perm[q]. */
-  uint32_t per_window =
-      params->window_units < num_units ? params->window_units : num_units;
+  uint32_t per_window = params->window_units < num_units ? params->window_units : num_units;
   plan->row_bits = bits_for(max_rows - 1); /* max_rows >= 1 */
   plan->packed = plan->row_bits + bits_for(per_window - 1) <= 32;
   plan->cache = calloc(1, sizeof(*plan->cache));
@@ -407,8 +402,8 @@ void shuffle_plan_free(shuffle_plan_t *plan) {
 }
 
 int shuffle_partition_assign(const uint64_t *unit_rows, uint32_t num_units,
-                             const uint32_t *group_units, uint32_t num_groups,
-                             uint32_t partitions, uint64_t seed, uint32_t *unit_part) {
+                             const uint32_t *group_units, uint32_t num_groups, uint32_t partitions,
+                             uint64_t seed, uint32_t *unit_part) {
   if (unit_rows == NULL || unit_part == NULL || partitions == 0 || num_units == 0)
     return LARDER_EINVAL;
   if (group_units == NULL) num_groups = num_units;
@@ -456,8 +451,8 @@ int shuffle_partition_assign(const uint64_t *unit_rows, uint32_t num_units,
   return rc;
 }
 
-void shuffle_node_partitions(uint32_t partitions, uint32_t nodes, uint32_t node,
-                             uint32_t *first, uint32_t *last) {
+void shuffle_node_partitions(uint32_t partitions, uint32_t nodes, uint32_t node, uint32_t *first,
+                             uint32_t *last) {
   if (nodes == 0) nodes = 1;
   if (node >= nodes) node = nodes - 1;
   /* Node n's ranks take offsets [n*G/N, (n+1)*G/N) of each global batch,
@@ -493,8 +488,8 @@ int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_unit
     free(plan);
     return LARDER_ENOMEM;
   }
-  int rc = shuffle_partition_assign(unit_rows, num_units, group_units, num_groups, np,
-                                    params->seed, unit_part);
+  int rc = shuffle_partition_assign(unit_rows, num_units, group_units, num_groups, np, params->seed,
+                                    unit_part);
   plan->params = *params;
   plan->params.shuffle = params->shuffle != 0;
   plan->params.drop_last = params->drop_last != 0;
@@ -508,8 +503,8 @@ int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_unit
   uint32_t *count = calloc(np, sizeof(*count));
   uint64_t *prows = malloc((size_t)num_units * sizeof(*prows));
   uint32_t *pgroups = malloc((size_t)num_units * sizeof(*pgroups));
-  if (rc == 0 && (plan->part == NULL || plan->part_unit == NULL || count == NULL ||
-                  prows == NULL || pgroups == NULL))
+  if (rc == 0 && (plan->part == NULL || plan->part_unit == NULL || count == NULL || prows == NULL ||
+                  pgroups == NULL))
     rc = LARDER_ENOMEM;
   for (uint32_t u = 0; rc == 0 && u < num_units; u++)
     if (unit_part[u] < np) count[unit_part[u]]++;
@@ -566,23 +561,16 @@ int shuffle_plan_create_partitioned(const uint64_t *unit_rows, uint32_t num_unit
   return 0;
 }
 
-uint64_t shuffle_num_samples(const shuffle_plan_t *plan) {
-  return plan->num_samples;
-}
+uint64_t shuffle_num_samples(const shuffle_plan_t *plan) { return plan->num_samples; }
 
-uint64_t shuffle_batches_per_epoch(const shuffle_plan_t *plan) {
-  return plan->batches;
-}
+uint64_t shuffle_batches_per_epoch(const shuffle_plan_t *plan) { return plan->batches; }
 
-const shuffle_params_t *shuffle_params(const shuffle_plan_t *plan) {
-  return &plan->params;
-}
+const shuffle_params_t *shuffle_params(const shuffle_plan_t *plan) { return &plan->params; }
 
 /* ------------------------------------------------------------------------ */
 /* Cursors                                                                   */
 
-int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
-                       shuffle_epoch_t **out) {
+int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch, shuffle_epoch_t **out) {
   if (out == NULL) return LARDER_EINVAL;
   *out = NULL;
   if (plan == NULL) return LARDER_EINVAL;
@@ -592,7 +580,8 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
   ep->epoch = epoch;
   ep->win[0].index = ep->win[1].index = NO_WINDOW;
   if (plan->nparts > 1) {
-    ep->sub = calloc(plan->nparts, sizeof(shuffle_epoch_t *)); /* NOLINT(bugprone-sizeof-expression) */
+    ep->sub =
+        calloc(plan->nparts, sizeof(shuffle_epoch_t *)); /* NOLINT(bugprone-sizeof-expression) */
     if (ep->sub == NULL) {
       free(ep);
       return LARDER_ENOMEM;
@@ -618,8 +607,7 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
   }
   if (plan->num_blocks == 0) {
     for (uint32_t i = 0; i < u; i++) ep->order[i] = i;
-    fisher_yates(ep->order, u,
-                 stream_state(plan->params.seed, epoch, PURPOSE_UNITS, 0));
+    fisher_yates(ep->order, u, stream_state(plan->params.seed, epoch, PURPOSE_UNITS, 0));
   } else {
     uint32_t nb = plan->num_blocks;
     uint32_t *blocks = malloc((size_t)nb * sizeof(*blocks));
@@ -636,8 +624,7 @@ int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
       uint32_t b = blocks[k];
       uint32_t first = plan->block_first[b], len = plan->block_first[b + 1] - first;
       for (uint32_t i = 0; i < len; i++) ep->order[pos + i] = first + i;
-      fisher_yates(ep->order + pos, len,
-                   stream_state(plan->params.seed, epoch, PURPOSE_BLOCK, b));
+      fisher_yates(ep->order + pos, len, stream_state(plan->params.seed, epoch, PURPOSE_BLOCK, b));
       pos += len;
     }
     free(blocks);
@@ -730,8 +717,7 @@ void shuffle_epoch_close(shuffle_epoch_t *ep) {
 /* The largest i in [lo, lo + n) with start[i] <= x, for n >= 1 and
  * start[lo] <= x < start[lo + n]: the unit holding position x (never one of
  * no rows, since those have start[i] == start[i + 1]). */
-static inline uint32_t find_unit(const uint64_t *start, uint32_t lo,
-                                 uint32_t n, uint64_t x) {
+static inline uint32_t find_unit(const uint64_t *start, uint32_t lo, uint32_t n, uint64_t x) {
   const uint64_t *base = start + lo;
   while (n > 1) {
     uint32_t half = n / 2;
@@ -743,8 +729,8 @@ static inline uint32_t find_unit(const uint64_t *start, uint32_t lo,
 
 /* Window w's first unit (in the unit order), its number of units and its
  * rows. */
-static void window_extent(const shuffle_epoch_t *ep, uint64_t w, uint32_t *first,
-                          uint32_t *nunits, uint32_t *rows) {
+static void window_extent(const shuffle_epoch_t *ep, uint64_t w, uint32_t *first, uint32_t *nunits,
+                          uint32_t *rows) {
   const shuffle_plan_t *plan = ep->plan;
   uint64_t f = w * plan->params.window_units; /* < num_units */
   uint64_t end = f + plan->params.window_units;
@@ -824,12 +810,9 @@ static int pending_steps(shuffle_epoch_t *ep, uint64_t budget) {
  * it its order with slot_fill. */
 static window_t *slot_claim(shuffle_epoch_t *ep, uint64_t w) {
   window_t *slot;
-  if (ep->win[0].index == NO_WINDOW)
-    slot = &ep->win[0];
-  else if (ep->win[1].index == NO_WINDOW)
-    slot = &ep->win[1];
-  else
-    slot = ep->win[0].last_use <= ep->win[1].last_use ? &ep->win[0] : &ep->win[1];
+  if (ep->win[0].index == NO_WINDOW) slot = &ep->win[0];
+  else if (ep->win[1].index == NO_WINDOW) slot = &ep->win[1];
+  else slot = ep->win[0].last_use <= ep->win[1].last_use ? &ep->win[0] : &ep->win[1];
   slot->index = NO_WINDOW;
   perm_unref(ep->plan->cache, slot->shared);
   slot->shared = NULL;
@@ -874,8 +857,7 @@ static int get_window(shuffle_epoch_t *ep, uint64_t w, window_t **out) {
 }
 
 /* Writes the samples at epoch positions [x, x + n), x + n <= N. */
-static int map_segment(shuffle_epoch_t *ep, uint64_t x, uint64_t n,
-                       shuffle_sample_t *out) {
+static int map_segment(shuffle_epoch_t *ep, uint64_t x, uint64_t n, shuffle_sample_t *out) {
   const shuffle_plan_t *plan = ep->plan;
   const uint64_t *start = ep->start;
   if (!plan->params.shuffle) {
@@ -933,8 +915,7 @@ static int map_segment(shuffle_epoch_t *ep, uint64_t x, uint64_t n,
 }
 
 /* Writes the samples at positions [p, p + n) of the padded epoch. */
-static int map_positions(shuffle_epoch_t *ep, uint64_t p, uint64_t n,
-                         shuffle_sample_t *out) {
+static int map_positions(shuffle_epoch_t *ep, uint64_t p, uint64_t n, shuffle_sample_t *out) {
   uint64_t total = ep->plan->num_samples;
   uint64_t x = p % total;
   while (n > 0) {
@@ -951,8 +932,7 @@ static int map_positions(shuffle_epoch_t *ep, uint64_t p, uint64_t n,
 
 /* The first position of this rank's part of batch b. */
 static uint64_t batch_position(const shuffle_plan_t *plan, uint64_t b) {
-  return b * plan->global_batch +
-         (uint64_t)plan->params.rank * plan->params.batch_size;
+  return b * plan->global_batch + (uint64_t)plan->params.rank * plan->params.batch_size;
 }
 
 /* Partition p's cursor, opened when first needed. */
@@ -989,10 +969,8 @@ static int map_global(shuffle_epoch_t *ep, uint64_t b, uint64_t o, uint64_t n,
   return 0;
 }
 
-int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
-                        shuffle_sample_t *out) {
-  if (ep == NULL || out == NULL || batch >= ep->plan->batches)
-    return LARDER_EINVAL;
+int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch, shuffle_sample_t *out) {
+  if (ep == NULL || out == NULL || batch >= ep->plan->batches) return LARDER_EINVAL;
   const shuffle_plan_t *plan = ep->plan;
   int rc = map_global(ep, batch, (uint64_t)plan->params.rank * plan->params.batch_size,
                       plan->params.batch_size, out);
@@ -1005,7 +983,8 @@ int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget) 
   if (ep == NULL || batch >= ep->plan->batches) return LARDER_EINVAL;
   const shuffle_plan_t *plan = ep->plan;
   if (!plan->params.shuffle || plan->num_samples == 0) return 1;
-  if (plan->nparts <= 1) return prepare_at(ep, batch_position(plan, batch) % plan->num_samples, budget);
+  if (plan->nparts <= 1)
+    return prepare_at(ep, batch_position(plan, batch) % plan->num_samples, budget);
   /* Each partition the rank's part of the batch draws on, in turn. */
   uint64_t o = (uint64_t)plan->params.rank * plan->params.batch_size;
   uint64_t end = o + plan->params.batch_size;
@@ -1014,7 +993,8 @@ int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget) 
     uint64_t within = o - (uint64_t)p * plan->slice;
     shuffle_epoch_t *sub;
     int rc = sub_cursor(ep, p, &sub);
-    if (rc == 0) rc = prepare_at(sub, (batch * plan->slice + within) % sub->plan->num_samples, budget);
+    if (rc == 0)
+      rc = prepare_at(sub, (batch * plan->slice + within) % sub->plan->num_samples, budget);
     if (rc <= 0) return rc;
     o += plan->slice - within;
   }
@@ -1049,10 +1029,9 @@ static int prepare_at(shuffle_epoch_t *ep, uint64_t x, uint64_t budget) {
  * checks the arguments, clamps last and max, and makes the bitmap of units
  * listed.  Returns 1 to go on, 0 when there is nothing to list, or a
  * negative code. */
-static int units_begin(shuffle_epoch_t *ep, uint64_t first, uint64_t *last,
-                       const uint32_t *units, uint32_t *max) {
-  if (ep == NULL || first > *last || (units == NULL && *max > 0))
-    return LARDER_EINVAL;
+static int units_begin(shuffle_epoch_t *ep, uint64_t first, uint64_t *last, const uint32_t *units,
+                       uint32_t *max) {
+  if (ep == NULL || first > *last || (units == NULL && *max > 0)) return LARDER_EINVAL;
   const shuffle_plan_t *plan = ep->plan;
   if (*last > plan->batches) *last = plan->batches;
   if (*max > INT_MAX) *max = INT_MAX;
@@ -1066,13 +1045,11 @@ static int units_begin(shuffle_epoch_t *ep, uint64_t first, uint64_t *last,
 
 /* Leaves the bitmap clear for the next call. */
 static void units_end(shuffle_epoch_t *ep, const uint32_t *units, uint32_t count) {
-  for (uint32_t k = 0; k < count; k++)
-    ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
+  for (uint32_t k = 0; k < count; k++) ep->seen[units[k] / 64] &= ~(UINT64_C(1) << (units[k] % 64));
 }
 
 /* Appends unit u unless the bitmap has it; returns the new count. */
-static inline uint32_t units_add(shuffle_epoch_t *ep, uint32_t u, uint32_t *units,
-                                 uint32_t count) {
+static inline uint32_t units_add(shuffle_epoch_t *ep, uint32_t u, uint32_t *units, uint32_t count) {
   uint64_t bit = UINT64_C(1) << (u % 64);
   if (ep->seen[u / 64] & bit) return count;
   ep->seen[u / 64] |= bit;
@@ -1080,8 +1057,8 @@ static inline uint32_t units_add(shuffle_epoch_t *ep, uint32_t u, uint32_t *unit
   return count + 1;
 }
 
-int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
-                        uint32_t *units, uint32_t max) {
+int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last, uint32_t *units,
+                        uint32_t max) {
   int go = units_begin(ep, first, &last, units, &max);
   if (go <= 0) return go;
   const shuffle_plan_t *plan = ep->plan;
@@ -1096,7 +1073,8 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
       uint64_t n = left < CHUNK ? left : CHUNK;
       rc = map_global(ep, b, p, n, buf);
       if (rc < 0) break;
-      for (uint64_t k = 0; k < n && count < max; k++) count = units_add(ep, buf[k].unit, units, count);
+      for (uint64_t k = 0; k < n && count < max; k++)
+        count = units_add(ep, buf[k].unit, units, count);
       p += n;
       left -= n;
     }
@@ -1107,39 +1085,38 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
 
 /* Appends the units at epoch-order positions [from, to) that hold rows and
  * are not in the bitmap yet. */
-static uint32_t add_unit_span(shuffle_epoch_t *ep, uint32_t from, uint32_t to,
-                              uint32_t *units, uint32_t count, uint32_t max) {
+static uint32_t add_unit_span(shuffle_epoch_t *ep, uint32_t from, uint32_t to, uint32_t *units,
+                              uint32_t count, uint32_t max) {
   for (uint32_t pos = from; pos < to && count < max; pos++)
     if (ep->start[pos + 1] != ep->start[pos])
       count = units_add(ep, ep->order ? ep->order[pos] : pos, units, count);
   return count;
 }
 
-static uint32_t window_units_at(shuffle_epoch_t *ep, uint64_t p0, uint64_t len,
-                                uint32_t *units, uint32_t count, uint32_t max);
+static uint32_t window_units_at(shuffle_epoch_t *ep, uint64_t p0, uint64_t len, uint32_t *units,
+                                uint32_t count, uint32_t max);
 
-int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
-                               uint32_t *units, uint32_t max) {
+int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last, uint32_t *units,
+                               uint32_t max) {
   int go = units_begin(ep, first, &last, units, &max);
   if (go <= 0) return go;
   const shuffle_plan_t *plan = ep->plan;
   uint32_t count = 0;
   if (plan->nparts <= 1) {
-    count = window_units_at(ep, first * plan->global_batch,
-                            (last - first) * plan->global_batch, units, 0, max);
+    count = window_units_at(ep, first * plan->global_batch, (last - first) * plan->global_batch,
+                            units, 0, max);
     units_end(ep, units, count);
     return (int)count;
   }
   /* The partitions this rank's node draws on: its ranks' offsets of each
    * global batch. */
-  uint32_t l = plan->params.local_world_size ? plan->params.local_world_size
-                                             : plan->params.world_size;
+  uint32_t l =
+      plan->params.local_world_size ? plan->params.local_world_size : plan->params.world_size;
   uint64_t node = plan->params.rank / l, bs = plan->params.batch_size;
   uint64_t lo = node * l * bs, hi = lo + (uint64_t)l * bs;
   if (hi > plan->global_batch) hi = plan->global_batch;
   int rc = 0;
-  for (uint32_t p = (uint32_t)(lo / plan->slice); p < plan->nparts && rc == 0 && count < max;
-       p++) {
+  for (uint32_t p = (uint32_t)(lo / plan->slice); p < plan->nparts && rc == 0 && count < max; p++) {
     if ((uint64_t)p * plan->slice >= hi) break;
     shuffle_epoch_t *sub;
     rc = sub_cursor(ep, p, &sub);
@@ -1152,8 +1129,8 @@ int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t las
       rc = LARDER_ENOMEM;
       break;
     }
-    uint32_t k = window_units_at(sub, first * plan->slice, (last - first) * plan->slice, local,
-                                 0, pn);
+    uint32_t k =
+        window_units_at(sub, first * plan->slice, (last - first) * plan->slice, local, 0, pn);
     units_end(sub, local, k);
     for (uint32_t i = 0; i < k && count < max; i++)
       count = units_add(ep, plan->part_unit[p][local[i]], units, count);
@@ -1166,8 +1143,8 @@ int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t las
 /* Appends to units (from count, up to max) the units of the windows that
  * epoch positions [p0, p0 + len) of an unpartitioned cursor draw on,
  * wrapping past N; returns the new count. */
-static uint32_t window_units_at(shuffle_epoch_t *ep, uint64_t p0, uint64_t len,
-                                uint32_t *units, uint32_t count, uint32_t max) {
+static uint32_t window_units_at(shuffle_epoch_t *ep, uint64_t p0, uint64_t len, uint32_t *units,
+                                uint32_t count, uint32_t max) {
   const shuffle_plan_t *plan = ep->plan;
   uint64_t n = plan->num_samples;
   uint64_t ranges[2][2];

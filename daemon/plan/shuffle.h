@@ -87,13 +87,13 @@
 
 typedef struct shuffle_params {
   uint64_t seed;
-  int shuffle;           /* 0: dataset order */
-  uint32_t window_units; /* units mixed together; >= 1 */
-  uint32_t batch_size;   /* samples per rank per batch; >= 1 */
-  uint32_t world_size;   /* >= 1 */
-  uint32_t rank;         /* < world_size */
-  int drop_last;         /* else the last batch is padded */
-  uint32_t partitions;   /* P, node partitions (below); 0 or 1: none */
+  int shuffle;               /* 0: dataset order */
+  uint32_t window_units;     /* units mixed together; >= 1 */
+  uint32_t batch_size;       /* samples per rank per batch; >= 1 */
+  uint32_t world_size;       /* >= 1 */
+  uint32_t rank;             /* < world_size */
+  int drop_last;             /* else the last batch is padded */
+  uint32_t partitions;       /* P, node partitions (below); 0 or 1: none */
   uint32_t local_world_size; /* ranks per node, for the partitions a node
                                 reads; 0: world_size (one node) */
 } shuffle_params_t;
@@ -145,14 +145,14 @@ int shuffle_plan_create_blocked(const uint64_t *unit_rows, uint32_t num_units,
  * groups with rows than P), or LARDER_ENOMEM.  Any thread.
  */
 int shuffle_partition_assign(const uint64_t *unit_rows, uint32_t num_units,
-                             const uint32_t *group_units, uint32_t num_groups,
-                             uint32_t partitions, uint64_t seed, uint32_t *unit_part);
+                             const uint32_t *group_units, uint32_t num_groups, uint32_t partitions,
+                             uint64_t seed, uint32_t *unit_part);
 
 /* The partitions [*first, *last) that node `node` of `nodes` reads when
  * nodes divides partitions, or that it touches when it does not (its ranks'
  * part of each global batch, step 9).  Any thread. */
-void shuffle_node_partitions(uint32_t partitions, uint32_t nodes, uint32_t node,
-                             uint32_t *first, uint32_t *last);
+void shuffle_node_partitions(uint32_t partitions, uint32_t nodes, uint32_t node, uint32_t *first,
+                             uint32_t *last);
 
 /*
  * A plan with params->partitions = P > 1 (steps 7-10): groups as in
@@ -180,8 +180,7 @@ typedef struct shuffle_epoch shuffle_epoch_t;
  * row orders of the two windows it last used, and at most one order being
  * made (shuffle_epoch_prepare).
  * Returns 0 or LARDER_ENOMEM. */
-int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch,
-                       shuffle_epoch_t **out);
+int shuffle_epoch_open(const shuffle_plan_t *plan, uint64_t epoch, shuffle_epoch_t **out);
 void shuffle_epoch_close(shuffle_epoch_t *ep);
 
 /*
@@ -189,8 +188,7 @@ void shuffle_epoch_close(shuffle_epoch_t *ep);
  * of the epoch, in the order the trainer receives them.  Returns the count
  * (batch_size), or LARDER_EINVAL when batch >= batches per epoch.
  */
-int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch,
-                        shuffle_sample_t *out);
+int shuffle_epoch_batch(shuffle_epoch_t *ep, uint64_t batch, shuffle_sample_t *out);
 
 /*
  * Makes progress on the row order of the window that holds the start of
@@ -211,8 +209,8 @@ int shuffle_epoch_prepare(shuffle_epoch_t *ep, uint64_t batch, uint64_t budget);
  * Writes up to max indices into units and returns how many it wrote (the
  * count is exact when it is below max), or a negative code.
  */
-int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
-                        uint32_t *units, uint32_t max);
+int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last, uint32_t *units,
+                        uint32_t max);
 
 /*
  * The units of the windows that batches [first, last) draw from, for every
@@ -222,7 +220,7 @@ int shuffle_epoch_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
  * alone, without the windows' row permutations, in time proportional to
  * the units.  For prefetch pins.  Same returns as shuffle_epoch_units.
  */
-int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last,
-                               uint32_t *units, uint32_t max);
+int shuffle_epoch_window_units(shuffle_epoch_t *ep, uint64_t first, uint64_t last, uint32_t *units,
+                               uint32_t max);
 
 #endif /* LARDER_SHUFFLE_H */

@@ -63,7 +63,6 @@
 #include "plan/shuffle.h"
 #include "util.h"
 
-
 /* ------------------------------------------------------------------------ */
 /* Text buffers                                                              */
 
@@ -141,7 +140,7 @@ const char *admin_fmt_fit(char *buf, size_t size, const char *s, size_t width) {
 /* Replies                                                                   */
 
 void admin_reply_frame(conn_t *c, uint32_t request_id, int code, const char *text, size_t len,
-                        int more) {
+                       int more) {
   if (c == NULL || c->closing || c->draining) return;
   char *copy = NULL;
   Larder__AdminReply r = LARDER__ADMIN_REPLY__INIT;
@@ -301,7 +300,7 @@ static void cmd_status(conn_t *c, const Larder__AdminRequest *req) {
   strbuf_t b = {0};
   if (req->json) {
     strbuf_printf(&b, "{\"up\":true,\"version\":\"%s\",\"pid\":%d,\"uptime_s\":", LARDERD_VERSION,
-              (int)getpid());
+                  (int)getpid());
     admin_sb_num(&b, up);
     strbuf_printf(&b, ",\"started_unix\":%" PRId64 ",\"config_path\":", srv->started_unix);
     if (srv->config_path) admin_sb_json(&b, srv->config_path);
@@ -311,44 +310,46 @@ static void cmd_status(conn_t *c, const Larder__AdminRequest *req) {
     strbuf_puts(&b, ",\"cache_dir\":");
     admin_sb_json(&b, srv->cfg.cache_dir);
     strbuf_printf(&b,
-              ",\"cache_capacity_bytes\":%" PRIu64 ",\"cache_used_bytes\":%" PRIu64
-              ",\"cache_entries\":%" PRIu64 ",\"workers\":%d,\"clients\":%" PRIu64
-              ",\"trainers\":%" PRIu64 ",\"streams\":%" PRIu64
-              ",\"allowlist_rules\":%zu,\"metrics_endpoint\":",
-              st.capacity_bytes, st.used_bytes, st.entries, srv->workers,
-              /* the other connections: not the larderctl asking */
-              STATS_GET(&srv->stats, clients) - 1, admin_count_trainers(srv),
-              STATS_GET(&srv->stats, streams), acl_num_rules(srv->acl));
+                  ",\"cache_capacity_bytes\":%" PRIu64 ",\"cache_used_bytes\":%" PRIu64
+                  ",\"cache_entries\":%" PRIu64 ",\"workers\":%d,\"clients\":%" PRIu64
+                  ",\"trainers\":%" PRIu64 ",\"streams\":%" PRIu64
+                  ",\"allowlist_rules\":%zu,\"metrics_endpoint\":",
+                  st.capacity_bytes, st.used_bytes, st.entries, srv->workers,
+                  /* the other connections: not the larderctl asking */
+                  STATS_GET(&srv->stats, clients) - 1, admin_count_trainers(srv),
+                  STATS_GET(&srv->stats, streams), acl_num_rules(srv->acl));
     if (*metrics) admin_sb_json(&b, metrics);
     else strbuf_puts(&b, "null");
     strbuf_puts(&b, ",\"metrics_textfile\":");
-    if (srv->cfg.metrics_textfile && *srv->cfg.metrics_textfile) admin_sb_json(&b, srv->cfg.metrics_textfile);
+    if (srv->cfg.metrics_textfile && *srv->cfg.metrics_textfile)
+      admin_sb_json(&b, srv->cfg.metrics_textfile);
     else strbuf_puts(&b, "null");
     strbuf_puts(&b, "}");
   } else {
     char a[32], bb[32], d[32], n[32];
     strbuf_printf(&b, "larderd %s is up (pid %d)\n", LARDERD_VERSION, (int)getpid());
     strbuf_printf(&b, "  uptime      %s\n", admin_fmt_dur(d, sizeof(d), up));
-    strbuf_printf(&b, "  config      %s\n", srv->config_path ? srv->config_path : "(none: defaults and flags)");
+    strbuf_printf(&b, "  config      %s\n",
+                  srv->config_path ? srv->config_path : "(none: defaults and flags)");
     strbuf_printf(&b, "  socket      %s\n", srv->cfg.socket);
-    strbuf_printf(&b, "  cache       %s: %s of %s used (%.0f%%), %s entries\n", srv->cfg.cache_dir,
-              admin_fmt_bytes(a, sizeof(a), (double)st.used_bytes),
-              admin_fmt_bytes(bb, sizeof(bb), (double)st.capacity_bytes),
-              st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
-              admin_fmt_count(n, sizeof(n), st.entries));
+    strbuf_printf(
+        &b, "  cache       %s: %s of %s used (%.0f%%), %s entries\n", srv->cfg.cache_dir,
+        admin_fmt_bytes(a, sizeof(a), (double)st.used_bytes),
+        admin_fmt_bytes(bb, sizeof(bb), (double)st.capacity_bytes),
+        st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
+        admin_fmt_count(n, sizeof(n), st.entries));
     strbuf_printf(&b, "  workers     %d\n", srv->workers);
     uint64_t trainers = admin_count_trainers(srv), streams = STATS_GET(&srv->stats, streams);
     strbuf_printf(&b, "  trainers    %" PRIu64 " connected, %" PRIu64 " stream%s open\n", trainers,
-              streams, streams == 1 ? "" : "s");
+                  streams, streams == 1 ? "" : "s");
     if (acl_num_rules(srv->acl))
       strbuf_printf(&b, "  allowlist   %zu rule%s\n", acl_num_rules(srv->acl),
-                acl_num_rules(srv->acl) == 1 ? "" : "s");
-    else
-      strbuf_puts(&b, "  allowlist   off: any URL may be fetched (set allow = ... lines)\n");
+                    acl_num_rules(srv->acl) == 1 ? "" : "s");
+    else strbuf_puts(&b, "  allowlist   off: any URL may be fetched (set allow = ... lines)\n");
     if (*metrics) strbuf_printf(&b, "  metrics     %s\n", metrics);
     if (srv->cfg.metrics_textfile && *srv->cfg.metrics_textfile)
       strbuf_printf(&b, "  metrics     %s (every %" PRIu64 " s)\n", srv->cfg.metrics_textfile,
-                srv->cfg.metrics_interval);
+                    srv->cfg.metrics_interval);
   }
   admin_reply(c, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
   free(b.data);
@@ -367,23 +368,23 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
   if (req->json) strbuf_puts(&b, "{\"clients\":[");
   else
     strbuf_printf(&b, "%6s %8s %6s %6s  %-16s %10s %7s\n", "CLIENT", "PID", "UID", "GID", "NAME",
-              "CONNECTED", "STREAMS");
+                  "CONNECTED", "STREAMS");
   for (conn_t *c = srv->conns; c; c = c->next) {
     if (c == self || c->closing || c->draining || !admin_visible_to(self, all, c)) continue;
     double age = (double)(now - c->connected_ns) / 1e9;
     if (req->json) {
       strbuf_printf(&b, "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"gid\":%u,\"name\":",
-                n ? "," : "", c->id, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
+                    n ? "," : "", c->id, (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
       admin_sb_json(&b, c->name);
       strbuf_puts(&b, ",\"connected_s\":");
       admin_sb_num(&b, age);
       strbuf_printf(&b, ",\"arena_bytes\":%" PRIu64 ",\"pending\":%d,\"streams\":[", c->arena_bytes,
-                c->pending_requests);
+                    c->pending_requests);
     } else {
       char d[32];
       strbuf_printf(&b, "%6" PRIu64 " %8d %6u %6u  %-16.16s %10s %7d\n", c->id, (int)c->pid,
-                (unsigned)c->uid, (unsigned)c->gid, c->name[0] ? c->name : "?",
-                admin_fmt_dur(d, sizeof(d), age), c->num_streams);
+                    (unsigned)c->uid, (unsigned)c->gid, c->name[0] ? c->name : "?",
+                    admin_fmt_dur(d, sizeof(d), age), c->num_streams);
     }
     int k = 0;
     for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
@@ -393,19 +394,21 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
       double bps, byps, stall;
       admin_stream_rates(srv, c, s, &bps, &byps, &stall);
       if (req->json) {
-        strbuf_printf(&b, "%s{\"stream\":%u,\"rank\":%u,\"world_size\":%u,\"dataset\":", k ? "," : "",
-                  si.id, si.rank, si.world_size);
+        strbuf_printf(&b,
+                      "%s{\"stream\":%u,\"rank\":%u,\"world_size\":%u,\"dataset\":", k ? "," : "",
+                      si.id, si.rank, si.world_size);
         admin_sb_json(&b, si.dataset);
         strbuf_puts(&b, ",\"job\":");
         admin_sb_json(&b, si.job);
         strbuf_printf(&b,
-                  ",\"files\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"batches_per_epoch\":%" PRIu64
-                  ",\"epochs\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
-                  ",\"arena_bytes\":%" PRIu64 ",\"window\":%u,\"partitions\":%u,"
-                  "\"node_partitions\":[%u,%u],\"stall\":",
-                  si.num_files, si.total_rows, si.batches_per_epoch, si.epochs,
-                  STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes, si.window,
-                  si.partitions, si.part_first, si.part_last);
+                      ",\"files\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"batches_per_epoch\":%" PRIu64
+                      ",\"epochs\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
+                      ",\"arena_bytes\":%" PRIu64
+                      ",\"window\":%u,\"partitions\":%u,"
+                      "\"node_partitions\":[%u,%u],\"stall\":",
+                      si.num_files, si.total_rows, si.batches_per_epoch, si.epochs,
+                      STATS_GET(ss, batches), STATS_GET(ss, bytes), si.arena_bytes, si.window,
+                      si.partitions, si.part_first, si.part_last);
         if (stall >= 0) admin_sb_num(&b, stall);
         else strbuf_puts(&b, "null");
         strbuf_puts(&b, "}");
@@ -422,13 +425,15 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
         if (si.partitions > 1)
           snprintf(parts, sizeof(parts), " · partitions %u-%u of %u", si.part_first,
                    si.part_last - 1, si.partitions);
-        if (si.job[0]) snprintf(parts + strlen(parts), sizeof(parts) - strlen(parts), " · job %s", si.job);
+        if (si.job[0])
+          snprintf(parts + strlen(parts), sizeof(parts) - strlen(parts), " · job %s", si.job);
         strbuf_printf(&b,
-                  "         stream %u: rank %u/%u%s · %s · %.1f epochs %s · %" PRIu64
-                  " batches (%s) · stall %s\n",
-                  si.id, si.rank, si.world_size, parts,
-                  admin_fmt_fit(name, sizeof(name), si.dataset, 48), (double)done / (double)bpe, epochs,
-                  done, admin_fmt_bytes(a, sizeof(a), (double)STATS_GET(ss, bytes)), st_s);
+                      "         stream %u: rank %u/%u%s · %s · %.1f epochs %s · %" PRIu64
+                      " batches (%s) · stall %s\n",
+                      si.id, si.rank, si.world_size, parts,
+                      admin_fmt_fit(name, sizeof(name), si.dataset, 48), (double)done / (double)bpe,
+                      epochs, done, admin_fmt_bytes(a, sizeof(a), (double)STATS_GET(ss, bytes)),
+                      st_s);
       }
       k++;
     }
@@ -439,7 +444,8 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
   else if (n == 0) {
     free(b.data);
     memset(&b, 0, sizeof(b));
-    strbuf_puts(&b, all ? "no client is connected\n"
+    strbuf_puts(&b,
+                all ? "no client is connected\n"
                     : "no client of yours is connected (other users' are listed to admins only)\n");
   }
   admin_reply(self, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
@@ -545,7 +551,7 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
   size_t num_own = 0;
   if (!all && own_objects(c, &own, &num_own) != 0) {
     admin_reply_error(c, req->request_id, LARDER_ENOMEM, "cannot list the cache: %s",
-                larder_strerror(LARDER_ENOMEM));
+                      larder_strerror(LARDER_ENOMEM));
     return;
   }
   objlist_t l;
@@ -565,7 +571,7 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
     /* Fixed-width columns first, then the object and its identity whole:
      * a name or an identity is never cut to fit a column. */
     strbuf_printf(&b, "%-16s  %10s %8s  %-16s  %s\n", "ID", "BYTES", "ENTRIES", "LAST USE",
-              "OBJECT (IDENTITY)");
+                  "OBJECT (IDENTITY)");
   for (size_t i = 0; i < l.n; i++) {
     const store_object_info_t *o = &l.v[i];
     if (prefix && strncmp(o->name, prefix, strlen(prefix)) != 0) continue;
@@ -577,19 +583,21 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
       admin_sb_json(&b, o->name);
       strbuf_puts(&b, ",\"identity\":");
       admin_sb_json(&b, o->identity);
-      strbuf_printf(&b, ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 ",\"last_use_unix\":%" PRId64 "}",
-                o->bytes, o->entries, o->last_use);
+      strbuf_printf(&b,
+                    ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 ",\"last_use_unix\":%" PRId64 "}",
+                    o->bytes, o->entries, o->last_use);
     } else {
       char a[32], ago[48];
       strbuf_printf(&b, "%016" PRIx64 "  %10s %8" PRIu64 "  %-16s  %s (%s)\n", o->id,
-                admin_fmt_bytes(a, sizeof(a), (double)o->bytes), o->entries,
-                fmt_ago(ago, sizeof(ago), o->last_use), o->name, o->identity);
+                    admin_fmt_bytes(a, sizeof(a), (double)o->bytes), o->entries,
+                    fmt_ago(ago, sizeof(ago), o->last_use), o->name, o->identity);
     }
     shown++;
   }
   if (req->json) {
-    strbuf_printf(&b, "],\"total\":{\"objects\":%zu,\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}}",
-              shown, bytes, entries);
+    strbuf_printf(&b,
+                  "],\"total\":{\"objects\":%zu,\"bytes\":%" PRIu64 ",\"entries\":%" PRIu64 "}}",
+                  shown, bytes, entries);
   } else {
     char a[32], n[32];
     if (shown == 0) {
@@ -597,16 +605,16 @@ static void cmd_ls(conn_t *c, const Larder__AdminRequest *req) {
       memset(&b, 0, sizeof(b));
       if (all)
         strbuf_printf(&b, "the cache holds nothing%s%s\n", prefix ? " under " : "",
-                  prefix ? prefix : "");
+                      prefix ? prefix : "");
       else
         strbuf_printf(&b,
-                  "the cache holds nothing%s%s that your open streams read (other users' "
-                  "objects are listed to admins only)\n",
-                  prefix ? " under " : "", prefix ? prefix : "");
+                      "the cache holds nothing%s%s that your open streams read (other users' "
+                      "objects are listed to admins only)\n",
+                      prefix ? " under " : "", prefix ? prefix : "");
     } else {
-      strbuf_printf(&b, "%zu object%s, %s in %s entries (an entry is one column of one unit)\n", shown,
-                shown == 1 ? "" : "s", admin_fmt_bytes(a, sizeof(a), (double)bytes),
-                admin_fmt_count(n, sizeof(n), entries));
+      strbuf_printf(&b, "%zu object%s, %s in %s entries (an entry is one column of one unit)\n",
+                    shown, shown == 1 ? "" : "s", admin_fmt_bytes(a, sizeof(a), (double)bytes),
+                    admin_fmt_count(n, sizeof(n), entries));
     }
   }
   free(l.v);
@@ -647,8 +655,9 @@ static void cmd_config(conn_t *c, const Larder__AdminRequest *req) {
     else strbuf_puts(&b, "null");
     strbuf_puts(&b, ",\"keys\":[");
   } else {
-    strbuf_printf(&b, "# the configuration in effect (%s, then command-line flags); secrets hidden\n",
-              srv->config_path ? srv->config_path : "defaults");
+    strbuf_printf(&b,
+                  "# the configuration in effect (%s, then command-line flags); secrets hidden\n",
+                  srv->config_path ? srv->config_path : "defaults");
   }
   config_each(&srv->cfg, dump_key, &d);
   if (req->json) strbuf_puts(&b, "]}");
@@ -728,8 +737,8 @@ void *admin_job_new(conn_t *c, const Larder__AdminRequest *req, int kind, size_t
   server_t *srv = c->srv;
   if (c->pending_requests >= (int)srv->cfg.max_pending_per_client) {
     admin_reply_error(c, req->request_id, LARDER_ELIMIT,
-                "this client has %d requests in progress, the limit (max_pending_per_client)",
-                c->pending_requests);
+                      "this client has %d requests in progress, the limit (max_pending_per_client)",
+                      c->pending_requests);
     return NULL;
   }
   admin_state_t *as = admin_state(srv);
@@ -942,15 +951,16 @@ static void evict_after(job_t *j) {
   strbuf_t b = {0};
   if (j->json)
     strbuf_printf(&b,
-              "{\"dry_run\":%s,\"objects\":%zu,\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 "}",
-              j->dry_run ? "true" : "false", e->num_ids, e->entries, e->bytes);
+                  "{\"dry_run\":%s,\"objects\":%zu,\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 "}",
+                  j->dry_run ? "true" : "false", e->num_ids, e->entries, e->bytes);
   else if (e->num_ids == 0)
     strbuf_printf(&b, "nothing to evict: no cached object matches %s\n", e->what);
   else
     strbuf_printf(&b, "%s %s in %s entries of %zu object%s (%s)%s\n",
-              j->dry_run ? "would free" : "freed", admin_fmt_bytes(a, sizeof(a), (double)e->bytes),
-              admin_fmt_count(n, sizeof(n), e->entries), e->num_ids, e->num_ids == 1 ? "" : "s", e->what,
-              j->dry_run ? "; nothing was evicted (--dry-run)" : "");
+                  j->dry_run ? "would free" : "freed",
+                  admin_fmt_bytes(a, sizeof(a), (double)e->bytes),
+                  admin_fmt_count(n, sizeof(n), e->entries), e->num_ids, e->num_ids == 1 ? "" : "s",
+                  e->what, j->dry_run ? "; nothing was evicted (--dry-run)" : "");
   admin_job_finish(j, b.error ? LARDER_ENOMEM : 0, b.data);
   free(b.data);
 }
@@ -969,8 +979,8 @@ static void cmd_evict(conn_t *c, const Larder__AdminRequest *req) {
   int modes = (all != 0) + (prefix != NULL) + (ndatasets > 0) + (npos > 0);
   if (modes != 1) {
     admin_reply_error(c, req->request_id, LARDER_EINVAL,
-                "evict: name what to evict, one way: OBJECT... (ids or names from `larderctl "
-                "ls`), --prefix URL-OR-PATH, --dataset SOURCE, or --all");
+                      "evict: name what to evict, one way: OBJECT... (ids or names from `larderctl "
+                      "ls`), --prefix URL-OR-PATH, --dataset SOURCE, or --all");
     return;
   }
   if (srv->store == NULL) {
@@ -1007,7 +1017,8 @@ static void cmd_evict(conn_t *c, const Larder__AdminRequest *req) {
   }
   if (all) snprintf(e->what, sizeof(e->what), "the whole cache");
   else if (prefix) snprintf(e->what, sizeof(e->what), "prefix %s", prefix);
-  else if (ndatasets) snprintf(e->what, sizeof(e->what), "dataset %s%s", datasets[0], ndatasets > 1 ? " ..." : "");
+  else if (ndatasets)
+    snprintf(e->what, sizeof(e->what), "dataset %s%s", datasets[0], ndatasets > 1 ? " ..." : "");
   else snprintf(e->what, sizeof(e->what), "%s%s", pos[0], npos > 1 ? " ..." : "");
   /* Local datasets are resolved as the admin who named them, as a stream
    * or a prefetch of theirs would be. */
@@ -1039,7 +1050,8 @@ static void cmd_evict(conn_t *c, const Larder__AdminRequest *req) {
   free(datasets);
   free(l.v);
   if (npos && e->num_ids == 0) {
-    admin_job_fail(&e->j, LARDER_ENOENT, "evict: no cached object is %s (see `larderctl ls`)", pos[0]);
+    admin_job_fail(&e->j, LARDER_ENOENT, "evict: no cached object is %s (see `larderctl ls`)",
+                   pos[0]);
     return;
   }
   if (admin_job_queue(&e->j, evict_work, evict_after) != 0)
@@ -1065,11 +1077,12 @@ static void verify_after(job_t *j) {
      * read, and reads of them fail (and are decoded again) until the file
      * goes. */
     admin_job_fail(j, v->rc,
-             "verify: stopped after %" PRIu64 " values (%" PRIu64 " bad, dropped): %s; stop "
-             "larderd and remove %s to start an empty cache (the sources hold everything "
-             "in it)",
-             v->checked, v->bad, v->err[0] ? v->err : larder_strerror(v->rc),
-             j->srv->cfg.cache_dir);
+                   "verify: stopped after %" PRIu64 " values (%" PRIu64
+                   " bad, dropped): %s; stop "
+                   "larderd and remove %s to start an empty cache (the sources hold everything "
+                   "in it)",
+                   v->checked, v->bad, v->err[0] ? v->err : larder_strerror(v->rc),
+                   j->srv->cfg.cache_dir);
     return;
   }
   if (v->rc) {
@@ -1082,15 +1095,16 @@ static void verify_after(job_t *j) {
   char n[32];
   if (j->json)
     strbuf_printf(&b, "{\"checked\":%" PRIu64 ",\"bad\":%" PRIu64 ",\"dropped\":%" PRIu64 "}",
-              v->checked, v->bad, v->bad);
+                  v->checked, v->bad, v->bad);
   else if (v->bad == 0)
     strbuf_printf(&b, "checked %s cached values: every checksum matches\n",
-              admin_fmt_count(n, sizeof(n), v->checked));
+                  admin_fmt_count(n, sizeof(n), v->checked));
   else
     strbuf_printf(&b,
-              "checked %s cached values: %" PRIu64 " had a bad checksum and were dropped "
-              "(they are rebuilt when next needed)\n",
-              admin_fmt_count(n, sizeof(n), v->checked), v->bad);
+                  "checked %s cached values: %" PRIu64
+                  " had a bad checksum and were dropped "
+                  "(they are rebuilt when next needed)\n",
+                  admin_fmt_count(n, sizeof(n), v->checked), v->bad);
   admin_job_finish(j, 0, b.data);
   free(b.data);
 }
@@ -1111,8 +1125,8 @@ static void cmd_verify(conn_t *c, const Larder__AdminRequest *req) {
 
 typedef struct admin_cmd {
   const char *name;
-  int admin;   /* root, the daemon's user or admin_group only */
-  int job;     /* runs asynchronously (refused while shutting down) */
+  int admin; /* root, the daemon's user or admin_group only */
+  int job;   /* runs asynchronously (refused while shutting down) */
   void (*fn)(conn_t *c, const Larder__AdminRequest *req);
 } admin_cmd_t;
 
@@ -1134,8 +1148,8 @@ void admin_handle(conn_t *c, const Larder__AdminRequest *req) {
     if (strcmp(commands[i].name, cmd) == 0) ac = &commands[i];
   if (ac == NULL) {
     admin_reply_error(c, req->request_id, LARDER_EUNSUPPORTED,
-                "unknown admin command '%.64s' (is larderctl newer than larderd %s?)", cmd,
-                LARDERD_VERSION);
+                      "unknown admin command '%.64s' (is larderctl newer than larderd %s?)", cmd,
+                      LARDERD_VERSION);
     return;
   }
   if (ac->admin) {
@@ -1144,12 +1158,13 @@ void admin_handle(conn_t *c, const Larder__AdminRequest *req) {
     if (!acl_is_admin(srv->acl, &peer)) {
       log_notice("client pid %d uid %u: `%s` refused: not root or in the admin group", (int)c->pid,
                  (unsigned)c->uid, cmd);
-      admin_reply_error(c, req->request_id, LARDER_EACCES,
-                  "not allowed: `larderctl %s` needs root or membership in the admin group%s%s "
-                  "(you are uid %u)",
-                  cmd, srv->cfg.admin_group && *srv->cfg.admin_group ? " " : " (admin_group is not set)",
-                  srv->cfg.admin_group && *srv->cfg.admin_group ? srv->cfg.admin_group : "",
-                  (unsigned)c->uid);
+      admin_reply_error(
+          c, req->request_id, LARDER_EACCES,
+          "not allowed: `larderctl %s` needs root or membership in the admin group%s%s "
+          "(you are uid %u)",
+          cmd, srv->cfg.admin_group && *srv->cfg.admin_group ? " " : " (admin_group is not set)",
+          srv->cfg.admin_group && *srv->cfg.admin_group ? srv->cfg.admin_group : "",
+          (unsigned)c->uid);
       return;
     }
     log_info("admin: %s by pid %d uid %u%s", cmd, (int)c->pid, (unsigned)c->uid,

@@ -32,10 +32,10 @@ void admin_shutdown(server_t *srv);
 
 /* Rates over the last few seconds, for stats and metrics (admin_stats.c). */
 typedef struct admin_rates {
-  double window_s;        /* seconds the rates cover (0: no sample yet) */
+  double window_s; /* seconds the rates cover (0: no sample yet) */
   double fetch_bytes_per_s, batch_bytes_per_s, batches_per_s;
   double fetch_ns, decode_ns, cache_read_ns, assemble_ns; /* in the window */
-  double wait_ns, compute_ns;                            /* all streams */
+  double wait_ns, compute_ns;                             /* all streams */
 } admin_rates_t;
 void admin_global_rates(server_t *srv, admin_rates_t *out);
 /* One stream's batches/s, bytes/s and stall fraction over the window. */

@@ -42,7 +42,16 @@
 /* ------------------------------------------------------------------------ */
 /* The module's state: rate samples (admin_stats.c) and jobs                 */
 
-enum { G_FETCH_BYTES, G_BATCH_BYTES, G_BATCHES, G_FETCH_NS, G_DECODE_NS, G_CACHE_NS, G_ASSEMBLE_NS, G_N };
+enum {
+  G_FETCH_BYTES,
+  G_BATCH_BYTES,
+  G_BATCHES,
+  G_FETCH_NS,
+  G_DECODE_NS,
+  G_CACHE_NS,
+  G_ASSEMBLE_NS,
+  G_N
+};
 
 typedef struct gsample {
   uint64_t t;
@@ -66,7 +75,7 @@ typedef struct job job_t;
 typedef struct admin_state {
   gsample_t g[RATE_SAMPLES];
   int ng;
-  srate_t *rates;         /* rates[0 .. num_sorted) by (conn_id, stream) */
+  srate_t *rates; /* rates[0 .. num_sorted) by (conn_id, stream) */
   size_t num_rates, cap_rates, num_sorted;
   job_t *jobs;
 } admin_state_t;
@@ -87,14 +96,14 @@ struct job {
   int json;
   int dry_run;
   int cancelled;
-  int finished;        /* the last reply went out (or cannot) */
-  int async;           /* callbacks still to come */
+  int finished; /* the last reply went out (or cannot) */
+  int async;    /* callbacks still to come */
   int freeing;
   job_t *next;
   work_t work;
-  uv_timer_t timer;    /* prefetch polls, cat waits out a backlog */
-  void (*cancel)(job_t *j);   /* stop what is in flight (the job is cancelled) */
-  void (*destroy)(job_t *j);  /* free what the kind owns */
+  uv_timer_t timer;          /* prefetch polls, cat waits out a backlog */
+  void (*cancel)(job_t *j);  /* stop what is in flight (the job is cancelled) */
+  void (*destroy)(job_t *j); /* free what the kind owns */
   void (*work_fn)(job_t *j);
   void (*after_fn)(job_t *j);
 };

@@ -33,7 +33,6 @@
 #include "plan/shuffle.h"
 #include "util.h"
 
-
 /* ------------------------------------------------------------------------ */
 /* prefetch                                                                  */
 
@@ -45,7 +44,7 @@ typedef struct pf_active {
   unit_t *u;
   uint32_t index;
   uint32_t rg;
-  int offering;       /* a worker writes it to the cache (pf_offer) */
+  int offering; /* a worker writes it to the cache (pf_offer) */
 } pf_active_t;
 
 typedef struct prefetch_job {
@@ -67,7 +66,7 @@ typedef struct prefetch_job {
   dataset_t *ds;
   int rc;
   char err[1024];
-  uint8_t *cached;  /* per unit: every column was cached at the start */
+  uint8_t *cached; /* per unit: every column was cached at the start */
   pf_rg_t *rgs;
   uint32_t num_rgs, next_rg;
   pf_active_t *active;
@@ -91,9 +90,9 @@ static int pf_unit_cached(prefetch_job_t *p, uint32_t k) {
 
 static void pf_open_work(job_t *j) {
   prefetch_job_t *p = (prefetch_job_t *)j;
-  p->rc = dataset_open((const char *const *)p->sources, p->num_sources,
-                       (const char *const *)p->columns, p->num_columns, &p->dopts, &p->ds, p->err,
-                       sizeof(p->err));
+  p->rc =
+      dataset_open((const char *const *)p->sources, p->num_sources, (const char *const *)p->columns,
+                   p->num_columns, &p->dopts, &p->ds, p->err, sizeof(p->err));
   if (p->rc) return;
   /* What the cache holds already: the resumable part. */
   p->cached = calloc((size_t)p->ds->num_units + 1, 1);
@@ -119,12 +118,12 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   strbuf_printf(&b, "{\"event\":\"%s\",\"dataset\":", event);
   admin_sb_json(&b, p->label);
   strbuf_printf(&b,
-            ",\"files\":%u,\"units\":%u,\"units_done\":%" PRIu64 ",\"total_bytes\":%" PRIu64
-            ",\"done_bytes\":%" PRIu64 ",\"cached_before_units\":%" PRIu64
-            ",\"cached_before_bytes\":%" PRIu64 ",\"cached_units\":%" PRIu64
-            ",\"not_admitted_units\":%" PRIu64 ",\"failed_units\":%" PRIu64 ",\"bytes_per_s\":",
-            p->ds->num_files, p->units_total, done_units, p->total_bytes, p->done_bytes,
-            p->before_units, p->before_bytes, p->cached_units, p->not_admitted, p->failed);
+                ",\"files\":%u,\"units\":%u,\"units_done\":%" PRIu64 ",\"total_bytes\":%" PRIu64
+                ",\"done_bytes\":%" PRIu64 ",\"cached_before_units\":%" PRIu64
+                ",\"cached_before_bytes\":%" PRIu64 ",\"cached_units\":%" PRIu64
+                ",\"not_admitted_units\":%" PRIu64 ",\"failed_units\":%" PRIu64 ",\"bytes_per_s\":",
+                p->ds->num_files, p->units_total, done_units, p->total_bytes, p->done_bytes,
+                p->before_units, p->before_bytes, p->cached_units, p->not_admitted, p->failed);
   admin_sb_num(&b, rate);
   strbuf_puts(&b, ",\"eta_s\":");
   if (eta >= 0) admin_sb_num(&b, eta);
@@ -133,22 +132,23 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   strbuf_puts(&b, ",\"elapsed_s\":");
   admin_sb_num(&b, elapsed);
   strbuf_printf(&b, ",\"cache_used_bytes\":%" PRIu64 ",\"cache_capacity_bytes\":%" PRIu64,
-            st.used_bytes, st.capacity_bytes);
+                st.used_bytes, st.capacity_bytes);
   /* Why units were not kept, for larderctl's note: the cache's ranking, or
    * admission being off. */
   strbuf_puts(&b, ",\"admission\":");
-  admin_sb_json(&b, srv->store == NULL            ? "none: larderd runs without a cache (larderctl stats)"
-              : !st.admission_disabled      ? "on"
-              : st.write_error == LARDER_EIO ? "off: writes to the cache disk failed (see the log)"
-                                            : "off: the cache disk is full");
+  admin_sb_json(&b, srv->store == NULL ? "none: larderd runs without a cache (larderctl stats)"
+                    : !st.admission_disabled ? "on"
+                    : st.write_error == LARDER_EIO
+                        ? "off: writes to the cache disk failed (see the log)"
+                        : "off: the cache disk is full");
   if (p->first_error[0]) {
     strbuf_puts(&b, ",\"error\":");
     admin_sb_json(&b, p->first_error);
   }
   strbuf_puts(&b, "}");
   if (final) {
-    log_notice("admin prefetch %s: %" PRIu64 " units cached now, %" PRIu64
-               " already, %" PRIu64 " not admitted, %" PRIu64 " failed, in %.1f s",
+    log_notice("admin prefetch %s: %" PRIu64 " units cached now, %" PRIu64 " already, %" PRIu64
+               " not admitted, %" PRIu64 " failed, in %.1f s",
                p->label, p->cached_units, p->before_units, p->not_admitted, p->failed, elapsed);
     admin_job_finish(&p->j, b.error ? LARDER_ENOMEM : 0, b.data);
   } else {
@@ -367,12 +367,13 @@ static void pf_opened(job_t *j) {
     if (rc) {
       free(part);
       admin_job_fail(j, rc, "prefetch: %s",
-               rc == LARDER_EINVAL ? "the dataset has fewer row groups with rows than partitions"
-                                   : "out of memory");
+                     rc == LARDER_EINVAL
+                         ? "the dataset has fewer row groups with rows than partitions"
+                         : "out of memory");
       return;
     }
-    shuffle_node_partitions((uint32_t)p->partitions, (uint32_t)p->nodes, (uint32_t)p->node,
-                            &pfirst, &plast);
+    shuffle_node_partitions((uint32_t)p->partitions, (uint32_t)p->nodes, (uint32_t)p->node, &pfirst,
+                            &plast);
   }
   uint32_t units_in = 0;
   for (uint32_t k = 0; k < ds->num_units; k++) {
@@ -385,8 +386,7 @@ static void pf_opened(job_t *j) {
       p->before_bytes += u->est_bytes;
     }
     if (p->num_rgs == 0 || u->file != ds->units[p->rgs[p->num_rgs - 1].end - 1].file ||
-        u->rg != ds->units[p->rgs[p->num_rgs - 1].end - 1].rg ||
-        p->rgs[p->num_rgs - 1].end != k)
+        u->rg != ds->units[p->rgs[p->num_rgs - 1].end - 1].rg || p->rgs[p->num_rgs - 1].end != k)
       p->rgs[p->num_rgs++].next = k;
     p->rgs[p->num_rgs - 1].end = k + 1;
   }
@@ -455,9 +455,10 @@ void admin_cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
   const char *pos[1024];
   size_t n = admin_positional(req, pos, 1024);
   if (n == 0) {
-    admin_reply_error(c, req->request_id, LARDER_EINVAL,
-                "prefetch: name the dataset: paths, globs, directories or URLs, as the trainers "
-                "open it");
+    admin_reply_error(
+        c, req->request_id, LARDER_EINVAL,
+        "prefetch: name the dataset: paths, globs, directories or URLs, as the trainers "
+        "open it");
     return;
   }
   acl_peer_t peer;
@@ -485,15 +486,16 @@ void admin_cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
   for (int k = 0; k < 4; k++) {
     const char *v = admin_opt_value(req, part_opts[k]);
     if (v && admin_parse_u64(v, part_vals[k]) != 0) {
-      admin_reply_error(c, req->request_id, LARDER_EINVAL, "prefetch: bad --%s %s", part_opts[k], v);
+      admin_reply_error(c, req->request_id, LARDER_EINVAL, "prefetch: bad --%s %s", part_opts[k],
+                        v);
       return;
     }
   }
   if (partitions == 0 || partitions > STREAM_MAX_PARTITIONS || nodes == 0 ||
       nodes > STREAM_MAX_PARTITIONS || node >= nodes) {
     admin_reply_error(c, req->request_id, LARDER_EINVAL,
-                "prefetch: --partitions must be 1 to %u, and --node below --nodes",
-                STREAM_MAX_PARTITIONS);
+                      "prefetch: --partitions must be 1 to %u, and --node below --nodes",
+                      STREAM_MAX_PARTITIONS);
     return;
   }
   prefetch_job_t *p = admin_job_new(c, req, JOB_PREFETCH, sizeof(prefetch_job_t));
@@ -534,11 +536,12 @@ void admin_cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
   p->dopts.peer = &p->peer;
   int remote = 0;
   for (size_t i = 0; i < n; i++) remote |= remote_is_url(pos[i]);
-  log_notice("admin prefetch %s: started by pid %d uid %u", p->label, (int)c->pid, (unsigned)c->uid);
+  log_notice("admin prefetch %s: started by pid %d uid %u", p->label, (int)c->pid,
+             (unsigned)c->uid);
   if (remote) {
     if (srv->fetch == NULL) {
       admin_job_fail(&p->j, LARDER_EUNSUPPORTED,
-               "remote sources are unavailable: the daemon could not start libcurl");
+                     "remote sources are unavailable: the daemon could not start libcurl");
       return;
     }
     p->j.async++;
@@ -558,7 +561,7 @@ void admin_cmd_prefetch(conn_t *c, const Larder__AdminRequest *req) {
 
 typedef struct remote_job {
   job_t j;
-  int cat;              /* else inspect */
+  int cat; /* else inspect */
   char *url;
   char **columns;
   size_t num_columns;
@@ -578,8 +581,8 @@ typedef struct remote_job {
   uint8_t **data;
   fetch_req_t **reqs;
   int fetching;
-  int issuing;          /* the range fetch_get is being called for, or -1 */
-  int issued_done;      /* its callback ran inside fetch_get */
+  int issuing;     /* the range fetch_get is being called for, or -1 */
+  int issued_done; /* its callback ran inside fetch_get */
   int fetch_rc;
   char fetch_err[700];
   pq_source src;
@@ -656,7 +659,6 @@ static void rj_destroy(job_t *j) {
   admin_free_list(r->columns, r->num_columns);
   free(r->url);
 }
-
 
 /* Worker: decodes and renders rows of the current row group until about
  * CAT_CHUNK bytes of text are ready, the row group ends or the limit is
@@ -745,7 +747,8 @@ static void rj_render_after(job_t *j) {
     admin_job_fail(j, r->rc, "%s", r->perr.msg[0] ? r->perr.msg : larder_strerror(r->rc));
     return;
   }
-  if (r->out.len) admin_reply_frame(admin_job_conn(j), j->request_id, 0, r->out.data, r->out.len, 1);
+  if (r->out.len)
+    admin_reply_frame(admin_job_conn(j), j->request_id, 0, r->out.data, r->out.len, 1);
   if (r->rg_done) {
     rj_free_rg(r);
     r->rg++;
@@ -839,10 +842,10 @@ static void rj_next_rg(remote_job_t *r) {
   }
   int k = 0;
   for (int i = 0; i < n; i++) {
-    if (k > 0 && ranges[i].offset <= ranges[k - 1].offset + ranges[k - 1].length + srv->cfg.fetch_merge_gap)
+    if (k > 0 &&
+        ranges[i].offset <= ranges[k - 1].offset + ranges[k - 1].length + srv->cfg.fetch_merge_gap)
       ranges[k - 1].length = ranges[i].offset + ranges[i].length - ranges[k - 1].offset;
-    else
-      ranges[k++] = ranges[i];
+    else ranges[k++] = ranges[i];
   }
   r->ranges = ranges;
   r->num_ranges = k;
@@ -878,8 +881,8 @@ static void rj_parse_work(job_t *j) {
   r->rc = pq_file_parse(o->footer, o->footer_len, o->size, &r->opts, r->url, &r->file, &r->perr);
   if (r->rc) return;
   if (r->cat) {
-    r->rc = pq_projection_create(r->file, (const char *const *)r->columns, r->num_columns,
-                                 &r->proj, &r->perr);
+    r->rc = pq_projection_create(r->file, (const char *const *)r->columns, r->num_columns, &r->proj,
+                                 &r->perr);
     return;
   }
   if (j->json) pq_inspect_json(&r->out, r->file);
@@ -917,8 +920,8 @@ static void rj_resolved(int status, const char *message, remote_object_t *object
     char first[600];
     fetch_redact(count ? objects[0].url : r->url, first, sizeof(first));
     admin_job_fail(&r->j, LARDER_EINVAL, "%s names %zu objects; %s takes one%s%s%s", r->url, count,
-             r->cat ? "cat" : "inspect", count ? " (the first is " : "", count ? first : "",
-             count ? ")" : "");
+                   r->cat ? "cat" : "inspect", count ? " (the first is " : "", count ? first : "",
+                   count ? ")" : "");
     return;
   }
   if (admin_job_queue(&r->j, rj_parse_work, rj_parsed) != 0)
@@ -931,7 +934,8 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
   size_t n = admin_positional(req, pos, 2);
   const char *what = cat ? "cat" : "inspect";
   if (n != 1 || !remote_is_url(pos[0])) {
-    admin_reply_error(c, req->request_id, LARDER_EINVAL, "%s: one URL (http://, https:// or s3://)", what);
+    admin_reply_error(c, req->request_id, LARDER_EINVAL, "%s: one URL (http://, https:// or s3://)",
+                      what);
     return;
   }
   acl_peer_t peer;
@@ -948,7 +952,7 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
   }
   if (srv->fetch == NULL) {
     admin_reply_error(c, req->request_id, LARDER_EUNSUPPORTED,
-                "remote sources are unavailable: the daemon could not start libcurl");
+                      "remote sources are unavailable: the daemon could not start libcurl");
     return;
   }
   uint64_t offset = 0, limit = UINT64_MAX, max_chunk = 0;
@@ -961,7 +965,8 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
     admin_reply_error(c, req->request_id, LARDER_EINVAL, "cat: bad --limit %s", v);
     return;
   }
-  if ((v = admin_opt_value(req, "max-chunk-bytes")) && (admin_parse_u64(v, &max_chunk) != 0 || max_chunk == 0)) {
+  if ((v = admin_opt_value(req, "max-chunk-bytes")) &&
+      (admin_parse_u64(v, &max_chunk) != 0 || max_chunk == 0)) {
     admin_reply_error(c, req->request_id, LARDER_EINVAL, "cat: bad --max-chunk-bytes %s", v);
     return;
   }
@@ -980,7 +985,8 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
   r->opts.verify_crc = srv->cfg.verify_crc && !admin_opt_flag(req, "no-verify-crc");
   r->opts.max_chunk_decoded_bytes = srv->cfg.max_chunk_decoded_bytes;
   /* A client may lower the bomb guard, never raise it. */
-  if (max_chunk && max_chunk < r->opts.max_chunk_decoded_bytes) r->opts.max_chunk_decoded_bytes = max_chunk;
+  if (max_chunk && max_chunk < r->opts.max_chunk_decoded_bytes)
+    r->opts.max_chunk_decoded_bytes = max_chunk;
   const char *cols = admin_opt_value(req, "columns");
   r->columns = admin_split_list(cols, &r->num_columns);
   if (r->url == NULL || (cols && *cols && r->columns == NULL)) {
@@ -997,4 +1003,3 @@ static void cmd_remote(conn_t *c, const Larder__AdminRequest *req, int cat) {
 
 void admin_cmd_inspect(conn_t *c, const Larder__AdminRequest *req) { cmd_remote(c, req, 0); }
 void admin_cmd_cat(conn_t *c, const Larder__AdminRequest *req) { cmd_remote(c, req, 1); }
-

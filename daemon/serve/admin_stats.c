@@ -33,7 +33,6 @@
 #include "plan/shuffle.h"
 #include "util.h"
 
-
 /* ------------------------------------------------------------------------ */
 /* Rates                                                                     */
 
@@ -201,7 +200,6 @@ typedef struct verdict {
   char text[400];
 } verdict_t;
 
-
 static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
   uint64_t streams = STATS_GET(&srv->stats, streams);
   double stages = r->fetch_ns + r->decode_ns + r->cache_read_ns + r->assemble_ns;
@@ -350,7 +348,7 @@ static dsagg_t *datasets_of(server_t *srv, const conn_t *self, int all, size_t *
 static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   int all = admin_sees_all(self);
   strbuf_printf(b, "{\"version\":\"%s\",\"uptime_s\":%.3f", LARDERD_VERSION,
-            (double)(util_now_ns() - srv->started_ns) / 1e9);
+                (double)(util_now_ns() - srv->started_ns) / 1e9);
 #define ADMIN_STAT_(name, kind, help) \
   strbuf_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(&srv->stats, name));
   STATS_GLOBAL(ADMIN_STAT_)
@@ -359,25 +357,25 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   strbuf_puts(b, ",\"cuda_devices\":[");
   for (int d = 0; d < cuda_devices_seen(); d++)
     strbuf_printf(b, "%s{\"device\":%d,\"bytes\":%" PRIu64 "}", d ? "," : "", d,
-              cuda_device_bytes_of(d));
+                  cuda_device_bytes_of(d));
   strbuf_puts(b, "]");
   if (srv->store) {
     store_stats_t st;
     store_stats_get(srv->store, &st);
     strbuf_printf(b,
-              ",\"cache\":{\"capacity_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
-              ",\"entries\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
-              ",\"evictions\":%" PRIu64 ",\"admission_disabled\":%s",
-              st.capacity_bytes, st.used_bytes, st.entries, st.hits, st.misses, st.evictions,
-              st.admission_disabled ? "true" : "false");
+                  ",\"cache\":{\"capacity_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
+                  ",\"entries\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
+                  ",\"evictions\":%" PRIu64 ",\"admission_disabled\":%s",
+                  st.capacity_bytes, st.used_bytes, st.entries, st.hits, st.misses, st.evictions,
+                  st.admission_disabled ? "true" : "false");
     /* The rest of store_stats_t, for the integration tests and monitoring. */
     strbuf_printf(b,
-              ",\"reserved_bytes\":%" PRIu64 ",\"objects\":%" PRIu64 ",\"hit_bytes\":%" PRIu64
-              ",\"puts\":%" PRIu64 ",\"put_bytes\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
-              ",\"rejected\":%" PRIu64 ",\"checksum_failures\":%" PRIu64
-              ",\"write_errors\":%" PRIu64 "}",
-              st.reserved_bytes, st.objects, st.hit_bytes, st.puts, st.put_bytes,
-              st.evicted_bytes, st.rejected, st.checksum_failures, st.write_errors);
+                  ",\"reserved_bytes\":%" PRIu64 ",\"objects\":%" PRIu64 ",\"hit_bytes\":%" PRIu64
+                  ",\"puts\":%" PRIu64 ",\"put_bytes\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
+                  ",\"rejected\":%" PRIu64 ",\"checksum_failures\":%" PRIu64
+                  ",\"write_errors\":%" PRIu64 "}",
+                  st.reserved_bytes, st.objects, st.hit_bytes, st.puts, st.put_bytes,
+                  st.evicted_bytes, st.rejected, st.checksum_failures, st.write_errors);
   } else {
     /* Serving without a cache: why (larderd could not open it at start). */
     strbuf_puts(b, ",\"cache_error\":");
@@ -405,8 +403,9 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   admin_sb_num(b, r.batches_per_s);
   strbuf_puts(b, "},\"stages\":{\"window_s\":");
   admin_sb_num(b, r.window_s);
-  strbuf_printf(b, ",\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,\"assemble_ns\":%.0f}",
-            r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
+  strbuf_printf(
+      b, ",\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,\"assemble_ns\":%.0f}",
+      r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
   verdict_t v;
   make_verdict(srv, &r, &v);
   strbuf_printf(b, ",\"verdict\":{\"limit\":\"%s\",\"text\":", v.limit);
@@ -418,10 +417,12 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   for (size_t i = 0; ds && i < nd; i++) {
     strbuf_puts(b, i ? ",{\"dataset\":" : "{\"dataset\":");
     admin_sb_json(b, ds[i].name);
-    strbuf_printf(b, ",\"streams\":%d,\"cache_hit_bytes\":%" PRIu64 ",\"cache_miss_bytes\":%" PRIu64
-                 ",\"hit_ratio\":",
-              ds[i].streams, ds[i].hit, ds[i].miss);
-    if (ds[i].hit + ds[i].miss) admin_sb_num(b, (double)ds[i].hit / (double)(ds[i].hit + ds[i].miss));
+    strbuf_printf(b,
+                  ",\"streams\":%d,\"cache_hit_bytes\":%" PRIu64 ",\"cache_miss_bytes\":%" PRIu64
+                  ",\"hit_ratio\":",
+                  ds[i].streams, ds[i].hit, ds[i].miss);
+    if (ds[i].hit + ds[i].miss)
+      admin_sb_num(b, (double)ds[i].hit / (double)(ds[i].hit + ds[i].miss));
     else strbuf_puts(b, "null");
     strbuf_puts(b, "}");
   }
@@ -438,10 +439,11 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
       stream_info_t si;
       stream_info(s, &si);
       strbuf_printf(b,
-                "%s{\"client\":%" PRIu64 ",\"pid\":%d,\"uid\":%u,\"stream\":%u,\"rank\":%u,"
-                "\"world_size\":%u,\"window\":%u,\"dataset\":",
-                first ? "" : ",", c->id, (int)c->pid, (unsigned)c->uid, stream_id(s), si.rank,
-                si.world_size, si.window);
+                    "%s{\"client\":%" PRIu64
+                    ",\"pid\":%d,\"uid\":%u,\"stream\":%u,\"rank\":%u,"
+                    "\"world_size\":%u,\"window\":%u,\"dataset\":",
+                    first ? "" : ",", c->id, (int)c->pid, (unsigned)c->uid, stream_id(s), si.rank,
+                    si.world_size, si.window);
       admin_sb_json(b, si.dataset);
 #define ADMIN_STREAM_STAT_(name, kind, help) \
   strbuf_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(ss, name));
@@ -479,10 +481,13 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
   admin_rates_t r;
   admin_global_rates(srv, &r);
   uint64_t nclients = admin_count_trainers(srv), nstreams = STATS_GET(&srv->stats, streams);
-  strbuf_printf(b, "larderd %s · up %s · %" PRIu64 " trainer%s · %" PRIu64 " stream%s · rates over the last %.0f s\n",
-            LARDERD_VERSION, admin_fmt_dur(x, sizeof(x), (double)(util_now_ns() - srv->started_ns) / 1e9),
-            nclients, nclients == 1 ? "" : "s", nstreams, nstreams == 1 ? "" : "s",
-            r.window_s < 1 ? 1.0 : r.window_s);
+  strbuf_printf(b,
+                "larderd %s · up %s · %" PRIu64 " trainer%s · %" PRIu64
+                " stream%s · rates over the last %.0f s\n",
+                LARDERD_VERSION,
+                admin_fmt_dur(x, sizeof(x), (double)(util_now_ns() - srv->started_ns) / 1e9),
+                nclients, nclients == 1 ? "" : "s", nstreams, nstreams == 1 ? "" : "s",
+                r.window_s < 1 ? 1.0 : r.window_s);
 
   /* The cache. */
   store_stats_t st;
@@ -490,27 +495,29 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
   if (srv->store) store_stats_get(srv->store, &st);
   strbuf_printf(b, "\nCache  %s\n", srv->cfg.cache_dir);
   if (srv->store == NULL) {
-    strbuf_printf(b, "  none        serving without a cache, every epoch decoded from the sources: "
-                 "%s (restart larderd once the cache directory is usable)\n",
-              srv->cache_error[0] ? srv->cache_error : "it could not be opened");
+    strbuf_printf(b,
+                  "  none        serving without a cache, every epoch decoded from the sources: "
+                  "%s (restart larderd once the cache directory is usable)\n",
+                  srv->cache_error[0] ? srv->cache_error : "it could not be opened");
   } else {
-    strbuf_printf(b, "  used        %s of %s (%.0f%%) · %s entries · %s objects · admission %s\n",
-              admin_fmt_bytes(x, sizeof(x), (double)st.used_bytes),
-              admin_fmt_bytes(y, sizeof(y), (double)st.capacity_bytes),
-              st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
-              admin_fmt_count(z, sizeof(z), st.entries), admin_fmt_count(w, sizeof(w), st.objects),
-              !st.admission_disabled ? "on"
-              : st.write_error == LARDER_EIO
-                  ? "OFF (writes to the cache disk failed: see the log)"
-                  : "OFF (the cache disk is full)");
+    strbuf_printf(
+        b, "  used        %s of %s (%.0f%%) · %s entries · %s objects · admission %s\n",
+        admin_fmt_bytes(x, sizeof(x), (double)st.used_bytes),
+        admin_fmt_bytes(y, sizeof(y), (double)st.capacity_bytes),
+        st.capacity_bytes ? (double)st.used_bytes * 100.0 / (double)st.capacity_bytes : 0.0,
+        admin_fmt_count(z, sizeof(z), st.entries), admin_fmt_count(w, sizeof(w), st.objects),
+        !st.admission_disabled         ? "on"
+        : st.write_error == LARDER_EIO ? "OFF (writes to the cache disk failed: see the log)"
+                                       : "OFF (the cache disk is full)");
   }
-  uint64_t hit = STATS_GET(&srv->stats, cache_hit_bytes), miss = STATS_GET(&srv->stats, cache_miss_bytes);
+  uint64_t hit = STATS_GET(&srv->stats, cache_hit_bytes),
+           miss = STATS_GET(&srv->stats, cache_miss_bytes);
   if (hit + miss)
-    strbuf_printf(b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",
-              (double)hit * 100.0 / (double)(hit + miss), admin_fmt_bytes(x, sizeof(x), (double)hit),
-              admin_fmt_bytes(y, sizeof(y), (double)miss));
-  else
-    strbuf_puts(b, "  hit ratio   - (nothing served yet)\n");
+    strbuf_printf(
+        b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",
+        (double)hit * 100.0 / (double)(hit + miss), admin_fmt_bytes(x, sizeof(x), (double)hit),
+        admin_fmt_bytes(y, sizeof(y), (double)miss));
+  else strbuf_puts(b, "  hit ratio   - (nothing served yet)\n");
   size_t nd = 0;
   dsagg_t *ds = datasets_of(srv, self, all, &nd);
   if (ds && nd) {
@@ -520,10 +527,9 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
       if (ds[i].hit + ds[i].miss)
         snprintf(ratio, sizeof(ratio), "%.1f%%",
                  (double)ds[i].hit * 100.0 / (double)(ds[i].hit + ds[i].miss));
-      else
-        snprintf(ratio, sizeof(ratio), "-");
-      strbuf_printf(b, "  %-48s %7d %10s\n", admin_fmt_fit(name, sizeof(name), ds[i].name, 48), ds[i].streams,
-                ratio);
+      else snprintf(ratio, sizeof(ratio), "-");
+      strbuf_printf(b, "  %-48s %7d %10s\n", admin_fmt_fit(name, sizeof(name), ds[i].name, 48),
+                    ds[i].streams, ratio);
     }
   }
   free(ds);
@@ -531,28 +537,31 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
   /* What memory_limit and footer_memory bound. */
   strbuf_puts(b, "\nMemory\n");
   strbuf_printf(b, "  units       %s of %s (memory_limit)\n",
-            admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, memory_bytes)),
-            admin_fmt_bytes(y, sizeof(y), (double)srv->cfg.memory_limit));
+                admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, memory_bytes)),
+                admin_fmt_bytes(y, sizeof(y), (double)srv->cfg.memory_limit));
   strbuf_printf(b, "  footers     %s of %s (footer_memory) · %s files\n",
-            admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, footer_bytes)),
-            admin_fmt_bytes(y, sizeof(y), (double)srv->cfg.footer_memory),
-            admin_fmt_count(z, sizeof(z), STATS_GET(&srv->stats, footer_files)));
+                admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, footer_bytes)),
+                admin_fmt_bytes(y, sizeof(y), (double)srv->cfg.footer_memory),
+                admin_fmt_count(z, sizeof(z), STATS_GET(&srv->stats, footer_files)));
   /* CUDA streams (cuda.h): device memory per GPU, once one was used. */
   if (cuda_devices_seen() > 0)
     strbuf_printf(b, "  gpu         %s (cuda_device_bytes)\n",
-              admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_device_bytes)));
+                  admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_device_bytes)));
   for (int d = 0; d < cuda_devices_seen(); d++)
-    strbuf_printf(b, "    device %-3d %s\n", d, admin_fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
+    strbuf_printf(b, "    device %-3d %s\n", d,
+                  admin_fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
 
   /* Remote fetches. */
   strbuf_puts(b, "\nFetch\n");
   strbuf_printf(b, "  fetched     %s since the start · %.1f MB/s now\n",
-            admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, fetch_bytes)),
-            r.fetch_bytes_per_s / 1e6);
-  strbuf_printf(b, "  requests    %" PRIu64 " in flight · %s done · %" PRIu64 " retries · %" PRIu64 " errors\n",
-            STATS_GET(&srv->stats, fetch_inflight),
-            admin_fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
-            STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
+                admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, fetch_bytes)),
+                r.fetch_bytes_per_s / 1e6);
+  strbuf_printf(b,
+                "  requests    %" PRIu64 " in flight · %s done · %" PRIu64 " retries · %" PRIu64
+                " errors\n",
+                STATS_GET(&srv->stats, fetch_inflight),
+                admin_fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
+                STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
   char source[16] = "";
   int64_t exp = 0;
   if (srv->awscreds) awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
@@ -563,18 +572,18 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
     strbuf_printf(b, "  s3 keys     %s", source[0] ? source : "none");
     if (exp) strbuf_printf(b, " · expire in %llds", (long long)(left > 0 ? left : 0));
     strbuf_printf(b, " · %" PRIu64 " refreshes · %" PRIu64 " refresh errors\n",
-              STATS_GET(&srv->stats, credentials_refreshes),
-              STATS_GET(&srv->stats, credentials_refresh_errors));
+                  STATS_GET(&srv->stats, credentials_refreshes),
+                  STATS_GET(&srv->stats, credentials_refresh_errors));
   }
 
   /* Clients. */
   strbuf_printf(b, "\nClients · %.1f MB/s delivered, %.1f batches/s\n", r.batch_bytes_per_s / 1e6,
-            r.batches_per_s);
+                r.batches_per_s);
   if (nstreams == 0) {
     strbuf_puts(b, "  (no trainer is reading)\n");
   } else {
-    strbuf_printf(b, "  %8s %6s %7s  %-36s %9s %8s %6s\n", "PID", "UID", "RANK", "DATASET", "BATCHES/S",
-              "MB/S", "STALL");
+    strbuf_printf(b, "  %8s %6s %7s  %-36s %9s %8s %6s\n", "PID", "UID", "RANK", "DATASET",
+                  "BATCHES/S", "MB/S", "STALL");
     uint64_t hidden = 0;
     for (conn_t *c = srv->conns; c; c = c->next) {
       if (!admin_visible_to(self, all, c)) {
@@ -590,19 +599,20 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
         snprintf(rank, sizeof(rank), "%u/%u", si.rank, si.world_size);
         if (stall >= 0) snprintf(st_s, sizeof(st_s), "%.1f%%", stall * 100);
         else snprintf(st_s, sizeof(st_s), "-");
-        strbuf_printf(b, "  %8d %6u %7s  %-36s %9.1f %8.1f %6s\n", (int)c->pid, (unsigned)c->uid, rank,
-                  admin_fmt_fit(name, sizeof(name), si.dataset, 36), bps, byps / 1e6, st_s);
+        strbuf_printf(b, "  %8d %6u %7s  %-36s %9.1f %8.1f %6s\n", (int)c->pid, (unsigned)c->uid,
+                      rank, admin_fmt_fit(name, sizeof(name), si.dataset, 36), bps, byps / 1e6,
+                      st_s);
       }
     }
     if (hidden)
-      strbuf_printf(b, "  (and %" PRIu64 " stream%s of other users, listed to admins only)\n", hidden,
-                hidden == 1 ? "" : "s");
+      strbuf_printf(b, "  (and %" PRIu64 " stream%s of other users, listed to admins only)\n",
+                    hidden, hidden == 1 ? "" : "s");
   }
 
   /* Stages. */
   double total = r.fetch_ns + r.decode_ns + r.cache_read_ns + r.assemble_ns;
   strbuf_printf(b, "\nStages · time spent in the last %.0f s, summed over requests and workers\n",
-            r.window_s < 1 ? 1.0 : r.window_s);
+                r.window_s < 1 ? 1.0 : r.window_s);
   const struct {
     const char *name;
     double ns;
@@ -628,4 +638,3 @@ void admin_cmd_stats(conn_t *c, const Larder__AdminRequest *req) {
   admin_reply(c, req->request_id, b.error ? LARDER_ENOMEM : 0, b.data);
   free(b.data);
 }
-

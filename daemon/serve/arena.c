@@ -52,7 +52,7 @@ int arena_memfd_create(uint64_t *size, const char *name, int *fd, uint8_t **base
   *size = (*size + (uint64_t)page - 1) & ~(uint64_t)(page - 1);
   *fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (*fd < 0 || ftruncate(*fd, (off_t)*size) != 0) {
-    int rc = errno == ENOMEM || errno == ENOSPC            ? LARDER_ENOMEM
+    int rc = errno == ENOMEM || errno == ENOSPC   ? LARDER_ENOMEM
              : errno == EMFILE || errno == ENFILE ? LARDER_ELIMIT
                                                   : LARDER_EIO;
     if (*fd >= 0) close(*fd);
@@ -118,8 +118,12 @@ uint64_t arena_used(arena_t *a) {
 
 /* Gap g lies between regions g - 1 and g (gap 0 before the first, gap
  * count after the last). */
-static uint64_t gap_start(const arena_t *a, size_t g) { return g ? a->regs[g - 1].offset + a->regs[g - 1].len : 0; }
-static uint64_t gap_end(const arena_t *a, size_t g) { return g < a->count ? a->regs[g].offset : a->size; }
+static uint64_t gap_start(const arena_t *a, size_t g) {
+  return g ? a->regs[g - 1].offset + a->regs[g - 1].len : 0;
+}
+static uint64_t gap_end(const arena_t *a, size_t g) {
+  return g < a->count ? a->regs[g].offset : a->size;
+}
 
 /* Inserts a region of len bytes (aligned) in the first gap that holds it.
  * Returns its offset or LARDER_EAGAIN.  The caller holds the lock and has

@@ -110,7 +110,7 @@ void conn_close(conn_t *c) {
   c->closing = 1;
   while (c->streams) stream_close(c->streams);
   cuda_unpark_all(c->id); /* CUDA regions kept for the client (cuda.h) */
-  admin_conn_closed(c); /* its admin jobs (prefetch, cat) stop */
+  admin_conn_closed(c);   /* its admin jobs (prefetch, cat) stop */
   uv_read_stop((uv_stream_t *)&c->pipe);
   uv_timer_stop(&c->fd_timer);
   uv_close((uv_handle_t *)&c->fd_timer, on_timer_close);
@@ -267,7 +267,6 @@ static int flush_cork(conn_t *c) {
   return rc;
 }
 
-
 void conn_flush_all(server_t *srv) {
   for (conn_t *c = srv->conns, *next; c; c = next) {
     next = c->next; /* a failed write closes c, which stays listed until
@@ -395,8 +394,8 @@ void conn_cancel_unsent(conn_t *c, uint32_t stream_id) {
   }
 }
 
-void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
-                     const char *fmt, ...) {
+void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id, const char *fmt,
+                     ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -481,9 +480,7 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
       conn_cancel_unsent(c, f->close_stream->stream_id);
       return;
     }
-    case LARDER__FRAME__MSG_ADMIN_REQUEST:
-      admin_handle(c, f->admin_request);
-      return;
+    case LARDER__FRAME__MSG_ADMIN_REQUEST: admin_handle(c, f->admin_request); return;
     default:
       protocol_error(c, LARDER_EPROTO, "protocol error: a client may not send this message");
       return;
@@ -527,8 +524,7 @@ static void process_frames(conn_t *c);
 
 /* After a write: reads again once the client has taken half its backlog. */
 static void maybe_resume_reading(conn_t *c) {
-  if (!c->read_paused || c->closing || c->draining || c->broken ||
-      backlog(c) > backlog_max(c) / 2)
+  if (!c->read_paused || c->closing || c->draining || c->broken || backlog(c) > backlog_max(c) / 2)
     return;
   c->read_paused = 0;
   process_frames(c);
@@ -585,8 +581,7 @@ static void process_frames(conn_t *c) {
                  "protocol error: a frame of %lld bytes would take more memory to decode than "
                  "the daemon allows one of its size (8 times, and 4 MiB)",
                  (long long)n);
-      else
-        snprintf(what, sizeof(what), "protocol error: malformed message");
+      else snprintf(what, sizeof(what), "protocol error: malformed message");
       protocol_error(c, LARDER_EPROTO, what);
       /* The decoder's many small blocks, freed, would stay in the heap
        * (over a hundred MiB for a 16 MiB frame): give them back when they
@@ -656,10 +651,11 @@ void conn_expire_partial(server_t *srv) {
     protocol_error(c, LARDER_EPROTO, what);
   }
   if (no_hello)
-    log_notice("closed %llu connection%s that sent no Hello within hello_timeout (%llu s; the "
-               "last from uid %u)",
-               (unsigned long long)no_hello, no_hello == 1 ? "" : "s",
-               (unsigned long long)srv->cfg.hello_timeout, (unsigned)last_uid);
+    log_notice(
+        "closed %llu connection%s that sent no Hello within hello_timeout (%llu s; the "
+        "last from uid %u)",
+        (unsigned long long)no_hello, no_hello == 1 ? "" : "s",
+        (unsigned long long)srv->cfg.hello_timeout, (unsigned)last_uid);
 }
 
 void conn_accept(server_t *srv, uv_stream_t *listener) {
@@ -712,15 +708,15 @@ void conn_accept(server_t *srv, uv_stream_t *listener) {
   if (srv->cfg.max_clients_per_uid && same_uid > srv->cfg.max_clients_per_uid &&
       !srv->shutting_down) {
     conn_send_error(c, LARDER_ELIMIT, 0, 0,
-                    "too many connections from uid %u (max_clients_per_uid %llu)",
-                    (unsigned)c->uid, (unsigned long long)srv->cfg.max_clients_per_uid);
+                    "too many connections from uid %u (max_clients_per_uid %llu)", (unsigned)c->uid,
+                    (unsigned long long)srv->cfg.max_clients_per_uid);
     conn_shutdown(c);
     return;
   }
   if (STATS_GET(&srv->stats, clients) > srv->cfg.max_clients || srv->shutting_down) {
-    conn_send_error(c, srv->shutting_down ? LARDER_ESHUTDOWN : LARDER_ELIMIT, 0, 0,
-                    srv->shutting_down ? "the daemon is shutting down"
-                                       : "too many clients (max_clients)");
+    conn_send_error(
+        c, srv->shutting_down ? LARDER_ESHUTDOWN : LARDER_ELIMIT, 0, 0,
+        srv->shutting_down ? "the daemon is shutting down" : "too many clients (max_clients)");
     conn_shutdown(c);
     return;
   }

@@ -37,23 +37,23 @@ struct conn {
   gid_t gid;
   int hello_done;
   int closing;
-  int draining;           /* conn_shutdown: nothing more is read or sent */
-  int read_paused;        /* conn.c: its replies wait unread (backlog) */
+  int draining;              /* conn_shutdown: nothing more is read or sent */
+  int read_paused;           /* conn.c: its replies wait unread (backlog) */
   uint64_t partial_since_ns; /* conn.c: when the unfinished frame began */
   char name[64];
   uint8_t *rbuf;
   size_t rlen, rcap;
-  stream_t *streams;      /* this connection's streams */
+  stream_t *streams; /* this connection's streams */
   int num_streams;
   uint32_t next_stream_id;
   /* Frames waiting for the write queue to drain before a descriptor can be
    * passed with sendmsg, and every frame after them (conn.c). */
   struct pending_fd *pending, *pending_tail;
-  uint64_t pending_bytes;  /* their unsent bytes: part of the backlog */
-  int pending_fd_frames;   /* those still holding descriptors */
-  int sending;             /* depth of conn_send_fds calls on the stack */
-  int broken;              /* a send failed: closed on the next loop turn */
-  uint32_t fd_retry_ms;    /* the next wait for a descriptor's sendmsg */
+  uint64_t pending_bytes; /* their unsent bytes: part of the backlog */
+  int pending_fd_frames;  /* those still holding descriptors */
+  int sending;            /* depth of conn_send_fds calls on the stack */
+  int broken;             /* a send failed: closed on the next loop turn */
+  uint32_t fd_retry_ms;   /* the next wait for a descriptor's sendmsg */
   /* Frames sent and not yet written: written together at the end of the
    * read that produced them, or before the loop sleeps (conn_flush_all). */
   strbuf_t cork;
@@ -62,11 +62,11 @@ struct conn {
   conn_t *next, *prev;
   uint64_t connected_ns;
   /* Access control and per-client limits (acl.h, stream.c, admin.c). */
-  gid_t *groups;          /* supplementary groups, from SO_PEERGROUPS */
+  gid_t *groups; /* supplementary groups, from SO_PEERGROUPS */
   int num_groups;
-  uint64_t arena_bytes;   /* arenas of its open streams */
-  int pending_requests;   /* stream opens and admin jobs in progress */
-  int is_admin_conn;      /* has sent an admin request */
+  uint64_t arena_bytes; /* arenas of its open streams */
+  int pending_requests; /* stream opens and admin jobs in progress */
+  int is_admin_conn;    /* has sent an admin request */
 };
 
 /* The peer's credentials as the ACL sees them. */
@@ -95,8 +95,8 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
  * OpenStreamReply): the client closed a stream whose reply it never read,
  * and the shared memory must not outlive the stream in the queue. */
 void conn_cancel_unsent(conn_t *c, uint32_t stream_id);
-void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id,
-                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id, const char *fmt,
+                     ...) __attribute__((format(printf, 5, 6)));
 void conn_close(conn_t *c);
 /* Writes every connection's corked frames.  The loop calls it before it
  * sleeps and after it hands over finished tasks. */

@@ -91,8 +91,8 @@ struct cuda_region {
   CUcontext ctx;
   CUdeviceptr dev;
   uint8_t *host;
-  uint64_t size;       /* the arena's, which copies stay within */
-  uint64_t dev_bytes;  /* allocated: size rounded up to REGION_ALIGN */
+  uint64_t size;      /* the arena's, which copies stay within */
+  uint64_t dev_bytes; /* allocated: size rounded up to REGION_ALIGN */
   int pinned;
   stats_global_t *stats;
 };
@@ -172,15 +172,16 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   if (!r->pinned) {
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-      log_warn("CUDA streams: cannot pin arenas (cuMemHostRegister: %s); copies to the GPU go "
-               "from pageable memory, slower (raise LimitMEMLOCK / ulimit -l)",
-               lcuda_strerror(api, cr, e, sizeof(e)));
+      log_warn(
+          "CUDA streams: cannot pin arenas (cuMemHostRegister: %s); copies to the GPU go "
+          "from pageable memory, slower (raise LimitMEMLOCK / ulimit -l)",
+          lcuda_strerror(api, cr, e, sizeof(e)));
   }
   (void)api->cuCtxSetCurrent(NULL);
   __atomic_add_fetch(&device_bytes[device], r->dev_bytes, __ATOMIC_RELAXED);
   STATS_ADD(stats, cuda_device_bytes, r->dev_bytes);
-  log_info("CUDA region of %llu bytes on device %d (arena %s)", (unsigned long long)r->dev_bytes, device,
-           r->pinned ? "pinned" : "pageable");
+  log_info("CUDA region of %llu bytes on device %d (arena %s)", (unsigned long long)r->dev_bytes,
+           device, r->pinned ? "pinned" : "pageable");
   *out = r;
   return 0;
 }

@@ -41,8 +41,8 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 
 static uint64_t hash_field(uint64_t h, const pq_field_t *f) {
   h = fnv(h, f->name, strlen(f->name) + 1);
-  int32_t params[8] = {(int32_t)f->type, f->nullable, f->byte_width, f->precision,
-                       f->scale, (int32_t)f->unit, f->utc, f->num_children};
+  int32_t params[8] = {(int32_t)f->type, f->nullable,      f->byte_width, f->precision,
+                       f->scale,         (int32_t)f->unit, f->utc,        f->num_children};
   h = fnv(h, params, sizeof(params));
   for (int i = 0; i < f->num_children; i++) h = hash_field(h, &f->children[i]);
   return h;
@@ -77,8 +77,8 @@ static int count_arrays(const pq_array_t *a) {
   return n;
 }
 
-static uint64_t put_buffer(uint8_t *blob, uint64_t *pos, const pq_buf_t *b,
-                           uint64_t *off, uint64_t *len) {
+static uint64_t put_buffer(uint8_t *blob, uint64_t *pos, const pq_buf_t *b, uint64_t *off,
+                           uint64_t *len) {
   *len = b->len;
   *off = b->len ? *pos : 0;
   if (b->len) {
@@ -197,8 +197,8 @@ static int check_node(checker *c, const pq_field_t *f, int *k, int64_t expect_le
   return rc;
 }
 
-int layout_view(const uint8_t *blob, size_t size, const pq_field_t *field,
-                layout_view_t *view, char *why, size_t why_len) {
+int layout_view(const uint8_t *blob, size_t size, const pq_field_t *field, layout_view_t *view,
+                char *why, size_t why_len) {
   const layout_blob_header_t *h = (const layout_blob_header_t *)(const void *)blob;
   if (size < sizeof(*h) || h->magic != LAYOUT_MAGIC || h->version != LAYOUT_VERSION) {
     snprintf(why, why_len, "not a column blob");
@@ -210,8 +210,8 @@ int layout_view(const uint8_t *blob, size_t size, const pq_field_t *field,
     snprintf(why, why_len, "column blob does not match its column");
     return LARDER_ECORRUPT;
   }
-  checker c = {blob, size, (const layout_node_t *)(const void *)(blob + sizeof(*h)), n, why,
-               why_len};
+  checker c = {blob, size, (const layout_node_t *)(const void *)(blob + sizeof(*h)),
+               n,    why,  why_len};
   int k = 0;
   int rc = check_node(&c, field, &k, -1);
   if (rc) return rc;
@@ -269,7 +269,9 @@ static span_t *scratch_push(layout_scratch_t **sp, size_t n) {
 
 static inline const uint8_t *node_buf(const layout_view_t *v, int k, int which) {
   const layout_node_t *nd = &v->nodes[k];
-  uint64_t off = which == 0 ? nd->validity_offset : which == 1 ? nd->offsets_offset : nd->values_offset;
+  uint64_t off = which == 0   ? nd->validity_offset
+                 : which == 1 ? nd->offsets_offset
+                              : nd->values_offset;
   return v->base + off;
 }
 
@@ -303,7 +305,7 @@ static void copy_bits(uint8_t *dst, int64_t dst_off, const uint8_t *src, int64_t
     int bit = (src[(src_off + i) >> 3] >> ((src_off + i) & 7)) & 1;
     int64_t d = dst_off + i;
     if (bit) dst[d >> 3] |= (uint8_t)(1u << (d & 7));
-    else dst[d >> 3] &= (uint8_t)~(1u << (d & 7));
+    else dst[d >> 3] &= (uint8_t) ~(1u << (d & 7));
   }
 }
 
@@ -313,10 +315,10 @@ static void set_bits(uint8_t *dst, int64_t off, int64_t count) {
 
 typedef struct gather_ctx {
   layout_scratch_t **scratch;
-  int fill;        /* 0: size pass, 1: fill pass */
-  uint8_t *base;   /* fill: the arena */
-  uint8_t *dst;    /* fill: where the next buffer goes */
-  uint64_t size;   /* size pass: bytes needed */
+  int fill;      /* 0: size pass, 1: fill pass */
+  uint8_t *base; /* fill: the arena */
+  uint8_t *dst;  /* fill: where the next buffer goes */
+  uint64_t size; /* size pass: bytes needed */
   layout_node_t *nodes;
 } gather_ctx;
 
@@ -443,7 +445,8 @@ static int gather_singletons(gather_ctx *g, const pq_field_t *f, int me, const s
     uint64_t total = 0;
     for (size_t s = 0; s < ns; s++) {
       const layout_node_t *src = &spans[s].view->nodes[me];
-      const int32_t *off = (const int32_t *)(const void *)(spans[s].view->base + src->offsets_offset);
+      const int32_t *off =
+          (const int32_t *)(const void *)(spans[s].view->base + src->offsets_offset);
       total += (uint64_t)(off[spans[s].start + 1] - off[spans[s].start]);
     }
     if (total > INT32_MAX) return LARDER_ELIMIT;
@@ -521,8 +524,7 @@ static void gather_validity(gather_ctx *g, const pq_field_t *f, int me, const sp
 }
 
 /* The values of a BOOL node: bits. */
-static void gather_bools(gather_ctx *g, int me, const span_t *spans, size_t ns,
-                         layout_node_t *nd) {
+static void gather_bools(gather_ctx *g, int me, const span_t *spans, size_t ns, layout_node_t *nd) {
   int64_t len = nd->length;
   uint8_t *v = take(g, (uint64_t)(len + 7) / 8, &nd->values_offset);
   nd->values_length = (uint64_t)(len + 7) / 8;
@@ -546,12 +548,12 @@ static void gather_fixed(gather_ctx *g, int me, const span_t *spans, size_t ns, 
   uint8_t *o = v;
   /* Each span is a random read (a list's elements, say): prefetch the
    * first and last line of the span GATHER_AHEAD ahead. */
-#define GATHER_SPAN_PREFETCH(s)                                                      \
-  if ((s) + GATHER_AHEAD < ns) {                                                     \
-    const span_t *a = &spans[(s) + GATHER_AHEAD];                                    \
-    const uint8_t *p = node_buf(a->view, me, 2) + (size_t)a->start * w;              \
-    __builtin_prefetch(p);                                                           \
-    __builtin_prefetch(p + (size_t)a->count * w - 1);                                \
+#define GATHER_SPAN_PREFETCH(s)                                         \
+  if ((s) + GATHER_AHEAD < ns) {                                        \
+    const span_t *a = &spans[(s) + GATHER_AHEAD];                       \
+    const uint8_t *p = node_buf(a->view, me, 2) + (size_t)a->start * w; \
+    __builtin_prefetch(p);                                              \
+    __builtin_prefetch(p + (size_t)a->count * w - 1);                   \
   }
   if (w == 4) {
     for (size_t s = 0; s < ns; s++) {
@@ -583,8 +585,8 @@ static void gather_fixed(gather_ctx *g, int me, const span_t *spans, size_t ns, 
 /* The offsets of a variable-width or LIST node, rebased to start at 0, and
  * in *total the bytes (or child rows) they span.  Returns 0, or
  * LARDER_ELIMIT when that passes INT32_MAX (the batch cannot hold it). */
-static int gather_offsets(gather_ctx *g, int me, const span_t *spans, size_t ns,
-                          layout_node_t *nd, uint64_t *total) {
+static int gather_offsets(gather_ctx *g, int me, const span_t *spans, size_t ns, layout_node_t *nd,
+                          uint64_t *total) {
   int64_t len = nd->length;
   *total = 0;
   for (size_t s = 0; s < ns; s++) {
@@ -722,8 +724,7 @@ int64_t layout_gather_size(const pq_field_t *field, const layout_pick_t *picks, 
 }
 
 int layout_gather(const pq_field_t *field, const layout_pick_t *picks, int64_t n,
-                  layout_scratch_t **scratch, uint8_t *base, uint8_t *dst,
-                  layout_node_t *nodes) {
+                  layout_scratch_t **scratch, uint8_t *base, uint8_t *dst, layout_node_t *nodes) {
   if (*scratch) (*scratch)->len = 0;
   size_t ns;
   if (top_spans(scratch, picks, n, &ns) == NULL) return LARDER_ENOMEM;
@@ -777,7 +778,7 @@ int layout_rowplan_make(const pq_field_t *schema, layout_rowplan_t **out) {
     p->slot_of[c] = k;
     p->packed[k].column = c;
     p->packed[k].kind = kind;
-    p->packed[k].width = kind == LAYOUT_SLOT_FIXED ? (uint32_t)pq_field_value_width(f)
+    p->packed[k].width = kind == LAYOUT_SLOT_FIXED  ? (uint32_t)pq_field_value_width(f)
                          : kind == LAYOUT_SLOT_BOOL ? 1
                                                     : 12;
     p->packed[k].elem_width = kind == LAYOUT_SLOT_LIST ? inline_list_width(f) : 0;
@@ -833,8 +834,8 @@ static uint8_t *rows_alloc(uint64_t bytes, uint64_t *mapped) {
     long page = sysconf(_SC_PAGESIZE);
     uint64_t pg = page > 0 ? (uint64_t)page : 4096;
     uint64_t len = huge_len > bytes ? huge_len : (bytes + pg - 1) / pg * pg;
-    uint8_t *p = mmap(NULL, len + ROWS_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
+    uint8_t *p =
+        mmap(NULL, len + ROWS_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED) {
       /* Keep [a, a + len) of the mapping, a on a 2 MiB boundary. */
       uint8_t *a = p + ((ROWS_HUGE - (uintptr_t)p % ROWS_HUGE) % ROWS_HUGE);
@@ -859,11 +860,11 @@ void layout_rows_free(layout_rows_t *r) {
 
 /* Where a packed column's buffers lie in its view. */
 typedef struct slot_src {
-  const uint8_t *bits;   /* validity, or NULL */
-  const uint8_t *vals;   /* values (for a LIST: the elements') */
-  const int32_t *offs;   /* VAR and LIST */
+  const uint8_t *bits; /* validity, or NULL */
+  const uint8_t *vals; /* values (for a LIST: the elements') */
+  const int32_t *offs; /* VAR and LIST */
   int64_t length;
-  int inline_list;       /* LIST: inlined in this unit */
+  int inline_list; /* LIST: inlined in this unit */
 } slot_src_t;
 
 /* The bytes row r keeps inline for slot k. */
@@ -898,9 +899,9 @@ int layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views, 
        * gain nothing from a second copy: those stay in the blob. */
       const layout_node_t *el = &v->nodes[1];
       src[k].vals = v->base + el->values_offset;
-      src[k].inline_list = el->null_count == 0 &&
-                           (uint64_t)el->length * plan->packed[k].elem_width <=
-                               (uint64_t)(rows ? rows : 1) * LAYOUT_INLINE_MAX;
+      src[k].inline_list =
+          el->null_count == 0 && (uint64_t)el->length * plan->packed[k].elem_width <=
+                                     (uint64_t)(rows ? rows : 1) * LAYOUT_INLINE_MAX;
       if (src[k].inline_list) out->inline_lists |= 1ull << k;
     } else {
       src[k].vals = v->base + nd->values_offset;
@@ -943,9 +944,7 @@ int layout_rows_build(const layout_rowplan_t *plan, const layout_view_t *views, 
       if (r >= sk->length) continue;
       uint32_t off = plan->packed[k].offset;
       switch (plan->packed[k].kind) {
-        case LAYOUT_SLOT_BOOL:
-          row[off] = (sk->vals[r >> 3] >> (r & 7)) & 1;
-          break;
+        case LAYOUT_SLOT_BOOL: row[off] = (sk->vals[r >> 3] >> (r & 7)) & 1; break;
         case LAYOUT_SLOT_FIXED:
           memcpy(row + off, sk->vals + (size_t)r * plan->packed[k].width, plan->packed[k].width);
           break;
@@ -1007,8 +1006,8 @@ int layout_rows_num_nodes(const layout_rowplan_t *plan, int p) {
 
 /* The validity bitmap of n samples from null bit nb of their rows in tmp,
  * into p8 (padded to LAYOUT_ALIGN); returns the bytes taken. */
-static uint64_t rows_validity(const uint8_t *tmp, uint32_t stride, int nb, int64_t n,
-                              uint8_t *p8, uint8_t *base, layout_node_t *node) {
+static uint64_t rows_validity(const uint8_t *tmp, uint32_t stride, int nb, int64_t n, uint8_t *p8,
+                              uint8_t *base, layout_node_t *node) {
   uint64_t vl = (uint64_t)(n + 7) / 8;
   memset(p8, 0, align_up(vl));
   for (int64_t s = 0; s < n; s++)
@@ -1028,9 +1027,9 @@ static uint64_t rows_validity(const uint8_t *tmp, uint32_t stride, int nb, int64
 /* Offsets, then the bytes (or elements of elem bytes) the rows' slots point
  * at, for a VAR or LIST slot: node[0] gets the offsets, and values for VAR;
  * a LIST's elements go to node[1]. */
-static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp,
-                               int64_t n, int64_t nulls, int size_only, uint8_t *base,
-                               uint8_t *dst, layout_node_t *node) {
+static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
+                               int64_t nulls, int size_only, uint8_t *base, uint8_t *dst,
+                               layout_node_t *node) {
   uint32_t off = plan->packed[p].offset, stride = plan->stride;
   int is_list = plan->packed[p].kind == LAYOUT_SLOT_LIST;
   uint64_t elem = is_list ? plan->packed[p].elem_width : 1;
@@ -1041,8 +1040,8 @@ static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_
     total += len;
   }
   if (total > INT32_MAX) return LARDER_ELIMIT;
-  uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) +
-                  align_up((uint64_t)(n + 1) * 4) + align_up(total * elem);
+  uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) + align_up((uint64_t)(n + 1) * 4) +
+                  align_up(total * elem);
   if (size_only) return (int64_t)size;
   memset(node, 0, sizeof(*node) * (is_list ? 2 : 1));
   node->length = n;
@@ -1088,8 +1087,8 @@ static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_
 }
 
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
-                           const int64_t *nulls_by_bit, int size_only, uint8_t *base,
-                           uint8_t *dst, layout_node_t *node) {
+                           const int64_t *nulls_by_bit, int size_only, uint8_t *base, uint8_t *dst,
+                           layout_node_t *node) {
   uint32_t w = plan->packed[p].width, off = plan->packed[p].offset, stride = plan->stride;
   int nb = plan->packed[p].nullbit;
   int is_bool = plan->packed[p].kind == LAYOUT_SLOT_BOOL;
@@ -1113,16 +1112,16 @@ int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *t
     for (int64_t s = 0; s < n; s++)
       if (src[(size_t)s * stride]) p8[s >> 3] |= (uint8_t)(1u << (s & 7));
   } else switch (w) {
-    case 4:
-      for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * 4, src + (size_t)s * stride, 4);
-      break;
-    case 8:
-      for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * 8, src + (size_t)s * stride, 8);
-      break;
-    default:
-      for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * w, src + (size_t)s * stride, w);
-      break;
-  }
+      case 4:
+        for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * 4, src + (size_t)s * stride, 4);
+        break;
+      case 8:
+        for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * 8, src + (size_t)s * stride, 8);
+        break;
+      default:
+        for (int64_t s = 0; s < n; s++) memcpy(p8 + (size_t)s * w, src + (size_t)s * stride, w);
+        break;
+    }
   memset(p8 + vbytes, 0, align_up(vbytes) - vbytes);
   return (int64_t)size;
 }

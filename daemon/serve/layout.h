@@ -80,8 +80,8 @@ typedef struct layout_view {
 
 /* Checks blob (size bytes) against field and fills view.  Returns 0 or
  * LARDER_ECORRUPT with a reason in why. */
-int layout_view(const uint8_t *blob, size_t size, const pq_field_t *field,
-                layout_view_t *view, char *why, size_t why_len);
+int layout_view(const uint8_t *blob, size_t size, const pq_field_t *field, layout_view_t *view,
+                char *why, size_t why_len);
 
 /* ------------------------------------------------------------------------ */
 /* Gathering rows into a batch                                               */
@@ -101,8 +101,8 @@ typedef struct layout_pick {
 typedef struct layout_scratch layout_scratch_t;
 void layout_scratch_free(layout_scratch_t *s);
 
-int64_t layout_gather_size(const pq_field_t *field, const layout_pick_t *picks,
-                           int64_t n, layout_scratch_t **scratch);
+int64_t layout_gather_size(const pq_field_t *field, const layout_pick_t *picks, int64_t n,
+                           layout_scratch_t **scratch);
 
 /*
  * Writes the column's arrays for the picks into dst (which has room for the
@@ -111,9 +111,8 @@ int64_t layout_gather_size(const pq_field_t *field, const layout_pick_t *picks,
  * their records, offsets relative to base (dst's position in its arena is
  * dst - base).  Returns 0 or a negative code.
  */
-int layout_gather(const pq_field_t *field, const layout_pick_t *picks,
-                  int64_t n, layout_scratch_t **scratch, uint8_t *base,
-                  uint8_t *dst, layout_node_t *nodes);
+int layout_gather(const pq_field_t *field, const layout_pick_t *picks, int64_t n,
+                  layout_scratch_t **scratch, uint8_t *base, uint8_t *dst, layout_node_t *nodes);
 
 /* ------------------------------------------------------------------------ */
 /* Row blocks: the small fixed-width columns of a unit, row by row           */
@@ -153,16 +152,16 @@ typedef struct layout_rowplan {
   uint32_t null_bytes; /* bytes of null bitmask at the start of each row */
   int has_inline;      /* some slot is VAR or LIST: rows vary in size */
   struct {
-    int column;        /* index among the schema's top-level columns */
-    int kind;          /* LAYOUT_SLOT_* */
-    uint32_t offset;   /* of the slot in the row */
-    uint32_t width;    /* of the slot: the value's bytes (FIXED), 1 (BOOL),
+    int column;          /* index among the schema's top-level columns */
+    int kind;            /* LAYOUT_SLOT_* */
+    uint32_t offset;     /* of the slot in the row */
+    uint32_t width;      /* of the slot: the value's bytes (FIXED), 1 (BOOL),
                           12 (VAR: pointer, length; LIST: pointer,
                           element count) */
     uint32_t elem_width; /* LIST: bytes per element */
-    int nullbit;       /* bit in the mask, -1 when not nullable */
-  } *packed;
-  int *slot_of;        /* per top-level column: its index in packed, or -1 */
+    int nullbit;         /* bit in the mask, -1 when not nullable */
+  } * packed;
+  int *slot_of; /* per top-level column: its index in packed, or -1 */
 } layout_rowplan_t;
 
 /* Plans the row block for a schema (a STRUCT of columns).  Returns 0 or
@@ -172,14 +171,14 @@ void layout_rowplan_free(layout_rowplan_t *plan);
 
 /* A unit's row block. */
 typedef struct layout_rows {
-  uint8_t *data;          /* the rows, one after another */
-  uint64_t *start;        /* rows + 1 offsets of the rows in data, or NULL
+  uint8_t *data;         /* the rows, one after another */
+  uint64_t *start;       /* rows + 1 offsets of the rows in data, or NULL
                              when every row takes stride bytes */
-  uint32_t stride;        /* bytes per row when start is NULL: the plan's
+  uint32_t stride;       /* bytes per row when start is NULL: the plan's
                              stride, or the longest row's size */
-  uint64_t bytes;         /* memory held (data and start) */
-  uint64_t mapped;        /* data's own mapping's length, or 0 (malloc) */
-  uint64_t inline_lists;  /* bit p: LIST slot p is inlined in every row */
+  uint64_t bytes;        /* memory held (data and start) */
+  uint64_t mapped;       /* data's own mapping's length, or 0 (malloc) */
+  uint64_t inline_lists; /* bit p: LIST slot p is inlined in every row */
 } layout_rows_t;
 
 /* Builds the row block of a unit of `rows` rows from its column views
@@ -222,7 +221,7 @@ int layout_rows_num_nodes(const layout_rowplan_t *plan, int p);
  * A LIST slot requires every sample's unit to inline it (inline_lists).
  */
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
-                           const int64_t *nulls_by_bit, int size_only, uint8_t *base,
-                           uint8_t *dst, layout_node_t *node);
+                           const int64_t *nulls_by_bit, int size_only, uint8_t *base, uint8_t *dst,
+                           layout_node_t *node);
 
 #endif /* LARDER_LAYOUT_H */

@@ -48,7 +48,7 @@ struct mconn {
   size_t len;
   int responded;
   int closing;
-  int handles;          /* open handles (tcp, timer) */
+  int handles; /* open handles (tcp, timer) */
   char *resp;
   mconn_t *next, *prev;
 };
@@ -101,7 +101,8 @@ static void hist_render(FILE *out, const char *name, const char *labels, const h
   uint64_t cum = 0;
   for (size_t i = 0; i <= NUM_BUCKETS; i++) {
     cum += __atomic_load_n(&h->n[i], __ATOMIC_RELAXED);
-    if (i < NUM_BUCKETS) fprintf(out, "%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", name, labels, bucket_s[i], cum);
+    if (i < NUM_BUCKETS)
+      fprintf(out, "%s_bucket{%sle=\"%g\"} %" PRIu64 "\n", name, labels, bucket_s[i], cum);
     else fprintf(out, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
   }
   size_t ll = strlen(labels);
@@ -111,7 +112,8 @@ static void hist_render(FILE *out, const char *name, const char *labels, const h
             (double)__atomic_load_n(&h->sum_ns, __ATOMIC_RELAXED) / 1e9);
     fprintf(out, "%s_count{%.*s} %" PRIu64 "\n", name, (int)(ll - 1), labels, cum);
   } else {
-    fprintf(out, "%s_sum %.9f\n", name, (double)__atomic_load_n(&h->sum_ns, __ATOMIC_RELAXED) / 1e9);
+    fprintf(out, "%s_sum %.9f\n", name,
+            (double)__atomic_load_n(&h->sum_ns, __ATOMIC_RELAXED) / 1e9);
     fprintf(out, "%s_count %" PRIu64 "\n", name, cum);
   }
 }
@@ -127,8 +129,8 @@ typedef struct group {
   char job[METRICS_MAX_LABEL + 1];
   char dataset[METRICS_MAX_LABEL + 1];
   int used;
-  int streams;            /* open */
-  stats_stream_t closed;  /* the totals of its closed streams */
+  int streams;           /* open */
+  stats_stream_t closed; /* the totals of its closed streams */
   hist_t wait, first_batch;
 } group_t;
 
@@ -291,35 +293,34 @@ void metrics_render(server_t *srv, FILE *out, int up) {
       (double)srv->started_unix);
   /* The single definition in stats.h; the stages after, as one family. */
   char base[128], full[192];
-#define METRICS_GLOBAL_(name, kind, help)                                          \
-  if (KIND_IS(kind, COUNTER)) {                                                    \
-    one(out, "larder_" #name "_total", "counter", help,                            \
-        (double)STATS_GET(&srv->stats, name));                                     \
-  } else if (KIND_IS(kind, GAUGE)) {                                               \
-    one(out, "larder_" #name, "gauge", help, (double)STATS_GET(&srv->stats, name)); \
-  } else if (KIND_IS(kind, SECONDS)) {                                             \
-    strip_ns(#name, base, sizeof(base));                                           \
-    snprintf(full, sizeof(full), "larder_%s_seconds_total", base);                 \
-    one(out, full, "counter", help, (double)STATS_GET(&srv->stats, name) / 1e9);   \
+#define METRICS_GLOBAL_(name, kind, help)                                                      \
+  if (KIND_IS(kind, COUNTER)) {                                                                \
+    one(out, "larder_" #name "_total", "counter", help, (double)STATS_GET(&srv->stats, name)); \
+  } else if (KIND_IS(kind, GAUGE)) {                                                           \
+    one(out, "larder_" #name, "gauge", help, (double)STATS_GET(&srv->stats, name));            \
+  } else if (KIND_IS(kind, SECONDS)) {                                                         \
+    strip_ns(#name, base, sizeof(base));                                                       \
+    snprintf(full, sizeof(full), "larder_%s_seconds_total", base);                             \
+    one(out, full, "counter", help, (double)STATS_GET(&srv->stats, name) / 1e9);               \
   }
   STATS_GLOBAL(METRICS_GLOBAL_)
 #undef METRICS_GLOBAL_
   family(out, "larder_stage_seconds_total", "counter",
          "seconds spent in each stage (fetch: over requests; decode, cache_read, assemble: "
          "over the workers)");
-#define METRICS_STAGE_(name, kind, help)                                           \
-  if (KIND_IS(kind, STAGE)) {                                                      \
-    strip_ns(#name, base, sizeof(base));                                           \
-    fprintf(out, "larder_stage_seconds_total{stage=\"%s\"} %.9f\n", base,          \
-            (double)STATS_GET(&srv->stats, name) / 1e9);                           \
+#define METRICS_STAGE_(name, kind, help)                                  \
+  if (KIND_IS(kind, STAGE)) {                                             \
+    strip_ns(#name, base, sizeof(base));                                  \
+    fprintf(out, "larder_stage_seconds_total{stage=\"%s\"} %.9f\n", base, \
+            (double)STATS_GET(&srv->stats, name) / 1e9);                  \
   }
   STATS_GLOBAL(METRICS_STAGE_)
 #undef METRICS_STAGE_
   if (srv->store) {
     store_stats_t st;
     store_stats_get(srv->store, &st);
-    one(out, "larder_cache_capacity_bytes", "gauge", "bytes of decoded data the cache keeps at most",
-        (double)st.capacity_bytes);
+    one(out, "larder_cache_capacity_bytes", "gauge",
+        "bytes of decoded data the cache keeps at most", (double)st.capacity_bytes);
     one(out, "larder_cache_used_bytes", "gauge", "bytes cached", (double)st.used_bytes);
     one(out, "larder_cache_reserved_bytes", "gauge", "bytes reserved for units being written",
         (double)st.reserved_bytes);
@@ -329,7 +330,8 @@ void metrics_render(server_t *srv, FILE *out, int up) {
         (double)st.objects);
     one(out, "larder_cache_admission_disabled", "gauge",
         "1 while the disk is full and nothing is admitted", st.admission_disabled ? 1 : 0);
-    one(out, "larder_cache_lookup_hits_total", "counter", "cache lookups that hit", (double)st.hits);
+    one(out, "larder_cache_lookup_hits_total", "counter", "cache lookups that hit",
+        (double)st.hits);
     one(out, "larder_cache_lookup_misses_total", "counter", "cache lookups that missed",
         (double)st.misses);
     one(out, "larder_cache_puts_total", "counter", "values written", (double)st.puts);
@@ -339,8 +341,8 @@ void metrics_render(server_t *srv, FILE *out, int up) {
         (double)st.evicted_bytes);
     one(out, "larder_cache_rejected_total", "counter", "units refused admission (priority)",
         (double)st.rejected);
-    one(out, "larder_cache_checksum_failures_total", "counter",
-        "corrupt values found and dropped", (double)st.checksum_failures);
+    one(out, "larder_cache_checksum_failures_total", "counter", "corrupt values found and dropped",
+        (double)st.checksum_failures);
     one(out, "larder_cache_write_errors_total", "counter", "failed cache writes",
         (double)st.write_errors);
   }
@@ -376,36 +378,36 @@ void metrics_render(server_t *srv, FILE *out, int up) {
     if (groups[g].used)
       fprintf(out, "larder_job_streams{%.*s} %d\n", (int)strlen(labels[g]) - 1, labels[g],
               groups[g].streams);
-#define METRICS_STREAM_(name, kind, help)                                            \
-  if (!KIND_IS(kind, STAGE)) {                                                       \
-    if (KIND_IS(kind, SECONDS)) {                                                    \
-      strip_ns(#name, base, sizeof(base));                                           \
-      snprintf(full, sizeof(full), "larder_stream_%s_seconds_total", base);          \
-    } else {                                                                         \
-      snprintf(full, sizeof(full), "larder_stream_%s_total", #name);                 \
-    }                                                                                \
-    family(out, full, "counter", help);                                              \
-    for (int g = 1; g <= GROUP_OTHER; g++) {                                         \
-      if (!groups[g].used) continue;                                                 \
-      if (KIND_IS(kind, SECONDS))                                                    \
-        fprintf(out, "%s{%.*s} %.9f\n", full, (int)strlen(labels[g]) - 1, labels[g], \
-                (double)sum[g].name / 1e9);                                          \
-      else                                                                           \
-        fprintf(out, "%s{%.*s} %" PRIu64 "\n", full, (int)strlen(labels[g]) - 1,     \
-                labels[g], sum[g].name);                                             \
-    }                                                                                \
+#define METRICS_STREAM_(name, kind, help)                                                   \
+  if (!KIND_IS(kind, STAGE)) {                                                              \
+    if (KIND_IS(kind, SECONDS)) {                                                           \
+      strip_ns(#name, base, sizeof(base));                                                  \
+      snprintf(full, sizeof(full), "larder_stream_%s_seconds_total", base);                 \
+    } else {                                                                                \
+      snprintf(full, sizeof(full), "larder_stream_%s_total", #name);                        \
+    }                                                                                       \
+    family(out, full, "counter", help);                                                     \
+    for (int g = 1; g <= GROUP_OTHER; g++) {                                                \
+      if (!groups[g].used) continue;                                                        \
+      if (KIND_IS(kind, SECONDS))                                                           \
+        fprintf(out, "%s{%.*s} %.9f\n", full, (int)strlen(labels[g]) - 1, labels[g],        \
+                (double)sum[g].name / 1e9);                                                 \
+      else                                                                                  \
+        fprintf(out, "%s{%.*s} %" PRIu64 "\n", full, (int)strlen(labels[g]) - 1, labels[g], \
+                sum[g].name);                                                               \
+    }                                                                                       \
   }
   STATS_STREAM(METRICS_STREAM_)
 #undef METRICS_STREAM_
   family(out, "larder_stream_stage_seconds_total", "counter",
          "seconds in each stage of the units and batches the job's streams read");
-#define METRICS_STREAM_STAGE_(name, kind, help)                                    \
-  if (KIND_IS(kind, STAGE)) {                                                      \
-    strip_ns(#name, base, sizeof(base));                                           \
-    for (int g = 1; g <= GROUP_OTHER; g++)                                         \
-      if (groups[g].used)                                                          \
-        fprintf(out, "larder_stream_stage_seconds_total{%sstage=\"%s\"} %.9f\n",   \
-                labels[g], base, (double)sum[g].name / 1e9);                       \
+#define METRICS_STREAM_STAGE_(name, kind, help)                                                   \
+  if (KIND_IS(kind, STAGE)) {                                                                     \
+    strip_ns(#name, base, sizeof(base));                                                          \
+    for (int g = 1; g <= GROUP_OTHER; g++)                                                        \
+      if (groups[g].used)                                                                         \
+        fprintf(out, "larder_stream_stage_seconds_total{%sstage=\"%s\"} %.9f\n", labels[g], base, \
+                (double)sum[g].name / 1e9);                                                       \
   }
   STATS_STREAM(METRICS_STREAM_STAGE_)
 #undef METRICS_STREAM_STAGE_

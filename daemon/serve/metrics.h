@@ -167,7 +167,8 @@ typedef struct server server_t;
  * the longest dataset label. */
 #define METRICS_MAX_LABEL 64
 /* Histogram bucket upper bounds, in seconds (+Inf follows). */
-#define METRICS_BUCKETS 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
+#define METRICS_BUCKETS \
+  0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
 
 /* Starts what the configuration enables.  Returns 0 or a negative code
  * with a message (an address that cannot be bound). */

@@ -46,10 +46,11 @@ static void set_boost(server_t *srv, int on) {
   int rc = work_pool_boost(srv->pool, on);
   if (rc == LARDER_EACCES) {
     srv->boost_refused = 1;
-    log_info("trainers are waiting, but the workers cannot run at the daemon's priority "
-             "(the system forbids lowering their niceness: give the service LimitNICE=+0 "
-             "or CAP_SYS_NICE, or set worker_nice = 0); they stay %d nicer",
-             (int)srv->cfg.worker_nice);
+    log_info(
+        "trainers are waiting, but the workers cannot run at the daemon's priority "
+        "(the system forbids lowering their niceness: give the service LimitNICE=+0 "
+        "or CAP_SYS_NICE, or set worker_nice = 0); they stay %d nicer",
+        (int)srv->cfg.worker_nice);
     return;
   }
   if (rc) return;
@@ -90,8 +91,8 @@ typedef struct resolve {
   void *arg;
 } resolve_t;
 
-static void on_resolve_done(int status, const char *message, remote_object_t *objects,
-                            size_t count, void *arg) {
+static void on_resolve_done(int status, const char *message, remote_object_t *objects, size_t count,
+                            void *arg) {
   resolve_t *r = arg;
   r->srv->resolves_in_flight--;
   remote_cb cb = r->cb;
@@ -159,8 +160,10 @@ static void on_relisten(uv_timer_t *t) {
 
 static void pause_accepting(server_t *srv, int status) {
   if (!srv->listening || srv->listen_spare < 0) return;
-  log_warn("accept failed: %s: not accepting connections until a descriptor is free "
-           "(raise LimitNOFILE)", uv_strerror(status));
+  log_warn(
+      "accept failed: %s: not accepting connections until a descriptor is free "
+      "(raise LimitNOFILE)",
+      uv_strerror(status));
   srv->listening = 0;
   srv->accept_paused = 1;
   uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
@@ -207,8 +210,7 @@ static void accept_next_burst(server_t *srv) {
   srv->accept_deferred = 0;
   /* A listener closed meanwhile (out of descriptors, or shutdown) closed
    * the pending connection with it. */
-  if (!srv->listening || srv->accept_paused || uv_is_closing((uv_handle_t *)&srv->listener))
-    return;
+  if (!srv->listening || srv->accept_paused || uv_is_closing((uv_handle_t *)&srv->listener)) return;
   srv->accepts_this_turn = 1;
   conn_accept(srv, (uv_stream_t *)&srv->listener);
 }
@@ -265,8 +267,7 @@ static int listen_socket(server_t *srv) {
     memset(&addr, 0, sizeof(addr));
     addr.sun_family = AF_UNIX;
     if (strlen(path) >= sizeof(addr.sun_path)) {
-      log_err("cannot bind %s: the path is longer than %zu bytes", path,
-              sizeof(addr.sun_path) - 1);
+      log_err("cannot bind %s: the path is longer than %zu bytes", path, sizeof(addr.sun_path) - 1);
       return LARDER_EIO;
     }
     memcpy(addr.sun_path, path, strlen(path) + 1);
@@ -295,9 +296,10 @@ static int listen_socket(server_t *srv) {
   /* Before the workers start: they act as clients on local files. */
   cred_init();
   if (!cred_can_switch())
-    log_notice("local sources are served to uid %u and root alone: larderd lacks CAP_SETUID and "
-               "CAP_SETGID, which it needs to open files as its other clients",
-               (unsigned)geteuid());
+    log_notice(
+        "local sources are served to uid %u and root alone: larderd lacks CAP_SETUID and "
+        "CAP_SETGID, which it needs to open files as its other clients",
+        (unsigned)geteuid());
   uv_os_fd_t lfd;
   if (uv_fileno((uv_handle_t *)&srv->listener, &lfd) == 0)
     srv->listen_spare = fcntl(lfd, F_DUPFD_CLOEXEC, 0);
@@ -345,11 +347,11 @@ static void begin_shutdown(server_t *srv, const char *why) {
   srv->shutdown_ns = util_now_ns();
   log_notice("%s: shutting down", why);
   sd_notify(0, "STOPPING=1\nSTATUS=shutting down");
-  admin_shutdown(srv);  /* prefetch and cat jobs end */
+  admin_shutdown(srv); /* prefetch and cat jobs end */
   /* Fetches and their retries end now (fetch_shutdown): a stream open
    * waiting for a server must not hold the exit. */
   if (srv->fetch) fetch_shutdown(srv->fetch);
-  metrics_stop(srv);    /* the HTTP endpoint closes; the textfile stays */
+  metrics_stop(srv); /* the HTTP endpoint closes; the textfile stays */
   if (srv->listening || srv->accept_paused) {
     if (srv->listening) uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = 0;
@@ -444,8 +446,8 @@ static int reapply_flags(config_t *next, char *err, size_t errlen) {
 
 int server_apply_access(server_t *srv, char *err, size_t errlen) {
   acl_t *a;
-  int rc = acl_create((const char *const *)srv->cfg.allow, srv->cfg.num_allow,
-                      srv->cfg.admin_group, &a, err, errlen);
+  int rc = acl_create((const char *const *)srv->cfg.allow, srv->cfg.num_allow, srv->cfg.admin_group,
+                      &a, err, errlen);
   if (rc) return rc;
   acl_free(srv->acl);
   srv->acl = a;
@@ -461,8 +463,7 @@ static int explicit_keys(const config_t *c) {
 static void explicit_credentials(const config_t *c, fetch_options_t *fo) {
   fo->s3_access_key = c->s3_access_key && *c->s3_access_key ? c->s3_access_key : NULL;
   fo->s3_secret_key = c->s3_secret_key && *c->s3_secret_key ? c->s3_secret_key : NULL;
-  fo->s3_session_token =
-      c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
+  fo->s3_session_token = c->s3_session_token && *c->s3_session_token ? c->s3_session_token : NULL;
 }
 
 static void chain_options(const config_t *c, awscreds_options_t *ao) {
@@ -470,9 +471,9 @@ static void chain_options(const config_t *c, awscreds_options_t *ao) {
   ao->profile = c->s3_profile;
   ao->region = c->s3_region && *c->s3_region ? c->s3_region : "us-east-1";
   ao->sts_endpoint = c->s3_sts_endpoint;
-  ao->refresh_margin_s = (uint32_t)(c->s3_credentials_refresh_margin > 86400
-                                        ? 86400
-                                        : c->s3_credentials_refresh_margin);
+  ao->refresh_margin_s =
+      (uint32_t)(c->s3_credentials_refresh_margin > 86400 ? 86400
+                                                          : c->s3_credentials_refresh_margin);
 }
 
 /* A value the refresher resolved: new requests sign with it, those in
@@ -505,8 +506,8 @@ static void credentials_tick(server_t *srv) {
   STATS_SET(&srv->stats, credentials_expiry_seconds, left > 0 ? left : 0);
 }
 
-int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,
-                  size_t changed_len, char *restart_out, size_t restart_len) {
+int server_reload(server_t *srv, char *summary, size_t len, char *changed_out, size_t changed_len,
+                  char *restart_out, size_t restart_len) {
   config_t next;
   char err[512];
   summary[0] = '\0';
@@ -549,9 +550,9 @@ int server_reload(server_t *srv, char *summary, size_t len, char *changed_out,
   config_free(&next);
   if (server_apply_access(srv, err, sizeof(err)) != 0) log_err("reload: %s", err);
   metrics_config_changed(srv);
-  snprintf(summary, len, "reloaded %s; changed: %s%s%s", srv->config_path ? srv->config_path : "(no file)",
-           changed[0] ? changed : "nothing", restart[0] ? "; these keys changed but need a restart: " : "",
-           restart);
+  snprintf(summary, len, "reloaded %s; changed: %s%s%s",
+           srv->config_path ? srv->config_path : "(no file)", changed[0] ? changed : "nothing",
+           restart[0] ? "; these keys changed but need a restart: " : "", restart);
   log_set_level(srv->cfg.log_level);
   if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
   if (srv->fetch) {
@@ -614,11 +615,12 @@ static void note_cache_faults(server_t *srv) {
   store_stats_t st;
   store_stats_get(srv->store, &st);
   if (st.checksum_failures <= srv->checksum_failures_logged) return;
-  log_warn("cache: %llu entries failed their checksum since %s (each dropped, and rebuilt "
-           "from its source when read); the disk under %s may be failing: larderctl verify "
-           "checks every entry",
-           (unsigned long long)(st.checksum_failures - srv->checksum_failures_logged),
-           srv->checksum_logged_ns ? "the last report" : "the start", srv->cfg.cache_dir);
+  log_warn(
+      "cache: %llu entries failed their checksum since %s (each dropped, and rebuilt "
+      "from its source when read); the disk under %s may be failing: larderctl verify "
+      "checks every entry",
+      (unsigned long long)(st.checksum_failures - srv->checksum_failures_logged),
+      srv->checksum_logged_ns ? "the last report" : "the start", srv->cfg.cache_dir);
   srv->checksum_failures_logged = st.checksum_failures;
   srv->checksum_logged_ns = now;
 }
@@ -735,10 +737,12 @@ static void set_loop_slice(server_t *srv) {
   if (srv->cfg.loop_slice_us == 0) return;
   uint64_t us = srv->cfg.loop_slice_us > 100000 ? 100000 : srv->cfg.loop_slice_us;
   int rc = util_thread_slice(us * 1000);
-  if (rc == 0) log_info("the loop thread runs with a time slice of %llu us", (unsigned long long)us);
+  if (rc == 0)
+    log_info("the loop thread runs with a time slice of %llu us", (unsigned long long)us);
   else if (rc == LARDER_EUNSUPPORTED)
-    log_info("the loop thread keeps the kernel's time slice (loop_slice_us needs Linux 6.12 or "
-             "later, and a thread in the fair scheduling class)");
+    log_info(
+        "the loop thread keeps the kernel's time slice (loop_slice_us needs Linux 6.12 or "
+        "later, and a thread in the fair scheduling class)");
   else log_warn("cannot set the loop thread's time slice: %s", larder_strerror(rc));
 }
 
@@ -753,8 +757,8 @@ int server_run(server_t *srv) {
   srv->started_unix = (int64_t)time(NULL);
   units_init(srv, stream_read_ahead_all);
   if (footers_create(&srv->stats, &srv->footers) != 0 ||
-      remote_footers_create(srv->cfg.remote_footer_memory, &srv->stats,
-                            &srv->remote_footers) != 0) {
+      remote_footers_create(srv->cfg.remote_footer_memory, &srv->stats, &srv->remote_footers) !=
+          0) {
     log_err("out of memory");
     units_shutdown(srv);
     footers_destroy(srv->footers);

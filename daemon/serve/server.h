@@ -46,17 +46,17 @@ struct server {
   config_t cfg;
   char *config_path;
   store_t *store;
-  footers_t *footers;     /* parsed footers shared by datasets (footers.h) */
+  footers_t *footers;               /* parsed footers shared by datasets (footers.h) */
   remote_footers_t *remote_footers; /* raw remote footers kept (remote.h) */
   /* Why store is NULL: the cache could not be opened at startup. */
   char cache_error[512];
-  work_t trim_work;       /* a malloc_trim after many footers were freed */
+  work_t trim_work; /* a malloc_trim after many footers were freed */
   int trim_queued;
   stats_global_t stats;
   uint64_t started_ns;
   int64_t started_unix;
   int workers;
-  work_pool_t *pool;      /* the worker threads (work.h) */
+  work_pool_t *pool; /* the worker threads (work.h) */
   /* server_trainer_report: trainers' wait and compute since boost_from_ns,
    * whether the workers run boosted, and whether the system refused. */
   uint64_t boost_wait_ns, boost_compute_ns, boost_from_ns;
@@ -69,7 +69,7 @@ struct server {
    * socket, kept while the listener is closed to stop accepting, and the
    * timer that opens it again. */
   int listen_spare;
-  int accept_paused;      /* 1: listener closing or closed; 2: closed */
+  int accept_paused; /* 1: listener closing or closed; 2: closed */
   uv_timer_t relisten;
   /* The shuffle windows of the open streams (stream.c, window_reserve):
    * one entry per distinct shuffle, shared by the streams (ranks) that
@@ -77,7 +77,7 @@ struct server {
   struct window_resv {
     uint64_t key, bytes;
     int refs;
-  } *resv;
+  } * resv;
   int num_resv, cap_resv;
   uint64_t resv_bytes;
   /* Connections accepted in this turn of the loop, and whether one waits
@@ -86,44 +86,44 @@ struct server {
   int accept_deferred;
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t tick;
-  uv_prepare_t flush;     /* writes corked frames before the loop sleeps,
+  uv_prepare_t flush; /* writes corked frames before the loop sleeps,
                              and starts the next burst of accepts */
   int shutting_down;
-  uint64_t shutdown_ns;   /* when SIGTERM came (server.c's grace period) */
+  uint64_t shutdown_ns; /* when SIGTERM came (server.c's grace period) */
   int listening;
 
   conn_t *conns;
   uint64_t next_conn_id;
 
   /* units.c */
-  htab_t unit_table;       /* units by hash; grows with them (htab.h) */
+  htab_t unit_table; /* units by hash; grows with them (htab.h) */
   unit_t *lru_head, *lru_tail;
   uint64_t unit_bytes;
   int loads_in_flight;
-  unit_t *retry_head;     /* loads waiting for their row group's decode */
+  unit_t *retry_head;                /* loads waiting for their row group's decode */
   void (*units_room)(server_t *srv); /* units_init's room callback */
 
   /* Remote sources (fetch.c, remote.c; row-group buffers in units.c). */
   fetch_t *fetch;
   struct awscreds *awscreds; /* the credential refresher, NULL with explicit keys */
-  int socket_activated;    /* the listening socket came from systemd */
-  htab_t rgbuf_table;      /* row-group buffers by hash (htab.h) */
-  rgbuf_t *rgbuf_held_head; /* buffers held for their row group's units */
+  int socket_activated;      /* the listening socket came from systemd */
+  htab_t rgbuf_table;        /* row-group buffers by hash (htab.h) */
+  rgbuf_t *rgbuf_held_head;  /* buffers held for their row group's units */
   rgbuf_t *rgbuf_lru_head, *rgbuf_lru_tail;
   uint64_t rgbuf_fetching_bytes; /* asked for and not yet arrived */
   uint64_t rgbuf_ahead_bytes;    /* read ahead into memory, not used yet */
   uint64_t rgbuf_held_bytes;     /* held until their units have decoded */
-  int acquiring_ahead;    /* units_acquire is called by units_read_ahead */
-  uint64_t acquiring_owner; /* the work owner (work.h) of the loads that
+  int acquiring_ahead;           /* units_acquire is called by units_read_ahead */
+  uint64_t acquiring_owner;      /* the work owner (work.h) of the loads that
                                units_acquire starts: the stream's */
-  int in_read_ahead;      /* units_room is running */
-  int resolves_in_flight; /* server_resolve calls whose callback has not
+  int in_read_ahead;             /* units_room is running */
+  int resolves_in_flight;        /* server_resolve calls whose callback has not
                              run (worker tasks: work_pool_pending) */
 
   /* Access control (acl.h): rebuilt from cfg at start and on reload. */
   acl_t *acl;
-  void *admin;            /* admin.c: rate samples, jobs (admin_int.h) */
-  void *metrics;          /* metrics.c: the HTTP endpoint, the textfile */
+  void *admin;   /* admin.c: rate samples, jobs (admin_int.h) */
+  void *metrics; /* metrics.c: the HTTP endpoint, the textfile */
   /* main.c: called once the socket listens (pid file, --daemonize). */
   void (*on_ready)(server_t *srv);
 };

@@ -165,8 +165,7 @@ void stream_plan_chunk_free(plan_chunk_t *c) {
  * daemon_stream_windows_admission.
  */
 static uint64_t window_key(const stream_t *s) {
-  uint64_t k[4] = {s->ds->key, s->params.seed, s->params.window_units,
-                   (uint64_t)s->params.shuffle};
+  uint64_t k[4] = {s->ds->key, s->params.seed, s->params.window_units, (uint64_t)s->params.shuffle};
   /* Odd: 0 means no reservation. */
   return util_hash64(k, sizeof(k), 0x77696e64ull) | 1;
 }
@@ -175,8 +174,7 @@ static uint64_t window_key(const stream_t *s) {
  * build row blocks (layout.h), which take about as much again. */
 static uint64_t window_estimate(const stream_t *s) {
   const dataset_t *ds = s->ds;
-  uint64_t units = s->params.window_units < ds->num_units ? s->params.window_units
-                                                          : ds->num_units;
+  uint64_t units = s->params.window_units < ds->num_units ? s->params.window_units : ds->num_units;
   uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
   return units * avg * (ds->rowplan ? 2 : 1);
 }
@@ -403,11 +401,10 @@ static int ring_create(stream_t *s, const char *name) {
   return 0;
 }
 
-
 typedef struct open_req {
   work_t work;
   server_t *srv;
-  conn_t *conn;      /* NULL once the connection went away */
+  conn_t *conn; /* NULL once the connection went away */
   uint64_t conn_id;
   uint32_t request_id;
   char **sources;
@@ -421,13 +418,13 @@ typedef struct open_req {
   char err[1024];
   remote_object_t *remote;
   size_t num_remote;
-  char **roots;      /* larder ACL: local_roots, split (NULL: anywhere) */
-  acl_peer_t peer;   /* the client, whose credentials open local files */
+  char **roots;          /* larder ACL: local_roots, split (NULL: anywhere) */
+  acl_peer_t peer;       /* the client, whose credentials open local files */
   uint64_t window_bytes; /* cfg.shuffle_window_bytes when it was asked */
   int row_group_blocks;  /* cfg.shuffle_row_groups, likewise */
   uint32_t partitions;   /* cfg.partitions, likewise */
   shuffle_plan_t *plan;  /* made by open_work; NULL: open_done makes it */
-  char *job;         /* the trainer's job name, checked */
+  char *job;             /* the trainer's job name, checked */
   uint64_t requested_ns;
 } open_req_t;
 
@@ -437,8 +434,8 @@ static void open_shuffle_params(const open_req_t *o, const dataset_t *ds, shuffl
   memset(sp, 0, sizeof(*sp));
   sp->seed = p->seed;
   sp->shuffle = p->shuffle;
-  sp->window_units = p->shuffle_window ? p->shuffle_window
-                                       : dataset_window_units(ds, o->window_bytes);
+  sp->window_units =
+      p->shuffle_window ? p->shuffle_window : dataset_window_units(ds, o->window_bytes);
   sp->batch_size = p->batch_size;
   sp->world_size = p->world_size ? p->world_size : 1;
   sp->rank = p->rank;
@@ -456,9 +453,9 @@ static void open_shuffle_params(const open_req_t *o, const dataset_t *ds, shuffl
  * settings, no memory) is made again by open_done, which reports why. */
 static void open_work(work_t *w) {
   open_req_t *o = w->data;
-  o->rc = dataset_open((const char *const *)o->sources, o->num_sources,
-                       (const char *const *)o->columns, o->num_columns, &o->dopts, &o->ds, o->err,
-                       sizeof(o->err));
+  o->rc =
+      dataset_open((const char *const *)o->sources, o->num_sources, (const char *const *)o->columns,
+                   o->num_columns, &o->dopts, &o->ds, o->err, sizeof(o->err));
   if (o->rc != 0) return;
   dataset_register_objects(o->srv->store, o->ds); /* larder admin: names for ls, evict */
   shuffle_params_t sp;
@@ -578,8 +575,8 @@ static int start_position_fits(uint64_t epoch, uint64_t batch, uint64_t bpe) {
  * cut: a cut window would change the order. */
 static void open_check_window(server_t *srv, open_req_t *o) {
   const dataset_t *ds = o->ds;
-  uint64_t units = o->params.shuffle_window < ds->num_units ? o->params.shuffle_window
-                                                            : ds->num_units;
+  uint64_t units =
+      o->params.shuffle_window < ds->num_units ? o->params.shuffle_window : ds->num_units;
   uint64_t avg = ds->num_units ? ds->est_bytes / ds->num_units : 0;
   if (avg == 0) avg = 1; /* an estimate of nothing is no exemption */
   uint64_t cap = srv->cfg.memory_limit > srv->cfg.shuffle_window_bytes
@@ -691,8 +688,8 @@ static int open_plan(conn_t *c, stream_t *s, open_req_t *o, int rc) {
                 s->params.world_size);
     return -1;
   }
-  if (s->batches_per_epoch && !start_position_fits(p->start_epoch, p->start_batch,
-                                                   s->batches_per_epoch)) {
+  if (s->batches_per_epoch &&
+      !start_position_fits(p->start_epoch, p->start_batch, s->batches_per_epoch)) {
     /* Past this, the epoch would wrap to a small one, and an unbounded
      * stream would begin its order anew.  Tested by daemon_open_checks. */
     refuse_open(c, s, o, LARDER_EINVAL,
@@ -823,8 +820,8 @@ static void open_attach(conn_t *c, stream_t *s, open_req_t *o) {
   {
     /* A window's worth of batches: the span the pins cover. */
     uint64_t g = (uint64_t)s->params.batch_size * s->params.world_size;
-    uint64_t window_rows = s->ds->total_rows / (s->ds->num_units ? s->ds->num_units : 1) *
-                           s->params.window_units;
+    uint64_t window_rows =
+        s->ds->total_rows / (s->ds->num_units ? s->ds->num_units : 1) * s->params.window_units;
     s->pin_span = window_rows / (g ? g : 1) + 1;
     if (s->pin_span < s->prefetch) s->pin_span = s->prefetch;
   }
@@ -877,12 +874,12 @@ static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const uint8_t *cuda
     reply.cuda_device = cuda_region_device(s->cuda);
   }
   int fds[2] = {arena_fd(s->arena), s->ring_fd};
-  log_info("stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
-           "window %u units, partitions %u (its node's: %u to %u)%s%s",
-           s->id, (int)c->pid, s->ds->num_files, s->ds->num_units,
-           (unsigned long long)s->ds->total_rows, (unsigned long long)s->batches_per_epoch,
-           s->params.window_units, s->params.partitions, s->part_first, s->part_last - 1,
-           s->note[0] ? "; " : "", s->note);
+  log_info(
+      "stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
+      "window %u units, partitions %u (its node's: %u to %u)%s%s",
+      s->id, (int)c->pid, s->ds->num_files, s->ds->num_units, (unsigned long long)s->ds->total_rows,
+      (unsigned long long)s->batches_per_epoch, s->params.window_units, s->params.partitions,
+      s->part_first, s->part_last - 1, s->note[0] ? "; " : "", s->note);
   int rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
   field_proto_free(reply.schema);
   if (rc == LARDER_EBUSY) {

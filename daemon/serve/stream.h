@@ -46,8 +46,7 @@ void stream_close(stream_t *s);
  * kept of a stream ended before (a CUDA region, cuda.h). */
 void stream_client_close(conn_t *c, const Larder__CloseStream *cs);
 /* Ends a stream with an error sent to its client. */
-void stream_fail(stream_t *s, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void stream_fail(stream_t *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 uint32_t stream_id(const stream_t *s);
 /* Lets every stream's read-ahead go on (a fetch finished: the server
  * registers it with units_init).  Loop thread. */
@@ -63,17 +62,17 @@ stream_t *stream_next_in_conn(const stream_t *s);
 typedef struct stream_info {
   uint32_t id;
   uint32_t rank, world_size;
-  const char *dataset;        /* dataset_sources_label of its sources */
+  const char *dataset; /* dataset_sources_label of its sources */
   uint64_t num_files, num_units, total_rows;
   uint64_t batches_per_epoch, epochs;
   uint64_t arena_bytes;
-  uint32_t window;            /* batches its client may hold */
-  uint32_t partitions;        /* P (1: none) */
+  uint32_t window;                /* batches its client may hold */
+  uint32_t partitions;            /* P (1: none) */
   uint32_t part_first, part_last; /* its node's partitions */
   uint64_t opened_ns;
-  const dataset_t *ds;        /* its files; NULL while the open resolves */
-  const char *job;            /* as the trainer named it ("" when none) */
-  int metrics_group;          /* metrics_group's number (0: none) */
+  const dataset_t *ds; /* its files; NULL while the open resolves */
+  const char *job;     /* as the trainer named it ("" when none) */
+  int metrics_group;   /* metrics_group's number (0: none) */
 } stream_info_t;
 void stream_info(const stream_t *s, stream_info_t *out);
 

@@ -79,7 +79,8 @@ static int assembly_copy_rows(pbatch_t *b, assembly_t *a) {
      * ROW_AHEAD samples. */
     if (i + 2 * ROW_AHEAD < b->n) {
       const unit_t *u = b->sample_unit[i + 2 * ROW_AHEAD];
-      if (u->rowblock.start) __builtin_prefetch(u->rowblock.start + b->samples[i + 2 * ROW_AHEAD].row);
+      if (u->rowblock.start)
+        __builtin_prefetch(u->rowblock.start + b->samples[i + 2 * ROW_AHEAD].row);
     }
     if (i + ROW_AHEAD < b->n) {
       size_t len;
@@ -100,8 +101,7 @@ static int assembly_copy_rows(pbatch_t *b, assembly_t *a) {
       if (lim > fixed) __builtin_prefetch(ahead + lim - 1, 0, 1);
     }
     size_t len;
-    const uint8_t *row =
-        layout_rows_row(&b->sample_unit[i]->rowblock, b->samples[i].row, &len);
+    const uint8_t *row = layout_rows_row(&b->sample_unit[i]->rowblock, b->samples[i].row, &len);
     memcpy(tmp + (size_t)i * stride, row, stride);
   }
   layout_rows_count_nulls(rp, tmp, b->n, a->nulls_by_bit);
@@ -223,8 +223,8 @@ static int assembly_fill(pbatch_t *b, assembly_t *a, layout_scratch_t **scratch,
       continue;
     }
     assembly_pick(b, a, c);
-    int rc = layout_gather(&schema->children[c], a->picks, b->n, scratch, base, dst,
-                           b->nodes + node);
+    int rc =
+        layout_gather(&schema->children[c], a->picks, b->n, scratch, base, dst, b->nodes + node);
     if (rc) {
       b->error = rc;
       snprintf(b->message, sizeof(b->message), "column '%s': %s", schema->children[c].name,
@@ -371,8 +371,8 @@ static int start_assembly(stream_t *s, pbatch_t *b) {
   b->work.data = b;
   b->work.owner = s->owner;
   s->tasks++;
-  if (work_queue_quiet(s->srv->pool, &b->work, assemble_work, assemble_done,
-                       &s->window_full) != 0) {
+  if (work_queue_quiet(s->srv->pool, &b->work, assemble_work, assemble_done, &s->window_full) !=
+      0) {
     s->tasks--;
     b->state = PB_WAITING;
     return LARDER_ENOMEM;
@@ -438,8 +438,8 @@ static int send_batch(stream_t *s, pbatch_t *b) {
     msg.num_rows = (uint64_t)b->n;
     msg.arena_offset = (uint64_t)b->arena_off;
     msg.arena_length = b->arena_len;
-    uint64_t *layout = malloc((size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS *
-                              sizeof(uint64_t));
+    uint64_t *layout =
+        malloc((size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS * sizeof(uint64_t));
     if (layout == NULL) return LARDER_ENOMEM;
     bytes = fill_layout(b, layout);
     msg.n_layout = (size_t)b->num_nodes * LARDER__ARRAY_FIELD__ARRAY_NUM_FIELDS;
@@ -451,7 +451,8 @@ static int send_batch(stream_t *s, pbatch_t *b) {
     free(layout);
     if (rc) return rc;
   }
-  s->sent[s->num_sent++] = (sent_t){b->seq, b->arena_off, b->parts, b->num_parts, (uint64_t)b->n, bytes};
+  s->sent[s->num_sent++] =
+      (sent_t){b->seq, b->arena_off, b->parts, b->num_parts, (uint64_t)b->n, bytes};
   b->parts = NULL; /* the sent entry has them now */
   if (STATS_ADD(&s->st, batches, 1) == 1)
     metrics_observe_first_batch(s->metrics_group, util_now_ns() - s->requested_ns);
@@ -509,8 +510,7 @@ static int ring_drain(stream_t *s) {
   uint64_t n = released - s->ring_drained;
   if (n == 0) return 0;
   if (n > (uint64_t)s->num_sent) {
-    stream_fail(s, LARDER_EPROTO,
-                "the ring claims %llu releases, but the client holds %d batches",
+    stream_fail(s, LARDER_EPROTO, "the ring claims %llu releases, but the client holds %d batches",
                 (unsigned long long)n, s->num_sent);
     return LARDER_EPROTO;
   }
@@ -616,8 +616,7 @@ again:
   stream_advance_read_ahead(s);
   while (!s->exhausted && s->validating == 0 && s->stale_msg == NULL &&
          s->q_len < (int)s->prefetch &&
-         (s->q_len == 0 ||
-          (uint64_t)(s->q_len + 1) * s->params.batch_size <= PLAN_MAX_SAMPLES)) {
+         (s->q_len == 0 || (uint64_t)(s->q_len + 1) * s->params.batch_size <= PLAN_MAX_SAMPLES)) {
     int rc = stream_plan_one(s);
     if (rc == LARDER_EAGAIN) break;
     if (rc) {
@@ -726,4 +725,3 @@ again:
 void stream_release(stream_t *s, const Larder__Release *rel) {
   if (release_one(s, rel->seq, rel->wait_ns, rel->compute_ns) == 0) stream_pump(s);
 }
-

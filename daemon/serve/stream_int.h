@@ -37,14 +37,14 @@ typedef struct pbatch {
   struct pbatch *next;
   stream_t *s;
   uint64_t epoch, index, seq;
-  int n;                    /* samples */
+  int n; /* samples */
   shuffle_sample_t *samples;
-  uint32_t *sample_slot;    /* per sample: its unit's position in units */
-  unit_t **sample_unit;     /* per sample, filled in by the assembly */
-  unit_t **units;           /* distinct, each holding one reference */
-  uint32_t *unit_index;     /* their indices in the stream's dataset */
+  uint32_t *sample_slot; /* per sample: its unit's position in units */
+  unit_t **sample_unit;  /* per sample, filled in by the assembly */
+  unit_t **units;        /* distinct, each holding one reference */
+  uint32_t *unit_index;  /* their indices in the stream's dataset */
   int num_units;
-  int units_ready;          /* units[0 .. units_ready) are READY (they stay) */
+  int units_ready; /* units[0 .. units_ready) are READY (they stay) */
   int state;
   int error;
   char message[300];
@@ -57,7 +57,7 @@ typedef struct pbatch {
   layout_node_t *nodes;
   int num_nodes;
   uint64_t assemble_ns;
-  uint64_t release_mark;    /* s->releases when its assembly started */
+  uint64_t release_mark; /* s->releases when its assembly started */
   work_t work;
 } pbatch_t;
 
@@ -86,8 +86,8 @@ typedef struct plan_chunk {
    * unit_start[k + 1] of units), and per sample the position of its unit
    * there: found on the worker, so the loop only takes the references. */
   uint32_t *units;
-  size_t *unit_start;        /* n + 1 */
-  uint32_t *slots;           /* n * batch_size */
+  size_t *unit_start; /* n + 1 */
+  uint32_t *slots;    /* n * batch_size */
   int rc;
 } plan_chunk_t;
 
@@ -98,7 +98,7 @@ typedef struct pin_task {
   uint64_t epoch, first, last;
   uint32_t *idx;
   int n;
-  int next;                 /* idx[next ..] are not pinned yet */
+  int next; /* idx[next ..] are not pinned yet */
 } pin_task_t;
 
 /* The row orders of the windows that batches [first, last) of an epoch
@@ -116,30 +116,30 @@ typedef struct order_task {
 struct stream {
   server_t *srv;
   conn_t *conn;
-  uint64_t resv_key;   /* its window's reservation (window_reserve), or 0 */
+  uint64_t resv_key; /* its window's reservation (window_reserve), or 0 */
   uint32_t id;
   uint32_t request_id;
   stream_t *next_in_conn;
   int closed;
   int end_sent;
-  int tasks;                /* worker tasks in flight */
-  int pumping;              /* stream_pump frames on the stack */
-  uint64_t owner;           /* its tasks' work owner (work.h): its dataset's
+  int tasks;      /* worker tasks in flight */
+  int pumping;    /* stream_pump frames on the stack */
+  uint64_t owner; /* its tasks' work owner (work.h): its dataset's
                                key, which the ranks of a job share, so they
                                share the workers as one; held
                                (work_pool_hold_owner) while nonzero, from
                                the open's reply to stream_destroy */
 
-  unit_waiter_t waiter;     /* told when a unit it waits for has loaded
+  unit_waiter_t waiter; /* told when a unit it waits for has loaded
                                (units_wait); data is the stream */
   dataset_t *ds;
   shuffle_plan_t *plan;
   shuffle_params_t params;
   uint32_t part_first, part_last; /* the partitions of its rank's node */
-  char note[384];           /* told the client at open; "" when nothing */
-  uint64_t epochs;          /* 0 = unbounded */
+  char note[384];                 /* told the client at open; "" when nothing */
+  uint64_t epochs;                /* 0 = unbounded */
   uint64_t batches_per_epoch;
-  int num_nodes;            /* arrays per batch */
+  int num_nodes; /* arrays per batch */
 
   /* Planning: the samples of the coming batches are computed on a worker,
    * a chunk at a time (see plan_task_work), into cur and next. */
@@ -148,27 +148,27 @@ struct stream {
   uint64_t plan_epoch, plan_batch;
   plan_chunk_t *cur, *next; /* next: computed, or being computed (plan_busy) */
   int plan_busy;
-  int exhausted;            /* every batch planned */
+  int exhausted; /* every batch planned */
 
-  shuffle_epoch_t *pin_ep;  /* cursor of the pin tasks */
+  shuffle_epoch_t *pin_ep; /* cursor of the pin tasks */
   uint64_t pin_ep_epoch;
-  int pin_busy;             /* a pin task is in flight */
-  int client_closed;        /* CUDA: see `cuda` below */
+  int pin_busy;              /* a pin task is in flight */
+  int client_closed;         /* CUDA: see `cuda` below */
   shuffle_epoch_t *order_ep; /* cursor of the order tasks */
   uint64_t order_ep_epoch;
   order_task_t *order_task; /* the order task in flight, if any */
   int order_wanted;         /* the span below wants its orders made */
   uint64_t order_epoch, order_first, order_last;
   uint64_t pin_epoch, pin_batch;
-  uint64_t pin_span;        /* batches pinned ahead */
-  pin_t *pins;              /* the span being pinned now */
+  uint64_t pin_span; /* batches pinned ahead */
+  pin_t *pins;       /* the span being pinned now */
   int num_pins, cap_pins;
-  pin_t *old_pins;          /* the span before it, kept until the next one */
+  pin_t *old_pins; /* the span before it, kept until the next one */
   int num_old_pins, cap_old_pins;
-  unit_t **pinned;          /* by unit index: a pinned unit, or NULL */
-  uint32_t *plan_slot;      /* by unit index: scratch of the planning task
+  unit_t **pinned;     /* by unit index: a pinned unit, or NULL */
+  uint32_t *plan_slot; /* by unit index: scratch of the planning task
                                (one at a time per stream) */
-  uint64_t *counted;        /* by unit index: epoch + 1 its stage times were
+  uint64_t *counted;   /* by unit index: epoch + 1 its stage times were
                                added to this stream's stats */
 
   arena_t *arena;
@@ -178,7 +178,7 @@ struct stream {
   uint64_t next_seq;
   sent_t *sent;
   int num_sent, cap_sent;
-  uint64_t releases;        /* Release frames processed (see PB_NOROOM) */
+  uint64_t releases; /* Release frames processed (see PB_NOROOM) */
   /* Set by the pump while the client holds its whole window: nothing more
    * can go out until it releases a batch, which wakes the loop, so a batch
    * assembled meanwhile does not (work_queue_quiet). */
@@ -190,18 +190,18 @@ struct stream {
   ring_header_t *ring;
   ring_layout_t ring_layout; /* where its entries lie (never read back) */
   uint64_t ring_size;
-  uint64_t ring_published;  /* descriptors written */
-  uint64_t ring_drained;    /* release entries read */
-  uint64_t ring_wake_at;    /* what the ring's wake_at says */
+  uint64_t ring_published;    /* descriptors written */
+  uint64_t ring_drained;      /* release entries read */
+  uint64_t ring_wake_at;      /* what the ring's wake_at says */
   uint64_t ring_client_woken; /* the wake_client_at a Wake answered */
-  int ring_fd;              /* (beside `remote`, which fills its padding) */
+  int ring_fd;                /* (beside `remote`, which fills its padding) */
 
   /* Read-ahead of remote row groups into the cache, beyond the pins: a
    * cursor of its own over the coming batches, and the units of the last
    * stretch it listed that it has not offered yet. */
-  int remote;               /* the dataset has remote files */
-  uint64_t *rg_prio;        /* its row groups' cache priorities, ascending */
-  uint64_t *rg_prio_bytes;  /* bytes of the row groups up to each, summed */
+  int remote;              /* the dataset has remote files */
+  uint64_t *rg_prio;       /* its row groups' cache priorities, ascending */
+  uint64_t *rg_prio_bytes; /* bytes of the row groups up to each, summed */
   uint32_t num_rg_prio;
   shuffle_epoch_t *ra_ep;
   uint64_t ra_epoch, ra_batch;
@@ -209,16 +209,16 @@ struct stream {
   int ra_n, ra_i;
 
   stats_stream_t st;
-  char *label;              /* larder admin: its sources, for stats */
-  char *job;                /* the trainer's job name (metrics_job_valid) */
-  uint64_t requested_ns;    /* the OpenStream's arrival */
+  char *label;           /* larder admin: its sources, for stats */
+  char *job;             /* the trainer's job name (metrics_job_valid) */
+  uint64_t requested_ns; /* the OpenStream's arrival */
   uint64_t opened_ns;
-  int validating;           /* revalidation requests outstanding */
-  int metrics_group;        /* its (job, dataset) in the metrics */
-  uint64_t validated_ns;    /* last revalidation */
-  char *stale_msg;          /* a remote object changed: the error the stream
+  int validating;        /* revalidation requests outstanding */
+  int metrics_group;     /* its (job, dataset) in the metrics */
+  uint64_t validated_ns; /* last revalidation */
+  char *stale_msg;       /* a remote object changed: the error the stream
                                ends with once the epoch before is sent */
-  uint8_t *stale;           /* by file: changed (cached data to drop) */
+  uint8_t *stale;        /* by file: changed (cached data to drop) */
   /* CUDA streams (cuda.h): the device region mirroring the arena; every
    * batch's bytes are copied there before it is published.  cuda_owner:
    * the connection that may still map it, set when the daemon ended the

@@ -82,8 +82,8 @@ static void order_task_work(work_t *w) {
   }
   uint64_t done = 0;
   while (t->last > t->first && t->windows < 2) {
-    if (done > 0 && (t->urgent ? done >= ORDER_URGENT_SWAPS
-                               : work_pool_foreground_waiting(t->pool))) {
+    if (done > 0 &&
+        (t->urgent ? done >= ORDER_URGENT_SWAPS : work_pool_foreground_waiting(t->pool))) {
       t->more = 1;
       return;
     }
@@ -105,9 +105,9 @@ static int queue_orders(stream_t *s, order_task_t *t) {
   uint64_t plan_pos = stream_linear(s, s->plan_epoch, s->plan_batch);
   uint64_t span_pos = stream_linear(s, t->epoch, t->first);
   t->urgent = span_pos < plan_pos + s->pin_span / 4;
-  return t->urgent ? work_queue(s->srv->pool, &t->work, order_task_work, order_task_done)
-                   : work_queue_background(s->srv->pool, &t->work, order_task_work,
-                                           order_task_done);
+  return t->urgent
+             ? work_queue(s->srv->pool, &t->work, order_task_work, order_task_done)
+             : work_queue_background(s->srv->pool, &t->work, order_task_work, order_task_done);
 }
 
 /* Ends order task t without running it again (not queued, not running). */
@@ -299,7 +299,8 @@ static int build_rg_prio(stream_t *s) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < ds->num_units; i++) {
     const dataset_unit_t *u = &ds->units[i];
-    if (n > 0 && i > 0 && u->file == u[-1].file && u->rg == u[-1].rg) v[n - 1].bytes += u->est_bytes;
+    if (n > 0 && i > 0 && u->file == u[-1].file && u->rg == u[-1].rg)
+      v[n - 1].bytes += u->est_bytes;
     else v[n++] = (prio_bytes_t){u->priority, u->est_bytes};
   }
   qsort(v, n, sizeof(*v), cmp_prio);
@@ -344,7 +345,7 @@ void stream_advance_read_ahead(stream_t *s) {
   /* Up to one epoch past planning; with revalidation on, not past this
    * epoch, whose end checks the objects before anything more is read. */
   uint64_t horizon = s->srv->cfg.revalidate > 0 ? stream_linear(s, s->plan_epoch + 1, 0)
-                                                 : plan_pos + s->batches_per_epoch;
+                                                : plan_pos + s->batches_per_epoch;
   uint64_t pin_pos = stream_linear(s, s->pin_epoch, s->pin_batch);
   if (stream_linear(s, s->ra_epoch, s->ra_batch) < pin_pos) {
     /* Behind the pins (the start, or a trainer faster than the network):
@@ -404,7 +405,6 @@ void stream_read_ahead_all(server_t *srv) {
 /* ------------------------------------------------------------------------ */
 /* Planning                                                                  */
 
-
 /* ------------------------------------------------------------------------ */
 /* Revalidation of remote objects at epoch starts                            */
 
@@ -422,9 +422,9 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   /* Size, ETag and Last-Modified are all compared: an object whose server
    * sends Last-Modified alone changes with no ETag to show it.  Tested by
    * remote_hostile_no_etag. */
-  int changed = res->status == 0 &&
-                !remote_same_version(f->size, f->etag, f->last_modified, res->object_size,
-                                     res->etag, res->last_modified);
+  int changed =
+      res->status == 0 && !remote_same_version(f->size, f->etag, f->last_modified, res->object_size,
+                                               res->etag, res->last_modified);
   /* A failed check does not count as "not changed": an object deleted
    * since the stream opened (404) has changed, and must not go on being
    * served from the cache.  Other failures (access, the network) cannot
@@ -433,8 +433,8 @@ static void on_revalidated(fetch_req_t *req, const fetch_result_t *res, void *ar
   if (res->status != 0 && !gone && !s->closed) {
     char where[400];
     fetch_redact(f->path, where, sizeof(where));
-    log_warn("stream %u: cannot check whether %s changed (%s); serving it as it was", s->id,
-             where, res->message ? res->message : larder_strerror(res->status));
+    log_warn("stream %u: cannot check whether %s changed (%s); serving it as it was", s->id, where,
+             res->message ? res->message : larder_strerror(res->status));
   }
   if (gone && !s->closed && s->stale_msg == NULL) {
     char where[400], m[1024];
@@ -693,4 +693,3 @@ fail:
   stream_pbatch_free(s, b);
   return rc;
 }
-

@@ -130,15 +130,15 @@ enum { RB_FETCHING = 0, RB_READY = 1, RB_FAILED = 2 };
  * group, instead of sharing the link with long read-ahead transfers. */
 typedef struct rb_part {
   struct rgbuf *b;
-  int range;               /* index in ranges */
+  int range; /* index in ranges */
   uint64_t offset, length;
-  fetch_req_t *req;        /* while it runs */
-  int done;                /* its callback ran (maybe inside fetch_get) */
+  fetch_req_t *req; /* while it runs */
+  int done;         /* its callback ran (maybe inside fetch_get) */
   uint8_t *data;
 } rb_part_t;
 
 struct rgbuf {
-  htab_node_t hnode;       /* in srv->rgbuf_table; hnode.hash is its hash */
+  htab_node_t hnode; /* in srv->rgbuf_table; hnode.hash is its hash */
   uint64_t object_id;
   uint32_t rg;
   uint64_t columns_hash;
@@ -148,26 +148,26 @@ struct rgbuf {
   char *message;
   int num_ranges;
   pq_range_t *ranges;
-  uint8_t **data;          /* per range, once every part has arrived */
-  rb_part_t *parts;        /* the requests: each range cut into parts */
+  uint8_t **data;   /* per range, once every part has arrived */
+  rb_part_t *parts; /* the requests: each range cut into parts */
   int num_parts;
-  int pending;             /* parts not yet arrived */
-  int ahead;               /* fetched for read-ahead; nobody waits yet */
-  uint64_t mem_ahead;      /* bytes counted in srv->rgbuf_ahead_bytes: read
+  int pending;         /* parts not yet arrived */
+  int ahead;           /* fetched for read-ahead; nobody waits yet */
+  uint64_t mem_ahead;  /* bytes counted in srv->rgbuf_ahead_bytes: read
                               ahead for a row group the cache will not keep,
                               and not used yet */
-  int held;                /* held (one reference) until every unit of the
+  int held;            /* held (one reference) until every unit of the
                               row group has decoded from it, or a minute */
-  uint32_t units_left;     /* units of the row group not yet decoded */
-  uint64_t held_ns;        /* when the hold began */
-  uint64_t held_bytes;     /* counted in srv->rgbuf_held_bytes */
-  uint64_t charged;        /* bytes counted in srv->rgbuf_fetching_bytes */
+  uint32_t units_left; /* units of the row group not yet decoded */
+  uint64_t held_ns;    /* when the hold began */
+  uint64_t held_bytes; /* counted in srv->rgbuf_held_bytes */
+  uint64_t charged;    /* bytes counted in srv->rgbuf_fetching_bytes */
   uint64_t bytes;
   uint64_t fetch_ns;
-  uint64_t size;       /* the object's version when the stream opened */
+  uint64_t size; /* the object's version when the stream opened */
   char etag[128];
   char last_modified[64];
-  char where[400];     /* the object's URL, redacted, for messages */
+  char where[400]; /* the object's URL, redacted, for messages */
   unit_t **waiters;
   int num_waiters, cap_waiters;
   server_t *srv;
@@ -344,8 +344,8 @@ static void on_range(fetch_req_t *req, const fetch_result_t *res, void *arg) {
         b->error = res->status;
         b->message = strdup(res->message ? res->message : larder_strerror(res->status));
       }
-    } else if (!remote_same_version(b->size, b->etag, b->last_modified, res->object_size,
-                                    res->etag, res->last_modified)) {
+    } else if (!remote_same_version(b->size, b->etag, b->last_modified, res->object_size, res->etag,
+                                    res->last_modified)) {
       /* The object changed after the stream opened: never decode a mix.
        * Size, ETag and Last-Modified are all compared: on a server without
        * ETags, a replaced object would otherwise be decoded as old footer
@@ -419,8 +419,7 @@ static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index,
   return NULL;
 }
 
-static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead,
-                           int hold) {
+static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead, int hold) {
   const dataset_unit_t *du = &ds->units[unit_index];
   const dataset_file_t *f = &ds->files[du->file];
   uint64_t ch = columns_hash_of(ds);
@@ -460,8 +459,8 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   /* Merge chunks separated by small gaps into one request each. */
   int m = 0;
   for (int i = 0; i < n; i++) {
-    if (m > 0 && ranges[i].offset <= ranges[m - 1].offset + ranges[m - 1].length +
-                                         srv->cfg.fetch_merge_gap) {
+    if (m > 0 && ranges[i].offset <=
+                     ranges[m - 1].offset + ranges[m - 1].length + srv->cfg.fetch_merge_gap) {
       uint64_t end = ranges[i].offset + ranges[i].length;
       ranges[m - 1].length = end - ranges[m - 1].offset;
     } else {
@@ -476,8 +475,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
    * would undercount the parts the loop below writes.  Tested by
    * remote_part_sizes. */
   uint64_t parts = 0;
-  for (int i = 0; i < m; i++)
-    parts += ranges[i].length / part + (ranges[i].length % part != 0);
+  for (int i = 0; i < m; i++) parts += ranges[i].length / part + (ranges[i].length % part != 0);
   if (parts > INT_MAX / 2) parts = 0; /* refused below, as out of memory */
   int np = (int)parts;
   b->data = calloc((size_t)(m > 0 ? m : 1), sizeof(uint8_t *));
@@ -624,8 +622,7 @@ static int disk_full_warned;
 static void note_refusal(server_t *srv) {
   store_stats_t st;
   store_stats_get(srv->store, &st);
-  if (!st.admission_disabled || __atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED))
-    return;
+  if (!st.admission_disabled || __atomic_exchange_n(&disk_full_warned, 1, __ATOMIC_RELAXED)) return;
   char why[200];
   if (st.disk_needed_bytes > 0) {
     /* Not full: fuller than the cache lets it get.  Say by how much. */
@@ -642,9 +639,10 @@ static void note_refusal(server_t *srv) {
                  ? "no space left on the device"
                  : "writes fail (is the directory still there, writable, on a healthy disk?)");
   }
-  log_warn("cache in %s: %s: admission is off, new data is served from its sources without "
-           "being cached; what is cached stays readable",
-           srv->cfg.cache_dir, why);
+  log_warn(
+      "cache in %s: %s: admission is off, new data is served from its sources without "
+      "being cached; what is cached stays readable",
+      srv->cfg.cache_dir, why);
 }
 
 /* Called when the cache admitted a unit: a full disk is over. */
@@ -719,8 +717,7 @@ static void offer_to_cache(server_t *srv, const dataset_t *ds, uint32_t k, uint8
   if (r == UNITS_OFFER_REFUSED || r == LARDER_ENOSPC) {
     note_refusal(srv);
   } else if (r < 0) {
-    log_warn("cache write of %s failed: %s", ds->files[ds->units[k].file].name,
-             larder_strerror(r));
+    log_warn("cache write of %s failed: %s", ds->files[ds->units[k].file].name, larder_strerror(r));
   } else if (r == UNITS_OFFER_WRITTEN) {
     note_admission();
   }
@@ -798,8 +795,8 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
   uint32_t end = f->first_unit + f->num_units, at = start;
   for (uint32_t k = start; rc == 0 && k < end && ds->units[k].rg == du->rg; k++) {
     at = k;
-    if (k > u->index && (k - u->index >= DECODE_RUN_MAX || srv->store == NULL ||
-                         cached_already(srv->store, ds, k)))
+    if (k > u->index &&
+        (k - u->index >= DECODE_RUN_MAX || srv->store == NULL || cached_already(srv->store, ds, k)))
       break;
     int64_t got = pq_reader_next(r, ds->units[k].rows, &batch, &err);
     if (got < 0) {
@@ -899,9 +896,8 @@ static int read_cached(server_t *srv, unit_t *u) {
     store_key_t key;
     dataset_column_key(ds, u->index, c, &key);
     int rc = store_get(srv->store, &key, &u->cached[c]);
-    if (rc == 0 &&
-        layout_view(store_value_data(u->cached[c]), store_value_size(u->cached[c]),
-                    &ds->schema->children[c], &u->views[c], why, sizeof(why)) != 0) {
+    if (rc == 0 && layout_view(store_value_data(u->cached[c]), store_value_size(u->cached[c]),
+                               &ds->schema->children[c], &u->views[c], why, sizeof(why)) != 0) {
       /* Discard the entry, not just the value: if the entry stayed, the
        * unit would be decoded, and the decode's shortcut for a unit cached
        * meanwhile (load_work) would find it cached and read it again,
@@ -986,8 +982,8 @@ static void load_work(work_t *w) {
   u->decode_ns = util_now_ns() - t1;
   for (int c = 0; c < nc; c++) {
     size_t size = (size_t)((const layout_blob_header_t *)(const void *)u->blobs[c])->total_size;
-    if (layout_view(u->blobs[c], size, &ds->schema->children[c], &u->views[c], why,
-                    sizeof(why)) != 0) {
+    if (layout_view(u->blobs[c], size, &ds->schema->children[c], &u->views[c], why, sizeof(why)) !=
+        0) {
       unit_fail(u, LARDER_ECORRUPT, why);
       return;
     }
@@ -1053,7 +1049,8 @@ static void load_done(work_t *w, int status) {
     }
     rb_release(srv, b);
   }
-  if (status == UV_ECANCELED && u->error == 0) unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
+  if (status == UV_ECANCELED && u->error == 0)
+    unit_fail(u, LARDER_ESHUTDOWN, "daemon is shutting down");
   if (u->error) {
     u->state = UNIT_FAILED;
     STATS_ADD(&srv->stats, unit_errors, 1);

@@ -50,17 +50,17 @@ struct unit {
   int refs;
   int state;
   int error;
-  char *message;          /* FAILED: why */
-  dataset_t *ds;          /* held while loading */
-  uint32_t index;         /* in ds */
+  char *message;  /* FAILED: why */
+  dataset_t *ds;  /* held while loading */
+  uint32_t index; /* in ds */
   int num_columns;
   store_value_t **cached; /* per column, when read from the cache */
   uint8_t **blobs;        /* per column, when decoded */
   layout_view_t *views;   /* per column, READY */
   layout_rows_t rowblock; /* the row block (layout.h), when the dataset has a
                              row plan */
-  uint64_t bytes;          /* in memory, row block included */
-  uint64_t data_bytes;     /* of its column blobs: what the cache holds */
+  uint64_t bytes;         /* in memory, row block included */
+  uint64_t data_bytes;    /* of its column blobs: what the cache holds */
   int from_cache;
   int for_prefetch;       /* loaded for `larderctl prefetch` alone: its bytes
                              are not the trainers' hits or misses */
@@ -76,7 +76,7 @@ struct unit {
 
   unit_waiter_t **waiters; /* whom to tell when it is READY or FAILED */
   int num_waiters, cap_waiters;
-  htab_node_t hnode;      /* in srv->unit_table; hnode.hash is its hash */
+  htab_node_t hnode;           /* in srv->unit_table; hnode.hash is its hash */
   unit_t *lru_prev, *lru_next; /* idle list (refs == 0, READY) */
   work_t work;
   server_t *srv;
@@ -136,7 +136,7 @@ void units_release(server_t *srv, unit_t *u);
 typedef void (*unit_waiter_cb)(unit_waiter_t *w);
 struct unit_waiter {
   unit_waiter_cb cb;
-  void *data;             /* the owner's */
+  void *data; /* the owner's */
 };
 /* Registers w to be told when u leaves LOADING; a waiter registered already
  * is not added twice.  Returns 0, or LARDER_ENOMEM (w is then not

@@ -60,12 +60,12 @@ typedef struct mapping {
   struct mapping *next;
   uintptr_t base;
   size_t size;
-  int fd;       /* allocations: the memfd; imports: -1 */
+  int fd; /* allocations: the memfd; imports: -1 */
   int device;
   int imported;
-  int ifd;          /* allocations: the importers page's memfd */
-  importers *imp;   /* the importers page, mapped */
-  int slot;         /* imports: the slot it took, or -1 */
+  int ifd;        /* allocations: the importers page's memfd */
+  importers *imp; /* the importers page, mapped */
+  int slot;       /* imports: the slot it took, or -1 */
 } mapping;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

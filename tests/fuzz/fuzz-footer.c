@@ -25,12 +25,12 @@
  * which is slow but not a bug. */
 #define FUZZ_MAX_ROWS 200000
 
-#define FUZZ_CHECK(cond)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
+#define FUZZ_CHECK(cond)                                                         \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
       fprintf(stderr, "%s:%d: broken promise: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                 \
-    }                                                                          \
+      abort();                                                                   \
+    }                                                                            \
   } while (0)
 
 /* The serving layout's value widths, written out here rather than taken
@@ -38,13 +38,23 @@
  * code it checks. */
 static size_t fuzz_type_width(const pq_field_t *f) {
   switch (f->type) {
-    case LARDER_TYPE_INT8: case LARDER_TYPE_UINT8: return 1;
-    case LARDER_TYPE_INT16: case LARDER_TYPE_UINT16: case LARDER_TYPE_FLOAT16: return 2;
-    case LARDER_TYPE_INT32: case LARDER_TYPE_UINT32: case LARDER_TYPE_FLOAT32:
-    case LARDER_TYPE_DATE32: case LARDER_TYPE_TIME32: return 4;
-    case LARDER_TYPE_INT64: case LARDER_TYPE_UINT64: case LARDER_TYPE_FLOAT64:
-    case LARDER_TYPE_TIME64: case LARDER_TYPE_TIMESTAMP: return 8;
-    case LARDER_TYPE_DECIMAL128: case LARDER_TYPE_DECIMAL256:
+    case LARDER_TYPE_INT8:
+    case LARDER_TYPE_UINT8: return 1;
+    case LARDER_TYPE_INT16:
+    case LARDER_TYPE_UINT16:
+    case LARDER_TYPE_FLOAT16: return 2;
+    case LARDER_TYPE_INT32:
+    case LARDER_TYPE_UINT32:
+    case LARDER_TYPE_FLOAT32:
+    case LARDER_TYPE_DATE32:
+    case LARDER_TYPE_TIME32: return 4;
+    case LARDER_TYPE_INT64:
+    case LARDER_TYPE_UINT64:
+    case LARDER_TYPE_FLOAT64:
+    case LARDER_TYPE_TIME64:
+    case LARDER_TYPE_TIMESTAMP: return 8;
+    case LARDER_TYPE_DECIMAL128:
+    case LARDER_TYPE_DECIMAL256:
     case LARDER_TYPE_FIXED_BINARY: return (size_t)f->byte_width;
     default: return 0;
   }
@@ -65,9 +75,7 @@ static void fuzz_check_array(const pq_array_t *a) {
   }
   const int32_t *off = (const int32_t *)(const void *)a->offsets.data;
   switch (f->type) {
-    case LARDER_TYPE_BOOL:
-      FUZZ_CHECK(a->values.len * 8 >= (size_t)n);
-      break;
+    case LARDER_TYPE_BOOL: FUZZ_CHECK(a->values.len * 8 >= (size_t)n); break;
     case LARDER_TYPE_BINARY:
     case LARDER_TYPE_STRING:
       FUZZ_CHECK(a->offsets.len >= ((size_t)n + 1) * 4);

@@ -31,7 +31,7 @@ typedef struct variant {
   int repetition; /* of the leaf, for V_FLAT */
   int shape;
   int codec;
-  int logical;    /* on the leaf */
+  int logical; /* on the leaf */
 } variant;
 
 static const variant kVariants[16] = {
@@ -56,9 +56,9 @@ static const variant kVariants[16] = {
 
 /* The variant's schema; returns the element count. */
 static int variant_schema(const variant *v, pqw_schema *s) {
-  pqw_schema leaf = pqw_leaf(v->shape == V_LIST ? "element" : "c", v->physical,
-                             v->shape == V_LIST || v->shape == V_STRUCT ? PQ_OPTIONAL
-                                                                        : v->repetition);
+  pqw_schema leaf =
+      pqw_leaf(v->shape == V_LIST ? "element" : "c", v->physical,
+               v->shape == V_LIST || v->shape == V_STRUCT ? PQ_OPTIONAL : v->repetition);
   leaf.type_length = v->type_length;
   leaf.logical = v->logical;
   if (v->logical == PQ_LT_TIMESTAMP) {
@@ -81,9 +81,7 @@ static int variant_schema(const variant *v, pqw_schema *s) {
       s[1] = pqw_group("s", PQ_OPTIONAL, 1);
       s[2] = leaf;
       return 3;
-    default:
-      s[1] = leaf;
-      return 2;
+    default: s[1] = leaf; return 2;
   }
 }
 
@@ -101,8 +99,8 @@ static int variant_max_rep(const variant *v) {
 }
 
 /* Builds the file around the chunk; the caller frees it. */
-static uint8_t *build_file_around(const variant *v, const uint8_t *chunk, size_t len,
-                                  int64_t rows, size_t *out_len) {
+static uint8_t *build_file_around(const variant *v, const uint8_t *chunk, size_t len, int64_t rows,
+                                  size_t *out_len) {
   pqw_schema s[4];
   int ns = variant_schema(v, s);
   pqw_file f;
@@ -136,8 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
 static int seed_count;
 
-static void write_seed(const char *dir, int vi, int64_t rows, const uint8_t *chunk,
-                       size_t len) {
+static void write_seed(const char *dir, int vi, int64_t rows, const uint8_t *chunk, size_t len) {
   if (len > (1u << 20) - 3) return;
   char path[1024];
   snprintf(path, sizeof(path), "%s/seed-%s-%04d", dir, kVariants[vi].name, seed_count++);
@@ -201,8 +198,7 @@ static void generated_seeds(const char *dir) {
     int encs[6], ne = 0;
     encs[ne++] = PQ_ENC_PLAIN;
     if (v->physical != PQ_BOOLEAN) encs[ne++] = PQ_ENC_RLE_DICTIONARY;
-    if (v->physical == PQ_INT32 || v->physical == PQ_INT64)
-      encs[ne++] = PQ_ENC_DELTA_BINARY_PACKED;
+    if (v->physical == PQ_INT32 || v->physical == PQ_INT64) encs[ne++] = PQ_ENC_DELTA_BINARY_PACKED;
     if (v->physical == PQ_BYTE_ARRAY) {
       encs[ne++] = PQ_ENC_DELTA_LENGTH_BYTE_ARRAY;
       encs[ne++] = PQ_ENC_DELTA_BYTE_ARRAY;
@@ -213,8 +209,8 @@ static void generated_seeds(const char *dir) {
       encs[ne++] = PQ_ENC_BYTE_STREAM_SPLIT;
     if (v->physical == PQ_BOOLEAN) encs[ne++] = PQ_ENC_RLE;
     /* The writer compresses only some codecs; others get no seeds. */
-    int codec_ok = v->codec == PQ_UNCOMPRESSED || v->codec == PQ_SNAPPY ||
-                   v->codec == PQ_GZIP || v->codec == PQ_ZSTD || v->codec == PQ_LZ4_RAW;
+    int codec_ok = v->codec == PQ_UNCOMPRESSED || v->codec == PQ_SNAPPY || v->codec == PQ_GZIP ||
+                   v->codec == PQ_ZSTD || v->codec == PQ_LZ4_RAW;
     if (!codec_ok) continue;
     for (int e = 0; e < ne; e++) {
       for (int v2 = 0; v2 < 2; v2++) {
@@ -279,8 +275,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   const char *files = getenv("LARDER_FUZZ_SEED_FILES");
   if (files != NULL) {
     char *copy = strdup(files);
-    for (char *tok = strtok(copy, ":"); tok != NULL; tok = strtok(NULL, ":"))
-      file_seeds(dir, tok);
+    for (char *tok = strtok(copy, ":"); tok != NULL; tok = strtok(NULL, ":")) file_seeds(dir, tok);
     free(copy);
   }
   fprintf(stderr, "fuzz-pages: wrote %d seeds to %s\n", seed_count, dir);

@@ -105,8 +105,8 @@ typedef struct schema_in {
 } schema_in_t;
 
 static int is_container(uint32_t type) {
-  return type == LARDER_TYPE_STRUCT || type == LARDER_TYPE_LIST ||
-         type == LARDER_TYPE_LARGE_LIST || type == LARDER_TYPE_MAP;
+  return type == LARDER_TYPE_STRUCT || type == LARDER_TYPE_LIST || type == LARDER_TYPE_LARGE_LIST ||
+         type == LARDER_TYPE_MAP;
 }
 
 /* One node in pre-order: type (mod LARDER_TYPE_COUNT_ + 1: the last is
@@ -125,7 +125,8 @@ static Larder__Field *read_node(reader_t *r, schema_in_t *in, int depth) {
   f->byte_width = (int32_t)read_u8(r) - 128;
   f->precision = 10;
   f->scale = 2;
-  size_t kids = (is_container(f->type) || (attrs & 0x40)) && depth < MAX_DEPTH ? (attrs >> 4) & 3 : 0;
+  size_t kids =
+      (is_container(f->type) || (attrs & 0x40)) && depth < MAX_DEPTH ? (attrs >> 4) & 3 : 0;
   if (kids > (size_t)(MAX_NODES - in->kids_used)) kids = (size_t)(MAX_NODES - in->kids_used);
   f->children = in->kids + in->kids_used;
   in->kids_used += (int)kids;
@@ -163,7 +164,8 @@ static void read_bytes(const uint8_t *arena, uint64_t arena_size, const void *p,
   if (n == 0) return;
   FUZZ_CHECK(p != NULL);
   const uint8_t *b = p;
-  FUZZ_CHECK(b >= arena && (uint64_t)(b - arena) <= arena_size && n <= arena_size - (uint64_t)(b - arena));
+  FUZZ_CHECK(b >= arena && (uint64_t)(b - arena) <= arena_size &&
+             n <= arena_size - (uint64_t)(b - arena));
   uint8_t x = 0;
   for (uint64_t i = 0; i < n; i++) x ^= b[i];
   sink ^= x;
@@ -238,7 +240,8 @@ static void check_exported(const struct ArrowArray *x, const struct ArrowSchema 
   FUZZ_CHECK(x->n_children == sc->n_children);
   FUZZ_CHECK(x->offset == 0 && x->length >= 0);
   for (int64_t i = 0; i < x->n_children; i++)
-    if (sc->format[0] == '+' && sc->format[1] == 's') FUZZ_CHECK(x->children[i]->length >= x->length);
+    if (sc->format[0] == '+' && sc->format[1] == 's')
+      FUZZ_CHECK(x->children[i]->length >= x->length);
   FUZZ_CHECK(sc->format != NULL && sc->name != NULL);
   for (int64_t i = 0; i < x->n_children; i++) check_exported(x->children[i], sc->children[i]);
 }
@@ -354,8 +357,8 @@ static int take(world_t *w) {
   FUZZ_CHECK(rc == 1 && s->ring_consumed == consumed + 1);
   FUZZ_CHECK(view.n_layout == w->num_layout);
   const uint8_t *lp = (const uint8_t *)view.layout;
-  FUZZ_CHECK(lp >= (const uint8_t *)w->ring &&
-             lp + (size_t)w->num_layout * sizeof(uint64_t) <= (const uint8_t *)w->ring + w->ring_size);
+  FUZZ_CHECK(lp >= (const uint8_t *)w->ring && lp + (size_t)w->num_layout * sizeof(uint64_t) <=
+                                                   (const uint8_t *)w->ring + w->ring_size);
   larder_batch_t *spare = NULL, *b = NULL;
   pthread_mutex_lock(&s->lock);
   spare = s->spare;
@@ -635,8 +638,8 @@ typedef struct seed_col {
 /* Writes the schema, then the arena's contents and descriptors of
  * `batches` well-formed batches of `rows` rows (no nulls), buffers laid
  * out one after another, each batch taken and released in turn. */
-static void seed(const char *dir, const char *name, const seed_col_t *cols, int ncols, uint8_t flags,
-                 int batches) {
+static void seed(const char *dir, const char *name, const seed_col_t *cols, int ncols,
+                 uint8_t flags, int batches) {
   out_t o = {.len = 0};
   const uint64_t rows = 5;
   put_u8(&o, flags);
@@ -682,14 +685,14 @@ static void seed(const char *dir, const char *name, const seed_col_t *cols, int 
       uint64_t ow = t == LARDER_TYPE_LARGE_STRING || t == LARDER_TYPE_LARGE_BINARY ||
                             t == LARDER_TYPE_LARGE_LIST
                         ? 8
-                        : t == LARDER_TYPE_STRING || t == LARDER_TYPE_BINARY || t == LARDER_TYPE_LIST
-                              ? 4
-                              : 0;
-      uint64_t vw = t == LARDER_TYPE_BOOL ? 1
-                  : t == LARDER_TYPE_FIXED_BINARY ? cols[i].width * rows
-                  : ow && !list ? rows
-                  : t == LARDER_TYPE_NULL ? 0
-                  : 8 * rows;
+                    : t == LARDER_TYPE_STRING || t == LARDER_TYPE_BINARY || t == LARDER_TYPE_LIST
+                        ? 4
+                        : 0;
+      uint64_t vw = t == LARDER_TYPE_BOOL           ? 1
+                    : t == LARDER_TYPE_FIXED_BINARY ? cols[i].width * rows
+                    : ow && !list                   ? rows
+                    : t == LARDER_TYPE_NULL         ? 0
+                                                    : 8 * rows;
       /* length, null count, validity (off, len), offsets, values */
       put_value(&o, rows);
       put_value(&o, 0);
@@ -729,10 +732,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argv;
   const char *dir = getenv("LARDER_FUZZ_SEED_DIR");
   if (dir == NULL || *dir == '\0') return 0;
-  static const seed_col_t std[] = {{LARDER_TYPE_INT64, 0}, {LARDER_TYPE_STRING, 0}, {LARDER_TYPE_LIST, 0}};
+  static const seed_col_t std[] = {
+      {LARDER_TYPE_INT64, 0}, {LARDER_TYPE_STRING, 0}, {LARDER_TYPE_LIST, 0}};
   static const seed_col_t large[] = {{LARDER_TYPE_LARGE_STRING, 0}, {LARDER_TYPE_LARGE_LIST, 0}};
-  static const seed_col_t fixed[] = {{LARDER_TYPE_BOOL, 0}, {LARDER_TYPE_FIXED_BINARY, 16},
-                                     {LARDER_TYPE_FLOAT64, 0}, {LARDER_TYPE_NULL, 0}};
+  static const seed_col_t fixed[] = {{LARDER_TYPE_BOOL, 0},
+                                     {LARDER_TYPE_FIXED_BINARY, 16},
+                                     {LARDER_TYPE_FLOAT64, 0},
+                                     {LARDER_TYPE_NULL, 0}};
   for (uint8_t how = 0; how < 4; how++) {
     char name[64];
     snprintf(name, sizeof(name), "std-%u", how);

@@ -35,8 +35,7 @@ static const char *remote_dir(void) {
 
 static void kill_and_reap(pid_t pid) {
   kill(pid, SIGKILL);
-  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
 }
 
 int rs_start(rs_server *s, const char *const argv[], const char *stderr_path, int timeout_ms) {
@@ -114,7 +113,8 @@ int rs_start(rs_server *s, const char *const argv[], const char *stderr_path, in
 }
 
 /* Builds argv: prefix..., extra..., NULL. */
-static int build_argv(const char **out, const char *const *prefix, int nprefix, const char *const extra[]) {
+static int build_argv(const char **out, const char *const *prefix, int nprefix,
+                      const char *const extra[]) {
   int n = 0;
   for (int i = 0; i < nprefix; i++) out[n++] = prefix[i];
   for (int i = 0; extra && extra[i]; i++) {
@@ -153,7 +153,8 @@ int rs_start_s3front(rs_server *s, const char *dir, const char *const extra[]) {
   return start_node(s, "s3front.mjs", dir, NULL, 0, extra);
 }
 
-int rs_start_faultproxy(rs_server *s, const char *upstream, const char *dir, const char *const extra[]) {
+int rs_start_faultproxy(rs_server *s, const char *upstream, const char *dir,
+                        const char *const extra[]) {
   const char *pre[] = {"--upstream", upstream};
   return start_node(s, "faultproxy.mjs", dir, pre, 2, extra);
 }

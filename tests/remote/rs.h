@@ -42,7 +42,8 @@ int rs_start(rs_server *s, const char *const argv[], const char *stderr_path, in
  */
 int rs_start_s3front(rs_server *s, const char *dir, const char *const extra[]);
 /* faultproxy.mjs in front of upstream ("http://127.0.0.1:PORT"). */
-int rs_start_faultproxy(rs_server *s, const char *upstream, const char *dir, const char *const extra[]);
+int rs_start_faultproxy(rs_server *s, const char *upstream, const char *dir,
+                        const char *const extra[]);
 /* nginx.sh run DIR ROOT (its config, logs and pid under dir). */
 int rs_start_nginx(rs_server *s, const char *dir, const char *root, const char *const extra[]);
 
