@@ -6,6 +6,7 @@
 #      (tests/cuda-real.sh with BENCH=1);
 #   2. the Python package's tests with the host's python3, where PyTorch,
 #      pyarrow and a GPU are (the tests that skip without them run here);
+#   2b. the Python package's cost per batch (bench/py-overhead.py);
 #   3. the PyTorch loop fed by larder against the same loop fed from host
 #      memory (bench/torch-trainer.py), at 500 and 200 us steps, when a
 #      dataset of bench/gen-dataset.mjs's schema is given.
@@ -36,6 +37,11 @@ LARDER_BUILD_DIR=$b timeout "${PY_LIMIT:-150}" python3 -m pytest -q -p no:cachep
   -k "not make_install and not pip_install and not ctypes_suite and not describe_abi" \
   "$root/tests/python" >"$out/gpu-python.log" 2>&1 || rc=1
 tail -15 "$out/gpu-python.log"
+
+echo "== 2b. The Python package's cost per batch"
+timeout "${OVH_LIMIT:-60}" python3 "$root/bench/py-overhead.py" "$b" --batches 20000 --rounds 3 \
+  >"$out/gpu-overhead.log" 2>&1 || rc=1
+tail -4 "$out/gpu-overhead.log"
 
 if [ -n "$data" ]; then
   echo "== 3. PyTorch loop against its host-memory peer"

@@ -42,8 +42,10 @@ Per arm and epoch it prints:
     the time between calls);
   - the bytes per second the loop takes in, and the host's time per batch
     in next() and the staging (the copy, or the DLPack exports).
-Epoch 0 starts with an empty cache, so it includes decoding; the CUDA arm
-reads the same data after the host arm, from a warm cache.
+The daemon starts with an empty cache, so the run's first epoch (the host
+arm's at the first step time, marked cold) includes decoding; every later
+stream reads the same data, from what the cache holds by then (its first
+epoch is marked first).
 
 Without PyTorch or a GPU (--device cpu, or when torch is missing or sees no
 GPU) the step is a busy wait on the host and the host arm copies into a
@@ -186,12 +188,23 @@ class Cpu:
     drop = sync
 
 
+def batch_tensors(batch):
+    """The CUDA tensors of a CUDA batch's columns, flat; releases the batch
+    (the tensors hold its region until they are dropped)."""
+    tensors = []
+    for x in batch.torch().values():
+        device_tensors(x, tensors)
+    batch.release()
+    return tensors
+
+
 def stage_host(dev, k, batch):
     """Copies a host batch's arrays into slot k and releases the batch;
     returns (bytes, arrays, seconds spent copying)."""
     arrays = []
     for x in batch.values():
         host_arrays(x, arrays)
+    x = None
     dst = dev.slot(k)
     t0 = time.perf_counter()
     pos = 0
@@ -228,10 +241,7 @@ def run_larder(client, dev, memory, source, epochs, step_us, batch_size, seed):
             if b is None:
                 sys.exit("torch-trainer: %s: the stream ended in epoch %d" % (arm, epoch))
             if memory == "cuda":
-                tensors = []
-                for x in b.torch().values():
-                    device_tensors(x, tensors)
-                b.release()  # the tensors hold the batch now
+                tensors = batch_tensors(b)
                 del b
                 nbufs = len(tensors)
                 size = sum(v.numel() * v.element_size() for v in tensors)
@@ -293,12 +303,12 @@ def cuda_driver():
     return None
 
 
-def report(r, step_us, peer, peer_busy, gpu):
+def report(r, step_us, peer, peer_busy, gpu, cold):
     """Prints an epoch's figures against the peer's: a JSON line, then words."""
     r.update({"step_us": step_us, "peer_wall_s": peer, "peer_busy": peer_busy,
               "added_idle": 1 - peer / r["wall_s"]})
     print(json.dumps(r), flush=True)
-    cold = " (cold)" if r["epoch"] == 0 else "       "
+    cold = "        " if r["epoch"] else " (cold) " if cold else " (first)"
     print(f"  {r['arm']:<11} step {step_us:6.0f} us, epoch {r['epoch']}{cold}: "
           f"{'GPU' if gpu else 'stand-in'} busy {100 * r['busy']:6.2f}% "
           f"(peer from host memory {100 * peer_busy:6.2f}%), "
@@ -380,7 +390,7 @@ def main():
                       f"{warm['batches']} batches of {per} bytes in {warm['buffers']} pieces "
                       f"from host memory", flush=True)
                 for r in rows:
-                    report(r, step_us, peer, peer_busy, torch is not None)
+                    report(r, step_us, peer, peer_busy, torch is not None, cold=i == 0)
                 if not cuda_ok:
                     continue
                 try:
@@ -395,7 +405,7 @@ def main():
                     cuda_ok = False
                     continue
                 for r in rows:
-                    report(r, step_us, peer, peer_busy, True)
+                    report(r, step_us, peer, peer_busy, True, cold=False)
             client.close()
         finally:
             d.stop()

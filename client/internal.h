@@ -206,6 +206,10 @@ struct larder_batch {
 };
 
 struct larder_client {
+  /* The owner's reference (larder_client_close drops it) and one per
+   * CUDA stream closed with batches held, whose last release still sends
+   * on this connection (stream_free): the last reference frees it. */
+  atomic_int refs;
   int fd;
   pthread_mutex_t send_lock;
   uint8_t *rbuf;

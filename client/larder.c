@@ -426,6 +426,7 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   if (fork_watch_rc != 0) return LARDER_ENOMEM;
   larder_client_t *c = calloc(1, sizeof(*c));
   if (c == NULL) return LARDER_ENOMEM;
+  atomic_init(&c->refs, 1);
   pthread_mutex_init(&c->send_lock, NULL);
   c->pid = getpid();
   c->fork_gen = atomic_load_explicit(&fork_generation, memory_order_relaxed);
@@ -484,6 +485,8 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
 
 static void stream_unref(larder_stream_t *s);
 
+static void client_unref(larder_client_t *c);
+
 void larder_client_close(larder_client_t *c) {
   if (c == NULL) return;
   /* A forked child shares the parent's socket: closing the streams there
@@ -492,6 +495,12 @@ void larder_client_close(larder_client_t *c) {
    * loop never sees a freed one (the analyzer cannot tell). */
   /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc) */
   while (c->streams) larder_stream_close(c->streams);
+  client_unref(c);
+}
+
+/* Frees c: its socket closes, and with it the daemon's side of the
+ * connection. */
+static void client_free(larder_client_t *c) {
   if (c->fd >= 0) close(c->fd);
   for (int i = 0; i < c->num_fds; i++) close(c->fds[i]);
   wire_free(c->reply);
@@ -499,6 +508,11 @@ void larder_client_close(larder_client_t *c) {
   free(c->held);
   pthread_mutex_destroy(&c->send_lock);
   free(c);
+}
+
+/* Drops one of c's references; the last frees it.  Any thread. */
+static void client_unref(larder_client_t *c) {
+  if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) client_free(c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1047,6 +1061,7 @@ static void stream_free(larder_stream_t *s) {
    * the daemon may free it (see larder_stream_close). */
   if (s->cuda && s->cuda_client && !client_forked(s->cuda_client) && !s->cuda_client->broken)
     (void)send_close_stream(s->cuda_client, s->id, 0);
+  if (s->cuda_client) client_unref(s->cuda_client);
   llib_field_free(&s->schema);
   free(s->plan);
   free(s->deep);
@@ -1126,7 +1141,10 @@ void larder_stream_close(larder_stream_t *s) {
   if (s->cuda && !client_forked(c)) {
     pthread_mutex_lock(&s->lock);
     cuda_held = s->refs > 1;
-    if (cuda_held && !c->broken) s->cuda_client = c;
+    if (cuda_held && !c->broken) {
+      s->cuda_client = c;
+      atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    }
     pthread_mutex_unlock(&s->lock);
     if (!cuda_held) {
       lcuda_map_close(s->cuda);

@@ -163,7 +163,11 @@ int larder_client_connect(const char *socket_path, larder_client_t **out);
 const char *larder_connect_error(void);
 
 /* Closes the connection and every stream of the client; their batches must
- * have been released (or exported and released through Arrow).
+ * have been released (or exported and released through Arrow).  Batches
+ * of CUDA streams still held (or their DLPack tensors) are the exception:
+ * the daemon must not free device memory this process maps, so the
+ * connection stays open until the last of them is released, which then
+ * tells the daemon and closes it.
  *
  * fork(): a client belongs to the process that connected it.  A forked
  * child must not use its parent's clients (they share the socket and the

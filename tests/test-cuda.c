@@ -473,6 +473,49 @@ TEST_IMPL(cuda_close_holding) {
 }
 
 /*
+ * The client closed while a CUDA batch (and a DLPack tensor of it) is
+ * still held: the connection stays open, and the daemon keeps the device
+ * region, until the last of them goes; then the region is freed and the
+ * connection closes.  (Closed at once, the daemon would free device
+ * memory the trainer still maps, which the driver double refuses.)
+ */
+TEST_IMPL(cuda_client_closed_holding) {
+  if (use_driver()) return 0;
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t co;
+  cuda_opts(&co, 100, 1, 0);
+  larder_client_t *cc;
+  ASSERT_OK(larder_client_connect(d.socket, &cc));
+  larder_stream_t *cs;
+  ASSERT_OK(larder_stream_open(cc, &co, &cs));
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_next(cs, 60000 * dh_slow(), &b));
+  const larder_array_t *id = larder_batch_column(b, DH_COL_ID);
+  int64_t n = larder_array_length(id);
+  DLDataType i64 = {kDLInt, 64, 1};
+  DLManagedTensor *t;
+  ASSERT_OK(larder_batch_dlpack(b, larder_array_values(id), i64, 1, &n, &t));
+  ASSERT_EQ(t->dl_tensor.device.device_type, kDLCUDA);
+  uint64_t held = dh_stat(&d, "cuda_device_bytes");
+  ASSERT_GE(held, co.arena_bytes);
+  larder_stream_close(cs);
+  larder_client_close(cc);
+  larder_batch_release(b);
+  usleep(300000);
+  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
+  ASSERT_EQ(dh_stat(&d, "clients"), 2); /* it, and the stats request */
+  t->deleter(t);
+  wait_cuda_bytes(&d, 0);
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
+  while (dh_stat(&d, "clients") != 1 && test_now_ms() < deadline) usleep(10000);
+  ASSERT_EQ(dh_stat(&d, "clients"), 1);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * A trainer killed mid-epoch, holding batches of a CUDA stream: the daemon
  * frees its device region (cuda_device_bytes back to 0) and serves the
  * next trainer.
@@ -870,6 +913,7 @@ TEST_IMPL(cuda_small_arena) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_exports) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_client_closed_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_visible_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
