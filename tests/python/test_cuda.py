@@ -250,3 +250,52 @@ def test_cuda_torch_tensors(cclient):
     host.close()
     dev.close()
     assert kept
+
+
+def test_cuda_torch_views(cclient, monkeypatch):
+    """DeviceBatch.torch() makes one tensor of the batch's span and views
+    of it: checked here with the driver double, whose device memory the
+    host can read, by standing in for torch.from_dlpack with a CPU tensor
+    over the same bytes.  Values and masks equal the host stream's."""
+    if REAL:
+        pytest.skip("test_cuda_torch_tensors checks the real import")
+    torch = pytest.importorskip("torch")
+    spans = []
+
+    def from_dlpack(x):
+        spans.append(x.nbytes)
+        buf = (ctypes.c_uint8 * x.nbytes).from_address(x.ptr)
+        return torch.frombuffer(buf, dtype=torch.uint8)
+
+    monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
+    for src, cols in ((MAIN, None), (PLAIN, None), (WIDE, ["bitwidth%d" % i for i in range(12)])):
+        opts = dict(columns=cols, batch_size=64, seed=6, epochs=1, window=4)
+        host = cclient.stream(src, **opts)
+        dev = cclient.stream(src, memory="cuda", device=0, **opts)
+        for hb in host:
+            db = dev.next(timeout=DEADLINE)
+            n0 = len(spans)
+            dt = db.torch(masks=True)
+            assert len(spans) - n0 <= 1  # one import per batch
+            for k, (t, m) in hb.torch(masks=True).items():
+                d, dm = dt[k]
+                flat_h, flat_d = [], []
+                for x, out in ((t, flat_h), (d, flat_d)):
+                    stack = [x]
+                    while stack:
+                        y = stack.pop()
+                        if isinstance(y, dict):
+                            stack.extend(y[j] for j in sorted(y))
+                        elif isinstance(y, tuple):
+                            stack.extend(reversed(y))
+                        else:
+                            out.append(y)
+                assert len(flat_h) == len(flat_d), (src, k)
+                for a, b in zip(flat_h, flat_d):
+                    assert np.array_equal(a.numpy(), b.numpy()), (src, k)
+                assert (m is None) == (dm is None), (src, k)
+                if m is not None:
+                    assert np.array_equal(m.numpy(), dm.numpy()), (src, k)
+            del hb, db, dt
+        host.close()
+        dev.close()

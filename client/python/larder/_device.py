@@ -268,17 +268,35 @@ class DeviceBatch(collections.abc.Mapping):
                         "memory='host'")
 
     def torch(self, masks=False):
-        """{name: CUDA tensor}, zero-copy through DLPack (BOOL columns and
-        masks are unpacked to bool tensors on the GPU).  DeviceVarColumns
-        become (offsets, values) tensor pairs."""
-        out = {}
-        for k, a in self._arrays.items():
-            t = _to_torch(a)
-            if masks:
-                m = self.mask(k)
-                t = (t, None if m is None else m.torch())
-            out[k] = t
+        """{name: CUDA tensor}, zero-copy (BOOL columns and masks are
+        unpacked to bool tensors on the GPU).  DeviceVarColumns become
+        (offsets, values) tensor pairs.  One DLPack tensor spans the
+        batch's buffers, and each column is a view of it: the cost is one
+        import and a view per buffer, whatever the columns."""
+        arrays = []
+        for a in self._arrays.values():
+            _flatten(a, arrays)
+        if masks:
+            ms = {k: self.mask(k) for k in self._arrays}
+            arrays.extend(m for m in ms.values() if m is not None)
+        base, lo = self._span(arrays)
+        out = {k: _to_torch(a, base, lo) for k, a in self._arrays.items()}
+        if masks:
+            out = {k: (t, None if ms[k] is None else _to_torch(ms[k], base, lo))
+                   for k, t in out.items()}
         return out
+
+    def _span(self, arrays):
+        """A uint8 CUDA tensor over every byte the arrays cover, and the
+        device address it starts at (None, 0 when they cover none)."""
+        live = [a for a in arrays if a.nbytes]
+        if not live:
+            return None, 0
+        lo = min(a.ptr for a in live)
+        hi = max(a.ptr + a.nbytes for a in live)
+        span = DeviceArray(self._owner, lo, (hi - lo,), np.uint8, self.device)
+        import torch
+        return torch.from_dlpack(span), lo
 
     def release(self):
         """Drops the batch's own reference: the region goes back to the
@@ -288,14 +306,51 @@ class DeviceBatch(collections.abc.Mapping):
         self._owner = None
 
 
-def _to_torch(a):
+def _flatten(a, out):
     if isinstance(a, DeviceArray):
-        if a.dtype.kind in "Mm":
+        out.append(a)
+    elif isinstance(a, dict):
+        for x in a.values():
+            _flatten(x, out)
+    else:  # DeviceVarColumn
+        _flatten(a[0], out)
+        _flatten(a[1], out)
+
+
+_TORCH_TYPES = {}
+
+
+def _torch_dtype(dt):
+    t = _TORCH_TYPES.get(dt)
+    if t is None:
+        import torch
+        name = {"M": "int64", "m": "int64", "b": "bool"}.get(dt.kind, dt.name)
+        t = getattr(torch, name, None)
+        if t is None:
+            raise TypeError("larder: this torch has no %s tensors" % name)
+        _TORCH_TYPES[dt] = t
+    return t
+
+
+def _to_torch(a, base, lo):
+    """The tensor of a (a DeviceArray, DeviceVarColumn or dict) as a view of
+    base, the span tensor that starts at device address lo."""
+    if isinstance(a, DeviceArray):
+        if a.nbytes == 0:
             import torch
-            return torch.from_dlpack(a)
-        return a.torch()
+            if a.bitmap:
+                return torch.zeros(a.length, dtype=torch.bool, device=base.device
+                                   if base is not None else "cuda:%d" % a.device)
+            return torch.empty(a.shape, dtype=_torch_dtype(a.dtype),
+                               device=base.device if base is not None else "cuda:%d" % a.device)
+        off = a.ptr - lo
+        t = base[off:off + a.nbytes]
+        if a.bitmap:
+            return _unpack_bits(t, a.length)
+        t = t.view(_torch_dtype(a.dtype))
+        return t.view(a.shape) if len(a.shape) > 1 else t
     if isinstance(a, DeviceVarColumn):
-        return (_to_torch(a[0]), _to_torch(a[1]))
+        return (_to_torch(a[0], base, lo), _to_torch(a[1], base, lo))
     if isinstance(a, dict):
-        return {k: _to_torch(x) for k, x in a.items()}
+        return {k: _to_torch(x, base, lo) for k, x in a.items()}
     raise TypeError("larder: cannot make a tensor of %r" % (a,))
