@@ -11,6 +11,7 @@
  * credfake.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "fetch/awscreds.h"
+#include "larder.h"
 #include "remote-harness.h"
 #include "test-ctl-common.h"
 
@@ -94,6 +96,62 @@ static void start_servers(rs_server *s3, rs_server *fake, int ttl_s, const char 
                         "--log",      log,      "--watch-pid",      watch,
                         NULL};
   ASSERT_OK(rs_start(fake, argv, err, 20000));
+}
+
+/* Revokes a key at the front: a copy of its line of issued with an
+ * expiration long past, which the front reads last and so refuses the
+ * key with ExpiredToken (the credential source knows nothing of it).  The
+ * key is that of the first line whose field is value ("source",
+ * "container": the first key the container endpoint handed out).
+ * Returns 0, or -1 when there is no such key; asserts nothing (it also
+ * runs on a thread of its own). */
+static int revoke_key(const char *field, const char *value) {
+  rh_log lg;
+  rh_log_read(&lg, issued);
+  static char line[8192];
+  line[0] = '\0';
+  char buf[256];
+  for (int i = 0; i < lg.n && !line[0]; i++) {
+    if (strcmp(rh_field(lg.lines[i], field, buf, sizeof(buf)), value) != 0) continue;
+    const char *exp = strstr(lg.lines[i], "\"expiration\":\"");
+    if (exp == NULL) continue;
+    size_t head = (size_t)(exp - lg.lines[i]) + 14;
+    const char *tail = strchr(exp + 14, '"');
+    if (tail == NULL) continue;
+    snprintf(line, sizeof(line), "%.*s2000-01-01T00:00:00Z%s", (int)head, lg.lines[i], tail);
+  }
+  rh_log_free(&lg);
+  if (!line[0]) return -1;
+  FILE *f = fopen(issued, "a");
+  if (f == NULL) return -1;
+  fprintf(f, "%s\n", line);
+  return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Revokes the first key of a source once the front has answered `after`
+ * object reads (206): mid-epoch, whatever the machine's speed. */
+typedef struct revoker {
+  const rs_server *s3;
+  const char *source;
+  int after;
+  int done; /* 1: revoked; -1: failed */
+} revoker_t;
+
+static void *revoke_mid_epoch(void *arg) {
+  revoker_t *rv = arg;
+  double end = test_now_ms() + 60000;
+  while (test_now_ms() < end) {
+    char *st = rs_stats(rv->s3);
+    int64_t n = st ? rs_json_int(st, "by_status.206", 0) : 0;
+    free(st);
+    if (n >= rv->after) {
+      rv->done = revoke_key("source", rv->source) == 0 ? 1 : -1;
+      return NULL;
+    }
+    usleep(20 * 1000);
+  }
+  rv->done = -1;
+  return NULL;
 }
 
 /* Registers static keys with the front (as if an admin had issued them):
@@ -651,5 +709,163 @@ TEST_IMPL(remote_creds_readers) {
   ASSERT_EQ(awscreds_resolve(&(awscreds_options_t){0}, &v, err, sizeof(err)), LARDER_ENOENT);
   ASSERT_STR_CONTAINS(err, "no S3 credentials");
   ASSERT_STR_CONTAINS(err, "instance metadata disabled");
+  return 0;
+}
+
+/*
+ * Credentials revoked mid-epoch (issue #31): container credentials good
+ * for an hour, which the front starts refusing with ExpiredToken after a
+ * few object reads, while the container endpoint hands out new ones.  The
+ * refused requests ask the refresher for new credentials at once and are
+ * retried with them: the epoch delivers every row, the refresh is counted
+ * in credentials_refreshes (and no error), the front refused at least one
+ * request and saw a second container key, and no secret is shown.
+ */
+TEST_IMPL(remote_creds_expired_token) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  clear_aws_env();
+  rs_server s3, fake;
+  static const char *const slow[] = {"--latency-ms", "300", NULL};
+  start_servers(&s3, &fake, 3600, slow);
+  use_source("container", &fake);
+  dh_daemon d;
+  daemon_for(&d, "d", &s3);
+  dh_flag(&d, "--fetch_inflight_per_host=2");
+  dh_start(&d);
+  dh_wait_log(&d, "S3 credentials from container", 1, 10000.0 * dh_slow());
+  ASSERT_EQ(fake_stat(&fake, "issued.container"), 1);
+  ASSERT_OK(rs_control(&s3, "{\"reset_stats\":true}"));
+  revoker_t rv = {&s3, "container", 3, 0};
+  pthread_t th;
+  ASSERT_EQ(pthread_create(&th, NULL, revoke_mid_epoch, &rv), 0);
+  double t0 = test_now_ms();
+  expect_all_rows(&d, "an epoch across a revocation");
+  pthread_join(th, NULL);
+  fprintf(stderr, "epoch: %.1f s\n", (test_now_ms() - t0) / 1000);
+  ASSERT_EQ(rv.done, 1);
+  ASSERT_GE(front_status(400), 1);
+  ASSERT_GE(fake_stat(&fake, "issued.container"), 2);
+  ASSERT_GE(dh_stat(&d, "credentials_refreshes"), 1);
+  ASSERT_EQ(dh_stat(&d, "credentials_refresh_errors"), 0);
+  dh_wait_log(&d, "S3 refused the credentials in force", 1, 1000);
+  expect_no_secrets(&d);
+  dh_stop(&d);
+  clear_aws_env();
+  rh_stop(&fake);
+  rh_stop(&s3);
+  /* The upload's key, the first container key and at least one more. */
+  char keys[16][64];
+  ASSERT_GE(front_keys(keys, 16), 3);
+  return 0;
+}
+
+/*
+ * The same revocation with a source that keeps handing out the refused
+ * credentials (a credential_process printing a fixed key): the refresh
+ * gives them again, so the stream fails at once with LARDER_EACCES and a
+ * message that says the credentials were refused as expired and renewing
+ * them did not help; counted in credentials_refresh_errors.  The daemon
+ * then serves nothing with that key, and shows no secret.
+ */
+TEST_IMPL(remote_creds_expired_same) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  clear_aws_env();
+  rs_server s3, fake;
+  start_servers(&s3, &fake, 3600, NULL);
+  use_source("process", &fake);
+  dh_daemon d;
+  daemon_for(&d, "d", &s3);
+  dh_start(&d);
+  dh_wait_log(&d, "S3 credentials from process", 1, 10000.0 * dh_slow());
+  expect_all_rows(&d, "before the revocation");
+  ASSERT_EQ(dh_stat(&d, "credentials_refreshes"), 0);
+  ASSERT_OK(revoke_key("access_key", "AKIAPROCESSTEST1"));
+  const char *src[1] = {"s3://data/std/"};
+  larder_stream_options_t o;
+  dh_opts(&o, src, 100, 12, 1);
+  o.num_sources = 1;
+  o.unit_rows = DH_STD_UNIT_ROWS;
+  o.arena_bytes = 8u << 20;
+  dh_run r = {0};
+  double t0 = test_now_ms();
+  int rc = dh_collect(d.socket, &o, 0, &r);
+  double took = test_now_ms() - t0;
+  fprintf(stderr, "revoked, same key again: rc %d in %.0f ms: %s\n", rc, took, r.err);
+  ASSERT_NE(rc, 0);
+  ASSERT_STR_CONTAINS(r.err, "refused the credentials as expired or revoked");
+  ASSERT_STR_CONTAINS(r.err, "ExpiredToken");
+  ASSERT_STR_CONTAINS(r.err, "renewing them did not help");
+  ASSERT_STR_CONTAINS(r.err, "the same credentials");
+  ASSERT_LT(took, 30000 * dh_slow());
+  dh_run_free(&r);
+  ASSERT_GE(dh_stat(&d, "credentials_refreshes"), 1);
+  ASSERT_GE(dh_stat(&d, "credentials_refresh_errors"), 1);
+  dh_wait_log(&d, "renewing them did not help", 1, 1000);
+  expect_no_secrets(&d);
+  dh_stop(&d);
+  clear_aws_env();
+  rh_stop(&fake);
+  rh_stop(&s3);
+  return 0;
+}
+
+/*
+ * IMDSv1 fallback, in process against credfake: a token PUT answered 405
+ * (an older metadata service, a proxy) lets the GETs go without a token,
+ * as botocore does; 404 and 403 likewise.  A 400 does not (no credentials,
+ * nothing asked after it), nor does AWS_EC2_METADATA_V1_DISABLED=true.  A
+ * service that hands out tokens is always asked with one.
+ */
+TEST_IMPL(remote_creds_imds_v1) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  clear_aws_env();
+  rs_server s3, fake;
+  start_servers(&s3, &fake, 3600, NULL);
+  rh_stop(&s3);
+  awscreds_options_t ao;
+  memset(&ao, 0, sizeof(ao));
+  ao.timeout_s = 5;
+  awscreds_value_t v;
+  char err[512];
+  ASSERT_OK(rs_control(&fake, "{\"imds_v1\":true}"));
+  static const int fallback[] = {405, 404, 403};
+  for (size_t i = 0; i < sizeof(fallback) / sizeof(fallback[0]); i++) {
+    clear_aws_env();
+    use_source("imds", &fake);
+    char ctl[64];
+    snprintf(ctl, sizeof(ctl), "{\"imds_token_status\":%d}", fallback[i]);
+    ASSERT_OK(rs_control(&fake, ctl));
+    int64_t before = fake_stat(&fake, "imds_v1");
+    int rc = awscreds_resolve(&ao, &v, err, sizeof(err));
+    if (rc != 0) ASSERT_FAIL_("token PUT answered %d: %s", fallback[i], err);
+    ASSERT_STR_EQ(v.source, "imds");
+    ASSERT_STR_CONTAINS(v.access_key, "ASIAIMDS");
+    ASSERT_NOT_NULL(v.session_token);
+    ASSERT_GT(v.expiration, (int64_t)time(NULL));
+    awscreds_value_clear(&v);
+    ASSERT_EQ(fake_stat(&fake, "imds_v1") - before, 2); /* the role, then its keys */
+  }
+  /* Turned off by the environment: no credentials. */
+  setenv("AWS_EC2_METADATA_V1_DISABLED", "true", 1);
+  int64_t before = fake_stat(&fake, "imds_v1");
+  ASSERT_EQ(awscreds_resolve(&ao, &v, err, sizeof(err)), LARDER_ENOENT);
+  ASSERT_EQ(fake_stat(&fake, "imds_v1"), before);
+  unsetenv("AWS_EC2_METADATA_V1_DISABLED");
+  /* A 400: no fallback. */
+  ASSERT_OK(rs_control(&fake, "{\"imds_token_status\":400}"));
+  ASSERT_EQ(awscreds_resolve(&ao, &v, err, sizeof(err)), LARDER_ENOENT);
+  ASSERT_EQ(fake_stat(&fake, "imds_v1"), before);
+  /* Tokens again: IMDSv2, though IMDSv1 would be served. */
+  ASSERT_OK(rs_control(&fake, "{\"imds_token_status\":200}"));
+  ASSERT_OK(awscreds_resolve(&ao, &v, err, sizeof(err)));
+  ASSERT_STR_EQ(v.source, "imds");
+  awscreds_value_clear(&v);
+  ASSERT_EQ(fake_stat(&fake, "imds_v1"), before);
+  ASSERT_EQ(fake_stat(&fake, "denied"), 0);
+  clear_aws_env();
+  rh_stop(&fake);
   return 0;
 }

@@ -328,6 +328,7 @@ typedef struct body {
   char *data;
   size_t len, cap;
   int over;
+  int connected; /* the connection was made (a timeout came after) */
 } body_t;
 
 static size_t on_body(char *p, size_t size, size_t n, void *arg) {
@@ -407,7 +408,9 @@ static int http(const walk_t *w, const char *source, const char *method, const c
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
   CURLcode cc = curl_easy_perform(e);
   long status = 0;
+  curl_off_t connect_us = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(e, CURLINFO_CONNECT_TIME_T, &connect_us);
   curl_easy_cleanup(e);
   char where[256];
   redact(url, where, sizeof(where));
@@ -415,8 +418,10 @@ static int http(const walk_t *w, const char *source, const char *method, const c
     snprintf(w->err, w->errlen, "%s: %s %s: %s", source, method, where,
              b->over ? "answer too long" : curl_easy_strerror(cc));
     body_free(b);
+    b->connected = connect_us > 0;
     return cc == CURLE_OPERATION_TIMEDOUT ? LARDER_ETIMEDOUT : LARDER_EREMOTE;
   }
+  b->connected = 1;
   if (b->data == NULL && (b->data = calloc(1, 1)) != NULL) b->cap = 1;
   if (b->data == NULL) {
     snprintf(w->err, w->errlen, "%s: out of memory", source);
@@ -842,6 +847,18 @@ static int imds_disabled(void) {
   return d && strcasecmp(d, "true") == 0;
 }
 
+/* Whether a token PUT that got no token (status: the HTTP status, or the
+ * negative code of a failed exchange; b: its outcome) lets IMDSv1 stand
+ * in, as botocore's fetcher does (awscreds.h). */
+static int imds_v1_allowed(int status, const body_t *b) {
+  const char *d = env("AWS_EC2_METADATA_V1_DISABLED");
+  if (d && strcasecmp(d, "true") == 0) return 0;
+  if (status == 403 || status == 404 || status == 405 || status >= 500) return 1;
+  /* Connected, then nothing in time: the answer was lost past the hop
+   * limit (a GET's answer is not), or the service is slow. */
+  return status == LARDER_ETIMEDOUT && b->connected;
+}
+
 static int imds(const walk_t *w, awscreds_value_t *out) {
   if (imds_disabled()) return LARDER_ENOENT;
   const char *base = env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
@@ -857,19 +874,23 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
   body_t b;
   int status = http(w, "imds", "PUT", url, h, NULL, 1, 3, &b);
   curl_slist_free_all(h);
-  /* No token: no instance metadata service here (a host off EC2, or a
-   * container past the hop limit).  The source does not apply, as on a
-   * host without it: nothing is retried every minute for ever. */
-  if (status < 0) return LARDER_ENOENT;
-  if (status != 200 || b.len == 0 || b.len > 200) {
-    body_free(&b);
-    return LARDER_ENOENT;
+  h = NULL;
+  int v1 = 0;
+  if (status == 200 && b.len > 0 && b.len <= 200) {
+    snprintf(hdr, sizeof(hdr), "X-aws-ec2-metadata-token: %.*s", (int)strcspn(b.data, "\r\n"),
+             b.data);
+    h = curl_slist_append(NULL, hdr);
+    explicit_bzero(hdr, sizeof(hdr));
+  } else if (imds_v1_allowed(status, &b)) {
+    v1 = 1;
+    if (status >= 0) log_info("imds: the token request answered HTTP %d; trying IMDSv1", status);
+    else log_info("imds: the token request had no answer in time; trying IMDSv1");
   }
-  snprintf(hdr, sizeof(hdr), "X-aws-ec2-metadata-token: %.*s", (int)strcspn(b.data, "\r\n"),
-           b.data);
-  body_free(&b);
-  h = curl_slist_append(NULL, hdr);
-  explicit_bzero(hdr, sizeof(hdr));
+  if (status >= 0) body_free(&b);
+  /* No token and no IMDSv1: no instance metadata service here (a host off
+   * EC2).  The source does not apply, as on a host without it: nothing is
+   * retried every minute for ever. */
+  if (h == NULL && !v1) return LARDER_ENOENT;
   snprintf(url, sizeof(url), "%.*s/latest/meta-data/iam/security-credentials/", (int)bl, base);
   status = http(w, "imds", "GET", url, h, NULL, 1, 3, &b);
   int rc = 0;
@@ -878,6 +899,11 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
     snprintf(role, sizeof(role), "%.*s", (int)strcspn(b.data, "\r\n"), b.data);
   } else if (status == 404) {
     rc = LARDER_ENOENT; /* an instance without a role */
+  } else if (v1) {
+    /* IMDSv1 refused too (an instance that requires IMDSv2, its token out
+     * of reach): no instance credentials to be had here. */
+    if (status >= 0) snprintf(w->err, w->errlen, "imds: IMDSv1 answered HTTP %d", status);
+    rc = LARDER_ENOENT;
   } else if (status >= 0) {
     snprintf(w->err, w->errlen, "imds: %s answered HTTP %d (no instance role?)", url, status);
     rc = LARDER_EREMOTE;
@@ -955,8 +981,19 @@ int awscreds_resolve(const awscreds_options_t *o, awscreds_value_t *out, char *e
 /* ------------------------------------------------------------------------ */
 /* The refresher                                                            */
 
+/* A done callback of awscreds_refused, waiting for a walk that begins
+ * after walk number `after`. */
+typedef struct refused_waiter {
+  struct refused_waiter *next;
+  awscreds_refused_cb done;
+  void *arg;
+  uint64_t after;
+} refused_waiter_t;
+
 struct awscreds {
   uv_async_t async;
+  uv_loop_t *loop;
+  awscreds_t *reg_next; /* the registry of running refreshers (reg_mu) */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cond;
@@ -964,6 +1001,10 @@ struct awscreds {
   int kick;          /* awscreds_refresh_now: resolve at once */
   int have_new;      /* fresh holds a value for the loop thread */
   awscreds_value_t fresh;
+  uint64_t walks_begun;      /* walks started, numbered from 1 (under mu) */
+  uint64_t walk_ended;       /* the number of the last walk that ended (under mu) */
+  int ended_status;          /* and its outcome (under mu) */
+  refused_waiter_t *waiters; /* awscreds_refused's (the loop thread's) */
   /* The value in force, as the thread schedules it (the thread's alone). */
   int64_t expiration; /* 0: never expires */
   int have;           /* a value is in force */
@@ -1005,6 +1046,7 @@ static void *refresher(void *arg) {
     }
     if (a->stop) break;
     a->kick = 0;
+    uint64_t seq = ++a->walks_begun;
     pthread_mutex_unlock(&a->mu);
 
     awscreds_value_t v;
@@ -1019,6 +1061,11 @@ static void *refresher(void *arg) {
       if (rc == 0) awscreds_value_clear(&v);
       break;
     }
+    a->walk_ended = seq;
+    a->ended_status = rc;
+    /* Every walk's end reaches the loop: awscreds_refused's callers wait
+     * for failures too. */
+    uv_async_send(&a->async);
     if (rc == 0) {
       if (a->stats) STATS_ADD(a->stats, credentials_refreshes, 1);
       backoff = 0;
@@ -1072,14 +1119,65 @@ static void on_async(uv_async_t *h) {
     a->have_new = 0;
     got = 1;
   }
+  uint64_t ended = a->walk_ended;
+  int status = a->ended_status;
+  int stop = a->stop;
   pthread_mutex_unlock(&a->mu);
   if (got) {
     if (a->cb) a->cb(&v, a->arg);
     awscreds_value_clear(&v);
   }
+  if (stop) return;
+  /* The waiters whose walk has ended, taken off first: a callback may ask
+   * again (awscreds_refused adds to the list). */
+  refused_waiter_t *due = NULL, **pp = &a->waiters;
+  while (*pp) {
+    refused_waiter_t *x = *pp;
+    if (x->after < ended) {
+      *pp = x->next;
+      x->next = due;
+      due = x;
+    } else {
+      pp = &x->next;
+    }
+  }
+  while (due) {
+    refused_waiter_t *x = due;
+    due = x->next;
+    x->done(status, x->arg);
+    free(x);
+  }
+}
+
+/* The running refreshers, newest first, for awscreds_refused. */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static awscreds_t *reg_head;
+
+static void reg_remove(awscreds_t *a) {
+  pthread_mutex_lock(&reg_mu);
+  for (awscreds_t **pp = &reg_head; *pp; pp = &(*pp)->reg_next)
+    if (*pp == a) {
+      *pp = a->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
+}
+
+/* The refresher running on loop, or NULL. */
+static awscreds_t *reg_find(uv_loop_t *loop) {
+  pthread_mutex_lock(&reg_mu);
+  awscreds_t *a = reg_head;
+  while (a && a->loop != loop) a = a->reg_next;
+  pthread_mutex_unlock(&reg_mu);
+  return a;
 }
 
 static void free_refresher(awscreds_t *a) {
+  while (a->waiters) {
+    refused_waiter_t *x = a->waiters;
+    a->waiters = x->next;
+    free(x);
+  }
   awscreds_value_clear(&a->fresh);
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cond);
@@ -1126,10 +1224,15 @@ int awscreds_start(uv_loop_t *loop, const awscreds_options_t *o, const awscreds_
     return ok ? LARDER_EIO : LARDER_ENOMEM;
   }
   a->async.data = a;
+  a->loop = loop;
   if (pthread_create(&a->thread, NULL, refresher, a) != 0) {
     uv_close((uv_handle_t *)&a->async, on_async_close);
     return LARDER_EIO;
   }
+  pthread_mutex_lock(&reg_mu);
+  a->reg_next = reg_head;
+  reg_head = a;
+  pthread_mutex_unlock(&reg_mu);
   *out = a;
   return 0;
 }
@@ -1150,10 +1253,44 @@ void awscreds_describe(awscreds_t *a, char *source, size_t size, int64_t *expira
 
 void awscreds_stop(awscreds_t *a) {
   if (a == NULL) return;
+  reg_remove(a);
   pthread_mutex_lock(&a->mu);
   __atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_signal(&a->cond);
   pthread_mutex_unlock(&a->mu);
   pthread_join(a->thread, NULL);
   uv_close((uv_handle_t *)&a->async, on_async_close);
+}
+
+int awscreds_refused(uv_loop_t *loop, awscreds_refused_cb done, void *arg) {
+  awscreds_t *a = reg_find(loop);
+  if (a == NULL) return LARDER_ENOENT;
+  refused_waiter_t *x = calloc(1, sizeof(*x));
+  if (x == NULL) return LARDER_ENOMEM;
+  x->done = done;
+  x->arg = arg;
+  pthread_mutex_lock(&a->mu);
+  /* A walk running now may have begun before the refusal: the next one
+   * counts, and the kick makes sure there is one. */
+  x->after = a->walks_begun;
+  a->kick = 1;
+  pthread_cond_signal(&a->cond);
+  pthread_mutex_unlock(&a->mu);
+  x->next = a->waiters;
+  a->waiters = x;
+  return 0;
+}
+
+void awscreds_refused_cancel(uv_loop_t *loop, void *arg) {
+  awscreds_t *a = reg_find(loop);
+  if (a == NULL) return;
+  for (refused_waiter_t **pp = &a->waiters; *pp;) {
+    refused_waiter_t *x = *pp;
+    if (x->arg == arg) {
+      *pp = x->next;
+      free(x);
+    } else {
+      pp = &x->next;
+    }
+  }
 }

@@ -23,6 +23,17 @@
  *   imds          IMDSv2 at $AWS_EC2_METADATA_SERVICE_ENDPOINT (default
  *                 http://169.254.169.254), unless AWS_EC2_METADATA_DISABLED
  *                 is true.  Tried only when every source above gave nothing.
+ *                 IMDSv1 (the same GETs without a token) stands in when the
+ *                 token PUT gets no token, as botocore does: an answer of
+ *                 403, 404, 405 or 5xx (older services, proxies), or a
+ *                 connection that answers nothing in time (a container past
+ *                 the PUT's hop limit: its answer never arrives, while a
+ *                 GET's does).  A 400 (a malformed request: no service we
+ *                 know) and a connection that cannot be made (no service
+ *                 here; botocore's IMDSv1 try would fail the same way) mean
+ *                 no instance credentials, without a second try; so does
+ *                 AWS_EC2_METADATA_V1_DISABLED=true, and an IMDSv1 answer
+ *                 other than 200 (an instance that requires IMDSv2).
  * A source applies when its variables (or its profile) are there; one that
  * applies and fails (STS refuses the token, the process exits non-zero)
  * ends the walk with its error, so that another identity never stands in
@@ -40,6 +51,10 @@
  *   on a thread of its own and hands every new value to the loop thread
  *   through a uv_async_t: the callback always runs on the loop thread.
  *   Every other function of the refresher is called on the loop thread.
+ *   One refresher runs per loop (awscreds_start registers it there, and
+ *   awscreds_stop takes it off), so that a module on that loop which has
+ *   no handle of it, the fetcher, can report refused credentials to it
+ *   (awscreds_refused).
  * - Refresh: a value with an expiration is resolved again refresh_margin_s
  *   before it expires, or at half its lifetime when that is shorter, so
  *   that a refresh never races the expiry.  A refresh that fails keeps the
@@ -115,8 +130,36 @@ void awscreds_refresh_now(awscreds_t *a);
  * for the stats; non-secret. */
 void awscreds_describe(awscreds_t *a, char *source, size_t size, int64_t *expiration);
 
-/* Stops the thread (a request in progress is aborted), closes the handle
- * and frees a once the loop has closed it.  cb is never called after. */
+/* Stops the thread (a request in progress is aborted), takes it off its
+ * loop (awscreds_refused no longer finds it: the done callbacks still
+ * waiting are dropped uncalled), closes the handle and frees a once the
+ * loop has closed it.  cb is never called after. */
 void awscreds_stop(awscreds_t *a);
+
+/* ------------------------------------------------------------------------ */
+/* Credentials a server refused                                              */
+
+/* The end of the walk that awscreds_refused asked for: status 0 when it
+ * yielded a value (already handed to the refresher's cb, so in force now;
+ * it may be the very one refused), else the walk's error (LARDER_ENOENT:
+ * no source has credentials any more).  Loop thread. */
+typedef void (*awscreds_refused_cb)(int status, void *arg);
+
+/*
+ * Reports that a server refused the credentials in force before their
+ * stated expiration (S3's ExpiredToken: clock skew, a revoked session) to
+ * the refresher running on loop: it walks the chain again at once, as
+ * awscreds_refresh_now does, and done(status, arg) runs once on the loop
+ * thread when a walk that began after this call has ended, after cb has
+ * had its value.  Returns 0; LARDER_ENOENT when no refresher runs on loop
+ * (the credentials are the configuration's: nothing renews them), done
+ * never called; LARDER_ENOMEM.  A refresher stopped first (a reload)
+ * never calls done: the caller bounds its wait itself.  Loop thread.
+ */
+int awscreds_refused(uv_loop_t *loop, awscreds_refused_cb done, void *arg);
+
+/* Drops every done of arg still waiting on loop's refresher (arg is going
+ * away).  Loop thread. */
+void awscreds_refused_cancel(uv_loop_t *loop, void *arg);
 
 #endif /* LARDER_AWSCREDS_H */

@@ -22,8 +22,9 @@
 #include <strings.h>
 #include <time.h>
 
-#include "larder.h"
+#include "fetch/awscreds.h"
 #include "fetch/fetch.h"
+#include "larder.h"
 #include "fetch/s3.h"
 #include "log.h"
 #include "serve/metrics.h"
@@ -34,6 +35,12 @@
  * kept whole, an empty range, shutdown); it is delivered from the request's
  * timer on the next loop iteration, never from inside fetch_get. */
 enum { RQ_QUEUED, RQ_RUNNING, RQ_BACKOFF, RQ_DEFERRED, RQ_DONE };
+
+/* The longest a request refused for its credentials waits for the
+ * refresher's walk (awscreds_refused): a walk ends sooner (each source has
+ * its timeout), unless the refresher was replaced meanwhile (a reload),
+ * whose end nobody reports. */
+#define CREDS_WAIT_MS 60000
 
 /* Objects kept whole at most: every request for a fresh range and every
  * object kept walks the list, and small objects (a footer and a few rows
@@ -83,6 +90,10 @@ struct fetch {
   void (*done)(void *);
   void *done_arg;
   uint64_t rng;
+  /* The S3 credentials' generation: it grows whenever fetch_set_credentials
+   * puts different ones in force.  asked_gen: the generation S3 refused
+   * and a walk of the chain was asked for (awscreds_refused), 0: none. */
+  uint64_t cred_gen, asked_gen;
 };
 
 struct fetch_req {
@@ -123,6 +134,9 @@ struct fetch_req {
   char location[512]; /* a redirect's target, without its query string */
   int64_t content_length;
   int attempts;
+  uint64_t cred_gen; /* the credentials the last attempt was signed with */
+  int creds_wait;    /* refused for its credentials: waits for new ones */
+  int creds_fail;    /* ends with LARDER_EACCES from its timer (msg says why) */
   uint64_t start_ns;
   uv_timer_t backoff;
   int state;
@@ -562,6 +576,7 @@ static int setup_easy(fetch_req_t *r) {
   if (strncmp(r->url, "s3://", 5) == 0) {
     int rc = s3_sign(&f->s3, e, &r->headers, r->url, r->msg, sizeof(r->msg));
     if (rc) return rc;
+    r->cred_gen = f->cred_gen;
   }
   if (r->headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
   return 0;
@@ -681,6 +696,20 @@ static void on_backoff(uv_timer_t *t) {
   if (r->cancelled || r->f->closing) {
     snprintf(r->msg, sizeof(r->msg), "the daemon is shutting down");
     finish(r, LARDER_ESHUTDOWN);
+    return;
+  }
+  if (r->creds_wait || r->creds_fail) {
+    /* Refused for its credentials, and no new ones came (in time). */
+    if (r->creds_wait) {
+      char tmp[1024];
+      snprintf(tmp, sizeof(tmp), "%.900s; no new credentials came within %d s", r->msg,
+               CREDS_WAIT_MS / 1000);
+      snprintf(r->msg, sizeof(r->msg), "%s", tmp);
+    }
+    r->creds_wait = r->creds_fail = 0;
+    if (r->f->opts.stats) STATS_ADD(r->f->opts.stats, fetch_errors, 1);
+    finish(r, LARDER_EACCES);
+    start_queued(r->f);
     return;
   }
   /* Back in the queue, at the head of its class: it was asked for before
@@ -824,6 +853,9 @@ static int serve_from_whole(fetch_req_t *r, int deferred) {
  * a negative code: the request has already ended (served from an object
  * kept whole), and nothing is left for completed to do. */
 #define ENDED 1
+/* And: S3 refused the request's credentials as expired (token_refused);
+ * new ones may cure it (creds_refused). */
+#define TOKEN_REFUSED 2
 
 /* A body libcurl stopped taking (CURLE_WRITE_ERROR): over its cap
  * (body_limit) or out of memory.  Returns the code, with r->msg set and
@@ -1083,9 +1115,22 @@ static int status_refused(fetch_req_t *r, long st, const char *s3, const char *w
   return code;
 }
 
+/* Whether S3 refused a request (HTTP st, error code s3) because its
+ * temporary credentials expired or were revoked: AWS's SDKs take these
+ * codes as a sign to fetch credentials again. */
+static int token_refused(long st, const char *s3) {
+  static const char *const codes[] = {"ExpiredToken", "TokenRefreshRequired", "InvalidToken",
+                                      "ExpiredTokenException"};
+  if (st != 400 && st != 403) return 0;
+  for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+    if (strcmp(s3, codes[i]) == 0) return 1;
+  return 0;
+}
+
 /* A transfer libcurl completed: what its HTTP status means.  Returns 0,
  * ENDED or the code, with r->msg and *retry set. */
 static int http_answer(fetch_req_t *r, const char *where, int *retry) {
+  int code;
   long st = 0;
   curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &st);
   r->http_status = st;
@@ -1094,7 +1139,8 @@ static int http_answer(fetch_req_t *r, const char *where, int *retry) {
   if (st == 206) return partial_answer(r, where, retry);
   if (st == 304) return not_modified_answer(r, where, retry);
   if (st == 200) return whole_answer(r, where, retry);
-  return status_refused(r, st, s3, where, retry);
+  code = status_refused(r, st, s3, where, retry);
+  return token_refused(st, s3) ? TOKEN_REFUSED : code;
 }
 
 /* Ends r with its bytes and validators.  A copy of the object kept whole
@@ -1118,16 +1164,24 @@ static void succeeded(fetch_req_t *r) {
   finish(r, 0);
 }
 
+/* The backoff before r's next attempt: retry_base_ms doubling with each
+ * attempt made, up to retry_max_ms, with full jitter in [delay/2, delay)
+ * so that retries from many ranks spread out. */
+static uint64_t backoff_ms(fetch_req_t *r) {
+  fetch_t *f = r->f;
+  int shift = r->attempts > 16 ? 16 : r->attempts > 0 ? r->attempts - 1 : 0;
+  uint64_t delay = (uint64_t)f->opts.retry_base_ms << shift;
+  if (delay > f->opts.retry_max_ms) delay = f->opts.retry_max_ms;
+  return delay / 2 + rnd(f) % (delay / 2 + 1);
+}
+
 /* Ends r with code, or, where retry allows and attempts are left, waits
  * out a backoff and queues it again.  Either way the queue moves on. */
 static void retry_or_fail(fetch_req_t *r, int code, int retry) {
   fetch_t *f = r->f;
   if (retry && !r->cancelled && !f->closing && (uint32_t)r->attempts <= f->opts.max_retries) {
     if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_retries, 1);
-    uint64_t delay = (uint64_t)f->opts.retry_base_ms << (r->attempts > 16 ? 16 : r->attempts - 1);
-    if (delay > f->opts.retry_max_ms) delay = f->opts.retry_max_ms;
-    /* Full jitter in [delay/2, delay): retries from many ranks spread out. */
-    delay = delay / 2 + rnd(f) % (delay / 2 + 1);
+    uint64_t delay = backoff_ms(r);
     /* Retry-After lengthens the wait, up to retry_max_ms, so that a server
      * asking for an hour cannot hold a stream that long.  Tested by
      * remote_hostile_headers. */
@@ -1149,6 +1203,101 @@ static void retry_or_fail(fetch_req_t *r, int code, int retry) {
   start_queued(f);
 }
 
+/* Puts every request waiting for new credentials back on its way: after
+ * a backoff when new ones are in force (fail 0), else ending it with
+ * LARDER_EACCES, why appended to its message.  Only timers are started
+ * here, so that no callback runs while the list is walked. */
+static void creds_release(fetch_t *f, int fail, const char *why) {
+  for (fetch_req_t *r = f->live; r; r = r->live_next) {
+    if (!r->creds_wait) continue;
+    r->creds_wait = 0;
+    uint64_t delay = 0;
+    if (fail) {
+      r->creds_fail = 1;
+      size_t n = strlen(r->msg);
+      snprintf(r->msg + n, sizeof(r->msg) - n, ", and renewing them did not help: %s", why);
+    } else {
+      if (f->opts.stats) STATS_ADD(f->opts.stats, fetch_retries, 1);
+      delay = backoff_ms(r);
+      log_debug("%s; new credentials are in force: retry %d in %llu ms", r->msg, r->attempts,
+                (unsigned long long)delay);
+    }
+    uv_timer_start(&r->backoff, on_backoff, delay, 0);
+  }
+}
+
+/* The end of the walk creds_refused asked for (awscreds_refused_cb): new
+ * credentials have released the waiting requests already
+ * (fetch_set_credentials); the refused ones still in force, or no value,
+ * end them. */
+static void on_creds_walked(int status, void *arg) {
+  fetch_t *f = arg;
+  if (f->asked_gen == 0) return;
+  int same = f->asked_gen == f->cred_gen;
+  f->asked_gen = 0;
+  if (!same || f->closing) return;
+  char why[160];
+  if (status == 0) {
+    /* The walk succeeded (credentials_refreshes counted it) but helped
+     * nothing: counted as a failed refresh. */
+    snprintf(why, sizeof(why), "the credential source gave the same credentials again");
+    if (f->opts.stats) STATS_ADD(f->opts.stats, credentials_refresh_errors, 1);
+  } else {
+    snprintf(why, sizeof(why), "the refresh failed (%s; the log says more)",
+             larder_strerror(status));
+  }
+  log_warn("S3 refused the credentials in force as expired, and renewing them did not help: %s",
+           why);
+  creds_release(f, 1, why);
+}
+
+/*
+ * S3 refused r's credentials as expired or revoked (token_refused) before
+ * their stated expiration (clock skew, a revoked session).  Signed with
+ * credentials no longer in force, r is retried as after any failure; else
+ * it waits (in state RQ_BACKOFF, at most CREDS_WAIT_MS) while the chain is
+ * walked again (awscreds_refused), once for all the requests refused with
+ * the same credentials, and is retried when new ones are in force, within
+ * the usual attempts.  It fails with LARDER_EACCES when no attempt is
+ * left, when no refresher runs (the configuration's keys), or when the
+ * walk gives no new credentials (on_creds_walked).
+ */
+static void creds_refused(fetch_req_t *r, int code, const char *where, const char *s3) {
+  fetch_t *f = r->f;
+  if (r->cred_gen != f->cred_gen) {
+    retry_or_fail(r, code, 1);
+    return;
+  }
+  int rc = 0;
+  if (f->asked_gen != f->cred_gen) {
+    rc = awscreds_refused(f->loop, on_creds_walked, f);
+    if (rc == 0) {
+      f->asked_gen = f->cred_gen;
+      log_warn("S3 refused the credentials in force (HTTP %ld %s for %s): resolving them again",
+               r->http_status, s3, where);
+    }
+  }
+  if (rc != 0 || r->cancelled || f->closing || (uint32_t)r->attempts > f->opts.max_retries) {
+    /* Nothing renews them, or no attempt is left: status_refused's
+     * message (access denied). */
+    if (rc == 0 && !r->cancelled && !f->closing) {
+      char tmp[1024];
+      snprintf(tmp, sizeof(tmp), "%.900s; gave up after %d attempts", r->msg, r->attempts);
+      snprintf(r->msg, sizeof(r->msg), "%s", tmp);
+    }
+    retry_or_fail(r, code, 0);
+    return;
+  }
+  snprintf(r->msg, sizeof(r->msg),
+           "access denied for %.600s: S3 refused the credentials as expired or revoked (HTTP %ld "
+           "%s)",
+           where, r->http_status, s3);
+  r->state = RQ_BACKOFF;
+  r->creds_wait = 1;
+  uv_timer_start(&r->backoff, on_backoff, CREDS_WAIT_MS, 0);
+  start_queued(f);
+}
+
 /* Decides what a finished transfer means: done, retry, or fail. */
 static void completed(fetch_req_t *r, CURLcode cc) {
   fetch_t *f = r->f;
@@ -1167,6 +1316,12 @@ static void completed(fetch_req_t *r, CURLcode cc) {
   if (cc != CURLE_OK) code = transfer_failed(r, cc, where, why, &retry);
   else code = http_answer(r, where, &retry);
   if (code == ENDED) return;
+  if (code == TOKEN_REFUSED) {
+    char s3[64];
+    s3_error_code(r->buf, r->len, s3, sizeof(s3));
+    creds_refused(r, LARDER_EACCES, where, s3);
+    return;
+  }
   if (code == 0) {
     succeeded(r);
     return;
@@ -1304,6 +1459,7 @@ void fetch_shutdown(fetch_t *f) {
 }
 
 void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
+  awscreds_refused_cancel(f->loop, f);
   f->done = done ? done : noop_done;
   f->done_arg = arg;
   fetch_shutdown(f);
@@ -1311,13 +1467,27 @@ void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
   uv_close((uv_handle_t *)&f->timer, on_fetch_timer_close);
 }
 
+/* Whether two credential strings (each may be NULL) differ. */
+static int cred_differs(const char *a, const char *b) {
+  if (a == NULL || b == NULL) return a != b;
+  return strcmp(a, b) != 0;
+}
+
 int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret_key,
                           const char *session_token) {
+  int changed = cred_differs(f->s3.cred[0], access_key) ||
+                cred_differs(f->s3.cred[1], secret_key) ||
+                cred_differs(f->s3.cred[2], session_token);
   int rc = s3_signer_set(&f->s3, access_key, secret_key, session_token);
   if (rc) return rc;
   f->opts.s3_access_key = f->s3.cred[0];
   f->opts.s3_secret_key = f->s3.cred[1];
   f->opts.s3_session_token = f->s3.cred[2];
+  if (changed) {
+    /* Requests refused for the old ones try the new ones. */
+    f->cred_gen++;
+    creds_release(f, 0, NULL);
+  }
   return 0;
 }
 

@@ -16,7 +16,13 @@
  * - Failures: HTTP 5xx, 429 and S3 SlowDown, connection resets, timeouts,
  *   low-speed stalls and short reads are retried with exponential backoff
  *   and jitter, up to max_retries.  403, 404, 416 and signature errors are
- *   final.  Every ranged response's Content-Range is checked against what
+ *   final, but for S3's refusals of expired or revoked credentials
+ *   (ExpiredToken, TokenRefreshRequired, InvalidToken,
+ *   ExpiredTokenException): the refresher is asked to walk the chain again
+ *   at once (awscreds_refused), and the request is retried, within
+ *   max_retries, once new credentials are in force (fetch_set_credentials);
+ *   it fails with LARDER_EACCES when the walk gives the same ones (counted
+ *   in credentials_refresh_errors) or none, or when no refresher runs.  Every ranged response's Content-Range is checked against what
  *   was asked: bytes for another range are never delivered.  A server that
  *   ignores Range (200 with the whole object) is read once: the object is
  *   kept whole and later ranges are cut from it (up to max_whole_bytes of
@@ -41,8 +47,9 @@
  *   the status and the cause, and never contains credentials.  CURLcode and
  *   HTTP statuses are converted here, once.
  * - Dependencies: the fetcher depends on fetch/s3.h (internal: S3's URLs,
- *   signing and listing pages) and fetch/version.h (is an answer of the
- *   version the caller knows?), and on no module above it: remote.c
+ *   signing and listing pages), fetch/version.h (is an answer of the
+ *   version the caller knows?) and fetch/awscreds.h (to report refused
+ *   credentials to the refresher on its loop), and on no module above it: remote.c
  *   and the streams call it, and it tells them about results through
  *   callbacks only.
  */

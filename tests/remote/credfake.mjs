@@ -7,8 +7,11 @@
 // later, appended (before the answer goes) as a JSON line to --issued, the
 // file s3front.mjs --credentials-file accepts keys from.
 // POST /__control {"fail": N, "ttl_s": S} makes the next N credential
-// answers fail with a 500 and changes the lifetime; GET /__stats counts
-// what was asked.  Prints one JSON line when ready; runs until SIGTERM.
+// answers fail with a 500 and changes the lifetime; {"imds_token_status":
+// N} makes the IMDSv2 token PUT answer N without a token (200: as usual),
+// {"imds_v1": true} lets the IMDS GETs through without a token (IMDSv1,
+// off by default: 401, as on an instance that requires IMDSv2); GET
+// /__stats counts what was asked.  Prints one JSON line when ready; runs until SIGTERM.
 import http from 'node:http';
 import fs from 'node:fs';
 import crypto from 'node:crypto';
@@ -35,9 +38,11 @@ if (!flags.issued) {
 const log = new Logger(flags.log);
 let ttlS = flags['ttl-s'] ?? 3600;
 let failNext = 0;
+let imdsTokenStatus = 200;
+let imdsV1 = false;
 const role = flags['imds-role'] ?? 'larder-node';
 const imdsTokens = new Set();
-const stats = { requests: 0, issued: { web_identity: 0, container: 0, imds: 0 }, failed: 0, denied: 0, by_path: {} };
+const stats = { requests: 0, issued: { web_identity: 0, container: 0, imds: 0 }, failed: 0, denied: 0, imds_v1: 0, by_path: {} };
 let seq = 0;
 
 // Fresh credentials for source, recorded in --issued, or null when a
@@ -128,7 +133,11 @@ const server = http.createServer(async (req, res) => {
       const b = JSON.parse((await readBody(req)).toString() || '{}');
       if (b.fail !== undefined) failNext = Number(b.fail);
       if (b.ttl_s !== undefined) ttlS = Number(b.ttl_s);
-      return send(res, 200, 'application/json', JSON.stringify({ fail: failNext, ttl_s: ttlS }));
+      if (b.imds_token_status !== undefined) imdsTokenStatus = Number(b.imds_token_status);
+      if (b.imds_v1 !== undefined) imdsV1 = Boolean(b.imds_v1);
+      return send(res, 200, 'application/json', JSON.stringify({
+        fail: failNext, ttl_s: ttlS, imds_token_status: imdsTokenStatus, imds_v1: imdsV1,
+      }));
     }
     if (path === '/__stats') return send(res, 200, 'application/json', JSON.stringify(stats));
     stats.requests++;
@@ -144,12 +153,16 @@ const server = http.createServer(async (req, res) => {
     }
     if (path === '/latest/api/token') {
       if (req.method !== 'PUT' || !req.headers['x-aws-ec2-metadata-token-ttl-seconds']) return send(res, 400, 'text/plain', 'bad token request');
+      if (imdsTokenStatus !== 200) return send(res, imdsTokenStatus, 'text/plain', 'no token here');
       const t = crypto.randomBytes(24).toString('base64url');
       imdsTokens.add(t);
       return send(res, 200, 'text/plain', t);
     }
     if (path.startsWith('/latest/meta-data/iam/security-credentials/')) {
-      if (!imdsTokens.has(req.headers['x-aws-ec2-metadata-token'])) {
+      const token = req.headers['x-aws-ec2-metadata-token'];
+      if (token === undefined && imdsV1) {
+        stats.imds_v1++;
+      } else if (!imdsTokens.has(token)) {
         stats.denied++;
         return send(res, 401, 'text/plain', 'no IMDSv2 token');
       }
