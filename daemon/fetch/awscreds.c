@@ -993,7 +993,6 @@ typedef struct refused_waiter {
 struct awscreds {
   uv_async_t async;
   uv_loop_t *loop;
-  awscreds_t *reg_next; /* the registry of running refreshers (reg_mu) */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cond;
@@ -1149,29 +1148,6 @@ static void on_async(uv_async_t *h) {
   }
 }
 
-/* The running refreshers, newest first, for awscreds_refused. */
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static awscreds_t *reg_head;
-
-static void reg_remove(awscreds_t *a) {
-  pthread_mutex_lock(&reg_mu);
-  for (awscreds_t **pp = &reg_head; *pp; pp = &(*pp)->reg_next)
-    if (*pp == a) {
-      *pp = a->reg_next;
-      break;
-    }
-  pthread_mutex_unlock(&reg_mu);
-}
-
-/* The refresher running on loop, or NULL. */
-static awscreds_t *reg_find(uv_loop_t *loop) {
-  pthread_mutex_lock(&reg_mu);
-  awscreds_t *a = reg_head;
-  while (a && a->loop != loop) a = a->reg_next;
-  pthread_mutex_unlock(&reg_mu);
-  return a;
-}
-
 static void free_refresher(awscreds_t *a) {
   while (a->waiters) {
     refused_waiter_t *x = a->waiters;
@@ -1229,10 +1205,6 @@ int awscreds_start(uv_loop_t *loop, const awscreds_options_t *o, const awscreds_
     uv_close((uv_handle_t *)&a->async, on_async_close);
     return LARDER_EIO;
   }
-  pthread_mutex_lock(&reg_mu);
-  a->reg_next = reg_head;
-  reg_head = a;
-  pthread_mutex_unlock(&reg_mu);
   *out = a;
   return 0;
 }
@@ -1253,7 +1225,6 @@ void awscreds_describe(awscreds_t *a, char *source, size_t size, int64_t *expira
 
 void awscreds_stop(awscreds_t *a) {
   if (a == NULL) return;
-  reg_remove(a);
   pthread_mutex_lock(&a->mu);
   __atomic_store_n(&a->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_signal(&a->cond);
@@ -1262,8 +1233,7 @@ void awscreds_stop(awscreds_t *a) {
   uv_close((uv_handle_t *)&a->async, on_async_close);
 }
 
-int awscreds_refused(uv_loop_t *loop, awscreds_refused_cb done, void *arg) {
-  awscreds_t *a = reg_find(loop);
+int awscreds_refused(awscreds_t *a, awscreds_refused_cb done, void *arg) {
   if (a == NULL) return LARDER_ENOENT;
   refused_waiter_t *x = calloc(1, sizeof(*x));
   if (x == NULL) return LARDER_ENOMEM;
@@ -1281,8 +1251,7 @@ int awscreds_refused(uv_loop_t *loop, awscreds_refused_cb done, void *arg) {
   return 0;
 }
 
-void awscreds_refused_cancel(uv_loop_t *loop, void *arg) {
-  awscreds_t *a = reg_find(loop);
+void awscreds_refused_cancel(awscreds_t *a, void *arg) {
   if (a == NULL) return;
   for (refused_waiter_t **pp = &a->waiters; *pp;) {
     refused_waiter_t *x = *pp;

@@ -130,10 +130,10 @@ void awscreds_refresh_now(awscreds_t *a);
  * for the stats; non-secret. */
 void awscreds_describe(awscreds_t *a, char *source, size_t size, int64_t *expiration);
 
-/* Stops the thread (a request in progress is aborted), takes it off its
- * loop (awscreds_refused no longer finds it: the done callbacks still
- * waiting are dropped uncalled), closes the handle and frees a once the
- * loop has closed it.  cb is never called after. */
+/* Stops the thread (a request in progress is aborted; the done callbacks
+ * of awscreds_refused still waiting are dropped uncalled), closes the
+ * handle and frees a once the loop has closed it.  cb is never called
+ * after. */
 void awscreds_stop(awscreds_t *a);
 
 /* ------------------------------------------------------------------------ */
@@ -148,18 +148,18 @@ typedef void (*awscreds_refused_cb)(int status, void *arg);
 /*
  * Reports that a server refused the credentials in force before their
  * stated expiration (S3's ExpiredToken: clock skew, a revoked session) to
- * the refresher running on loop: it walks the chain again at once, as
+ * the refresher a: it walks the chain again at once, as
  * awscreds_refresh_now does, and done(status, arg) runs once on the loop
  * thread when a walk that began after this call has ended, after cb has
- * had its value.  Returns 0; LARDER_ENOENT when no refresher runs on loop
- * (the credentials are the configuration's: nothing renews them), done
- * never called; LARDER_ENOMEM.  A refresher stopped first (a reload)
- * never calls done: the caller bounds its wait itself.  Loop thread.
+ * had its value.  Returns 0; LARDER_ENOENT when a is NULL (the
+ * credentials are the configuration's: nothing renews them), done never
+ * called; LARDER_ENOMEM.  A refresher stopped first (a reload) never
+ * calls done: the caller bounds its wait itself.  Loop thread.
  */
-int awscreds_refused(uv_loop_t *loop, awscreds_refused_cb done, void *arg);
+int awscreds_refused(awscreds_t *a, awscreds_refused_cb done, void *arg);
 
-/* Drops every done of arg still waiting on loop's refresher (arg is going
- * away).  Loop thread. */
-void awscreds_refused_cancel(uv_loop_t *loop, void *arg);
+/* Drops every done of arg still waiting on a (arg is going away); a may
+ * be NULL.  Loop thread. */
+void awscreds_refused_cancel(awscreds_t *a, void *arg);
 
 #endif /* LARDER_AWSCREDS_H */

@@ -1270,7 +1270,7 @@ static void creds_refused(fetch_req_t *r, int code, const char *where, const cha
   }
   int rc = 0;
   if (f->asked_gen != f->cred_gen) {
-    rc = awscreds_refused(f->loop, on_creds_walked, f);
+    rc = awscreds_refused(f->opts.creds ? *f->opts.creds : NULL, on_creds_walked, f);
     if (rc == 0) {
       f->asked_gen = f->cred_gen;
       log_warn("S3 refused the credentials in force (HTTP %ld %s for %s): resolving them again",
@@ -1459,7 +1459,7 @@ void fetch_shutdown(fetch_t *f) {
 }
 
 void fetch_destroy(fetch_t *f, void (*done)(void *), void *arg) {
-  awscreds_refused_cancel(f->loop, f);
+  awscreds_refused_cancel(f->opts.creds ? *f->opts.creds : NULL, f);
   f->done = done ? done : noop_done;
   f->done_arg = arg;
   fetch_shutdown(f);

@@ -49,9 +49,9 @@
  * - Dependencies: the fetcher depends on fetch/s3.h (internal: S3's URLs,
  *   signing and listing pages), fetch/version.h (is an answer of the
  *   version the caller knows?) and fetch/awscreds.h (to report refused
- *   credentials to the refresher on its loop), and on no module above it: remote.c
- *   and the streams call it, and it tells them about results through
- *   callbacks only.
+ *   credentials to the refresher its owner names, fetch_options_t.creds),
+ *   and on no module above it: remote.c and the streams call it, and it
+ *   tells them about results through callbacks only.
  */
 #ifndef LARDER_FETCH_H
 #define LARDER_FETCH_H
@@ -85,6 +85,11 @@ typedef struct fetch_options {
   const char *s3_access_key;
   const char *s3_secret_key;
   const char *s3_session_token;
+  /* Where the credential refresher in force is kept (its owner replaces it
+   * on a reload): read on the loop thread when S3 refuses the credentials
+   * as expired, to have them renewed (awscreds_refused).  NULL, or NULL
+   * there: nothing renews them. */
+  struct awscreds *const *creds;
   stats_global_t *stats; /* fetch_* counters, may be NULL */
 } fetch_options_t;
 

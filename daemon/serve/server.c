@@ -684,6 +684,7 @@ static void on_tick(uv_timer_t *t) {
 static int start_fetcher(server_t *srv) {
   fetch_options_t fo;
   fetch_options_init(&fo);
+  fo.creds = &srv->awscreds;
   const config_t *c = &srv->cfg;
   fo.max_inflight_per_host = (uint32_t)c->fetch_inflight_per_host;
   fo.max_inflight_bytes = c->fetch_inflight_bytes;
