@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,11 +42,35 @@ static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t e
     }                                  \
   } while (0)
 
+/* A number from a stats JSON text (key dotted, as dh_json_find). */
+static double json_num(const char *json, const char *key) {
+  const char *v = dh_json_find(json, key);
+  if (v == NULL) ASSERT_FAIL_("no \"%s\" in %s", key, json ? json : "(null)");
+  return strtod(v, NULL);
+}
+
+/* Waits until the daemon holds a rate sample of its own (stats' window
+ * no longer runs from its start), so that a stream opened now opens
+ * inside the window of the rates. */
+static void wait_rate_sample(const dh_daemon *d) {
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
+  for (;;) {
+    char *json = dh_admin(d, "stats");
+    ASSERT_NOT_NULL(json);
+    int sampled = json_num(json, "rates.window_s") + 0.1 < json_num(json, "uptime_s");
+    free(json);
+    if (sampled) return;
+    if (test_now_ms() > deadline) ASSERT_FAIL_("%s", "no rate sample in time");
+    usleep(50000);
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 
 /*
  * status, stats, clients, ls, verify and config, human and --json, with a
- * trainer stream open; stats --watch refreshes in place on a terminal; and
+ * trainer stream open (opened inside the rates' window: its batches/s is
+ * the header's, it being the only one); stats --watch refreshes in place on a terminal; and
  * status of a daemon that is not running.
  */
 TEST_IMPL(ctl_status_stats) {
@@ -53,6 +78,7 @@ TEST_IMPL(ctl_status_stats) {
   static const char *const fl[] = {"--workers=2", NULL};
   dh_init(&d, "d", fl);
   dh_start(&d);
+  wait_rate_sample(&d);
   larder_stream_options_t o;
   std_opts(&o, 64, 3);
   larder_client_t *c;
@@ -124,6 +150,12 @@ TEST_IMPL(ctl_status_stats) {
   ASSERT(dh_json_has(r.out, "cache.used_bytes"));
   ASSERT_STR_CONTAINS(r.out, "\"datasets\":[{\"dataset\":");
   ASSERT_EQ(dh_json_u64(r.out, "streams"), 1);
+  /* The only stream's batches/s is the daemon's: one window, one way
+   * (the stream opened inside it, after the window's first sample). */
+  double all_bps = json_num(r.out, "rates.batches_per_s"), st_bps = json_num(st, "batches_per_s");
+  if (fabs(all_bps - st_bps) > 0.001 * all_bps + 0.01) tc_out_print("batches/s differ", &r);
+  ASSERT_DOUBLE_LE(fabs(all_bps - st_bps), 0.001 * all_bps + 0.01);
+  ASSERT_DOUBLE_GE(all_bps, 1.0);
   tc_out_free(&r);
 
   /* clients */
