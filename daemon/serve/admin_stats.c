@@ -225,6 +225,7 @@ static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
   double stages = r->fetch_ns + r->decode_ns + r->cache_read_ns + r->assemble_ns;
   double busy = r->decode_ns + r->cache_read_ns + r->assemble_ns; /* worker time */
   double util = busy / (r->window_s * 1e9 * (srv->workers > 0 ? srv->workers : 1));
+  if (util > 1) util = 1; /* time counts when work ends: a window may hold more */
   double stall = r->wait_ns + r->compute_ns > 0 ? r->wait_ns / (r->wait_ns + r->compute_ns) : -1;
   int prefetches = 0, jobs = admin_jobs_running(srv, &prefetches);
   if (streams == 0 && jobs > 0) {
@@ -328,6 +329,22 @@ static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
 /* ------------------------------------------------------------------------ */
 /* stats                                                                     */
 
+/* A stage's time in the window per second of it: the average number of
+ * requests (fetch) or workers at work in that stage.  Stage time is summed
+ * over concurrent requests and workers, so it may exceed the window; per
+ * second it reads as a count, never as more time than passed. */
+static double stage_busy(double ns, const admin_rates_t *r) {
+  return r->window_s > 0 ? ns / 1e9 / r->window_s : 0;
+}
+
+/* The share of the workers a worker stage (decode, cache read, assembly)
+ * took, in [0, 1].  Time counts when a unit or batch is done, whole, so a
+ * short window may hold more than the workers had: clipped at 1. */
+static double stage_share(double ns, const admin_rates_t *r) {
+  double v = stage_busy(ns, r) / (r->workers > 0 ? r->workers : 1);
+  return v < 0 ? 0 : v > 1 ? 1 : v;
+}
+
 typedef struct dsagg {
   const char *name;
   int streams;
@@ -369,6 +386,9 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   int all = admin_sees_all(self);
   strbuf_printf(b, "{\"version\":\"%s\",\"uptime_s\":%.3f", LARDERD_VERSION,
                 (double)(util_now_ns() - srv->started_ns) / 1e9);
+  /* clients (below) counts every connection, larderctl's included;
+   * trainers those of liblarder. */
+  strbuf_printf(b, ",\"trainers\":%" PRIu64, admin_count_trainers(srv));
 #define ADMIN_STAT_(name, kind, help) \
   strbuf_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(&srv->stats, name));
   STATS_GLOBAL(ADMIN_STAT_)
@@ -421,11 +441,34 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   admin_sb_num(b, r.batch_bytes_per_s);
   strbuf_puts(b, ",\"batches_per_s\":");
   admin_sb_num(b, r.batches_per_s);
+  /* Stages: the time in the window (summed over requests and workers),
+   * and the same per second of the window (<stage>_s_per_s, the average
+   * number at work), and the worker stages' share of the workers. */
   strbuf_puts(b, "},\"stages\":{\"window_s\":");
   admin_sb_num(b, r.window_s);
-  strbuf_printf(
-      b, ",\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,\"assemble_ns\":%.0f}",
-      r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
+  strbuf_printf(b,
+                ",\"workers\":%d,\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,"
+                "\"assemble_ns\":%.0f",
+                r.workers, r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
+  const struct {
+    const char *name;
+    double ns;
+  } st_json[] = {{"fetch", r.fetch_ns},
+                 {"decode", r.decode_ns},
+                 {"cache_read", r.cache_read_ns},
+                 {"assemble", r.assemble_ns}};
+  for (size_t i = 0; i < 4; i++) {
+    strbuf_printf(b, ",\"%s_s_per_s\":", st_json[i].name);
+    admin_sb_num(b, stage_busy(st_json[i].ns, &r));
+  }
+  strbuf_puts(b, ",\"worker_share\":{");
+  for (size_t i = 1; i < 4; i++) {
+    strbuf_printf(b, "%s\"%s\":", i > 1 ? "," : "", st_json[i].name);
+    admin_sb_num(b, stage_share(st_json[i].ns, &r));
+  }
+  strbuf_puts(b, "}}");
+  int prefetches = 0, jobs = admin_jobs_running(srv, &prefetches);
+  strbuf_printf(b, ",\"admin_jobs\":{\"running\":%d,\"prefetches\":%d}", jobs, prefetches);
   verdict_t v;
   make_verdict(srv, &r, &v);
   strbuf_printf(b, ",\"verdict\":{\"limit\":\"%s\",\"text\":", v.limit);
@@ -629,21 +672,31 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
                     hidden, hidden == 1 ? "" : "s");
   }
 
-  /* Stages. */
-  double total = r.fetch_ns + r.decode_ns + r.cache_read_ns + r.assemble_ns;
-  strbuf_printf(b, "\nStages · time spent in the last %.0f s, summed over requests and workers\n",
+  /* larderctl's jobs (prefetch, verify, evict, remote reads) at work. */
+  int prefetches = 0, jobs = admin_jobs_running(srv, &prefetches);
+  if (jobs)
+    strbuf_printf(b, "\nJobs · %d larderctl job%s running (%d prefetch%s)\n", jobs,
+                  jobs == 1 ? "" : "s", prefetches, prefetches == 1 ? "" : "es");
+
+  /* Stages: per second of the window, the average number at work in each
+   * (stage_busy), so that no figure reads as more time than passed. */
+  strbuf_printf(b,
+                "\nStages · average at work over the last %.0f s, in seconds of stage time per "
+                "second\n  (1.00 s/s: one request or worker at it all along; stages overlap; "
+                "time counts as each request, unit or batch ends)\n",
                 r.window_s < 1 ? 1.0 : r.window_s);
+  strbuf_printf(b, "  %-11s %6.2f s/s  requests in flight on average (%" PRIu64 " now)\n", "fetch",
+                stage_busy(r.fetch_ns, &r), STATS_GET(&srv->stats, fetch_inflight));
   const struct {
     const char *name;
     double ns;
-  } stages[] = {{"fetch", r.fetch_ns},
-                {"decode", r.decode_ns},
-                {"cache read", r.cache_read_ns},
-                {"assembly", r.assemble_ns}};
-  for (size_t i = 0; i < 4; i++) {
-    double frac = total > 0 ? stages[i].ns / total : 0;
-    strbuf_printf(b, "  %-11s %8.2f s %4.0f%%  ", stages[i].name, stages[i].ns / 1e9, frac * 100);
-    bar(b, frac, 30);
+  } stages[] = {
+      {"decode", r.decode_ns}, {"cache read", r.cache_read_ns}, {"assembly", r.assemble_ns}};
+  for (size_t i = 0; i < 3; i++) {
+    double share = stage_share(stages[i].ns, &r);
+    strbuf_printf(b, "  %-11s %6.2f s/s  %3.0f%% of %d worker%s  ", stages[i].name,
+                  stage_busy(stages[i].ns, &r), share * 100, r.workers, r.workers == 1 ? "" : "s");
+    bar(b, share, 30);
     strbuf_puts(b, "\n");
   }
   verdict_t v;
