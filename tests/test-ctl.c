@@ -7,9 +7,11 @@
  * endpoint and textfile, --daemonize, and systemd-analyze verify on the
  * installed units.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -41,11 +43,35 @@ static void std_opts(larder_stream_options_t *o, uint32_t batch_size, uint64_t e
     }                                  \
   } while (0)
 
+/* A number from a stats JSON text (key dotted, as dh_json_find). */
+static double json_num(const char *json, const char *key) {
+  const char *v = dh_json_find(json, key);
+  if (v == NULL) ASSERT_FAIL_("no \"%s\" in %s", key, json ? json : "(null)");
+  return strtod(v, NULL);
+}
+
+/* Waits until the daemon holds a rate sample of its own (stats' window
+ * no longer runs from its start), so that a stream opened now opens
+ * inside the window of the rates. */
+static void wait_rate_sample(const dh_daemon *d) {
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
+  for (;;) {
+    char *json = dh_admin(d, "stats");
+    ASSERT_NOT_NULL(json);
+    int sampled = json_num(json, "rates.window_s") + 0.1 < json_num(json, "uptime_s");
+    free(json);
+    if (sampled) return;
+    if (test_now_ms() > deadline) ASSERT_FAIL_("%s", "no rate sample in time");
+    usleep(50000);
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 
 /*
  * status, stats, clients, ls, verify and config, human and --json, with a
- * trainer stream open; stats --watch refreshes in place on a terminal; and
+ * trainer stream open (opened inside the rates' window: its batches/s is
+ * the header's, it being the only one); stats --watch refreshes in place on a terminal; and
  * status of a daemon that is not running.
  */
 TEST_IMPL(ctl_status_stats) {
@@ -53,6 +79,7 @@ TEST_IMPL(ctl_status_stats) {
   static const char *const fl[] = {"--workers=2", NULL};
   dh_init(&d, "d", fl);
   dh_start(&d);
+  wait_rate_sample(&d);
   larder_stream_options_t o;
   std_opts(&o, 64, 3);
   larder_client_t *c;
@@ -124,6 +151,12 @@ TEST_IMPL(ctl_status_stats) {
   ASSERT(dh_json_has(r.out, "cache.used_bytes"));
   ASSERT_STR_CONTAINS(r.out, "\"datasets\":[{\"dataset\":");
   ASSERT_EQ(dh_json_u64(r.out, "streams"), 1);
+  /* The only stream's batches/s is the daemon's: one window, one way
+   * (the stream opened inside it, after the window's first sample). */
+  double all_bps = json_num(r.out, "rates.batches_per_s"), st_bps = json_num(st, "batches_per_s");
+  if (fabs(all_bps - st_bps) > 0.001 * all_bps + 0.01) tc_out_print("batches/s differ", &r);
+  ASSERT_DOUBLE_LE(fabs(all_bps - st_bps), 0.001 * all_bps + 0.01);
+  ASSERT_DOUBLE_GE(all_bps, 1.0);
   tc_out_free(&r);
 
   /* clients */
@@ -440,6 +473,125 @@ static int count_str(const char *hay, const char *needle) {
   int n = 0;
   for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
   return n;
+}
+
+/* The largest number directly before a '%' in the text from p to the next
+ * blank line (a section of stats' human output), or -1 for none. */
+static double max_percent(const char *p) {
+  const char *end = strstr(p, "\n\n");
+  double max = -1;
+  for (const char *q = p; *q && (end == NULL || q < end); q++) {
+    if (*q != '%') continue;
+    const char *n = q;
+    while (n > p && (isdigit((unsigned char)n[-1]) || n[-1] == '.')) n--;
+    if (n < q && strtod(n, NULL) > max) max = strtod(n, NULL);
+  }
+  return max;
+}
+
+/*
+ * stats while six rate-limited fetches run at once (a prefetch of remote
+ * shards): the stages read as the average number at work per second of
+ * the window (fetch time summed over parallel requests passes the window),
+ * in --json as <stage>_s_per_s consistent with <stage>_ns and window_s;
+ * no percentage passes 100%; and the prefetch is listed as a running job.
+ */
+TEST_IMPL(ctl_stats_stage_busy) {
+  char mid[1024];
+  ASSERT_EQ(dh_mid_dataset(mid, sizeof(mid)), DH_MID_ROWS);
+  char ndir[700];
+  snprintf(ndir, sizeof(ndir), "%s/nginx", test_tmpdir());
+  int port = tc_nginx_start(ndir, mid, "--limit-rate 8k");
+  if (port == 0) {
+    fprintf(stderr, "nginx is not available\n");
+    return TEST_SKIP;
+  }
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--footer_guess=8K", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  char urls[6][200];
+  const char *args[16];
+  int na = 0;
+  args[na++] = tc_ctl_bin();
+  args[na++] = "--socket";
+  args[na++] = d.socket;
+  args[na++] = "prefetch";
+  for (int i = 0; i < 6; i++) {
+    snprintf(urls[i], sizeof(urls[i]), "http://127.0.0.1:%d/part-%03d.parquet", port, i);
+    args[na++] = urls[i];
+  }
+  args[na] = NULL;
+  char outpath[700];
+  snprintf(outpath, sizeof(outpath), "%s/prefetch.out", test_tmpdir());
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(args[0], (char *const *)args);
+    _exit(127);
+  }
+  /* --json: until a window holds more fetch time than it lasted. */
+  int parallel = 0, job_seen = 0;
+  double deadline = test_now_ms() + 90000.0 * dh_slow();
+  while (!parallel) {
+    if (test_now_ms() > deadline) ASSERT_FAIL_("%s", "no window with parallel fetches in time");
+    char *json = dh_admin(&d, "stats");
+    ASSERT_NOT_NULL(json);
+    double win = json_num(json, "stages.window_s"), busy = json_num(json, "stages.fetch_s_per_s");
+    double want = json_num(json, "stages.fetch_ns") / 1e9 / win;
+    ASSERT_DOUBLE_LE(fabs(busy - want), 1e-4 * want + 1e-6);
+    ASSERT_EQ(dh_json_u64(json, "stages.workers"), 2);
+    static const char *const shares[] = {"stages.worker_share.decode",
+                                         "stages.worker_share.cache_read",
+                                         "stages.worker_share.assemble"};
+    for (int i = 0; i < 3; i++) {
+      ASSERT_DOUBLE_GE(json_num(json, shares[i]), 0);
+      ASSERT_DOUBLE_LE(json_num(json, shares[i]), 1);
+    }
+    job_seen |= dh_json_u64(json, "admin_jobs.prefetches") == 1;
+    ASSERT_EQ(dh_json_u64(json, "trainers"), 0);
+    parallel = busy > 1.5;
+    free(json);
+    if (!parallel) usleep(50000);
+  }
+  ASSERT(job_seen);
+  /* The same for people, while the fetches go on: no stage line shows
+   * seconds (of summed time), nor a percentage over 100. */
+  parallel = 0;
+  tc_out r;
+  while (!parallel) {
+    if (test_now_ms() > deadline) ASSERT_FAIL_("%s", "no stats with parallel fetches in time");
+    tc_ctl(&r, NULL, d.socket, "stats", NULL);
+    EXPECT_RUN(&r, 0);
+    const char *st = strstr(r.out, "\nStages · ");
+    ASSERT_NOT_NULL(st);
+    const char *f = strstr(st, "\n  fetch ");
+    ASSERT_NOT_NULL(f);
+    char *e;
+    double busy = strtod(f + 9, &e);
+    ASSERT(e > f + 9);
+    ASSERT(strncmp(e, " s/s  requests in flight", 24) == 0);
+    if (max_percent(st + 1) > 100) tc_out_print("a stage over 100%", &r);
+    ASSERT_DOUBLE_LE(max_percent(st + 1), 100);
+    ASSERT_STR_CONTAINS(st, "% of 2 workers");
+    parallel = busy > 1.5;
+    if (parallel) {
+      ASSERT_STR_CONTAINS(r.out, "\nJobs · 1 larderctl job running (1 prefetch)\n");
+      fprintf(stderr, "---- stats during the prefetch ----\n%s----\n", r.out);
+    }
+    tc_out_free(&r);
+    if (!parallel) usleep(50000);
+  }
+  kill(pid, SIGINT);
+  int status;
+  waitpid(pid, &status, 0);
+  dh_stop(&d);
+  tc_nginx_stop(ndir);
+  return 0;
 }
 
 /*

@@ -192,8 +192,10 @@ static const char *const usage_of[][2] = {
     {"stats",
      "larderctl stats [--json] [--watch [--interval SECONDS] [--count N]]\n"
      "Cache use and hit ratio per dataset, fetches, per-client batches/s, MB/s and\n"
-     "stall, the stage breakdown and what limits throughput right now.  --watch\n"
-     "refreshes in place (JSON Lines with --json)."},
+     "stall, running jobs, the stages and what limits throughput right now.  Every\n"
+     "rate covers one window (the last few seconds); a stage shows its time per\n"
+     "second of it (s/s: how many requests or workers were at it on average).\n"
+     "--watch refreshes in place (JSON Lines with --json)."},
     {"clients",
      "larderctl clients [--json]\nThe connected trainers and their streams: your own, or "
      "everyone's when an\n"

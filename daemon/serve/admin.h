@@ -30,15 +30,20 @@ void admin_tick(server_t *srv);
 /* Shutdown: ends every job and frees admin.c's state. */
 void admin_shutdown(server_t *srv);
 
-/* Rates over the last few seconds, for stats and metrics (admin_stats.c). */
+/* Rates over the last few seconds, for stats and metrics (admin_stats.c):
+ * the daemon's and each stream's over one window, from one sample of the
+ * tick (or the daemon's start) to now. */
 typedef struct admin_rates {
-  double window_s; /* seconds the rates cover (0: no sample yet) */
+  double window_s; /* seconds the rates cover */
+  int workers;     /* worker threads, of which the worker stages take a share */
   double fetch_bytes_per_s, batch_bytes_per_s, batches_per_s;
   double fetch_ns, decode_ns, cache_read_ns, assemble_ns; /* in the window */
   double wait_ns, compute_ns;                             /* all streams */
 } admin_rates_t;
 void admin_global_rates(server_t *srv, admin_rates_t *out);
-/* One stream's batches/s, bytes/s and stall fraction over the window. */
+/* One stream's batches/s, bytes/s and stall fraction over the window of
+ * admin_global_rates (a stream opened within it counts from its open, 0
+ * then), so that one stream alone has the daemon's batches/s. */
 void admin_stream_rates(server_t *srv, const conn_t *c, const stream_t *s, double *batches_per_s,
                         double *bytes_per_s, double *stall);
 

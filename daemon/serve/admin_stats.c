@@ -36,8 +36,11 @@
 /* ------------------------------------------------------------------------ */
 /* Rates                                                                     */
 
-static void global_now(server_t *srv, gsample_t *g) {
-  g->t = util_now_ns();
+/* The counters a rate is made of, at time t: the daemon's (g) and one
+ * stream's (x).  admin_tick samples everything at one t, so that a
+ * stream's sample and the daemon's of one tick share their time. */
+static void global_now(server_t *srv, uint64_t t, gsample_t *g) {
+  g->t = t;
   g->v[G_FETCH_BYTES] = STATS_GET(&srv->stats, fetch_bytes);
   g->v[G_BATCH_BYTES] = STATS_GET(&srv->stats, batch_bytes);
   g->v[G_BATCHES] = STATS_GET(&srv->stats, batches);
@@ -47,9 +50,9 @@ static void global_now(server_t *srv, gsample_t *g) {
   g->v[G_ASSEMBLE_NS] = STATS_GET(&srv->stats, assemble_ns);
 }
 
-static void stream_now(const stream_t *s, ssample_t *x) {
+static void stream_now(const stream_t *s, uint64_t t, ssample_t *x) {
   const stats_stream_t *st = stream_stats(s);
-  x->t = util_now_ns();
+  x->t = t;
   x->batches = STATS_GET(st, batches);
   x->bytes = STATS_GET(st, bytes);
   x->wait = STATS_GET(st, wait_ns);
@@ -89,7 +92,8 @@ void admin_tick(server_t *srv) {
     memmove(&as->g[0], &as->g[1], sizeof(gsample_t) * (RATE_SAMPLES - 1));
     as->ng--;
   }
-  global_now(srv, &as->g[as->ng++]);
+  uint64_t t = util_now_ns();
+  global_now(srv, t, &as->g[as->ng++]);
   for (size_t i = 0; i < as->num_rates; i++) as->rates[i].seen = 0;
   for (conn_t *c = srv->conns; c; c = c->next) {
     for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
@@ -112,7 +116,7 @@ void admin_tick(server_t *srv) {
         memmove(&r->s[0], &r->s[1], sizeof(ssample_t) * (RATE_SAMPLES - 1));
         r->n--;
       }
-      stream_now(s, &r->s[r->n++]);
+      stream_now(s, t, &r->s[r->n++]);
     }
   }
   /* Streams that ended lose their samples; those new this tick (appended,
@@ -126,18 +130,45 @@ void admin_tick(server_t *srv) {
   as->num_sorted = as->num_rates;
 }
 
+/* The start of the window every rate of a reply covers, for a reply made
+ * at now: the oldest sample of the daemon's counters, once it is 200 ms
+ * old, else the daemon's start (its counters all 0 then).  One window for
+ * the daemon's rates and each stream's, so that the header's batches/s is
+ * the sum of its streams' (those that closed in the window aside). */
+static void window_start(server_t *srv, uint64_t now, gsample_t *old) {
+  const admin_state_t *as = srv->admin;
+  if (as && as->ng > 0 && now > as->g[0].t + 200000000ull) {
+    *old = as->g[0];
+  } else {
+    memset(old, 0, sizeof(*old));
+    old->t = srv->started_ns;
+  }
+}
+
+/* Stream s's counters at the window's start t0: its sample of the tick
+ * at t0, or 0 when it has none.  admin_tick samples every open stream at
+ * every tick, so a stream without one was not open at t0 (or opened after
+ * the daemon's start, t0 then) and had delivered nothing yet. */
+static void stream_start(server_t *srv, const conn_t *c, const stream_t *s, uint64_t t0,
+                         ssample_t *old) {
+  memset(old, 0, sizeof(*old));
+  old->t = t0;
+  const srate_t *r = find_rate(srv->admin, c->id, stream_id(s));
+  for (int i = 0; r && i < r->n; i++) {
+    if (r->s[i].t == t0) {
+      *old = r->s[i];
+      return;
+    }
+  }
+}
+
 void admin_stream_rates(server_t *srv, const conn_t *c, const stream_t *s, double *batches_per_s,
                         double *bytes_per_s, double *stall) {
-  ssample_t now, old = {0, 0, 0, 0, 0};
-  stream_now(s, &now);
-  srate_t *r = find_rate(srv->admin, c->id, stream_id(s));
-  if (r && r->n > 0 && now.t > r->s[0].t + 200000000ull) {
-    old = r->s[0];
-  } else {
-    stream_info_t si;
-    stream_info(s, &si);
-    old.t = si.opened_ns;
-  }
+  ssample_t now, old;
+  gsample_t g0;
+  stream_now(s, util_now_ns(), &now);
+  window_start(srv, now.t, &g0);
+  stream_start(srv, c, s, g0.t, &old);
   double dt = (double)(now.t - old.t) / 1e9;
   if (dt <= 0) dt = 1e-9;
   *batches_per_s = (double)(now.batches - old.batches) / dt;
@@ -153,18 +184,13 @@ void admin_stream_rates(server_t *srv, const conn_t *c, const stream_t *s, doubl
 
 void admin_global_rates(server_t *srv, admin_rates_t *out) {
   memset(out, 0, sizeof(*out));
-  admin_state_t *as = srv->admin;
   gsample_t now, old;
-  global_now(srv, &now);
-  if (as && as->ng > 0 && now.t > as->g[0].t + 200000000ull) {
-    old = as->g[0];
-  } else {
-    memset(&old, 0, sizeof(old));
-    old.t = srv->started_ns;
-  }
+  global_now(srv, util_now_ns(), &now);
+  window_start(srv, now.t, &old);
   double dt = (double)(now.t - old.t) / 1e9;
   if (dt <= 0) dt = 1e-9;
   out->window_s = dt;
+  out->workers = srv->workers > 0 ? srv->workers : 1;
   out->fetch_bytes_per_s = (double)(now.v[G_FETCH_BYTES] - old.v[G_FETCH_BYTES]) / dt;
   out->batch_bytes_per_s = (double)(now.v[G_BATCH_BYTES] - old.v[G_BATCH_BYTES]) / dt;
   out->batches_per_s = (double)(now.v[G_BATCHES] - old.v[G_BATCHES]) / dt;
@@ -176,15 +202,9 @@ void admin_global_rates(server_t *srv, admin_rates_t *out) {
    * streams that are open now. */
   for (conn_t *c = srv->conns; c; c = c->next) {
     for (stream_t *s = c->streams; s; s = stream_next_in_conn(s)) {
-      ssample_t sn, so = {0, 0, 0, 0, 0};
-      stream_now(s, &sn);
-      srate_t *r = find_rate(as, c->id, stream_id(s));
-      if (r && r->n > 0) {
-        /* The sample closest to the window's start. */
-        so = r->s[0];
-        for (int i = 0; i < r->n; i++)
-          if (r->s[i].t <= old.t) so = r->s[i];
-      }
+      ssample_t sn, so;
+      stream_now(s, now.t, &sn);
+      stream_start(srv, c, s, old.t, &so);
       out->wait_ns += (double)(sn.wait - so.wait);
       out->compute_ns += (double)(sn.compute - so.compute);
     }
@@ -205,6 +225,7 @@ static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
   double stages = r->fetch_ns + r->decode_ns + r->cache_read_ns + r->assemble_ns;
   double busy = r->decode_ns + r->cache_read_ns + r->assemble_ns; /* worker time */
   double util = busy / (r->window_s * 1e9 * (srv->workers > 0 ? srv->workers : 1));
+  if (util > 1) util = 1; /* time counts when work ends: a window may hold more */
   double stall = r->wait_ns + r->compute_ns > 0 ? r->wait_ns / (r->wait_ns + r->compute_ns) : -1;
   int prefetches = 0, jobs = admin_jobs_running(srv, &prefetches);
   if (streams == 0 && jobs > 0) {
@@ -308,6 +329,22 @@ static void make_verdict(server_t *srv, const admin_rates_t *r, verdict_t *v) {
 /* ------------------------------------------------------------------------ */
 /* stats                                                                     */
 
+/* A stage's time in the window per second of it: the average number of
+ * requests (fetch) or workers at work in that stage.  Stage time is summed
+ * over concurrent requests and workers, so it may exceed the window; per
+ * second it reads as a count, never as more time than passed. */
+static double stage_busy(double ns, const admin_rates_t *r) {
+  return r->window_s > 0 ? ns / 1e9 / r->window_s : 0;
+}
+
+/* The share of the workers a worker stage (decode, cache read, assembly)
+ * took, in [0, 1].  Time counts when a unit or batch is done, whole, so a
+ * short window may hold more than the workers had: clipped at 1. */
+static double stage_share(double ns, const admin_rates_t *r) {
+  double v = stage_busy(ns, r) / (r->workers > 0 ? r->workers : 1);
+  return v < 0 ? 0 : v > 1 ? 1 : v;
+}
+
 typedef struct dsagg {
   const char *name;
   int streams;
@@ -349,6 +386,9 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   int all = admin_sees_all(self);
   strbuf_printf(b, "{\"version\":\"%s\",\"uptime_s\":%.3f", LARDERD_VERSION,
                 (double)(util_now_ns() - srv->started_ns) / 1e9);
+  /* clients (below) counts every connection, larderctl's included;
+   * trainers those of liblarder. */
+  strbuf_printf(b, ",\"trainers\":%" PRIu64, admin_count_trainers(srv));
 #define ADMIN_STAT_(name, kind, help) \
   strbuf_printf(b, ",\"%s\":%" PRIu64, #name, STATS_GET(&srv->stats, name));
   STATS_GLOBAL(ADMIN_STAT_)
@@ -401,11 +441,34 @@ static void stats_json(server_t *srv, const conn_t *self, strbuf_t *b) {
   admin_sb_num(b, r.batch_bytes_per_s);
   strbuf_puts(b, ",\"batches_per_s\":");
   admin_sb_num(b, r.batches_per_s);
+  /* Stages: the time in the window (summed over requests and workers),
+   * and the same per second of the window (<stage>_s_per_s, the average
+   * number at work), and the worker stages' share of the workers. */
   strbuf_puts(b, "},\"stages\":{\"window_s\":");
   admin_sb_num(b, r.window_s);
-  strbuf_printf(
-      b, ",\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,\"assemble_ns\":%.0f}",
-      r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
+  strbuf_printf(b,
+                ",\"workers\":%d,\"fetch_ns\":%.0f,\"decode_ns\":%.0f,\"cache_read_ns\":%.0f,"
+                "\"assemble_ns\":%.0f",
+                r.workers, r.fetch_ns, r.decode_ns, r.cache_read_ns, r.assemble_ns);
+  const struct {
+    const char *name;
+    double ns;
+  } st_json[] = {{"fetch", r.fetch_ns},
+                 {"decode", r.decode_ns},
+                 {"cache_read", r.cache_read_ns},
+                 {"assemble", r.assemble_ns}};
+  for (size_t i = 0; i < 4; i++) {
+    strbuf_printf(b, ",\"%s_s_per_s\":", st_json[i].name);
+    admin_sb_num(b, stage_busy(st_json[i].ns, &r));
+  }
+  strbuf_puts(b, ",\"worker_share\":{");
+  for (size_t i = 1; i < 4; i++) {
+    strbuf_printf(b, "%s\"%s\":", i > 1 ? "," : "", st_json[i].name);
+    admin_sb_num(b, stage_share(st_json[i].ns, &r));
+  }
+  strbuf_puts(b, "}}");
+  int prefetches = 0, jobs = admin_jobs_running(srv, &prefetches);
+  strbuf_printf(b, ",\"admin_jobs\":{\"running\":%d,\"prefetches\":%d}", jobs, prefetches);
   verdict_t v;
   make_verdict(srv, &r, &v);
   strbuf_printf(b, ",\"verdict\":{\"limit\":\"%s\",\"text\":", v.limit);
@@ -609,21 +672,31 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
                     hidden, hidden == 1 ? "" : "s");
   }
 
-  /* Stages. */
-  double total = r.fetch_ns + r.decode_ns + r.cache_read_ns + r.assemble_ns;
-  strbuf_printf(b, "\nStages · time spent in the last %.0f s, summed over requests and workers\n",
+  /* larderctl's jobs (prefetch, verify, evict, remote reads) at work. */
+  int prefetches = 0, jobs = admin_jobs_running(srv, &prefetches);
+  if (jobs)
+    strbuf_printf(b, "\nJobs · %d larderctl job%s running (%d prefetch%s)\n", jobs,
+                  jobs == 1 ? "" : "s", prefetches, prefetches == 1 ? "" : "es");
+
+  /* Stages: per second of the window, the average number at work in each
+   * (stage_busy), so that no figure reads as more time than passed. */
+  strbuf_printf(b,
+                "\nStages · average at work over the last %.0f s, in seconds of stage time per "
+                "second\n  (1.00 s/s: one request or worker at it all along; stages overlap; "
+                "time counts as each request, unit or batch ends)\n",
                 r.window_s < 1 ? 1.0 : r.window_s);
+  strbuf_printf(b, "  %-11s %6.2f s/s  requests in flight on average (%" PRIu64 " now)\n", "fetch",
+                stage_busy(r.fetch_ns, &r), STATS_GET(&srv->stats, fetch_inflight));
   const struct {
     const char *name;
     double ns;
-  } stages[] = {{"fetch", r.fetch_ns},
-                {"decode", r.decode_ns},
-                {"cache read", r.cache_read_ns},
-                {"assembly", r.assemble_ns}};
-  for (size_t i = 0; i < 4; i++) {
-    double frac = total > 0 ? stages[i].ns / total : 0;
-    strbuf_printf(b, "  %-11s %8.2f s %4.0f%%  ", stages[i].name, stages[i].ns / 1e9, frac * 100);
-    bar(b, frac, 30);
+  } stages[] = {
+      {"decode", r.decode_ns}, {"cache read", r.cache_read_ns}, {"assembly", r.assemble_ns}};
+  for (size_t i = 0; i < 3; i++) {
+    double share = stage_share(stages[i].ns, &r);
+    strbuf_printf(b, "  %-11s %6.2f s/s  %3.0f%% of %d worker%s  ", stages[i].name,
+                  stage_busy(stages[i].ns, &r), share * 100, r.workers, r.workers == 1 ? "" : "s");
+    bar(b, share, 30);
     strbuf_puts(b, "\n");
   }
   verdict_t v;
