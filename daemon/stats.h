@@ -42,6 +42,11 @@
      "no stream wanting them any more")                                        \
   XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
   XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
+  XX(cache_readback_bytes, COUNTER,                                            \
+     "unit bytes read back from the cache after "                              \
+     "being decoded moments before with the unit "                             \
+     "a stream asked for (its row group's others): "                           \
+     "decode work, not hits")                                                  \
   XX(prefetch_loaded_bytes, COUNTER,                                           \
      "unit bytes loaded for larderctl prefetch "                               \
      "alone (not the trainers' hits or misses)")                               \
@@ -110,7 +115,10 @@
   XX(cache_read_ns, STAGE, "cache read time of the units it read")     \
   XX(assemble_ns, STAGE, "time assembling its batches")                \
   XX(cache_hit_bytes, COUNTER, "unit bytes it read from the cache")    \
-  XX(cache_miss_bytes, COUNTER, "unit bytes decoded for it")
+  XX(cache_miss_bytes, COUNTER, "unit bytes decoded for it")           \
+  XX(cache_readback_bytes, COUNTER,                                    \
+     "unit bytes decoded with another unit of it "                     \
+     "and read back from the cache")
 
 typedef struct stats_global {
 #define STATS_FIELD_(name, kind, help) uint64_t name;

@@ -818,6 +818,8 @@ static int cut_dataset(dataset_t *ds, const dataset_options_t *opts, char *err, 
   }
   ds->rg_busy = calloc((size_t)ds->num_rgs + 1, sizeof(int));
   if (ds->rg_busy == NULL) return LARDER_ENOMEM;
+  ds->decoded_ahead = calloc((size_t)ds->num_units + 1, 1);
+  if (ds->decoded_ahead == NULL) return LARDER_ENOMEM;
   if (layout_rowplan_make(ds->schema, &ds->rowplan) != 0) return LARDER_ENOMEM;
   if (ds->total_rows == 0) {
     snprintf(err, errlen, "the dataset has no rows: its %u file%s hold%s none", ds->num_files,
@@ -885,6 +887,7 @@ void dataset_free(dataset_t *ds) {
   free(ds->column_hash);
   layout_rowplan_free(ds->rowplan);
   free(ds->rg_busy);
+  free(ds->decoded_ahead);
   free(ds);
 }
 

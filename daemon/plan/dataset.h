@@ -115,6 +115,10 @@ typedef struct dataset {
   /* Per row group: set while a worker decodes it, so that two loads never
    * decode the same pages (atomic; the only mutable part of a dataset). */
   int *rg_busy;
+  /* Per unit, 1 while it sits in the cache because a worker decoded it
+   * with another unit of its row group and nobody has read it since: its
+   * first read is decode work done ahead, not a hit (units.c). */
+  uint8_t *decoded_ahead;
   uint32_t num_rgs;
   footers_t *footers; /* where its files' footers came from, or NULL */
 } dataset_t;

@@ -374,7 +374,9 @@ static dsagg_t *datasets_of(server_t *srv, const conn_t *self, int all, size_t *
       }
       v[i].streams++;
       v[i].hit += STATS_GET(ss, cache_hit_bytes);
-      v[i].miss += STATS_GET(ss, cache_miss_bytes);
+      /* Units read back after a decode ahead were decoded for this epoch:
+       * misses, not hits. */
+      v[i].miss += STATS_GET(ss, cache_miss_bytes) + STATS_GET(ss, cache_readback_bytes);
     }
   }
   return v;
@@ -574,7 +576,8 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
                                        : "OFF (the cache disk is full)");
   }
   uint64_t hit = STATS_GET(&srv->stats, cache_hit_bytes),
-           miss = STATS_GET(&srv->stats, cache_miss_bytes);
+           miss = STATS_GET(&srv->stats, cache_miss_bytes) +
+                  STATS_GET(&srv->stats, cache_readback_bytes);
   if (hit + miss)
     strbuf_printf(
         b, "  hit ratio   %.1f%% of unit bytes since the start (%s from the cache, %s decoded)\n",

@@ -41,6 +41,9 @@
  *                                             no stream wanting them any more
  *   larder_cache_hit_bytes_total     counter  bytes served from the cache
  *   larder_cache_miss_bytes_total    counter  bytes decoded because the cache lacked them
+ *   larder_cache_readback_bytes_total counter unit bytes decoded ahead with another
+ *                                             unit of their row group and read back
+ *                                             from the cache: decode work, not hits
  *     (the cache's byte hit ratio is hit / (hit + miss); the cache's own
  *     count of the bytes its lookups returned is not exported a second time)
  *   larder_prefetch_loaded_bytes_total counter unit bytes loaded for larderctl prefetch
@@ -132,6 +135,8 @@
  *                                                              batches the streams read
  *   larder_stream_cache_hit_bytes_total{job,dataset}  counter  unit bytes read from the cache
  *   larder_stream_cache_miss_bytes_total{job,dataset} counter  unit bytes decoded for them
+ *   larder_stream_cache_readback_bytes_total{job,dataset} counter  unit bytes decoded ahead
+ *                                             for them and read back from the cache
  *   Histograms:
  *   larder_batch_wait_seconds{job,dataset}         histogram  the trainer's wait for each
  *                                                  batch (as liblarder reports it in the

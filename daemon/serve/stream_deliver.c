@@ -354,7 +354,8 @@ static void count_stages(stream_t *s, const pbatch_t *b) {
     STATS_ADD(&s->st, decode_ns, u->decode_ns);
     STATS_ADD(&s->st, cache_read_ns, u->cache_read_ns);
     uint64_t db = u->data_bytes ? u->data_bytes : u->bytes;
-    if (u->from_cache) STATS_ADD(&s->st, cache_hit_bytes, db);
+    if (u->from_cache && u->readback) STATS_ADD(&s->st, cache_readback_bytes, db);
+    else if (u->from_cache) STATS_ADD(&s->st, cache_hit_bytes, db);
     else STATS_ADD(&s->st, cache_miss_bytes, db);
   }
 }

@@ -817,6 +817,8 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
     }
     int admitted = 0;
     if (rc == 0) offer_to_cache(srv, ds, k, blobs, sizes, &admitted);
+    if (rc == 0 && admitted && k != u->index)
+      __atomic_store_n(&ds->decoded_ahead[k], 1, __ATOMIC_RELAXED);
     if (rc == 0 && (admitted || k == u->index)) u->run_units++;
     if (rc == 0 && k == u->index) {
       for (int c = 0; c < nc; c++) {
@@ -920,6 +922,7 @@ static int read_cached(server_t *srv, unit_t *u) {
   }
   for (int c = 0; c < nc; c++) u->bytes += store_value_size(u->cached[c]);
   u->from_cache = 1;
+  u->readback = __atomic_exchange_n(&ds->decoded_ahead[u->index], 0, __ATOMIC_RELAXED);
   return 1;
 }
 
@@ -1067,7 +1070,8 @@ static void load_done(work_t *w, int status) {
     if (u->for_prefetch) STATS_ADD(&srv->stats, prefetch_loaded_bytes, db);
     if (u->from_cache) {
       STATS_ADD(&srv->stats, units_from_cache, 1);
-      if (!u->for_prefetch) STATS_ADD(&srv->stats, cache_hit_bytes, db);
+      if (!u->for_prefetch) STATS_ADD(&srv->stats, cache_hit_bytes, u->readback ? 0 : db);
+      if (!u->for_prefetch && u->readback) STATS_ADD(&srv->stats, cache_readback_bytes, db);
       STATS_ADD(&srv->stats, cache_read_ns, u->cache_read_ns);
     } else {
       STATS_ADD(&srv->stats, units_decoded, 1);

@@ -62,6 +62,7 @@ struct unit {
   uint64_t bytes;         /* in memory, row block included */
   uint64_t data_bytes;    /* of its column blobs: what the cache holds */
   int from_cache;
+  int readback;           /* from_cache, and decoded ahead for it: not a hit */
   int for_prefetch;       /* loaded for `larderctl prefetch` alone: its bytes
                              are not the trainers' hits or misses */
   int retry;              /* its row group was being decoded: try again */
