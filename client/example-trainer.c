@@ -81,6 +81,7 @@ static long long number(const char *name, const char *v, long long min, long lon
   return x;
 }
 
+/* The flags, then the training loop: an example reads best top to bottom. */
 int main(int argc, char **argv) {
   const char *socket = NULL, *columns = NULL;
   larder_stream_options_t o;

@@ -862,8 +862,9 @@ static void bss_decode(const uint8_t *base, size_t stride, size_t w, uint8_t *o,
     for (size_t b = 0; b < w; b++) o[(size_t)i * w + b] = base[b * stride + (size_t)i];
 }
 
-/* Decodes the next n values of the current page into the dense output. */
-/* Decodes the page's next n values onto values/offsets.  skipping: the
+/* Decodes the page's next n values onto values/offsets (one switch over
+ * the encodings, each case short: split up, every piece would take the
+ * same six arguments).  skipping: the
  * values are dropped, so a dictionary-encoded page only checks its indices
  * and gathers nothing, and nothing is charged to max_chunk_decoded_bytes:
  * otherwise a unit that starts deep in a row group of large dictionary

@@ -539,7 +539,8 @@ static void bar(strbuf_t *b, double frac, int width) {
 }
 
 /* The same for people; the clients section lists the streams self may see
- * and counts the others. */
+ * and counts the others.  Its length is the page's: one printf after
+ * another, section by section, with nothing to share between them. */
 static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
   int all = admin_sees_all(self);
   char x[48], y[48], z[48], w[48];
