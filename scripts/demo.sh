@@ -5,7 +5,8 @@
 #   2. serves it with nginx on loopback, as a stand-in for remote storage;
 #   3. starts larderd with a default configuration on a private socket and cache;
 #   4. runs the example trainer for three epochs over the HTTP URLs: the first epoch
-#      is cold (fetched and decoded), the next ones come from the cache;
+#      is cold (fetched and decoded), the next ones come from memory; then restarts
+#      larderd and runs one more epoch, which reads the cache on disk;
 #   5. prints `larderctl stats`, then stops everything.
 # Usage: scripts/demo.sh BUILD_DIR
 set -euo pipefail
@@ -47,17 +48,29 @@ nginx -p "$work/run/nginx" -c "$work/run/nginx.conf"
 echo "== nginx serves the shards on http://127.0.0.1:$port/"
 
 rm -rf "$work/run/cache" "$work/run/sock"
-"$build/bin/larderd" --socket="$work/run/sock" --cache_dir="$work/run/cache" \
-  --cache_capacity=2G --log_level=notice 2>"$work/run/larderd.log" &
-pids+=($!)
-for _ in $(seq 100); do [ -S "$work/run/sock" ] && break; sleep 0.05; done
-echo "== larderd is up (socket $work/run/sock, cache $work/run/cache)"
+start_larderd() {
+  "$build/bin/larderd" --socket="$work/run/sock" --cache_dir="$work/run/cache" \
+    --cache_capacity=2G --log_level=notice 2>>"$work/run/larderd.log" &
+  pids+=($!)
+  for _ in $(seq 100); do [ -S "$work/run/sock" ] && break; sleep 0.05; done
+  echo "== larderd is up (socket $work/run/sock, cache $work/run/cache)"
+}
+start_larderd
 
 urls=()
 for f in "$work"/data/*.parquet; do urls+=("http://127.0.0.1:$port/$(basename "$f")"); done
 echo
 echo "== example trainer: 3 epochs, batches of 256, 1 ms of model work per batch"
 "$build/bin/example-trainer" --socket "$work/run/sock" --epochs 3 --batch-size 256 \
+  --compute-ms 1 "${urls[@]}"
+echo
+# A restart empties the daemon's memory; the decoded columns stay in the
+# cache on disk, and the next job reads them from there.
+echo "== larderd restarted: one more epoch, from the cache"
+kill -TERM "${pids[-1]}" && wait "${pids[-1]}" 2>/dev/null || true
+unset 'pids[-1]'
+start_larderd
+"$build/bin/example-trainer" --socket "$work/run/sock" --epochs 1 --batch-size 256 \
   --compute-ms 1 "${urls[@]}"
 echo
 echo "== larderctl stats"

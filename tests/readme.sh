@@ -50,7 +50,7 @@ sed -n '/^== example trainer/,$p' "$work/demo.log"
 
 # 4. make test, as written: its plan (a dry run).
 plan=$(cd "$work/clone" && make -n test 2>&1)
-for step in 'scripts/deps.sh' 'V=release check' 'V=asan check' 'V=ubsan check' 'fuzz FUZZ_SECONDS=60'; do
+for step in 'scripts/deps.sh' 'V=release check' 'V=asan check' 'V=ubsan check' 'fuzz FUZZ_SECONDS=120'; do
   grep -qF -- "$step" <<<"$plan" || fail "make test does not run '$step':
 $plan"
 done
