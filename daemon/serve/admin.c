@@ -282,11 +282,13 @@ int admin_visible_to(const conn_t *self, int all, const conn_t *c) {
 /* ------------------------------------------------------------------------ */
 /* status                                                                    */
 
-/* Connections that are trainers (not larderctl). */
+/* Connections that are trainers: past their Hello, not larderctl's (nor
+ * another admin client's), and not closing.  A connection counts only once
+ * its Hello says what it is. */
 uint64_t admin_count_trainers(server_t *srv) {
   uint64_t n = 0;
   for (conn_t *c = srv->conns; c; c = c->next)
-    if (!c->is_admin_conn && !c->closing && !c->draining) n++;
+    if (c->hello_done && !c->is_admin_conn && !c->closing && !c->draining) n++;
   return n;
 }
 

@@ -443,6 +443,9 @@ static void dispatch(conn_t *c, Larder__Frame *f) {
     for (char *p = c->name; *p; p++)
       if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
     c->hello_done = 1;
+    /* larderctl says so in its Hello: it is not a trainer from its first
+     * frame on, before its admin request arrives. */
+    if (strncmp(c->name, "larderctl/", 10) == 0) c->is_admin_conn = 1;
     Larder__HelloReply r = LARDER__HELLO_REPLY__INIT;
     r.protocol_version = WIRE_PROTOCOL_VERSION;
     r.server_version = (char *)LARDERD_VERSION;

@@ -66,7 +66,7 @@ struct conn {
   int num_groups;
   uint64_t arena_bytes; /* arenas of its open streams */
   int pending_requests; /* stream opens and admin jobs in progress */
-  int is_admin_conn;    /* has sent an admin request */
+  int is_admin_conn;    /* larderctl's Hello, or has sent an admin request */
 };
 
 /* The peer's credentials as the ACL sees them. */
