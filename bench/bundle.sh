@@ -12,7 +12,8 @@
 # library path.  The programs then use exactly the libraries they were built
 # and tested with, whatever the host's glibc is, and exec keeps the process
 # id, so bench-serve's RSS readings of the daemon stay right.  liblarder.so
-# goes to OUT_DIR/lib, for a Python trainer that loads it with ctypes (it
+# goes to OUT_DIR/lib (with the Python package's extension, OUT_DIR/lib/larder,
+# where built), for a Python trainer that loads it with ctypes (it
 # needs the host's own loader, so OUT_DIR/lib's libprotobuf-c.so.1 must be
 # loaded first: see bench/torch-trainer.py).
 #
@@ -39,6 +40,8 @@ for p in "${progs[@]}"; do
   if command -v strip >/dev/null; then strip --strip-debug "$out/real/$p"; fi
 done
 cp "$build/lib/liblarder.so" "$out/lib/"
+# The Python package's extension, where built (it finds it beside liblarder).
+if [ -d "$build/lib/larder" ]; then cp -r "$build/lib/larder" "$out/lib/"; fi
 
 # Every library the programs load, as ldd resolves them here, the loader
 # (the line without "=>") included.

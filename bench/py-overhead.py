@@ -10,8 +10,10 @@ socket and reads 15 int64 columns of a test file (batches of 64 rows,
 window 64, epochs without end) two ways, alternating, `rounds` times:
 
   - package: ``for b in stream: cols = b.numpy()``: larder_stream_next,
-    larder_batch_describe, a numpy view per column, and the release when
-    the views go;
+    larder_batch_describe, the numpy views of all columns in one call of
+    the package's extension (_views.c), and the release when the views go;
+  - package without its extension (as where it is not built, or
+    LARDER_PURE_PYTHON=1): numpy builds the views one by one;
   - peer: the bare larder_stream_next + larder_batch_release through
     ctypes, which every client pays (the library's own work, and two
     foreign calls).
@@ -86,20 +88,33 @@ def main():
             s = c.stream(SOURCE, columns=COLUMNS, batch_size=64, epochs=0, window=64, seed=1)
             for _ in range(500):  # warm: the cache, the plan, the arena's pages
                 next(s).numpy()
+            # The same stream read without the extension: its plan, made at
+            # its first batch, leaves the views to numpy.
+            views, larder._views = larder._views, None
+            p = c.stream(SOURCE, columns=COLUMNS, batch_size=64, epochs=0, window=64, seed=1)
+            for _ in range(500):
+                next(p).numpy()
+            larder._views = views
+            if views is None:
+                print("the package's extension is not in use: %s" % larder.views_note)
             rows = []
             for r in range(args.rounds):
                 pk = run_package(s, args.batches)
+                pp = run_package(p, args.batches)
                 pe = run_peer(larder.library(), s, args.batches)
-                rows.append((pk, pe))
+                rows.append((pk, pp, pe))
                 print("round %d: package %.2f us CPU/batch (%.2f us between calls), "
-                      "peer next+release %.2f us CPU/batch (%.2f us between calls)"
-                      % (r, pk[0], pk[1], pe[0], pe[1]), flush=True)
-            over = statistics.median(pk[0] - pe[0] for pk, pe in rows)
-            print("python overhead per batch of %d columns: %.2f us (median of %d rounds; "
-                  "package %.2f us, peer %.2f us CPU per batch)"
-                  % (len(COLUMNS), over, args.rounds, statistics.median(pk[0] for pk, _ in rows),
-                     statistics.median(pe[0] for _, pe in rows)))
+                      "without extension %.2f us, peer next+release %.2f us CPU/batch "
+                      "(%.2f us between calls)" % (r, pk[0], pk[1], pp[0], pe[0], pe[1]), flush=True)
+            over = statistics.median(pk[0] - pe[0] for pk, _, pe in rows)
+            pover = statistics.median(pp[0] - pe[0] for _, pp, pe in rows)
+            print("python overhead per batch of %d columns: %.2f us%s (median of %d rounds; "
+                  "package %.2f us, peer %.2f us CPU per batch); without the extension "
+                  "%.2f us" % (len(COLUMNS), over, "" if views else " (no extension)",
+                               args.rounds, statistics.median(pk[0] for pk, _, _ in rows),
+                               statistics.median(pe[0] for _, _, pe in rows), pover))
             s.close()
+            p.close()
             c.close()
         finally:
             d.stop()

@@ -15,7 +15,7 @@ packages=(
   nginx-light iproute2 tmux python3
   debootstrap systemd-container
   prometheus
-  python3-numpy python3-torch python3-pytest python3-setuptools python3-pip python3-venv
+  python3-dev python3-numpy python3-torch python3-pytest python3-setuptools python3-pip python3-venv
 )
 
 missing=()

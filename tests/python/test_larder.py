@@ -3,6 +3,7 @@ signals, fork, a daemon restart.  Every wait has a deadline; nothing
 depends on how fast a loaded machine runs."""
 import ctypes
 import gc
+import itertools
 import json
 import math
 import os
@@ -27,6 +28,9 @@ LISTS = os.path.join(lt.DATA, "list_columns.parquet")
 WIDE = os.path.join(lt.DATA, "delta_binary_packed.parquet")        # 200 rows, 66 int64
 
 DEADLINE = 60  # seconds any single wait in these tests may take at most
+# Whether this build has the package's extension (_views.c; python3-dev and
+# numpy from deps.sh): then installs have it too, built for this interpreter.
+HAVE_VIEWS = larder.library() is not None and larder._views is not None
 
 
 def ids_of(batch):
@@ -140,6 +144,99 @@ def test_fixed_size_lists_are_2d(client):
     # (No test file has a fixed-length list column; a VarColumn otherwise.)
     s = client.stream(LISTS, batch_size=3, shuffle=False)
     assert isinstance(next(s)["int64_list"], larder.VarColumn)
+
+
+def _same(a, b):
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        return a == b  # None, a VarColumn's kind
+    return (a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+            and a.flags.writeable == b.flags.writeable)
+
+
+@pytest.mark.parametrize("name", ["alltypes_plain.parquet", "alltypes_dictionary.parquet",
+                                  "byte_stream_split.zstd.parquet", "delta_binary_packed.parquet",
+                                  "datapage_v2.snappy.parquet", "int32_decimal.parquet",
+                                  "int96_from_spark.parquet", "float16_nonzeros_and_nans.parquet",
+                                  "nan_in_stats.parquet", "list_columns.parquet",
+                                  "nested_structs.rust.parquet", "int32_with_null_pages.parquet"])
+def test_views_extension_equals_python(client, monkeypatch, name):
+    """The extension's views (_views.c) and numpy's, built in Python, are
+    the same arrays: dtypes, shapes, bytes, masks, read-only; batches of
+    every size the file gives (a short last one included)."""
+    path = os.path.join(lt.DATA, name)
+    if not os.path.exists(path):
+        pytest.skip("%s is not in this parquet-testing" % name)
+
+    fast = client.stream(path, batch_size=7, shuffle=False)
+    pure = client.stream(path, batch_size=7, shuffle=False)
+    first_fast = next(fast)
+    monkeypatch.setattr(larder, "_views", None)  # the plan is made at the first batch
+    first_pure = next(pure)
+    monkeypatch.undo()
+    # Streams with fixed-width columns take the extension's path.
+    assert (fast._plan[7] is not None) == (HAVE_VIEWS and bool(fast._plan[5]))
+    assert pure._plan[7] is None
+    # In step, one batch of each alive at a time (a window holds 32).
+    n = 0
+    for bf, bp in itertools.chain([(first_fast, first_pure)], zip(fast, pure)):
+        assert bf.position == bp.position
+        cf, cp = bf.numpy(masks=True), bp.numpy(masks=True)
+        assert cf.keys() == cp.keys()
+        for k in cf:
+            assert _same(cf[k], cp[k]), (name, bf.position, k)
+        n += 1
+        del bf, bp, cf, cp
+    assert n == len(fast) > 0
+    assert next(pure, None) is None
+
+
+@pytest.mark.skipif(not HAVE_VIEWS, reason="the extension is not built")
+def test_views_extension_arguments(client):
+    """The extension takes only what its conventions allow: views that
+    would leave the region (or have no rows) go to the general path
+    (None); malformed specs and word indexes raise; its arrays cannot be
+    made writable, and keep their owner alive."""
+    views = larder._views.views
+    buf = (ctypes.c_int64 * 4)(3, 0, 0, 0)
+    region = (ctypes.c_char * 64)()
+    base = ctypes.addressof(region)
+    owner = memoryview(region).toreadonly()
+    vec = ctypes.addressof(buf)
+    i8 = np.dtype("<i8")
+    buf[1] = base + 16
+    got = views(owner, base, 64, vec, 4, (("x", 0, 1, i8),))
+    assert list(got) == ["x"] and got["x"].shape == (3,) and got["x"].base is owner
+    assert not got["x"].flags.writeable and got["x"].flags.aligned
+    with pytest.raises(ValueError):
+        got["x"].flags.writeable = True
+    buf[1] = base + 48  # 3 * 8 bytes from 48 pass the end of 64
+    assert views(owner, base, 64, vec, 4, (("x", 0, 1, i8),)) is None
+    buf[1] = base - 8
+    assert views(owner, base, 64, vec, 4, (("x", 0, 1, i8),)) is None
+    buf[1], buf[0] = base, 0  # no rows
+    assert views(owner, base, 64, vec, 4, (("x", 0, 1, i8),)) is None
+    buf[0] = -1
+    assert views(owner, base, 64, vec, 4, (("x", 0, 1, i8),)) is None
+    buf[0] = 1
+    with pytest.raises(ValueError):
+        views(owner, base, 64, vec, 4, (("x", 0, 4, i8),))
+    with pytest.raises(TypeError):
+        views(owner, base, 64, vec, 4, (("x", 0, 1, "<i8"),))
+    with pytest.raises(TypeError):
+        views(owner, base, 64, vec, 4, (("x", 0, 1),))
+    with pytest.raises(TypeError):
+        views(owner, base, 64, vec, 4, [("x", 0, 1, i8)])
+    # describe calls larder_batch_describe, which refuses a NULL batch.
+    daddr = ctypes.cast(larder.library().larder_batch_describe, ctypes.c_void_p).value
+    info = (ctypes.c_int64 * 8)()
+    with pytest.raises(ValueError):
+        larder._views.describe(daddr, 0, ctypes.addressof(info), 0, 0)
+    with pytest.raises(ValueError):
+        larder._views.describe(0, 1, ctypes.addressof(info), 0, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -382,7 +479,8 @@ def test_daemon_restart(own_daemon):
 # ---------------------------------------------------------------------------
 # Installing
 
-IMPORT_CHECK = "import larder, larder.torch; print(larder.__file__); print(larder.library()._name)"
+IMPORT_CHECK = ("import larder, larder.torch; print(larder.__file__); print(larder.library()._name); "
+                "print(larder._views.__file__ if larder._views else 'none:' + larder.views_note)")
 
 
 def test_make_install_finds_library(tmp_path):
@@ -399,8 +497,9 @@ def test_make_install_finds_library(tmp_path):
     res = subprocess.run([sys.executable, "-c", IMPORT_CHECK], env=env, cwd=str(tmp_path),
                          capture_output=True, text=True, timeout=DEADLINE)
     assert res.returncode == 0, res.stderr
-    where, lib = res.stdout.split()
+    where, lib, views = res.stdout.splitlines()
     assert where.startswith(str(site)) and lib == str(prefix / "lib" / "liblarder.so.0")
+    assert views.startswith(str(site)) if HAVE_VIEWS else views.startswith("none:")
 
 
 def test_pip_install_offline(tmp_path):
@@ -417,7 +516,10 @@ def test_pip_install_offline(tmp_path):
     res = subprocess.run([str(venv / "bin" / "python"), "-c", IMPORT_CHECK], env=env,
                          cwd=str(tmp_path), capture_output=True, text=True, timeout=DEADLINE)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split()[0].startswith(str(venv))
+    where, _, views = res.stdout.splitlines()
+    assert where.startswith(str(venv))
+    # pip builds the extension against this interpreter's numpy.
+    assert views.startswith(str(venv)) if HAVE_VIEWS else views.startswith("none:")
 
 
 # ---------------------------------------------------------------------------

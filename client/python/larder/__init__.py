@@ -24,7 +24,12 @@ writing one in place through a torch tensor faults; copy first
 (``tensor.clone()``, ``.to(device)``, ``pin_memory()``).
 
 Each batch costs a constant number of foreign calls (larder_stream_next,
-larder_batch_describe, and the release), whatever its columns.
+larder_batch_describe, and the release), whatever its columns.  Where the
+package's extension (_views.c, built by make and installed by make
+install) loads, one more call builds all the fixed-width columns' arrays;
+elsewhere (another interpreter or numpy, LARDER_PURE_PYTHON=1) numpy builds
+them one by one, with the same results.  ``larder.views_note`` says why
+the extension is not in use.
 """
 import collections.abc
 import ctypes
@@ -46,15 +51,22 @@ MAX_WINDOW = 1024
 
 _L = None
 _L_lock = threading.Lock()
+# The optional extension that builds a batch's numpy views in one call
+# (_views.c), loaded with liblarder; None where it is not available, and
+# views_note then says why (the package works the same, a little slower).
+_views = None
+views_note = "liblarder is not loaded yet"
 
 
 def library():
     """The loaded liblarder (ctypes.CDLL), loaded on first use."""
-    global _L
+    global _L, _views, views_note
     if _L is None:
         with _L_lock:
             if _L is None:
-                _L = _lib.load()
+                lib = _lib.load()
+                _views, views_note = _lib.load_views(lib)
+                _L = lib
     return _L
 
 
@@ -587,10 +599,21 @@ class Stream:
         other = tuple((f.name, i, f) for i, f in enumerate(fields) if f.dtype is None)
         arena_size = v[7]
         owner = type("BatchMemory", (ctypes.c_char * arena_size,), {"__del__": _owner_del})
+        # With the extension: describe's arguments (its address, the
+        # vector's, the arrays', their number), and views' (the vector's
+        # length, the arena's, and per fixed-width column its name, the
+        # words of its length and values in the vector, its dtype).
+        fast = None
+        if _views is not None and fixed:
+            vspecs = tuple((f.name, head + i * ARRAY_INFO_WORDS + 6,
+                            head + i * ARRAY_INFO_WORDS + 10, f.dtype)
+                           for i, f in enumerate(fields) if f.dtype is not None)
+            fast = (_views.describe, ctypes.cast(fn, ctypes.c_void_p).value, addr,
+                    addr + head * 8, n, _views.views, len(cbuf), arena_size, vspecs)
         self._release = L.larder_batch_release
         self._fields = fields
         self._names = [f.name for f in fields]
-        self._plan = (fn, args, cbuf, unpack, owner, fixed, other)
+        self._plan = (fn, args, cbuf, unpack, owner, fixed, other, fast)
 
     def close(self):
         """Closes the stream; batches still alive stay valid until dropped."""
@@ -644,12 +667,19 @@ class Batch(collections.abc.Mapping):
         if plan is None:
             stream._make_plan(ptr)
             plan = stream._plan
-        describe, args, cbuf, unpack, owner, fixed, other = plan
-        describe(ptr, *args)
-        # Only the words the fast path reads (struct skips the others):
-        # the header, then each column's length, null count and values.
-        v = unpack(cbuf)
-        base = v[6]
+        describe, args, cbuf, unpack, owner, fixed, other, fast = plan
+        if fast is not None:
+            # larder_batch_describe, and the header's rows, epoch, index
+            # and arena, in one call.
+            h = fast[0](fast[1], ptr, fast[2], fast[3], fast[4])
+            base = h[3]
+        else:
+            describe(ptr, *args)
+            # Only the words the Python path reads (struct skips the
+            # others): the header, then each column's length, null count
+            # and values.
+            h = unpack(cbuf)
+            base = h[6]
         mem = owner.from_address(base)
         mem._b = (stream._release, ptr, stream)
         stream._stash = 0  # no call between: a signal cannot fall in between
@@ -659,15 +689,20 @@ class Batch(collections.abc.Mapping):
         self._ptr = ptr
         self._ro = ro
         self._full = None
-        self.num_rows = v[0]
-        self.epoch = v[1]
-        self.index = v[2]
-        try:
-            arrays = {name: _frombuffer(ro, dt, v[kl], v[kv] - base)
-                      for name, kl, kv, dt in fixed}
-        except ValueError:  # a column of no rows: no buffer to view
-            arrays = {f.name: _build(self, f, i) for i, f in enumerate(stream._fields)}
-            other = ()
+        self.num_rows = h[0]
+        self.epoch = h[1]
+        self.index = h[2]
+        # The extension's views, else (no extension, or a column it leaves
+        # to the general path) numpy's, one call per column.
+        arrays = fast[5](ro, base, fast[7], fast[2], fast[6], fast[8]) if fast else None
+        if arrays is None:
+            v = unpack(cbuf)
+            try:
+                arrays = {name: _frombuffer(ro, dt, v[kl], v[kv] - base)
+                          for name, kl, kv, dt in fixed}
+            except ValueError:  # a column of no rows: no buffer to view
+                arrays = {f.name: _build(self, f, i) for i, f in enumerate(stream._fields)}
+                other = ()
         for name, i, f in other:
             arrays[name] = _build(self, f, i)
         if other and fixed:  # keep the stream's column order

@@ -5,7 +5,10 @@ otherwise passes and returns C ints, which truncates 64-bit pointers.
 """
 import ctypes
 import ctypes.util
+import importlib.machinery
+import importlib.util
 import os
+import sysconfig
 
 P = ctypes.c_void_p
 _u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -176,3 +179,34 @@ def load():
         f.restype = restype
         f.argtypes = argtypes
     return lib
+
+
+def load_views(lib):
+    """The optional extension (_views.c) that builds a batch's numpy views
+    in one call, as (module, None), or (None, why) when there is none that
+    this interpreter and numpy can load: the package then builds them in
+    Python.  It is looked for beside the package (make install, pip) and
+    in larder/ beside the liblarder that lib was loaded from (a build
+    tree).  LARDER_PURE_PYTHON=1 skips it."""
+    if os.environ.get("LARDER_PURE_PYTHON", "") not in ("", "0"):
+        return None, "LARDER_PURE_PYTHON is set"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    name = "_views" + suffix
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(here, name)]
+    libpath = getattr(lib, "_name", "") or ""
+    if os.sep in libpath:
+        paths.append(os.path.join(os.path.dirname(os.path.realpath(libpath)), "larder", name))
+    why = "no %s in %s" % (name, " or ".join(os.path.dirname(p) for p in paths))
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("larder._views", path)
+            spec = importlib.util.spec_from_file_location("larder._views", path, loader=loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            return mod, None
+        except Exception as e:  # another numpy's ABI, a broken file: fall back
+            why = "%s: %s" % (path, e)
+    return None, why
