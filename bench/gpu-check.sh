@@ -2,6 +2,8 @@
 # gpu-check.sh BUNDLE [TORCH_DATA.parquet]: what a GPU host checks, from a
 # bundle made by bench/bundle.sh on the build machine (the GPU host needs
 # none of Debian's packages), in one run:
+#   0. the Python package's extension, built for the host's python3 and
+#      numpy where it has a compiler and Python's headers;
 #   1. the CUDA tests against the real driver, then bench-cuda
 #      (tests/cuda-real.sh with BENCH=1);
 #   2. the Python package's tests with the host's python3, where PyTorch,
@@ -23,6 +25,13 @@ nvidia-smi -L 2>/dev/null || echo "gpu-check: no nvidia-smi"
 # needs the bundle's libprotobuf-c.
 export LD_PRELOAD=$b/lib/libprotobuf-c.so.1
 rc=0
+
+echo "== 0. The Python package's extension, for this host's python3"
+# As pip would build it for a trainer's interpreter: the bundle's copy is
+# for the build machine's python3 and numpy.
+if ! python3 "$root/bench/build-views.py" "$b/lib/larder" 2>&1; then
+  echo "gpu-check: no extension for this python3; the package runs without it"
+fi
 
 echo "== 1. CUDA tests and bench-cuda"
 LD_PRELOAD= timeout "${CUDA_LIMIT:-200}" env BENCH=1 bash "$b/tests/cuda-real.sh" "$b" \

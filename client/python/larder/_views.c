@@ -37,6 +37,12 @@
 #include <stdint.h>
 #include <string.h>
 
+/* numpy 2 hides the descriptor's fields behind PyDataType_ELSIZE (an
+ * inline function); numpy 1 has the field and not the function. */
+#if NPY_ABI_VERSION < 0x02000000
+#define PyDataType_ELSIZE(descr) ((descr)->elsize)
+#endif
+
 /* views(owner, base, size, vector, words, specs) -> dict or None
  *
  * owner: the object every array keeps alive (its base).
@@ -79,7 +85,7 @@ static PyObject *views(PyObject *self, PyObject *args) {
     PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(spec, 3);
     int64_t len = w[kl];
     uint64_t p = (uint64_t)w[kv];
-    uint64_t item = descr->elsize > 0 ? (uint64_t)descr->elsize : 0;
+    uint64_t item = PyDataType_ELSIZE(descr) > 0 ? (uint64_t)PyDataType_ELSIZE(descr) : 0;
     /* The general path handles what is not a plain run of values inside
      * the region. */
     if (len <= 0 || p == 0 || item == 0 || p < base || p - base > size ||
