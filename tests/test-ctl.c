@@ -699,6 +699,9 @@ TEST_IMPL(ctl_prefetch_progress) {
     ASSERT_STR_CONTAINS(r.out, "MB/s");
     ASSERT_STR_CONTAINS(r.out, "ETA ");
     ASSERT_STR_CONTAINS(r.out, "100%");
+    /* Decoded bytes, and those fetched for them. */
+    ASSERT_STR_CONTAINS(r.out, " decoded, ");
+    ASSERT_STR_CONTAINS(r.out, " fetched (");
     ASSERT_STR_CONTAINS(r.out, "done in ");
     char want[64];
     snprintf(want, sizeof(want), "(%llu/%llu units)", (unsigned long long)units_total,
@@ -728,6 +731,7 @@ TEST_IMPL(ctl_prefetch_progress) {
   ASSERT_STR_CONTAINS(r.out, "prefetch: ");
   ASSERT_STR_CONTAINS(r.out, "100%");
   ASSERT_STR_CONTAINS(r.out, "done in ");
+  ASSERT_NULL(strstr(r.out, " fetched (")); /* local files: nothing fetched */
   tc_out_free(&r);
 
   /* 4. JSON Lines: start, progress..., done; then everything is cached. */
@@ -736,8 +740,10 @@ TEST_IMPL(ctl_prefetch_progress) {
   tc_out_free(&r);
   args[na++] = "--json";
   args[na] = NULL;
+  uint64_t fetched0 = dh_stat(&d, "fetch_bytes");
   tc_run(&r, NULL, 120000 * dh_slow(), args);
   EXPECT_RUN(&r, 0);
+  uint64_t fetched1 = dh_stat(&d, "fetch_bytes");
   ASSERT_GE(tc_json_lines(r.out), 3);
   ASSERT_STR_CONTAINS(r.out, "{\"event\":\"start\"");
   ASSERT_STR_CONTAINS(r.out, "{\"event\":\"progress\"");
@@ -748,6 +754,13 @@ TEST_IMPL(ctl_prefetch_progress) {
    * kept: here it does. */
   ASSERT_STR_CONTAINS(done, "\"admission\":\"on\"");
   ASSERT_EQ(dh_json_u64(done, "failed_units"), 0);
+  /* Every row group's chunks were fetched for the job, and nothing the
+   * daemon did not fetch in the meantime (footers too) is counted. */
+  fprintf(stderr, "prefetch after an evict: %llu bytes fetched for it, the daemon %llu\n",
+          (unsigned long long)dh_json_u64(done, "fetched_bytes"),
+          (unsigned long long)(fetched1 - fetched0));
+  ASSERT_GT(dh_json_u64(done, "fetched_bytes"), 0);
+  ASSERT_LE(dh_json_u64(done, "fetched_bytes"), fetched1 - fetched0);
   tc_out_free(&r);
   /* Run again: nothing to do. */
   tc_run(&r, NULL, 120000 * dh_slow(), args);
@@ -755,6 +768,7 @@ TEST_IMPL(ctl_prefetch_progress) {
   done = strstr(r.out, "{\"event\":\"done\"");
   ASSERT_NOT_NULL(done);
   ASSERT_EQ(dh_json_u64(done, "cached_before_units"), units_total);
+  ASSERT_EQ(dh_json_u64(done, "fetched_bytes"), 0);
   tc_out_free(&r);
   /* A trainer over the same URLs now reads everything from the cache. */
   const char *src[6];

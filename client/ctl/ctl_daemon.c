@@ -515,15 +515,26 @@ static void progress_line(const json_t *js, progress_t *p, char *line, size_t si
   } else {
     o += (size_t)snprintf(line + o, size - o, "prefetch: ");
   }
+  /* Decoded bytes (the estimate the bar and the ETA follow), then what was
+   * fetched for them from remote sources, when anything was. */
+  double fetched = json_num_or(js, "fetched_bytes", 0);
+  double frate = json_num_or(js, "fetched_bytes_per_s", 0);
+  char f[96] = "";
+  if (fetched > 0) {
+    char fb[32], fr[32];
+    human_bytes(fb, sizeof(fb), fetched);
+    human_bytes(fr, sizeof(fr), frate);
+    snprintf(f, sizeof(f), ", %s fetched (%s/s)", fb, fr);
+  }
   if (frac >= 1 || units_done >= units)
-    snprintf(line + o, size - o, "%3.0f%%  %s / %s  (%.0f/%.0f units)", frac * 100, a, b,
-             units_done, units);
+    snprintf(line + o, size - o, "%3.0f%%  %s / %s decoded%s  (%.0f/%.0f units)", frac * 100, a, b,
+             f, units_done, units);
   else if (rate <= 0 || eta < 0)
-    snprintf(line + o, size - o, "%3.0f%%  %s / %s  (%.0f/%.0f units, starting)", frac * 100, a, b,
-             units_done, units);
+    snprintf(line + o, size - o, "%3.0f%%  %s / %s decoded%s  (%.0f/%.0f units, starting)",
+             frac * 100, a, b, f, units_done, units);
   else
-    snprintf(line + o, size - o, "%3.0f%%  %s / %s  %.1f MB/s  ETA %s  (%.0f/%.0f units)",
-             frac * 100, a, b, rate / 1e6, e, units_done, units);
+    snprintf(line + o, size - o, "%3.0f%%  %s / %s decoded%s  %.1f MB/s  ETA %s  (%.0f/%.0f units)",
+             frac * 100, a, b, f, rate / 1e6, e, units_done, units);
   (void)p;
 }
 

@@ -38,6 +38,7 @@
 
 typedef struct pf_rg {
   uint32_t next, end; /* its units [next, end) not yet started */
+  int fetched;        /* its fetched bytes are counted (fetched_bytes) */
 } pf_rg_t;
 
 typedef struct pf_active {
@@ -73,6 +74,9 @@ typedef struct prefetch_job {
   int num_active, max_active;
   int polling;
   uint64_t total_bytes, done_bytes, before_bytes;
+  /* Bytes fetched from remote sources for its row groups: each row
+   * group's buffer once, when its first unit completes from one. */
+  uint64_t fetched_bytes;
   uint64_t before_units, cached_units, not_admitted, failed;
   char first_error[600];
   uint64_t started_ns, last_progress_ns, last_done_bytes;
@@ -110,6 +114,7 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   double elapsed = (double)(util_now_ns() - p->started_ns) / 1e9;
   double rate = elapsed > 0 ? (double)(p->done_bytes - p->before_bytes) / elapsed : 0;
   double eta = rate > 0 ? (double)(p->total_bytes - p->done_bytes) / rate : -1;
+  double fetch_rate = elapsed > 0 ? (double)p->fetched_bytes / elapsed : 0;
   uint64_t done_units = p->before_units + p->cached_units + p->not_admitted + p->failed;
   store_stats_t st;
   memset(&st, 0, sizeof(st));
@@ -128,6 +133,8 @@ static void pf_event(prefetch_job_t *p, const char *event, int final) {
   strbuf_puts(&b, ",\"eta_s\":");
   if (eta >= 0) admin_sb_num(&b, eta);
   else strbuf_puts(&b, "null");
+  strbuf_printf(&b, ",\"fetched_bytes\":%" PRIu64 ",\"fetched_bytes_per_s\":", p->fetched_bytes);
+  admin_sb_num(&b, fetch_rate);
   strbuf_printf(&b, ",\"concurrency\":%d", p->max_active);
   strbuf_puts(&b, ",\"elapsed_s\":");
   admin_sb_num(&b, elapsed);
@@ -212,6 +219,10 @@ static void pf_complete(prefetch_job_t *p, int i, int cached) {
     p->not_admitted++;
   }
   p->done_bytes += p->ds->units[a.index].est_bytes;
+  if (a.u->state != UNIT_FAILED && a.u->rg_fetched && !p->rgs[a.rg].fetched) {
+    p->rgs[a.rg].fetched = 1;
+    p->fetched_bytes += a.u->rg_fetched;
+  }
   units_release(p->j.srv, a.u);
   p->active[i] = p->active[--p->num_active];
   pf_start_in_rg(p, a.rg);

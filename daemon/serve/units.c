@@ -225,6 +225,13 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
   free(b);
 }
 
+/* The bytes b holds once fetched: its ranges' lengths. */
+static uint64_t rb_bytes(const rgbuf_t *b) {
+  uint64_t n = 0;
+  for (int i = 0; i < b->num_ranges; i++) n += b->ranges[i].length;
+  return n;
+}
+
 static void rb_release(server_t *srv, rgbuf_t *b) {
   if (--b->refs > 0) return;
   if (b->state == RB_READY) {
@@ -312,6 +319,7 @@ static void rb_done(rgbuf_t *b) {
       queue_load(srv, u);
     } else {
       u->rgbuf = b;
+      u->rg_fetched = rb_bytes(b);
       u->fetch_ns = b->fetch_ns;
       if (queue_load(srv, u) != 0) {
         u->rgbuf = NULL;
@@ -937,6 +945,7 @@ static void load_work(work_t *w) {
   int nc = ds->num_columns;
   char why[256];
   if (read_cached(srv, u)) {
+    u->rg_fetched = 0; /* nothing fetched for this load */
     build_rows(u);
     return;
   }
@@ -1036,6 +1045,7 @@ static void load_done(work_t *w, int status) {
       rb_release(srv, b);
     } else {
       u->rgbuf = b;
+      u->rg_fetched = rb_bytes(b);
       u->fetch_ns = 0;
       if (queue_load(srv, u) == 0) return;
       u->rgbuf = NULL;

@@ -68,6 +68,8 @@ struct unit {
   int retry;              /* its row group was being decoded: try again */
   int need_fetch;         /* remote and not cached: its row group's bytes */
   rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */
+  uint64_t rg_fetched;    /* the bytes of that row group's buffer (its
+                             projected column chunks), once it has one */
   rgbuf_t *waiting_rgbuf; /* the row group fetch it waits for, or NULL */
   uint32_t run_units;     /* units its decode left no need to decode again
                              (itself, and those it put in the cache) */
