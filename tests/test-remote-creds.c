@@ -869,3 +869,162 @@ TEST_IMPL(remote_creds_imds_v1) {
   rh_stop(&fake);
   return 0;
 }
+
+/* Role profiles of the config file of remote_creds_assume_role. */
+#define ROLE_PREFIX "arn:aws:iam::123456789012:role/"
+static const char role_config[] =
+    "[profile base]\n"
+    "aws_access_key_id = AKIASOURCETEST01\n"
+    "aws_secret_access_key = source-secret-0123456789\n"
+    "[profile mid]\n"
+    "role_arn = " ROLE_PREFIX
+    "mid\n"
+    "source_profile = base\n"
+    "[profile larder]\n"
+    "role_arn = " ROLE_PREFIX
+    "larder\n"
+    "source_profile = mid\n"
+    "role_session_name = larder-chain\n"
+    "external_id = ext-42\n"
+    "duration_seconds = 1800\n"
+    "[profile node]\n"
+    "role_arn = " ROLE_PREFIX
+    "node\n"
+    "credential_source = Ec2InstanceMetadata\n"
+    "[profile mfa]\n"
+    "role_arn = " ROLE_PREFIX
+    "mfa\n"
+    "source_profile = base\n"
+    "mfa_serial = arn:aws:iam::123456789012:mfa/someone\n"
+    "[profile loop1]\n"
+    "role_arn = " ROLE_PREFIX
+    "loop1\n"
+    "source_profile = loop2\n"
+    "[profile loop2]\n"
+    "role_arn = " ROLE_PREFIX
+    "loop2\n"
+    "source_profile = loop1\n"
+    "[profile elsewhere]\n"
+    "role_arn = " ROLE_PREFIX
+    "elsewhere\n"
+    "credential_source = Somewhere\n"
+    "[profile nosource]\n"
+    "role_arn = " ROLE_PREFIX
+    "nosource\n"
+    "[profile missing]\n"
+    "role_arn = " ROLE_PREFIX
+    "missing\n"
+    "source_profile = nobody\n"
+    "[profile longer]\n"
+    "role_arn = " ROLE_PREFIX
+    "longer\n"
+    "source_profile = base\n"
+    "duration_seconds = 99\n";
+
+/* The environment of a role profile: the config file above, the fake's
+ * STS, the profile name. */
+static void use_role_profile(const rs_server *fake, const char *name) {
+  char path[PATH_MAX], url[256];
+  clear_aws_env();
+  tmp_path(path, sizeof(path), "role-config");
+  write_text(path, role_config);
+  setenv("AWS_CONFIG_FILE", path, 1);
+  tmp_path(path, sizeof(path), "no-credentials-file");
+  setenv("AWS_SHARED_CREDENTIALS_FILE", path, 1);
+  snprintf(url, sizeof(url), "%s/", fake->url);
+  setenv("AWS_ENDPOINT_URL_STS", url, 1);
+  setenv("AWS_PROFILE", name, 1);
+}
+
+/*
+ * Role profiles, as fleets chain them.  "larder" assumes its role with the
+ * credentials of its source_profile "mid", itself a role assumed with the
+ * static keys of "base": two AssumeRole calls, each signed (SigV4 for STS,
+ * which the fake checks with AWS's signer) with the key before it, the
+ * second with its session token; the last carries the profile's session
+ * name, external id and duration, and its key reads every row at the
+ * front.  "node" assumes its role with the instance's credentials
+ * (credential_source = Ec2InstanceMetadata).  Refused with a message that
+ * names the profile: mfa_serial (nobody can type the code), a
+ * source_profile loop, an unknown credential_source, a role without a
+ * source, a source_profile with no credentials, a duration out of range.
+ * No secret shows in the log or the stats.
+ */
+TEST_IMPL(remote_creds_assume_role) {
+  int skip = rh_require(0, 1);
+  if (skip) return skip;
+  clear_aws_env();
+  rs_server s3, fake;
+  start_servers(&s3, &fake, 3600, NULL);
+  register_keys("AKIASOURCETEST01", "source-secret-0123456789", "");
+
+  /* A chain of two roles over static keys. */
+  use_role_profile(&fake, "larder");
+  dh_daemon d;
+  daemon_for(&d, "chain", &s3);
+  dh_start(&d);
+  dh_wait_log(&d, "S3 credentials from assume_role", 1, 10000.0 * dh_slow());
+  expect_all_rows(&d, "a role chain");
+  expect_no_secrets(&d);
+  dh_stop(&d);
+  ASSERT_EQ(fake_stat(&fake, "issued.assume_role"), 2);
+  char *st = rs_stats(&fake);
+  ASSERT_NOT_NULL(st);
+  fprintf(stderr, "the fake's record: %s\n", st);
+  ASSERT_STR_CONTAINS(st, "\"role\":\"" ROLE_PREFIX "mid\",\"session\":\"larderd-");
+  ASSERT_STR_CONTAINS(st, "\"by\":\"AKIASOURCETEST01\",\"issued\":\"ASIAROLE00000001\"");
+  ASSERT_STR_CONTAINS(st, "\"role\":\"" ROLE_PREFIX
+                          "larder\",\"session\":\"larder-chain\","
+                          "\"external_id\":\"ext-42\",\"duration_s\":\"1800\","
+                          "\"by\":\"ASIAROLE00000001\",\"issued\":\"ASIAROLE00000002\"");
+  free(st);
+
+  /* A role over the instance's credentials. */
+  use_role_profile(&fake, "node");
+  unsetenv("AWS_EC2_METADATA_DISABLED");
+  setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.url, 1);
+  daemon_for(&d, "node", &s3);
+  dh_start(&d);
+  dh_wait_log(&d, "S3 credentials from assume_role", 1, 10000.0 * dh_slow());
+  expect_all_rows(&d, "a role over the instance's credentials");
+  dh_stop(&d);
+  ASSERT_EQ(fake_stat(&fake, "issued.imds"), 1);
+  ASSERT_EQ(fake_stat(&fake, "issued.assume_role"), 3);
+  st = rs_stats(&fake);
+  ASSERT_NOT_NULL(st);
+  ASSERT_STR_CONTAINS(st, "\"role\":\"" ROLE_PREFIX "node\"");
+  ASSERT_STR_CONTAINS(st, "\"by\":\"ASIAIMDS00000003\",\"issued\":\"ASIAROLE00000004\"");
+  free(st);
+  ASSERT_EQ(fake_stat(&fake, "denied"), 0);
+
+  /* What is refused, in process (no request reaches STS). */
+  static const struct {
+    const char *profile, *want;
+  } refused[] = {
+      {"mfa", "profile mfa: role_arn with mfa_serial needs a code typed by a person"},
+      {"loop1", "role chain passes 8 profiles"},
+      {"elsewhere", "credential_source = Somewhere is not Environment"},
+      {"nosource", "profile nosource: role_arn needs source_profile, credential_source or"},
+      {"missing", "its source_profile nobody has no credentials"},
+      {"longer", "duration_seconds = 99 is not a number of seconds from 900 to 43200"},
+  };
+  int64_t asked = fake_stat(&fake, "requests");
+  for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+    use_role_profile(&fake, refused[i].profile);
+    awscreds_options_t o;
+    memset(&o, 0, sizeof(o));
+    o.timeout_s = 5;
+    awscreds_value_t v;
+    char err[512];
+    ASSERT_EQ(awscreds_resolve(&o, &v, err, sizeof(err)), LARDER_EINVAL);
+    fprintf(stderr, "%s: %s\n", refused[i].profile, err);
+    ASSERT_STR_CONTAINS(err, refused[i].want);
+    ASSERT_NULL(strstr(err, "source-secret"));
+  }
+  ASSERT_EQ(fake_stat(&fake, "requests"), asked);
+  clear_aws_env();
+  rh_stop(&fake);
+  rh_stop(&s3);
+  ASSERT_EQ(front_status(403), 0);
+  return 0;
+}

@@ -383,9 +383,12 @@ static void redact(const char *url, char *buf, size_t size) {
  * negative code with err filled.  connect_s bounds the connection, total_s
  * the whole exchange.
  */
+/* One request of a credential source; with sign, SigV4-signed for STS in
+ * region with those keys (the caller adds the session token's header).
+ * Returns the HTTP status, or a negative code with w->err filled. */
 static int http(const walk_t *w, const char *source, const char *method, const char *url,
-                struct curl_slist *headers, const char *body, long connect_s, long total_s,
-                body_t *b) {
+                struct curl_slist *headers, const char *body, const awscreds_value_t *sign,
+                const char *region, long connect_s, long total_s, body_t *b) {
   memset(b, 0, sizeof(*b));
   CURL *e = curl_easy_init();
   if (e == NULL) {
@@ -393,6 +396,13 @@ static int http(const walk_t *w, const char *source, const char *method, const c
     return LARDER_ENOMEM;
   }
   curl_easy_setopt(e, CURLOPT_URL, url);
+  if (sign) {
+    char sigv4[128];
+    snprintf(sigv4, sizeof(sigv4), "aws:amz:%s:sts", region && *region ? region : "us-east-1");
+    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4);
+    curl_easy_setopt(e, CURLOPT_USERNAME, sign->access_key);
+    curl_easy_setopt(e, CURLOPT_PASSWORD, sign->secret_key);
+  }
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
   if (body) curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
@@ -512,53 +522,54 @@ static char *form_encode(const char *s) {
   return o;
 }
 
-static int web_identity(const walk_t *w, awscreds_value_t *out) {
-  const char *token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), *role = env("AWS_ROLE_ARN");
-  if (token_file == NULL || role == NULL) return LARDER_ENOENT;
-  char *token = read_trimmed(token_file, 16384);
-  if (token == NULL || *token == '\0') {
-    free_secret(token);
-    snprintf(w->err, w->errlen, "web_identity: cannot read the token file %.200s", token_file);
-    return LARDER_EIO;
-  }
-  char session[64];
-  const char *sn = env("AWS_ROLE_SESSION_NAME");
-  if (sn) snprintf(session, sizeof(session), "%s", sn);
-  else snprintf(session, sizeof(session), "larderd-%ld", (long)getpid());
+/* The region STS requests are signed for, and the default endpoint's. */
+static const char *sts_region(const walk_t *w) {
+  return w->o->region && *w->o->region ? w->o->region : "us-east-1";
+}
+
+/*
+ * POSTs the form body (Action=...) to STS (the sts_endpoint option,
+ * $AWS_ENDPOINT_URL_STS, else the region's endpoint), signed with sign's
+ * keys when sign is not NULL (AssumeRole; AssumeRoleWithWebIdentity is
+ * not signed), and sets *out from the Credentials of the answer, as
+ * source.  Returns 0, or a negative code with w->err naming source, the
+ * endpoint and STS's error code and message.
+ */
+static int sts_call(const walk_t *w, const char *source, const char *body,
+                    const awscreds_value_t *sign, awscreds_value_t *out) {
   const char *endpoint =
       w->o->sts_endpoint && *w->o->sts_endpoint ? w->o->sts_endpoint : env("AWS_ENDPOINT_URL_STS");
   char url[512];
   if (endpoint) snprintf(url, sizeof(url), "%s", endpoint);
-  else
-    snprintf(url, sizeof(url), "https://sts.%s.amazonaws.com/",
-             w->o->region && *w->o->region ? w->o->region : "us-east-1");
-  char *etok = form_encode(token), *erole = form_encode(role), *esess = form_encode(session);
-  free_secret(token);
-  char *body = NULL;
-  int rc = LARDER_ENOMEM;
-  if (etok && erole && esess) {
-    size_t n = strlen(etok) + strlen(erole) + strlen(esess) + 160;
-    if ((body = malloc(n)) != NULL)
-      snprintf(body, n,
-               "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=%s"
-               "&RoleSessionName=%s&WebIdentityToken=%s",
-               erole, esess, etok);
+  else snprintf(url, sizeof(url), "https://sts.%s.amazonaws.com/", sts_region(w));
+  /* The headers; a signed request's session token goes in one too. */
+  char *tokh = NULL;
+  if (sign && sign->session_token && *sign->session_token) {
+    size_t n = strlen(sign->session_token) + 32;
+    if ((tokh = malloc(n)) != NULL)
+      snprintf(tokh, n, "X-Amz-Security-Token: %s", sign->session_token);
   }
-  free_secret(etok);
-  free(erole);
-  free(esess);
-  if (body == NULL) {
-    snprintf(w->err, w->errlen, "web_identity: out of memory");
-    return rc;
+  const char *lines[3] = {"Content-Type: application/x-www-form-urlencoded",
+                          "Accept: application/xml", tokh};
+  int nlines = tokh ? 3 : 2;
+  struct curl_slist *hl = NULL;
+  int ok = !(sign && sign->session_token && *sign->session_token && tokh == NULL);
+  for (int i = 0; ok && i < nlines; i++) {
+    struct curl_slist *n = curl_slist_append(hl, lines[i]);
+    if (n == NULL) ok = 0;
+    else hl = n;
   }
-  struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/x-www-form-urlencoded");
-  struct curl_slist *h2 = h ? curl_slist_append(h, "Accept: application/xml") : NULL;
   body_t b;
   memset(&b, 0, sizeof(b));
-  int status =
-      h2 ? http(w, "web_identity", "POST", url, h2, body, 5, timeout_s(w), &b) : LARDER_ENOMEM;
-  curl_slist_free_all(h2 ? h2 : h);
-  free_secret(body);
+  int status = LARDER_ENOMEM;
+  if (ok) status = http(w, source, "POST", url, hl, body, sign, sts_region(w), 5, timeout_s(w), &b);
+  else snprintf(w->err, w->errlen, "%s: out of memory", source);
+  /* The token's header line: wiped before it is freed. */
+  for (struct curl_slist *l = hl; l; l = l->next)
+    if (tokh && l->data && strncmp(l->data, "X-Amz-Security-Token:", 21) == 0)
+      explicit_bzero(l->data, strlen(l->data));
+  curl_slist_free_all(hl);
+  free_secret(tokh);
   if (status < 0) {
     body_free(&b); /* http() left nothing; said for the analyzer */
     return status;
@@ -578,29 +589,93 @@ static int web_identity(const walk_t *w, awscreds_value_t *out) {
   body_free(&b);
   char where[256];
   redact(url, where, sizeof(where));
+  int rc;
   if (status != 200) {
-    snprintf(w->err, w->errlen, "web_identity: STS %s answered HTTP %d%s%.64s%s%.200s", where,
-             status, parsed && p.text[4] ? " " : "", parsed && p.text[4] ? p.text[4] : "",
+    snprintf(w->err, w->errlen, "%s: STS %s answered HTTP %d%s%.64s%s%.200s", source, where, status,
+             parsed && p.text[4] ? " " : "", parsed && p.text[4] ? p.text[4] : "",
              parsed && p.text[5] ? ": " : "", parsed && p.text[5] ? p.text[5] : "");
     rc = status == 429 || status >= 500 ? LARDER_EREMOTE : LARDER_EACCES;
   } else if (!parsed || p.text[0] == NULL || p.text[1] == NULL || p.text[2] == NULL) {
-    snprintf(w->err, w->errlen, "web_identity: STS %s: the answer holds no credentials", where);
+    snprintf(w->err, w->errlen, "%s: STS %s: the answer holds no credentials", source, where);
     rc = LARDER_ECORRUPT;
   } else {
     int64_t exp = p.text[3] ? awscreds_parse_time(p.text[3]) : 0;
-    rc = set_value(out, "web_identity", p.text[0], p.text[1], p.text[2], exp);
-    if (rc) snprintf(w->err, w->errlen, "web_identity: out of memory");
+    rc = set_value(out, source, p.text[0], p.text[1], p.text[2], exp);
+    if (rc) snprintf(w->err, w->errlen, "%s: out of memory", source);
   }
   for (int i = 0; i < 6; i++) free_secret(p.text[i]);
   return rc;
 }
 
+/* The session name of an assumed role: name (from the environment or the
+ * profile) when set, else larderd-<pid>. */
+static void session_name(const char *name, char *buf, size_t size) {
+  if (name && *name) snprintf(buf, size, "%s", name);
+  else snprintf(buf, size, "larderd-%ld", (long)getpid());
+}
+
+/* AssumeRoleWithWebIdentity with the token in token_file for role. */
+static int web_identity_with(const walk_t *w, const char *source, const char *token_file,
+                             const char *role, const char *session_opt, awscreds_value_t *out) {
+  char *token = read_trimmed(token_file, 16384);
+  if (token == NULL || *token == '\0') {
+    free_secret(token);
+    snprintf(w->err, w->errlen, "%s: cannot read the token file %.200s", source, token_file);
+    return LARDER_EIO;
+  }
+  char session[64];
+  session_name(session_opt, session, sizeof(session));
+  char *etok = form_encode(token), *erole = form_encode(role), *esess = form_encode(session);
+  free_secret(token);
+  char *body = NULL;
+  if (etok && erole && esess) {
+    size_t n = strlen(etok) + strlen(erole) + strlen(esess) + 160;
+    if ((body = malloc(n)) != NULL)
+      snprintf(body, n,
+               "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=%s"
+               "&RoleSessionName=%s&WebIdentityToken=%s",
+               erole, esess, etok);
+  }
+  free_secret(etok);
+  free(erole);
+  free(esess);
+  if (body == NULL) {
+    snprintf(w->err, w->errlen, "%s: out of memory", source);
+    return LARDER_ENOMEM;
+  }
+  int rc = sts_call(w, source, body, NULL, out);
+  free_secret(body);
+  return rc;
+}
+
+static int web_identity(const walk_t *w, awscreds_value_t *out) {
+  const char *token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), *role = env("AWS_ROLE_ARN");
+  if (token_file == NULL || role == NULL) return LARDER_ENOENT;
+  return web_identity_with(w, "web_identity", token_file, role, env("AWS_ROLE_SESSION_NAME"), out);
+}
+
 /* ------------------------------------------------------------------------ */
 /* profile: the shared credentials and config files                         */
 
-enum { P_AK, P_SK, P_TOK, P_PROCESS, P_N };
-static const char *const profile_keys[P_N] = {"aws_access_key_id", "aws_secret_access_key",
-                                              "aws_session_token", "credential_process"};
+enum {
+  P_AK,
+  P_SK,
+  P_TOK,
+  P_PROCESS,
+  P_ROLE,
+  P_SOURCE_PROFILE,
+  P_CREDENTIAL_SOURCE,
+  P_EXTERNAL_ID,
+  P_SESSION_NAME,
+  P_DURATION,
+  P_WEB_TOKEN_FILE,
+  P_MFA,
+  P_N
+};
+static const char *const profile_keys[P_N] = {
+    "aws_access_key_id", "aws_secret_access_key", "aws_session_token",       "credential_process",
+    "role_arn",          "source_profile",        "credential_source",       "external_id",
+    "role_session_name", "duration_seconds",      "web_identity_token_file", "mfa_serial"};
 
 /*
  * Reads the section named section of the INI file at path: for each key of
@@ -732,9 +807,19 @@ static int run_process(const walk_t *w, const char *cmd, char **out) {
   return rc;
 }
 
-static int profile(const walk_t *w, awscreds_value_t *out) {
-  const char *name = w->o->profile && *w->o->profile ? w->o->profile : env("AWS_PROFILE");
-  if (name == NULL) name = "default";
+/* Sources a role profile may name as its credential_source. */
+static int container(const walk_t *w, awscreds_value_t *out);
+static int imds(const walk_t *w, awscreds_value_t *out);
+static int env_source(const walk_t *w, awscreds_value_t *out);
+
+/* How many profiles a role chain may pass through (a source_profile that
+ * names a role profile, and so on), as a loop's bound. */
+#define PROFILE_CHAIN_MAX 8
+
+/* Reads profile name's keys into vals (P_N entries, NULL where absent):
+ * the credentials file first, then the config file's "[profile name]"
+ * ("[default]" for the default). */
+static void profile_read(const char *name, char **vals) {
   const char *home = env("HOME");
   char cpath[1024], fpath[1024], section[300];
   const char *cred = env("AWS_SHARED_CREDENTIALS_FILE"), *conf = env("AWS_CONFIG_FILE");
@@ -746,7 +831,6 @@ static int profile(const walk_t *w, awscreds_value_t *out) {
     snprintf(fpath, sizeof(fpath), "%s/.aws/config", home);
     conf = fpath;
   }
-  char *vals[P_N] = {NULL, NULL, NULL, NULL};
   if (cred) ini_section(cred, name, vals);
   if (conf) {
     /* The config file names profiles "[profile x]", the default "[default]"
@@ -755,8 +839,146 @@ static int profile(const walk_t *w, awscreds_value_t *out) {
     if (!ini_section(conf, section, vals) && strcmp(name, "default") == 0)
       ini_section(conf, "default", vals);
   }
+}
+
+static int profile_named(const walk_t *w, const char *name, int depth, awscreds_value_t *out);
+
+/*
+ * AssumeRole of the role profile `name` (vals: its keys), signed with the
+ * source credentials src: RoleArn, RoleSessionName (role_session_name, else
+ * larderd-<pid>), ExternalId and DurationSeconds when the profile sets
+ * them.  Returns 0 with *out from STS (source "assume_role"), or a code
+ * with w->err.
+ */
+static int assume_role(const walk_t *w, const char *name, char **vals, const awscreds_value_t *src,
+                       awscreds_value_t *out) {
+  const char *dur = vals[P_DURATION];
+  if (dur && *dur) {
+    char *end;
+    long d = strtol(dur, &end, 10);
+    if (*end != '\0' || d < 900 || d > 43200) {
+      snprintf(w->err, w->errlen,
+               "profile %.100s: duration_seconds = %.40s is not a number of seconds from 900 to "
+               "43200",
+               name, dur);
+      return LARDER_EINVAL;
+    }
+  }
+  char session[64];
+  session_name(vals[P_SESSION_NAME], session, sizeof(session));
+  char *erole = form_encode(vals[P_ROLE]), *esess = form_encode(session);
+  char *eext =
+      vals[P_EXTERNAL_ID] && *vals[P_EXTERNAL_ID] ? form_encode(vals[P_EXTERNAL_ID]) : NULL;
+  char *body = NULL;
+  if (erole && esess && (eext || !(vals[P_EXTERNAL_ID] && *vals[P_EXTERNAL_ID]))) {
+    size_t n = strlen(erole) + strlen(esess) + (eext ? strlen(eext) : 0) + 200;
+    if ((body = malloc(n)) != NULL)
+      snprintf(body, n,
+               "Action=AssumeRole&Version=2011-06-15&RoleArn=%s&RoleSessionName=%s%s%s%s%s", erole,
+               esess, eext ? "&ExternalId=" : "", eext ? eext : "",
+               dur && *dur ? "&DurationSeconds=" : "", dur && *dur ? dur : "");
+  }
+  free(erole);
+  free(esess);
+  free_secret(eext);
+  if (body == NULL) {
+    snprintf(w->err, w->errlen, "assume_role: out of memory");
+    return LARDER_ENOMEM;
+  }
+  int rc = sts_call(w, "assume_role", body, src, out);
+  free(body);
+  return rc;
+}
+
+/*
+ * The credentials of the role profile `name`: its source credentials
+ * (source_profile, which may be itself when it holds keys, or another role
+ * profile; credential_source Environment, Ec2InstanceMetadata or
+ * EcsContainer; or web_identity_token_file, which assumes the role itself),
+ * then AssumeRole with them.  MFA profiles are refused: a daemon has
+ * nobody to type the code.
+ */
+static int profile_role(const walk_t *w, const char *name, char **vals, int depth,
+                        awscreds_value_t *out) {
+  if (vals[P_MFA] && *vals[P_MFA]) {
+    snprintf(w->err, w->errlen,
+             "profile %.100s: role_arn with mfa_serial needs a code typed by a person, which "
+             "larderd cannot do; give it credentials another way (credential_process, a "
+             "profile without MFA)",
+             name);
+    return LARDER_EINVAL;
+  }
+  const char *sp = vals[P_SOURCE_PROFILE], *cs = vals[P_CREDENTIAL_SOURCE];
+  const char *wt = vals[P_WEB_TOKEN_FILE];
+  awscreds_value_t src;
+  memset(&src, 0, sizeof(src));
+  int rc;
+  if (sp && *sp) {
+    if (strcmp(sp, name) == 0) {
+      /* Itself: the keys beside its role_arn. */
+      if (vals[P_AK] && vals[P_SK] && *vals[P_AK] && *vals[P_SK]) {
+        rc = set_value(&src, "profile", vals[P_AK], vals[P_SK], vals[P_TOK], 0);
+        if (rc) snprintf(w->err, w->errlen, "profile: out of memory");
+      } else {
+        snprintf(w->err, w->errlen,
+                 "profile %.100s: source_profile names itself, but it holds no keys", name);
+        rc = LARDER_EINVAL;
+      }
+    } else if (depth + 1 >= PROFILE_CHAIN_MAX) {
+      snprintf(w->err, w->errlen,
+               "profile %.100s: its role chain passes %d profiles (source_profile loops?)", name,
+               PROFILE_CHAIN_MAX);
+      rc = LARDER_EINVAL;
+    } else {
+      rc = profile_named(w, sp, depth + 1, &src);
+      if (rc == LARDER_ENOENT) {
+        snprintf(w->err, w->errlen,
+                 "profile %.100s: its source_profile %.100s has no credentials (no such "
+                 "profile, or no keys in it)",
+                 name, sp);
+        rc = LARDER_EINVAL;
+      }
+    }
+  } else if (cs && *cs) {
+    if (strcasecmp(cs, "Environment") == 0) rc = env_source(w, &src);
+    else if (strcasecmp(cs, "Ec2InstanceMetadata") == 0) rc = imds(w, &src);
+    else if (strcasecmp(cs, "EcsContainer") == 0) rc = container(w, &src);
+    else {
+      snprintf(w->err, w->errlen,
+               "profile %.100s: credential_source = %.60s is not Environment, "
+               "Ec2InstanceMetadata or EcsContainer",
+               name, cs);
+      return LARDER_EINVAL;
+    }
+    if (rc == LARDER_ENOENT) {
+      snprintf(w->err, w->errlen, "profile %.100s: its credential_source %.60s has no credentials",
+               name, cs);
+      rc = LARDER_EINVAL;
+    }
+  } else if (wt && *wt) {
+    return web_identity_with(w, "web_identity", wt, vals[P_ROLE], vals[P_SESSION_NAME], out);
+  } else {
+    snprintf(w->err, w->errlen,
+             "profile %.100s: role_arn needs source_profile, credential_source or "
+             "web_identity_token_file",
+             name);
+    return LARDER_EINVAL;
+  }
+  if (rc == 0) rc = assume_role(w, name, vals, &src, out);
+  awscreds_value_clear(&src);
+  return rc;
+}
+
+/* The credentials of profile `name`, depth profiles down a role chain:
+ * LARDER_ENOENT when it has none (no such profile, or no keys). */
+static int profile_named(const walk_t *w, const char *name, int depth, awscreds_value_t *out) {
+  char *vals[P_N];
+  for (int i = 0; i < P_N; i++) vals[i] = NULL;
+  profile_read(name, vals);
   int rc = LARDER_ENOENT;
-  if (vals[P_AK] && vals[P_SK] && *vals[P_AK] && *vals[P_SK]) {
+  if (vals[P_ROLE] && *vals[P_ROLE]) {
+    rc = profile_role(w, name, vals, depth, out);
+  } else if (vals[P_AK] && vals[P_SK] && *vals[P_AK] && *vals[P_SK]) {
     rc = set_value(out, "profile", vals[P_AK], vals[P_SK], vals[P_TOK], 0);
     if (rc) snprintf(w->err, w->errlen, "profile: out of memory");
   } else if (vals[P_PROCESS] && *vals[P_PROCESS]) {
@@ -767,6 +989,12 @@ static int profile(const walk_t *w, awscreds_value_t *out) {
   }
   for (int i = 0; i < P_N; i++) free_secret(vals[i]);
   return rc;
+}
+
+static int profile(const walk_t *w, awscreds_value_t *out) {
+  const char *name = w->o->profile && *w->o->profile ? w->o->profile : env("AWS_PROFILE");
+  if (name == NULL) name = "default";
+  return profile_named(w, name, 0, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -823,7 +1051,7 @@ static int container(const walk_t *w, awscreds_value_t *out) {
   }
   free_secret(auth);
   body_t b;
-  int status = http(w, "container", "GET", url, h, NULL, 2, timeout_s(w), &b);
+  int status = http(w, "container", "GET", url, h, NULL, NULL, NULL, 2, timeout_s(w), &b);
   curl_slist_free_all(h);
   if (status < 0) {
     body_free(&b); /* http() left nothing; said for the analyzer */
@@ -872,7 +1100,7 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
   snprintf(url, sizeof(url), "%.*s/latest/api/token", (int)bl, base);
   struct curl_slist *h = curl_slist_append(NULL, "X-aws-ec2-metadata-token-ttl-seconds: 21600");
   body_t b;
-  int status = http(w, "imds", "PUT", url, h, NULL, 1, 3, &b);
+  int status = http(w, "imds", "PUT", url, h, NULL, NULL, NULL, 1, 3, &b);
   curl_slist_free_all(h);
   h = NULL;
   int v1 = 0;
@@ -892,7 +1120,7 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
    * retried every minute for ever. */
   if (h == NULL && !v1) return LARDER_ENOENT;
   snprintf(url, sizeof(url), "%.*s/latest/meta-data/iam/security-credentials/", (int)bl, base);
-  status = http(w, "imds", "GET", url, h, NULL, 1, 3, &b);
+  status = http(w, "imds", "GET", url, h, NULL, NULL, NULL, 1, 3, &b);
   int rc = 0;
   char role[256] = "";
   if (status == 200) {
@@ -918,7 +1146,7 @@ static int imds(const walk_t *w, awscreds_value_t *out) {
   if (rc == 0) {
     snprintf(url, sizeof(url), "%.*s/latest/meta-data/iam/security-credentials/%s", (int)bl, base,
              role);
-    status = http(w, "imds", "GET", url, h, NULL, 1, 3, &b);
+    status = http(w, "imds", "GET", url, h, NULL, NULL, NULL, 1, 3, &b);
     if (status == 200) {
       rc = value_from_json(b.data, "imds", "Token", out, w->err, w->errlen);
     } else if (status >= 0) {

@@ -17,6 +17,17 @@
  *                 run with /bin/sh -c (the command is the file owner's;
  *                 nothing of ours is spliced into it), its stdout read as
  *                 JSON (Version 1), its stderr left to the daemon's log
+ *   assume_role   a profile with role_arn: STS AssumeRole (SigV4-signed
+ *                 for "sts" by libcurl, at the STS endpoint above) with the
+ *                 credentials of its source_profile (itself when it holds
+ *                 keys; a role profile in turn, up to 8 deep, so loops
+ *                 end), or of its credential_source (Environment,
+ *                 Ec2InstanceMetadata, EcsContainer); role_session_name,
+ *                 external_id and duration_seconds go with it.  With
+ *                 web_identity_token_file instead, AssumeRoleWithWebIdentity
+ *                 of the profile's role.  mfa_serial is refused (nobody can
+ *                 type the code); SSO profiles work through credential_process
+ *                 (`aws configure export-credentials --format process`)
  *   container     AWS_CONTAINER_CREDENTIALS_FULL_URI, else
  *                 http://169.254.170.2 + AWS_CONTAINER_CREDENTIALS_RELATIVE_URI,
  *                 with AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)

@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 // credfake.mjs: the AWS credential endpoints on 127.0.0.1 for tests: STS
-// AssumeRoleWithWebIdentity (POST /), the container endpoint (GET
+// AssumeRoleWithWebIdentity and AssumeRole (POST /; AssumeRole's SigV4
+// signature is verified with AWS's signer against the keys of --issued,
+// session token included), the container endpoint (GET
 // /container...), and IMDSv2 (PUT /latest/api/token, GET
 // /latest/meta-data/iam/security-credentials/[ROLE]).  Every answer with
 // credentials hands out fresh temporary ones that expire --ttl-s seconds
@@ -16,6 +18,7 @@ import http from 'node:http';
 import fs from 'node:fs';
 import crypto from 'node:crypto';
 import { LOOPBACK, Logger, onShutdown, parseArgs, printReady, readBody } from './lib/common.mjs';
+import { rawHeaderMap, verifyRequest } from './lib/sigv4.mjs';
 
 const usage = `usage: credfake.mjs --issued FILE [--port N] [--ttl-s S] [--web-token T]
                     [--role-arn A] [--container-auth T] [--imds-role NAME]
@@ -42,7 +45,7 @@ let imdsTokenStatus = 200;
 let imdsV1 = false;
 const role = flags['imds-role'] ?? 'larder-node';
 const imdsTokens = new Set();
-const stats = { requests: 0, issued: { web_identity: 0, container: 0, imds: 0 }, failed: 0, denied: 0, imds_v1: 0, by_path: {} };
+const stats = { requests: 0, issued: { web_identity: 0, container: 0, imds: 0, assume_role: 0 }, failed: 0, denied: 0, imds_v1: 0, by_path: {}, assumed: [] };
 let seq = 0;
 
 // Fresh credentials for source, recorded in --issued, or null when a
@@ -54,7 +57,7 @@ function issue(source) {
     return null;
   }
   seq++;
-  const tag = { web_identity: 'WEBI', container: 'CONT', imds: 'IMDS' }[source];
+  const tag = { web_identity: 'WEBI', container: 'CONT', imds: 'IMDS', assume_role: 'ROLE' }[source];
   const c = {
     source,
     access_key: `ASIA${tag}${String(seq).padStart(8, '0')}`,
@@ -81,9 +84,71 @@ function stsError(res, status, code, message) {
 </ErrorResponse>`);
 }
 
+// The key of --issued (the last line naming it) with this access key id.
+function issuedKey(akid) {
+  let found = null;
+  for (const line of fs.readFileSync(flags.issued, 'utf8').split('\n')) {
+    if (!line) continue;
+    const k = JSON.parse(line);
+    if (k.access_key === akid) found = k;
+  }
+  return found;
+}
+
+// AssumeRole: signed (SigV4, service sts) by a key of --issued, which
+// may itself be temporary (then with its session token).
+async function assumeRole(req, res, raw, q) {
+  const headers = rawHeaderMap(req.rawHeaders);
+  const m = /Credential=([^/,\s]+)\//.exec(headers.authorization || '');
+  const key = m ? issuedKey(m[1]) : null;
+  if (!key) {
+    stats.denied++;
+    return stsError(res, 403, 'InvalidClientTokenId', 'The security token included in the request is invalid.');
+  }
+  const qi = req.url.indexOf('?');
+  const v = await verifyRequest({
+    method: req.method,
+    rawPath: qi < 0 ? req.url : req.url.slice(0, qi),
+    rawQuery: qi < 0 ? '' : req.url.slice(qi + 1),
+    headers,
+  }, raw, {
+    accessKey: key.access_key, secretKey: key.secret_key,
+    sessionToken: key.session_token || undefined, region: 'us-east-1', maxSkewS: 900,
+    requireContentSha256: false, service: 'sts',
+  });
+  if (!v.ok) {
+    stats.denied++;
+    log.write({ event: 'assume_role_denied', code: v.code, message: v.message });
+    return stsError(res, 403, v.code === 'SignatureDoesNotMatch' ? 'SignatureDoesNotMatch' : 'AccessDenied', v.message);
+  }
+  const c = issue('assume_role');
+  if (!c) return stsError(res, 500, 'ServiceUnavailable', 'injected failure');
+  stats.assumed.push({
+    role: q.get('RoleArn'), session: q.get('RoleSessionName'), external_id: q.get('ExternalId'),
+    duration_s: q.get('DurationSeconds'), by: key.access_key, issued: c.access_key,
+  });
+  send(res, 200, 'text/xml', `<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <AssumeRoleResult>
+    <AssumedRoleUser>
+      <Arn>arn:aws:sts::123456789012:assumed-role/larder/${xmlEsc(q.get('RoleSessionName') || '')}</Arn>
+      <AssumedRoleId>AROATEST:${xmlEsc(q.get('RoleSessionName') || '')}</AssumedRoleId>
+    </AssumedRoleUser>
+    <Credentials>
+      <AccessKeyId>${c.access_key}</AccessKeyId>
+      <SecretAccessKey>${c.secret_key}</SecretAccessKey>
+      <SessionToken>${c.session_token}</SessionToken>
+      <Expiration>${c.expiration}</Expiration>
+    </Credentials>
+  </AssumeRoleResult>
+  <ResponseMetadata><RequestId>${crypto.randomUUID()}</RequestId></ResponseMetadata>
+</AssumeRoleResponse>`);
+}
+
 async function sts(req, res) {
-  const body = (await readBody(req, 1 << 20)).toString();
+  const raw = await readBody(req, 1 << 20);
+  const body = raw.toString();
   const q = new URLSearchParams(req.method === 'POST' ? body : req.url.slice(req.url.indexOf('?') + 1));
+  if (q.get('Action') === 'AssumeRole') return await assumeRole(req, res, raw, q);
   if (q.get('Action') !== 'AssumeRoleWithWebIdentity') return stsError(res, 400, 'InvalidAction', 'unsupported action');
   if (flags['role-arn'] && q.get('RoleArn') !== flags['role-arn']) {
     stats.denied++;

@@ -101,7 +101,8 @@ const fail = (status, code, message, extra) => ({ ok: false, status, code, messa
  *              headers (lowercase name -> value, see rawHeaderMap) }
  *   body:    the request body (Buffer) or null
  *   cfg:     { accessKey, secretKey, sessionToken, region, maxSkewS,
- *              requireContentSha256 }
+ *              requireContentSha256, service (default 's3'; another
+ *              service's payload hash is that of body) }
  * Returns { ok: true, accessKey } or { ok: false, status, code, message, extra }.
  */
 export async function verifyRequest(req, body, cfg) {
@@ -140,7 +141,8 @@ export async function verifyRequest(req, body, cfg) {
   if (credRegion !== cfg.region) {
     return fail(400, 'AuthorizationHeaderMalformed', `The authorization header is malformed; the region '${credRegion}' is wrong; expecting '${cfg.region}'`, { Region: cfg.region });
   }
-  if (credService !== 's3' || terminator !== 'aws4_request') {
+  const service = cfg.service || 's3';
+  if (credService !== service || terminator !== 'aws4_request') {
     return fail(400, 'AuthorizationHeaderMalformed', `The authorization header is malformed; incorrect service "${credService}" or terminator "${terminator}".`);
   }
   // The request time: x-amz-date, else the Date header (as S3 does).
@@ -206,6 +208,8 @@ export async function verifyRequest(req, body, cfg) {
   const headers = {};
   for (const name of signed) if (h[name] !== undefined) headers[name] = h[name];
   const request = { method: req.method, path: canonicalPath, query: queryObject(query), headers };
+  // Services other than S3 sign the body's hash without sending it.
+  if (payloadHash === undefined && body) request.body = body;
   // The signer's building blocks, not signer.sign(): sign() drops a Date
   // header from what it signs (it treats Date as its own to generate), and
   // S3 lets clients sign Date.
@@ -216,7 +220,7 @@ export async function verifyRequest(req, body, cfg) {
       ...(cfg.sessionToken ? { sessionToken: cfg.sessionToken } : {}),
     },
     region: cfg.region,
-    service: 's3',
+    service,
     sha256: Sha256,
     uriEscapePath: false,
     applyChecksum: false,
@@ -226,9 +230,9 @@ export async function verifyRequest(req, body, cfg) {
   const payload = await getPayloadHash(request, Sha256);
   const canonicalRequest = signer.createCanonicalRequest(request, canonicalHeaders, payload);
   const { longDate, shortDate } = signer.formatDate(signingDate);
-  const scope = createScope(shortDate, cfg.region, 's3');
+  const scope = createScope(shortDate, cfg.region, service);
   const creds = await signer.credentialProvider();
-  const signature = await signer.getSignature(longDate, scope, signer.getSigningKey(creds, cfg.region, shortDate, 's3'), canonicalRequest);
+  const signature = await signer.getSignature(longDate, scope, signer.getSigningKey(creds, cfg.region, shortDate, service), canonicalRequest);
   if (headerList === auth.SignedHeaders && timingSafeEqualHex(signature, auth.Signature)) {
     // The payload hash was signed; now check it against the body.
     if (body && payloadHash && /^[0-9a-f]{64}$/.test(payloadHash)) {
