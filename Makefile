@@ -110,7 +110,10 @@ PYTHON ?= /usr/bin/python3
 PY_EXT_SUFFIX := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX") or "")' 2>/dev/null)
 PY_INCLUDE := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
 PY_NUMPY_INCLUDE := $(shell $(PYTHON) -c 'import numpy; print(numpy.get_include())' 2>/dev/null)
-PY_VIEWS := $(if $(and $(PY_EXT_SUFFIX),$(wildcard $(PY_INCLUDE)/Python.h),$(PY_NUMPY_INCLUDE)),$(B)/lib/larder/_views$(PY_EXT_SUFFIX))
+PY_CAN_BUILD := $(and $(PY_EXT_SUFFIX),$(wildcard $(PY_INCLUDE)/Python.h),$(PY_NUMPY_INCLUDE))
+PY_VIEWS := $(if $(PY_CAN_BUILD),$(B)/lib/larder/_views$(PY_EXT_SUFFIX))
+# The one make install takes, whatever the flavour of the make that runs it.
+PY_VIEWS_RELEASE := $(if $(PY_CAN_BUILD),build/release/lib/larder/_views$(PY_EXT_SUFFIX))
 PY_VIEWS_CFLAGS := -I$(PY_INCLUDE) -I$(PY_NUMPY_INCLUDE)
 
 $(B)/lib/larder/_views$(PY_EXT_SUFFIX): client/python/larder/_views.c
@@ -228,8 +231,8 @@ check check-unit check-python check-compat check-config check-threads: \
 # ctypes (test_ctypes.py: the ABI of the options and Arrow structs, values
 # against larderctl cat, exports, resume, fork, a killed client, errors),
 # which test_larder.py runs; the package again without its extension
-# (LARDER_PURE_PYTHON=1), as it runs where none is built.  Release builds only: Python cannot load an
-# ASan library without preloading its runtime.
+# (LARDER_PURE_PYTHON=1), as it runs where none is built.  Release builds
+# only: Python cannot load an ASan library without preloading its runtime.
 check-python: $(LIBLARDER_SO) $(LARDERD) $(LARDERCTL) $(PY_VIEWS)
 	LARDER_BUILD_DIR=$(B) $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 	$(if $(PY_VIEWS),LARDER_PURE_PYTHON=1 LARDER_BUILD_DIR=$(B) $(PYTHON) -m pytest -q \
@@ -451,8 +454,8 @@ install:
 	install -m 0644 README.md $(DESTDIR)$(DATADIR)/doc/larder/
 	install -d $(DESTDIR)$(PYTHONDIR)/larder
 	install -m 0644 client/python/larder/*.py $(DESTDIR)$(PYTHONDIR)/larder/
-	$(if $(PY_VIEWS),$(MAKE) --no-print-directory V=release $(PY_VIEWS) && \
-	  install -m 0644 $(PY_VIEWS) $(DESTDIR)$(PYTHONDIR)/larder/)
+	$(if $(PY_VIEWS_RELEASE),$(MAKE) --no-print-directory V=release $(PY_VIEWS_RELEASE) && \
+	  install -m 0644 $(PY_VIEWS_RELEASE) $(DESTDIR)$(PYTHONDIR)/larder/)
 	printf '# Written by make install: where liblarder was installed.\nLIBDIR = "%s"\n' '$(LIBDIR)' \
 	  > $(DESTDIR)$(PYTHONDIR)/larder/_config.py
 

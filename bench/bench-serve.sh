@@ -9,6 +9,8 @@
 #     bandwidth measured just before and after each of those runs;
 #   - the stall fraction of a simulated trainer whose compute per batch
 #     exceeds the daemon's cost to produce one;
+#   - the same trainer (at twice the cost) and the warm rate beside a
+#     CPU-bound neighbour, a process spinning on one core;
 #   - the daemon's RSS after each of 10 epochs.
 # Batch bytes reach the client through the shared-memory arena: the client
 # reads them in place (zero copies), and with --touch reads each cache line.
@@ -190,10 +192,12 @@ s4=$(stats)
 sim3=$("$client" run "$tmp/sock" "$file" --epochs "$stall_epochs" --batch-size "$batch" "${win[@]}" --seed 8 --compute-us "$compute3_us")
 s5=$(stats)
 assemble_sim3=$(assemble_us "$s4" "$s5")
-# Each trainer's mean over its warm epochs, with the median epoch and the
-# worst beside it: one epoch of a VM's hiccup moves the mean, and the
-# median shows whether the others held.
-trainers=$(python3 -c "
+# One epoch of a VM's hiccup moves a trainer's mean, and the median shows
+# whether the others held.
+# Per simulated trainer (run output, sleep, assembly triples): its mean
+# over the warm epochs, with the median epoch and the worst beside it.
+trainer_stats() {
+  python3 -c "
 import json,statistics,sys
 out=[]
 for run,sleep,asm in zip(sys.argv[1::3],sys.argv[2::3],sys.argv[3::3]):
@@ -203,17 +207,46 @@ for run,sleep,asm in zip(sys.argv[1::3],sys.argv[2::3],sys.argv[3::3]):
     out.append(dict(step=mean('compute_us'), sleep=float(sleep), stall=mean('stall'),
                     median=statistics.median(r['stall'] for r in w), worst=max(r['stall'] for r in w),
                     long=mean('stall_long'), call_ns=mean('call_ns_p50'), assemble=float(asm)))
-print(json.dumps(out))" "$sim3" "$compute3_us" "$assemble_sim3" "$sim" "$compute_us" "$assemble_sim" \
+print(json.dumps(out))" "$@"
+}
+trainers=$(trainer_stats "$sim3" "$compute3_us" "$assemble_sim3" "$sim" "$compute_us" "$assemble_sim" \
   "$sim2" "$compute2_us" "$assemble_sim2")
+
+# Beside a busy neighbour: trainers share their host with Python,
+# augmentation and NCCL threads, so one process keeps a core busy (a spin
+# loop at the default niceness) while a trainer stepping twice the daemon's
+# cost reads, then while one client reads as fast as it can.  The same
+# trainer alone first, for the comparison in the same run.
+compute4_us=$(python3 -c "print(round(2*$cpu_cost_us))")
+s6=$(stats)
+sim4=$("$client" run "$tmp/sock" "$file" --epochs "$stall_epochs" --batch-size "$batch" "${win[@]}" --seed 10 --compute-us "$compute4_us")
+s7=$(stats)
+assemble_sim4=$(assemble_us "$s6" "$s7")
+python3 -c 'while True: pass' &
+neighbour_pid=$!
+trap 'kill "$neighbour_pid" 2>/dev/null || true; cleanup' EXIT
+s8=$(stats)
+simn=$("$client" run "$tmp/sock" "$file" --epochs "$stall_epochs" --batch-size "$batch" "${win[@]}" --seed 12 --compute-us "$compute4_us")
+s9=$(stats)
+assemble_simn=$(assemble_us "$s8" "$s9")
+memcpy4=$(memcpy_now)
+warmn=$("$client" run "$tmp/sock" "$file" --epochs 4 --batch-size "$batch" "${win[@]}" --seed 11)
+memcpy5=$(memcpy_now)
+kill "$neighbour_pid" 2>/dev/null || true
+wait "$neighbour_pid" 2>/dev/null || true
+trap cleanup EXIT
+warmn_gbps=$(echo "$warmn" | mean_of gbps 1)
+neighbour=$(trainer_stats "$sim4" "$compute4_us" "$assemble_sim4" "$simn" "$compute4_us" "$assemble_simn")
 
 rss=$("$client" run "$tmp/sock" "$file" --epochs 10 --batch-size "$batch" "${win[@]}" --seed 5 --daemon-pid "$daemon_pid")
 
 python3 - "$memcpy" "$cold_gbps" "$cold_rows" "$warm1_gbps" "$warm1_rows" "$touch1_gbps" \
   "$warm2_gbps" "$cost_us" "$gather" "$row_bytes" "$wakes_per_batch" "$assemble_warm" "$workers" \
-  "$memcpy0" "$memcpy1" "$memcpy2" "$memcpy3" "$warm1_med" "$cpu_cost_us" <<PY
+  "$memcpy0" "$memcpy1" "$memcpy2" "$memcpy3" "$warm1_med" "$cpu_cost_us" "$warmn_gbps" \
+  "$memcpy4" "$memcpy5" <<PY
 import json, sys
 (memcpy, cold, cold_rows, w1, w1_rows, t1, w2, cost, gather, row_bytes, wakes, asm_warm,
- workers, m0, m1, m2, m3, w1_med, cpu_cost) = map(float, sys.argv[1:])
+ workers, m0, m1, m2, m3, w1_med, cpu_cost, wn, m4, m5) = map(float, sys.argv[1:])
 ms = [memcpy, m0, m1, m2, m3]
 # Each run's peer: the mean of the copies measured just before and after it.
 m_cold, m_w1, m_t1, m_w2 = (memcpy + m0) / 2, (m0 + m1) / 2, (m1 + m2) / 2, (m2 + m3) / 2
@@ -241,6 +274,16 @@ for t in json.loads("""$trainers"""):
           f"{100*t['median']:.2f}%, worst {100*t['worst']:.2f}%; in waits of 20 us or more "
           f"{100*t['long']:.2f}%, the rest in shorter calls; a ready call took {t['call_ns']/1e3:.2f} us, median); "
           f"a worker's assembly {t['assemble']:.0f} us per batch ({asm_warm:.0f} us in the warm run)")
+# Beside the neighbour: the same trainer (twice the cost) alone and then
+# with a core kept busy, and the warm rate with it.
+alone, busy = json.loads("""$neighbour""")
+print(f"  beside a CPU-bound neighbour (one process spinning on a core): warm, 1 client {wn:.2f} GB/s "
+      f"({wn/((m4+m5)/2):.2f} x memcpy measured beside it, {wn/w1:.2f} x the warm run alone)")
+for name, t in (("alone", alone), ("beside it", busy)):
+    print(f"  simulated trainer computing {t['step']:.0f} us/batch ({t['step']/cpu_cost:.2f} x the cost), "
+          f"{name}: stall {100*t['stall']:.2f}% over $((stall_epochs - 1)) warm epochs (goal < 1%; median epoch "
+          f"{100*t['median']:.2f}%, worst {100*t['worst']:.2f}%; in waits of 20 us or more "
+          f"{100*t['long']:.2f}%); a worker's assembly {t['assemble']:.0f} us per batch")
 rss = [json.loads(l)["daemon_rss_kb"] for l in """$rss""".splitlines() if l.startswith("{")]
 print("  daemon RSS after each of 10 epochs (MiB): " + " ".join(f"{r/1024:.0f}" for r in rss))
 if rss:
