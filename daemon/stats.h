@@ -71,6 +71,12 @@
   XX(remote_footers_shared, COUNTER,                                           \
      "remote footer reads a stream took from "                                 \
      "another stream's read of the same URL")                                  \
+  XX(remote_footers_stored, COUNTER,                                           \
+     "remote footers written to the cache, "                                   \
+     "for the next run")                                                       \
+  XX(remote_footers_loaded, COUNTER,                                           \
+     "remote footers an earlier run left in "                                  \
+     "the cache, taken at start")                                              \
   XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                \
   XX(fetch_requests, COUNTER, "remote requests completed")                     \
   XX(fetch_retries, COUNTER, "remote requests retried")                        \

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "remote-harness.h"
+#include "fetch/remote.h"
 
 #define ARENA (8u << 20)
 
@@ -478,6 +479,148 @@ TEST_IMPL(remote_footers_once) {
   for (int i = 0; i < nf; i++) free(urls[i]);
   dh_stop(&d);
   rh_stop(&ng);
+  return 0;
+}
+
+/*
+ * The footers kept outlive the daemon: a restarted larderd takes them from
+ * the cache (remote_footers_loaded), and a job after the restart sends
+ * only conditional footer reads, which nginx answers with 304 and no
+ * bytes, and reads every row as before.  A footer that changed while the
+ * daemon was down is read again in full and replaces the kept one.
+ */
+TEST_IMPL(remote_footers_restart) {
+  int skip = rh_require(1, 0);
+  if (skip) return skip;
+  char dir[1024], copy[1100];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  snprintf(copy, sizeof(copy), "%s/std", test_tmpdir());
+  rh_copy_dir(dir, copy);
+  rs_server ng;
+  rh_nginx(&ng, "ng", copy, NULL);
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(ng.url, copy, urls, RH_MAX_FILES);
+  char log_path[PATH_MAX];
+  rh_nginx_log("ng", log_path, sizeof(log_path));
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  larder_stream_options_t o;
+  dh_opts(&o, (const char *const *)urls, 50, 1, 1);
+  o.num_sources = (size_t)nf;
+  o.unit_rows = DH_STD_UNIT_ROWS;
+  dh_run first = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &first));
+  /* The footers reach the cache on a worker: wait for them. */
+  double deadline = test_now_ms() + 30000.0 * dh_slow();
+  while (dh_stat(&d, "remote_footers_stored") < (uint64_t)nf && test_now_ms() < deadline)
+    usleep(10000);
+  ASSERT_EQ(dh_stat(&d, "remote_footers_stored"), (uint64_t)nf);
+  rh_wait_lines(log_path, 1, 2000);
+  int sent, not_modified, files;
+  footer_reads(log_path, &sent, &not_modified, &files);
+  ASSERT_EQ(sent, nf);
+  dh_stop(&d);
+
+  /* Restarted: the footers come from the cache; the job revalidates them. */
+  dh_start(&d);
+  ASSERT_EQ(dh_stat(&d, "remote_footers_loaded"), (uint64_t)nf);
+  dh_wait_log(&d, "remote footers kept in the cache by an earlier run", 1, 10000.0 * dh_slow());
+  dh_run again = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &again));
+  ASSERT_EQ(again.n, first.n);
+  for (size_t b = 0; b < first.n; b++) ASSERT_EQ(again.b[b].hash, first.b[b].hash);
+  dh_run_free(&again);
+  int sent2, nm2;
+  footer_reads(log_path, &sent2, &nm2, &files);
+  fprintf(stderr, "after a restart: %d footer reads with bytes (%d before), %d answered 304\n",
+          sent2, sent, nm2);
+  ASSERT_EQ(sent2, sent);
+  ASSERT_GE(nm2, not_modified + nf);
+  ASSERT_GE(dh_stat(&d, "remote_footers_revalidated"), (uint64_t)nf);
+  dh_stop(&d);
+
+  /* File 0 changes while the daemon is down: read again, in full, and the
+   * rows are the new file's. */
+  char path[1300];
+  snprintf(path, sizeof(path), "%s/part-000.parquet", copy);
+  dh_spec spec = dh_std_spec;
+  spec.id_base = 1000000;
+  spec.rows_per_file = dh_std_spec.rows_per_file - 100;
+  dh_write_file(&spec, 0, path);
+  dh_start(&d);
+  dh_run changed = {0};
+  ASSERT_OK(dh_collect(d.socket, &o, 0, &changed));
+  int newer = 0;
+  for (size_t b = 0; b < changed.n; b++)
+    for (int64_t k = 0; k < changed.b[b].rows && changed.b[b].ids; k++)
+      newer |= changed.b[b].ids[k] >= 1000000;
+  ASSERT(newer);
+  dh_run_free(&changed);
+  footer_reads(log_path, &sent2, &nm2, &files);
+  ASSERT_EQ(sent2, sent + 1);
+  dh_run_free(&first);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  dh_stop(&d);
+  rh_stop(&ng);
+  return 0;
+}
+
+/* A record of remote.c's layout (remote_footers_persist_cb) for a footer
+ * of n bytes with an ETag. */
+static size_t footer_record(uint8_t *r, uint32_t n, const char *etag) {
+  size_t el = strlen(etag);
+  memset(r, 0, 20);
+  memcpy(r, "RFTR", 4);
+  for (int i = 0; i < 4; i++) r[4 + i] = (uint8_t)(n >> (8 * i));
+  r[8] = 100; /* size */
+  r[16] = (uint8_t)el;
+  memcpy(r + 20, etag, el);
+  memset(r + 20 + el, 0x5a, n);
+  return 20 + el + n;
+}
+
+/* Records the footer set hands out while it keeps footers (as a daemon
+ * stores them). */
+typedef struct persisted {
+  int puts, deletes;
+  char last[256];
+} persisted_t;
+
+static void on_persist(void *arg, const char *url, const void *rec, size_t len) {
+  persisted_t *p = arg;
+  (void)len;
+  if (rec) p->puts++;
+  else p->deletes++;
+  snprintf(p->last, sizeof(p->last), "%s", url);
+}
+
+/*
+ * The footer set's side of keeping footers across restarts, in process: a
+ * stored record loads back within the set's byte bound (LARDER_ELIMIT past
+ * it, so that the daemon deletes the rest), a record of another layout is
+ * refused (LARDER_ECORRUPT), a URL already in the set is left as it is, and
+ * loading hands nothing back to be stored again.
+ */
+TEST_IMPL(remote_footers_records) {
+  remote_footers_t *fc;
+  ASSERT_OK(remote_footers_create(1000, NULL, &fc));
+  persisted_t p = {0};
+  remote_footers_set_persist(fc, on_persist, &p);
+  uint8_t r[2048];
+  size_t n = footer_record(r, 600, "\"abc\"");
+  ASSERT_OK(remote_footers_load(fc, "http://h/a.parquet", r, n));
+  ASSERT_OK(remote_footers_load(fc, "http://h/a.parquet", r, n)); /* there already */
+  ASSERT_EQ(remote_footers_load(fc, "http://h/b.parquet", r, n), LARDER_ELIMIT);
+  n = footer_record(r, 300, "\"def\"");
+  ASSERT_OK(remote_footers_load(fc, "http://h/c.parquet", r, n));
+  ASSERT_EQ(remote_footers_load(fc, "http://h/d.parquet", r, n - 1), LARDER_ECORRUPT);
+  r[0] = 'X';
+  ASSERT_EQ(remote_footers_load(fc, "http://h/e.parquet", r, n), LARDER_ECORRUPT);
+  ASSERT_EQ(remote_footers_load(fc, "http://h/f.parquet", r, 10), LARDER_ECORRUPT);
+  ASSERT_EQ(p.puts + p.deletes, 0);
+  remote_footers_free(fc);
   return 0;
 }
 

@@ -13,6 +13,9 @@
  *   'o' + u64 id(BE) object record: u32 magic "LRDO", u16 version, u16 flags,
  *                    u32 name length, u32 identity length, name, identity
  *   'v' + key        value record: a 32-byte header then the payload
+ *   'f' + name       footer record (store_footer_put): u32 magic "LRDF",
+ *                    u16 version, u16 flags, u32 CRC32C of the payload, u32
+ *                    payload length, then the payload (the caller's)
  *
  * Value header (32 bytes, little-endian): u32 magic "LRDV", u16 format
  * version, u16 flags, u32 CRC32C of the payload, u32 CRC32C of the header
@@ -152,6 +155,7 @@ void store_test_fail_writes(store_t *st, int code);
 #define PFX_META 'm'
 #define PFX_OBJECT 'o'
 #define PFX_VALUE 'v'
+#define PFX_FOOTER 'f'
 
 #define GIB (1024ull * 1024 * 1024)
 #define MIB (1024ull * 1024)
@@ -1586,6 +1590,108 @@ int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *errbuf, si
   if (checked) *checked = nchecked;
   if (bad) *bad = nbad;
   return rc ? rc : frc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Footer records                                                            */
+
+#define FOOTER_MAGIC 0x4644524cu /* "LRDF" little-endian */
+#define FOOTER_VERSION 1
+#define FOOTER_HDR 16
+
+/* 'f' + name in a new buffer (*kl its length), or NULL. */
+static uint8_t *footer_key(const char *name, size_t *kl) {
+  size_t nl = strlen(name);
+  uint8_t *k = malloc(nl + 2); /* with the name's terminator, not part of the key */
+  if (k == NULL) return NULL;
+  k[0] = PFX_FOOTER;
+  memcpy(k + 1, name, nl + 1);
+  *kl = nl + 1;
+  return k;
+}
+
+static int footer_write(store_t *st, const char *name, const void *rec, size_t len, bool del) {
+  if (st == NULL || name == NULL || name[0] == '\0' || strlen(name) > NAME_MAX_LEN ||
+      (!del && rec == NULL && len) || len > STORE_FOOTER_MAX)
+    return LARDER_EINVAL;
+  size_t kl = 0;
+  uint8_t *k = footer_key(name, &kl);
+  uint8_t *v = del ? NULL : malloc(FOOTER_HDR + len);
+  rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+  if (k == NULL || (!del && v == NULL) || b == NULL) {
+    free(k);
+    free(v);
+    if (b) rocksdb_writebatch_destroy(b);
+    return LARDER_ENOMEM;
+  }
+  if (del) {
+    rocksdb_writebatch_delete(b, (const char *)k, kl);
+  } else {
+    put_u32(v, FOOTER_MAGIC);
+    put_u16(v + 4, FOOTER_VERSION);
+    put_u16(v + 6, 0);
+    put_u32(v + 8, store_crc32c(0, rec, len));
+    put_u32(v + 12, (uint32_t)len);
+    if (len) memcpy(v + FOOTER_HDR, rec, len);
+    rocksdb_writebatch_put(b, (const char *)k, kl, (const char *)v, FOOTER_HDR + len);
+  }
+  pthread_mutex_lock(&st->wmu);
+  int rc = db_write(st, b);
+  pthread_mutex_unlock(&st->wmu);
+  rocksdb_writebatch_destroy(b);
+  free(k);
+  free(v);
+  return rc;
+}
+
+int store_footer_put(store_t *st, const char *name, const void *rec, size_t len) {
+  return footer_write(st, name, rec, len, false);
+}
+
+int store_footer_delete(store_t *st, const char *name) {
+  return footer_write(st, name, NULL, 0, true);
+}
+
+int store_footer_scan(store_t *st,
+                      int (*fn)(void *arg, const char *name, const void *rec, size_t len),
+                      void *arg) {
+  if (st == NULL || fn == NULL) return LARDER_EINVAL;
+  char lower[1] = {PFX_FOOTER}, upper[1] = {PFX_FOOTER + 1};
+  rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+  if (ro == NULL) return LARDER_ENOMEM;
+  rocksdb_readoptions_set_iterate_lower_bound(ro, lower, 1);
+  rocksdb_readoptions_set_iterate_upper_bound(ro, upper, 1);
+  rocksdb_readoptions_set_fill_cache(ro, 0);
+  pthread_rwlock_rdlock(&st->dblk);
+  int rc = 0, n = 0;
+  if (st->db == NULL) rc = LARDER_EIO;
+  rocksdb_iterator_t *it = rc ? NULL : rocksdb_create_iterator(st->db, ro);
+  char name[NAME_MAX_LEN + 1];
+  for (rocksdb_iter_seek(it, lower, 1); it && rocksdb_iter_valid(it) && rc == 0;
+       rocksdb_iter_next(it)) {
+    size_t kl = 0, vl = 0;
+    const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
+    const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+    /* A record that does not check out is skipped: the caller fetches
+     * that footer again, and its next put replaces the record. */
+    if (kl < 2 || kl - 1 > NAME_MAX_LEN || vl < FOOTER_HDR || get_u32(v) != FOOTER_MAGIC ||
+        get_u16(v + 4) != FOOTER_VERSION || get_u32(v + 12) != vl - FOOTER_HDR ||
+        store_crc32c(0, v + FOOTER_HDR, vl - FOOTER_HDR) != get_u32(v + 8))
+      continue;
+    memcpy(name, k + 1, kl - 1);
+    name[kl - 1] = '\0';
+    rc = fn(arg, name, v + FOOTER_HDR, vl - FOOTER_HDR);
+    if (rc == 0) n++;
+  }
+  if (it && rc == 0) {
+    char *e = NULL;
+    rocksdb_iter_get_error(it, &e);
+    rc = rdb_take(&e, NULL, 0);
+  }
+  if (it) rocksdb_iter_destroy(it);
+  pthread_rwlock_unlock(&st->dblk);
+  rocksdb_readoptions_destroy(ro);
+  return rc < 0 ? rc : n;
 }
 
 void store_stats_get(store_t *st, store_stats_t *out) {

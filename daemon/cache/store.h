@@ -210,6 +210,33 @@ int store_evict(store_t *st, const char *prefix, uint64_t object_id, int dry_run
  */
 int store_verify(store_t *st, uint64_t *checked, uint64_t *bad, char *err, size_t errlen);
 
+/* ------------------------------------------------------------------------ */
+/* Footer records                                                            */
+
+/*
+ * Small records kept beside the entries, by name: the raw footers of remote
+ * objects (fetch/remote.h encodes them), so that a restarted daemon does
+ * not fetch them again.  They are not entries: capacity, admission, ls,
+ * evict and verify leave them alone, and their owner bounds them (it
+ * deletes what it no longer keeps).  Each record carries a CRC32C; one that
+ * does not check out is skipped by the scan.  Written without the WAL, as
+ * entries are: a crash may lose the latest.  Any thread.
+ */
+#define STORE_FOOTER_MAX ((size_t)64 << 20)
+/* Writes (or replaces) name's record: len bytes of rec, at most
+ * STORE_FOOTER_MAX.  Returns 0, LARDER_EINVAL (an empty or over-long name),
+ * LARDER_ENOMEM, or the write's error (LARDER_ENOSPC, LARDER_EIO: writes
+ * are off then, as for entries). */
+int store_footer_put(store_t *st, const char *name, const void *rec, size_t len);
+/* Deletes name's record, if any.  Returns 0 or a write's error. */
+int store_footer_delete(store_t *st, const char *name);
+/* Calls fn for every record that checks out, in name order; fn returns 0
+ * to go on, or a negative code that stops the scan and is returned.
+ * Returns the number of records given to fn, or a negative code. */
+int store_footer_scan(store_t *st,
+                      int (*fn)(void *arg, const char *name, const void *rec, size_t len),
+                      void *arg);
+
 typedef struct store_stats {
   uint64_t capacity_bytes, used_bytes, reserved_bytes, entries, objects;
   uint64_t hits, misses, hit_bytes;

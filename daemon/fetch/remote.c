@@ -86,7 +86,62 @@ struct remote_footers {
   fentry_t *head, *tail;
   uint64_t bytes, limit;
   stats_global_t *stats;
+  remote_footers_persist_cb persist; /* remote_footers_set_persist */
+  void *persist_arg;
 };
+
+/*
+ * A kept footer as remote_footers_persist_cb hands it out and
+ * remote_footers_load takes it back (little-endian): u32 magic "RFTR",
+ * u32 footer length, u64 size, u16 ETag length, u16 Last-Modified length,
+ * then the ETag, the Last-Modified and the footer bytes.
+ */
+#define REC_MAGIC 0x52544652u
+#define REC_HDR 20
+
+static void rec_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void rec_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void rec_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t rec_get(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* Hands e's footer to the persist callback (or its absence, to delete). */
+static void fentry_persist(remote_footers_t *fc, const fentry_t *e) {
+  if (fc->persist == NULL) return;
+  if (e->footer == NULL) {
+    fc->persist(fc->persist_arg, e->url, NULL, 0);
+    return;
+  }
+  size_t el = strlen(e->etag), ll = strlen(e->last_modified);
+  size_t n = REC_HDR + el + ll + e->footer_len;
+  uint8_t *r = malloc(n);
+  if (r == NULL) return; /* not kept across a restart: fetched again then */
+  rec_u32(r, REC_MAGIC);
+  rec_u32(r + 4, e->footer_len);
+  rec_u64(r + 8, e->size);
+  rec_u16(r + 16, (uint16_t)el);
+  rec_u16(r + 18, (uint16_t)ll);
+  memcpy(r + REC_HDR, e->etag, el);
+  memcpy(r + REC_HDR + el, e->last_modified, ll);
+  memcpy(r + REC_HDR + el + ll, e->footer, e->footer_len);
+  fc->persist(fc->persist_arg, e->url, r, n);
+  free(r);
+}
+
+void remote_footers_set_persist(remote_footers_t *fc, remote_footers_persist_cb cb, void *arg) {
+  fc->persist = cb;
+  fc->persist_arg = arg;
+}
 
 int remote_footers_create(uint64_t limit, stats_global_t *stats, remote_footers_t **out) {
   *out = calloc(1, sizeof(**out));
@@ -155,8 +210,15 @@ static fentry_t *fentry_add(remote_footers_t *fc, const char *url) {
 
 /* Keeps o's footer and validators in e (most recent), then lets the least
  * recent footers go until the set is within its limit.  An entry being
- * read keeps its place in the table, footer or not. */
-static void fentry_keep(remote_footers_t *fc, fentry_t *e, const remote_object_t *o) {
+ * read keeps its place in the table, footer or not.  With persist, what
+ * is kept and what goes are handed to the persist callback. */
+static int fentry_keep_as(remote_footers_t *fc, fentry_t *e, const remote_object_t *o,
+                          int persist) {
+  int had = e->footer != NULL;
+  /* A revalidation keeps the same footer: nothing to store again. */
+  int same = had && o->footer && e->footer_len == o->footer_len && e->size == o->size &&
+             strcmp(e->etag, o->etag) == 0 && strcmp(e->last_modified, o->last_modified) == 0 &&
+             memcmp(e->footer, o->footer, e->footer_len) == 0;
   fentry_drop_footer(fc, e);
   e->size = o->size;
   snprintf(e->etag, sizeof(e->etag), "%s", o->etag);
@@ -175,14 +237,59 @@ static void fentry_keep(remote_footers_t *fc, fentry_t *e, const remote_object_t
       if (fc->tail == NULL) fc->tail = e;
     }
   }
+  if (persist && !same && (had || e->footer)) fentry_persist(fc, e);
+  /* e is the most recent, and its footer alone fits: the loop below ends
+   * before it. */
+  int kept = e->footer != NULL;
   while (fc->bytes > fc->limit && fc->tail) {
     fentry_t *old = fc->tail;
     if (old->reading) {
       fentry_drop_footer(fc, old);
+      if (persist) fentry_persist(fc, old);
     } else {
+      fentry_drop_footer(fc, old);
+      if (persist) fentry_persist(fc, old);
       fentry_free(fc, old);
     }
   }
+  return kept;
+}
+
+static void fentry_keep(remote_footers_t *fc, fentry_t *e, const remote_object_t *o) {
+  fentry_keep_as(fc, e, o, 1);
+}
+
+int remote_footers_load(remote_footers_t *fc, const char *url, const void *rec, size_t len) {
+  const uint8_t *r = rec;
+  if (len < REC_HDR || rec_get(r, 4) != REC_MAGIC) return LARDER_ECORRUPT;
+  uint64_t fl = rec_get(r + 4, 4), el = rec_get(r + 16, 2), ll = rec_get(r + 18, 2);
+  remote_object_t o;
+  memset(&o, 0, sizeof(o));
+  if (REC_HDR + el + ll + fl != len || el >= sizeof(o.etag) || ll >= sizeof(o.last_modified) ||
+      fl == 0)
+    return LARDER_ECORRUPT;
+  if (fentry_find(fc, url)) return 0;
+  /* The set's bound holds for what it loads too: past it, the rest are
+   * fetched again when used. */
+  if (fc->bytes + fl > fc->limit) return LARDER_ELIMIT;
+  o.size = rec_get(r + 8, 8);
+  memcpy(o.etag, r + REC_HDR, el);
+  memcpy(o.last_modified, r + REC_HDR + el, ll);
+  o.footer = malloc(fl);
+  fentry_t *e = o.footer ? fentry_add(fc, url) : NULL;
+  if (e == NULL) {
+    free(o.footer);
+    return LARDER_ENOMEM;
+  }
+  memcpy(o.footer, r + REC_HDR + el + ll, fl);
+  o.footer_len = (uint32_t)fl;
+  int kept = fentry_keep_as(fc, e, &o, 0);
+  free(o.footer);
+  if (!kept) {
+    fentry_free(fc, e); /* no validators, or out of memory */
+    return LARDER_ECORRUPT;
+  }
+  return 0;
 }
 
 /* Gives o the footer and validators that e holds.  Returns 0 or

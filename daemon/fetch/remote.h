@@ -60,6 +60,23 @@ int remote_footers_create(uint64_t limit, stats_global_t *stats, remote_footers_
 void remote_footers_free(remote_footers_t *fc);
 
 /*
+ * Kept across restarts: the set hands every footer it keeps to cb as a
+ * record (rec, len bytes, the caller's to copy; its layout is this
+ * module's), and every footer it lets go as rec NULL, so that the caller
+ * can store and delete them; remote_footers_load puts a stored record back
+ * into a new set.  A loaded footer is used as one read in this run: a
+ * listing that names its version takes it, and a single object is
+ * revalidated (If-None-Match), so a stale record costs one full read.
+ * Loop thread (load: before any resolution).
+ */
+typedef void (*remote_footers_persist_cb)(void *arg, const char *url, const void *rec, size_t len);
+void remote_footers_set_persist(remote_footers_t *fc, remote_footers_persist_cb cb, void *arg);
+/* Returns 0 (kept, or the URL is in the set already), LARDER_ELIMIT (the
+ * set is full: the rest need not be offered), LARDER_ECORRUPT (not a
+ * record this module wrote), or LARDER_ENOMEM. */
+int remote_footers_load(remote_footers_t *fc, const char *url, const void *rec, size_t len);
+
+/*
  * Resolves the remote sources among sources[0..n) (local ones are skipped)
  * into objects sorted by URL, each with its footer, taken from footers (may
  * be NULL) where it holds the version.  footer_guess is the size of the

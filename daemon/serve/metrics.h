@@ -63,6 +63,10 @@
  *                                             kept after a 304 (no bytes)
  *   larder_remote_footers_shared_total counter remote footer reads a stream took from
  *                                             another stream's read of the same URL
+ *   larder_remote_footers_stored_total counter remote footers written to the cache, for
+ *                                             the next run
+ *   larder_remote_footers_loaded_total counter remote footers an earlier run left in the
+ *                                             cache, taken at start
  *   larder_fetch_bytes_total         counter  bytes fetched from remote sources
  *   larder_fetch_requests_total      counter  remote requests completed
  *   larder_fetch_retries_total       counter  remote requests retried

@@ -681,6 +681,101 @@ static void on_tick(uv_timer_t *t) {
   trim_heap(srv);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Remote footers kept in the cache across restarts                         */
+
+typedef struct footer_write {
+  work_t work;
+  store_t *store;
+  stats_global_t *stats;
+  char *url;
+  uint8_t *rec; /* NULL: delete */
+  size_t len;
+} footer_write_t;
+
+static void footer_write_work(work_t *w) {
+  footer_write_t *fw = w->data;
+  int rc = fw->rec ? store_footer_put(fw->store, fw->url, fw->rec, fw->len)
+                   : store_footer_delete(fw->store, fw->url);
+  /* A footer not stored is fetched again after a restart; nothing else. */
+  if (rc && rc != LARDER_EINVAL)
+    log_debug("cannot keep a remote footer in the cache: %s", larder_strerror(rc));
+  if (rc == 0 && fw->rec) STATS_ADD(fw->stats, remote_footers_stored, 1);
+}
+
+static void footer_write_done(work_t *w, int status) {
+  (void)status;
+  footer_write_t *fw = w->data;
+  free(fw->url);
+  free(fw->rec);
+  free(fw);
+}
+
+/* remote_footers_persist_cb: the write goes to a worker, off the loop. */
+static void persist_footer(void *arg, const char *url, const void *rec, size_t len) {
+  server_t *srv = arg;
+  footer_write_t *fw = calloc(1, sizeof(*fw));
+  if (fw == NULL) return;
+  fw->store = srv->store;
+  fw->stats = &srv->stats;
+  fw->url = strdup(url);
+  fw->rec = rec ? malloc(len ? len : 1) : NULL;
+  fw->len = len;
+  fw->work.data = fw;
+  if (fw->url == NULL || (rec && fw->rec == NULL)) {
+    footer_write_done(&fw->work, 0);
+    return;
+  }
+  if (rec) memcpy(fw->rec, rec, len);
+  if (work_queue(srv->pool, &fw->work, footer_write_work, footer_write_done) != 0)
+    footer_write_done(&fw->work, 0);
+}
+
+typedef struct footer_load {
+  remote_footers_t *set;
+  char **drop; /* records the set did not take: deleted after the scan */
+  size_t ndrop, cap;
+} footer_load_t;
+
+static int load_footer(void *arg, const char *url, const void *rec, size_t len) {
+  footer_load_t *fl = arg;
+  int rc = remote_footers_load(fl->set, url, rec, len);
+  if (rc == LARDER_ENOMEM) return rc;
+  if (rc == 0) return 0;
+  /* Past the set's bound, or not a record it reads: deleted, so that the
+   * records on disk stay within what the set keeps. */
+  if (fl->ndrop == fl->cap) {
+    size_t cap = fl->cap ? fl->cap * 2 : 16;
+    char **d = realloc(fl->drop, cap * sizeof(*d));
+    if (d == NULL) return LARDER_ENOMEM;
+    fl->drop = d;
+    fl->cap = cap;
+  }
+  if ((fl->drop[fl->ndrop] = strdup(url)) == NULL) return LARDER_ENOMEM;
+  fl->ndrop++;
+  return 0;
+}
+
+/* Puts the remote footers the cache kept back into the footer set (within
+ * remote_footer_memory; the rest are deleted), and has the set keep the
+ * cache up to date from now on.  Before the loop runs. */
+static void keep_footers(server_t *srv) {
+  if (srv->store == NULL || srv->cfg.remote_footer_memory == 0) return;
+  footer_load_t fl = {srv->remote_footers, NULL, 0, 0};
+  int n = store_footer_scan(srv->store, load_footer, &fl);
+  for (size_t i = 0; i < fl.ndrop; i++) {
+    store_footer_delete(srv->store, fl.drop[i]);
+    free(fl.drop[i]);
+  }
+  free(fl.drop);
+  n -= (int)fl.ndrop;
+  if (n > 0) {
+    STATS_ADD(&srv->stats, remote_footers_loaded, (uint64_t)n);
+    log_info("%d remote footers kept in the cache by an earlier run", n);
+  }
+  remote_footers_set_persist(srv->remote_footers, persist_footer, srv);
+}
+
 static int start_fetcher(server_t *srv) {
   fetch_options_t fo;
   fetch_options_init(&fo);
@@ -776,6 +871,7 @@ int server_run(server_t *srv) {
     srv->remote_footers = NULL;
     return 1;
   }
+  keep_footers(srv);
   if (start_fetcher(srv) != 0) log_warn("remote sources are unavailable: cannot start libcurl");
   uv_timer_init(srv->loop, &srv->tick);
   srv->tick.data = srv;
