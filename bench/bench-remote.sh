@@ -19,12 +19,17 @@
 # Remote bytes are counted by the proxy (every body byte it sent), and each
 # request is attributed to the epoch in which it completed.
 #
+#   - the first epoch again behind a second proxy that adds BENCH_LATENCY_MS
+#     (default 40) to every request, as an object store in another zone:
+#     curl's rate through it, the stall beside the bound, and the time to the
+#     first batch beside its floor (the footers' fetch, then the first
+#     unit's row group's), for both proxies.
 # The runs above use shuffle_row_groups=true, the setting for remote data
 # (a row group's units stay in one window, so a cold epoch consumes row
 # groups in the order they arrive); a last cold epoch with the default
 # (units mixed singly) shows what it costs without.
 #
-# Environment: BENCH_RATE (100000000), BENCH_COMPUTE_US (2500), BENCH_WINDOW
+# Environment: BENCH_RATE (100000000), BENCH_LATENCY_MS (40), BENCH_COMPUTE_US (2500), BENCH_WINDOW
 # (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
 # small part of a real one), BENCH_DAEMON_FLAGS (more larderd flags for every
 # run, such as --fetch_inflight_per_host=4), BENCH_CLIENT_WINDOW (the batches
@@ -35,6 +40,7 @@ build=${1:-build/release}
 client=$build/bin/serve-client
 rate=${BENCH_RATE:-100000000}
 compute_us=${BENCH_COMPUTE_US:-2500}
+latency_ms=${BENCH_LATENCY_MS:-40}
 window=${BENCH_WINDOW:-32M}
 win=()
 if [ -n "${BENCH_CLIENT_WINDOW:-}" ]; then win=(--window "$BENCH_CLIENT_WINDOW"); fi
@@ -52,9 +58,10 @@ if [ ! -d tests/node_modules/s3rver ]; then (cd tests && npm ci --no-audit --no-
 tmp=$(mktemp -d /tmp/larder-bench-remote.XXXXXX)
 daemon_pid=
 proxy_pid=
+lat_pid=
 cleanup() {
   if [ -n "$daemon_pid" ]; then kill -TERM "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
-  if [ -n "$proxy_pid" ]; then kill -TERM "$proxy_pid" 2>/dev/null || true; wait "$proxy_pid" 2>/dev/null || true; fi
+  for p in $proxy_pid $lat_pid; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   tests/remote/nginx.sh stop "$tmp/ng" >/dev/null 2>&1 || true
   if [ -z "${BENCH_KEEP:-}" ]; then rm -rf "$tmp"; else echo "bench-remote: kept $tmp"; fi
 }
@@ -64,24 +71,45 @@ json_field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.ar
 
 ng=$(tests/remote/nginx.sh start "$tmp/ng" "$shards" --watch-pid $$)
 ng_port=$(json_field "$ng" port)
-node tests/remote/faultproxy.mjs --upstream "http://127.0.0.1:$ng_port" --rate "$rate" \
-  --log "$tmp/proxy.log" --watch-pid $$ >"$tmp/proxy.json" 2>"$tmp/proxy.err" &
-proxy_pid=$!
-for _ in $(seq 100); do [ -s "$tmp/proxy.json" ] && break; sleep 0.05; done
+start_proxy() { # name, faultproxy flags...: prints its port
+  local name=$1
+  shift
+  node tests/remote/faultproxy.mjs --upstream "http://127.0.0.1:$ng_port" --rate "$rate" \
+    --log "$tmp/$name.log" --watch-pid $$ "$@" >"$tmp/$name.json" 2>"$tmp/$name.err" &
+  echo $! >"$tmp/$name.pid"
+  for _ in $(seq 100); do [ -s "$tmp/$name.json" ] && break; sleep 0.05; done
+}
+start_proxy proxy
+proxy_pid=$(cat "$tmp/proxy.pid")
 port=$(json_field "$(head -1 "$tmp/proxy.json")" port)
+# The same link with latency_ms more per request.
+start_proxy proxy-lat --latency-ms "$latency_ms"
+lat_pid=$(cat "$tmp/proxy-lat.pid")
+lat_port=$(json_field "$(head -1 "$tmp/proxy-lat.json")" port)
 urls=()
-for f in "$shards"/part-*.parquet; do urls+=("http://127.0.0.1:$port/$(basename "$f")"); done
+lat_urls=()
+for f in "$shards"/part-*.parquet; do
+  urls+=("http://127.0.0.1:$port/$(basename "$f")")
+  lat_urls+=("http://127.0.0.1:$lat_port/$(basename "$f")")
+done
 
-# The peer: curl, one connection, every shard in turn.
-curl_args=()
-for u in "${urls[@]}"; do curl_args+=(-o /dev/null "$u"); done
-# Each phase's requests are the log lines it added (the proxy appends).
-mark() { stat -c %s "$tmp/proxy.log" 2>/dev/null || echo 0; }
-cut_log() { tail -c +$(($1 + 1)) "$tmp/proxy.log" >"$tmp/$2"; }
-m=$(mark)
-curl -sf "${curl_args[@]}"
-sleep 0.2
-cut_log "$m" curl.requests
+# Each phase's requests are the log lines it added (the proxies append).
+mark() { stat -c %s "$tmp/${1:-proxy}.log" 2>/dev/null || echo 0; }
+cut_log() { tail -c +$(($1 + 1)) "$tmp/${3:-proxy}.log" >"$tmp/$2"; }
+# The peer: curl, one connection, every shard in turn, through each proxy.
+curl_all() { # name, proxy, urls...
+  local name=$1 proxy=$2
+  shift 2
+  local args=()
+  for u in "$@"; do args+=(-o /dev/null "$u"); done
+  local m
+  m=$(mark "$proxy")
+  curl -sf "${args[@]}"
+  sleep 0.2
+  cut_log "$m" "$name.requests" "$proxy"
+}
+curl_all curl proxy "${urls[@]}"
+curl_all curl-lat proxy-lat "${lat_urls[@]}"
 
 start_daemon() { # name, flags...
   local name=$1
@@ -118,6 +146,15 @@ sleep 0.2
 cut_log "$m" half.requests
 stop_daemon
 
+# The first epoch behind the latency, cold, as the first run above.
+start_daemon lat --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
+m=$(mark proxy-lat)
+"$client" run "$tmp/lat.sock" "${lat_urls[@]}" --epochs 1 --batch-size 1024 "${win[@]}" --seed 7 \
+  --compute-us "$compute_us" >"$tmp/lat.jsonl"
+sleep 0.2
+cut_log "$m" lat.requests proxy-lat
+stop_daemon
+
 # The default shuffle (units mixed singly), cold, one epoch.
 start_daemon unit --cache_capacity=16G --memory_limit=1G
 m=$(mark)
@@ -127,9 +164,9 @@ sleep 0.2
 cut_log "$m" unit.requests
 stop_daemon
 
-python3 - "$tmp" "$shards" "$rate" "$compute_us" "$window" "$half" <<'PY'
+python3 - "$tmp" "$shards" "$rate" "$compute_us" "$window" "$half" "$latency_ms" <<'PY'
 import datetime, json, os, sys
-tmp, shards, rate, compute_us, window, half = sys.argv[1:]
+tmp, shards, rate, compute_us, window, half, latency_ms = sys.argv[1:]
 rate, compute_us, half = float(rate), float(compute_us), int(half)
 dataset = sum(os.path.getsize(os.path.join(shards, f)) for f in os.listdir(shards) if f.endswith('.parquet'))
 
@@ -144,8 +181,19 @@ def requests(path):
         if 'ms' not in r or 'bytes' not in r:
             continue
         end = datetime.datetime.fromisoformat(r['t'].replace('Z', '+00:00')).timestamp()
-        out.append((end - r['ms'] / 1000, end, r['bytes']))
+        out.append((end - r['ms'] / 1000, end, r['bytes'], r.get('range') or ''))
     return out
+
+def floor_s(reqs):
+    """The first batch's floor from a cold run's requests: from the first
+    request's start until every footer (suffix ranges) has arrived, then
+    the first column-data request's own time."""
+    t0 = min(r[0] for r in reqs)
+    footers = [r for r in reqs if r[3].startswith('bytes=-')]
+    data = [r for r in reqs if r[3] and not r[3].startswith('bytes=-')]
+    f_end = max(r[1] for r in footers) if footers else t0
+    first = min(data, key=lambda r: r[0]) if data else None
+    return f_end - t0, (first[1] - first[0]) if first else 0.0
 
 def span_rate(reqs):
     start = min(r[0] for r in reqs)
@@ -157,7 +205,7 @@ def epochs(path):
 
 def per_epoch_bytes(reqs, eps):
     out = [0] * len(eps)
-    for _, end, n in reqs:
+    for _, end, n, _ in reqs:
         k = next((i for i, e in enumerate(eps) if end <= e['end_unix']), len(eps) - 1)
         out[k] += n
     return out
@@ -180,7 +228,9 @@ print(f"bench-remote: {mb(dataset):.0f} MB in 8 shards ({full[0]['rows']} rows),
       f"shuffle window {window}")
 print(f"  curl, every shard in turn         {mb(curl_rate):7.1f} MB/s  ({curl_secs:.2f} s)")
 print(f"  larder epoch 1, remote throughput {mb(e1_rate):7.1f} MB/s  {e1_rate / curl_rate:5.2f} x curl  (goal >= 0.90)")
-print(f"  time to first batch               {full[0]['first_batch_s']:7.2f} s")
+fl_f, fl_u = floor_s(e1_reqs)
+print(f"  time to first batch               {full[0]['first_batch_s']:7.2f} s  (floor {fl_f + fl_u:.2f} s: "
+      f"every footer after {fl_f:.2f} s, then the first unit's row group in {fl_u:.2f} s)")
 print(f"  epoch 1: {full[0]['seconds']:.2f} s, stall {100 * full[0]['stall']:5.1f}%; the network's bound "
       f"{100 * bound:5.1f}% ({mb(full_bytes[0]):.0f} MB at curl's rate = {net_secs:.2f} s against "
       f"{compute_secs:.2f} s of compute)  (goal: within 5 points)")
@@ -193,6 +243,20 @@ print(f"  cache of half the dataset ({mb(half):.0f} MB), memory_limit 128M: remo
       + " ".join(f"{mb(b):.0f}" for b in half_bytes)
       + f"; epochs 2-{len(half_bytes)}: {ratio:.2f} of the dataset (goal <= 0.55)")
 print(f"    stall per epoch: " + " ".join(f"{100 * e['stall']:.1f}%" for e in half_eps))
+# Behind the latency: the same measures against curl through that proxy.
+lcurl_rate, lcurl_secs = span_rate(requests(f'{tmp}/curl-lat.requests'))
+lat = epochs(f'{tmp}/lat.jsonl')
+lat_reqs = requests(f'{tmp}/lat.requests')
+l_rate, _ = span_rate(lat_reqs)
+l_bytes = sum(r[2] for r in lat_reqs)
+l_net = l_bytes / lcurl_rate
+l_compute = lat[0]['batches'] * compute_us / 1e6
+l_bound = max(0.0, l_net - l_compute) / max(l_net, l_compute)
+lf_f, lf_u = floor_s(lat_reqs)
+print(f"  {latency_ms} ms more per request: curl {mb(lcurl_rate):.1f} MB/s; larder epoch 1 {mb(l_rate):.1f} MB/s "
+      f"({l_rate / lcurl_rate:.2f} x curl), {lat[0]['seconds']:.2f} s, stall {100 * lat[0]['stall']:.1f}%; "
+      f"the network's bound {100 * l_bound:.1f}% (goal: within 5 points); first batch after "
+      f"{lat[0]['first_batch_s']:.2f} s (floor {lf_f + lf_u:.2f} s: footers {lf_f:.2f} s, first unit {lf_u:.2f} s)")
 unit = epochs(f'{tmp}/unit.jsonl')
 u_rate, _ = span_rate(requests(f'{tmp}/unit.requests'))
 print(f"  default shuffle (units mixed singly; shuffle_row_groups off), cold epoch 1: first batch after "
