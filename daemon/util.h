@@ -5,8 +5,11 @@
 #ifndef LARDER_UTIL_H
 #define LARDER_UTIL_H
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 /* A 64-bit hash of len bytes, chained through seed (FNV-1a with a
  * SplitMix64 finalizer: stable across runs and machines, which cache keys
@@ -50,5 +53,29 @@ const char *util_sandbox_hint(int err, const char *path, int is_dir, char *buf, 
  * a mount at /tmp of a systemd-private-* directory.  Trainers' files under
  * /tmp are then not the daemon's.  Reads /proc/self/mountinfo once. */
 int util_private_tmp(void);
+
+/*
+ * A duplicate of fd that exec does not inherit, or -1 with errno set.  Any
+ * thread.  ThreadSanitizer does not see the descriptor that
+ * fcntl(F_DUPFD_CLOEXEC) returns: it keeps the history of the last
+ * descriptor with that number (a client's socket the loop polled) and
+ * reports a worker's close of the duplicate as a race with it, halting the
+ * daemon.  Its builds dup, then set FD_CLOEXEC; the window between the two,
+ * where a fork could inherit the descriptor, exists in those builds only.
+ */
+static inline int util_dup_cloexec(int fd) {
+#if defined(__SANITIZE_THREAD__)
+  int d = dup(fd);
+  if (d >= 0 && fcntl(d, F_SETFD, FD_CLOEXEC) != 0) {
+    int e = errno;
+    close(d);
+    errno = e;
+    return -1;
+  }
+  return d;
+#else
+  return fcntl(fd, F_DUPFD_CLOEXEC, 0);
+#endif
+}
 
 #endif /* LARDER_UTIL_H */

@@ -241,7 +241,17 @@ int pq_source_open_fd(pq_source *src, int fd, const char *name, pq_error *err) {
   memset(src, 0, sizeof(*src));
   src->fd = -1;
   snprintf(src->name, sizeof(src->name), "%s", name);
+#if defined(__SANITIZE_THREAD__)
+  /* As util_dup_cloexec (daemon/util.h): ThreadSanitizer does not see the
+   * descriptor fcntl(F_DUPFD_CLOEXEC) returns. */
+  int own = dup(fd);
+  if (own >= 0 && fcntl(own, F_SETFD, FD_CLOEXEC) != 0) {
+    close(own);
+    own = -1;
+  }
+#else
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+#endif
   if (own < 0) {
     int e = errno;
     return pq_error_set(err, open_errno_code(e), "%s: %s", name, strerror(e));

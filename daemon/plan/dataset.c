@@ -228,7 +228,7 @@ static int open_beneath(int rootfd, const char *rel) {
     errno = ENAMETOOLONG;
     return -1;
   }
-  int dir = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
+  int dir = util_dup_cloexec(rootfd);
   char *save = NULL;
   for (char *c = strtok_r(buf, "/", &save); c && dir >= 0;) {
     char *next = strtok_r(NULL, "/", &save);

@@ -155,7 +155,7 @@ int footers_acquire(footers_t *f, const char *path, const char *identity, const 
   }
   e = calloc(1, sizeof(*e));
   char *p = strdup(path), *id = strdup(identity);
-  int own = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  int own = fd >= 0 ? util_dup_cloexec(fd) : -1;
   if (e == NULL || p == NULL || id == NULL || (fd >= 0 && own < 0)) {
     int e_no = errno;
     pthread_mutex_unlock(&f->lock);

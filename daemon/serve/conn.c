@@ -346,7 +346,7 @@ static int send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int n
   if (frame->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY && frame->open_stream_reply)
     p->stream_id = frame->open_stream_reply->stream_id;
   for (int i = 0; i < num_fds; i++) {
-    p->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+    p->fds[i] = util_dup_cloexec(fds[i]);
     if (p->fds[i] < 0) {
       /* Nothing of this frame is queued: the caller can answer with an
        * error instead, and the connection stays open. */

@@ -137,7 +137,7 @@ static void on_listener_closed(uv_handle_t *h) {
 static void on_relisten(uv_timer_t *t) {
   server_t *srv = t->data;
   if (srv->shutting_down || srv->accept_paused != 2) return;
-  int fd = fcntl(srv->listen_spare, F_DUPFD_CLOEXEC, 0);
+  int fd = util_dup_cloexec(srv->listen_spare);
   if (fd < 0) {
     uv_timer_start(&srv->relisten, on_relisten, 250, 0);
     return;
@@ -302,7 +302,7 @@ static int listen_socket(server_t *srv) {
         (unsigned)geteuid());
   uv_os_fd_t lfd;
   if (uv_fileno((uv_handle_t *)&srv->listener, &lfd) == 0)
-    srv->listen_spare = fcntl(lfd, F_DUPFD_CLOEXEC, 0);
+    srv->listen_spare = util_dup_cloexec(lfd);
   return 0;
 }
 
