@@ -140,7 +140,13 @@
      "also the most any whole-object answer may bring (a larger object "                         \
      "behind such a server fails its stream)")                                                   \
   XX(fetch_merge_gap, SIZE, "1M", 1,                                                             \
-     "column chunks closer than this are read with one range request")                           \
+     "column chunks closer than this are read with one range request (at "                       \
+     "most: see fetch_merge_gap_auto)")                                                          \
+  XX(fetch_merge_gap_auto, BOOL, "true", 1,                                                      \
+     "merge two chunks only when the bytes between them take less time than "                    \
+     "a request's round trip: the gap is the host's measured wait for a first "                  \
+     "byte times one request's measured rate, up to fetch_merge_gap; false: "                    \
+     "every gap below fetch_merge_gap")                                                          \
   XX(fetch_part_bytes, SIZE, "4M", 1,                                                            \
      "longest single range request; longer ranges are fetched in parts")                         \
   XX(remote_footer_memory, SIZE, "64M", 0,                                                       \

@@ -82,6 +82,12 @@
   XX(fetch_retries, COUNTER, "remote requests retried")                        \
   XX(fetch_errors, COUNTER, "remote requests that failed for good")            \
   XX(fetch_inflight, GAUGE, "remote requests in flight")                       \
+  XX(fetch_merge_gap_bytes, GAUGE,                                             \
+     "the gap last allowed between column chunks read "                        \
+     "with one request (fetch_merge_gap_auto)")                                \
+  XX(fetch_chunks_shared, COUNTER,                                             \
+     "column chunks a row group's buffer took from "                           \
+     "another projection's requests, not fetched again")                       \
   XX(fetch_ns, STAGE, "time spent fetching (summed over requests)")            \
   XX(credentials_refreshes, COUNTER,                                           \
      "S3 credentials resolved again by the "                                   \

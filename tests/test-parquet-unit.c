@@ -1833,14 +1833,14 @@ TEST_IMPL(parquet_unit_projection_ranges) {
     pq_range_t w[] = {ch[0][0], ch[0][2]};
     expect_ranges(f, ad, 2, 0, w, 2);
   }
-  { /* touching ranges merge */
-    pq_range_t w[] = {{ch[0][0].offset, ch[0][0].length + ch[0][1].length}};
-    expect_ranges(f, ac, 2, 0, w, 1);
+  { /* touching chunks stay apart: one range per column chunk */
+    pq_range_t w[] = {ch[0][0], ch[0][1]};
+    expect_ranges(f, ac, 2, 0, w, 2);
   }
   {
-    pq_range_t w[] = {{ch[1][1].offset, ch[1][1].length + ch[1][2].length}};
-    expect_ranges(f, b, 1, 1, w, 1);
-    expect_ranges(f, cd, 2, 1, w, 1);
+    pq_range_t w[] = {ch[1][1], ch[1][2]};
+    expect_ranges(f, b, 1, 1, w, 2);
+    expect_ranges(f, cd, 2, 1, w, 2);
   }
   { /* sorted by offset whatever the order asked */
     pq_range_t w[] = {ch[0][0], ch[0][3]};
@@ -1849,10 +1849,11 @@ TEST_IMPL(parquet_unit_projection_ranges) {
   { /* every row group */
     pq_range_t w[] = {ch[0][0], ch[1][0]};
     expect_ranges(f, a, 1, -1, w, 2);
-    pq_range_t all[] = {{4, ch[1][3].offset + ch[1][3].length - 4}};
-    expect_ranges(f, NULL, 0, -1, all, 1);
-    pq_range_t w2[] = {ch[0][0], {ch[0][3].offset, ch[0][3].length + ch[1][0].length}, ch[1][3]};
-    expect_ranges(f, ae, 2, -1, w2, 3);
+    pq_range_t all[8];
+    for (int i = 0; i < 8; i++) all[i] = ch[i / 4][i % 4];
+    expect_ranges(f, NULL, 0, -1, all, 8);
+    pq_range_t w2[] = {ch[0][0], ch[0][3], ch[1][0], ch[1][3]};
+    expect_ranges(f, ae, 2, -1, w2, 4);
   }
   /* A row group that does not exist. */
   pq_projection *p = NULL;

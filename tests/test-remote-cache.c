@@ -677,3 +677,226 @@ TEST_IMPL(remote_stats_during_prefetch) {
   rh_stop(&ng);
   return 0;
 }
+
+/* The ranged (non-suffix) answers of an nginx access log, per URL: the
+ * bytes sent, and those of them sent before by another answer for the
+ * same URL. */
+typedef struct sent_use {
+  int64_t bytes, again;
+  int requests;
+} sent_use;
+
+typedef struct sent_range {
+  char path[512];
+  uint64_t a, b; /* [a, b] */
+} sent_range;
+
+static int cmp_sent(const void *x, const void *y) {
+  const sent_range *p = x, *q = y;
+  int c = strcmp(p->path, q->path);
+  if (c) return c;
+  return p->a < q->a ? -1 : p->a > q->a;
+}
+
+static sent_use sent_ranges(const char *log_path) {
+  rh_log lg;
+  rh_log_read(&lg, log_path);
+  sent_range *r = calloc((size_t)lg.n + 1, sizeof(*r));
+  ASSERT(r != NULL);
+  int n = 0;
+  sent_use u = {0, 0, 0};
+  for (int i = 0; i < lg.n; i++) {
+    char req[512], range[64];
+    rh_field(lg.lines[i], "request", req, sizeof(req));
+    rh_field(lg.lines[i], "range", range, sizeof(range));
+    unsigned long long a, b;
+    if (sscanf(range, "bytes=%llu-%llu", &a, &b) != 2) continue;
+    if (rh_field_int(lg.lines[i], "status", 0) != 206) continue;
+    snprintf(r[n].path, sizeof(r[n].path), "%s", req);
+    r[n].a = a;
+    r[n].b = b;
+    u.bytes += (int64_t)(b - a + 1);
+    u.requests++;
+    n++;
+  }
+  qsort(r, (size_t)n, sizeof(*r), cmp_sent);
+  for (int i = 1; i < n; i++) {
+    /* Bytes of r[i] already covered by an earlier range of the same URL
+     * (the furthest end so far among them). */
+    uint64_t end = 0;
+    int any = 0;
+    for (int k = i - 1; k >= 0 && strcmp(r[k].path, r[i].path) == 0; k--) {
+      if (!any || r[k].b > end) end = r[k].b;
+      any = 1;
+    }
+    if (any && end >= r[i].a) u.again += (int64_t)((end < r[i].b ? end : r[i].b) - r[i].a + 1);
+  }
+  free(r);
+  rh_log_free(&lg);
+  return u;
+}
+
+/*
+ * Two jobs of four ranks each, at once, on the same remote files (40 ms
+ * added to every request, so that their fetches overlap), with projections
+ * [id, label] and [id, name]: the column both need is fetched once and
+ * lent between the jobs' row-group buffers, so that no byte is sent twice
+ * and the bytes sent are the union of the two projections' chunks, exactly
+ * (the merge gap is 0 here: every chunk a request of its own, so that
+ * nothing else is sent; remote_merge_gap_auto tests the gap).  Every
+ * stream's batches equal the same stream read locally.
+ */
+TEST_IMPL(remote_shared_projections) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  rs_server ng, fp;
+  rh_nginx(&ng, "ng", dir, NULL);
+  char fpdir[PATH_MAX];
+  snprintf(fpdir, sizeof(fpdir), "%s/fp", test_tmpdir());
+  static const char *const lat[] = {"--latency-ms", "40", NULL};
+  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, lat));
+  char *urls[RH_MAX_FILES];
+  int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  static const char *const ca[] = {"id", "label"}, *const cb[] = {"id", "name"};
+  larder_stream_options_t lo[8], ro[8];
+  const char *lsrc[1] = {dir};
+  for (int i = 0; i < 8; i++) {
+    dh_opts(&lo[i], lsrc, 50, i < 4 ? 1 : 2, 1);
+    lo[i].unit_rows = DH_STD_UNIT_ROWS;
+    lo[i].shuffle_window = 8;
+    lo[i].arena_bytes = ARENA;
+    lo[i].world_size = 4;
+    lo[i].rank = (uint32_t)(i % 4);
+    lo[i].columns = i < 4 ? ca : cb;
+    lo[i].num_columns = 2;
+    ro[i] = lo[i];
+    ro[i].sources = (const char *const *)urls;
+    ro[i].num_sources = (size_t)nf;
+  }
+  dh_run ref[8], got[8];
+  memset(ref, 0, sizeof(ref));
+  memset(got, 0, sizeof(got));
+  {
+    dh_daemon l;
+    static const char *const fl[] = {"--workers=2", NULL};
+    dh_init(&l, "local", fl);
+    dh_start(&l);
+    for (int i = 0; i < 8; i++) ASSERT_OK(dh_collect(l.socket, &lo[i], 0, &ref[i]));
+    dh_stop(&l);
+  }
+  dh_daemon d;
+  static const char *const fl[] = {"--workers=2", "--fetch_merge_gap=0", NULL};
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  dh_collect_many(d.socket, ro, 8, got);
+  for (int i = 0; i < 8; i++) {
+    if (got[i].rc) ASSERT_FAIL_("stream %d: %s", i, got[i].err);
+    dh_expect_same(&ref[i], &got[i]);
+  }
+  uint64_t lent = dh_stat(&d, "fetch_chunks_shared");
+  dh_stop(&d);
+  rh_stop(&fp);
+  rh_stop(&ng);
+  char log_path[PATH_MAX];
+  rh_nginx_log("ng", log_path, sizeof(log_path));
+  sent_use u = sent_ranges(log_path);
+  static const char *const all[] = {"id", "label", "name"};
+  uint64_t needed = rh_projected_bytes(dir, all, 3, 0);
+  fprintf(stderr,
+          "%d column requests, %" PRId64 " bytes sent (%" PRId64 " of them again) for %" PRIu64
+          " needed by the two projections together; %" PRIu64 " chunks lent\n",
+          u.requests, u.bytes, u.again, needed, lent);
+  ASSERT_EQ(u.again, 0);
+  ASSERT_EQ(u.bytes, (int64_t)needed);
+  ASSERT_GT(lent, 0);
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  for (int i = 0; i < 8; i++) {
+    dh_run_free(&ref[i]);
+    dh_run_free(&got[i]);
+  }
+  return 0;
+}
+
+/*
+ * The merge gap follows the link (fetch_merge_gap_auto, on by default):
+ * the projection [id, name] leaves label and x between its two chunks of
+ * every row group.  Behind a proxy that sends each connection 50 KB/s and
+ * answers at once, those bytes cost more than a request's wait (a few ms
+ * times 50 KB/s is a few hundred bytes), and every chunk is a request of
+ * its own; behind one that waits 300 ms before each answer, at 400 KB/s,
+ * they cost less (300 ms brings 120 KB), and each row group is one
+ * request.  Same data, same settings; the batches are the same.
+ */
+TEST_IMPL(remote_merge_gap_auto) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  char dir[1024];
+  ASSERT_EQ(dh_std_dataset(dir, sizeof(dir)), DH_STD_ROWS);
+  static const char *const cols[] = {"id", "name"};
+  char *names[RH_MAX_FILES];
+  int nn = rh_files(dir, names, RH_MAX_FILES);
+  int per_rg = 0, split = 0;
+  uint64_t widest = 0;
+  for (int i = 0; i < nn; i++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+    per_rg += rh_ranges(path, cols, 2, 1u << 20, NULL, 0, NULL);
+    split += rh_ranges(path, cols, 2, 0, NULL, 0, NULL);
+    uint64_t all = 0, proj = 0;
+    rh_ranges(path, cols, 2, 1u << 20, NULL, 0, &all);
+    rh_ranges(path, cols, 2, 0, NULL, 0, &proj);
+    if (all - proj > widest) widest = all - proj;
+  }
+  rh_files_free(names, nn);
+  ASSERT_EQ(split, 2 * per_rg);
+  static const char *const slow[] = {"--conn-rate", "50000", NULL};
+  static const char *const far[] = {"--latency-ms", "300", "--conn-rate", "400000", NULL};
+  const char *const *links[2] = {slow, far};
+  dh_run runs[2];
+  memset(runs, 0, sizeof(runs));
+  for (int k = 0; k < 2; k++) {
+    rs_server ng, fp;
+    char name[16], fpdir[PATH_MAX];
+    snprintf(name, sizeof(name), "ng%d", k);
+    rh_nginx(&ng, name, dir, NULL);
+    snprintf(fpdir, sizeof(fpdir), "%s/fp%d", test_tmpdir(), k);
+    ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, links[k]));
+    char *urls[RH_MAX_FILES];
+    int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+    larder_stream_options_t o;
+    dh_std_opts(&o, (const char *const *)urls, (size_t)nf, 50, 1, 1, ARENA);
+    o.columns = cols;
+    o.num_columns = 2;
+    dh_daemon d;
+    static const char *const fl[] = {"--workers=2", NULL};
+    dh_init(&d, name, fl);
+    dh_start(&d);
+    ASSERT_OK(dh_collect(d.socket, &o, 0, &runs[k]));
+    uint64_t gap = dh_stat(&d, "fetch_merge_gap_bytes");
+    dh_stop(&d);
+    rh_stop(&fp);
+    rh_stop(&ng);
+    char log_path[PATH_MAX];
+    rh_nginx_log(name, log_path, sizeof(log_path));
+    sent_use u = sent_ranges(log_path);
+    fprintf(stderr,
+            "%s link: merge gap %" PRIu64 " bytes (the widest gap: %" PRIu64
+            "); %d column requests (%d row groups)\n",
+            k ? "far" : "slow", gap, widest, u.requests, per_rg);
+    if (k == 0) {
+      ASSERT_LT(gap, widest);
+      ASSERT_EQ(u.requests, split);
+    } else {
+      ASSERT_GE(gap, widest);
+      ASSERT_EQ(u.requests, per_rg);
+    }
+    ASSERT_EQ(u.again, 0);
+    for (int i = 0; i < nf; i++) free(urls[i]);
+  }
+  dh_expect_same(&runs[0], &runs[1]);
+  dh_run_free(&runs[0]);
+  dh_run_free(&runs[1]);
+  return 0;
+}

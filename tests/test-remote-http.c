@@ -93,8 +93,10 @@ TEST_IMPL(remote_http_order) {
 
   /* The same projection of two columns apart (label and x lie between id
    * and name) on two fresh daemons (a warm one would serve the columns from
-   * its cache): merged into one range per row group by default, one range
-   * per chunk with fetch_merge_gap=0. */
+   * its cache): merged into one range per row group with every gap below
+   * fetch_merge_gap merged (fetch_merge_gap_auto off: what the link
+   * measures is tested by remote_merge_gap_auto), one range per chunk
+   * with fetch_merge_gap=0. */
   static const char *const cols[] = {"id", "name"};
   larder_stream_options_t po = ro;
   po.columns = cols;
@@ -102,7 +104,7 @@ TEST_IMPL(remote_http_order) {
   po.epochs = 1;
   dh_run proj = {0}, proj0 = {0};
   dh_daemon dm, d0;
-  static const char *const flm[] = {"--workers=2", NULL};
+  static const char *const flm[] = {"--workers=2", "--fetch_merge_gap_auto=false", NULL};
   static const char *const fl0[] = {"--workers=2", "--fetch_merge_gap=0", "--footer_guess=256",
                                     NULL};
   dh_init(&dm, "dm", flm);

@@ -57,15 +57,27 @@ typedef struct whole_obj {
   char last_modified[64];
 } whole_obj_t;
 
-/* A host's running requests, for max_inflight_per_host.  A slot lives
- * while requests name it (refs), so the list holds the hosts of live
- * requests only: clients name any number of hosts over a daemon's life,
- * and each request's lookup walks the list. */
+/* Hosts kept with no request after their last one ends, for their link
+ * measurements (the least recently used goes first). */
+#define HOSTS_IDLE_MAX 64
+
+/* A host's running requests, for max_inflight_per_host, and what its
+ * link measured.  A slot lives while requests name it (refs), and, once
+ * it has measurements, among the HOSTS_IDLE_MAX idle ones kept: clients
+ * name any number of hosts over a daemon's life, and each request's lookup
+ * walks the list. */
 typedef struct host_slot {
   struct host_slot *next;
   char name[256];
   uint32_t inflight;
-  uint32_t refs; /* requests whose host it is */
+  uint32_t refs;    /* requests whose host it is */
+  uint64_t used_ns; /* when a request last named it */
+  /* Moving averages (1/8 weight to each new sample) over ranged answers:
+   * the wait from sending a request to its first byte, and the rate of
+   * one request's body once it flows (what a gap's bytes cost it). */
+  uint64_t rtt_us;
+  double rate; /* bytes per second */
+  uint32_t rtt_samples, rate_samples;
 } host_slot_t;
 
 struct fetch {
@@ -234,26 +246,76 @@ static host_slot_t *host_slot(fetch_t *f, const char *name) {
   for (host_slot_t *h = f->hosts; h; h = h->next)
     if (strcmp(h->name, name) == 0) {
       h->refs++;
+      h->used_ns = util_now_ns();
       return h;
     }
   host_slot_t *h = calloc(1, sizeof(*h));
   if (h == NULL) return NULL;
   snprintf(h->name, sizeof(h->name), "%s", name);
   h->refs = 1;
+  h->used_ns = util_now_ns();
   h->next = f->hosts;
   f->hosts = h;
   return h;
 }
 
-/* Drops a request's reference to h; the last one frees the slot. */
+/* Drops a request's reference to h.  A slot with no request left is freed,
+ * unless it has measurements: then it stays, and the least recently used
+ * of more than HOSTS_IDLE_MAX idle slots goes instead. */
 static void host_unref(fetch_t *f, host_slot_t *h) {
   if (--h->refs > 0) return;
-  for (host_slot_t **pp = &f->hosts; *pp; pp = &(*pp)->next)
-    if (*pp == h) {
-      *pp = h->next;
+  host_slot_t **victim = NULL;
+  int idle = 0;
+  for (host_slot_t **pp = &f->hosts; *pp; pp = &(*pp)->next) {
+    host_slot_t *x = *pp;
+    if (x->refs > 0) continue;
+    if (x == h && h->rtt_samples == 0 && h->rate_samples == 0) {
+      victim = pp;
+      idle = HOSTS_IDLE_MAX + 1;
       break;
     }
-  free(h);
+    idle++;
+    if (victim == NULL || x->used_ns < (*victim)->used_ns) victim = pp;
+  }
+  if (idle <= HOSTS_IDLE_MAX || victim == NULL) return;
+  host_slot_t *x = *victim;
+  *victim = x->next;
+  free(x);
+}
+
+/* Adds r's answer to its host's link measurements: the wait for its first
+ * byte, and (for a body long enough to time) its rate once flowing. */
+static void host_measure(fetch_req_t *r) {
+  host_slot_t *h = r->host;
+  curl_off_t pre = 0, start = 0, total = 0;
+  if (h == NULL || curl_easy_getinfo(r->easy, CURLINFO_PRETRANSFER_TIME_T, &pre) != CURLE_OK ||
+      curl_easy_getinfo(r->easy, CURLINFO_STARTTRANSFER_TIME_T, &start) != CURLE_OK ||
+      curl_easy_getinfo(r->easy, CURLINFO_TOTAL_TIME_T, &total) != CURLE_OK || start < pre)
+    return;
+  uint64_t rtt = (uint64_t)(start - pre);
+  h->rtt_us = h->rtt_samples++ ? h->rtt_us - h->rtt_us / 8 + rtt / 8 : rtt;
+  /* A body that came in one read has no duration to time. */
+  if (r->len < 16384 || total - start < 50) return;
+  double rate = (double)r->len * 1e6 / (double)(total - start);
+  h->rate = h->rate_samples++ ? h->rate + (rate - h->rate) / 8 : rate;
+}
+
+uint64_t fetch_merge_gap(fetch_t *f, const char *url, uint64_t ceiling) {
+  char *real = resolve_url(f, url, NULL);
+  if (real == NULL) return ceiling;
+  char name[256];
+  host_of(real, name, sizeof(name));
+  free(real);
+  uint64_t gap = ceiling;
+  for (host_slot_t *h = f->hosts; h; h = h->next)
+    if (strcmp(h->name, name) == 0) {
+      if (h->rtt_samples == 0 || h->rate_samples == 0) break;
+      double g = (double)h->rtt_us * 1e-6 * h->rate;
+      if (g < (double)ceiling) gap = (uint64_t)g;
+      break;
+    }
+  if (f->opts.stats) STATS_SET(f->opts.stats, fetch_merge_gap_bytes, gap);
+  return gap;
 }
 
 static void whole_free(fetch_t *f, whole_obj_t *w);
@@ -1161,6 +1223,7 @@ static void succeeded(fetch_req_t *r) {
     STATS_ADD(f->opts.stats, fetch_bytes, r->len);
     STATS_ADD(f->opts.stats, fetch_requests, 1);
   }
+  if (r->http_status == 206) host_measure(r);
   finish(r, 0);
 }
 

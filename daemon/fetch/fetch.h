@@ -174,6 +174,16 @@ typedef struct fetch_range {
 fetch_req_t *fetch_get(fetch_t *f, const char *url, const fetch_range_t *range, fetch_cb cb,
                        void *arg);
 
+/*
+ * The widest gap between two byte ranges of url's host worth reading with
+ * one request instead of two: the bytes one request's body brings in the
+ * time a request waits for its first byte, as measured on the host's
+ * recent ranged answers (so a gap costs less than a request's round trip),
+ * at most ceiling; ceiling itself until the host has been measured.  Sets
+ * the fetch_merge_gap_bytes gauge.  Loop thread.
+ */
+uint64_t fetch_merge_gap(fetch_t *f, const char *url, uint64_t ceiling);
+
 /* Makes a queued read-ahead request an ordinary one: a trainer now waits
  * for it.  Does nothing to a request that is running or done.  Loop
  * thread. */

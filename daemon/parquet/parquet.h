@@ -374,8 +374,10 @@ typedef struct pq_range {
 /*
  * Fills *ranges (allocated; the caller frees it) with the byte ranges the
  * projection reads in row group rg, or in every row group when rg < 0,
- * sorted by offset, with overlapping and touching ranges merged.  These are
- * exactly the bytes pq_reader_next will ask its source for.  Returns the
+ * sorted by offset: one per column chunk, with overlapping ranges merged
+ * (touching ones are not, so that a caller can share chunks between
+ * projections).  These are exactly the bytes pq_reader_next will ask its
+ * source for, and no read crosses from one range into another.  Returns the
  * number of ranges or a negative code.  Any thread.
  */
 int pq_projection_ranges(const pq_file *file, const pq_projection *proj, int rg,

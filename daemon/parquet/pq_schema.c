@@ -524,7 +524,7 @@ int pq_projection_ranges(const pq_file *file, const pq_projection *proj, int rg,
   qsort(r, n, sizeof(*r), cmp_range);
   size_t m = 0;
   for (size_t i = 0; i < n; i++) {
-    if (m > 0 && r[i].offset <= r[m - 1].offset + r[m - 1].length) {
+    if (m > 0 && r[i].offset < r[m - 1].offset + r[m - 1].length) {
       uint64_t end = r[i].offset + r[i].length;
       if (end > r[m - 1].offset + r[m - 1].length) r[m - 1].length = end - r[m - 1].offset;
     } else {

@@ -852,9 +852,9 @@ static void rj_next_rg(remote_job_t *r) {
     return;
   }
   int k = 0;
+  uint64_t gap = units_merge_gap(srv, r->url);
   for (int i = 0; i < n; i++) {
-    if (k > 0 &&
-        ranges[i].offset <= ranges[k - 1].offset + ranges[k - 1].length + srv->cfg.fetch_merge_gap)
+    if (k > 0 && ranges[i].offset <= ranges[k - 1].offset + ranges[k - 1].length + gap)
       ranges[k - 1].length = ranges[i].offset + ranges[i].length - ranges[k - 1].offset;
     else ranges[k++] = ranges[i];
   }

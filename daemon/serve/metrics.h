@@ -72,6 +72,12 @@
  *   larder_fetch_retries_total       counter  remote requests retried
  *   larder_fetch_errors_total        counter  remote requests that failed for good
  *   larder_fetch_inflight            gauge    remote requests in flight
+ *   larder_fetch_merge_gap_bytes     gauge    the gap last allowed between column chunks
+ *                                             read with one request
+ *                                             (fetch_merge_gap_auto)
+ *   larder_fetch_chunks_shared_total counter  column chunks a row group's buffer took
+ *                                             from another projection's requests, not
+ *                                             fetched again
  *   larder_stage_seconds_total{stage} counter seconds spent in each stage, summed over
  *                                             the workers: stage="fetch" (over
  *                                             requests), "decode", "cache_read",

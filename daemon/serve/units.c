@@ -116,10 +116,16 @@ void units_trim(server_t *srv) {
 
 /*
  * A remote unit that is not cached decodes from its row group's projected
- * column chunks, fetched with range requests (chunks closer than
- * fetch_merge_gap share one request).  Every unit of every stream that needs
- * the same row group of the same object with the same columns shares one
- * buffer, so concurrent ranks fetch each byte once.  Buffers nobody uses
+ * column chunks, fetched with range requests (chunks closer than the merge
+ * gap share one request: fetch_merge_gap, or less where the link's measured
+ * round trip reads fewer bytes, fetch_merge_gap_auto).  Every unit of every
+ * stream that needs the same row group of the same object with the same
+ * columns shares one buffer, so concurrent ranks fetch each byte once.
+ * Buffers of other projections of the same row group lend their bytes: a
+ * new buffer takes each column chunk that another buffer's requests cover
+ * (fetched or still arriving) from that buffer, holding a reference on it,
+ * and asks the network only for the chunks nobody has, so two jobs with
+ * projections [id, y] and [id, img] fetch id once.  Buffers nobody uses
  * stay in memory (within memory_limit) for the row group's other units.
  */
 enum { RB_FETCHING = 0, RB_READY = 1, RB_FAILED = 2 };
@@ -147,8 +153,18 @@ struct rgbuf {
   int error;
   char *message;
   int num_ranges;
-  pq_range_t *ranges;
-  uint8_t **data;   /* per range, once every part has arrived */
+  pq_range_t *ranges; /* the requests it made itself, merged across gaps */
+  uint8_t **data;     /* per range, once every part has arrived */
+  /* The projection's column chunks, sorted and disjoint, each served from
+   * the buffer's own ranges or from a lender's (cdata: set once ready). */
+  int num_chunks;
+  pq_range_t *chunks;
+  rgbuf_t **chunk_from; /* per chunk: the lender, or NULL for its own */
+  const uint8_t **cdata;
+  rgbuf_t **lenders; /* buffers it holds a reference on, each once */
+  int num_lenders;
+  rgbuf_t **borrowers; /* buffers waiting for this one to arrive */
+  int num_borrowers, cap_borrowers;
   rb_part_t *parts; /* the requests: each range cut into parts */
   int num_parts;
   int pending;         /* parts not yet arrived */
@@ -202,8 +218,20 @@ static void rb_held_unlink(server_t *srv, rgbuf_t *b) {
   b->held_prev = b->held_next = NULL;
 }
 
+static void rb_release(server_t *srv, rgbuf_t *b);
+
 static void rb_destroy(server_t *srv, rgbuf_t *b) {
   htab_remove(&srv->rgbuf_table, &b->hnode);
+  /* A borrower holds a reference on each lender, so no borrower is left;
+   * a lender still arriving must forget b before b goes. */
+  for (int i = 0; i < b->num_lenders; i++) {
+    rgbuf_t *l = b->lenders[i];
+    for (int k = 0; k < l->num_borrowers; k++)
+      if (l->borrowers[k] == b) {
+        l->borrowers[k] = l->borrowers[--l->num_borrowers];
+        break;
+      }
+  }
   if (b->held) rb_held_unlink(srv, b);
   for (int i = 0; i < b->num_parts; i++) {
     if (b->parts[i].req) fetch_cancel(b->parts[i].req);
@@ -222,7 +250,15 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
   free(b->parts);
   free(b->waiters);
   free(b->message);
+  free(b->chunks);
+  free(b->chunk_from);
+  free(b->cdata);
+  free(b->borrowers);
+  rgbuf_t **lenders = b->lenders;
+  int nl = b->num_lenders;
   free(b);
+  for (int i = 0; i < nl; i++) rb_release(srv, lenders[i]);
+  free(lenders);
 }
 
 /* The bytes b holds once fetched: its ranges' lengths. */
@@ -275,12 +311,46 @@ static void rb_assemble(rgbuf_t *b) {
   }
 }
 
+/* The index of b's own range that holds [off, off + len), or -1. */
+static int rb_range_of(const rgbuf_t *b, uint64_t off, uint64_t len) {
+  int lo = 0, hi = b->num_ranges - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    const pq_range_t *r = &b->ranges[mid];
+    if (off < r->offset) hi = mid - 1;
+    else if (off >= r->offset + r->length) lo = mid + 1;
+    else return len <= r->offset + r->length - off ? mid : -1;
+  }
+  return -1;
+}
+
+/* Points each chunk at its bytes, in b's own ranges or its lender's (ready
+ * by now: b waited for it). */
+static void rb_resolve(rgbuf_t *b) {
+  static const uint8_t empty[1];
+  for (int c = 0; c < b->num_chunks; c++) {
+    const pq_range_t *k = &b->chunks[c];
+    const rgbuf_t *src = b->chunk_from[c] ? b->chunk_from[c] : b;
+    int r = k->length ? rb_range_of(src, k->offset, k->length) : -1;
+    if (k->length == 0) {
+      b->cdata[c] = empty;
+    } else if (r < 0 || src->data == NULL || src->data[r] == NULL) {
+      b->error = LARDER_EIO;
+      b->message = strdup("a column chunk's bytes are missing from the row group's ranges");
+      return;
+    } else {
+      b->cdata[c] = src->data[r] + (k->offset - src->ranges[r].offset);
+    }
+  }
+}
+
 static void rb_done(rgbuf_t *b) {
   server_t *srv = b->srv;
   srv->rgbuf_fetching_bytes -= b->charged;
   int freed = b->charged > 0;
   b->charged = 0;
   if (!b->error) rb_assemble(b);
+  if (!b->error) rb_resolve(b);
   if (b->error) {
     b->bytes = 0;
     for (int i = 0; i < b->num_parts; i++) {
@@ -298,6 +368,22 @@ static void rb_done(rgbuf_t *b) {
    * buffer under this loop, and one read ahead with no waiter at all
    * becomes idle (or, failed, goes away) through the release below. */
   b->refs++;
+  /* Borrowers waiting for its bytes: one lender fewer to wait for each
+   * (failed with it when it failed).  The list is taken first: a borrower
+   * that fails and goes away unlinks itself from it. */
+  int nb = b->num_borrowers;
+  rgbuf_t **bs = b->borrowers;
+  b->borrowers = NULL;
+  b->num_borrowers = b->cap_borrowers = 0;
+  for (int i = 0; i < nb; i++) {
+    rgbuf_t *x = bs[i];
+    if (b->state == RB_FAILED && !x->error) {
+      x->error = b->error;
+      x->message = strdup(b->message ? b->message : larder_strerror(b->error));
+    }
+    if (--x->pending == 0) rb_done(x);
+  }
+  free(bs);
   int n = b->num_waiters;
   unit_t **ws = b->waiters;
   b->waiters = NULL;
@@ -401,14 +487,22 @@ static void rb_unhold(rgbuf_t *b) {
   rb_release(srv, b);
 }
 
-static void rb_promote(rgbuf_t *b) {
-  /* Used now: no longer read-ahead waiting for its first use. */
-  b->srv->rgbuf_ahead_bytes -= b->mem_ahead;
-  b->mem_ahead = 0;
+/* Moves b's requests, and those of the lenders it waits for, ahead of
+ * read-ahead.  Lenders were made before their borrowers, so this ends. */
+static void rb_promote_fetch(rgbuf_t *b) {
+  for (int i = 0; i < b->num_lenders; i++)
+    if (b->lenders[i]->state == RB_FETCHING) rb_promote_fetch(b->lenders[i]);
   if (!b->ahead) return;
   b->ahead = 0;
   for (int i = 0; i < b->num_parts; i++)
     if (b->parts[i].req) fetch_promote(b->parts[i].req);
+}
+
+static void rb_promote(rgbuf_t *b) {
+  /* Used now: no longer read-ahead waiting for its first use. */
+  b->srv->rgbuf_ahead_bytes -= b->mem_ahead;
+  b->mem_ahead = 0;
+  rb_promote_fetch(b);
 }
 
 /* The buffer of unit_index's row group, or NULL. */
@@ -416,7 +510,9 @@ static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index,
   const dataset_unit_t *du = &ds->units[unit_index];
   const dataset_file_t *f = &ds->files[du->file];
   uint64_t ch = columns_hash_of(ds);
-  uint64_t key[3] = {f->object_id, du->rg, ch};
+  /* Keyed by the row group only: its buffers for every projection share
+   * a chain, where a new one looks for lenders. */
+  uint64_t key[2] = {f->object_id, du->rg};
   uint64_t h = util_hash64(key, sizeof(key), 0x726762ull);
   if (hash) *hash = h;
   for (htab_node_t *n = htab_chain(&srv->rgbuf_table, h); n; n = n->next) {
@@ -425,6 +521,27 @@ static rgbuf_t *rb_find(server_t *srv, const dataset_t *ds, uint32_t unit_index,
       return b;
   }
   return NULL;
+}
+
+uint64_t units_merge_gap(server_t *srv, const char *url) {
+  if (!srv->cfg.fetch_merge_gap_auto || srv->fetch == NULL) return srv->cfg.fetch_merge_gap;
+  return fetch_merge_gap(srv->fetch, url, srv->cfg.fetch_merge_gap);
+}
+
+/* A buffer of the same row group (another projection's), arriving or
+ * ready, whose own requests cover chunk c; ready ones first.  NULL when
+ * none does.  The chain holds one buffer per projection in use. */
+static rgbuf_t *rb_lender(server_t *srv, uint64_t h, const rgbuf_t *b, const pq_range_t *c) {
+  rgbuf_t *best = NULL;
+  for (htab_node_t *n = htab_chain(&srv->rgbuf_table, h); n; n = n->next) {
+    rgbuf_t *x = HTAB_ENTRY(n, rgbuf_t, hnode);
+    if (x == b || n->hash != h || x->object_id != b->object_id || x->rg != b->rg ||
+        x->state == RB_FAILED || x->error || x->data == NULL)
+      continue;
+    if (rb_range_of(x, c->offset, c->length) < 0) continue;
+    if (best == NULL || (x->state == RB_READY && best->state != RB_READY)) best = x;
+  }
+  return best;
 }
 
 static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, int ahead, int hold) {
@@ -454,29 +571,57 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   snprintf(b->etag, sizeof(b->etag), "%s", f->etag);
   snprintf(b->last_modified, sizeof(b->last_modified), "%s", f->last_modified);
   fetch_redact(f->path, b->where, sizeof(b->where));
-  pq_range_t *ranges = NULL;
+  pq_range_t *chunks = NULL;
   pq_error err = {0, ""};
-  int n = pq_projection_ranges(f->pq, f->proj, (int)du->rg, &ranges, &err);
+  int n = pq_projection_ranges(f->pq, f->proj, (int)du->rg, &chunks, &err);
   if (n < 0 || srv->fetch == NULL) {
     b->error = n < 0 ? n : LARDER_EUNSUPPORTED;
     b->message = strdup(n < 0 ? err.msg : "remote sources are not configured");
     b->state = RB_FAILED;
-    free(ranges);
+    free(chunks);
     return b;
   }
-  /* Merge chunks separated by small gaps into one request each. */
-  int m = 0;
+  b->chunks = chunks;
+  b->num_chunks = n;
+  size_t nn = (size_t)(n > 0 ? n : 1);
+  b->chunk_from = calloc(nn, sizeof(rgbuf_t *));
+  b->cdata = calloc(nn, sizeof(uint8_t *));
+  b->lenders = calloc(nn, sizeof(rgbuf_t *));
+  pq_range_t *ranges = malloc(nn * sizeof(pq_range_t));
+  if (b->chunk_from == NULL || b->cdata == NULL || b->lenders == NULL || ranges == NULL) {
+    free(ranges);
+    b->error = LARDER_ENOMEM;
+    b->message = strdup("out of memory");
+    b->state = RB_FAILED;
+    return b;
+  }
+  b->ranges = ranges;
+  /* Chunks another buffer's requests cover are borrowed; the others are
+   * merged across gaps below the merge gap into requests of b's own, but
+   * never across a borrowed chunk, which would fetch its bytes again. */
+  uint64_t gap = units_merge_gap(srv, f->path);
+  int m = 0, joinable = 0;
   for (int i = 0; i < n; i++) {
-    if (m > 0 && ranges[i].offset <=
-                     ranges[m - 1].offset + ranges[m - 1].length + srv->cfg.fetch_merge_gap) {
-      uint64_t end = ranges[i].offset + ranges[i].length;
-      ranges[m - 1].length = end - ranges[m - 1].offset;
-    } else {
-      ranges[m++] = ranges[i];
+    if (chunks[i].length == 0) continue;
+    rgbuf_t *l = rb_lender(srv, h, b, &chunks[i]);
+    if (l) {
+      b->chunk_from[i] = l;
+      int k = 0;
+      while (k < b->num_lenders && b->lenders[k] != l) k++;
+      if (k == b->num_lenders) b->lenders[b->num_lenders++] = l;
+      joinable = 0;
+      continue;
     }
+    if (joinable && chunks[i].offset <= ranges[m - 1].offset + ranges[m - 1].length + gap) {
+      uint64_t end = chunks[i].offset + chunks[i].length;
+      if (end > ranges[m - 1].offset + ranges[m - 1].length)
+        ranges[m - 1].length = end - ranges[m - 1].offset;
+    } else {
+      ranges[m++] = chunks[i];
+    }
+    joinable = 1;
   }
   b->num_ranges = m;
-  b->ranges = ranges;
   uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
   /* Parts are counted without (length + part - 1) / part, which wraps to
    * 0 for a part of 0 (no splitting: UINT64_MAX) or of 2^63 and more, and
@@ -489,11 +634,40 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   b->data = calloc((size_t)(m > 0 ? m : 1), sizeof(uint8_t *));
   b->parts = calloc((size_t)(np > 0 ? np : 1), sizeof(rb_part_t));
   if (b->data == NULL || b->parts == NULL || (np == 0 && m > 0)) {
+    b->num_lenders = 0; /* no reference taken yet */
     b->error = LARDER_ENOMEM;
     b->message = strdup("out of memory");
     b->state = RB_FAILED;
     return b;
   }
+  /* References on the lenders, and a place among the borrowers of each
+   * one still arriving (b is done when they and its own parts are). */
+  int lenders_pending = 0;
+  for (int i = 0; i < b->num_lenders; i++) {
+    rgbuf_t *l = b->lenders[i];
+    if (l == NULL) continue; /* never: the first num_lenders are set */
+    if (l->refs == 0 && l->state == RB_READY) rb_lru_remove(srv, l);
+    l->refs++;
+    if (l->state != RB_FETCHING) continue;
+    if (l->num_borrowers == l->cap_borrowers) {
+      int cap = l->cap_borrowers ? l->cap_borrowers * 2 : 4;
+      rgbuf_t **nb = realloc(l->borrowers, (size_t)cap * sizeof(rgbuf_t *));
+      if (nb == NULL) {
+        if (!b->error) {
+          b->error = LARDER_ENOMEM;
+          b->message = strdup("out of memory");
+        }
+        continue;
+      }
+      l->borrowers = nb;
+      l->cap_borrowers = cap;
+    }
+    l->borrowers[l->num_borrowers++] = b;
+    lenders_pending++;
+    if (!ahead) rb_promote_fetch(l);
+  }
+  for (int i = 0; i < n; i++)
+    if (b->chunk_from[i]) STATS_ADD(&srv->stats, fetch_chunks_shared, 1);
   for (int i = 0; i < m; i++)
     for (uint64_t off = 0; off < ranges[i].length;) {
       uint64_t len = ranges[i].length - off < part ? ranges[i].length - off : part;
@@ -502,7 +676,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
     }
   b->state = RB_FETCHING;
   b->ahead = ahead;
-  b->pending = b->num_parts;
+  b->pending = b->num_parts + lenders_pending;
   for (int i = 0; i < b->num_parts; i++) b->charged += b->parts[i].length;
   srv->rgbuf_fetching_bytes += b->charged;
   /* A buffer read ahead for a row group that the cache will not keep is
@@ -527,7 +701,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
     srv->rgbuf_held_bytes += b->held_bytes;
     b->refs++;
   }
-  if (b->num_parts == 0) {
+  if (b->pending == 0) {
     rb_done(b);
     return b;
   }
@@ -582,13 +756,13 @@ void units_trim_rgbufs(server_t *srv) {
  * ranges, which cover every byte the projection's reader asks for. */
 static const uint8_t *rb_map(const pq_source *src, uint64_t off, size_t len) {
   const rgbuf_t *b = src->ctx;
-  int lo = 0, hi = b->num_ranges - 1;
+  int lo = 0, hi = b->num_chunks - 1;
   while (lo <= hi) {
     int mid = (lo + hi) / 2;
-    const pq_range_t *r = &b->ranges[mid];
+    const pq_range_t *r = &b->chunks[mid];
     if (off < r->offset) hi = mid - 1;
     else if (off >= r->offset + r->length) lo = mid + 1;
-    else return len <= r->offset + r->length - off ? b->data[mid] + (off - r->offset) : NULL;
+    else return len <= r->offset + r->length - off ? b->cdata[mid] + (off - r->offset) : NULL;
   }
   return NULL;
 }

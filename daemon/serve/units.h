@@ -102,6 +102,11 @@ unit_t *units_acquire(server_t *srv, dataset_t *ds, uint32_t index);
  * memory_limit / 4): stop for now.  Loop thread.
  */
 int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cache);
+
+/* The gap across which two column chunks of url are read with one request:
+ * fetch_merge_gap, or less as the link measures (fetch_merge_gap_auto,
+ * fetch_merge_gap in fetch.h).  Loop thread. */
+uint64_t units_merge_gap(server_t *srv, const char *url);
 /* Lets go of row groups read ahead into memory that no unit used within a
  * minute (their stream closed or moved on).  The tick calls it. */
 void units_expire_read_ahead(server_t *srv);
