@@ -798,9 +798,10 @@ TEST_IMPL(remote_shared_projections) {
   uint64_t lent = dh_stat(&d, "fetch_chunks_shared");
   dh_stop(&d);
   rh_stop(&fp);
-  rh_stop(&ng);
   char log_path[PATH_MAX];
   rh_nginx_log("ng", log_path, sizeof(log_path));
+  /* nginx writes a request's line after its answer. */
+  rh_wait_lines(log_path, 1, 2000);
   sent_use u = sent_ranges(log_path);
   static const char *const all[] = {"id", "label", "name"};
   uint64_t needed = rh_projected_bytes(dir, all, 3, 0);
@@ -811,6 +812,43 @@ TEST_IMPL(remote_shared_projections) {
   ASSERT_EQ(u.again, 0);
   ASSERT_EQ(u.bytes, (int64_t)needed);
   ASSERT_GT(lent, 0);
+
+  /* A lender that fails fails its borrowers with its error, and nothing
+   * else: on a fresh daemon, every column request for part-001 gets a 404
+   * (its footer read goes through), so all eight streams end with an
+   * error naming that file, and the daemon serves the next stream. */
+  ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, lat));
+  for (int i = 0; i < nf; i++) free(urls[i]);
+  nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+  ASSERT_OK(rs_control(&fp,
+                       "{\"add\":{\"type\":\"status\",\"status\":404,\"count\":-1,"
+                       "\"path\":\"/part-001.parquet\",\"skip\":1}}"));
+  dh_daemon d2;
+  dh_init(&d2, "d2", fl);
+  dh_start(&d2);
+  for (int i = 0; i < 8; i++) {
+    dh_run_free(&got[i]);
+    ro[i].sources = (const char *const *)urls;
+  }
+  memset(got, 0, sizeof(got));
+  dh_collect_many(d2.socket, ro, 8, got);
+  for (int i = 0; i < 8; i++) {
+    ASSERT_NE(got[i].rc, 0);
+    ASSERT_STR_CONTAINS(got[i].err, "part-001.parquet");
+    ASSERT_STR_CONTAINS(got[i].err, "404");
+  }
+  larder_stream_options_t one = ro[0];
+  one.sources = (const char *const *)urls;
+  one.num_sources = 1;
+  one.world_size = 1;
+  one.rank = 0;
+  dh_run after = {0};
+  ASSERT_OK(dh_collect(d2.socket, &one, 0, &after));
+  ASSERT_GT(after.n, 0);
+  dh_run_free(&after);
+  dh_stop(&d2);
+  rh_stop(&fp);
+  rh_stop(&ng);
   for (int i = 0; i < nf; i++) free(urls[i]);
   for (int i = 0; i < 8; i++) {
     dh_run_free(&ref[i]);
