@@ -14,8 +14,11 @@
 #     stall fraction beside the bound the network sets, and the stall and
 #     remote bytes of epochs 2 and 3;
 #   - the same trainer for 6 epochs on a cold larderd whose cache holds half
-#     of the dataset, and memory_limit far below the dataset: the remote
-#     bytes of epochs 2-6 against the dataset's size.
+#     of the dataset, three times: row groups kept together in the shuffle
+#     (memory_limit 128M), then units mixed singly (the default) with
+#     memory_limit 128M and 32M, and 128M with the staging area off: the
+#     remote bytes of epochs 2-6 against the dataset's size, and what the
+#     staging area (stage_capacity) holds.
 # Remote bytes are counted by the proxy (every body byte it sent), and each
 # request is attributed to the epoch in which it completed.
 #
@@ -138,13 +141,24 @@ stop_daemon
 # Cache holding half of it (half of the decoded bytes one epoch serves).
 epoch_bytes=$(head -1 "$tmp/full.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['bytes'])")
 half=$((epoch_bytes / 2))
-start_daemon half --cache_capacity="$half" --memory_limit=128M --shuffle_row_groups=true
-m=$(mark)
-"$client" run "$tmp/half.sock" "${urls[@]}" --epochs 6 --batch-size 1024 "${win[@]}" --seed 7 \
-  --compute-us "$compute_us" >"$tmp/half.jsonl"
-sleep 0.2
-cut_log "$m" half.requests
-stop_daemon
+# Four settings: row groups kept together in the shuffle, then units mixed
+# singly (the default), with memory_limit 128M and 32M, and 128M without
+# the staging area (stage_capacity=0), as the peer of the second.
+half_runs=("half-rg:--memory_limit=128M --shuffle_row_groups=true"
+  "half-unit:--memory_limit=128M" "half-unit-32m:--memory_limit=32M"
+  "half-unit-nostage:--memory_limit=128M --stage_capacity=0")
+for run in "${half_runs[@]}"; do
+  name=${run%%:*}
+  # shellcheck disable=SC2086 # the flags are words
+  start_daemon "$name" --cache_capacity="$half" ${run#*:}
+  m=$(mark)
+  "$client" run "$tmp/$name.sock" "${urls[@]}" --epochs 6 --batch-size 1024 "${win[@]}" --seed 7 \
+    --compute-us "$compute_us" >"$tmp/$name.jsonl"
+  "$build/bin/larderctl" --socket "$tmp/$name.sock" --json stats >"$tmp/$name.stats"
+  sleep 0.2
+  cut_log "$m" "$name.requests"
+  stop_daemon
+done
 
 # The first epoch behind the latency, cold, as the first run above.
 start_daemon lat --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
@@ -219,8 +233,6 @@ e1_rate, e1_secs = span_rate(e1_reqs)
 net_secs = full_bytes[0] / curl_rate
 compute_secs = full[0]['batches'] * compute_us / 1e6
 bound = max(0.0, net_secs - compute_secs) / max(net_secs, compute_secs)
-half_eps = epochs(f'{tmp}/half.jsonl')
-half_bytes = per_epoch_bytes(requests(f'{tmp}/half.requests'), half_eps)
 
 mb = lambda n: n / 1e6
 print(f"bench-remote: {mb(dataset):.0f} MB in 8 shards ({full[0]['rows']} rows), nginx behind a "
@@ -237,12 +249,20 @@ print(f"  epoch 1: {full[0]['seconds']:.2f} s, stall {100 * full[0]['stall']:5.1
 for k in (1, 2):
     print(f"  epoch {k + 1}: {full[k]['seconds']:.2f} s, stall {100 * full[k]['stall']:5.2f}% (goal < 1%), "
           f"remote bytes {full_bytes[k]} (goal 0)")
-steady = half_bytes[1:]
-ratio = sum(steady) / len(steady) / dataset
-print(f"  cache of half the dataset ({mb(half):.0f} MB), memory_limit 128M: remote MB per epoch "
-      + " ".join(f"{mb(b):.0f}" for b in half_bytes)
-      + f"; epochs 2-{len(half_bytes)}: {ratio:.2f} of the dataset (goal <= 0.55)")
-print(f"    stall per epoch: " + " ".join(f"{100 * e['stall']:.1f}%" for e in half_eps))
+print(f"  cache of half the dataset ({mb(half):.0f} MB): remote MB per epoch, and epochs 2-6 "
+      f"against the dataset (goal <= 0.55)")
+for name, what in (('half-rg', 'shuffle_row_groups=true, memory_limit 128M'),
+                   ('half-unit', 'default shuffle, memory_limit 128M'),
+                   ('half-unit-32m', 'default shuffle, memory_limit 32M'),
+                   ('half-unit-nostage', 'default shuffle, 128M, stage_capacity=0')):
+    half_eps = epochs(f'{tmp}/{name}.jsonl')
+    half_bytes = per_epoch_bytes(requests(f'{tmp}/{name}.requests'), half_eps)
+    steady = half_bytes[1:]
+    ratio = sum(steady) / len(steady) / dataset
+    st = json.load(open(f'{tmp}/{name}.stats'))
+    print(f"    {what:44s} " + " ".join(f"{mb(b):.0f}" for b in half_bytes)
+          + f"  -> {ratio:.2f}; stall per epoch " + " ".join(f"{100 * e['stall']:.1f}%" for e in half_eps)
+          + f"; staged {mb(st.get('stage_bytes', 0)):.0f} MB, {st.get('stage_reads', 0)} row groups read from it")
 # Behind the latency: the same measures against curl through that proxy.
 lcurl_rate, lcurl_secs = span_rate(requests(f'{tmp}/curl-lat.requests'))
 lat = epochs(f'{tmp}/lat.jsonl')

@@ -50,6 +50,12 @@
   XX(cache_dir, STR, "/var/cache/larder", 0, "directory of the RocksDB cache of decoded data")   \
   XX(cache_capacity, SIZE, "64G", 1,                                                             \
      "bytes of decoded data the cache keeps (exceeded by at most one unit)")                     \
+  XX(stage_capacity, SIZE, "64G", 1,                                                             \
+     "compressed bytes of remote row groups that the cache does not keep, "                      \
+     "staged as fetched in cache_dir/stage so that each is fetched once and "                    \
+     "its units decode from the disk, not once per unit when the shuffle "                       \
+     "spreads them over the epoch; beside cache_capacity, within the disk "                      \
+     "reserve the cache keeps, the cache's priorities (0: off)")                                 \
   XX(cache_idle_evict, U64, "604800", 1,                                                         \
      "seconds after which an unread cache entry is evicted first")                               \
   XX(cache_flush_threads, U64, "0", 0,                                                           \

@@ -382,7 +382,16 @@ static int larderd_run(server_t *srv, int argc, char **argv) {
     log_err("cannot open the cache in %s: %s", srv->cfg.cache_dir, err);
     return 1;
   }
+  if (srv->store && srv->cfg.stage_capacity > 0) {
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s/stage", srv->cfg.cache_dir);
+    rc = stage_open(dir, srv->cfg.stage_capacity, (uint32_t)srv->cfg.cache_idle_evict, &srv->stage);
+    /* Without it the daemon serves as well, fetching such row groups
+     * again for each of their units' loads. */
+    if (rc) log_warn("cannot open the staging area %s: %s", dir, larder_strerror(rc));
+  }
   int status = server_run(srv);
+  stage_close(srv->stage);
   store_close(srv->store);
   remove_pid_file();
   log_notice("stopped");

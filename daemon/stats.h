@@ -24,96 +24,99 @@
 
 #include <stdint.h>
 
-#define STATS_GLOBAL(XX)                                                       \
-  XX(clients, GAUGE, "connected clients")                                      \
-  XX(streams, GAUGE, "open streams")                                           \
-  XX(streams_opened, COUNTER, "streams opened")                                \
-  XX(stream_errors, COUNTER, "streams ended by an error")                      \
-  XX(protocol_errors, COUNTER, "connections closed for protocol errors")       \
-  XX(batches, COUNTER, "batches delivered")                                    \
-  XX(batch_rows, COUNTER, "rows delivered")                                    \
-  XX(batch_bytes, COUNTER, "batch bytes delivered through shared memory")      \
-  XX(units_decoded, COUNTER, "units decoded from Parquet")                     \
-  XX(units_from_cache, COUNTER, "units read from the cache")                   \
-  XX(unit_errors, COUNTER, "units that failed to load")                        \
-  XX(unit_shared, COUNTER, "unit loads shared by several streams")             \
-  XX(unit_loads_cancelled, COUNTER,                                            \
-     "unit loads dropped before they started, "                                \
-     "no stream wanting them any more")                                        \
-  XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                  \
-  XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them") \
-  XX(cache_readback_bytes, COUNTER,                                            \
-     "unit bytes read back from the cache after "                              \
-     "being decoded moments before with the unit "                             \
-     "a stream asked for (its row group's others): "                           \
-     "decode work, not hits")                                                  \
-  XX(prefetch_loaded_bytes, COUNTER,                                           \
-     "unit bytes loaded for larderctl prefetch "                               \
-     "alone (not the trainers' hits or misses)")                               \
-  XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                 \
-  XX(footer_bytes, GAUGE,                                                      \
-     "bytes of parsed Parquet footers held for open "                          \
-     "streams (within footer_memory)")                                         \
-  XX(footer_files, GAUGE,                                                      \
-     "parsed footers held: one per version of a file, "                        \
-     "shared by every stream that reads it")                                   \
-  XX(footers_parsed, COUNTER, "Parquet footers parsed")                        \
-  XX(footers_shared, COUNTER, "footers a stream took from another's parse")    \
-  XX(remote_footer_bytes, GAUGE,                                               \
-     "bytes of remote footers kept for later "                                 \
-     "streams (within remote_footer_memory)")                                  \
-  XX(remote_footers_listed, COUNTER,                                           \
-     "remote footers taken from those kept, "                                  \
-     "a listing naming the same version")                                      \
-  XX(remote_footers_revalidated, COUNTER,                                      \
-     "remote footers taken from those "                                        \
-     "kept after a 304 (no bytes)")                                            \
-  XX(remote_footers_shared, COUNTER,                                           \
-     "remote footer reads a stream took from "                                 \
-     "another stream's read of the same URL")                                  \
-  XX(remote_footers_stored, COUNTER,                                           \
-     "remote footers written to the cache, "                                   \
-     "for the next run")                                                       \
-  XX(remote_footers_loaded, COUNTER,                                           \
-     "remote footers an earlier run left in "                                  \
-     "the cache, taken at start")                                              \
-  XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                \
-  XX(fetch_requests, COUNTER, "remote requests completed")                     \
-  XX(fetch_retries, COUNTER, "remote requests retried")                        \
-  XX(fetch_errors, COUNTER, "remote requests that failed for good")            \
-  XX(fetch_inflight, GAUGE, "remote requests in flight")                       \
-  XX(fetch_merge_gap_bytes, GAUGE,                                             \
-     "the gap last allowed between column chunks read "                        \
-     "with one request (fetch_merge_gap_auto)")                                \
-  XX(fetch_chunks_shared, COUNTER,                                             \
-     "column chunks a row group's buffer took from "                           \
-     "another projection's requests, not fetched again")                       \
-  XX(fetch_ns, STAGE, "time spent fetching (summed over requests)")            \
-  XX(credentials_refreshes, COUNTER,                                           \
-     "S3 credentials resolved again by the "                                   \
-     "refresher (expiry, reload)")                                             \
-  XX(credentials_refresh_errors, COUNTER,                                      \
-     "S3 credential refreshes that "                                           \
-     "failed (retried with backoff)")                                          \
-  XX(credentials_expiry_seconds, GAUGE,                                        \
-     "seconds until the S3 credentials in "                                    \
-     "force expire (0: they do not)")                                          \
-  XX(decode_ns, STAGE, "time spent decoding Parquet")                          \
-  XX(cache_read_ns, STAGE, "time spent reading the cache")                     \
-  XX(assemble_ns, STAGE, "time spent assembling batches")                      \
-  XX(workers_boosted, GAUGE,                                                   \
-     "1 while trainers wait and the workers run at "                           \
-     "the daemon's priority (else worker_nice nicer)")                         \
-  XX(worker_boosts, COUNTER,                                                   \
-     "times trainers waiting raised the workers' "                             \
-     "priority")                                                               \
-  XX(ring_streams, COUNTER, "streams opened with a descriptor ring")           \
-  XX(ring_wakes_sent, COUNTER, "Wake frames sent to clients asleep on a ring") \
-  XX(ring_wakes_received, COUNTER,                                             \
-     "Wake frames from clients: releases "                                     \
-     "written in a ring")                                                      \
-  XX(cuda_device_bytes, GAUGE,                                                 \
-     "GPU memory held for CUDA streams (the device "                           \
+#define STATS_GLOBAL(XX)                                                                     \
+  XX(clients, GAUGE, "connected clients")                                                    \
+  XX(streams, GAUGE, "open streams")                                                         \
+  XX(streams_opened, COUNTER, "streams opened")                                              \
+  XX(stream_errors, COUNTER, "streams ended by an error")                                    \
+  XX(protocol_errors, COUNTER, "connections closed for protocol errors")                     \
+  XX(batches, COUNTER, "batches delivered")                                                  \
+  XX(batch_rows, COUNTER, "rows delivered")                                                  \
+  XX(batch_bytes, COUNTER, "batch bytes delivered through shared memory")                    \
+  XX(units_decoded, COUNTER, "units decoded from Parquet")                                   \
+  XX(units_from_cache, COUNTER, "units read from the cache")                                 \
+  XX(unit_errors, COUNTER, "units that failed to load")                                      \
+  XX(unit_shared, COUNTER, "unit loads shared by several streams")                           \
+  XX(unit_loads_cancelled, COUNTER,                                                          \
+     "unit loads dropped before they started, "                                              \
+     "no stream wanting them any more")                                                      \
+  XX(cache_hit_bytes, COUNTER, "bytes served from the cache")                                \
+  XX(cache_miss_bytes, COUNTER, "bytes decoded because the cache lacked them")               \
+  XX(cache_readback_bytes, COUNTER,                                                          \
+     "unit bytes read back from the cache after "                                            \
+     "being decoded moments before with the unit "                                           \
+     "a stream asked for (its row group's others): "                                         \
+     "decode work, not hits")                                                                \
+  XX(prefetch_loaded_bytes, COUNTER,                                                         \
+     "unit bytes loaded for larderctl prefetch "                                             \
+     "alone (not the trainers' hits or misses)")                                             \
+  XX(memory_bytes, GAUGE, "decoded unit bytes held in memory")                               \
+  XX(footer_bytes, GAUGE,                                                                    \
+     "bytes of parsed Parquet footers held for open "                                        \
+     "streams (within footer_memory)")                                                       \
+  XX(footer_files, GAUGE,                                                                    \
+     "parsed footers held: one per version of a file, "                                      \
+     "shared by every stream that reads it")                                                 \
+  XX(footers_parsed, COUNTER, "Parquet footers parsed")                                      \
+  XX(footers_shared, COUNTER, "footers a stream took from another's parse")                  \
+  XX(remote_footer_bytes, GAUGE,                                                             \
+     "bytes of remote footers kept for later "                                               \
+     "streams (within remote_footer_memory)")                                                \
+  XX(remote_footers_listed, COUNTER,                                                         \
+     "remote footers taken from those kept, "                                                \
+     "a listing naming the same version")                                                    \
+  XX(remote_footers_revalidated, COUNTER,                                                    \
+     "remote footers taken from those "                                                      \
+     "kept after a 304 (no bytes)")                                                          \
+  XX(remote_footers_shared, COUNTER,                                                         \
+     "remote footer reads a stream took from "                                               \
+     "another stream's read of the same URL")                                                \
+  XX(remote_footers_stored, COUNTER,                                                         \
+     "remote footers written to the cache, "                                                 \
+     "for the next run")                                                                     \
+  XX(remote_footers_loaded, COUNTER,                                                         \
+     "remote footers an earlier run left in "                                                \
+     "the cache, taken at start")                                                            \
+  XX(fetch_bytes, COUNTER, "bytes fetched from remote sources")                              \
+  XX(fetch_requests, COUNTER, "remote requests completed")                                   \
+  XX(fetch_retries, COUNTER, "remote requests retried")                                      \
+  XX(fetch_errors, COUNTER, "remote requests that failed for good")                          \
+  XX(fetch_inflight, GAUGE, "remote requests in flight")                                     \
+  XX(fetch_merge_gap_bytes, GAUGE,                                                           \
+     "the gap last allowed between column chunks read "                                      \
+     "with one request (fetch_merge_gap_auto)")                                              \
+  XX(stage_bytes, GAUGE, "bytes of fetched row groups in the staging area (stage_capacity)") \
+  XX(stage_reads, COUNTER, "row groups read from the staging area instead of fetched again") \
+  XX(stage_writes, COUNTER, "row groups written to the staging area")                        \
+  XX(fetch_chunks_shared, COUNTER,                                                           \
+     "column chunks a row group's buffer took from "                                         \
+     "another projection's requests, not fetched again")                                     \
+  XX(fetch_ns, STAGE, "time spent fetching (summed over requests)")                          \
+  XX(credentials_refreshes, COUNTER,                                                         \
+     "S3 credentials resolved again by the "                                                 \
+     "refresher (expiry, reload)")                                                           \
+  XX(credentials_refresh_errors, COUNTER,                                                    \
+     "S3 credential refreshes that "                                                         \
+     "failed (retried with backoff)")                                                        \
+  XX(credentials_expiry_seconds, GAUGE,                                                      \
+     "seconds until the S3 credentials in "                                                  \
+     "force expire (0: they do not)")                                                        \
+  XX(decode_ns, STAGE, "time spent decoding Parquet")                                        \
+  XX(cache_read_ns, STAGE, "time spent reading the cache")                                   \
+  XX(assemble_ns, STAGE, "time spent assembling batches")                                    \
+  XX(workers_boosted, GAUGE,                                                                 \
+     "1 while trainers wait and the workers run at "                                         \
+     "the daemon's priority (else worker_nice nicer)")                                       \
+  XX(worker_boosts, COUNTER,                                                                 \
+     "times trainers waiting raised the workers' "                                           \
+     "priority")                                                                             \
+  XX(ring_streams, COUNTER, "streams opened with a descriptor ring")                         \
+  XX(ring_wakes_sent, COUNTER, "Wake frames sent to clients asleep on a ring")               \
+  XX(ring_wakes_received, COUNTER,                                                           \
+     "Wake frames from clients: releases "                                                   \
+     "written in a ring")                                                                    \
+  XX(cuda_device_bytes, GAUGE,                                                               \
+     "GPU memory held for CUDA streams (the device "                                         \
      "regions that mirror their arenas), all GPUs")
 
 #define STATS_STREAM(XX)                                               \

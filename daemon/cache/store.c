@@ -976,7 +976,6 @@ void store_set_capacity(store_t *st, uint64_t capacity_bytes) {
   pthread_mutex_unlock(&st->wmu);
 }
 
-/* Whether the filesystem keeps its reserve after `need` more bytes. */
 /* Whether the disk has room for need more bytes of values and what the
  * cache keeps free besides: max(1 GiB, 5%) but at most 10% of the disk,
  * never under twice what a reopen needs, plus one memtable for its flush.
@@ -997,6 +996,8 @@ static bool disk_has_room(store_t *st, uint64_t need) {
   pthread_mutex_unlock(&st->mu);
   return room;
 }
+
+int store_disk_room(store_t *st, uint64_t bytes) { return disk_has_room(st, bytes); }
 
 /* ------------------------------------------------------------------------ */
 /* Objects                                                                   */

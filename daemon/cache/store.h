@@ -163,6 +163,10 @@ void store_unreserve(store_t *st, const store_key_t *keys, int n);
  * idle or worse entries to evict), without reserving or evicting anything.
  * Any thread. */
 int store_would_admit(store_t *st, uint64_t bytes, uint64_t priority);
+/* Whether the cache's disk has room for `bytes` more besides the reserve
+ * the cache keeps free (what admission checks), for files written beside
+ * the cache (stage.h).  Calls statvfs.  Any thread. */
+int store_disk_room(store_t *st, uint64_t bytes);
 
 typedef struct store_entry {
   store_key_t key;

@@ -75,6 +75,11 @@
  *   larder_fetch_merge_gap_bytes     gauge    the gap last allowed between column chunks
  *                                             read with one request
  *                                             (fetch_merge_gap_auto)
+ *   larder_stage_bytes               gauge    bytes of fetched row groups in the staging
+ *                                             area (stage_capacity)
+ *   larder_stage_reads_total         counter  row groups read from the staging area
+ *                                             instead of fetched again
+ *   larder_stage_writes_total        counter  row groups written to the staging area
  *   larder_fetch_chunks_shared_total counter  column chunks a row group's buffer took
  *                                             from another projection's requests, not
  *                                             fetched again

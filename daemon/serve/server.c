@@ -555,6 +555,7 @@ int server_reload(server_t *srv, char *summary, size_t len, char *changed_out, s
            restart[0] ? "; these keys changed but need a restart: " : "", restart);
   log_set_level(srv->cfg.log_level);
   if (srv->store) store_set_capacity(srv->store, srv->cfg.cache_capacity);
+  if (srv->stage) stage_set_capacity(srv->stage, srv->cfg.stage_capacity);
   if (srv->fetch) {
     fetch_set_limits(srv->fetch, (uint32_t)srv->cfg.fetch_inflight_per_host,
                      srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,

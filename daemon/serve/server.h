@@ -25,6 +25,7 @@
 #include <uv.h>
 
 #include "acl.h"
+#include "cache/stage.h"
 #include "cache/store.h"
 #include "config.h"
 #include "fetch/fetch.h"
@@ -46,7 +47,8 @@ struct server {
   config_t cfg;
   char *config_path;
   store_t *store;
-  footers_t *footers;               /* parsed footers shared by datasets (footers.h) */
+  stage_t *stage;     /* fetched row groups the cache does not keep (stage.h), or NULL */
+  footers_t *footers; /* parsed footers shared by datasets (footers.h) */
   remote_footers_t *remote_footers; /* raw remote footers kept (remote.h) */
   /* Why store is NULL: the cache could not be opened at startup. */
   char cache_error[512];

@@ -13,12 +13,17 @@
  * Units nobody references stay in memory on an LRU list until the pool
  * needs room (memory_limit); referenced units are never freed.
  */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "cache/crc32c.h"
 #include "log.h"
 #include "serve/units.h"
 #include "serve/server.h"
@@ -165,7 +170,21 @@ struct rgbuf {
   int num_lenders;
   rgbuf_t **borrowers; /* buffers waiting for this one to arrive */
   int num_borrowers, cap_borrowers;
-  rb_part_t *parts; /* the requests: each range cut into parts */
+  /* Read from the staging area instead of fetched: its own ranges lie in
+   * the pieces of the file stage_fd, which the first decoding worker to
+   * need them reads whole and checks (st_mu; st_state 1 once done, or a
+   * negative code), its own chunks' cdata staying NULL.  st_bad: a worker
+   * found the file damaged; the loop drops the entry (rb_destroy). */
+  int stage_fd;
+  int unlisted; /* taken out of rgbuf_table (rb_unlist) */
+  stage_piece_t *st_pieces;
+  int st_n;
+  uint8_t **st_data;
+  pthread_mutex_t st_mu;
+  atomic_int st_state, st_bad;
+  int stage_wanted;  /* to be staged once fetched: the cache will not keep it */
+  uint64_t priority; /* the row group's cache priority */
+  rb_part_t *parts;  /* the requests: each range cut into parts */
   int num_parts;
   int pending;         /* parts not yet arrived */
   int ahead;           /* fetched for read-ahead; nobody waits yet */
@@ -220,8 +239,16 @@ static void rb_held_unlink(server_t *srv, rgbuf_t *b) {
 
 static void rb_release(server_t *srv, rgbuf_t *b);
 
-static void rb_destroy(server_t *srv, rgbuf_t *b) {
+/* Takes b out of the table, so that no new unit or lender finds it; it
+ * goes when its last reference does. */
+static void rb_unlist(server_t *srv, rgbuf_t *b) {
+  if (b->unlisted) return;
   htab_remove(&srv->rgbuf_table, &b->hnode);
+  b->unlisted = 1;
+}
+
+static void rb_destroy(server_t *srv, rgbuf_t *b) {
+  rb_unlist(srv, b);
   /* A borrower holds a reference on each lender, so no borrower is left;
    * a lender still arriving must forget b before b goes. */
   for (int i = 0; i < b->num_lenders; i++) {
@@ -254,6 +281,14 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
   free(b->chunk_from);
   free(b->cdata);
   free(b->borrowers);
+  if (b->stage_fd >= 0) {
+    close(b->stage_fd);
+    if (atomic_load(&b->st_bad) && srv->stage) stage_drop(srv->stage, b->object_id, b->rg);
+    for (int i = 0; b->st_data && i < b->st_n; i++) free(b->st_data[i]);
+    pthread_mutex_destroy(&b->st_mu);
+  }
+  free(b->st_data);
+  free(b->st_pieces);
   rgbuf_t **lenders = b->lenders;
   int nl = b->num_lenders;
   free(b);
@@ -264,13 +299,18 @@ static void rb_destroy(server_t *srv, rgbuf_t *b) {
 /* The bytes b holds once fetched: its ranges' lengths. */
 static uint64_t rb_bytes(const rgbuf_t *b) {
   uint64_t n = 0;
+  if (b->stage_fd >= 0) return 0; /* read from the staging area */
   for (int i = 0; i < b->num_ranges; i++) n += b->ranges[i].length;
   return n;
 }
 
 static void rb_release(server_t *srv, rgbuf_t *b) {
   if (--b->refs > 0) return;
-  if (b->state == RB_READY) {
+  if (b->state == RB_READY && b->stage_fd >= 0) {
+    /* Nothing in memory to keep, but a descriptor: opening the entry
+     * again costs less than holding descriptors for idle row groups. */
+    rb_destroy(srv, b);
+  } else if (b->state == RB_READY) {
     b->lru_prev = srv->rgbuf_lru_tail;
     if (srv->rgbuf_lru_tail) srv->rgbuf_lru_tail->lru_next = b;
     else srv->rgbuf_lru_head = b;
@@ -334,6 +374,8 @@ static void rb_resolve(rgbuf_t *b) {
     int r = k->length ? rb_range_of(src, k->offset, k->length) : -1;
     if (k->length == 0) {
       b->cdata[c] = empty;
+    } else if (src == b && b->stage_fd >= 0 && r >= 0) {
+      b->cdata[c] = NULL; /* read from the staging area (rb_read) */
     } else if (r < 0 || src->data == NULL || src->data[r] == NULL) {
       b->error = LARDER_EIO;
       b->message = strdup("a column chunk's bytes are missing from the row group's ranges");
@@ -341,6 +383,75 @@ static void rb_resolve(rgbuf_t *b) {
     } else {
       b->cdata[c] = src->data[r] + (k->offset - src->ranges[r].offset);
     }
+  }
+}
+
+/* Writing a fetched buffer to the staging area, on a worker. */
+typedef struct stage_write_task {
+  work_t work;
+  rgbuf_t *b;
+  stage_entry_t *e;
+  int rc;
+} stage_write_task_t;
+
+static int stage_room(void *arg, uint64_t bytes) { return store_disk_room(arg, bytes); }
+
+static void stage_write_work(work_t *w) {
+  stage_write_task_t *t = w->data;
+  server_t *srv = t->b->srv;
+  t->rc = stage_write(srv->stage, t->e, (const uint8_t *const *)t->b->data,
+                      srv->store ? stage_room : NULL, srv->store);
+}
+
+static void rb_unhold(rgbuf_t *b);
+
+static void stage_write_done(work_t *w, int status) {
+  stage_write_task_t *t = w->data;
+  rgbuf_t *b = t->b;
+  server_t *srv = b->srv;
+  int rc = status ? LARDER_ESHUTDOWN : t->rc;
+  stage_commit(srv->stage, t->e, rc);
+  stage_stats_t st;
+  stage_stats_get(srv->stage, &st);
+  STATS_SET(&srv->stats, stage_bytes, st.bytes);
+  if (rc == 0) {
+    STATS_ADD(&srv->stats, stage_writes, 1);
+    /* Its units read it from the disk now if it goes: no need to hold
+     * the memory until the last of them, which the shuffle may put at
+     * the end of the epoch. */
+    rb_unhold(b);
+  }
+  free(t);
+  rb_release(srv, b);
+}
+
+/* Offers a fetched buffer to the staging area; the write holds a
+ * reference on it until done.  Loop thread. */
+static void rb_stage(rgbuf_t *b) {
+  server_t *srv = b->srv;
+  b->stage_wanted = 0;
+  if (srv->stage == NULL || b->num_ranges == 0 || srv->shutting_down) return;
+  stage_range_t *sr = malloc((size_t)b->num_ranges * sizeof(*sr));
+  stage_write_task_t *t = calloc(1, sizeof(*t));
+  stage_entry_t *e = NULL;
+  if (sr && t) {
+    for (int i = 0; i < b->num_ranges; i++)
+      sr[i] = (stage_range_t){b->ranges[i].offset, b->ranges[i].length};
+    e = stage_reserve(srv->stage, b->object_id, b->rg, b->priority, sr, b->num_ranges);
+  }
+  free(sr);
+  if (e == NULL) {
+    free(t);
+    return;
+  }
+  t->b = b;
+  t->e = e;
+  t->work.data = t;
+  b->refs++;
+  if (work_queue_background(srv->pool, &t->work, stage_write_work, stage_write_done) != 0) {
+    stage_commit(srv->stage, e, LARDER_ENOMEM);
+    free(t);
+    b->refs--;
   }
 }
 
@@ -414,6 +525,7 @@ static void rb_done(rgbuf_t *b) {
     }
   }
   free(ws);
+  if (b->state == RB_READY && b->stage_wanted) rb_stage(b);
   rb_release(srv, b);
   /* Room in the read-ahead budget: the streams may ask for more. */
   if (freed && !srv->in_read_ahead) {
@@ -536,7 +648,7 @@ static rgbuf_t *rb_lender(server_t *srv, uint64_t h, const rgbuf_t *b, const pq_
   for (htab_node_t *n = htab_chain(&srv->rgbuf_table, h); n; n = n->next) {
     rgbuf_t *x = HTAB_ENTRY(n, rgbuf_t, hnode);
     if (x == b || n->hash != h || x->object_id != b->object_id || x->rg != b->rg ||
-        x->state == RB_FAILED || x->error || x->data == NULL)
+        x->state == RB_FAILED || x->error || x->data == NULL || x->stage_fd >= 0)
       continue;
     if (rb_range_of(x, c->offset, c->length) < 0) continue;
     if (best == NULL || (x->state == RB_READY && best->state != RB_READY)) best = x;
@@ -558,10 +670,12 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   }
   rgbuf_t *b = calloc(1, sizeof(*b));
   if (b == NULL) return NULL;
+  b->stage_fd = -1;
   if (htab_insert(&srv->rgbuf_table, &b->hnode, h) != 0) {
     free(b);
     return NULL;
   }
+  b->priority = du->priority;
   b->object_id = f->object_id;
   b->rg = du->rg;
   b->columns_hash = ch;
@@ -622,18 +736,43 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
     joinable = 1;
   }
   b->num_ranges = m;
+  /* Staged by an earlier fetch of these ranges: read from the disk. */
+  if (srv->stage && m > 0) {
+    stage_range_t *sr = malloc((size_t)m * sizeof(*sr));
+    if (sr) {
+      for (int i = 0; i < m; i++) sr[i] = (stage_range_t){ranges[i].offset, ranges[i].length};
+      stage_piece_t *pieces = NULL;
+      int np = 0;
+      int fd = stage_lookup(srv->stage, b->object_id, b->rg, sr, m, &pieces, &np);
+      free(sr);
+      if (fd >= 0) {
+        b->st_data = calloc((size_t)np, sizeof(uint8_t *));
+        if (b->st_data == NULL) {
+          close(fd);
+          free(pieces);
+        } else {
+          b->stage_fd = fd;
+          b->st_pieces = pieces;
+          b->st_n = np;
+          pthread_mutex_init(&b->st_mu, NULL);
+          STATS_ADD(&srv->stats, stage_reads, 1);
+        }
+      }
+    }
+  }
   uint64_t part = srv->cfg.fetch_part_bytes ? srv->cfg.fetch_part_bytes : UINT64_MAX;
   /* Parts are counted without (length + part - 1) / part, which wraps to
    * 0 for a part of 0 (no splitting: UINT64_MAX) or of 2^63 and more, and
    * would undercount the parts the loop below writes.  Tested by
    * remote_part_sizes. */
   uint64_t parts = 0;
-  for (int i = 0; i < m; i++) parts += ranges[i].length / part + (ranges[i].length % part != 0);
+  for (int i = 0; i < m && b->stage_fd < 0; i++)
+    parts += ranges[i].length / part + (ranges[i].length % part != 0);
   if (parts > INT_MAX / 2) parts = 0; /* refused below, as out of memory */
   int np = (int)parts;
   b->data = calloc((size_t)(m > 0 ? m : 1), sizeof(uint8_t *));
   b->parts = calloc((size_t)(np > 0 ? np : 1), sizeof(rb_part_t));
-  if (b->data == NULL || b->parts == NULL || (np == 0 && m > 0)) {
+  if (b->data == NULL || b->parts == NULL || (np == 0 && m > 0 && b->stage_fd < 0)) {
     b->num_lenders = 0; /* no reference taken yet */
     b->error = LARDER_ENOMEM;
     b->message = strdup("out of memory");
@@ -668,7 +807,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
   }
   for (int i = 0; i < n; i++)
     if (b->chunk_from[i]) STATS_ADD(&srv->stats, fetch_chunks_shared, 1);
-  for (int i = 0; i < m; i++)
+  for (int i = 0; i < m && b->stage_fd < 0; i++)
     for (uint64_t off = 0; off < ranges[i].length;) {
       uint64_t len = ranges[i].length - off < part ? ranges[i].length - off : part;
       b->parts[b->num_parts++] = (rb_part_t){b, i, ranges[i].offset + off, len, NULL, 0, NULL};
@@ -691,8 +830,16 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
    * of many small row groups. */
   uint32_t first = unit_index;
   while (first > f->first_unit && ds->units[first - 1].rg == du->rg) first--;
-  for (uint32_t k = first; k < f->first_unit + f->num_units && ds->units[k].rg == du->rg; k++)
+  uint64_t rg_bytes = 0;
+  for (uint32_t k = first; k < f->first_unit + f->num_units && ds->units[k].rg == du->rg; k++) {
     b->units_left += !(srv->store && cached_already(srv->store, ds, k));
+    rg_bytes += ds->units[k].est_bytes;
+  }
+  /* Staged once fetched when the cache will not keep the row group: read
+   * ahead for such a row group (hold), or one the cache would turn away. */
+  b->stage_wanted =
+      srv->stage && b->stage_fd < 0 && b->units_left > 0 &&
+      (hold || (srv->store && !store_would_admit(srv->store, rg_bytes, du->priority)));
   if (hold) {
     b->held = 1;
     rb_held_link(srv, b);
@@ -762,16 +909,78 @@ static const uint8_t *rb_map(const pq_source *src, uint64_t off, size_t len) {
     const pq_range_t *r = &b->chunks[mid];
     if (off < r->offset) hi = mid - 1;
     else if (off >= r->offset + r->length) lo = mid + 1;
-    else return len <= r->offset + r->length - off ? b->cdata[mid] + (off - r->offset) : NULL;
+    else if (len > r->offset + r->length - off || b->cdata[mid] == NULL) return NULL;
+    else return b->cdata[mid] + (off - r->offset);
   }
   return NULL;
 }
 
+/* Reads b's staged pieces whole and checks their CRC32C, once, whichever
+ * worker needs them first.  Returns 0 or a negative code (kept: every
+ * later read fails alike, and the loop drops the entry).  A worker. */
+static int rb_stage_load(rgbuf_t *b) {
+  int st = atomic_load_explicit(&b->st_state, memory_order_acquire);
+  if (st) return st < 0 ? st : 0;
+  pthread_mutex_lock(&b->st_mu);
+  st = atomic_load_explicit(&b->st_state, memory_order_relaxed);
+  if (st == 0) {
+    int rc = 0;
+    for (int i = 0; i < b->st_n && rc == 0; i++) {
+      const stage_piece_t *p = &b->st_pieces[i];
+      uint8_t *d = malloc(p->length ? (size_t)p->length : 1);
+      if (d == NULL) {
+        rc = LARDER_ENOMEM;
+        break;
+      }
+      b->st_data[i] = d;
+      for (uint64_t done = 0; done < p->length && rc == 0;) {
+        ssize_t n =
+            pread(b->stage_fd, d + done, (size_t)(p->length - done), (off_t)(p->file_off + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) rc = LARDER_EIO;
+        else done += (uint64_t)n;
+      }
+      if (rc == 0 && cache_crc32c(0, d, (size_t)p->length) != p->crc) rc = LARDER_ECORRUPT;
+    }
+    if (rc && rc != LARDER_ENOMEM) {
+      atomic_store(&b->st_bad, 1);
+      log_warn(
+          "the staged copy of row group %u of %s is damaged (%s): dropped, and fetched "
+          "again by the next stream that needs it",
+          b->rg, b->where, larder_strerror(rc));
+    }
+    st = rc ? rc : 1;
+    atomic_store_explicit(&b->st_state, st, memory_order_release);
+  }
+  pthread_mutex_unlock(&b->st_mu);
+  return st < 0 ? st : 0;
+}
+
+/* Reads from memory, or from the staging area's file (rgbuf_t.stage_fd);
+ * a worker thread. */
 static int rb_read(const pq_source *src, uint64_t off, size_t len, void *buf) {
+  rgbuf_t *b = src->ctx;
   const uint8_t *p = rb_map(src, off, len);
-  if (p == NULL) return LARDER_ECORRUPT;
-  memcpy(buf, p, len);
-  return 0;
+  if (p) {
+    memcpy(buf, p, len);
+    return 0;
+  }
+  if (b->stage_fd < 0) return LARDER_ECORRUPT;
+  int rc = rb_stage_load(b);
+  if (rc) return rc;
+  int lo = 0, hi = b->st_n - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    const stage_piece_t *r = &b->st_pieces[mid];
+    if (off < r->offset) hi = mid - 1;
+    else if (off >= r->offset + r->length) lo = mid + 1;
+    else if (len > r->offset + r->length - off) break;
+    else {
+      memcpy(buf, b->st_data[mid] + (off - r->offset), len);
+      return 0;
+    }
+  }
+  return LARDER_ECORRUPT;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1227,6 +1436,27 @@ static void load_done(work_t *w, int status) {
       unit_fail(u, LARDER_ENOMEM, "cannot queue the load");
     }
   }
+  if (u->error && u->rgbuf && u->rgbuf->stage_fd >= 0 && atomic_load(&u->rgbuf->st_bad) &&
+      !u->stage_retried && status != UV_ECANCELED && !srv->shutting_down) {
+    /* Its row group's staged copy is damaged (rb_stage_load said so in the
+     * log): drop it, and load the unit again, which fetches the row group
+     * from its source.  A fault of the disk under the staging area costs
+     * a fetch, not the stream. */
+    rgbuf_t *b = u->rgbuf;
+    u->rgbuf = NULL;
+    rb_unlist(srv, b);
+    if (srv->stage) stage_drop(srv->stage, b->object_id, b->rg);
+    rb_release(srv, b);
+    /* The failed decode kept nothing in u (decode_run keeps a unit's
+     * columns only when it decoded whole); its arrays stay for the next. */
+    u->run_units = 0;
+    u->error = 0;
+    free(u->message);
+    u->message = NULL;
+    u->stage_retried = 1;
+    if (queue_load(srv, u) == 0) return;
+    unit_fail(u, LARDER_ENOMEM, "cannot queue the load");
+  }
   if (u->rgbuf) {
     rgbuf_t *b = u->rgbuf;
     u->rgbuf = NULL;
@@ -1374,6 +1604,8 @@ int units_read_ahead(server_t *srv, dataset_t *ds, uint32_t index, int into_cach
      * its bytes (not decoded) a little ahead, within a quarter of
      * memory_limit, so that its units decode without waiting when their
      * batches come. */
+    /* A staged row group is read from the disk when its units load. */
+    if (srv->stage && stage_contains(srv->stage, f->object_id, du->rg)) return 0;
     if (srv->rgbuf_held_bytes >= srv->cfg.memory_limit / 4) return -1;
     rgbuf_t *b = rb_acquire(srv, ds, index, 1, 1);
     if (b == NULL) return 0;

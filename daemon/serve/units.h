@@ -67,6 +67,7 @@ struct unit {
                              are not the trainers' hits or misses */
   int retry;              /* its row group was being decoded: try again */
   int need_fetch;         /* remote and not cached: its row group's bytes */
+  int stage_retried;      /* loaded again after its staged copy was damaged */
   rgbuf_t *rgbuf;         /* the fetched bytes it decodes from */
   uint64_t rg_fetched;    /* the bytes of that row group's buffer (its
                              projected column chunks), once it has one */
