@@ -629,6 +629,11 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
                 STATS_GET(&srv->stats, fetch_inflight),
                 admin_fmt_count(y, sizeof(y), STATS_GET(&srv->stats, fetch_requests)),
                 STATS_GET(&srv->stats, fetch_retries), STATS_GET(&srv->stats, fetch_errors));
+  if (srv->stage)
+    strbuf_printf(b, "  staged      %s of %s (stage_capacity) · %s row groups read from it\n",
+                  admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, stage_bytes)),
+                  admin_fmt_bytes(y, sizeof(y), (double)srv->cfg.stage_capacity),
+                  admin_fmt_count(z, sizeof(z), STATS_GET(&srv->stats, stage_reads)));
   char source[16] = "";
   int64_t exp = 0;
   if (srv->awscreds) awscreds_describe(srv->awscreds, source, sizeof(source), &exp);
