@@ -465,7 +465,7 @@ static void footer_reads(const char *log_path, int *sent, int *not_modified, int
 }
 
 /*
- * Footers are read once per object, not once per stream: four ranks
+ * Footers are read once per object, not once per stream: eight ranks
  * opening together send one footer read per file (the others take its
  * result, or revalidate it for no bytes); a later job's streams ask
  * whether the footers kept are current, and nginx's 304s send no bytes.
@@ -488,25 +488,25 @@ TEST_IMPL(remote_footers_once) {
   static const char *const fl[] = {"--workers=2", NULL};
   dh_init(&d, "d", fl);
   dh_start(&d);
-  larder_stream_options_t o[4];
-  dh_run got[4];
+  larder_stream_options_t o[8];
+  dh_run got[8];
   memset(got, 0, sizeof(got));
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 8; i++) {
     dh_opts(&o[i], (const char *const *)urls, 50, 1, 1);
     o[i].num_sources = (size_t)nf;
     o[i].unit_rows = DH_STD_UNIT_ROWS;
-    o[i].world_size = 4;
+    o[i].world_size = 8;
     o[i].rank = i;
   }
-  dh_collect_many(d.socket, o, 4, got);
-  for (int i = 0; i < 4; i++) {
+  dh_collect_many(d.socket, o, 8, got);
+  for (int i = 0; i < 8; i++) {
     if (got[i].rc) ASSERT_FAIL_("rank %d: %s", i, got[i].err);
     dh_run_free(&got[i]);
   }
   rh_wait_lines(log_path, 1, 2000);
   int sent, not_modified, files;
   footer_reads(log_path, &sent, &not_modified, &files);
-  fprintf(stderr, "4 ranks: %d footer reads with bytes, %d answered 304, over %d files\n", sent,
+  fprintf(stderr, "8 ranks: %d footer reads with bytes, %d answered 304, over %d files\n", sent,
           not_modified, files);
   ASSERT_EQ(files, nf);
   ASSERT_EQ(sent, nf);

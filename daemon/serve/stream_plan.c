@@ -364,6 +364,7 @@ void stream_advance_read_ahead(stream_t *s) {
     }
   }
   uint64_t resident = resident_priority(s);
+  s->ds->resident_priority = resident;
   for (;;) {
     while (s->ra_i < s->ra_n) {
       uint32_t k = s->ra_units[s->ra_i];

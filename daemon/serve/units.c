@@ -836,10 +836,13 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
     rg_bytes += ds->units[k].est_bytes;
   }
   /* Staged once fetched when the cache will not keep the row group: read
-   * ahead for such a row group (hold), or one the cache would turn away. */
-  b->stage_wanted =
-      srv->stage && b->stage_fd < 0 && b->units_left > 0 &&
-      (hold || (srv->store && !store_would_admit(srv->store, rg_bytes, du->priority)));
+   * ahead for such a row group (hold), one whose priority is below what
+   * the cache keeps of the dataset (known before the cache fills, so that
+   * a first epoch's demand fetches are staged too), or one the cache
+   * would turn away now. */
+  b->stage_wanted = srv->stage && b->stage_fd < 0 && b->units_left > 0 &&
+                    (hold || du->priority > ds->resident_priority ||
+                     (srv->store && !store_would_admit(srv->store, rg_bytes, du->priority)));
   if (hold) {
     b->held = 1;
     rb_held_link(srv, b);
