@@ -286,8 +286,9 @@ TEST_IMPL(remote_staged_fetch) {
           off[0], off[1], off[2], on[0], on[1], on[2], staged_on);
   ASSERT_EQ(staged_off, 0);
   ASSERT_GT(staged_on, 0);
-  /* The first epoch refetches a few row groups that the cache, not yet
-   * full, looked set to keep when they were first fetched (1.13 here). */
+  /* The first epoch may fetch again a row group at the edge of what the
+   * cache keeps, which it cached and then evicted before its units' turn
+   * (1.04-1.13 here). */
   ASSERT_DOUBLE_LE(on[0], 1.3);
   ASSERT_DOUBLE_LE(on[1], 0.55);
   ASSERT_DOUBLE_LE(on[2], 0.55);

@@ -325,8 +325,7 @@ static int build_rg_prio(stream_t *s) {
  * when it holds the best of this dataset up to its capacity: the cache
  * keeps the lowest priorities (store.c), so read-ahead into the cache of a
  * row group above this would be evicted again, maybe before its use. */
-static uint64_t resident_priority(const stream_t *s) {
-  uint64_t cap = s->srv->cfg.cache_capacity;
+static uint64_t resident_priority_at(const stream_t *s, uint64_t cap) {
   if (s->num_rg_prio == 0 || s->rg_prio_bytes[s->num_rg_prio - 1] <= cap) return UINT64_MAX;
   uint32_t lo = 0, hi = s->num_rg_prio; /* first index whose running sum exceeds cap */
   while (lo < hi) {
@@ -335,6 +334,10 @@ static uint64_t resident_priority(const stream_t *s) {
     else hi = mid;
   }
   return lo == 0 ? 0 : s->rg_prio[lo - 1];
+}
+
+static uint64_t resident_priority(const stream_t *s) {
+  return resident_priority_at(s, s->srv->cfg.cache_capacity);
 }
 
 void stream_advance_read_ahead(stream_t *s) {
@@ -364,7 +367,13 @@ void stream_advance_read_ahead(stream_t *s) {
     }
   }
   uint64_t resident = resident_priority(s);
-  s->ds->resident_priority = resident;
+  /* Staged once fetched: what lies beyond 7/8 of the cache, not only
+   * beyond all of it.  The units' sizes are estimates, and the row groups
+   * at the edge of what fits are the ones the cache evicts again when the
+   * estimates fall short, after the first epoch fetched and cached them,
+   * before their units' turn: staged too, those units decode from the
+   * disk instead of fetching their row group a second time. */
+  s->ds->stage_priority = resident_priority_at(s, s->srv->cfg.cache_capacity / 8 * 7);
   for (;;) {
     while (s->ra_i < s->ra_n) {
       uint32_t k = s->ra_units[s->ra_i];

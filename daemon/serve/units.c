@@ -183,6 +183,7 @@ struct rgbuf {
   pthread_mutex_t st_mu;
   atomic_int st_state, st_bad;
   int stage_wanted;  /* to be staged once fetched: the cache will not keep it */
+  int stage_tried;   /* offered to the staging area once already */
   uint64_t priority; /* the row group's cache priority */
   rb_part_t *parts;  /* the requests: each range cut into parts */
   int num_parts;
@@ -304,8 +305,19 @@ static uint64_t rb_bytes(const rgbuf_t *b) {
   return n;
 }
 
+static void rb_stage(rgbuf_t *b);
+
 static void rb_release(server_t *srv, rgbuf_t *b) {
   if (--b->refs > 0) return;
+  if (b->state == RB_READY && b->stage_fd < 0 && b->units_left > 0 && !b->stage_tried &&
+      srv->stage && !srv->shutting_down) {
+    /* Idle with units of its row group still to decode, which the cache
+     * did not take after all (a row group at the edge of what it keeps):
+     * staged now, so that they do not fetch it again once it is trimmed.
+     * The write holds a reference until it is done. */
+    rb_stage(b);
+    if (b->refs > 0) return;
+  }
   if (b->state == RB_READY && b->stage_fd >= 0) {
     /* Nothing in memory to keep, but a descriptor: opening the entry
      * again costs less than holding descriptors for idle row groups. */
@@ -430,6 +442,7 @@ static void stage_write_done(work_t *w, int status) {
 static void rb_stage(rgbuf_t *b) {
   server_t *srv = b->srv;
   b->stage_wanted = 0;
+  b->stage_tried = 1;
   if (srv->stage == NULL || b->num_ranges == 0 || srv->shutting_down) return;
   stage_range_t *sr = malloc((size_t)b->num_ranges * sizeof(*sr));
   stage_write_task_t *t = calloc(1, sizeof(*t));
@@ -841,7 +854,7 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
    * a first epoch's demand fetches are staged too), or one the cache
    * would turn away now. */
   b->stage_wanted = srv->stage && b->stage_fd < 0 && b->units_left > 0 &&
-                    (hold || du->priority > ds->resident_priority ||
+                    (hold || du->priority > ds->stage_priority ||
                      (srv->store && !store_would_admit(srv->store, rg_bytes, du->priority)));
   if (hold) {
     b->held = 1;
