@@ -252,7 +252,9 @@ check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(EXAMPLE_TRAINER) $(if $(CUDA_
 # The tests whose threads share a client or a stream, under ThreadSanitizer
 # (V=tsan): releases and Arrow exports on other threads, event loops, fork,
 # CUDA streams (workers copying batches to the device),
-# close during releases, SIGTERM mid-stream, and the chaos mix; larderd is
+# close during releases, SIGTERM mid-stream, the chaos mix, and workers
+# decoding from row groups that another projection's fetch lends or that
+# the staging area holds (a damaged copy among them); larderd is
 # built with TSan too.  RocksDB is not, so its own atomics look like races
 # to TSan: tests/tsan.supp leaves them out.  Address randomization is off:
 # TSan's fixed shadow layout fails to start under the larger mmap entropy
@@ -260,7 +262,7 @@ check-unit: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(EXAMPLE_TRAINER) $(if $(CUDA_
 THREAD_TESTS := client_ cuda_ daemon_footers_shared daemon_release_ daemon_reader_moves daemon_close_release_threads daemon_evloop \
                 daemon_ring_wakeups daemon_client_patterns daemon_robust_bad_release \
                 daemon_robust_chaos daemon_robust_sigterm_streams daemon_robust_corrupt_file \
-                daemon_cache_changed_file
+                daemon_cache_changed_file remote_shared_projections remote_staged_damaged
 check-threads: $(RUN_TESTS) $(LARDERD) $(LARDERCTL) $(if $(CUDA_CFLAGS),$(FAKE_CUDA))
 	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	  LARDER_TEST_DATA=tests/data LARDERD_BIN=$(LARDERD) LARDERCTL_BIN=$(LARDERCTL) \
