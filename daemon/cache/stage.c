@@ -73,10 +73,8 @@ static void entry_free(stage_entry_t *e) {
   free(e);
 }
 
-/* Takes e out of the table and the list and counts its bytes out.  A
- * visible entry's file is deleted now; one being written is deleted by
- * stage_commit, which frees it then. */
-static void evict(stage_t *s, stage_entry_t *e) {
+/* Takes e out of the table and the list and counts its bytes out. */
+static void detach(stage_t *s, stage_entry_t *e) {
   htab_remove(&s->table, &e->hnode);
   if (e->prev) e->prev->next = e->next;
   else s->head = e->next;
@@ -84,6 +82,12 @@ static void evict(stage_t *s, stage_entry_t *e) {
   else s->tail = e->prev;
   e->prev = e->next = NULL;
   s->used -= e->bytes;
+}
+
+/* Evicts e: a visible entry's file is deleted now; one being written is
+ * deleted by stage_commit, which frees it then. */
+static void evict(stage_t *s, stage_entry_t *e) {
+  detach(s, e);
   s->st.evicted++;
   if (e->state == ENTRY_READY) {
     s->st.entries--;
@@ -251,8 +255,7 @@ void stage_commit(stage_t *s, stage_entry_t *e, int rc) {
   }
   if (rc) {
     s->st.failed++;
-    s->st.evicted--; /* not an eviction: evict() counts one */
-    evict(s, e);
+    detach(s, e);
     unlinkat(s->dirfd, e->name, 0);
     entry_free(e);
     return;
