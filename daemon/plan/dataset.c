@@ -831,7 +831,7 @@ static int cut_dataset(dataset_t *ds, const dataset_options_t *opts, char *err, 
   if (ds->rg_busy == NULL) return LARDER_ENOMEM;
   ds->decoded_ahead = calloc((size_t)ds->num_units + 1, 1);
   if (ds->decoded_ahead == NULL) return LARDER_ENOMEM;
-  ds->stage_priority = UINT64_MAX;
+  ds->resident_priority = ds->stage_priority = UINT64_MAX;
   if (layout_rowplan_make(ds->schema, &ds->rowplan) != 0) return LARDER_ENOMEM;
   if (ds->total_rows == 0) {
     snprintf(err, errlen, "the dataset has no rows: its %u file%s hold%s none", ds->num_files,

@@ -119,11 +119,13 @@ typedef struct dataset {
    * with another unit of its row group and nobody has read it since: its
    * first read is decode work done ahead, not a hit (units.c). */
   uint8_t *decoded_ahead;
-  /* A row group of a worse cache priority is staged once fetched
-   * (units.c): about the worst the cache keeps of this dataset, as its
-   * streams' read-ahead last computed it (stream_plan.c; UINT64_MAX until
-   * then, or when the cache holds it all).  The loop thread's. */
-  uint64_t stage_priority;
+  /* The worst cache priority the cache keeps of this dataset, and that of
+   * half of it, as its streams' read-ahead last computed them
+   * (stream_plan.c; UINT64_MAX until then, or when the cache holds it all):
+   * a row group of a worse priority than stage_priority is staged once
+   * fetched, ahead of the others if also worse than resident_priority
+   * (units.c).  The loop thread's. */
+  uint64_t resident_priority, stage_priority;
   uint32_t num_rgs;
   footers_t *footers; /* where its files' footers came from, or NULL */
 } dataset_t;

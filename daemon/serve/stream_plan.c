@@ -367,13 +367,15 @@ void stream_advance_read_ahead(stream_t *s) {
     }
   }
   uint64_t resident = resident_priority(s);
-  /* Staged once fetched: what lies beyond 7/8 of the cache, not only
-   * beyond all of it.  The units' sizes are estimates, and the row groups
-   * at the edge of what fits are the ones the cache evicts again when the
+  /* Staged once fetched: what lies beyond half the cache, not only beyond
+   * all of it.  The units' sizes are estimates (Parquet's uncompressed
+   * sizes count dictionary indices, not values), and the row groups at
+   * the edge of what fits are the ones the cache evicts again when the
    * estimates fall short, after the first epoch fetched and cached them,
    * before their units' turn: staged too, those units decode from the
    * disk instead of fetching their row group a second time. */
-  s->ds->stage_priority = resident_priority_at(s, s->srv->cfg.cache_capacity / 8 * 7);
+  s->ds->resident_priority = resident;
+  s->ds->stage_priority = resident_priority_at(s, s->srv->cfg.cache_capacity / 2);
   for (;;) {
     while (s->ra_i < s->ra_n) {
       uint32_t k = s->ra_units[s->ra_i];

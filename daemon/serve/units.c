@@ -182,10 +182,11 @@ struct rgbuf {
   uint8_t **st_data;
   pthread_mutex_t st_mu;
   atomic_int st_state, st_bad;
-  int stage_wanted;  /* to be staged once fetched: the cache will not keep it */
-  int stage_tried;   /* offered to the staging area once already */
-  uint64_t priority; /* the row group's cache priority */
-  rb_part_t *parts;  /* the requests: each range cut into parts */
+  int stage_wanted;    /* to be staged once fetched: the cache will not keep it */
+  int stage_tried;     /* offered to the staging area once already */
+  uint64_t priority;   /* the row group's cache priority */
+  uint64_t stage_rank; /* its priority in the staging area (rb_acquire) */
+  rb_part_t *parts;    /* the requests: each range cut into parts */
   int num_parts;
   int pending;         /* parts not yet arrived */
   int ahead;           /* fetched for read-ahead; nobody waits yet */
@@ -450,7 +451,7 @@ static void rb_stage(rgbuf_t *b) {
   if (sr && t) {
     for (int i = 0; i < b->num_ranges; i++)
       sr[i] = (stage_range_t){b->ranges[i].offset, b->ranges[i].length};
-    e = stage_reserve(srv->stage, b->object_id, b->rg, b->priority, sr, b->num_ranges);
+    e = stage_reserve(srv->stage, b->object_id, b->rg, b->stage_rank, sr, b->num_ranges);
   }
   free(sr);
   if (e == NULL) {
@@ -848,14 +849,19 @@ static rgbuf_t *rb_acquire(server_t *srv, dataset_t *ds, uint32_t unit_index, in
     b->units_left += !(srv->store && cached_already(srv->store, ds, k));
     rg_bytes += ds->units[k].est_bytes;
   }
-  /* Staged once fetched when the cache will not keep the row group: read
+  /* Staged once fetched when the cache may not keep the row group: read
    * ahead for such a row group (hold), one whose priority is below what
-   * the cache keeps of the dataset (known before the cache fills, so that
-   * a first epoch's demand fetches are staged too), or one the cache
-   * would turn away now. */
+   * half the cache keeps of the dataset (known before the cache fills, so
+   * that a first epoch's demand fetches are staged too, and the edge of
+   * what the cache keeps with them), or one the cache would turn away
+   * now. */
   b->stage_wanted = srv->stage && b->stage_fd < 0 && b->units_left > 0 &&
                     (hold || du->priority > ds->stage_priority ||
                      (srv->store && !store_would_admit(srv->store, rg_bytes, du->priority)));
+  /* In the staging area, the row groups the cache does not keep go before
+   * those it keeps, staged only against an eviction (the top bit), each
+   * kind in the cache's order. */
+  b->stage_rank = ((uint64_t)(du->priority <= ds->resident_priority) << 63) | (du->priority >> 1);
   if (hold) {
     b->held = 1;
     rb_held_link(srv, b);
