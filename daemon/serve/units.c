@@ -364,17 +364,22 @@ static void rb_assemble(rgbuf_t *b) {
   }
 }
 
-/* The index of b's own range that holds [off, off + len), or -1. */
-static int rb_range_of(const rgbuf_t *b, uint64_t off, uint64_t len) {
-  int lo = 0, hi = b->num_ranges - 1;
+/* The index of the range of r (n of them, sorted and disjoint) that holds
+ * [off, off + len), or -1. */
+static int range_index(const pq_range_t *r, int n, uint64_t off, uint64_t len) {
+  int lo = 0, hi = n - 1;
   while (lo <= hi) {
     int mid = (lo + hi) / 2;
-    const pq_range_t *r = &b->ranges[mid];
-    if (off < r->offset) hi = mid - 1;
-    else if (off >= r->offset + r->length) lo = mid + 1;
-    else return len <= r->offset + r->length - off ? mid : -1;
+    if (off < r[mid].offset) hi = mid - 1;
+    else if (off >= r[mid].offset + r[mid].length) lo = mid + 1;
+    else return len <= r[mid].offset + r[mid].length - off ? mid : -1;
   }
   return -1;
+}
+
+/* The index of b's own range that holds [off, off + len), or -1. */
+static int rb_range_of(const rgbuf_t *b, uint64_t off, uint64_t len) {
+  return range_index(b->ranges, b->num_ranges, off, len);
 }
 
 /* Points each chunk at its bytes, in b's own ranges or its lender's (ready
@@ -925,16 +930,9 @@ void units_trim_rgbufs(server_t *srv) {
  * ranges, which cover every byte the projection's reader asks for. */
 static const uint8_t *rb_map(const pq_source *src, uint64_t off, size_t len) {
   const rgbuf_t *b = src->ctx;
-  int lo = 0, hi = b->num_chunks - 1;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    const pq_range_t *r = &b->chunks[mid];
-    if (off < r->offset) hi = mid - 1;
-    else if (off >= r->offset + r->length) lo = mid + 1;
-    else if (len > r->offset + r->length - off || b->cdata[mid] == NULL) return NULL;
-    else return b->cdata[mid] + (off - r->offset);
-  }
-  return NULL;
+  int c = range_index(b->chunks, b->num_chunks, off, len);
+  if (c < 0 || b->cdata[c] == NULL) return NULL;
+  return b->cdata[c] + (off - b->chunks[c].offset);
 }
 
 /* Reads b's staged pieces whole and checks their CRC32C, once, whichever
