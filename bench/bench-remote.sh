@@ -9,13 +9,15 @@
 #     network's rate, the peer for the ratios below;
 #   - a simulated trainer (bench/serve-client, sleeping BENCH_COMPUTE_US per
 #     batch of 1024 rows, as a GPU step leaves the CPU free) on a cold larderd
-#     with a cache that holds the dataset, for 3 epochs: the epoch-1 remote
+#     with its default settings and a cache that holds the dataset, for 3
+#     epochs, reading the same rows written in no order (gen-shards.mjs
+#     `shuffled`, as a job preparing a training set writes them): the epoch-1 remote
 #     throughput against curl's, the time to the first batch, the epoch-1
 #     stall fraction beside the bound the network sets, and the stall and
 #     remote bytes of epochs 2 and 3;
 #   - the same trainer for 6 epochs on a cold larderd whose cache holds half
-#     of the dataset, three times: row groups kept together in the shuffle
-#     (memory_limit 128M), then units mixed singly (the default) with
+#     of the dataset, four times: row groups kept together in the shuffle
+#     (memory_limit 128M), then units mixed singly with
 #     memory_limit 128M and 32M, and 128M with the staging area off: the
 #     remote bytes of epochs 2-6 against the dataset's size, and what the
 #     staging area (stage_capacity) holds.
@@ -27,10 +29,11 @@
 #     curl's rate through it, the stall beside the bound, and the time to the
 #     first batch beside its floor (the footers' fetch, then the first
 #     unit's row group's), for both proxies.
-# The runs above use shuffle_row_groups=true, the setting for remote data
-# (a row group's units stay in one window, so a cold epoch consumes row
-# groups in the order they arrive); a last cold epoch with the default
-# (units mixed singly) shows what it costs without.
+# The first-epoch runs use the default, shuffle_row_groups = auto, which
+# keeps a row group's units in one window for rows in no order (a cold epoch
+# then consumes row groups in the order they arrive); a last cold epoch with
+# the default on the shards in id order, where auto mixes units singly,
+# shows what that costs.  Each prints what auto chose (the stream's note).
 #
 # Environment: BENCH_RATE (100000000), BENCH_LATENCY_MS (40), BENCH_COMPUTE_US (2500), BENCH_WINDOW
 # (shuffle_window_bytes, 32M: an eighth of the dataset, as a window is a
@@ -56,6 +59,7 @@ if [ ! -f "$work/zstd-v1.parquet" ]; then
   node bench/gen-dataset.mjs "$work" >/dev/null
 fi
 node bench/gen-shards.mjs "$work/zstd-v1.parquet" "$shards" >/dev/null
+node bench/gen-shards.mjs "$work/zstd-v1.parquet" "$shards/shuffled" 8 32768 shuffled >/dev/null
 if [ ! -d tests/node_modules/s3rver ]; then (cd tests && npm ci --no-audit --no-fund --loglevel=error); fi
 
 tmp=$(mktemp -d /tmp/larder-bench-remote.XXXXXX)
@@ -90,10 +94,12 @@ start_proxy proxy-lat --latency-ms "$latency_ms"
 lat_pid=$(cat "$tmp/proxy-lat.pid")
 lat_port=$(json_field "$(head -1 "$tmp/proxy-lat.json")" port)
 urls=()
+shuf_urls=()
 lat_urls=()
 for f in "$shards"/part-*.parquet; do
   urls+=("http://127.0.0.1:$port/$(basename "$f")")
-  lat_urls+=("http://127.0.0.1:$lat_port/$(basename "$f")")
+  shuf_urls+=("http://127.0.0.1:$port/shuffled/$(basename "$f")")
+  lat_urls+=("http://127.0.0.1:$lat_port/shuffled/$(basename "$f")")
 done
 
 # Each phase's requests are the log lines it added (the proxies append).
@@ -130,10 +136,10 @@ stop_daemon() {
 }
 
 # Cache holding the dataset.
-start_daemon full --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
+start_daemon full --cache_capacity=16G --memory_limit=1G
 m=$(mark)
-"$client" run "$tmp/full.sock" "${urls[@]}" --epochs 3 --batch-size 1024 "${win[@]}" --seed 7 \
-  --compute-us "$compute_us" >"$tmp/full.jsonl"
+"$client" run "$tmp/full.sock" "${shuf_urls[@]}" --epochs 3 --batch-size 1024 "${win[@]}" --seed 7 \
+  --compute-us "$compute_us" >"$tmp/full.jsonl" 2>"$tmp/full.note"
 sleep 0.2
 cut_log "$m" full.requests
 stop_daemon
@@ -141,12 +147,14 @@ stop_daemon
 # Cache holding half of it (half of the decoded bytes one epoch serves).
 epoch_bytes=$(head -1 "$tmp/full.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['bytes'])")
 half=$((epoch_bytes / 2))
-# Four settings: row groups kept together in the shuffle, then units mixed
-# singly (the default), with memory_limit 128M and 32M, and 128M without
-# the staging area (stage_capacity=0), as the peer of the second.
+# Four settings, on the shards in id order: row groups kept together in the
+# shuffle, then units mixed singly (what auto chooses for them), with
+# memory_limit 128M and 32M, and 128M without the staging area
+# (stage_capacity=0), as the peer of the second.
 half_runs=("half-rg:--memory_limit=128M --shuffle_row_groups=true"
-  "half-unit:--memory_limit=128M" "half-unit-32m:--memory_limit=32M"
-  "half-unit-nostage:--memory_limit=128M --stage_capacity=0")
+  "half-unit:--memory_limit=128M --shuffle_row_groups=false"
+  "half-unit-32m:--memory_limit=32M --shuffle_row_groups=false"
+  "half-unit-nostage:--memory_limit=128M --stage_capacity=0 --shuffle_row_groups=false")
 for run in "${half_runs[@]}"; do
   name=${run%%:*}
   # shellcheck disable=SC2086 # the flags are words
@@ -161,19 +169,20 @@ for run in "${half_runs[@]}"; do
 done
 
 # The first epoch behind the latency, cold, as the first run above.
-start_daemon lat --cache_capacity=16G --memory_limit=1G --shuffle_row_groups=true
+start_daemon lat --cache_capacity=16G --memory_limit=1G
 m=$(mark proxy-lat)
 "$client" run "$tmp/lat.sock" "${lat_urls[@]}" --epochs 1 --batch-size 1024 "${win[@]}" --seed 7 \
-  --compute-us "$compute_us" >"$tmp/lat.jsonl"
+  --compute-us "$compute_us" >"$tmp/lat.jsonl" 2>"$tmp/lat.note"
 sleep 0.2
 cut_log "$m" lat.requests proxy-lat
 stop_daemon
 
-# The default shuffle (units mixed singly), cold, one epoch.
+# The default on the shards in id order (auto mixes units singly), cold,
+# one epoch.
 start_daemon unit --cache_capacity=16G --memory_limit=1G
 m=$(mark)
 "$client" run "$tmp/unit.sock" "${urls[@]}" --epochs 1 --batch-size 1024 "${win[@]}" --seed 7 \
-  --compute-us "$compute_us" >"$tmp/unit.jsonl"
+  --compute-us "$compute_us" >"$tmp/unit.jsonl" 2>"$tmp/unit.note"
 sleep 0.2
 cut_log "$m" unit.requests
 stop_daemon
@@ -239,6 +248,12 @@ print(f"bench-remote: {mb(dataset):.0f} MB in 8 shards ({full[0]['rows']} rows),
       f"{mb(rate):.0f} MB/s cap; trainer computes {compute_us / 1000:.1f} ms per batch of 1024 rows; "
       f"shuffle window {window}")
 print(f"  curl, every shard in turn         {mb(curl_rate):7.1f} MB/s  ({curl_secs:.2f} s)")
+def note(name):
+    for line in open(f'{tmp}/{name}.note'):
+        if line.startswith('serve-client: note: '):
+            return line[len('serve-client: note: '):].strip()
+    return '(none)'
+print(f"  rows in no order, default settings; auto chose: {note('full')}")
 print(f"  larder epoch 1, remote throughput {mb(e1_rate):7.1f} MB/s  {e1_rate / curl_rate:5.2f} x curl  (goal >= 0.90)")
 fl_f, fl_u = floor_s(e1_reqs)
 print(f"  time to first batch               {full[0]['first_batch_s']:7.2f} s  (floor {fl_f + fl_u:.2f} s: "
@@ -251,10 +266,11 @@ for k in (1, 2):
           f"remote bytes {full_bytes[k]} (goal 0)")
 print(f"  cache of half the dataset ({mb(half):.0f} MB): remote MB per epoch, and epochs 2-6 "
       f"against the dataset (goal <= 0.55)")
+print(f"  (shards in id order)")
 for name, what in (('half-rg', 'shuffle_row_groups=true, memory_limit 128M'),
-                   ('half-unit', 'default shuffle, memory_limit 128M'),
-                   ('half-unit-32m', 'default shuffle, memory_limit 32M'),
-                   ('half-unit-nostage', 'default shuffle, 128M, stage_capacity=0')):
+                   ('half-unit', 'units singly, memory_limit 128M'),
+                   ('half-unit-32m', 'units singly, memory_limit 32M'),
+                   ('half-unit-nostage', 'units singly, 128M, stage_capacity=0')):
     half_eps = epochs(f'{tmp}/{name}.jsonl')
     half_bytes = per_epoch_bytes(requests(f'{tmp}/{name}.requests'), half_eps)
     steady = half_bytes[1:]
@@ -279,7 +295,8 @@ print(f"  {latency_ms} ms more per request: curl {mb(lcurl_rate):.1f} MB/s; lard
       f"{lat[0]['first_batch_s']:.2f} s (floor {lf_f + lf_u:.2f} s: footers {lf_f:.2f} s, first unit {lf_u:.2f} s)")
 unit = epochs(f'{tmp}/unit.jsonl')
 u_rate, _ = span_rate(requests(f'{tmp}/unit.requests'))
-print(f"  default shuffle (units mixed singly; shuffle_row_groups off), cold epoch 1: first batch after "
+print(f"  shards in id order, default settings; auto chose: {note('unit')}")
+print(f"  shards in id order, default settings, cold epoch 1: first batch after "
       f"{unit[0]['first_batch_s']:.2f} s, {unit[0]['seconds']:.2f} s, stall {100 * unit[0]['stall']:.1f}%, "
       f"remote {mb(u_rate):.1f} MB/s ({u_rate / curl_rate:.2f} x curl)")
 PY

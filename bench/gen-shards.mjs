@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// gen-shards.mjs SRC OUTDIR [SHARDS] [ROW_GROUP_SIZE]: splits one Parquet file
+// gen-shards.mjs SRC OUTDIR [SHARDS] [ROW_GROUP_SIZE] [ORDER]: splits one Parquet file
 // into the sharded layout a training dataset has on remote storage, with
 // DuckDB.
 //
@@ -11,6 +11,12 @@
 // fetcher reads and the cache ranks, so it sets both the time to the first
 // batch and how finely a cache smaller than the dataset can be used.
 //
+// ORDER: `id` (the default), shard k holding the k-th run of consecutive ids
+// in id order; or `shuffled`, the rows dealt to the shards by a hash of the
+// id and written in the order of another hash, as a job that prepares a
+// training set writes it (no column is then sorted across row groups, and
+// shuffle_row_groups = auto keeps row groups together).
+//
 // Output: OUTDIR/part-00000.parquet ... and OUTDIR/manifest.json (file sizes,
 // rows, row groups).  Regenerated only when the stamp does not match.
 import { createHash } from 'node:crypto';
@@ -19,9 +25,10 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DuckDBInstance } from '@duckdb/node-api';
 
-const [srcArg, outArg, shardsArg, rgArg] = process.argv.slice(2);
-if (!srcArg || !outArg) {
-  console.error('usage: gen-shards.mjs SRC OUTDIR [SHARDS] [ROW_GROUP_SIZE]');
+const [srcArg, outArg, shardsArg, rgArg, orderArg] = process.argv.slice(2);
+const ORDER = orderArg ?? 'id';
+if (!srcArg || !outArg || !['id', 'shuffled'].includes(ORDER)) {
+  console.error('usage: gen-shards.mjs SRC OUTDIR [SHARDS] [ROW_GROUP_SIZE] [id|shuffled]');
   process.exit(2);
 }
 const SHARDS = Number(shardsArg ?? 8);
@@ -35,6 +42,7 @@ const want = {
   src_bytes: statSync(src).size,
   shards: SHARDS,
   row_group_size: ROW_GROUP_SIZE,
+  order: ORDER,
 };
 const stampPath = join(outDir, 'stamp.json');
 const manifestPath = join(outDir, 'manifest.json');
@@ -66,18 +74,21 @@ for (let k = 0; k < SHARDS; k++) {
   const hi = Math.floor((rows * (k + 1)) / SHARDS);
   const path = join(outDir, name(k));
   rmSync(`${path}.tmp`, { force: true });
+  const select = ORDER === 'id'
+    ? `SELECT * FROM read_parquet('${src}') WHERE id >= ${lo} AND id < ${hi} ORDER BY id`
+    : `SELECT * FROM read_parquet('${src}') WHERE hash(id, 17) % ${SHARDS} = ${k} ORDER BY hash(id, 18)`;
   await con.run(
-    `COPY (SELECT * FROM read_parquet('${src}') WHERE id >= ${lo} AND id < ${hi} ORDER BY id) ` +
-      `TO '${path}.tmp' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE ${ROW_GROUP_SIZE})`,
+    `COPY (${select}) TO '${path}.tmp' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE ${ROW_GROUP_SIZE})`,
   );
   renameSync(`${path}.tmp`, path);
   const [m] = await q(
-    `SELECT count(DISTINCT row_group_id)::BIGINT AS rg, sum(total_uncompressed_size)::BIGINT AS decoded
+    `SELECT count(DISTINCT row_group_id)::BIGINT AS rg, sum(total_uncompressed_size)::BIGINT AS decoded,
+            (SELECT count(*) FROM read_parquet('${path}'))::BIGINT AS n
      FROM parquet_metadata('${path}')`,
   );
   sizes[name(k)] = statSync(path).size;
   manifest.files.push({
-    name: name(k), rows: hi - lo, file_bytes: sizes[name(k)], row_groups: Number(m.rg), decoded_bytes: Number(m.decoded),
+    name: name(k), rows: Number(m.n), file_bytes: sizes[name(k)], row_groups: Number(m.rg), decoded_bytes: Number(m.decoded),
   });
 }
 writeFileSync(manifestPath, JSON.stringify(manifest, null, 2) + '\n');

@@ -249,6 +249,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "serve-client: %s\n", larder_client_last_error(c));
     return 1;
   }
+  /* What the daemon chose for the stream (the order, shared partitions). */
+  if (larder_stream_note(s)[0]) fprintf(stderr, "serve-client: note: %s\n", larder_stream_note(s));
   uint64_t epoch = o.start_epoch, rows = 0, bytes = 0, batches = 0, sum = 0;
   uint64_t w0 = 0, c0 = 0;
   double long_waits_s = 0; /* this epoch's calls of 20 us or more */

@@ -15,7 +15,7 @@
 #include "config.h"
 #include "log.h"
 
-enum { T_STR, T_SIZE, T_U64, T_BOOL, T_LEVEL };
+enum { T_STR, T_SIZE, T_U64, T_BOOL, T_LEVEL, T_AUTO };
 
 /* Pointers first, then the ints: no padding inside the entries. */
 typedef struct key_info {
@@ -141,16 +141,19 @@ static int set_value(config_t *cfg, const key_info *k, const char *value, char *
       memcpy(field, &v, sizeof(v));
       return 0;
     }
+    case T_AUTO:
     case T_BOOL: {
       int v;
-      if (!strcasecmp(value, "true") || !strcasecmp(value, "yes") || !strcmp(value, "1") ||
-          !strcasecmp(value, "on"))
+      if (k->type == T_AUTO && !strcasecmp(value, "auto")) v = CONFIG_AUTO;
+      else if (!strcasecmp(value, "true") || !strcasecmp(value, "yes") || !strcmp(value, "1") ||
+               !strcasecmp(value, "on"))
         v = 1;
       else if (!strcasecmp(value, "false") || !strcasecmp(value, "no") || !strcmp(value, "0") ||
                !strcasecmp(value, "off"))
         v = 0;
       else {
-        snprintf(err, errlen, "%s: '%s' is not true or false", k->name, value);
+        snprintf(err, errlen, "%s: '%s' is not true or false%s", k->name, value,
+                 k->type == T_AUTO ? " (or auto)" : "");
         return LARDER_EINVAL;
       }
       memcpy(field, &v, sizeof(v));
@@ -617,10 +620,11 @@ void config_each(const config_t *cfg,
         }
         break;
       }
+      case T_AUTO:
       case T_BOOL: {
         int b;
         memcpy(&b, field, sizeof(b));
-        v = b ? "true" : "false";
+        v = b == CONFIG_AUTO ? "auto" : b ? "true" : "false";
         break;
       }
       case T_LEVEL: {

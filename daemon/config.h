@@ -37,11 +37,15 @@
 #ifndef LARDER_CONFIG_H
 #define LARDER_CONFIG_H
 
+/* The value of an AUTO key set to "auto". */
+#define CONFIG_AUTO (-1)
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-/* XX(name, type, default, live, doc): type is STR, SIZE, U64, BOOL or LEVEL. */
+/* XX(name, type, default, live, doc): type is STR, SIZE, U64, BOOL, LEVEL or
+ * AUTO (a BOOL that may also be "auto": CONFIG_AUTO). */
 #define CONFIG_KEYS(XX)                                                                          \
   XX(socket, STR, "/run/larder/larderd.sock", 0,                                                 \
      "Unix socket the daemon listens on (ignored under systemd socket "                          \
@@ -93,10 +97,12 @@
      "projected or not), estimated from the footer")                                             \
   XX(shuffle_window_bytes, SIZE, "512M", 0,                                                      \
      "decoded bytes whose rows are shuffled together, by default")                               \
-  XX(shuffle_row_groups, BOOL, "false", 0,                                                       \
+  XX(shuffle_row_groups, AUTO, "auto", 0,                                                        \
      "keep each row group's units together in the shuffle: a cold remote "                       \
      "epoch then streams at the network's rate, but each window mixes fewer "                    \
-     "places (no good for files sorted by label)")                                               \
+     "places (no good for files sorted by label); auto: together unless the "                    \
+     "footers' statistics show the rows sorted or grouped by a column (the "                     \
+     "stream's open note and larderctl clients say which)")                                      \
   XX(partitions, U64, "1", 1,                                                                    \
      "node partitions of each dataset, for streams that do not choose: the "                     \
      "ranks of each node (local_world_size) read, fetch and cache only "                         \
@@ -240,6 +246,7 @@ typedef struct config {
 #define CONFIG_FIELD_SIZE uint64_t
 #define CONFIG_FIELD_U64 uint64_t
 #define CONFIG_FIELD_BOOL int
+#define CONFIG_FIELD_AUTO int /* 0, 1 or CONFIG_AUTO */
 #define CONFIG_FIELD_LEVEL int
 #define CONFIG_DECLARE_(name, type, def, live, doc) CONFIG_FIELD_##type name;
   CONFIG_KEYS(CONFIG_DECLARE_)

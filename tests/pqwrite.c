@@ -984,6 +984,19 @@ void pqw_file_meta(pqw_buf *out, const pqw_file *f) {
         pqw_t_i64(&t, 7, m->total_compressed_size);
         pqw_t_i64(&t, 9, m->data_page_offset);
         if (m->dictionary_page_offset >= 0) pqw_t_i64(&t, 11, m->dictionary_page_offset);
+        if (m->stat_fields) {
+          pqw_t_struct_begin(&t, 12);
+          if ((m->stat_fields & PQW_STAT_LEGACY) && m->stat_max)
+            pqw_t_binary(&t, 1, m->stat_max, m->stat_max_len);
+          if ((m->stat_fields & PQW_STAT_LEGACY) && m->stat_min)
+            pqw_t_binary(&t, 2, m->stat_min, m->stat_min_len);
+          pqw_t_i64(&t, 3, m->stat_null_count);
+          if ((m->stat_fields & PQW_STAT_VALUES) && m->stat_max)
+            pqw_t_binary(&t, 5, m->stat_max, m->stat_max_len);
+          if ((m->stat_fields & PQW_STAT_VALUES) && m->stat_min)
+            pqw_t_binary(&t, 6, m->stat_min, m->stat_min_len);
+          pqw_t_struct_end(&t);
+        }
         pqw_t_struct_end(&t);
       }
       pqw_t_struct_end(&t);

@@ -255,7 +255,17 @@ typedef struct pqw_colmeta {
   int64_t dictionary_page_offset; /* -1: none */
   int64_t file_offset;
   int omit_meta; /* no meta_data struct */
+  /* Statistics (ColumnMetaData field 12), written when stat_fields is set:
+   * PQW_STAT_VALUES writes min_value/max_value, PQW_STAT_LEGACY the
+   * deprecated min/max, each value only when its pointer is set; null_count
+   * always.  The pointers are the test's, read by pqw_file_finish. */
+  int stat_fields;
+  const void *stat_min, *stat_max;
+  size_t stat_min_len, stat_max_len;
+  int64_t stat_null_count;
 } pqw_colmeta;
+
+enum { PQW_STAT_VALUES = 1, PQW_STAT_LEGACY = 2 };
 
 typedef struct pqw_rowgroup {
   int64_t num_rows, total_byte_size;

@@ -47,6 +47,8 @@ TEST_IMPL(config_rejects_out_of_range) {
   expect_refused("workers", "100000", "outside");
   expect_refused("socket_mode", "077777", "outside");
   expect_refused("memory_limit", "12Q", "not a size");
+  expect_refused("shm_ring", "auto", "not true or false");
+  expect_refused("shuffle_row_groups", "maybe", "not true or false (or auto)");
   /* The bounds themselves are fine. */
   config_t cfg;
   ASSERT_OK(config_defaults(&cfg));
@@ -56,6 +58,14 @@ TEST_IMPL(config_rejects_out_of_range) {
   ASSERT_OK(config_set(&cfg, "workers", "0", err, sizeof(err)));
   ASSERT_OK(config_set(&cfg, "cache_capacity", "0", err, sizeof(err)));
   ASSERT_OK(config_set(&cfg, "memory_limit", "1", err, sizeof(err)));
+  /* A key that may be auto: the default, and a boolean otherwise. */
+  ASSERT_EQ(cfg.shuffle_row_groups, CONFIG_AUTO);
+  ASSERT_OK(config_set(&cfg, "shuffle_row_groups", "on", err, sizeof(err)));
+  ASSERT_EQ(cfg.shuffle_row_groups, 1);
+  ASSERT_OK(config_set(&cfg, "shuffle_row_groups", "false", err, sizeof(err)));
+  ASSERT_EQ(cfg.shuffle_row_groups, 0);
+  ASSERT_OK(config_set(&cfg, "shuffle_row_groups", "AUTO", err, sizeof(err)));
+  ASSERT_EQ(cfg.shuffle_row_groups, CONFIG_AUTO);
   config_free(&cfg);
   return 0;
 }

@@ -266,7 +266,20 @@ typedef struct pq_column_chunk {
   int64_t dictionary_page_offset; /* -1 when absent */
   /* The byte range that holds the chunk's pages, checked against the file. */
   uint64_t range_offset, range_length;
+  /* Statistics (ColumnMetaData.statistics), as the writer recorded them and
+   * unchecked: at most the first PQ_STAT_BYTES bytes of the minimum and the
+   * maximum (stat_min/stat_max NULL when absent), and the null count (-1
+   * when absent).  stat_legacy: they came from the deprecated min/max
+   * fields, which writers ordered as signed bytes whatever the type.  A cut
+   * maximum is below the true one, so only the minimum stays a bound. */
+  const uint8_t *stat_min, *stat_max;
+  uint16_t stat_min_len, stat_max_len;
+  uint8_t has_stats, stat_legacy, stat_max_cut;
+  int64_t stat_null_count;
 } pq_column_chunk_t;
+
+/* Bytes of a minimum or maximum kept from the statistics. */
+#define PQ_STAT_BYTES 32
 
 typedef struct pq_row_group {
   int64_t num_rows;

@@ -232,6 +232,50 @@ static void parse_kv_list(meta_parser *mp, int type, int *count, pq_kv_t **out) 
   *out = kv;
 }
 
+/* A copy of at most PQ_STAT_BYTES bytes of a statistics value in the arena;
+ * sets *cut when the value was longer. */
+static const uint8_t *stat_copy(meta_parser *mp, const uint8_t *s, size_t len, uint16_t *out_len,
+                                uint8_t *cut) {
+  if (len > PQ_STAT_BYTES) {
+    len = PQ_STAT_BYTES;
+    if (cut) *cut = 1;
+  }
+  uint8_t *copy = arena_alloc(mp, len ? len : 1);
+  if (copy == NULL) return NULL;
+  memcpy(copy, s, len);
+  *out_len = (uint16_t)len;
+  return copy;
+}
+
+/* Statistics: min_value/max_value (6/5) win over the deprecated min/max
+ * (2/1), whichever order the writer put them in. */
+static void parse_statistics(meta_parser *mp, pq_column_chunk_t *cc) {
+  pq_thrift_t *t = &mp->t;
+  int16_t last, id;
+  int type;
+  const uint8_t *v[7] = {0};
+  size_t len[7] = {0};
+  pq_thrift_struct_begin(t, &last);
+  while (pq_thrift_field(t, &last, &id, &type)) {
+    if (id == 1 || id == 2 || id == 5 || id == 6) {
+      v[id] = pq_thrift_binary(t, type, &len[id]);
+    } else if (id == 3) {
+      cc->stat_null_count = pq_thrift_int(t, type);
+    } else {
+      pq_thrift_skip(t, type);
+    }
+  }
+  pq_thrift_struct_end(t);
+  if (t->failed) return;
+  int modern = v[5] != NULL || v[6] != NULL;
+  const uint8_t *mn = modern ? v[6] : v[2], *mx = modern ? v[5] : v[1];
+  size_t mnl = modern ? len[6] : len[2], mxl = modern ? len[5] : len[1];
+  cc->has_stats = 1;
+  cc->stat_legacy = !modern && (mn != NULL || mx != NULL);
+  if (mn) cc->stat_min = stat_copy(mp, mn, mnl, &cc->stat_min_len, NULL);
+  if (mx) cc->stat_max = stat_copy(mp, mx, mxl, &cc->stat_max_len, &cc->stat_max_cut);
+}
+
 static void parse_column_meta(meta_parser *mp, pq_column_chunk_t *cc, int *physical) {
   pq_thrift_t *t = &mp->t;
   int16_t last, id;
@@ -255,6 +299,10 @@ static void parse_column_meta(meta_parser *mp, pq_column_chunk_t *cc, int *physi
       case 7: cc->total_compressed_size = pq_thrift_int(t, type); break;
       case 9: cc->data_page_offset = pq_thrift_int(t, type); break;
       case 11: cc->dictionary_page_offset = pq_thrift_int(t, type); break;
+      case 12:
+        if (type == PQ_TT_STRUCT) parse_statistics(mp, cc);
+        else pq_thrift_skip(t, type);
+        break;
       default: pq_thrift_skip(t, type); break;
     }
   }
@@ -267,6 +315,7 @@ static void parse_column_chunk(meta_parser *mp, pq_column_chunk_t *cc, int *phys
   int16_t last, id;
   int type;
   cc->dictionary_page_offset = -1;
+  cc->stat_null_count = -1;
   pq_thrift_struct_begin(t, &last);
   while (pq_thrift_field(t, &last, &id, &type)) {
     switch (id) {

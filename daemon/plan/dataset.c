@@ -853,6 +853,23 @@ static uint64_t dataset_key(const dataset_t *ds, const dataset_options_t *opts) 
   return h;
 }
 
+/* ds->order, from its footers' statistics (clustered.h). */
+static int judge_order(dataset_t *ds) {
+  const pq_file **files = malloc(ds->num_files * sizeof(*files));
+  const pq_projection **projs = malloc(ds->num_files * sizeof(*projs));
+  int rc = LARDER_ENOMEM;
+  if (files && projs) {
+    for (uint32_t i = 0; i < ds->num_files; i++) {
+      files[i] = ds->files[i].pq;
+      projs[i] = ds->files[i].proj;
+    }
+    rc = clustered_check(files, projs, ds->num_files, &ds->order);
+  }
+  free(files);
+  free(projs);
+  return rc;
+}
+
 int dataset_open(const char *const *sources, size_t n, const char *const *columns, size_t ncols,
                  const dataset_options_t *opts, dataset_t **out, char *err, size_t errlen) {
   *out = NULL;
@@ -874,6 +891,7 @@ int dataset_open(const char *const *sources, size_t n, const char *const *column
   if (rc == 0) rc = check_schemas(ds, err, errlen);
   if (rc == 0) rc = check_row_counts(ds, opts, err, errlen);
   if (rc == 0) rc = cut_dataset(ds, opts, err, errlen);
+  if (rc == 0) rc = judge_order(ds);
   strlist_free(&files);
   if (rc) {
     dataset_free(ds);
@@ -923,6 +941,7 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
 
 int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params, int row_group_blocks,
                          shuffle_plan_t **out) {
+  if (row_group_blocks < 0) row_group_blocks = ds->order.together;
   /* Partitions are made of whole row groups whatever the order within
    * them, so that no row group is fetched by two nodes. */
   int groups = row_group_blocks || params->partitions > 1;

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "acl.h"
+#include "plan/clustered.h"
 #include "plan/footers.h"
 #include "serve/layout.h"
 #include "parquet/parquet.h"
@@ -128,6 +129,9 @@ typedef struct dataset {
   uint64_t resident_priority, stage_priority;
   uint32_t num_rgs;
   footers_t *footers; /* where its files' footers came from, or NULL */
+  /* Whether its row groups may stay together in the shuffle, and why
+   * (clustered.h): what shuffle_row_groups = auto does with it. */
+  clustered_verdict_t order;
 } dataset_t;
 
 /*
@@ -174,7 +178,8 @@ void dataset_column_key(const dataset_t *ds, uint32_t u, int c, store_key_t *key
 /* The shuffle window in units for a window of window_bytes decoded bytes
  * (deterministic: from the footer estimates), at least 1. */
 /* Makes the shuffle plan of a stream over ds: each row group's units form
- * one block when row_group_blocks (shuffle.h), else every unit stands alone.
+ * one block when row_group_blocks (shuffle.h), else every unit stands alone;
+ * row_group_blocks < 0 (shuffle_row_groups = auto) takes ds->order.together.
  * Returns 0 or a shuffle_plan_create error.  Any thread. */
 int dataset_shuffle_plan(const dataset_t *ds, const shuffle_params_t *params, int row_group_blocks,
                          shuffle_plan_t **out);

@@ -121,8 +121,9 @@ void shuffle_plan_free(shuffle_plan_t *plan);
  * order (each count >= 1, summing to num_units; else LARDER_EINVAL).  An
  * epoch's unit order then permutes the blocks and keeps each block's units
  * together (in a random order of their own), and the windows are cut from
- * that order as usual.  With shuffle_row_groups the daemon makes each row
- * group a block: a remote row group is fetched whole, so keeping its units
+ * that order as usual.  With shuffle_row_groups (on, or auto choosing it:
+ * clustered.h) the daemon makes each row group a block: a remote row group
+ * is fetched whole, so keeping its units
  * in one window lets a cold epoch consume data in the order it arrives (a
  * window needs about its own bytes of fetches, not window_units whole row
  * groups), at the price of mixing fewer distinct places per window

@@ -413,6 +413,12 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
                       si.partitions, si.part_first, si.part_last);
         if (stall >= 0) admin_sb_num(&b, stall);
         else strbuf_puts(&b, "null");
+        strbuf_printf(&b, ",\"order\":\"%s\",\"order_auto\":%s,\"order_note\":",
+                      !si.shuffle      ? "dataset"
+                      : si.rg_together ? "row_groups"
+                                       : "units",
+                      si.rg_auto ? "true" : "false");
+        admin_sb_json(&b, si.order_note);
         strbuf_puts(&b, "}");
       } else {
         char name[64], a[32], st_s[16];
@@ -429,6 +435,10 @@ static void cmd_clients(conn_t *self, const Larder__AdminRequest *req) {
                    si.part_last - 1, si.partitions);
         if (si.job[0])
           snprintf(parts + strlen(parts), sizeof(parts) - strlen(parts), " · job %s", si.job);
+        if (si.shuffle)
+          snprintf(parts + strlen(parts), sizeof(parts) - strlen(parts), " · %s%s",
+                   si.rg_together ? "row groups together" : "units mixed singly",
+                   si.rg_auto ? " (auto)" : "");
         strbuf_printf(&b,
                       "         stream %u: rank %u/%u%s · %s · %.1f epochs %s · %" PRIu64
                       " batches (%s) · stall %s\n",

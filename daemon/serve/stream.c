@@ -69,6 +69,10 @@ void stream_info(const stream_t *s, stream_info_t *out) {
   out->ds = s->ds;
   out->job = s->job ? s->job : "";
   out->metrics_group = s->metrics_group;
+  out->shuffle = s->params.shuffle;
+  out->rg_together = s->rg_together;
+  out->rg_auto = s->rg_auto;
+  out->order_note = s->rg_auto && s->ds ? s->ds->order.note : "";
 }
 
 stream_t *stream_find(conn_t *c, uint32_t id) {
@@ -669,7 +673,16 @@ static int open_plan(conn_t *c, stream_t *s, open_req_t *o, int rc) {
                 s->params.partitions);
     return -1;
   }
-  if (rc == 0) stream_set_partitions(s);
+  if (rc == 0) {
+    stream_set_partitions(s);
+    s->rg_auto = o->row_group_blocks < 0;
+    s->rg_together = s->rg_auto ? s->ds->order.together : o->row_group_blocks;
+    /* What auto chose for this dataset, and why (clustered.h). */
+    if (s->rg_auto && s->params.shuffle) {
+      size_t len = strlen(s->note);
+      snprintf(s->note + len, sizeof(s->note) - len, "%s%s", len ? "; " : "", s->ds->order.note);
+    }
+  }
   if (rc) {
     refuse_open(c, s, o, rc, "invalid stream settings (batch_size %u, rank %u of %u)",
                 p->batch_size, p->rank, s->params.world_size);

@@ -70,9 +70,13 @@ typedef struct stream_info {
   uint32_t partitions;            /* P (1: none) */
   uint32_t part_first, part_last; /* its node's partitions */
   uint64_t opened_ns;
-  const dataset_t *ds; /* its files; NULL while the open resolves */
-  const char *job;     /* as the trainer named it ("" when none) */
-  int metrics_group;   /* metrics_group's number (0: none) */
+  const dataset_t *ds;    /* its files; NULL while the open resolves */
+  const char *job;        /* as the trainer named it ("" when none) */
+  int metrics_group;      /* metrics_group's number (0: none) */
+  int shuffle;            /* its order is shuffled */
+  int rg_together;        /* ... with row groups kept together */
+  int rg_auto;            /* ... as shuffle_row_groups = auto chose */
+  const char *order_note; /* auto: why ("" otherwise) */
 } stream_info_t;
 void stream_info(const stream_t *s, stream_info_t *out);
 

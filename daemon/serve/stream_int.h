@@ -136,7 +136,9 @@ struct stream {
   shuffle_plan_t *plan;
   shuffle_params_t params;
   uint32_t part_first, part_last; /* the partitions of its rank's node */
-  char note[384];                 /* told the client at open; "" when nothing */
+  char note[768];                 /* told the client at open; "" when nothing */
+  int rg_together;                /* its plan keeps row groups together */
+  int rg_auto;                    /* ... as shuffle_row_groups = auto chose */
   uint64_t epochs;                /* 0 = unbounded */
   uint64_t batches_per_epoch;
   int num_nodes; /* arrays per batch */
