@@ -15,7 +15,9 @@
 // in id order; or `shuffled`, the rows dealt to the shards by a hash of the
 // id and written in the order of another hash, as a job that prepares a
 // training set writes it (no column is then sorted across row groups, and
-// shuffle_row_groups = auto keeps row groups together).
+// shuffle_row_groups = auto keeps row groups together).  The hashes are MD5
+// of strings: an order by DuckDB's hash(id, n) follows the hash(id) that the
+// dataset's float columns come from, and leaves them grouped.
 //
 // Output: OUTDIR/part-00000.parquet ... and OUTDIR/manifest.json (file sizes,
 // rows, row groups).  Regenerated only when the stamp does not match.
@@ -76,7 +78,8 @@ for (let k = 0; k < SHARDS; k++) {
   rmSync(`${path}.tmp`, { force: true });
   const select = ORDER === 'id'
     ? `SELECT * FROM read_parquet('${src}') WHERE id >= ${lo} AND id < ${hi} ORDER BY id`
-    : `SELECT * FROM read_parquet('${src}') WHERE hash(id, 17) % ${SHARDS} = ${k} ORDER BY hash(id, 18)`;
+    : `SELECT * FROM read_parquet('${src}') WHERE hash(md5('shard-' || id)) % ${SHARDS} = ${k} ` +
+      `ORDER BY md5('order-' || id)`;
   await con.run(
     `COPY (${select}) TO '${path}.tmp' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE ${ROW_GROUP_SIZE})`,
   );
