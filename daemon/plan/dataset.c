@@ -855,6 +855,7 @@ static uint64_t dataset_key(const dataset_t *ds, const dataset_options_t *opts) 
 
 /* ds->order, from its footers' statistics (clustered.h). */
 static int judge_order(dataset_t *ds) {
+  if (ds->num_files == 0) return clustered_check(NULL, NULL, 0, &ds->order);
   const pq_file **files = malloc(ds->num_files * sizeof(*files));
   const pq_projection **projs = malloc(ds->num_files * sizeof(*projs));
   int rc = LARDER_ENOMEM;
