@@ -856,8 +856,10 @@ static uint64_t dataset_key(const dataset_t *ds, const dataset_options_t *opts) 
 /* ds->order, from its footers' statistics (clustered.h). */
 static int judge_order(dataset_t *ds) {
   if (ds->num_files == 0) return clustered_check(NULL, NULL, 0, &ds->order);
-  const pq_file **files = malloc(ds->num_files * sizeof(*files));
-  const pq_projection **projs = malloc(ds->num_files * sizeof(*projs));
+  const pq_file **files =
+      calloc(ds->num_files, sizeof(pq_file *)); /* NOLINT(bugprone-sizeof-expression) */
+  const pq_projection **projs =
+      calloc(ds->num_files, sizeof(pq_projection *)); /* NOLINT(bugprone-sizeof-expression) */
   int rc = LARDER_ENOMEM;
   if (files && projs) {
     for (uint32_t i = 0; i < ds->num_files; i++) {
