@@ -237,9 +237,10 @@ TEST_IMPL(order_auto_hostile_stats) {
   EXPECT_SINGLY(stats_verdict(HOSTILE_RGS, st_inverted), "malformed");
   EXPECT_SINGLY(stats_verdict(HOSTILE_RGS, st_bad_len), "malformed");
   EXPECT_SINGLY(stats_verdict(HOSTILE_RGS, st_binary), "column 'a'");
-  /* One row group: nothing to keep apart. */
+  /* One row group: nothing to keep apart, and nothing to say. */
   v = stats_verdict(1, st_sorted);
   ASSERT(v.together);
+  ASSERT_STR_EQ(v.note, "");
   /* More row groups than are examined: an even sample still sees the sort,
    * and still sees rows in no order as such. */
   v = stats_verdict(CLUSTERED_MAX_ROW_GROUPS + 1000, st_sorted);

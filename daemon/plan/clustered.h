@@ -60,7 +60,8 @@ typedef struct clustered_verdict {
  *     projected column has no usable statistics in some row group that
  *     holds values (a label without statistics could be sorted unseen);
  *   - yes: otherwise, including the case of fewer than two row groups.
- * Writes the verdict and a sentence that names the column that decided.
+ * Writes the verdict and a sentence that names the column that decided
+ * (none with fewer than two row groups: the orders are then the same).
  * Returns 0 or LARDER_ENOMEM.  Any thread.
  */
 int clustered_check(const pq_file *const *files, const pq_projection *const *projs, size_t nfiles,
