@@ -137,9 +137,12 @@ typedef struct run_args {
   uint32_t batch_size, window;
   uint64_t epochs, arena_bytes, seed;
   uint64_t compute_us;
-  /* Results over the epochs after the first. */
+  int daemon_pid;
+  /* Results over the epochs after the first: the daemon's CPU time in
+   * them (all its threads), and the open's wall time (the daemon's region
+   * and pinning, the trainer's IPC mapping). */
   uint64_t batches, bytes;
-  double seconds, stall;
+  double seconds, stall, cpu_ns, open_s;
   int rc;
   char err[512];
 } run_args;
@@ -167,7 +170,9 @@ static void *run_stream(void *arg) {
   o.memory_kind = a->memory_kind;
   o.cuda_device = a->device;
   larder_stream_t *s;
+  double o0 = now_s();
   a->rc = larder_stream_open(c, &o, &s);
+  a->open_s = now_s() - o0;
   if (a->rc) {
     snprintf(a->err, sizeof(a->err), "open: %s: %s", larder_err_name(a->rc),
              larder_client_last_error(c));
@@ -176,7 +181,7 @@ static void *run_stream(void *arg) {
   }
   uint64_t first_epoch = UINT64_MAX;
   double t0 = 0;
-  uint64_t w0 = 0, c0 = 0;
+  uint64_t w0 = 0, c0 = 0, cpu0 = 0;
   for (;;) {
     larder_batch_t *b;
     int rc = larder_stream_next(s, 600000, &b);
@@ -192,6 +197,7 @@ static void *run_stream(void *arg) {
       if (t0 == 0) {
         t0 = now_s();
         larder_stream_stall(s, &w0, &c0);
+        if (a->daemon_pid) cpu0 = daemon_cpu_ns(a->daemon_pid);
       }
       a->batches++;
       a->bytes += larder_batch_bytes(b);
@@ -204,6 +210,7 @@ static void *run_stream(void *arg) {
     }
   }
   a->seconds = t0 ? now_s() - t0 : 0;
+  if (a->daemon_pid && t0) a->cpu_ns = (double)(daemon_cpu_ns(a->daemon_pid) - cpu0);
   uint64_t w1, c1;
   larder_stream_stall(s, &w1, &c1);
   double wait = (double)(w1 - w0), comp = (double)(c1 - c0);
@@ -221,14 +228,13 @@ static void run_or_die(run_args *a) {
   }
 }
 
-/* Runs a and returns the daemon's CPU ns per batch over it (all epochs). */
+/* Runs a and returns the daemon's CPU ns per batch over its warm epochs
+ * (the first, cold, and the open are not counted: the open's cost is
+ * a->open_s, once per stream). */
 static double cost_per_batch(run_args *a, int daemon_pid) {
-  uint64_t c0 = daemon_cpu_ns(daemon_pid);
+  a->daemon_pid = daemon_pid;
   run_or_die(a);
-  uint64_t c1 = daemon_cpu_ns(daemon_pid);
-  /* Batches of every epoch: the first is counted in the CPU time too. */
-  double all = (double)a->batches * (double)a->epochs / (double)(a->epochs - 1);
-  return all > 0 ? (double)(c1 - c0) / all : 0;
+  return a->batches ? a->cpu_ns / (double)a->batches : 0;
 }
 
 static int arg_u64(int argc, char **argv, const char *name, uint64_t def, uint64_t *out) {
@@ -289,9 +295,12 @@ int main(int argc, char **argv) {
   run_args host = base;
   double host_cost = cost_per_batch(&host, pid);
   double host_gbps = host.seconds > 0 ? (double)host.bytes / host.seconds / 1e9 : 0;
-  printf("  host stream: %.2f GB/s of batches (%.0f KiB each), daemon CPU %.1f us per batch\n",
-         host_gbps, host.batches ? (double)host.bytes / (double)host.batches / 1024 : 0,
-         host_cost / 1e3);
+  printf("  host stream: %.2f GB/s of batches (%" PRIu64
+         " of %.0f KiB in %.2f s), daemon CPU %.1f us "
+         "per batch; open %.1f ms\n",
+         host_gbps, host.batches,
+         host.batches ? (double)host.bytes / (double)host.batches / 1024 : 0, host.seconds,
+         host_cost / 1e3, host.open_s * 1e3);
   double cuda_cost = 0;
   for (int d = 0; d < nd; d++) {
     run_args a = base;
@@ -302,9 +311,11 @@ int main(int argc, char **argv) {
     double gbps = a.seconds > 0 ? (double)a.bytes / a.seconds / 1e9 : 0;
     printf(
         "  CUDA stream, GPU %d alone: %.2f GB/s into device memory (%.0f%% of pinned "
-        "cuMemcpyHtoD, %.2f x the host stream), daemon CPU %.1f us per batch (host path %.1f)\n",
+        "cuMemcpyHtoD, %.2f x the host stream), daemon CPU %.1f us per batch (host path %.1f); "
+        "open %.1f ms (host %.1f)\n",
         d, gbps, cr[d].pinned_gbps > 0 ? 100 * gbps / cr[d].pinned_gbps : 0,
-        host_gbps > 0 ? gbps / host_gbps : 0, cost / 1e3, host_cost / 1e3);
+        host_gbps > 0 ? gbps / host_gbps : 0, cost / 1e3, host_cost / 1e3, a.open_s * 1e3,
+        host.open_s * 1e3);
     fflush(stdout);
   }
   if (nd > 1) {

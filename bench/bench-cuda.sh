@@ -13,9 +13,11 @@
 # stall of a trainer stepping just over that cost.
 #
 # Environment: BENCH_SOURCE (a path or glob of Parquet files; default
-# bench/work/zstd-v1.parquet beside this script), BENCH_BATCH (8192),
-# BENCH_EPOCHS (4, the first not counted), BENCH_ARENA_BYTES (0: the
-# daemon's 256 MiB).
+# bench/work/zstd-v1.parquet beside this script), BENCH_COPIES (when the
+# source is one file, the dataset is that many copies of it, as distinct
+# files, so that a warm epoch is long enough to time: default 64),
+# BENCH_BATCH (8192), BENCH_EPOCHS (4, the first not counted),
+# BENCH_ARENA_BYTES (0: the daemon's 256 MiB).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build/release}" && pwd)
@@ -26,6 +28,13 @@ if ! ls $source >/dev/null 2>&1; then
 fi
 case $source in /*) ;; *) source=$PWD/$source ;; esac
 tmp=$(mktemp -d /tmp/larder-bench-cuda.XXXXXX)
+copies=${BENCH_COPIES:-64}
+if [ -f "$source" ] && [ "$copies" -gt 1 ]; then
+  mkdir -p "$tmp/data"
+  for i in $(seq "$copies"); do cp "$source" "$tmp/data/$i.parquet"; done
+  echo "bench-cuda: the dataset is $copies copies of $source ($(du -sh "$tmp/data" | cut -f1) on disk)"
+  source=$tmp/data
+fi
 daemon_pid=
 cleanup() {
   if [ -n "$daemon_pid" ]; then kill -TERM "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
@@ -45,6 +54,14 @@ for _ in $(seq 200); do [ -S "$tmp/sock" ] && break; sleep 0.05; done
 rc=0
 "$build/bin/bench-cuda" all "$tmp/sock" "$source" "$daemon_pid" --batch-size "${BENCH_BATCH:-8192}" \
   --epochs "${BENCH_EPOCHS:-4}" --arena-bytes "${BENCH_ARENA_BYTES:-0}" || rc=$?
+# The daemon's side of the CUDA copies (cuda.h's stats), over every CUDA
+# stream above: the worker time a copy takes beside the batch's assembly.
+"$build/bin/larderctl" --socket="$tmp/sock" stats --json 2>/dev/null | tr ',{}' '\n\n\n' |
+  awk -F: '/"cuda_copies"|"cuda_copy_bytes"|"cuda_copy_ns"|"assemble_ns"|"batches_delivered"/ { gsub(/"/, "", $1); v[$1] = $2 }
+    END { if (v["cuda_copies"] > 0)
+      printf "  the daemon'"'"'s copies: %d, %.2f GB, %.1f us each (%.2f GB/s while a worker waited on one)\n",
+        v["cuda_copies"], v["cuda_copy_bytes"] / 1e9, v["cuda_copy_ns"] / v["cuda_copies"] / 1e3,
+        v["cuda_copy_bytes"] / v["cuda_copy_ns"] }' || true
 if [ $rc -ne 0 ] || grep -q "cannot pin\|CUDA" "$tmp/daemon.log"; then
   echo "--- larderd log (CUDA lines) ---"; grep -i "cuda\|error" "$tmp/daemon.log" | tail -20 || true
 fi

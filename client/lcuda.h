@@ -36,6 +36,7 @@
   XX(cuInit) XX(cuDriverGetVersion) XX(cuGetErrorString) XX(cuGetErrorName)     \
   XX(cuDeviceGetCount) XX(cuDeviceGet) XX(cuDeviceGetName) XX(cuDeviceGetUuid)  \
   XX(cuDevicePrimaryCtxRetain) XX(cuDevicePrimaryCtxRelease)                    \
+  XX(cuDevicePrimaryCtxSetFlags)                                                \
   XX(cuCtxPushCurrent) XX(cuCtxPopCurrent) XX(cuCtxSetCurrent)                  \
   XX(cuCtxSynchronize) XX(cuMemAlloc) XX(cuMemFree) XX(cuMemGetInfo)            \
   XX(cuMemAllocHost) XX(cuMemFreeHost) XX(cuIpcGetMemHandle)                    \

@@ -117,7 +117,12 @@
      "written in a ring")                                                                    \
   XX(cuda_device_bytes, GAUGE,                                                               \
      "GPU memory held for CUDA streams (the device "                                         \
-     "regions that mirror their arenas), all GPUs")
+     "regions that mirror their arenas), all GPUs")                                          \
+  XX(cuda_copies, COUNTER, "batches (or batch parts) copied to a GPU for CUDA streams")      \
+  XX(cuda_copy_bytes, COUNTER, "bytes copied to GPUs for CUDA streams")                      \
+  XX(cuda_copy_ns, SECONDS,                                                                  \
+     "time workers spent copying batches to GPUs, "                                          \
+     "from the copy's start until it completed")
 
 #define STATS_STREAM(XX)                                               \
   XX(batches, COUNTER, "batches delivered")                            \

@@ -30,6 +30,8 @@ export LARDER_TEST_CUDA_REAL=1
 export LARDERD_BIN=$dir/bin/larderd LARDERCTL_BIN=$dir/bin/larderctl
 export LARDER_TEST_DATA=${LARDER_TEST_DATA:-$root/tests/data}
 export LARDER_TEST_WORK=${LARDER_TEST_WORK:-$(mktemp -d /tmp/larder-cuda-real.XXXXXX)}
+# cuda_other_user's trainer runs as nobody, under this directory.
+chmod 0755 "$LARDER_TEST_WORK"
 for b in run-tests larderd larderctl; do
   [ -x "$dir/bin/$b" ] || { echo "cuda-real: $dir/bin/$b is missing" >&2; exit 1; }
 done
@@ -38,7 +40,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L
 echo "cuda-real: ulimit -l $(ulimit -l) (pinned arenas need it high; larderd falls back to pageable copies)"
 rc=0
 "$dir/bin/run-tests" cuda_values_match cuda_small_arena cuda_exports cuda_close_holding cuda_trainer_killed \
-  cuda_two_devices cuda_errors || rc=$?
+  cuda_two_devices cuda_other_user cuda_errors || rc=$?
 if [ $rc -ne 0 ]; then
   echo "cuda-real: tests FAILED (rc $rc): the failing assertion, with the driver's error string, is above" >&2
 fi

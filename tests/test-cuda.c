@@ -13,10 +13,12 @@
  * dereferenced.
  */
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -221,7 +223,7 @@ static uint64_t compare_streams(const char *socket, const larder_stream_options_
  * every batch, over two epochs, with nulls, strings and lists; from a
  * resume position too; with the arena pinned or (pinning refused) not.
  * The device region counts in cuda_device_bytes while the stream is open
- * and no more once it is closed.
+ * and no more once it is closed; the copies count in cuda_copies.
  */
 TEST_IMPL(cuda_values_match) {
   if (use_driver()) return 0;
@@ -235,6 +237,11 @@ TEST_IMPL(cuda_values_match) {
   co.window = 4;
   uint64_t n = compare_streams(d.socket, &ho, &co, &d);
   ASSERT_EQ(n, 2 * ((DH_STD_ROWS + 99) / 100));
+  /* Every batch went to the device, in one copy or one per column, and
+   * the stats count them. */
+  ASSERT_GE(dh_stat(&d, "cuda_copies"), n);
+  ASSERT_GE(dh_stat(&d, "cuda_copy_bytes"), n * 100);
+  ASSERT(dh_stat(&d, "cuda_copy_ns") > 0);
   wait_cuda_bytes(&d, 0);
   /* Resume mid-epoch, from batch 37, on the other device where there is
    * one. */
@@ -559,6 +566,66 @@ TEST_IMPL(cuda_trainer_killed) {
   std_opts(&ho, 100, 1);
   ho.window = 8;
   compare_streams(d.socket, &ho, &co, &d);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * A trainer of another user than larderd's (the deployment: larderd runs
+ * as its own user, trainers as theirs) opens a CUDA stream and finds on
+ * the device the bytes a host stream gives the same user.  Root only: the
+ * trainer is a child that becomes nobody before it touches CUDA.  The
+ * test double's IPC opens the exporter's descriptor through /proc, which
+ * another user may not, so this runs on a GPU (tests/cuda-real.sh), where
+ * it checks the real driver's legacy IPC between two users.
+ */
+TEST_IMPL(cuda_other_user) {
+  if (use_driver()) return 0;
+  if (!real_gpu()) {
+    fprintf(stderr, "skipped: the test double's IPC is one user's; run on a GPU\n");
+    return TEST_SKIP;
+  }
+  if (geteuid() != 0) {
+    fprintf(stderr, "skipped: switches users: run as root\n");
+    return TEST_SKIP;
+  }
+  /* The dataset where nobody can read it. */
+  char data[700], from[1200], to[800];
+  snprintf(data, sizeof(data), "%s/open", test_tmpdir());
+  ASSERT_OK(chmod(test_tmpdir(), 0755));
+  ASSERT_OK(mkdir(data, 0755));
+  for (int i = 0;; i++) {
+    snprintf(from, sizeof(from), "%s/part-%03d.parquet", dh_std_source()[0], i);
+    if (access(from, R_OK) != 0) break;
+    snprintf(to, sizeof(to), "%s/part-%03d.parquet", data, i);
+    test_copy_file(from, to);
+    ASSERT_OK(chmod(to, 0644));
+  }
+  dh_daemon d;
+  static const char *const fl[] = {"--socket_mode=0666", NULL};
+  dh_init(&d, "d", fl);
+  ASSERT_OK(chmod(d.dir, 0755));
+  dh_start(&d);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    gid_t none[1] = {65534};
+    if (setgroups(1, none) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(126);
+    const char *src[1] = {data};
+    larder_stream_options_t ho, co;
+    dh_std_opts(&ho, src, 1, 100, 8, 1, 1u << 20);
+    co = ho;
+    co.memory_kind = LARDER_MEMORY_CUDA;
+    co.cuda_device = 0;
+    uint64_t n = compare_streams(d.socket, &ho, &co, NULL);
+    _exit(n == (DH_STD_ROWS + 99) / 100 ? 0 : 5);
+  }
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    ASSERT_FAIL_("the trainer running as nobody failed (status 0x%x): its assertion is above", st);
   wait_cuda_bytes(&d, 0);
   dh_stop(&d);
   return 0;
@@ -915,6 +982,7 @@ TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_client_closed_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_other_user) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_visible_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_no_driver) {

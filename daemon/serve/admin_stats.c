@@ -617,6 +617,13 @@ static void stats_human(server_t *srv, const conn_t *self, strbuf_t *b) {
   for (int d = 0; d < cuda_devices_seen(); d++)
     strbuf_printf(b, "    device %-3d %s\n", d,
                   admin_fmt_bytes(x, sizeof(x), (double)cuda_device_bytes_of(d)));
+  /* The copies to the GPUs: the worker time each takes beside assembly. */
+  uint64_t copies = STATS_GET(&srv->stats, cuda_copies);
+  if (copies > 0)
+    strbuf_printf(b, "  gpu copies  %s · %s · %.1f us each (cuda_copies, cuda_copy_bytes)\n",
+                  admin_fmt_count(z, sizeof(z), copies),
+                  admin_fmt_bytes(x, sizeof(x), (double)STATS_GET(&srv->stats, cuda_copy_bytes)),
+                  (double)STATS_GET(&srv->stats, cuda_copy_ns) / 1e3 / (double)copies);
 
   /* Remote fetches. */
   strbuf_puts(b, "\nFetch\n");

@@ -17,6 +17,7 @@
 
 #include "lcuda.h"
 #include "log.h"
+#include "util.h"
 
 static uint64_t device_bytes[LCUDA_MAX_DEVICES]; /* atomic adds */
 static int devices_seen;                         /* under lock */
@@ -105,7 +106,22 @@ static CUcontext primary_ctx(const lcuda_api_t *api, int device, char *err, size
   if (c == NULL) {
     CUdevice d;
     CUresult r = api->cuDeviceGet(&d, device);
-    if (r == CUDA_SUCCESS) r = api->cuDevicePrimaryCtxRetain(&c, d);
+    /* Workers wait for their copies asleep (cuStreamSynchronize blocks on
+     * the driver's interrupt) rather than spinning, the driver's choice
+     * when a host has more cores than GPUs: a spinning worker takes a
+     * core from the trainers beside it for every copy.  The trainers'
+     * own contexts are theirs; this is the daemon's process only. */
+    if (r == CUDA_SUCCESS) {
+      CUresult fr = api->cuDevicePrimaryCtxSetFlags(d, CU_CTX_SCHED_BLOCKING_SYNC);
+      if (fr != CUDA_SUCCESS) {
+        char e[160];
+        log_warn(
+            "CUDA device %d: cannot make its waits blocking (%s); workers spin while "
+            "copies run",
+            device, lcuda_strerror(api, fr, e, sizeof(e)));
+      }
+      r = api->cuDevicePrimaryCtxRetain(&c, d);
+    }
     if (r != CUDA_SUCCESS) {
       char e[160];
       snprintf(err, errlen, "CUDA device %d: cannot retain its primary context: %s", device,
@@ -203,6 +219,7 @@ int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, si
     cr = api->cuStreamCreate(st, CU_STREAM_NON_BLOCKING);
     if (cr != CUDA_SUCCESS) *st = NULL;
   }
+  uint64_t t0 = util_now_ns();
   if (cr == CUDA_SUCCESS) {
     what = "cuMemcpyHtoDAsync";
     cr = api->cuMemcpyHtoDAsync(r->dev + off, r->host + off, (size_t)len, *st);
@@ -216,6 +233,9 @@ int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, si
              what, lcuda_strerror(api, cr, e, sizeof(e)));
     return LARDER_EIO;
   }
+  STATS_ADD(r->stats, cuda_copies, 1);
+  STATS_ADD(r->stats, cuda_copy_bytes, len);
+  STATS_ADD(r->stats, cuda_copy_ns, util_now_ns() - t0);
   return 0;
 }
 

@@ -15,7 +15,11 @@
  * batch, it copies the batch's byte ranges to the same offsets of the
  * region (cuda_region_copy: cuMemcpyHtoDAsync on a CUDA stream of the
  * worker's own, per device) and synchronizes that stream before the
- * assembly task ends; the batch is published only after, on the loop.  So
+ * assembly task ends, asleep (the daemon's primary contexts are set to
+ * CU_CTX_SCHED_BLOCKING_SYNC: a spinning wait would take a core from the
+ * trainers for every copy); the batch is published only after, on the
+ * loop.  The copies count in the stats cuda_copies, cuda_copy_bytes and
+ * cuda_copy_ns (the worker time a copy takes beside assembly).  So
  * the trainer never sees a half-copied batch, never blocks its CPU on a
  * copy, and needs no event: the trainer's larder_stream_next returns a
  * batch that is complete on the device.  The trainer opens the handle
@@ -23,16 +27,18 @@
  *
  * Why legacy IPC rather than VMM handles: cuIpcGetMemHandle /
  * cuIpcOpenMemHandle work between any two processes of one host (one PID
- * namespace, the default ptrace scope) that see the same GPUs, with a
- * plain 64-byte handle in a protocol message: no descriptor to pass.  The
+ * namespace) that see the same GPUs, of any two users (test
+ * cuda_other_user: a trainer running as nobody maps a root daemon's region
+ * with the real driver, which no ptrace rule would allow), with a plain
+ * 64-byte handle in a protocol message: no descriptor to pass.  The
  * VMM path (cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
  * cuMemExportToShareableHandle, the fd passed with SCM_RIGHTS as the arena
  * is, cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess in the
  * trainer) needs a driver of CUDA 10.2 / 11.x or later with VMM support,
  * granularity-rounded sizes and more calls on both sides; it is the way
- * to go should legacy IPC be refused between the larder user and a
- * trainer's (different uids, separate PID namespaces), and the reply's
- * memory_kind leaves room to offer it.
+ * to go for a trainer in a PID namespace of its own (a container without
+ * --pid=host), where legacy IPC is not expected to work (not tested
+ * here), and the reply's memory_kind leaves room to offer it.
  *
  * Lifetime: one primary context per device, retained on first use for
  * the daemon's life (worker threads keep a CUDA stream per device in it);

@@ -106,6 +106,13 @@
  *     while trainers keep up, about 1 while they wait on the daemon.)
  *   larder_cuda_device_bytes         gauge    GPU memory held for CUDA streams (the device
  *                                             regions that mirror their arenas), all GPUs
+ *   larder_cuda_copies_total         counter  batches (or batch parts) copied to a GPU for
+ *                                             CUDA streams
+ *   larder_cuda_copy_bytes_total     counter  bytes copied to GPUs for CUDA streams
+ *   larder_cuda_copy_seconds_total   counter  time workers spent copying batches to GPUs,
+ *                                             from the copy's start until it completed
+ *     (Bytes over seconds is the rate a worker sees; seconds over copies
+ *     the worker time a batch's copy takes beside its assembly.)
  *
  *   The cache (store.h's store_stats_t):
  *   larder_cache_capacity_bytes      gauge    bytes of decoded data the cache keeps at most

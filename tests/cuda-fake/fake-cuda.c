@@ -21,8 +21,11 @@
  *   live process still has open, undefined behaviour in CUDA, aborts the
  *   exporter with a message (a dead or zombie importer does not count).
  * - Copies are memcpy, checked to stay inside a known mapping; streams and
- *   synchronization are no-ops.  cuMemHostRegister succeeds unless
- *   $LARDER_FAKE_CUDA_NO_PIN is set.
+ *   synchronization are no-ops, except that cuStreamSynchronize fails
+ *   (CUDA_ERROR_NOT_PERMITTED) in a primary context whose flags
+ *   (cuDevicePrimaryCtxSetFlags) do not say CU_CTX_SCHED_BLOCKING_SYNC:
+ *   larderd's workers must sleep while a copy runs.  cuMemHostRegister
+ *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set.
  * - A context must be current for allocations and IPC (as in CUDA).
  */
 #include <cuda.h>
@@ -73,6 +76,7 @@ static mapping *maps;
 static size_t used[FAKE_MAX_DEVICES];
 static struct CUctx_st ctxs[FAKE_MAX_DEVICES];
 static int ctx_refs[FAKE_MAX_DEVICES];
+static unsigned ctx_flags[FAKE_MAX_DEVICES]; /* cuDevicePrimaryCtxSetFlags */
 static int initialized;
 static __thread struct CUctx_st *current;
 static __thread struct CUctx_st *ctx_stack[16];
@@ -198,6 +202,19 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ordinal) {
   ctx_refs[dev]++;
   pthread_mutex_unlock(&lock);
   *pctx = &ctxs[dev];
+  return CUDA_SUCCESS;
+}
+
+/* The flags are kept, not acted on: nothing here waits. */
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice ordinal, unsigned int flags) {
+  NEED_INIT();
+  if (ordinal < 0 || ordinal >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  if (flags & ~(unsigned)(CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX))
+    return CUDA_ERROR_INVALID_VALUE;
+  if ((flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_MASK) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  ctx_flags[visible(ordinal)] = flags;
+  pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
 }
 
@@ -470,10 +487,18 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
   return hStream ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* A rule of the double, not of CUDA: only a context set to block
+ * (CU_CTX_SCHED_BLOCKING_SYNC) may wait on a stream, so every test checks
+ * that larderd's workers sleep, never spin, while their copies run. */
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   NEED_INIT();
   (void)hStream;
-  return CUDA_SUCCESS;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  unsigned flags = ctx_flags[current->device];
+  pthread_mutex_unlock(&lock);
+  return (flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC ? CUDA_SUCCESS
+                                                                   : CUDA_ERROR_NOT_PERMITTED;
 }
 
 /* Whether [p, p + n) lies in one known mapping of this process. */

@@ -252,11 +252,77 @@ def test_cuda_torch_tensors(cclient):
     assert kept
 
 
+def test_cuda_torch_nested(cclient, monkeypatch):
+    """torch() on lists, maps, structs and decimals gives, leaf by leaf,
+    the tensors of the mapping's own DeviceArrays (each imported alone),
+    with the driver double standing in for the import as above; masks
+    equal mask()'s."""
+    if REAL:
+        pytest.skip("test_cuda_torch_tensors checks the real import")
+    torch = pytest.importorskip("torch")
+
+    def from_dlpack(x):
+        buf = (ctypes.c_uint8 * x.nbytes).from_address(x.ptr)
+        return torch.frombuffer(buf, dtype=torch.uint8)
+
+    monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
+
+    def alone(a):
+        if isinstance(a, dict):
+            return {k: alone(x) for k, x in a.items()}
+        if isinstance(a, tuple):
+            return (alone(a[0]), alone(a[1]))
+        if a.nbytes == 0:
+            return None
+        t = torch.from_dlpack(a)
+        if a.bitmap:
+            return ((t.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[
+                :a.length].bool()
+        t = t.view({"M": torch.int64, "m": torch.int64}.get(a.dtype.kind, None)
+                   or getattr(torch, a.dtype.name))
+        return t.view(a.shape)
+
+    def same(want, got):
+        if isinstance(want, dict):
+            return sorted(want) == sorted(got) and all(same(want[k], got[k]) for k in want)
+        if isinstance(want, tuple):
+            return same(want[0], got[0]) and same(want[1], got[1])
+        if want is None:
+            return got.numel() == 0
+        return want.dtype == got.dtype and want.shape == got.shape and torch.equal(want, got)
+
+    for f in ("nested_maps.snappy.parquet", "list_columns.parquet", "null_list.parquet",
+              "fixed_length_decimal.parquet", "nonnullable.impala.parquet"):
+        dev = cclient.stream(os.path.join(lt.DATA, f), memory="cuda", device=0, batch_size=3,
+                             seed=2, epochs=1, window=4)
+        for db in dev:
+            got, gotm = db.torch(), db.torch(masks=True)
+            for k in db:
+                assert same(alone(db[k]), got[k]), (f, k)
+                assert same(got[k], gotm[k][0]), (f, k)
+                m = db.mask(k)
+                assert (m is None) == (gotm[k][1] is None), (f, k)
+                if m is not None:
+                    assert same(alone(m), gotm[k][1]), (f, k)
+            del db, got, gotm
+        dev.close()
+
+
+def _same_tensors(a, b):
+    """Whether a and b (tensors, pairs of them, dicts) are equal."""
+    if isinstance(a, dict):
+        return sorted(a) == sorted(b) and all(_same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same_tensors(x, y) for x, y in zip(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.numpy(), b.numpy())
+
+
 def test_cuda_torch_views(cclient, monkeypatch):
     """DeviceBatch.torch() makes one tensor of the batch's span and views
     of it: checked here with the driver double, whose device memory the
     host can read, by standing in for torch.from_dlpack with a CPU tensor
-    over the same bytes.  Values and masks equal the host stream's."""
+    over the same bytes.  Values and masks equal the host stream's, and
+    torch() without masks gives the same tensors."""
     if REAL:
         pytest.skip("test_cuda_torch_tensors checks the real import")
     torch = pytest.importorskip("torch")
@@ -277,8 +343,11 @@ def test_cuda_torch_views(cclient, monkeypatch):
             n0 = len(spans)
             dt = db.torch(masks=True)
             assert len(spans) - n0 <= 1  # one import per batch
+            dn = db.torch()
+            assert list(dn) == list(dt) == list(hb)
             for k, (t, m) in hb.torch(masks=True).items():
                 d, dm = dt[k]
+                assert _same_tensors(dn[k], d), (src, k)
                 flat_h, flat_d = [], []
                 for x, out in ((t, flat_h), (d, flat_d)):
                     stack = [x]

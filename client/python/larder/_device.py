@@ -23,6 +23,7 @@ import ctypes
 
 import numpy as np
 
+from . import _LISTS, _T, _VAR
 from ._lib import (BATCH_INFO_WORDS, ARRAY_INFO_WORDS, DLDataType, DLManagedTensor, P)
 
 __all__ = ["DeviceArray", "DeviceVarColumn", "DeviceBatch"]
@@ -184,7 +185,9 @@ class DeviceBatch(collections.abc.Mapping):
     DeviceArray.length; FIXED_BINARY and decimals as (rows, width) uint8),
     DeviceVarColumn (strings, binary, lists, maps) or dict (structs).
     ``torch()`` gives CUDA tensors, ``mask(name)`` the validity bitmap.
-    ``numpy()`` is refused: the data is not in host memory."""
+    ``numpy()`` is refused: the data is not in host memory.  The
+    DeviceArrays are made on first use of the mapping: ``torch()`` goes
+    from the batch's buffer table to tensors without them."""
 
     __slots__ = ("_stream", "_owner", "_arrays", "_vec", "num_rows", "epoch", "index",
                  "device", "__weakref__")
@@ -203,13 +206,19 @@ class DeviceBatch(collections.abc.Mapping):
         self._vec = v
         self.num_rows, self.epoch, self.index = v[0], v[1], v[2]
         self.device = L.larder_batch_device(ptr)
-        self._arrays = {f.name: self._build(f, i) for i, f in enumerate(stream._fields)}
+        self._arrays = None
+
+    def _cols(self):
+        a = self._arrays
+        if a is None:
+            a = self._arrays = {f.name: self._build(f, i)
+                                for i, f in enumerate(self._stream._fields)}
+        return a
 
     def _build(self, f, idx):
         v, o, dev = self._vec, self._owner, self.device
         k = BATCH_INFO_WORDS + idx * ARRAY_INFO_WORDS
         t, width, ow, length = v[k], v[k + 1], v[k + 2], v[k + 6]
-        from . import _T, _VAR, _LISTS
         if f.dtype is not None:
             return DeviceArray(o, v[k + 10], (length,), f.dtype, dev)
         if t == _T["bool"]:
@@ -234,17 +243,17 @@ class DeviceBatch(collections.abc.Mapping):
     # -- mapping
 
     def __getitem__(self, name):
-        return self._arrays[name]
+        return self._cols()[name]
 
     def __iter__(self):
-        return iter(self._arrays)
+        return iter(self._cols())
 
     def __len__(self):
-        return len(self._arrays)
+        return len(self._stream._fields) if self._arrays is None else len(self._arrays)
 
     def __repr__(self):
         return "DeviceBatch(epoch=%d, index=%d, rows=%d, device=cuda:%d, columns=%s)" % (
-            self.epoch, self.index, self.num_rows, self.device, list(self._arrays))
+            self.epoch, self.index, self.num_rows, self.device, list(self._cols()))
 
     @property
     def position(self):
@@ -270,33 +279,16 @@ class DeviceBatch(collections.abc.Mapping):
     def torch(self, masks=False):
         """{name: CUDA tensor}, zero-copy (BOOL columns and masks are
         unpacked to bool tensors on the GPU).  DeviceVarColumns become
-        (offsets, values) tensor pairs.  One DLPack tensor spans the
-        batch's buffers, and each column is a view of it: the cost is one
-        import and a view per buffer, whatever the columns."""
-        arrays = []
-        for a in self._arrays.values():
-            _flatten(a, arrays)
-        if masks:
-            ms = {k: self.mask(k) for k in self._arrays}
-            arrays.extend(m for m in ms.values() if m is not None)
-        base, lo = self._span(arrays)
-        out = {k: _to_torch(a, base, lo) for k, a in self._arrays.items()}
-        if masks:
-            out = {k: (t, None if ms[k] is None else _to_torch(ms[k], base, lo))
-                   for k, t in out.items()}
-        return out
-
-    def _span(self, arrays):
-        """A uint8 CUDA tensor over every byte the arrays cover, and the
-        device address it starts at (None, 0 when they cover none)."""
-        live = [a for a in arrays if a.nbytes]
-        if not live:
-            return None, 0
-        lo = min(a.ptr for a in live)
-        hi = max(a.ptr + a.nbytes for a in live)
-        span = DeviceArray(self._owner, lo, (hi - lo,), np.uint8, self.device)
-        import torch
-        return torch.from_dlpack(span), lo
+        (offsets, values) tensor pairs; with masks, each entry is (tensor,
+        mask or None).  One DLPack tensor spans the batch's buffers, and
+        each buffer is a view of it: one import and a view or two per
+        buffer, from a plan the stream makes at its first call."""
+        if self._owner is None:
+            raise ValueError("larder: the batch was released")
+        plan = self._stream._tplan
+        if plan is None:
+            plan = self._stream._tplan = _TorchPlan(self._stream._fields, self._vec)
+        return plan.tensors(self, masks)
 
     def release(self):
         """Drops the batch's own reference: the region goes back to the
@@ -304,17 +296,6 @@ class DeviceBatch(collections.abc.Mapping):
         array or tensor is dropped."""
         self._arrays = {}
         self._owner = None
-
-
-def _flatten(a, out):
-    if isinstance(a, DeviceArray):
-        out.append(a)
-    elif isinstance(a, dict):
-        for x in a.values():
-            _flatten(x, out)
-    else:  # DeviceVarColumn
-        _flatten(a[0], out)
-        _flatten(a[1], out)
 
 
 _TORCH_TYPES = {}
@@ -332,25 +313,122 @@ def _torch_dtype(dt):
     return t
 
 
-def _to_torch(a, base, lo):
-    """The tensor of a (a DeviceArray, DeviceVarColumn or dict) as a view of
-    base, the span tensor that starts at device address lo."""
-    if isinstance(a, DeviceArray):
-        if a.nbytes == 0:
-            import torch
-            if a.bitmap:
-                return torch.zeros(a.length, dtype=torch.bool, device=base.device
-                                   if base is not None else "cuda:%d" % a.device)
-            return torch.empty(a.shape, dtype=_torch_dtype(a.dtype),
-                               device=base.device if base is not None else "cuda:%d" % a.device)
-        off = a.ptr - lo
-        t = base[off:off + a.nbytes]
-        if a.bitmap:
-            return _unpack_bits(t, a.length)
-        t = t.view(_torch_dtype(a.dtype))
-        return t.view(a.shape) if len(a.shape) > 1 else t
-    if isinstance(a, DeviceVarColumn):
-        return (_to_torch(a[0], base, lo), _to_torch(a[1], base, lo))
-    if isinstance(a, dict):
-        return {k: _to_torch(x, base, lo) for k, x in a.items()}
-    raise TypeError("larder: cannot make a tensor of %r" % (a,))
+class _TorchPlan:
+    """How a stream's batches become tensors: a leaf per buffer, (ptr word,
+    length word, bytes per element, kind, torch dtype, width), and each
+    column's shape as a tree of leaf numbers (a pair for a variable-width
+    column, a dict for a struct).  The words are indexes into the batch's
+    buffer table (the same for every batch of the stream: its arrays follow
+    the schema); the kinds: 0 values (length elements, or (length, width)
+    bytes), 1 a bitmap of length bits, 2 offsets (length + 1 when length),
+    3 bytes (their count at the length word), 4 nothing (a NULL column)."""
+
+    def __init__(self, fields, v):
+        import torch
+        self.torch = torch
+        self.leaves = []
+        self.masks = []  # per column: the k of its array (mask words k+6..k+8)
+        self.shapes = []
+        for i, f in enumerate(fields):
+            self.shapes.append((f.name, self._field(f, i, v)))
+            self.masks.append(BATCH_INFO_WORDS + i * ARRAY_INFO_WORDS)
+
+    def _leaf(self, *leaf):
+        self.leaves.append(leaf)
+        return len(self.leaves) - 1
+
+    def _field(self, f, idx, v):
+        k = BATCH_INFO_WORDS + idx * ARRAY_INFO_WORDS
+        t, width, ow = v[k], v[k + 1], v[k + 2]
+        u8 = self.torch.uint8
+        if f.dtype is not None:
+            return self._leaf(k + 10, k + 6, f.dtype.itemsize, 0, _torch_dtype(f.dtype), 0)
+        if t == _T["bool"]:
+            return self._leaf(k + 10, k + 6, 1, 1, u8, 0)
+        if t == _T["null"]:
+            return self._leaf(k + 10, k + 6, 1, 4, u8, 0)
+        if t == _T["fixed_binary"] or t in (_T["decimal128"], _T["decimal256"]):
+            return self._leaf(k + 10, k + 6, width, 0, u8, width)
+        offs = self._leaf(k + 9, k + 6, ow, 2, self.torch.int32 if ow == 4 else self.torch.int64,
+                          0)
+        if t in _VAR:
+            return (offs, self._leaf(k + 10, k + 11, 1, 3, u8, 0))
+        if t in _LISTS or t == _T["map"]:
+            return (offs, self._field(f.children[0], v[k + 4], v))
+        if t == _T["struct"]:
+            first = v[k + 4]
+            return {c.name: self._field(c, first + j, v) for j, c in enumerate(f.children)}
+        raise TypeError("larder: column %r has type %s, which the package cannot view"
+                        % (f.name, f.type_name))
+
+    def tensors(self, batch, masks):
+        torch = self.torch
+        v = batch._vec
+        bufs = []  # (ptr, bytes) per leaf, then per mask
+        for p, n, size, kind, _, _ in self.leaves:
+            length = v[n]
+            if kind == 0:
+                nb = length * size
+            elif kind == 1:
+                nb = (length + 7) // 8
+            elif kind == 2:
+                nb = (length + 1) * size if length else 0
+            elif kind == 3:
+                nb = length
+            else:
+                nb = 0
+            bufs.append((v[p], nb))
+        if masks:
+            for k in self.masks:
+                bufs.append((v[k + 8], (v[k + 6] + 7) // 8) if v[k + 7] else (0, 0))
+        lo = hi = None
+        for ptr, nb in bufs:
+            if nb:
+                lo = ptr if lo is None or ptr < lo else lo
+                hi = ptr + nb if hi is None or ptr + nb > hi else hi
+        dev = "cuda:%d" % batch.device
+        base = None
+        if lo is not None:
+            base = torch.from_dlpack(DeviceArray(batch._owner, lo, (hi - lo,), np.uint8,
+                                                 batch.device))
+            dev = base.device
+        u8 = torch.uint8
+        out = []
+        for (ptr, nb), (_, n, size, kind, dt, width) in zip(bufs, self.leaves):
+            length = v[n]
+            if nb == 0:
+                if kind == 1 or kind == 4:
+                    out.append(torch.zeros(length, dtype=torch.bool, device=dev))
+                elif width:
+                    out.append(torch.empty((length, width), dtype=u8, device=dev))
+                else:
+                    out.append(torch.empty(0 if kind > 1 else length, dtype=dt, device=dev))
+                continue
+            x = base[ptr - lo:ptr - lo + nb]
+            if kind == 1:
+                x = _unpack_bits(x, length)
+            elif width:
+                x = x.view(length, width)
+            elif dt is not u8:
+                x = x.view(dt)
+            out.append(x)
+        cols = {name: _shape(shape, out) for name, shape in self.shapes}
+        if not masks:
+            return cols
+        res = {}
+        for (name, t), k, (ptr, nb) in zip(cols.items(), self.masks, bufs[len(self.leaves):]):
+            if not v[k + 7]:
+                res[name] = (t, None)
+            elif nb:
+                res[name] = (t, _unpack_bits(base[ptr - lo:ptr - lo + nb], v[k + 6]))
+            else:
+                res[name] = (t, torch.zeros(v[k + 6], dtype=torch.bool, device=dev))
+        return res
+
+
+def _shape(shape, out):
+    if isinstance(shape, int):
+        return out[shape]
+    if isinstance(shape, tuple):
+        return (_shape(shape[0], out), _shape(shape[1], out))
+    return {k: _shape(x, out) for k, x in shape.items()}
