@@ -3,7 +3,8 @@
  * bench/bench-cuda.sh from a bundle).  One run prints:
  *
  *   - per GPU, the host-to-device bandwidth of a plain cuMemcpyHtoD from
- *     pinned memory (the physical limit) and from pageable memory, beside
+ *     pinned memory (the physical limit), from pageable memory and from a
+ *     registered memfd (the arenas' kind of memory), beside
  *     the batch bytes per second larder delivers into that GPU's memory
  *     (a CUDA stream read by a trainer that only releases), alone and with
  *     every GPU fed at once;
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,11 +95,13 @@ static uint64_t daemon_cpu_ns(int pid) {
 }
 
 typedef struct copy_result {
-  double pinned_gbps, pageable_gbps;
+  double pinned_gbps, pageable_gbps, arena_gbps;
   char name[128];
 } copy_result;
 
-/* cuMemcpyHtoD of `bytes`, pinned then pageable, on device dev. */
+/* cuMemcpyHtoD of `bytes`, pinned (cuMemAllocHost), pageable, then from
+ * memory of the arenas' kind (a memfd mapped shared, registered with
+ * cuMemHostRegister as larderd does), on device dev. */
 static void measure_copy(int dev, size_t bytes, copy_result *out) {
   CUdevice d;
   CUcontext ctx, popped;
@@ -111,10 +115,17 @@ static void measure_copy(int dev, size_t bytes, copy_result *out) {
   CHECK(cu->cuMemAllocHost(&pinned, bytes));
   void *pageable = malloc(bytes);
   if (pageable == NULL) exit(1);
+  int fd = memfd_create("bench-cuda-arena", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) exit(1);
+  void *arena = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (arena == MAP_FAILED) exit(1);
+  close(fd);
   memset(pinned, 1, bytes);
   memset(pageable, 1, bytes);
-  for (int kind = 0; kind < 2; kind++) {
-    void *src = kind == 0 ? pinned : pageable;
+  memset(arena, 1, bytes);
+  CHECK(cu->cuMemHostRegister(arena, bytes, CU_MEMHOSTREGISTER_PORTABLE));
+  for (int kind = 0; kind < 3; kind++) {
+    void *src = kind == 0 ? pinned : kind == 1 ? pageable : arena;
     CHECK(cu->cuMemcpyHtoD(dst, src, bytes)); /* warm-up */
     int iters = 10;
     double t0 = now_s();
@@ -122,8 +133,11 @@ static void measure_copy(int dev, size_t bytes, copy_result *out) {
     CHECK(cu->cuCtxSynchronize());
     double gbps = (double)bytes * iters / (now_s() - t0) / 1e9;
     if (kind == 0) out->pinned_gbps = gbps;
-    else out->pageable_gbps = gbps;
+    else if (kind == 1) out->pageable_gbps = gbps;
+    else out->arena_gbps = gbps;
   }
+  CHECK(cu->cuMemHostUnregister(arena));
+  munmap(arena, bytes);
   free(pageable);
   CHECK(cu->cuMemFreeHost(pinned));
   CHECK(cu->cuMemFree(dst));
@@ -272,8 +286,10 @@ int main(int argc, char **argv) {
   if (cr == NULL) return 1;
   for (int d = 0; d < nd; d++) {
     measure_copy(d, (size_t)copy_mib << 20, &cr[d]);
-    printf("  GPU %d %s: cuMemcpyHtoD of %" PRIu64 " MiB: pinned %.2f GB/s, pageable %.2f GB/s\n",
-           d, cr[d].name, copy_mib, cr[d].pinned_gbps, cr[d].pageable_gbps);
+    printf("  GPU %d %s: cuMemcpyHtoD of %" PRIu64
+           " MiB: pinned %.2f GB/s, pageable %.2f GB/s, a registered memfd (an arena's "
+           "memory) %.2f GB/s\n",
+           d, cr[d].name, copy_mib, cr[d].pinned_gbps, cr[d].pageable_gbps, cr[d].arena_gbps);
   }
   fflush(stdout);
   if (strcmp(argv[1], "copy") == 0) return 0;

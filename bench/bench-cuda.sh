@@ -55,11 +55,12 @@ rc=0
 "$build/bin/bench-cuda" all "$tmp/sock" "$source" "$daemon_pid" --batch-size "${BENCH_BATCH:-8192}" \
   --epochs "${BENCH_EPOCHS:-4}" --arena-bytes "${BENCH_ARENA_BYTES:-0}" || rc=$?
 # The daemon's side of the CUDA copies (cuda.h's stats), over every CUDA
-# stream above: the worker time a copy takes beside the batch's assembly.
+# stream above: how long a batch's copy ran, from its start on a worker
+# (which goes on to its next task) until the driver reported it done.
 "$build/bin/larderctl" --socket="$tmp/sock" stats --json 2>/dev/null | tr ',{}' '\n\n\n' |
   awk -F: '/"cuda_copies"|"cuda_copy_bytes"|"cuda_copy_ns"|"assemble_ns"|"batches_delivered"/ { gsub(/"/, "", $1); v[$1] = $2 }
     END { if (v["cuda_copies"] > 0)
-      printf "  the daemon'"'"'s copies: %d, %.2f GB, %.1f us each (%.2f GB/s while a worker waited on one)\n",
+      printf "  the daemon'"'"'s copies: %d, %.2f GB, %.1f us each from start to end (%.2f GB/s a copy)\n",
         v["cuda_copies"], v["cuda_copy_bytes"] / 1e9, v["cuda_copy_ns"] / v["cuda_copies"] / 1e3,
         v["cuda_copy_bytes"] / v["cuda_copy_ns"] }' || true
 if [ $rc -ne 0 ] || grep -q "cannot pin\|CUDA" "$tmp/daemon.log"; then

@@ -42,7 +42,8 @@
   XX(cuMemAllocHost) XX(cuMemFreeHost) XX(cuIpcGetMemHandle)                    \
   XX(cuIpcOpenMemHandle) XX(cuIpcCloseMemHandle) XX(cuMemHostRegister)          \
   XX(cuMemHostUnregister) XX(cuStreamCreate) XX(cuStreamDestroy)                \
-  XX(cuStreamSynchronize) XX(cuMemcpyHtoDAsync) XX(cuMemcpyHtoD)                \
+  XX(cuStreamSynchronize) XX(cuStreamAddCallback) XX(cuMemcpyHtoDAsync)        \
+  XX(cuMemcpyHtoD)                                                              \
   XX(cuMemcpyDtoH)
 /* clang-format on */
 

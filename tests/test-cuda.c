@@ -785,6 +785,56 @@ static void expect_host_works(const char *socket) {
 }
 
 /*
+ * A copy to the device that fails (the double passes an error to the
+ * driver callbacks after the first few): the trainer's next call fails
+ * with the driver's error, the batches before it were whole, the device
+ * region goes once the trainer closes the stream, and host streams and the
+ * next CUDA stream (once copies succeed again, in a new daemon) work.
+ */
+TEST_IMPL(cuda_copy_fails) {
+  if (use_driver()) return 0;
+  if (real_gpu()) {
+    fprintf(stderr, "skipped: needs the test double's failing copies\n");
+    return TEST_SKIP;
+  }
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_FAIL_CALLBACKS", "3", 1));
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_FAIL_CALLBACKS"));
+  larder_stream_options_t co;
+  cuda_opts(&co, 100, 1, 0);
+  co.window = 1;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d.socket, &c));
+  larder_stream_t *s;
+  ASSERT_OK(larder_stream_open(c, &co, &s));
+  int rc = 0, n = 0;
+  for (;;) {
+    larder_batch_t *b;
+    rc = larder_stream_next(s, 60000 * dh_slow(), &b);
+    if (rc) break;
+    larder_batch_release(b);
+    n++;
+  }
+  ASSERT_EQ(rc, LARDER_EIO);
+  ASSERT_LE(n, 3);
+  ASSERT_STR_CONTAINS(larder_client_last_error(c), "copying a batch to the GPU failed");
+  larder_stream_close(s);
+  larder_client_close(c);
+  wait_cuda_bytes(&d, 0);
+  expect_host_works(d.socket);
+  dh_stop(&d);
+  dh_start(&d);
+  larder_stream_options_t ho;
+  std_opts(&ho, 100, 1);
+  ASSERT_EQ(compare_streams(d.socket, &ho, &co, &d), (DH_STD_ROWS + 99) / 100);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * The errors: a device that does not exist (EINVAL naming it, from
  * liblarder and, asked directly, from larderd); device memory exhausted
  * (ENOMEM naming the device, the host streams unaffected, a smaller
@@ -983,6 +1033,7 @@ TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_client_closed_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_other_user) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_copy_fails) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_visible_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_no_driver) {

@@ -2,7 +2,7 @@
  * (tests/cuda-fake/) or, from tests/cuda-real.sh, a real GPU: the bytes
  * against a host stream's, the exports, a stream closed with batches
  * held, a killed trainer, two devices, a trainer of another user (on a
- * GPU), renumbered devices, the errors, no driver. */
+ * GPU), renumbered devices, a copy that fails, the errors, no driver. */
 TEST_ENTRY(cuda_values_match, 180000)
 TEST_ENTRY(cuda_small_arena, 120000)
 TEST_ENTRY(cuda_exports, 120000)
@@ -12,5 +12,6 @@ TEST_ENTRY(cuda_trainer_killed, 120000)
 TEST_ENTRY(cuda_two_devices, 120000)
 TEST_ENTRY(cuda_other_user, 120000)
 TEST_ENTRY(cuda_visible_devices, 120000)
+TEST_ENTRY(cuda_copy_fails, 120000)
 TEST_ENTRY(cuda_errors, 120000)
 TEST_ENTRY(cuda_no_driver, 120000)

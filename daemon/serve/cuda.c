@@ -7,6 +7,9 @@
  * - device_bytes[d] is the sum of the sizes of the open regions on d.
  * - A region's arena pinning is undone before the arena is unmapped
  *   (stream.c closes the region first).
+ * - A copy_t counts in copies_pending from cuda_region_copy's success until
+ *   its done callback returned on the loop; the async handle that carries
+ *   it there is closed only when none is pending (server.c's shutdown).
  */
 #include "serve/cuda.h"
 
@@ -72,6 +75,74 @@ static void unpark(uint64_t owner, uint32_t stream_id, int all) {
 
 void cuda_unpark(uint64_t owner, uint32_t stream_id) { unpark(owner, stream_id, 0); }
 void cuda_unpark_all(uint64_t owner) { unpark(owner, 0, 1); }
+
+/* Copies in flight: a copy_t each, from cuda_region_copy until its done
+ * callback ran on the loop.  The driver's callback moves it to `finished`
+ * (under finished_lock) and wakes the loop. */
+typedef struct copy {
+  struct copy *next;
+  cuda_copy_cb done;
+  void *arg;
+  int device;
+  int status; /* the driver's CUresult, 0 for success */
+  uint64_t start_ns;
+  stats_global_t *stats;
+} copy_t;
+
+static pthread_mutex_t finished_lock = PTHREAD_MUTEX_INITIALIZER;
+static copy_t *finished; /* under finished_lock, newest first */
+static uv_async_t finished_async;
+static int loop_started;   /* written on the loop, read atomically by workers */
+static int copies_pending; /* atomic */
+
+int cuda_copies_pending(void) { return __atomic_load_n(&copies_pending, __ATOMIC_ACQUIRE); }
+
+/* Reverses the list of finished copies (newest first) into the order the
+ * driver finished them. */
+static copy_t *oldest_first(copy_t *c) {
+  copy_t *out = NULL;
+  while (c) {
+    copy_t *next = c->next;
+    c->next = out;
+    out = c;
+    c = next;
+  }
+  return out;
+}
+
+static void report_copy(copy_t *c); /* the done callback, with the error's text */
+
+static void on_finished(uv_async_t *a) {
+  (void)a;
+  pthread_mutex_lock(&finished_lock);
+  copy_t *c = finished;
+  finished = NULL;
+  pthread_mutex_unlock(&finished_lock);
+  c = oldest_first(c);
+  while (c) {
+    copy_t *next = c->next;
+    report_copy(c);
+    free(c);
+    __atomic_sub_fetch(&copies_pending, 1, __ATOMIC_RELEASE);
+    c = next;
+  }
+}
+
+int cuda_loop_start(uv_loop_t *loop) {
+  if (loop_started) return 0;
+  int rc = uv_async_init(loop, &finished_async, on_finished);
+  if (rc) return rc;
+  /* Copies never keep the loop alive: the shutdown waits for them. */
+  uv_unref((uv_handle_t *)&finished_async);
+  __atomic_store_n(&loop_started, 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+void cuda_loop_stop(void) {
+  if (!loop_started) return;
+  __atomic_store_n(&loop_started, 0, __ATOMIC_RELEASE);
+  uv_close((uv_handle_t *)&finished_async, NULL);
+}
 
 #ifdef LARDER_HAVE_CUDA_H
 
@@ -202,13 +273,55 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   return 0;
 }
 
-int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, size_t errlen) {
-  if (len == 0) return 0;
-  if (off > r->size || len > r->size - off) {
-    snprintf(err, errlen, "CUDA copy of [%llu, +%llu) outside the %llu-byte region",
-             (unsigned long long)off, (unsigned long long)len, (unsigned long long)r->size);
+/* The driver's callback, on a thread of its own once the copies before it
+ * on the stream ended: hands the copy to the loop.  No CUDA call here. */
+static void CUDA_CB copy_finished(CUstream st, CUresult status, void *arg) {
+  (void)st;
+  copy_t *c = arg;
+  c->status = (int)status;
+  STATS_ADD(c->stats, cuda_copy_ns, util_now_ns() - c->start_ns);
+  pthread_mutex_lock(&finished_lock);
+  c->next = finished;
+  finished = c;
+  pthread_mutex_unlock(&finished_lock);
+  uv_async_send(&finished_async);
+}
+
+static void report_copy(copy_t *c) {
+  if (c->status == CUDA_SUCCESS) {
+    c->done(c->arg, 0, "");
+    return;
+  }
+  char e[160], msg[300];
+  char lerr[200];
+  const lcuda_api_t *api = lcuda_load(lerr, sizeof(lerr));
+  snprintf(msg, sizeof(msg), "CUDA device %d: copying a batch to the GPU failed: %s", c->device,
+           api ? lcuda_strerror(api, (CUresult)c->status, e, sizeof(e)) : "(no driver)");
+  c->done(c->arg, LARDER_EIO, msg);
+}
+
+int cuda_region_copy(cuda_region_t *r, const uint64_t *offs, const uint64_t *lens, int n,
+                     cuda_copy_cb done, void *arg, char *err, size_t errlen) {
+  if (!__atomic_load_n(&loop_started, __ATOMIC_ACQUIRE)) {
+    snprintf(err, errlen, "CUDA copies: no loop to report them to (cuda_loop_start)");
     return LARDER_EIO;
   }
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    if (offs[i] > r->size || lens[i] > r->size - offs[i]) {
+      snprintf(err, errlen, "CUDA copy of [%llu, +%llu) outside the %llu-byte region",
+               (unsigned long long)offs[i], (unsigned long long)lens[i],
+               (unsigned long long)r->size);
+      return LARDER_EIO;
+    }
+    total += lens[i];
+  }
+  copy_t *c = calloc(1, sizeof(*c));
+  if (c == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return LARDER_ENOMEM;
+  }
+  *c = (copy_t){NULL, done, arg, r->device, 0, util_now_ns(), r->stats};
   const lcuda_api_t *api = r->api;
   char e[160];
   const char *what = "cuCtxSetCurrent";
@@ -219,24 +332,31 @@ int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, si
     cr = api->cuStreamCreate(st, CU_STREAM_NON_BLOCKING);
     if (cr != CUDA_SUCCESS) *st = NULL;
   }
-  uint64_t t0 = util_now_ns();
-  if (cr == CUDA_SUCCESS) {
+  int started = 0;
+  for (int i = 0; i < n && cr == CUDA_SUCCESS; i++) {
+    if (lens[i] == 0) continue;
     what = "cuMemcpyHtoDAsync";
-    cr = api->cuMemcpyHtoDAsync(r->dev + off, r->host + off, (size_t)len, *st);
+    cr = api->cuMemcpyHtoDAsync(r->dev + offs[i], r->host + offs[i], (size_t)lens[i], *st);
+    if (cr == CUDA_SUCCESS) started = 1;
   }
   if (cr == CUDA_SUCCESS) {
-    what = "cuStreamSynchronize";
-    cr = api->cuStreamSynchronize(*st);
+    what = "cuStreamAddCallback";
+    __atomic_add_fetch(&copies_pending, 1, __ATOMIC_RELAXED);
+    cr = api->cuStreamAddCallback(*st, copy_finished, c, 0);
+    if (cr == CUDA_SUCCESS) {
+      STATS_ADD(r->stats, cuda_copies, 1);
+      STATS_ADD(r->stats, cuda_copy_bytes, total);
+      return 0;
+    }
+    __atomic_sub_fetch(&copies_pending, 1, __ATOMIC_RELAXED);
   }
-  if (cr != CUDA_SUCCESS) {
-    snprintf(err, errlen, "CUDA device %d: copying a batch to the GPU failed (%s): %s", r->device,
-             what, lcuda_strerror(api, cr, e, sizeof(e)));
-    return LARDER_EIO;
-  }
-  STATS_ADD(r->stats, cuda_copies, 1);
-  STATS_ADD(r->stats, cuda_copy_bytes, len);
-  STATS_ADD(r->stats, cuda_copy_ns, util_now_ns() - t0);
-  return 0;
+  /* Copies already started read the arena, whose room the caller frees on
+   * this error: they end first (asleep: the context blocks). */
+  if (started) (void)api->cuStreamSynchronize(*st);
+  free(c);
+  snprintf(err, errlen, "CUDA device %d: copying a batch to the GPU failed (%s): %s", r->device,
+           what, lcuda_strerror(api, cr, e, sizeof(e)));
+  return LARDER_EIO;
 }
 
 int cuda_region_pinned(const cuda_region_t *r) { return r->pinned; }
@@ -289,10 +409,16 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   return cuda_check(device, err, errlen);
 }
 
-int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, size_t errlen) {
+static void report_copy(copy_t *c) { c->done(c->arg, LARDER_EIO, "built without CUDA"); }
+
+int cuda_region_copy(cuda_region_t *r, const uint64_t *offs, const uint64_t *lens, int n,
+                     cuda_copy_cb done, void *arg, char *err, size_t errlen) {
   (void)r;
-  (void)off;
-  (void)len;
+  (void)offs;
+  (void)lens;
+  (void)n;
+  (void)done;
+  (void)arg;
   snprintf(err, errlen, "built without CUDA");
   return LARDER_EIO;
 }

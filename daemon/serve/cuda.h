@@ -12,14 +12,20 @@
  * arena is registered pinned (cuMemHostRegister) where the driver allows
  * it (RLIMIT_MEMLOCK: systemd's LimitMEMLOCK=infinity), else copies go
  * from pageable memory, slower but correct.  After a worker assembles a
- * batch, it copies the batch's byte ranges to the same offsets of the
- * region (cuda_region_copy: cuMemcpyHtoDAsync on a CUDA stream of the
- * worker's own, per device) and synchronizes that stream before the
- * assembly task ends, asleep (the daemon's primary contexts are set to
- * CU_CTX_SCHED_BLOCKING_SYNC: a spinning wait would take a core from the
- * trainers for every copy); the batch is published only after, on the
- * loop.  The copies count in the stats cuda_copies, cuda_copy_bytes and
- * cuda_copy_ns (the worker time a copy takes beside assembly).  So
+ * batch, it starts copying the batch's byte ranges to the same offsets of
+ * the region (cuda_region_copy: cuMemcpyHtoDAsync on a CUDA stream of the
+ * worker's own, per device, then cuStreamAddCallback) and goes on to its
+ * next task: the copy overlaps the assembly of the next batches.  The
+ * driver's callback, on a thread of the driver's, queues the completion
+ * for the loop (an async handle, cuda_loop_start), which calls the
+ * stream's done callback; the batch is published only then.  A copy that
+ * fails reaches the callback too (cuStreamAddCallback, unlike
+ * cuLaunchHostFunc, runs on errors), and fails its stream.  Where a
+ * worker must wait (a callback the driver refused), it waits asleep: the
+ * daemon's primary contexts are set to CU_CTX_SCHED_BLOCKING_SYNC, since
+ * a spinning wait would take a core from the trainers.  The copies count
+ * in the stats cuda_copies, cuda_copy_bytes and cuda_copy_ns (from the
+ * start of a batch's copies until the driver reports them done).  So
  * the trainer never sees a half-copied batch, never blocks its CPU on a
  * copy, and needs no event: the trainer's larder_stream_next returns a
  * batch that is complete on the device.  The trainer opens the handle
@@ -47,14 +53,17 @@
  * died, or its connection went.  The gauge cuda_device_bytes and the
  * per-device figures (cuda_device_bytes_of) follow the regions.
  *
- * Threads: cuda_check and cuda_region_open/close on the loop; cuda_region_copy
- * on workers, concurrently for one region (disjoint ranges).
+ * Threads: cuda_check, cuda_region_open/close and cuda_loop_* on the
+ * loop; cuda_region_copy on workers, concurrently for one region
+ * (disjoint ranges); the done callbacks on the loop.
  */
 #ifndef LARDER_DAEMON_CUDA_H
 #define LARDER_DAEMON_CUDA_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <uv.h>
 
 #include "stats.h"
 
@@ -78,9 +87,27 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
                      cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
                      size_t errlen);
 
-/* Copies host bytes [off, off + len) to the same offset of the region and
- * waits for the copy.  Returns 0 or LARDER_EIO with err set.  Workers. */
-int cuda_region_copy(cuda_region_t *r, uint64_t off, uint64_t len, char *err, size_t errlen);
+/* Called on the loop thread once the copies of one cuda_region_copy call
+ * completed (status 0) or failed (LARDER_EIO, err says why). */
+typedef void (*cuda_copy_cb)(void *arg, int status, const char *err);
+
+/* Starts copying host bytes [offs[i], offs[i] + lens[i]), i < n, to the
+ * same offsets of the region, on the calling worker's CUDA stream, and
+ * returns without waiting for them.  Returns 0, and then done(arg, ...)
+ * runs exactly once on the loop (cuda_loop_start's) after the copies end;
+ * or LARDER_EIO / LARDER_ENOMEM with err set, and then done is never
+ * called and no copy is left running.  Workers. */
+int cuda_region_copy(cuda_region_t *r, const uint64_t *offs, const uint64_t *lens, int n,
+                     cuda_copy_cb done, void *arg, char *err, size_t errlen);
+
+/* The loop that runs the done callbacks: cuda_loop_start makes its async
+ * handle (0 or a libuv error); cuda_loop_stop closes it, once
+ * cuda_copies_pending() is 0 (a copy started later would find no loop).
+ * Loop thread. */
+int cuda_loop_start(uv_loop_t *loop);
+void cuda_loop_stop(void);
+/* Copies started whose done callback has not run yet.  Any thread. */
+int cuda_copies_pending(void);
 
 /* Whether the arena is pinned (copies are asynchronous DMA). */
 int cuda_region_pinned(const cuda_region_t *r);

@@ -29,6 +29,7 @@
 #include "serve/metrics.h"
 #include "serve/admin.h"
 #include "serve/conn.h"
+#include "serve/cuda.h"
 #include "serve/stream.h"
 #include "serve/units.h"
 #include "serve/server.h"
@@ -319,7 +320,8 @@ static void on_flush(uv_prepare_t *h) {
 
 static void finish_shutdown(server_t *srv) {
   /* Called from the tick once no task is in flight (work_pool_pending), no
-   * resolution is under way (server_resolve) and no client is left.
+   * resolution is under way (server_resolve), no client is left and no
+   * CUDA copy runs (cuda_copies_pending).
    * The fetches end first: their callbacks may still queue tasks, which the
    * pool then runs or cancels as it stops. */
   awscreds_stop(srv->awscreds);
@@ -339,6 +341,7 @@ static void finish_shutdown(server_t *srv) {
   uv_close((uv_handle_t *)&srv->sig_term, NULL);
   uv_close((uv_handle_t *)&srv->sig_int, NULL);
   uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+  cuda_loop_stop();
 }
 
 static void begin_shutdown(server_t *srv, const char *why) {
@@ -661,7 +664,8 @@ static void on_tick(uv_timer_t *t) {
           conn_close(c);
         }
     }
-    if (work_pool_pending(srv->pool) == 0 && srv->resolves_in_flight == 0 && srv->conns == NULL)
+    if (work_pool_pending(srv->pool) == 0 && srv->resolves_in_flight == 0 && srv->conns == NULL &&
+        cuda_copies_pending() == 0)
       finish_shutdown(srv);
     return;
   }
@@ -883,6 +887,8 @@ int server_run(server_t *srv) {
   srv->flush.data = srv;
   uv_prepare_start(&srv->flush, on_flush);
   uv_unref((uv_handle_t *)&srv->flush);
+  /* CUDA streams' copies report their ends to this loop (cuda.h). */
+  if (cuda_loop_start(srv->loop) != 0) log_warn("CUDA streams are unavailable: no async handle");
   uv_signal_init(srv->loop, &srv->sig_term);
   uv_signal_init(srv->loop, &srv->sig_int);
   uv_signal_init(srv->loop, &srv->sig_hup);

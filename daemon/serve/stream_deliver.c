@@ -237,18 +237,42 @@ static int assembly_fill(pbatch_t *b, assembly_t *a, layout_scratch_t **scratch,
   return 0;
 }
 
-/* CUDA: the batch's bytes to the same offsets of the device region,
- * complete before the loop publishes the batch (cuda.h).  Returns 0 or
- * the error, with b->message set. */
+static void copy_done(void *arg, int status, const char *err);
+
+/* CUDA: starts copying the batch's bytes to the same offsets of the device
+ * region; the loop publishes the batch once copy_done says they are there
+ * (cuda.h).  Returns 0 (copy_done will run), or the error, with b->message
+ * set (no copy runs). */
 static int assembly_copy_cuda(pbatch_t *b, assembly_t *a, int64_t off) {
   stream_t *s = b->s;
-  int rc = 0;
-  if (b->parts) {
-    for (int c = 0; c < a->nc && rc == 0; c++)
-      rc = cuda_region_copy(s->cuda, (uint64_t)b->parts[c], (uint64_t)a->sizes[c], b->message,
-                            sizeof(b->message));
-  } else {
-    rc = cuda_region_copy(s->cuda, (uint64_t)off, a->total, b->message, sizeof(b->message));
+  /* b is the loop's once the copy started (copy_done may run at once):
+   * nothing of it is read after. */
+  int split = b->parts != NULL;
+  int n = split ? a->nc : 1;
+  uint64_t one_off = (uint64_t)off, one_len = a->total;
+  uint64_t *offs = &one_off, *lens = &one_len;
+  if (split) {
+    offs = malloc((size_t)n * sizeof(uint64_t));
+    lens = malloc((size_t)n * sizeof(uint64_t));
+    if (offs == NULL || lens == NULL) {
+      free(offs);
+      free(lens);
+      snprintf(b->message, sizeof(b->message), "out of memory");
+      return LARDER_ENOMEM;
+    }
+    for (int c = 0; c < n; c++) {
+      offs[c] = (uint64_t)b->parts[c];
+      lens[c] = (uint64_t)a->sizes[c];
+    }
+  }
+  /* Set before the copy starts: its end may reach the loop before this
+   * task returns. */
+  b->copy_state = PB_COPY_RUNNING;
+  int rc = cuda_region_copy(s->cuda, offs, lens, n, copy_done, b, b->message, sizeof(b->message));
+  if (rc) b->copy_state = PB_COPY_NONE;
+  if (split) {
+    free(offs);
+    free(lens);
   }
   return rc;
 }
@@ -305,13 +329,52 @@ out:
   b->assemble_ns = util_now_ns() - t0;
 }
 
+static void assembly_end(pbatch_t *b);
+
 static void assemble_done(work_t *w, int status) {
   pbatch_t *b = w->data;
   stream_t *s = b->s;
-  s->tasks--;
   if (status == UV_ECANCELED && b->error == 0) b->error = LARDER_ESHUTDOWN;
   STATS_ADD(&s->srv->stats, assemble_ns, b->assemble_ns);
   STATS_ADD(&s->st, assemble_ns, b->assemble_ns);
+  if (b->copy_state == PB_COPY_RUNNING) {
+    /* The copy to the device goes on: its end finishes the assembly, and
+     * holds this task's place in s->tasks until then. */
+    b->copy_state = PB_COPY_AWAITED;
+    return;
+  }
+  b->copy_state = PB_COPY_NONE;
+  s->tasks--;
+  assembly_end(b);
+}
+
+/* The copies of a CUDA batch ended (loop thread). */
+static void copy_done(void *arg, int status, const char *err) {
+  pbatch_t *b = arg;
+  stream_t *s = b->s;
+  if (status && b->error == 0) {
+    /* Its room is free again, and the stream fails (assembly_end). */
+    b->error = status;
+    snprintf(b->message, sizeof(b->message), "%s", err);
+    stream_room_free(s, b->arena_off, b->parts, b->num_parts);
+    free(b->parts);
+    b->parts = NULL;
+    b->num_parts = 0;
+  }
+  if (b->copy_state == PB_COPY_RUNNING) {
+    b->copy_state = PB_COPY_DONE; /* assemble_done finishes it */
+    return;
+  }
+  b->copy_state = PB_COPY_NONE;
+  s->tasks--;
+  assembly_end(b);
+}
+
+/* What an assembly's end does to its batch and stream, once the task and
+ * any copy to the device are over (loop thread; s->tasks no longer
+ * counts it). */
+static void assembly_end(pbatch_t *b) {
+  stream_t *s = b->s;
   if (s->closed) {
     if (b->error == 0) stream_room_free(s, b->arena_off, b->parts, b->num_parts);
     pbatch_t **pp = &s->q_head;

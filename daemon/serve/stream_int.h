@@ -58,8 +58,17 @@ typedef struct pbatch {
   int num_nodes;
   uint64_t assemble_ns;
   uint64_t release_mark; /* s->releases when its assembly started */
+  /* CUDA streams: the batch's copy to the device (cuda.h), which the
+   * assembly task starts and which may end before or after the task's
+   * done callback.  PB_COPY_RUNNING is set by the worker before it starts
+   * the copy; the loop then sets PB_COPY_AWAITED (the task ended first:
+   * the copy's end finishes the assembly) or PB_COPY_DONE (the copy ended
+   * first).  While a copy runs, it holds one of s->tasks. */
+  int copy_state;
   work_t work;
 } pbatch_t;
+
+enum { PB_COPY_NONE, PB_COPY_RUNNING, PB_COPY_AWAITED, PB_COPY_DONE };
 
 typedef struct sent {
   uint64_t seq;

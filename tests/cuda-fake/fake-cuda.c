@@ -25,7 +25,8 @@
  *   (CUDA_ERROR_NOT_PERMITTED) in a primary context whose flags
  *   (cuDevicePrimaryCtxSetFlags) do not say CU_CTX_SCHED_BLOCKING_SYNC:
  *   larderd's workers must sleep while a copy runs.  cuMemHostRegister
- *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set.
+ *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set.  cuStreamAddCallback
+ *   calls back from a thread of its own (see it for failing copies).
  * - A context must be current for allocations and IPC (as in CUDA).
  */
 #include <cuda.h>
@@ -499,6 +500,50 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   pthread_mutex_unlock(&lock);
   return (flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC ? CUDA_SUCCESS
                                                                    : CUDA_ERROR_NOT_PERMITTED;
+}
+
+/* cuStreamAddCallback: the callback runs on a thread of its own, as the
+ * driver's do, after the copies before it (here done already).  With
+ * $LARDER_FAKE_CUDA_FAIL_CALLBACKS=N, every callback after the first N of
+ * the process is passed CUDA_ERROR_UNKNOWN, as after a copy that failed. */
+typedef struct fake_callback {
+  CUstream stream;
+  CUstreamCallback fn;
+  void *arg;
+  CUresult status;
+} fake_callback;
+
+static void *run_callback(void *p) {
+  fake_callback *c = p;
+  c->fn(c->stream, c->status, c->arg);
+  free(c);
+  return NULL;
+}
+
+static long callbacks_made;
+
+CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData,
+                                     unsigned int flags) {
+  NEED_INIT();
+  if (hStream == NULL || callback == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  fake_callback *c = malloc(sizeof(*c));
+  if (c == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  const char *v = getenv("LARDER_FAKE_CUDA_FAIL_CALLBACKS");
+  long n = __atomic_fetch_add(&callbacks_made, 1, __ATOMIC_RELAXED);
+  *c = (fake_callback){hStream, callback, userData,
+                       v && *v && n >= atol(v) ? CUDA_ERROR_UNKNOWN : CUDA_SUCCESS};
+  pthread_attr_t attr;
+  pthread_t t;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &attr, run_callback, c);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    free(c);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
 }
 
 /* Whether [p, p + n) lies in one known mapping of this process. */
