@@ -193,7 +193,8 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_
   if (r != CUDA_SUCCESS) {
     snprintf(err, errlen,
              "CUDA device %d: cannot open the daemon's device memory (cuIpcOpenMemHandle): %s; "
-             "the daemon and the trainer must see the same GPUs, in one PID namespace",
+             "the daemon and the trainer must see the same GPUs, and the driver must allow CUDA "
+             "IPC between them (some refuse it across PID namespaces)",
              device, lcuda_strerror(api, r, e, sizeof(e)));
     (void)api->cuDevicePrimaryCtxRelease(dev);
     free(m);

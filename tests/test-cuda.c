@@ -14,10 +14,12 @@
  */
 #include <errno.h>
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -785,6 +787,98 @@ static void expect_host_works(const char *socket) {
 }
 
 /*
+ * A trainer in a PID namespace of its own (a container or pod without the
+ * host's PID namespace) beside larderd: on a GPU, whether the real
+ * driver's legacy IPC maps the region there, which decides whether such
+ * trainers can use CUDA streams.  It either gets the same bytes as a host
+ * stream, or fails its open with the error that names the requirement,
+ * and the test prints which (tests/cuda-real.sh shows it); host streams
+ * work either way.  The trainer has its own mount namespace and /proc, as
+ * in a container.  Root only (unshare).  The double's IPC goes through
+ * /proc and proves nothing here.
+ */
+TEST_IMPL(cuda_pid_namespace) {
+  if (use_driver()) return 0;
+  if (!real_gpu()) {
+    fprintf(stderr, "skipped: a question for the real driver; run on a GPU\n");
+    return TEST_SKIP;
+  }
+  if (geteuid() != 0) {
+    fprintf(stderr, "skipped: unshare(CLONE_NEWPID) needs root\n");
+    return TEST_SKIP;
+  }
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  int res[2];
+  ASSERT_OK(pipe(res));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(res[0]);
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) _exit(126);
+    pid_t inner = fork(); /* pid 1 of the new namespace */
+    if (inner < 0) _exit(125);
+    if (inner == 0) {
+      /* Its own /proc, as a container has: the driver reads it, and the
+       * host's would name other processes. */
+      if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+          mount("proc", "/proc", "proc", 0, NULL) != 0)
+        _exit(123);
+      larder_stream_options_t ho, co;
+      std_opts(&ho, 100, 1);
+      cuda_opts(&co, 100, 1, 0);
+      larder_client_t *c;
+      larder_stream_t *s;
+      char msg[400] = "";
+      int rc = larder_client_connect(d.socket, &c);
+      if (rc == 0) {
+        rc = larder_stream_open(c, &co, &s);
+        if (rc)
+          snprintf(msg, sizeof(msg), "%s: %s", larder_err_name(rc), larder_client_last_error(c));
+        else larder_stream_close(s);
+        larder_client_close(c);
+      }
+      if (write(res[1], msg, strlen(msg) + 1) < 0) _exit(3);
+      if (rc) _exit(4);
+      /* Opened: the bytes must be the host stream's. */
+      uint64_t n = compare_streams(d.socket, &ho, &co, NULL);
+      _exit(n == (DH_STD_ROWS + 99) / 100 ? 0 : 5);
+    }
+    int st;
+    if (waitpid(inner, &st, 0) != inner) _exit(124);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  }
+  close(res[1]);
+  char msg[400] = "";
+  ssize_t got = read(res[0], msg, sizeof(msg) - 1);
+  if (got > 0) msg[got] = '\0';
+  close(res[0]);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 123) {
+    fprintf(stderr, "skipped: cannot mount a /proc of the new PID namespace\n");
+    dh_stop(&d);
+    return TEST_SKIP;
+  }
+  if (WEXITSTATUS(st) == 4) {
+    /* Refused: a clear error that names the requirement. */
+    fprintf(stderr, "cuda_pid_namespace: legacy CUDA IPC is refused across PID namespaces: %s\n",
+            msg);
+    ASSERT_STR_CONTAINS(msg, "allow CUDA IPC between them");
+  } else {
+    ASSERT_EQ(WEXITSTATUS(st), 0);
+    fprintf(stderr, "cuda_pid_namespace: legacy CUDA IPC works across PID namespaces\n");
+  }
+  wait_cuda_bytes(&d, 0);
+  expect_host_works(d.socket);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
  * A copy to the device that fails (the double passes an error to the
  * driver callbacks after the first few): the trainer's next call fails
  * with the driver's error, the batches before it were whole, the device
@@ -1034,6 +1128,7 @@ TEST_IMPL(cuda_client_closed_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_other_user) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_copy_fails) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_pid_namespace) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_visible_devices) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_errors) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_no_driver) {

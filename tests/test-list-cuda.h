@@ -1,8 +1,9 @@
 /* CUDA streams (test-cuda.c), against the test double of the driver
  * (tests/cuda-fake/) or, from tests/cuda-real.sh, a real GPU: the bytes
  * against a host stream's, the exports, a stream closed with batches
- * held, a killed trainer, two devices, a trainer of another user (on a
- * GPU), renumbered devices, a copy that fails, the errors, no driver. */
+ * held, a killed trainer, two devices, a trainer of another user and one
+ * in a PID namespace of its own (on a GPU), renumbered devices, a copy
+ * that fails, the errors, no driver. */
 TEST_ENTRY(cuda_values_match, 180000)
 TEST_ENTRY(cuda_small_arena, 120000)
 TEST_ENTRY(cuda_exports, 120000)
@@ -11,6 +12,7 @@ TEST_ENTRY(cuda_client_closed_holding, 120000)
 TEST_ENTRY(cuda_trainer_killed, 120000)
 TEST_ENTRY(cuda_two_devices, 120000)
 TEST_ENTRY(cuda_other_user, 120000)
+TEST_ENTRY(cuda_pid_namespace, 120000)
 TEST_ENTRY(cuda_visible_devices, 120000)
 TEST_ENTRY(cuda_copy_fails, 120000)
 TEST_ENTRY(cuda_errors, 120000)

@@ -33,18 +33,20 @@
  *
  * Why legacy IPC rather than VMM handles: cuIpcGetMemHandle /
  * cuIpcOpenMemHandle work between any two processes of one host (one PID
- * namespace) that see the same GPUs, of any two users (test
- * cuda_other_user: a trainer running as nobody maps a root daemon's region
- * with the real driver, which no ptrace rule would allow), with a plain
- * 64-byte handle in a protocol message: no descriptor to pass.  The
+ * namespace or not) that see the same GPUs, of any two users, with a
+ * plain 64-byte handle in a protocol message: no descriptor to pass.
+ * Tested with the real driver (580, H200): a trainer running as nobody
+ * maps a root daemon's region (cuda_other_user), which no ptrace rule
+ * would allow, and so does one in a PID and mount namespace of its own,
+ * with its own /proc, as in a container (cuda_pid_namespace).  The
  * VMM path (cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
  * cuMemExportToShareableHandle, the fd passed with SCM_RIGHTS as the arena
  * is, cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess in the
  * trainer) needs a driver of CUDA 10.2 / 11.x or later with VMM support,
  * granularity-rounded sizes and more calls on both sides; it is the way
- * to go for a trainer in a PID namespace of its own (a container without
- * --pid=host), where legacy IPC is not expected to work (not tested
- * here), and the reply's memory_kind leaves room to offer it.
+ * to go should a driver refuse legacy IPC between the two (liblarder's
+ * error then says so), and the reply's memory_kind leaves room to offer
+ * it.
  *
  * Lifetime: one primary context per device, retained on first use for
  * the daemon's life (worker threads keep a CUDA stream per device in it);
