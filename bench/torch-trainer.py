@@ -20,18 +20,19 @@ feed that loop, for each step time:
   - larder host (memory="host"): the pinned-memory prefetch of a trainer.
     For each batch the loop copies the batch's arrays (numpy views of the
     daemon's arena) into one of RING pinned host buffers, releases the
-    batch, and queues an asynchronous copy of the buffer to the GPU before
-    the step; the step's reduction reads the copy.
+    batch, queues an asynchronous copy of the buffer to the GPU, and makes
+    the columns' tensors in the copy (a view per array).
   - larder cuda (memory="cuda", on a GPU only): the batches arrive in GPU
     memory, so there is no pinned staging and no host-to-device copy.  The
-    loop takes the columns' CUDA tensors (batch.torch(), through DLPack)
-    and the step reads them in place: one torch.cat gathers them into one
-    input, as a model's first layer gathers its feature columns, and the
-    reduction reads that.  The loop holds each batch's tensors until the
-    GPU has read them (an event per ring slot), so RING batches are held.
+    loop takes the columns' CUDA tensors (batch.torch(), through DLPack),
+    in place.  The loop holds each batch's tensors until the GPU has read
+    them (an event per ring slot), so RING batches are held.
   - peer: the host arm's loop with each batch copied from one host buffer
-    instead of a larder batch, in as many pieces as a larder batch has
-    arrays: everything but larder.
+    instead of a larder batch, in the pieces of a larder batch's arrays,
+    and the same tensors made of them: everything but larder.
+In every arm the step then reads the column tensors: one torch.cat gathers
+them into one input, as a model's first layer gathers its feature columns,
+and the reduction reads that.
 
 Per arm and epoch it prints:
   - the GPU's busy fraction: steps x step time over the epoch's wall time,
@@ -135,19 +136,21 @@ class Gpu:
         self.held[k] = None
         return self.host[k]
 
-    def step(self, k, size, step_us):
-        """Copies size bytes of slot k's pinned buffer to the GPU, then the step."""
+    def step(self, k, size, step_us, layout):
+        """Copies size bytes of slot k's pinned buffer to the GPU, makes the
+        columns' tensors there (layout: (offset, bytes, numpy dtype) per
+        array), then the step on them."""
         t = self.torch
-        self.on_gpu[k][:size].copy_(self.pinned[k][:size], non_blocking=True)
-        ev = t.cuda.Event()
-        ev.record()
-        self.done[k] = ev
-        t.cuda._sleep(int(step_us * self.cycles_per_us))
-        self.acc += self.on_gpu[k][:size].sum(dtype=t.int64)
+        buf = self.on_gpu[k]
+        buf[:size].copy_(self.pinned[k][:size], non_blocking=True)
+        tensors = [buf[o:o + n].view(torch_dtype(t, dt)) for o, n, dt in layout]
+        self.step_tensors(k, tensors, step_us)
 
     def step_tensors(self, k, tensors, step_us):
-        """The step on a CUDA batch's tensors, read where larder put them;
-        slot k holds them until the gather has read them."""
+        """The step on a batch's column tensors in GPU memory (where larder
+        put them, or the copy in slot k): one torch.cat gathers them, as a
+        model's first layer gathers its feature columns, then the step.
+        Slot k holds them until the gather has read them."""
         t = self.torch
         x = t.cat([v.reshape(-1).view(t.uint8) for v in tensors])
         ev = t.cuda.Event()
@@ -177,7 +180,7 @@ class Cpu:
     def slot(self, k):
         return self.bufs[k]
 
-    def step(self, k, size, step_us):
+    def step(self, k, size, step_us, layout):
         end = time.perf_counter() + step_us / 1e6
         while time.perf_counter() < end:
             pass
@@ -198,9 +201,21 @@ def batch_tensors(batch):
     return tensors
 
 
+_TORCH_DTYPES = {}
+
+
+def torch_dtype(torch, dt):
+    """torch's dtype for numpy's dt."""
+    t = _TORCH_DTYPES.get(dt)
+    if t is None:
+        t = _TORCH_DTYPES[dt] = torch.from_numpy(np.empty(0, dt)).dtype
+    return t
+
+
 def stage_host(dev, k, batch):
     """Copies a host batch's arrays into slot k and releases the batch;
-    returns (bytes, arrays, seconds spent copying)."""
+    returns (bytes, layout: (offset, bytes, dtype) per array, seconds
+    spent copying)."""
     arrays = []
     for x in batch.values():
         host_arrays(x, arrays)
@@ -208,14 +223,15 @@ def stage_host(dev, k, batch):
     dst = dev.slot(k)
     t0 = time.perf_counter()
     pos = 0
+    layout = []
     for a in arrays:
         n = a.nbytes
         dst[pos:pos + n] = a.reshape(-1).view(np.uint8)
+        layout.append((pos, n, a.dtype if a.dtype.kind not in "Mm" else np.dtype("<i8")))
         pos += n
-    count = len(arrays)
     arrays = a = None
     batch.release()  # no view is left: the region goes back to the daemon now
-    return pos, count, time.perf_counter() - t0
+    return pos, layout, time.perf_counter() - t0
 
 
 def run_larder(client, dev, memory, source, epochs, step_us, batch_size, seed):
@@ -251,10 +267,12 @@ def run_larder(client, dev, memory, source, epochs, step_us, batch_size, seed):
                 del tensors
             else:
                 feed += time.perf_counter() - f0
-                size, nbufs, copy_s = stage_host(dev, k, b)
+                size, layout, copy_s = stage_host(dev, k, b)
+                nbufs = len(layout)
+                dev.last_layout = layout  # the peer's shape
                 del b
                 feed += copy_s
-                dev.step(k, size, step_us)
+                dev.step(k, size, step_us, layout)
             moved += size
             k = (k + 1) % RING
         dev.sync()
@@ -271,19 +289,21 @@ def run_larder(client, dev, memory, source, epochs, step_us, batch_size, seed):
     return rows
 
 
-def run_peer(dev, batches, batch_bytes, nbufs, step_us):
+def run_peer(dev, batches, layout, step_us):
     """The host arm's loop with each batch copied from one host buffer, in
-    nbufs pieces; returns its wall time."""
-    src = np.ones(batch_bytes, np.uint8)
-    piece = batch_bytes // nbufs
+    the pieces of layout (a host batch's arrays: (offset, bytes, dtype)),
+    whose tensors the step makes as the host arm's; returns its wall
+    time."""
+    size = sum(n for _, n, _ in layout)
+    src = np.ones(size, np.uint8)
     k = 0
     dev.sync()
     t0 = time.perf_counter()
     for _ in range(batches):
         dst = dev.slot(k)
-        for i in range(nbufs):
-            dst[i * piece:(i + 1) * piece] = src[i * piece:(i + 1) * piece]
-        dev.step(k, piece * nbufs, step_us)
+        for o, n, _ in layout:
+            dst[o:o + n] = src[o:o + n]
+        dev.step(k, size, step_us, layout)
         k = (k + 1) % RING
     dev.sync()
     return time.perf_counter() - t0
@@ -382,8 +402,8 @@ def main():
                                   args.batch_size, seed=7 + i)
                 # The peer takes the shape of the host arm's last (warm) epoch.
                 warm = rows[-1]
-                per = warm["bytes"] // warm["batches"]
-                peer = run_peer(dev, warm["batches"], per, warm["buffers"], step_us)
+                per = sum(n for _, n, _ in dev.last_layout)
+                peer = run_peer(dev, warm["batches"], dev.last_layout, step_us)
                 peer_busy = warm["batches"] * step_us / 1e6 / peer
                 print(f"  {'peer':<11} step {step_us:6.0f} us: "
                       f"{'GPU' if torch is not None else 'stand-in'} busy {100 * peer_busy:6.2f}%, "
