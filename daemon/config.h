@@ -137,7 +137,13 @@
      "ceiling on decoded bytes per Parquet column chunk (bomb guard): what "                     \
      "one load of a unit decodes, not the rows it skips to reach the unit; a "                   \
      "unit past it fails its stream with an error that names unit_rows")                         \
-  XX(fetch_inflight_per_host, U64, "16", 1, "remote requests in flight to one host")             \
+  XX(fetch_inflight_per_host, U64, "16", 1,                                                      \
+     "remote requests in flight to one host (at most: see fetch_inflight_auto)")                 \
+  XX(fetch_inflight_auto, BOOL, "true", 1,                                                       \
+     "size each host's concurrency from its measured link, up to "                               \
+     "fetch_inflight_per_host: as many requests as keep the link busy and no "                   \
+     "more, so that read-ahead does not slow the range needed next; false: "                     \
+     "always fetch_inflight_per_host")                                                           \
   XX(fetch_inflight_bytes, SIZE, "512M", 1,                                                      \
      "bytes of remote ranges in flight, all hosts (the read-ahead bound)")                       \
   XX(fetch_retries, U64, "8", 1,                                                                 \

@@ -82,6 +82,8 @@
   XX(fetch_retries, COUNTER, "remote requests retried")                                      \
   XX(fetch_errors, COUNTER, "remote requests that failed for good")                          \
   XX(fetch_inflight, GAUGE, "remote requests in flight")                                     \
+  XX(fetch_host_concurrency, GAUGE,                                                          \
+     "requests allowed at once to the host last measured (fetch_inflight_auto)")             \
   XX(fetch_merge_gap_bytes, GAUGE,                                                           \
      "the gap last allowed between column chunks read "                                      \
      "with one request (fetch_merge_gap_auto)")                                              \

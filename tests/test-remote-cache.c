@@ -1010,6 +1010,85 @@ TEST_IMPL(remote_merge_gap_auto) {
 }
 
 /*
+ * fetch_inflight_auto sizes a host's concurrency from its link.  A
+ * dataset of 5 MB, read in parts of 64 KiB (about a hundred requests), through
+ * two links: one that all connections share (1 MB/s in all), where more
+ * requests at once only make each slower, and one whose every connection
+ * is slow alone (100 KB/s each, no shared cap), where more requests bring
+ * more bytes.  On the shared link the daemon keeps few requests at once
+ * (the fetch_host_concurrency gauge at the end, and the most the proxy
+ * saw), on the other it grows to many; the batches of both equal a local
+ * run's.  The rates are the proxy's caps, which a loaded machine can only
+ * slow, never exceed: a slower machine makes every request slower alike.
+ */
+TEST_IMPL(remote_inflight_auto) {
+  int skip = rh_require(1, 1);
+  if (skip) return skip;
+  /* 4 files of 6 row groups, uncompressed: about 5 MB. */
+  static const dh_spec spec = {4, 30000, 0, 5000, 0, 0, 0};
+  char dir[1024];
+  ASSERT_EQ(dh_dataset(&spec, "inflight", dir, sizeof(dir)), 120000);
+  larder_stream_options_t o;
+  const char *lsrc[1] = {dir};
+  dh_opts(&o, lsrc, 500, 7, 1);
+  o.arena_bytes = ARENA;
+  dh_run ref = {0};
+  rh_local_reference(&o, &ref);
+  static const char *const shared[] = {"--rate", "1000000", NULL};
+  static const char *const per_conn[] = {"--conn-rate", "100000", NULL};
+  const char *const *links[2] = {shared, per_conn};
+  for (int k = 0; k < 2; k++) {
+    rs_server ng, fp;
+    char name[16], fpdir[PATH_MAX];
+    snprintf(name, sizeof(name), "ng%d", k);
+    rh_nginx(&ng, name, dir, NULL);
+    snprintf(fpdir, sizeof(fpdir), "%s/fp%d", test_tmpdir(), k);
+    ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, links[k]));
+    char *urls[RH_MAX_FILES];
+    int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+    larder_stream_options_t ro = o;
+    ro.sources = (const char *const *)urls;
+    ro.num_sources = (size_t)nf;
+    dh_daemon d;
+    static const char *const fl[] = {"--workers=2", "--fetch_part_bytes=64K", NULL};
+    dh_init(&d, name, fl);
+    dh_start(&d);
+    dh_run r = {0};
+    double t0 = test_now_ms();
+    if (dh_collect(d.socket, &ro, 0, &r) != 0) {
+      dh_print_log(&d);
+      ASSERT_FAIL_("%s link: the stream failed: %s", k ? "per-connection" : "shared", r.err);
+    }
+    dh_expect_same(&ref, &r);
+    uint64_t limit = dh_stat(&d, "fetch_host_concurrency");
+    uint64_t requests = dh_stat(&d, "fetch_requests");
+    char *st = rs_stats(&fp);
+    ASSERT_NOT_NULL(st);
+    int64_t peak = rs_json_int(st, "peak_active", -1);
+    free(st);
+    fprintf(stderr,
+            "%s link: %.0f ms, %" PRIu64 " requests, %" PRIu64
+            " at once in the end, at most %" PRId64 " seen by the proxy\n",
+            k ? "per-connection" : "shared", test_now_ms() - t0, requests, limit, peak);
+    ASSERT_GE(requests, 60);
+    if (k == 0) {
+      ASSERT_LE(limit, 5);
+      ASSERT_LE(peak, 6);
+    } else {
+      ASSERT_GE(limit, 10);
+      ASSERT_GE(peak, 10);
+    }
+    dh_stop(&d);
+    dh_run_free(&r);
+    rh_stop(&fp);
+    rh_stop(&ng);
+    for (int i = 0; i < nf; i++) free(urls[i]);
+  }
+  dh_run_free(&ref);
+  return 0;
+}
+
+/*
  * A staged copy damaged on disk costs a fetch, not the stream: after a
  * first epoch that stages the row groups the cache does not keep (as in
  * remote_staged_fetch), every file of cache_dir/stage gets 64 bytes

@@ -60,6 +60,14 @@ typedef struct whole_obj {
 /* Hosts kept with no request after their last one ends, for their link
  * measurements (the least recently used goes first). */
 #define HOSTS_IDLE_MAX 64
+/* The adaptive concurrency (host_adapt): the limit's floor and start, and
+ * how often the rate of a request alone is measured again. */
+#define HOST_LIMIT_MIN 2
+#define HOST_LIMIT_START 2
+#define HOST_PROBE_NS (10ull * 1000000000ull)
+/* A round whose link waited for first bytes longer than this part of it
+ * (no body arriving, requests running) takes one request more. */
+#define HOST_IDLE_MAX 0.03
 
 /* A host's running requests, for max_inflight_per_host, and what its
  * link measured.  A slot lives while requests name it (refs), and, once
@@ -78,6 +86,27 @@ typedef struct host_slot {
   uint64_t rtt_us;
   double rate; /* bytes per second */
   uint32_t rtt_samples, rate_samples;
+  /* The host's concurrency in force (fetch_options_t.inflight_auto),
+   * between HOST_LIMIT_MIN and max_inflight_per_host, and what sets it
+   * (host_adapt): the body rate of a request with the link (nearly) to
+   * itself, and this round's answers. */
+  uint32_t limit;
+  int growing;     /* doubling, until a round first shows the link shared */
+  double base;     /* bytes per second of a request among HOST_LIMIT_MIN */
+  double size_avg; /* bytes per ranged answer, moving average */
+  uint32_t gen;    /* grows when the limit changes: a round counts only the
+                    * answers of requests started under the limit in force */
+  uint32_t round_n;
+  double round_bytes, round_body_s; /* timed bodies: bytes, seconds */
+  double round_busy;                /* sum of the requests running */
+  /* The link idle for want of a first byte: requests running, none of
+   * them receiving its body (host_link).  idle_from: since when, 0: not. */
+  uint32_t streaming;
+  uint64_t idle_from, idle_ns;
+  uint64_t round_t0, round_idle0; /* when this round began; idle_ns then */
+  int probing;                    /* a round at HOST_LIMIT_MIN measures base again */
+  uint32_t probe_return;          /* the limit after the probe */
+  uint64_t probe_at_ns;           /* when the next probe is due */
 } host_slot_t;
 
 struct fetch {
@@ -124,7 +153,9 @@ struct fetch_req {
   CURL *easy;
   struct curl_slist *headers;
   host_slot_t *host;
-  uint64_t charged; /* bytes counted in inflight_bytes */
+  uint32_t host_gen; /* host_slot_t.gen when it started */
+  int streaming;     /* counted in host_slot_t.streaming */
+  uint64_t charged;  /* bytes counted in inflight_bytes */
   uint8_t *buf;
   uint64_t len, cap;
   uint64_t expect;    /* bytes the range asks for (0: unknown) */
@@ -190,6 +221,7 @@ static void live_unlink(fetch_t *f, fetch_req_t *r) {
 void fetch_options_init(fetch_options_t *o) {
   memset(o, 0, sizeof(*o));
   o->max_inflight_per_host = 16;
+  o->inflight_auto = 1;
   o->max_inflight_bytes = 512ull << 20;
   o->max_retries = 8;
   o->retry_base_ms = 100;
@@ -283,6 +315,125 @@ static void host_unref(fetch_t *f, host_slot_t *h) {
   free(x);
 }
 
+/* Keeps h's idle time: the link waits, with requests running and none of
+ * them receiving its body, for a first byte.  Called whenever either count
+ * changes.  Loop thread. */
+static void host_link(host_slot_t *h) {
+  int idle = h->inflight > 0 && h->streaming == 0;
+  if (idle && h->idle_from == 0) h->idle_from = util_now_ns();
+  else if (!idle && h->idle_from != 0) {
+    h->idle_ns += util_now_ns() - h->idle_from;
+    h->idle_from = 0;
+  }
+}
+
+static uint64_t host_idle_ns(const host_slot_t *h, uint64_t now) {
+  return h->idle_ns + (h->idle_from ? now - h->idle_from : 0);
+}
+
+/* The limit a host's requests start under: max_inflight_per_host, or with
+ * inflight_auto the host's adaptive limit, never above it. */
+static uint32_t host_limit(const fetch_t *f, const host_slot_t *h) {
+  uint32_t max = f->opts.max_inflight_per_host;
+  if (!f->opts.inflight_auto) return max;
+  uint32_t lim = h->limit ? h->limit : HOST_LIMIT_START;
+  return lim < max ? lim : max;
+}
+
+/* Puts lim in force on h: its later requests start a new round. */
+static void host_set_limit(fetch_t *f, host_slot_t *h, uint32_t lim) {
+  if (lim != h->limit) {
+    h->gen++;
+    log_debug("%s: %u requests at once%s", h->name, lim, h->probing ? " (probing)" : "");
+  }
+  h->limit = lim;
+  h->round_t0 = util_now_ns();
+  h->round_idle0 = host_idle_ns(h, h->round_t0);
+  h->round_n = 0;
+  h->round_bytes = h->round_body_s = h->round_busy = 0;
+  if (f->opts.stats) STATS_SET(f->opts.stats, fetch_host_concurrency, host_limit(f, h));
+}
+
+/*
+ * Sizes h's concurrency from its measured link, once a round (as many
+ * answers as the limit) has run under the limit in force.  Requests that
+ * share one bottleneck each get a part of it: adding one adds nothing but
+ * makes every range arrive later, the one needed next too, so that a
+ * trainer waits for bytes the link has in fact brought.  Requests each
+ * limited on their own (a per-connection cap, a first byte's wait) add up.
+ * The round tells them apart as TCP Vegas does: base, the body rate of a
+ * round at HOST_LIMIT_MIN, stands for a request with the link to itself,
+ * and
+ *
+ *   extra = streaming * (1 - round's body rate / base)
+ *
+ * (a round's body rate: its timed bodies' bytes over their seconds, so
+ * that a short body that came in one burst weighs little) counts the
+ * requests that only queue behind the others (streaming: the
+ * requests running, times the part of a request's time spent receiving its
+ * body rather than waiting for its first byte).  Under half a request of
+ * extra, the link takes more, and the limit grows (doubling until a round
+ * first shows sharing); over two, it shrinks to the requests that bring
+ * bytes, and one to spare.  Between the two, a round in which the link
+ * waited for a first byte (host_link) more than HOST_IDLE_MAX of the time
+ * takes one request more: a round trip the requests in flight left
+ * uncovered.  A round without a timed body (small answers) grows it: such
+ * requests are bound by their round trips.
+ *
+ * base is measured by the first rounds (the limit starts at
+ * HOST_LIMIT_MIN), and again every HOST_PROBE_NS by a probe: one round at
+ * HOST_LIMIT_MIN, after which the limit returns to what it was.  Without
+ * the probes, a base taken at the limit in force would drift down with
+ * it, and the limit up, one request at a time; the probes let the limit
+ * follow a link that changed.  A round faster than base raises it.  Loop
+ * thread.
+ */
+static void host_adapt(fetch_t *f, host_slot_t *h) {
+  uint32_t max = f->opts.max_inflight_per_host;
+  double mean = h->round_body_s > 0 ? h->round_bytes / h->round_body_s : 0;
+  if (h->probing) {
+    if (h->round_n < HOST_LIMIT_MIN) return;
+    if (mean > 0) h->base = mean;
+    h->probing = 0;
+    h->probe_at_ns = util_now_ns() + HOST_PROBE_NS;
+    host_set_limit(f, h, h->probe_return);
+    return;
+  }
+  if (h->round_n < h->limit) return;
+  if (mean > h->base) h->base = mean;
+  double busy = h->round_busy / h->round_n;
+  double extra = 0;
+  if (mean > 0) {
+    double body_s = h->size_avg / mean, wait_s = (double)h->rtt_us * 1e-6;
+    extra = busy * body_s / (body_s + wait_s) * (1 - mean / h->base);
+  }
+  uint64_t now = util_now_ns();
+  double idle = h->round_t0 && now > h->round_t0
+                    ? (double)(host_idle_ns(h, now) - h->round_idle0) / (double)(now - h->round_t0)
+                    : 0;
+  uint32_t lim = h->limit;
+  /* Only a limit the queue filled says anything about more. */
+  int full = busy + 0.5 >= (double)lim;
+  if (extra < 0.5) {
+    if (full) lim = h->growing ? lim * 2 : lim + 1;
+  } else {
+    h->growing = 0;
+    if (extra <= 2 && idle > HOST_IDLE_MAX && full) lim++;
+    else if (extra > 2) {
+      double keep = busy - extra + 1;
+      lim = keep < (double)lim - 1 ? (uint32_t)(keep + 0.999) : lim - 1;
+    }
+  }
+  if (lim > max) lim = max;
+  if (lim < HOST_LIMIT_MIN) lim = HOST_LIMIT_MIN;
+  if (!h->growing && lim > HOST_LIMIT_MIN && util_now_ns() >= h->probe_at_ns) {
+    h->probing = 1;
+    h->probe_return = lim;
+    lim = HOST_LIMIT_MIN;
+  }
+  host_set_limit(f, h, lim);
+}
+
 /* Adds r's answer to its host's link measurements: the wait for its first
  * byte, and (for a body long enough to time) its rate once flowing. */
 static void host_measure(fetch_req_t *r) {
@@ -294,10 +445,29 @@ static void host_measure(fetch_req_t *r) {
     return;
   uint64_t rtt = (uint64_t)(start - pre);
   h->rtt_us = h->rtt_samples++ ? h->rtt_us - h->rtt_us / 8 + rtt / 8 : rtt;
+  h->size_avg = h->size_avg > 0 ? h->size_avg + ((double)r->len - h->size_avg) / 8 : (double)r->len;
   /* A body that came in one read has no duration to time. */
-  if (r->len < 16384 || total - start < 50) return;
-  double rate = (double)r->len * 1e6 / (double)(total - start);
-  h->rate = h->rate_samples++ ? h->rate + (rate - h->rate) / 8 : rate;
+  int timed = r->len >= 16384 && total - start >= 50;
+  if (timed) {
+    double rate = (double)r->len * 1e6 / (double)(total - start);
+    h->rate = h->rate_samples++ ? h->rate + (rate - h->rate) / 8 : rate;
+  }
+  /* The round counts every answer of a request started under the limit in
+   * force, timed or not (a host of small answers, each mostly a wait for
+   * its first byte, needs more of them at once). */
+  if (h->limit == 0) {
+    h->limit = HOST_LIMIT_START;
+    h->growing = 1;
+    h->probe_at_ns = util_now_ns() + HOST_PROBE_NS;
+  }
+  if (r->host_gen != h->gen) return;
+  h->round_n++;
+  h->round_busy += h->inflight + 1; /* its own slot is already given back */
+  if (timed) {
+    h->round_bytes += (double)r->len;
+    h->round_body_s += (double)(total - start) * 1e-6;
+  }
+  host_adapt(r->f, h);
 }
 
 uint64_t fetch_merge_gap(fetch_t *f, const char *url, uint64_t ceiling) {
@@ -455,6 +625,11 @@ static uint64_t body_limit(const fetch_req_t *r) {
 static size_t on_data(char *p, size_t size, size_t nmemb, void *userp) {
   fetch_req_t *r = userp;
   size_t n = size * nmemb;
+  if (!r->streaming && r->host && n > 0) {
+    r->streaming = 1;
+    r->host->streaming++;
+    host_link(r->host);
+  }
   if (r->len + n > r->cap) {
     uint64_t limit = body_limit(r);
     if (r->len + n > limit) {
@@ -556,6 +731,9 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *userp) {
 static void release_slot(fetch_req_t *r) {
   fetch_t *f = r->f;
   if (r->host && r->state == RQ_RUNNING) r->host->inflight--;
+  if (r->host && r->streaming) r->host->streaming--;
+  r->streaming = 0;
+  if (r->host) host_link(r->host);
   if (r->demand_slot) f->demand_running--;
   r->demand_slot = 0;
   f->inflight_bytes -= r->charged;
@@ -669,7 +847,11 @@ static void start_one(fetch_req_t *r) {
     return;
   }
   r->state = RQ_RUNNING;
-  if (r->host) r->host->inflight++;
+  if (r->host) {
+    r->host->inflight++;
+    r->host_gen = r->host->gen;
+    host_link(r->host);
+  }
   if (curl_multi_add_handle(f->multi, r->easy) != CURLM_OK) {
     snprintf(r->msg, sizeof(r->msg), "cannot start a transfer");
     release_slot(r);
@@ -726,7 +908,7 @@ static void start_queued(fetch_t *f) {
   while (*pp && !f->closing) {
     fetch_req_t *r = *pp;
     uint64_t need = r->ranged && !r->range.suffix ? r->range.length : 65536;
-    int host_ok = r->host == NULL || r->host->inflight < r->f->opts.max_inflight_per_host;
+    int host_ok = r->host == NULL || r->host->inflight < host_limit(f, r->host);
     /* The bytes limit never blocks the only transfer: one request larger
      * than the limit still goes, alone. */
     int bytes_ok = f->inflight_bytes == 0 || f->inflight_bytes + need <= f->opts.max_inflight_bytes;
@@ -1554,9 +1736,10 @@ int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret
   return 0;
 }
 
-void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,
-                      uint32_t retry_base_ms) {
+void fetch_set_limits(fetch_t *f, uint32_t per_host, int inflight_auto, uint64_t bytes,
+                      uint32_t retries, uint32_t retry_base_ms) {
   f->opts.max_inflight_per_host = per_host ? per_host : 1;
+  f->opts.inflight_auto = inflight_auto;
   f->opts.max_inflight_bytes = bytes ? bytes : 1;
   f->opts.max_retries = retries;
   f->opts.retry_base_ms = retry_base_ms ? retry_base_ms : 1;

@@ -67,7 +67,11 @@ typedef struct fetch_req fetch_req_t;
 
 typedef struct fetch_options {
   uint32_t max_inflight_per_host; /* concurrent requests to one host */
-  uint64_t max_inflight_bytes;    /* bytes of ranges in flight, all hosts */
+  /* Size each host's concurrency from its measured link, up to
+   * max_inflight_per_host (see fetch_host_concurrency in stats.h): as many
+   * requests as keep the link busy, and no more.  0: always the maximum. */
+  int inflight_auto;
+  uint64_t max_inflight_bytes; /* bytes of ranges in flight, all hosts */
   uint32_t max_retries;
   uint32_t retry_base_ms; /* first backoff; doubles, with jitter */
   uint32_t retry_max_ms;
@@ -104,9 +108,10 @@ void fetch_options_init(fetch_options_t *opts);
 int fetch_set_credentials(fetch_t *f, const char *access_key, const char *secret_key,
                           const char *session_token);
 
-/* Changes the limits at run time (SIGHUP). */
-void fetch_set_limits(fetch_t *f, uint32_t per_host, uint64_t bytes, uint32_t retries,
-                      uint32_t retry_base_ms);
+/* Changes the limits at run time (SIGHUP); the hosts' adaptive limits are
+ * kept, within the new maximum. */
+void fetch_set_limits(fetch_t *f, uint32_t per_host, int inflight_auto, uint64_t bytes,
+                      uint32_t retries, uint32_t retry_base_ms);
 
 /* Creates the fetcher on loop.  Returns 0 or LARDER_ENOMEM / LARDER_EIO. */
 int fetch_create(uv_loop_t *loop, const fetch_options_t *opts, fetch_t **out);

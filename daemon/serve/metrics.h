@@ -72,6 +72,8 @@
  *   larder_fetch_retries_total       counter  remote requests retried
  *   larder_fetch_errors_total        counter  remote requests that failed for good
  *   larder_fetch_inflight            gauge    remote requests in flight
+ *   larder_fetch_host_concurrency    gauge    requests allowed at once to the host last
+ *                                             measured (fetch_inflight_auto)
  *   larder_fetch_merge_gap_bytes     gauge    the gap last allowed between column chunks
  *                                             read with one request
  *                                             (fetch_merge_gap_auto)

@@ -561,8 +561,8 @@ int server_reload(server_t *srv, char *summary, size_t len, char *changed_out, s
   if (srv->stage) stage_set_capacity(srv->stage, srv->cfg.stage_capacity);
   if (srv->fetch) {
     fetch_set_limits(srv->fetch, (uint32_t)srv->cfg.fetch_inflight_per_host,
-                     srv->cfg.fetch_inflight_bytes, (uint32_t)srv->cfg.fetch_retries,
-                     (uint32_t)srv->cfg.fetch_retry_base_ms);
+                     srv->cfg.fetch_inflight_auto, srv->cfg.fetch_inflight_bytes,
+                     (uint32_t)srv->cfg.fetch_retries, (uint32_t)srv->cfg.fetch_retry_base_ms);
     /* The credentials are looked up again: the configuration's keys (their
      * files read again) at once; else the chain, off the loop, with the
      * options as they are now (s3_profile), its value in force for the
@@ -787,6 +787,7 @@ static int start_fetcher(server_t *srv) {
   fo.creds = &srv->awscreds;
   const config_t *c = &srv->cfg;
   fo.max_inflight_per_host = (uint32_t)c->fetch_inflight_per_host;
+  fo.inflight_auto = c->fetch_inflight_auto;
   fo.max_inflight_bytes = c->fetch_inflight_bytes;
   fo.max_retries = (uint32_t)c->fetch_retries;
   fo.retry_base_ms = (uint32_t)c->fetch_retry_base_ms;

@@ -122,6 +122,7 @@ server.on('request', async (req, res) => {
       conn: req.socket.larderId,
     };
     rec = stats.begin(info);
+    stats.start(rec);
     const { latencyMs, fault } = faults.pick(info);
     if (latencyMs > 0) {
       stats.fault(rec, 'latency');
@@ -257,6 +258,7 @@ server.on('request', async (req, res) => {
     }
   } finally {
     if (rec) {
+      stats.end(rec);
       log.write({
         event: 'request',
         seq: rec.seq,

@@ -167,6 +167,11 @@ export class Stats {
     this.by_path = {};
     this.faults = {};
     this.connections = 0;
+    // Requests being answered now, and the most at once since the reset
+    // (end() is the server's to call; s3front does not).
+    this.active = 0;
+    this.peak_active = 0;
+    this.gen = (this.gen || 0) + 1; // requests begun before a reset end uncounted
     this.recent = [];
     this.seq = 0;
   }
@@ -193,6 +198,16 @@ export class Stats {
     if (this.recent.length > this.keepRecent) this.recent.shift();
     return rec;
   }
+  // Counts rec among the requests answered at once, until end(rec).
+  start(rec) {
+    rec.active = this.gen;
+    this.active++;
+    if (this.active > this.peak_active) this.peak_active = this.active;
+  }
+  end(rec) {
+    if (rec.active === this.gen) this.active--;
+    rec.active = 0;
+  }
   status(rec, status) {
     rec.status = status;
     this.by_status[status] = (this.by_status[status] || 0) + 1;
@@ -213,6 +228,8 @@ export class Stats {
       bytes_sent: this.bytes_sent,
       ranged_requests: this.ranged_requests,
       connections: this.connections,
+      active: this.active,
+      peak_active: this.peak_active,
       by_status: this.by_status,
       by_method: this.by_method,
       by_path: this.by_path,
