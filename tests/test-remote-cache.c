@@ -1016,9 +1016,9 @@ TEST_IMPL(remote_merge_gap_auto) {
  * requests at once only make each slower, and one whose every connection
  * is slow alone (100 KB/s each, no shared cap), where more requests bring
  * more bytes.  On the shared link the daemon keeps few requests at once
- * (the fetch_host_concurrency gauge at the end, and the most the proxy
- * saw), on the other it grows to many; the batches of both equal a local
- * run's.  The rates are the proxy's caps, which a loaded machine can only
+ * (the fetch_host_concurrency gauge at the end), on the other it grows to
+ * the ceiling, 16 (the gauge, and the most the proxy saw at once); the
+ * batches of both equal a local run's.  The rates are the proxy's caps, which a loaded machine can only
  * slow, never exceed: a slower machine makes every request slower alike.
  */
 TEST_IMPL(remote_inflight_auto) {
@@ -1035,8 +1035,9 @@ TEST_IMPL(remote_inflight_auto) {
   dh_run ref = {0};
   rh_local_reference(&o, &ref);
   static const char *const shared[] = {"--rate", "1000000", NULL};
-  static const char *const per_conn[] = {"--conn-rate", "100000", NULL};
+  static const char *const per_conn[] = {"--conn-rate", "200000", NULL};
   const char *const *links[2] = {shared, per_conn};
+  uint64_t limits[2] = {0, 0};
   for (int k = 0; k < 2; k++) {
     rs_server ng, fp;
     char name[16], fpdir[PATH_MAX];
@@ -1050,7 +1051,7 @@ TEST_IMPL(remote_inflight_auto) {
     ro.sources = (const char *const *)urls;
     ro.num_sources = (size_t)nf;
     dh_daemon d;
-    static const char *const fl[] = {"--workers=2", "--fetch_part_bytes=64K", NULL};
+    static const char *const fl[] = {"--workers=2", "--fetch_part_bytes=128K", NULL};
     dh_init(&d, name, fl);
     dh_start(&d);
     dh_run r = {0};
@@ -1070,13 +1071,16 @@ TEST_IMPL(remote_inflight_auto) {
             "%s link: %.0f ms, %" PRIu64 " requests, %" PRIu64
             " at once in the end, at most %" PRId64 " seen by the proxy\n",
             k ? "per-connection" : "shared", test_now_ms() - t0, requests, limit, peak);
-    ASSERT_GE(requests, 60);
-    if (k == 0) {
-      ASSERT_LE(limit, 5);
-      ASSERT_LE(peak, 6);
-    } else {
+    ASSERT_GE(requests, 40);
+    /* The shared link saturates with a few requests of 64 KiB (each also
+     * waits for the proxy's pacing: about 5 at once fill it); the other
+     * takes every request allowed. */
+    limits[k] = limit;
+    if (k == 0) ASSERT_LE(limit, 8);
+    else {
       ASSERT_GE(limit, 10);
       ASSERT_GE(peak, 10);
+      ASSERT_GT(limit, limits[0]);
     }
     dh_stop(&d);
     dh_run_free(&r);

@@ -68,6 +68,13 @@ typedef struct whole_obj {
 /* A round whose link waited for first bytes longer than this part of it
  * (no body arriving, requests running) takes one request more. */
 #define HOST_IDLE_MAX 0.03
+/* A round whose requests each got at least this part of base takes more;
+ * less shows them sharing one bottleneck. */
+#define HOST_SHARE_MIN 0.75
+/* A request waiting this long for its first byte leaves its slot to the
+ * others (host_stalled). */
+#define HOST_STALL_RTTS 10
+#define HOST_STALL_MIN_NS 1000000000ull
 
 /* A host's running requests, for max_inflight_per_host, and what its
  * link measured.  A slot lives while requests name it (refs), and, once
@@ -97,7 +104,7 @@ typedef struct host_slot {
   uint32_t gen;    /* grows when the limit changes: a round counts only the
                     * answers of requests started under the limit in force */
   uint32_t round_n;
-  double round_bytes, round_body_s; /* timed bodies: bytes, seconds */
+  double round_bytes, round_time_s; /* timed answers: bytes, seconds */
   double round_busy;                /* sum of the requests running */
   /* The link idle for want of a first byte: requests running, none of
    * them receiving its body (host_link).  idle_from: since when, 0: not. */
@@ -107,6 +114,7 @@ typedef struct host_slot {
   int probing;                    /* a round at HOST_LIMIT_MIN measures base again */
   uint32_t probe_return;          /* the limit after the probe */
   uint64_t probe_at_ns;           /* when the next probe is due */
+  uint32_t stalled;               /* running, long without a first byte (host_stalled) */
 } host_slot_t;
 
 struct fetch {
@@ -153,9 +161,10 @@ struct fetch_req {
   CURL *easy;
   struct curl_slist *headers;
   host_slot_t *host;
-  uint32_t host_gen; /* host_slot_t.gen when it started */
-  int streaming;     /* counted in host_slot_t.streaming */
-  uint64_t charged;  /* bytes counted in inflight_bytes */
+  uint32_t host_gen;   /* host_slot_t.gen when it started */
+  int streaming;       /* counted in host_slot_t.streaming */
+  uint64_t started_ns; /* when this attempt started */
+  uint64_t charged;    /* bytes counted in inflight_bytes */
   uint8_t *buf;
   uint64_t len, cap;
   uint64_t expect;    /* bytes the range asks for (0: unknown) */
@@ -350,47 +359,43 @@ static void host_set_limit(fetch_t *f, host_slot_t *h, uint32_t lim) {
   h->round_t0 = util_now_ns();
   h->round_idle0 = host_idle_ns(h, h->round_t0);
   h->round_n = 0;
-  h->round_bytes = h->round_body_s = h->round_busy = 0;
+  h->round_bytes = h->round_time_s = h->round_busy = 0;
   if (f->opts.stats) STATS_SET(f->opts.stats, fetch_host_concurrency, host_limit(f, h));
 }
 
 /*
  * Sizes h's concurrency from its measured link, once a round (as many
- * answers as the limit) has run under the limit in force.  Requests that
- * share one bottleneck each get a part of it: adding one adds nothing but
- * makes every range arrive later, the one needed next too, so that a
- * trainer waits for bytes the link has in fact brought.  Requests each
- * limited on their own (a per-connection cap, a first byte's wait) add up.
- * The round tells them apart as TCP Vegas does: base, the body rate of a
- * round at HOST_LIMIT_MIN, stands for a request with the link to itself,
- * and
+ * answers as the limit, of requests started under it) has come back.
+ * Requests that share one bottleneck each get a part of it: adding one
+ * adds nothing but makes every range arrive later, the one needed next
+ * too, so that a trainer waits for bytes the link has in fact brought.
+ * Requests each limited on their own (a per-connection cap, a first
+ * byte's wait) add up.  The round tells them apart as TCP Vegas does, by
+ * the rate of one request (its bytes over its time from sending to its
+ * last byte; a round's: its answers' bytes over their seconds, so that a
+ * short answer weighs little): base, the rate of a request in the first
+ * rounds at HOST_LIMIT_MIN, stands for a request with the link nearly to
+ * itself, and q = the round's rate / base.
  *
- *   extra = streaming * (1 - round's body rate / base)
+ * q of HOST_SHARE_MIN or more: each request still got most of a lone
+ * one's rate, the link takes more, and the limit grows (doubling until a
+ * round first shows sharing, then one at a time).  Less: the requests
+ * share a bottleneck, and the limit shrinks to what brought bytes
+ * (requests running times q) and one to spare; where that is the limit
+ * already, a round in which the link waited for a first byte (host_link)
+ * more than HOST_IDLE_MAX of the time takes one request more, a round
+ * trip the requests in flight left uncovered.  A round without a timed
+ * answer (all small) grows it: such requests are bound by their round
+ * trips.  Only a round that filled its limit grows it.
  *
- * (a round's body rate: its timed bodies' bytes over their seconds, so
- * that a short body that came in one burst weighs little) counts the
- * requests that only queue behind the others (streaming: the
- * requests running, times the part of a request's time spent receiving its
- * body rather than waiting for its first byte).  Under half a request of
- * extra, the link takes more, and the limit grows (doubling until a round
- * first shows sharing); over two, it shrinks to the requests that bring
- * bytes, and one to spare.  Between the two, a round in which the link
- * waited for a first byte (host_link) more than HOST_IDLE_MAX of the time
- * takes one request more: a round trip the requests in flight left
- * uncovered.  A round without a timed body (small answers) grows it: such
- * requests are bound by their round trips.
- *
- * base is measured by the first rounds (the limit starts at
- * HOST_LIMIT_MIN), and again every HOST_PROBE_NS by a probe: one round at
- * HOST_LIMIT_MIN, after which the limit returns to what it was.  Without
- * the probes, a base taken at the limit in force would drift down with
- * it, and the limit up, one request at a time; the probes let the limit
- * follow a link that changed.  A round faster than base raises it.  Loop
- * thread.
+ * A round faster than base raises it.  Every HOST_PROBE_NS a probe, one
+ * round at HOST_LIMIT_MIN, measures base anew, and the limit returns to
+ * what it was: a link that got slower would otherwise shrink the limit
+ * for good.  Loop thread.
  */
 static void host_adapt(fetch_t *f, host_slot_t *h) {
   uint32_t max = f->opts.max_inflight_per_host;
-  double mean = h->round_body_s > 0 ? h->round_bytes / h->round_body_s : 0;
+  double mean = h->round_time_s > 0 ? h->round_bytes / h->round_time_s : 0;
   if (h->probing) {
     if (h->round_n < HOST_LIMIT_MIN) return;
     if (mean > 0) h->base = mean;
@@ -402,11 +407,9 @@ static void host_adapt(fetch_t *f, host_slot_t *h) {
   if (h->round_n < h->limit) return;
   if (mean > h->base) h->base = mean;
   double busy = h->round_busy / h->round_n;
-  double extra = 0;
-  if (mean > 0) {
-    double body_s = h->size_avg / mean, wait_s = (double)h->rtt_us * 1e-6;
-    extra = busy * body_s / (body_s + wait_s) * (1 - mean / h->base);
-  }
+  /* q: what each request got of the rate of one among HOST_LIMIT_MIN;
+   * busy * q: the requests' worth of bytes the round brought. */
+  double q = mean > 0 && h->base > 0 ? mean / h->base : 1;
   uint64_t now = util_now_ns();
   double idle = h->round_t0 && now > h->round_t0
                     ? (double)(host_idle_ns(h, now) - h->round_idle0) / (double)(now - h->round_t0)
@@ -414,15 +417,13 @@ static void host_adapt(fetch_t *f, host_slot_t *h) {
   uint32_t lim = h->limit;
   /* Only a limit the queue filled says anything about more. */
   int full = busy + 0.5 >= (double)lim;
-  if (extra < 0.5) {
+  if (q >= HOST_SHARE_MIN) {
     if (full) lim = h->growing ? lim * 2 : lim + 1;
   } else {
     h->growing = 0;
-    if (extra <= 2 && idle > HOST_IDLE_MAX && full) lim++;
-    else if (extra > 2) {
-      double keep = busy - extra + 1;
-      lim = keep < (double)lim - 1 ? (uint32_t)(keep + 0.999) : lim - 1;
-    }
+    double want = busy * q + 1; /* the requests that bring bytes, one to spare */
+    if (want + 0.5 < (double)lim) lim = (uint32_t)(want + 0.999);
+    else if (idle > HOST_IDLE_MAX && full) lim++;
   }
   if (lim > max) lim = max;
   if (lim < HOST_LIMIT_MIN) lim = HOST_LIMIT_MIN;
@@ -431,6 +432,8 @@ static void host_adapt(fetch_t *f, host_slot_t *h) {
     h->probe_return = lim;
     lim = HOST_LIMIT_MIN;
   }
+  log_debug("%s: round of %u: busy %.2f, share %.2f, idle %.3f, rate %.0f, base %.0f", h->name,
+            h->round_n, busy, q, idle, mean, h->base);
   host_set_limit(f, h, lim);
 }
 
@@ -465,7 +468,7 @@ static void host_measure(fetch_req_t *r) {
   h->round_busy += h->inflight + 1; /* its own slot is already given back */
   if (timed) {
     h->round_bytes += (double)r->len;
-    h->round_body_s += (double)(total - start) * 1e-6;
+    h->round_time_s += (double)(total - pre) * 1e-6;
   }
   host_adapt(r->f, h);
 }
@@ -847,6 +850,7 @@ static void start_one(fetch_req_t *r) {
     return;
   }
   r->state = RQ_RUNNING;
+  r->started_ns = util_now_ns();
   if (r->host) {
     r->host->inflight++;
     r->host_gen = r->host->gen;
@@ -902,13 +906,40 @@ void fetch_promote(fetch_req_t *r) {
   start_queued(r->f);
 }
 
+/* Counts each host's stalled requests: running, no byte of the body yet,
+ * for HOST_STALL_RTTS of its round trips and at least HOST_STALL_MIN_NS
+ * (one server slow to answer some requests must not hold up the rest of a
+ * small limit until fetch_low_speed_time ends them).  Walks the requests
+ * not finished, once per start_queued; libcurl's timer calls that at least
+ * once a second while transfers run.  Loop thread. */
+static void host_stalled(fetch_t *f) {
+  for (host_slot_t *h = f->hosts; h; h = h->next) h->stalled = 0;
+  if (!f->opts.inflight_auto) return;
+  uint64_t now = util_now_ns();
+  for (fetch_req_t *r = f->live; r; r = r->live_next) {
+    if (r->state != RQ_RUNNING || r->host == NULL || r->streaming) continue;
+    uint64_t wait = r->host->rtt_us * 1000ull * HOST_STALL_RTTS;
+    if (wait < HOST_STALL_MIN_NS) wait = HOST_STALL_MIN_NS;
+    if (now - r->started_ns > wait) r->host->stalled++;
+  }
+}
+
 static void start_queued(fetch_t *f) {
+  host_stalled(f);
   fetch_req_t **pp = &f->q_head;
   fetch_req_t *prev = NULL;
   while (*pp && !f->closing) {
     fetch_req_t *r = *pp;
     uint64_t need = r->ranged && !r->range.suffix ? r->range.length : 65536;
-    int host_ok = r->host == NULL || r->host->inflight < host_limit(f, r->host);
+    /* The host's adaptive limit holds back the column ranges, whoever
+     * waits for them; a footer or a listing (small, bound by its round
+     * trip: an open waits for all of them) may use every slot, and a
+     * request that has waited long for its first byte (host_stalled)
+     * leaves its slot to the others. */
+    int limited = r->ranged && !r->range.suffix;
+    int host_ok =
+        r->host == NULL || (limited ? r->host->inflight - r->host->stalled < host_limit(f, r->host)
+                                    : r->host->inflight < f->opts.max_inflight_per_host);
     /* The bytes limit never blocks the only transfer: one request larger
      * than the limit still goes, alone. */
     int bytes_ok = f->inflight_bytes == 0 || f->inflight_bytes + need <= f->opts.max_inflight_bytes;
