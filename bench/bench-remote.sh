@@ -13,7 +13,8 @@
 #     epochs, reading the same rows written in no order (gen-shards.mjs
 #     `shuffled`, as a job preparing a training set writes them): the epoch-1 remote
 #     throughput against curl's, the time to the first batch, the epoch-1
-#     stall fraction beside the bound the network sets, and the stall and
+#     stall fraction beside the bound the network sets (and that bound with the
+#     step the trainer measured, which overshoots its nominal one), and the stall and
 #     remote bytes of epochs 2 and 3;
 #   - the same trainer for 6 epochs on a cold larderd whose cache holds half
 #     of the dataset, four times: row groups kept together in the shuffle

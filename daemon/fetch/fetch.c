@@ -95,13 +95,12 @@ typedef struct host_slot {
   uint32_t rtt_samples, rate_samples;
   /* The host's concurrency in force (fetch_options_t.inflight_auto),
    * between HOST_LIMIT_MIN and max_inflight_per_host, and what sets it
-   * (host_adapt): the body rate of a request with the link (nearly) to
-   * itself, and this round's answers. */
+   * (host_adapt): the rate of a request with the link nearly to itself,
+   * and this round's answers. */
   uint32_t limit;
-  int growing;     /* doubling, until a round first shows the link shared */
-  double base;     /* bytes per second of a request among HOST_LIMIT_MIN */
-  double size_avg; /* bytes per ranged answer, moving average */
-  uint32_t gen;    /* grows when the limit changes: a round counts only the
+  int growing;  /* doubling, until a round first shows the link shared */
+  double base;  /* bytes per second of a request among HOST_LIMIT_MIN */
+  uint32_t gen; /* grows when the limit changes: a round counts only the
                     * answers of requests started under the limit in force */
   uint32_t round_n;
   double round_bytes, round_time_s; /* timed answers: bytes, seconds */
@@ -129,6 +128,7 @@ struct fetch {
   host_slot_t *hosts;
   uint64_t inflight_bytes;
   uint32_t demand_running; /* running requests that a trainer waits for */
+  uint64_t stalled_at_ns;  /* when host_stalled last counted */
   int running;
   fetch_req_t *live;   /* every request not finished yet */
   whole_obj_t *wholes; /* most recently used first */
@@ -448,7 +448,6 @@ static void host_measure(fetch_req_t *r) {
     return;
   uint64_t rtt = (uint64_t)(start - pre);
   h->rtt_us = h->rtt_samples++ ? h->rtt_us - h->rtt_us / 8 + rtt / 8 : rtt;
-  h->size_avg = h->size_avg > 0 ? h->size_avg + ((double)r->len - h->size_avg) / 8 : (double)r->len;
   /* A body that came in one read has no duration to time. */
   int timed = r->len >= 16384 && total - start >= 50;
   if (timed) {
@@ -910,12 +909,17 @@ void fetch_promote(fetch_req_t *r) {
  * for HOST_STALL_RTTS of its round trips and at least HOST_STALL_MIN_NS
  * (one server slow to answer some requests must not hold up the rest of a
  * small limit until fetch_low_speed_time ends them).  Walks the requests
- * not finished, once per start_queued; libcurl's timer calls that at least
- * once a second while transfers run.  Loop thread. */
+ * not finished, from start_queued (libcurl's timer calls that at least
+ * once a second while transfers run), at most every 100 ms.  Loop
+ * thread. */
 static void host_stalled(fetch_t *f) {
+  uint64_t now = util_now_ns();
+  /* A stall is seconds long: counting them every 100 ms is enough, and
+   * keeps the walk off most calls. */
+  if (now - f->stalled_at_ns < 100000000ull) return;
+  f->stalled_at_ns = now;
   for (host_slot_t *h = f->hosts; h; h = h->next) h->stalled = 0;
   if (!f->opts.inflight_auto) return;
-  uint64_t now = util_now_ns();
   for (fetch_req_t *r = f->live; r; r = r->live_next) {
     if (r->state != RQ_RUNNING || r->host == NULL || r->streaming) continue;
     uint64_t wait = r->host->rtt_us * 1000ull * HOST_STALL_RTTS;
@@ -936,10 +940,15 @@ static void start_queued(fetch_t *f) {
      * trip: an open waits for all of them) may use every slot, and a
      * request that has waited long for its first byte (host_stalled)
      * leaves its slot to the others. */
-    int limited = r->ranged && !r->range.suffix;
-    int host_ok =
-        r->host == NULL || (limited ? r->host->inflight - r->host->stalled < host_limit(f, r->host)
-                                    : r->host->inflight < f->opts.max_inflight_per_host);
+    host_slot_t *h = r->host;
+    int host_ok = 1;
+    if (h != NULL) {
+      host_ok = h->inflight < f->opts.max_inflight_per_host;
+      if (host_ok && r->ranged && !r->range.suffix) {
+        uint32_t counted = h->inflight > h->stalled ? h->inflight - h->stalled : 0;
+        host_ok = counted < host_limit(f, h);
+      }
+    }
     /* The bytes limit never blocks the only transfer: one request larger
      * than the limit still goes, alone. */
     int bytes_ok = f->inflight_bytes == 0 || f->inflight_bytes + need <= f->opts.max_inflight_bytes;
