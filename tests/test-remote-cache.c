@@ -927,6 +927,19 @@ TEST_IMPL(remote_shared_projections) {
   return 0;
 }
 
+/* Serves dir from nginx "ngK" behind a fault proxy started with link's
+ * flags, names the nginx in name, and fills urls (the proxy's URLs of
+ * dir's files, freed by the caller).  Returns how many. */
+static int link_start(int k, const char *dir, const char *const *link, rs_server *ng, rs_server *fp,
+                      char *name, size_t namelen, char **urls) {
+  char fpdir[PATH_MAX];
+  snprintf(name, namelen, "ng%d", k);
+  rh_nginx(ng, name, dir, NULL);
+  snprintf(fpdir, sizeof(fpdir), "%s/fp%d", test_tmpdir(), k);
+  ASSERT_OK(rs_start_faultproxy(fp, ng->url, fpdir, link));
+  return rh_urls(fp->url, dir, urls, RH_MAX_FILES);
+}
+
 /*
  * The merge gap follows the link (fetch_merge_gap_auto, on by default):
  * the projection [id, name] leaves label and x between its two chunks of
@@ -966,13 +979,9 @@ TEST_IMPL(remote_merge_gap_auto) {
   memset(runs, 0, sizeof(runs));
   for (int k = 0; k < 2; k++) {
     rs_server ng, fp;
-    char name[16], fpdir[PATH_MAX];
-    snprintf(name, sizeof(name), "ng%d", k);
-    rh_nginx(&ng, name, dir, NULL);
-    snprintf(fpdir, sizeof(fpdir), "%s/fp%d", test_tmpdir(), k);
-    ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, links[k]));
+    char name[16];
     char *urls[RH_MAX_FILES];
-    int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+    int nf = link_start(k, dir, links[k], &ng, &fp, name, sizeof(name), urls);
     larder_stream_options_t o;
     dh_std_opts(&o, (const char *const *)urls, (size_t)nf, 50, 1, 1, ARENA);
     o.columns = cols;
@@ -1040,13 +1049,9 @@ TEST_IMPL(remote_inflight_auto) {
   uint64_t limits[2] = {0, 0};
   for (int k = 0; k < 2; k++) {
     rs_server ng, fp;
-    char name[16], fpdir[PATH_MAX];
-    snprintf(name, sizeof(name), "ng%d", k);
-    rh_nginx(&ng, name, dir, NULL);
-    snprintf(fpdir, sizeof(fpdir), "%s/fp%d", test_tmpdir(), k);
-    ASSERT_OK(rs_start_faultproxy(&fp, ng.url, fpdir, links[k]));
+    char name[16];
     char *urls[RH_MAX_FILES];
-    int nf = rh_urls(fp.url, dir, urls, RH_MAX_FILES);
+    int nf = link_start(k, dir, links[k], &ng, &fp, name, sizeof(name), urls);
     larder_stream_options_t ro = o;
     ro.sources = (const char *const *)urls;
     ro.num_sources = (size_t)nf;
