@@ -139,11 +139,6 @@
      "unit past it fails its stream with an error that names unit_rows")                         \
   XX(fetch_inflight_per_host, U64, "16", 1,                                                      \
      "remote requests in flight to one host (at most: see fetch_inflight_auto)")                 \
-  XX(fetch_inflight_auto, BOOL, "true", 1,                                                       \
-     "size each host's concurrency from its measured link, up to "                               \
-     "fetch_inflight_per_host: as many requests as keep the link busy and no "                   \
-     "more, so that read-ahead does not slow the range needed next; false: "                     \
-     "always fetch_inflight_per_host")                                                           \
   XX(fetch_inflight_bytes, SIZE, "512M", 1,                                                      \
      "bytes of remote ranges in flight, all hosts (the read-ahead bound)")                       \
   XX(fetch_retries, U64, "8", 1,                                                                 \
@@ -165,6 +160,11 @@
      "a request's round trip: the gap is the host's measured wait for a first "                  \
      "byte times one request's measured rate, up to fetch_merge_gap; false: "                    \
      "every gap below fetch_merge_gap")                                                          \
+  XX(fetch_inflight_auto, BOOL, "true", 1,                                                       \
+     "size each host's concurrency from its measured link, up to "                               \
+     "fetch_inflight_per_host: as many requests as keep the link busy and no "                   \
+     "more, so that read-ahead does not slow the range needed next; false: "                     \
+     "always fetch_inflight_per_host")                                                           \
   XX(fetch_part_bytes, SIZE, "4M", 1,                                                            \
      "longest single range request; longer ranges are fetched in parts")                         \
   XX(remote_footer_memory, SIZE, "64M", 0,                                                       \
