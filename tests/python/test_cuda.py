@@ -186,6 +186,35 @@ def test_cuda_tensor_holds_batch(cclient):
     s.close()
 
 
+def test_cuda_torch_holds_batch(cclient, monkeypatch):
+    """The tensors of torch() on the extension's path (one DLPack import
+    per buffer) hold their batch's region until the last of them is
+    dropped, whatever order they go in: with a window of 2 the stream
+    stops until then."""
+    if REAL:
+        pytest.skip("the driver double's memory is read on the host here")
+    _host_import(monkeypatch, True)
+    s = cclient.stream(MAIN, batch_size=10, epochs=0, window=2, memory="cuda", device=0)
+    b0 = next(s)
+    ts = [t for t in b0.torch().values()]
+    b0.release()
+    del b0
+    b1 = s.next(timeout=DEADLINE)
+    b1.release()
+    del b1
+    gc.collect()
+    b2 = s.next(timeout=DEADLINE)    # b1's room came back
+    while ts:
+        with pytest.raises(larder.LarderTimeoutError):
+            s.next(timeout=0.2)      # b0's tensors and b2 fill the window
+        ts.pop(0)
+    gc.collect()
+    b3 = s.next(timeout=DEADLINE)
+    assert b3 is not None
+    del b2, b3
+    s.close()
+
+
 def test_cuda_array_outlives_batch(cclient):
     """A DeviceArray (what the CUDA Array Interface hands its consumers)
     keeps the region: a hundred batches later through a window of 3, its
@@ -252,20 +281,44 @@ def test_cuda_torch_tensors(cclient):
     assert kept
 
 
-def test_cuda_torch_nested(cclient, monkeypatch):
+def _host_import(monkeypatch, fast):
+    """Stands in for torch.from_dlpack with the driver double, whose
+    "device memory" the host reads: a DeviceArray becomes a CPU tensor over
+    its bytes; the capsules of the extension's path (fast: that path, else
+    the span of views without it) are made kDLCPU and imported by torch
+    itself.  Returns the list of what was imported: the dtype of each
+    DeviceArray, None for each capsule (holding neither would hold the
+    batch)."""
+    torch = pytest.importorskip("torch")
+    if fast and getattr(larder._views, "tensors", None) is None:
+        pytest.skip("the package's extension is not built here")
+    if not fast:
+        monkeypatch.setattr(larder, "_views", None)
+    monkeypatch.setattr(_device, "_DLPACK_DEVICE", 1)  # kDLCPU
+    real = torch.from_dlpack
+    seen = []
+
+    def from_dlpack(x):
+        seen.append(x.dtype if isinstance(x, _device.DeviceArray) else None)
+        if isinstance(x, _device.DeviceArray):
+            buf = (ctypes.c_uint8 * x.nbytes).from_address(x.ptr)
+            return torch.frombuffer(buf, dtype=torch.uint8)
+        return real(x)
+
+    monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
+    return seen
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["extension", "views"])
+def test_cuda_torch_nested(cclient, monkeypatch, fast):
     """torch() on lists, maps, structs and decimals gives, leaf by leaf,
     the tensors of the mapping's own DeviceArrays (each imported alone),
-    with the driver double standing in for the import as above; masks
-    equal mask()'s."""
+    with the driver double standing in for the import (_host_import);
+    masks equal mask()'s."""
     if REAL:
         pytest.skip("test_cuda_torch_tensors checks the real import")
     torch = pytest.importorskip("torch")
-
-    def from_dlpack(x):
-        buf = (ctypes.c_uint8 * x.nbytes).from_address(x.ptr)
-        return torch.frombuffer(buf, dtype=torch.uint8)
-
-    monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
+    _host_import(monkeypatch, fast)
 
     def alone(a):
         if isinstance(a, dict):
@@ -317,23 +370,17 @@ def _same_tensors(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.numpy(), b.numpy())
 
 
-def test_cuda_torch_views(cclient, monkeypatch):
-    """DeviceBatch.torch() makes one tensor of the batch's span and views
-    of it: checked here with the driver double, whose device memory the
-    host can read, by standing in for torch.from_dlpack with a CPU tensor
-    over the same bytes.  Values and masks equal the host stream's, and
-    torch() without masks gives the same tensors."""
+@pytest.mark.parametrize("fast", [True, False], ids=["extension", "views"])
+def test_cuda_torch_views(cclient, monkeypatch, fast):
+    """DeviceBatch.torch() imports each buffer on its own in one call of
+    the package's extension, or, without it, makes one tensor of the
+    batch's span and views of it: checked here with the driver double
+    (_host_import).  Values and masks equal the host stream's, and torch()
+    without masks gives the same tensors."""
     if REAL:
         pytest.skip("test_cuda_torch_tensors checks the real import")
-    torch = pytest.importorskip("torch")
-    spans = []
-
-    def from_dlpack(x):
-        spans.append(x.nbytes)
-        buf = (ctypes.c_uint8 * x.nbytes).from_address(x.ptr)
-        return torch.frombuffer(buf, dtype=torch.uint8)
-
-    monkeypatch.setattr(torch, "from_dlpack", from_dlpack)
+    pytest.importorskip("torch")
+    spans = _host_import(monkeypatch, fast)
     for src, cols in ((MAIN, None), (PLAIN, None), (WIDE, ["bitwidth%d" % i for i in range(12)])):
         opts = dict(columns=cols, batch_size=64, seed=6, epochs=1, window=4)
         host = cclient.stream(src, **opts)
@@ -342,7 +389,11 @@ def test_cuda_torch_views(cclient, monkeypatch):
             db = dev.next(timeout=DEADLINE)
             n0 = len(spans)
             dt = db.torch(masks=True)
-            assert len(spans) - n0 <= 1  # one import per batch
+            if fast:  # a capsule per buffer, DeviceArrays (of bytes) only for bitmaps
+                assert None in spans[n0:]
+                assert all(x is None or x == np.uint8 for x in spans[n0:])
+            else:
+                assert len(spans) - n0 <= 1  # one import per batch
             dn = db.torch()
             assert list(dn) == list(dt) == list(hb)
             for k, (t, m) in hb.torch(masks=True).items():

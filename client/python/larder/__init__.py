@@ -452,6 +452,7 @@ class Stream:
         self._next = L.larder_stream_next
         self._plan = None
         self._tplan = None          # DeviceBatch.torch()'s plan (_device.py)
+        self._device = None         # a CUDA stream's device, from its first batch
         self.columns = [L.larder_stream_column_name(self._h, i).decode()
                         for i in range(L.larder_stream_num_columns(self._h))]
         self._n_batches = L.larder_stream_batches_per_epoch(self._h)

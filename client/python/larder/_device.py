@@ -196,16 +196,23 @@ class DeviceBatch(collections.abc.Mapping):
         L = stream._L
         if stream._plan is None:
             stream._make_plan(ptr)
-        fn, args, cbuf = stream._plan[0], stream._plan[1], stream._plan[2]
-        fn(ptr, *args)
-        v = list(cbuf)
+        plan = stream._plan
+        fast = plan[7]
+        if fast is not None:  # the extension's describe: one call, no ctypes
+            fast[0](fast[1], ptr, fast[2], fast[3], fast[4])
+        else:
+            plan[0](ptr, *plan[1])
+        v = list(plan[2])
         owner = _Owner(stream, ptr)
         stream._stash = 0  # the owner releases it from here on
         self._stream = stream
         self._owner = owner
         self._vec = v
         self.num_rows, self.epoch, self.index = v[0], v[1], v[2]
-        self.device = L.larder_batch_device(ptr)
+        dev = stream._device
+        if dev is None:  # every batch of a stream is on its device
+            dev = stream._device = L.larder_batch_device(ptr)
+        self.device = dev
         self._arrays = None
 
     def _cols(self):
@@ -280,14 +287,17 @@ class DeviceBatch(collections.abc.Mapping):
         """{name: CUDA tensor}, zero-copy (BOOL columns and masks are
         unpacked to bool tensors on the GPU).  DeviceVarColumns become
         (offsets, values) tensor pairs; with masks, each entry is (tensor,
-        mask or None).  One DLPack tensor spans the batch's buffers, and
-        each buffer is a view of it: one import and a view or two per
-        buffer, from a plan the stream makes at its first call."""
+        mask or None).  With the package's extension, each buffer is a
+        DLPack import of its own, all made in one call; without it, one
+        DLPack tensor spans the batch's buffers and each buffer is a view
+        of it.  Either way from a plan the stream makes at its first call,
+        and the batch's region stays the trainer's until the last tensor
+        is dropped."""
         if self._owner is None:
             raise ValueError("larder: the batch was released")
         plan = self._stream._tplan
         if plan is None:
-            plan = self._stream._tplan = _TorchPlan(self._stream._fields, self._vec)
+            plan = self._stream._tplan = _TorchPlan(self._stream, self._vec)
         return plan.tensors(self, masks)
 
     def release(self):
@@ -313,6 +323,12 @@ def _torch_dtype(dt):
     return t
 
 
+# The DLPack device type the fast path puts in its tensors instead of the
+# batch's, or 0: the tests set kDLCPU (1) with the driver double, whose
+# "device memory" the host reads, to import them into a CPU torch.
+_DLPACK_DEVICE = 0
+
+
 class _TorchPlan:
     """How a stream's batches become tensors: a leaf per buffer, (ptr word,
     length word, bytes per element, kind, torch dtype, width), and each
@@ -321,20 +337,35 @@ class _TorchPlan:
     buffer table (the same for every batch of the stream: its arrays follow
     the schema); the kinds: 0 values (length elements, or (length, width)
     bytes), 1 a bitmap of length bits, 2 offsets (length + 1 when length),
-    3 bytes (their count at the length word), 4 nothing (a NULL column)."""
+    3 bytes (their count at the length word), 4 nothing (a NULL column).
 
-    def __init__(self, fields, v):
+    With the package's extension (_views.tensors) each buffer is imported
+    on its own, all of them in one call: a DLPack tensor per buffer, each
+    holding the batch.  Without it, one tensor spans the batch's buffers
+    and each buffer is a view of it."""
+
+    def __init__(self, stream, v):
         import torch
         self.torch = torch
         self.leaves = []
+        self.dl = []     # per leaf: DLPack (code, bits), or None
         self.masks = []  # per column: the k of its array (mask words k+6..k+8)
         self.shapes = []
-        for i, f in enumerate(fields):
+        for i, f in enumerate(stream._fields):
             self.shapes.append((f.name, self._field(f, i, v)))
             self.masks.append(BATCH_INFO_WORDS + i * ARRAY_INFO_WORDS)
+        from . import _views
+        self.fast = getattr(_views, "tensors", None)
+        self.dl_fn = ctypes.cast(stream._L.larder_batch_dlpack, ctypes.c_void_p).value
+        # Leaves the fast path cannot import (bitmaps, NULL columns, types
+        # DLPack lacks) get kind -1 there: it leaves them to the caller.
+        self.cleaves = tuple(
+            (p, n, kind if dl is not None else -1, dl[0] if dl else 0, dl[1] if dl else 0, width)
+            for (p, n, _, kind, _, width), dl in zip(self.leaves, self.dl))
 
-    def _leaf(self, *leaf):
-        self.leaves.append(leaf)
+    def _leaf(self, p, n, size, kind, dt, width, dl=None):
+        self.leaves.append((p, n, size, kind, dt, width))
+        self.dl.append(dl)
         return len(self.leaves) - 1
 
     def _field(self, f, idx, v):
@@ -342,17 +373,19 @@ class _TorchPlan:
         t, width, ow = v[k], v[k + 1], v[k + 2]
         u8 = self.torch.uint8
         if f.dtype is not None:
-            return self._leaf(k + 10, k + 6, f.dtype.itemsize, 0, _torch_dtype(f.dtype), 0)
+            code = _DL_CODE.get(f.dtype.kind)
+            dl = (code, f.dtype.itemsize * 8) if code is not None and f.dtype.kind != "b" else None
+            return self._leaf(k + 10, k + 6, f.dtype.itemsize, 0, _torch_dtype(f.dtype), 0, dl)
         if t == _T["bool"]:
             return self._leaf(k + 10, k + 6, 1, 1, u8, 0)
         if t == _T["null"]:
             return self._leaf(k + 10, k + 6, 1, 4, u8, 0)
         if t == _T["fixed_binary"] or t in (_T["decimal128"], _T["decimal256"]):
-            return self._leaf(k + 10, k + 6, width, 0, u8, width)
+            return self._leaf(k + 10, k + 6, width, 0, u8, width, (1, 8))
         offs = self._leaf(k + 9, k + 6, ow, 2, self.torch.int32 if ow == 4 else self.torch.int64,
-                          0)
+                          0, (0, ow * 8))
         if t in _VAR:
-            return (offs, self._leaf(k + 10, k + 11, 1, 3, u8, 0))
+            return (offs, self._leaf(k + 10, k + 11, 1, 3, u8, 0, (1, 8)))
         if t in _LISTS or t == _T["map"]:
             return (offs, self._field(f.children[0], v[k + 4], v))
         if t == _T["struct"]:
@@ -361,23 +394,92 @@ class _TorchPlan:
         raise TypeError("larder: column %r has type %s, which the package cannot view"
                         % (f.name, f.type_name))
 
+    @staticmethod
+    def _bytes(v, leaf):
+        p, n, size, kind, _, _ = leaf
+        length = v[n]
+        if kind == 0:
+            nb = length * size
+        elif kind == 1:
+            nb = (length + 7) // 8
+        elif kind == 2:
+            nb = (length + 1) * size if length else 0
+        elif kind == 3:
+            nb = length
+        else:
+            nb = 0
+        return v[p], nb
+
+    def _empty(self, leaf, length, dev):
+        torch = self.torch
+        _, _, _, kind, dt, width = leaf
+        if kind == 1 or kind == 4:
+            return torch.zeros(length, dtype=torch.bool, device=dev)
+        if width:
+            return torch.empty((length, width), dtype=torch.uint8, device=dev)
+        return torch.empty(0 if kind > 1 else length, dtype=dt, device=dev)
+
+    @staticmethod
+    def _shaped(x, leaf, length):
+        """Buffer x (uint8) read as leaf says."""
+        kind, dt, width = leaf[3], leaf[4], leaf[5]
+        if kind == 1:
+            return _unpack_bits(x, length)
+        if width:
+            return x.view(length, width)
+        if dt is not x.dtype:
+            return x.view(dt)
+        return x
+
     def tensors(self, batch, masks):
+        if self.fast is not None:
+            made = self.fast(self.dl_fn, batch._owner.ptr, batch._vec, self.cleaves,
+                             self.torch.from_dlpack, _DLPACK_DEVICE)
+            if made is not None:
+                return self._finish(batch, masks, made)
+        return self._span(batch, masks)
+
+    def _one(self, batch, ptr, nb):
+        """One buffer of the batch, as a uint8 tensor of its own."""
+        return self.torch.from_dlpack(DeviceArray(batch._owner, ptr, (nb,), np.uint8,
+                                                  batch.device))
+
+    def _finish(self, batch, masks, out):
+        """The columns from the fast path's tensors (out, a list per leaf),
+        the leaves it left (None) made here."""
+        v = batch._vec
+        # Where the tensors made here go: where the imported ones are.
+        dev = next((x.device for x in out if x is not None), None)
+        if dev is None:
+            dev = "cuda:%d" % batch.device
+        for i, x in enumerate(out):
+            if x is None:
+                leaf = self.leaves[i]
+                ptr, nb = self._bytes(v, leaf)
+                length = v[leaf[1]]
+                if nb:
+                    out[i] = self._shaped(self._one(batch, ptr, nb), leaf, length)
+                else:
+                    out[i] = self._empty(leaf, length, dev)
+        cols = {name: _shape(shape, out) for name, shape in self.shapes}
+        if not masks:
+            return cols
+        res = {}
+        for (name, t), k in zip(cols.items(), self.masks):
+            n = v[k + 6]
+            if not v[k + 7]:
+                res[name] = (t, None)
+            elif v[k + 8] and n:
+                res[name] = (t, _unpack_bits(self._one(batch, v[k + 8], (n + 7) // 8), n))
+            else:
+                res[name] = (t, self.torch.zeros(n, dtype=self.torch.bool, device=dev))
+        return res
+
+    def _span(self, batch, masks):
+        """The columns as views of one tensor over the batch's buffers."""
         torch = self.torch
         v = batch._vec
-        bufs = []  # (ptr, bytes) per leaf, then per mask
-        for p, n, size, kind, _, _ in self.leaves:
-            length = v[n]
-            if kind == 0:
-                nb = length * size
-            elif kind == 1:
-                nb = (length + 7) // 8
-            elif kind == 2:
-                nb = (length + 1) * size if length else 0
-            elif kind == 3:
-                nb = length
-            else:
-                nb = 0
-            bufs.append((v[p], nb))
+        bufs = [self._bytes(v, leaf) for leaf in self.leaves]  # (ptr, bytes)
         if masks:
             for k in self.masks:
                 bufs.append((v[k + 8], (v[k + 6] + 7) // 8) if v[k + 7] else (0, 0))
@@ -392,26 +494,13 @@ class _TorchPlan:
             base = torch.from_dlpack(DeviceArray(batch._owner, lo, (hi - lo,), np.uint8,
                                                  batch.device))
             dev = base.device
-        u8 = torch.uint8
         out = []
-        for (ptr, nb), (_, n, size, kind, dt, width) in zip(bufs, self.leaves):
-            length = v[n]
+        for (ptr, nb), leaf in zip(bufs, self.leaves):
+            length = v[leaf[1]]
             if nb == 0:
-                if kind == 1 or kind == 4:
-                    out.append(torch.zeros(length, dtype=torch.bool, device=dev))
-                elif width:
-                    out.append(torch.empty((length, width), dtype=u8, device=dev))
-                else:
-                    out.append(torch.empty(0 if kind > 1 else length, dtype=dt, device=dev))
-                continue
-            x = base[ptr - lo:ptr - lo + nb]
-            if kind == 1:
-                x = _unpack_bits(x, length)
-            elif width:
-                x = x.view(length, width)
-            elif dt is not u8:
-                x = x.view(dt)
-            out.append(x)
+                out.append(self._empty(leaf, length, dev))
+            else:
+                out.append(self._shaped(base[ptr - lo:ptr - lo + nb], leaf, length))
         cols = {name: _shape(shape, out) for name, shape in self.shapes}
         if not masks:
             return cols
