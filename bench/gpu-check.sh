@@ -8,7 +8,8 @@
 #      (tests/cuda-real.sh with BENCH=1);
 #   2. the Python package's tests with the host's python3, where PyTorch,
 #      pyarrow and a GPU are (the tests that skip without them run here);
-#   2b. the Python package's cost per batch (bench/py-overhead.py);
+#   2b. the Python package's cost per batch (bench/py-overhead.py), host batches and
+#      a CUDA stream's through torch();
 #   3. the PyTorch loop fed by larder against the same loop fed from host
 #      memory (bench/torch-trainer.py), at 500 and 200 us steps, when a
 #      dataset of bench/gen-dataset.mjs's schema is given.
@@ -51,6 +52,9 @@ echo "== 2b. The Python package's cost per batch"
 timeout "${OVH_LIMIT:-60}" python3 "$root/bench/py-overhead.py" "$b" --batches 20000 --rounds 3 \
   >"$out/gpu-overhead.log" 2>&1 || rc=1
 tail -4 "$out/gpu-overhead.log"
+timeout "${OVH_LIMIT:-60}" python3 "$root/bench/py-overhead.py" "$b" --batches 10000 --rounds 3 \
+  --cuda >"$out/gpu-overhead-cuda.log" 2>&1 || rc=1
+tail -2 "$out/gpu-overhead-cuda.log"
 
 if [ -n "$data" ]; then
   echo "== 3. PyTorch loop against its host-memory peer"
