@@ -202,7 +202,7 @@ class DeviceBatch(collections.abc.Mapping):
             fast[0](fast[1], ptr, fast[2], fast[3], fast[4])
         else:
             plan[0](ptr, *plan[1])
-        v = list(plan[2])
+        v = plan[2][:]  # a list of the words; list() of a ctypes array is 5x slower
         owner = _Owner(stream, ptr)
         stream._stash = 0  # the owner releases it from here on
         self._stream = stream
@@ -354,6 +354,8 @@ class _TorchPlan:
         for i, f in enumerate(stream._fields):
             self.shapes.append((f.name, self._field(f, i, v)))
             self.masks.append(BATCH_INFO_WORDS + i * ARRAY_INFO_WORDS)
+        self.names = [name for name, _ in self.shapes]
+        self.flat = [shape for _, shape in self.shapes] == list(range(len(self.leaves)))
         from . import _views
         self.fast = getattr(_views, "tensors", None)
         self.dl_fn = ctypes.cast(stream._L.larder_batch_dlpack, ctypes.c_void_p).value
@@ -461,7 +463,10 @@ class _TorchPlan:
                     out[i] = self._shaped(self._one(batch, ptr, nb), leaf, length)
                 else:
                     out[i] = self._empty(leaf, length, dev)
-        cols = {name: _shape(shape, out) for name, shape in self.shapes}
+        if self.flat:  # a tensor per column, in order
+            cols = dict(zip(self.names, out))
+        else:
+            cols = {name: _shape(shape, out) for name, shape in self.shapes}
         if not masks:
             return cols
         res = {}
