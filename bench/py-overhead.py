@@ -31,8 +31,7 @@ import spanning the batch, and a view per buffer), against the same peer.
 On a host where torch sees no GPU, the driver is the test double of
 tests/cuda-fake (built with the CUDA toolkit), whose "device memory" the
 host reads: the tensors are then made as CPU tensors over it (kDLCPU in
-the capsules, and torch.frombuffer for the one span of the path without
-the extension), so the figures are torch's CPU work without CUDA's.
+the capsules), so the figures are torch's CPU work without CUDA's.
 """
 import argparse
 import ctypes
@@ -88,15 +87,6 @@ def cuda_setup(build):
     os.environ["LARDER_LIBCUDA"] = fake
     from larder import _device
     _device._DLPACK_DEVICE = 1  # kDLCPU: the double's memory is the host's
-    real = torch.from_dlpack
-
-    def from_dlpack(x):
-        if isinstance(x, _device.DeviceArray):
-            buf = (ctypes.c_uint8 * x.nbytes).from_address(x.ptr)
-            return torch.frombuffer(buf, dtype=torch.uint8)
-        return real(x)
-
-    torch.from_dlpack = from_dlpack
     return "no GPU: the driver double, CPU tensors over its memory"
 
 

@@ -361,6 +361,37 @@ def test_cuda_torch_nested(cclient, monkeypatch, fast):
         dev.close()
 
 
+def test_cuda_torch_stock_import(cclient, monkeypatch):
+    """With torch's own from_dlpack (no stand-in), the extension's path
+    hands the capsules to torch's converter directly; the tensors (CPU
+    ones over the driver double's memory, kDLCPU) equal the host
+    stream's."""
+    if REAL:
+        pytest.skip("test_cuda_torch_tensors checks the real import")
+    torch = pytest.importorskip("torch")
+    if getattr(larder._views, "tensors", None) is None:
+        pytest.skip("the package's extension is not built here")
+    monkeypatch.setattr(_device, "_DLPACK_DEVICE", 1)  # kDLCPU
+    cols = ["bitwidth%d" % i for i in range(12)]
+    opts = dict(columns=cols, batch_size=50, seed=3, epochs=1, window=4)
+    host = cclient.stream(WIDE, **opts)
+    dev = cclient.stream(WIDE, memory="cuda", device=0, **opts)
+    n = 0
+    for hb in host:
+        db = dev.next(timeout=DEADLINE)
+        got = db.torch()
+        assert dev._tplan.stock is torch.from_dlpack and dev._tplan.convert is not None
+        want = hb.torch()
+        assert list(got) == list(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+        del hb, db, got, want
+        n += 1
+    assert n == 4
+    host.close()
+    dev.close()
+
+
 def _same_tensors(a, b):
     """Whether a and b (tensors, pairs of them, dicts) are equal."""
     if isinstance(a, dict):

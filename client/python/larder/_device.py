@@ -29,6 +29,11 @@ from ._lib import (BATCH_INFO_WORDS, ARRAY_INFO_WORDS, DLDataType, DLManagedTens
 __all__ = ["DeviceArray", "DeviceVarColumn", "DeviceBatch"]
 
 _KDL_CUDA = 2
+# The DLPack device type to give the tensors handed out (capsules and
+# __dlpack_device__) instead of kDLCUDA, or 0.  Only for the driver double
+# (tests/cuda-fake), whose "device memory" the host reads: the tests and
+# bench/py-overhead.py set kDLCPU (1) to import it into a CPU torch.
+_DLPACK_DEVICE = 0
 _DLTENSOR = b"dltensor"
 
 # Function objects of our own: ctypes.pythonapi's are shared with every
@@ -127,10 +132,10 @@ class DeviceArray:
                 "strides": None, "stream": None}
 
     def __dlpack_device__(self):
-        return (_KDL_CUDA, self.device)
+        return (_DLPACK_DEVICE or _KDL_CUDA, self.device)
 
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
-        if dl_device is not None and tuple(dl_device) != (_KDL_CUDA, self.device):
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError("larder: the batch is on cuda:%d; copy it to move it" % self.device)
         if copy:
             raise BufferError("larder: DLPack export of a batch does not copy")
@@ -148,6 +153,8 @@ class DeviceArray:
                                        len(self.shape), shape, ctypes.byref(out))
         if rc != 0:
             raise st.client._error(rc)
+        if _DLPACK_DEVICE:
+            DLManagedTensor.from_address(out.value).dl_tensor.device.device_type = _DLPACK_DEVICE
         return _capsule_new(out.value, _DLTENSOR, ctypes.cast(_capsule_destructor,
                                                                ctypes.c_void_p))
 
@@ -323,12 +330,6 @@ def _torch_dtype(dt):
     return t
 
 
-# The DLPack device type the fast path puts in its tensors instead of the
-# batch's, or 0: the tests set kDLCPU (1) with the driver double, whose
-# "device memory" the host reads, to import them into a CPU torch.
-_DLPACK_DEVICE = 0
-
-
 class _TorchPlan:
     """How a stream's batches become tensors: a leaf per buffer, (ptr word,
     length word, bytes per element, kind, torch dtype, width), and each
@@ -358,6 +359,14 @@ class _TorchPlan:
         self.flat = [shape for _, shape in self.shapes] == list(range(len(self.leaves)))
         from . import _views
         self.fast = getattr(_views, "tensors", None)
+        # torch.from_dlpack given a capsule calls torch._C._from_dlpack, and
+        # that call alone saves a Python frame per buffer; any other
+        # from_dlpack (another torch's, a stand-in) is called as it is.
+        self.stock = getattr(getattr(torch, "utils", None), "dlpack", None)
+        self.stock = getattr(self.stock, "from_dlpack", None)
+        self.convert = getattr(torch._C, "_from_dlpack", None)
+        if self.convert is None:
+            self.stock = None
         self.dl_fn = ctypes.cast(stream._L.larder_batch_dlpack, ctypes.c_void_p).value
         # Leaves the fast path cannot import (bitmaps, NULL columns, types
         # DLPack lacks) get kind -1 there: it leaves them to the caller.
@@ -435,8 +444,11 @@ class _TorchPlan:
 
     def tensors(self, batch, masks):
         if self.fast is not None:
-            made = self.fast(self.dl_fn, batch._owner.ptr, batch._vec, self.cleaves,
-                             self.torch.from_dlpack, _DLPACK_DEVICE)
+            fd = self.torch.from_dlpack
+            if fd is self.stock:  # for a capsule it only calls the converter
+                fd = self.convert
+            made = self.fast(self.dl_fn, batch._owner.ptr, batch._vec, self.cleaves, fd,
+                             _DLPACK_DEVICE)
             if made is not None:
                 return self._finish(batch, masks, made)
         return self._span(batch, masks)
