@@ -50,26 +50,15 @@ SOURCE = os.path.join(REPO, "tests", "data", "parquet-testing", "data", "delta_b
 COLUMNS = ["bitwidth%d" % i for i in range(15)]
 
 
-def run_package(stream, n):
+def run_package(stream, n, cuda=False):
+    """The package's CPU per batch: numpy() of host batches, or torch() of
+    CUDA ones (cuda)."""
     w0, c0 = stream.stall
     p0 = time.process_time()
     for _ in range(n):
         b = next(stream)
-        cols = b.numpy()
+        cols = b.torch() if cuda else b.numpy()
         del b, cols
-    p1 = time.process_time()
-    w1, c1 = stream.stall
-    return (p1 - p0) / n * 1e6, (c1 - c0) / n / 1e3
-
-
-def run_torch(stream, n):
-    w0, c0 = stream.stall
-    p0 = time.process_time()
-    for _ in range(n):
-        b = next(stream)
-        t = b.torch()
-        b.release()
-        del b, t
     p1 = time.process_time()
     w1, c1 = stream.stall
     return (p1 - p0) / n * 1e6, (c1 - c0) / n / 1e3
@@ -119,7 +108,8 @@ def main():
     import larder
     import test_ctypes as lt
     note = cuda_setup(build) if args.cuda else None
-    run = run_torch if args.cuda else run_package
+    def run(stream, n):
+        return run_package(stream, n, args.cuda)
     kind = dict(memory="cuda", device=0) if args.cuda else {}
 
     with tempfile.TemporaryDirectory(prefix="larder-pyov-") as tmp:

@@ -156,6 +156,19 @@ def _consume(cap):
     return lambda: mt.deleter(ptr)
 
 
+def _past(s, b0):
+    """Releases b0 (whatever holds it, holds it still), then takes the next
+    batch and releases it, and returns the one after: in a window of 2, b0
+    (if held) and that one fill it."""
+    b0.release()
+    del b0
+    b1 = s.next(timeout=DEADLINE)
+    b1.release()
+    del b1
+    gc.collect()
+    return s.next(timeout=DEADLINE)  # b1's room came back
+
+
 def test_cuda_tensor_holds_batch(cclient):
     """A consumed DLPack tensor keeps its batch's region from the daemon
     after the batch and its arrays are gone: with a window of 2, the stream
@@ -166,13 +179,7 @@ def test_cuda_tensor_holds_batch(cclient):
     b0 = next(s)
     drop = _consume(b0["bitwidth1"].__dlpack__())
     unconsumed = b0["bitwidth1"].__dlpack__()
-    b0.release()
-    del b0
-    b1 = s.next(timeout=DEADLINE)
-    b1.release()
-    del b1
-    gc.collect()
-    b2 = s.next(timeout=DEADLINE)    # b1's room came back
+    b2 = _past(s, b0)
     with pytest.raises(larder.LarderTimeoutError):
         s.next(timeout=0.5)          # b0 (two tensors) and b2 fill the window
     drop()
@@ -197,13 +204,7 @@ def test_cuda_torch_holds_batch(cclient, monkeypatch):
     s = cclient.stream(MAIN, batch_size=10, epochs=0, window=2, memory="cuda", device=0)
     b0 = next(s)
     ts = [t for t in b0.torch().values()]
-    b0.release()
-    del b0
-    b1 = s.next(timeout=DEADLINE)
-    b1.release()
-    del b1
-    gc.collect()
-    b2 = s.next(timeout=DEADLINE)    # b1's room came back
+    b2 = _past(s, b0)
     while ts:
         with pytest.raises(larder.LarderTimeoutError):
             s.next(timeout=0.2)      # b0's tensors and b2 fill the window
