@@ -8,13 +8,17 @@
  *     the batch bytes per second larder delivers into that GPU's memory
  *     (a CUDA stream read by a trainer that only releases), alone and with
  *     every GPU fed at once;
+ *   - the ideal shuffled gather of the dataset's rows from memory on as
+ *     many threads as the daemon has workers (bench-util.h): the most any
+ *     assembly of shuffled batches on this host's CPUs could deliver, and
+ *     so the ceiling of both the host and the CUDA path;
  *   - the daemon's CPU time per batch on the CUDA path beside the host
  *     path's (all its threads, from /proc/PID/stat, over the warm epochs);
  *   - the stall of a trainer on a CUDA stream whose step (a sleep) is just
  *     over that cost, beside the same trainer on a host stream.
  *
  *   bench-cuda all SOCKET SOURCE DAEMON_PID [--batch-size N] [--epochs N]
- *                  [--window N] [--arena-bytes N] [--copy-mib N]
+ *                  [--window N] [--arena-bytes N] [--copy-mib N] [--workers N]
  *   bench-cuda copy [--copy-mib N]
  *
  * The driver is the one liblarder loads (libcuda.so.1, or $LARDER_LIBCUDA:
@@ -32,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-util.h"
 #include "lcuda.h"
 
 #ifdef LARDER_HAVE_CUDA_H
@@ -264,7 +269,7 @@ int main(int argc, char **argv) {
       (strcmp(argv[1], "all") == 0 && argc < 5)) {
     fprintf(stderr,
             "usage: bench-cuda all SOCKET SOURCE DAEMON_PID [--batch-size N] [--epochs N] "
-            "[--window N] [--arena-bytes N] [--copy-mib N] | copy [--copy-mib N]\n");
+            "[--window N] [--arena-bytes N] [--copy-mib N] [--workers N] | copy [--copy-mib N]\n");
     return 2;
   }
   cu = lcuda_load(err, sizeof(err));
@@ -272,12 +277,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench-cuda: %s\n", err);
     return 1;
   }
-  uint64_t copy_mib, batch, epochs, window, arena;
+  uint64_t copy_mib, batch, epochs, window, arena, workers;
   arg_u64(argc, argv, "--copy-mib", 256, &copy_mib);
   arg_u64(argc, argv, "--batch-size", 8192, &batch);
   arg_u64(argc, argv, "--epochs", 4, &epochs);
   arg_u64(argc, argv, "--window", 32, &window);
   arg_u64(argc, argv, "--arena-bytes", 0, &arena);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  arg_u64(argc, argv, "--workers", online > 0 ? (uint64_t)online : 1, &workers);
   if (epochs < 2) epochs = 2;
   int nd = cu->num_devices;
   printf("bench-cuda: driver %s (version %d), %d GPU%s\n", cu->path, cu->driver_version, nd,
@@ -317,6 +324,17 @@ int main(int argc, char **argv) {
          host_gbps, host.batches,
          host.batches ? (double)host.bytes / (double)host.batches / 1024 : 0, host.seconds,
          host_cost / 1e3, host.open_s * 1e3);
+  /* The ceiling of any CPU assembly here: rows of the dataset's mean size
+   * gathered at random from a shuffle window's worth of memory (512 MiB,
+   * the default shuffle_window_bytes) on as many threads as workers. */
+  uint64_t row_bytes = host.batches ? host.bytes / (host.batches * batch) : 0;
+  double gather = row_bytes ? bench_gather_gbps(row_bytes, 512u << 20, batch, (int)workers) : 0;
+  printf("  the ideal shuffled gather of %" PRIu64 "-byte rows on %" PRIu64
+         " threads (the daemon's workers): %.2f GB/s, %.0f%% of GPU 0's pinned cuMemcpyHtoD; "
+         "the host stream reaches %.0f%% of it\n",
+         row_bytes, workers, gather, cr[0].pinned_gbps > 0 ? 100 * gather / cr[0].pinned_gbps : 0,
+         gather > 0 ? 100 * host_gbps / gather : 0);
+  fflush(stdout);
   double cuda_cost = 0;
   for (int d = 0; d < nd; d++) {
     run_args a = base;

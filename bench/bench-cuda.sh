@@ -8,7 +8,8 @@
 # Starts a larderd (the real libcuda.so.1, unless LARDER_LIBCUDA says
 # otherwise), then bench-cuda prints, from one run: per GPU the
 # cuMemcpyHtoD bandwidth from pinned and pageable memory beside the batch
-# bytes larder delivers into that GPU (alone, then all GPUs at once), the
+# bytes larder delivers into that GPU (alone, then all GPUs at once) and
+# the ideal shuffled gather on the daemon's workers' count of threads, the
 # daemon's CPU per batch on the CUDA path beside the host path, and the
 # stall of a trainer stepping just over that cost.
 #
@@ -51,9 +52,13 @@ daemon_pid=$!
 for _ in $(seq 200); do [ -S "$tmp/sock" ] && break; sleep 0.05; done
 [ -S "$tmp/sock" ] || { echo "bench-cuda: larderd did not start:" >&2; cat "$tmp/daemon.log" >&2; exit 1; }
 # The daemon's pid for its CPU time: the bundle's wrapper execs, keeping it.
+# Its workers: the threads of the ideal gather bench-cuda measures.
+workers=$("$build/bin/larderctl" --socket="$tmp/sock" --json status 2>/dev/null | tr ',{}' '\n\n\n' |
+  awk -F: '/"workers"/ { print $2 + 0; exit }')
 rc=0
 "$build/bin/bench-cuda" all "$tmp/sock" "$source" "$daemon_pid" --batch-size "${BENCH_BATCH:-8192}" \
-  --epochs "${BENCH_EPOCHS:-4}" --arena-bytes "${BENCH_ARENA_BYTES:-0}" || rc=$?
+  --epochs "${BENCH_EPOCHS:-4}" --arena-bytes "${BENCH_ARENA_BYTES:-0}" \
+  ${workers:+--workers "$workers"} || rc=$?
 # The daemon's side of the CUDA copies (cuda.h's stats), over every CUDA
 # stream above: how long a batch's copy ran, from its start on a worker
 # (which goes on to its next task) until the driver reported it done.

@@ -3,11 +3,12 @@
  *
  *   serve-client memcpy
  *       prints the single-core memcpy bandwidth of 256 MiB copies (GB/s)
- *   serve-client gather ROW_BYTES WINDOW_BYTES BATCH_ROWS
- *       prints the single-core bandwidth of the ideal shuffled gather: rows
+ *   serve-client gather ROW_BYTES WINDOW_BYTES BATCH_ROWS [THREADS]
+ *       prints the bandwidth of the ideal shuffled gather (bench-util.h), on
+ *       one core or THREADS at once: rows
  *       of ROW_BYTES, each stored contiguously in a WINDOW_BYTES buffer,
  *       copied in a random order into batches of BATCH_ROWS rows (GB/s);
- *       the physical limit of serving shuffled rows from memory on one core,
+ *       the physical limit of serving shuffled rows from memory on a core,
  *       which no columnar layout can beat (its rows are spread over columns);
  *       the window is in huge pages where the kernel allows, as larderd's
  *       row blocks are
@@ -58,58 +59,6 @@ static double unix_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double gather_gbps(size_t row_bytes, size_t window_bytes, size_t batch_rows) {
-  if (row_bytes == 0 || batch_rows == 0 || window_bytes < row_bytes) return 0;
-  size_t rows = window_bytes / row_bytes;
-  /* In huge pages where the kernel allows, as larderd's row blocks are. */
-  uint8_t *win = NULL;
-  if (posix_memalign((void **)&win, 2u << 20, rows * row_bytes) != 0) win = NULL;
-  if (win != NULL) (void)madvise(win, rows * row_bytes, MADV_HUGEPAGE);
-  uint8_t *out = malloc(batch_rows * row_bytes);
-  uint32_t *order = malloc(rows * sizeof(uint32_t));
-  if (win == NULL || out == NULL || order == NULL) {
-    free(win);
-    free(out);
-    free(order);
-    return 0;
-  }
-  memset(win, 3, rows * row_bytes);
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < rows; i++) order[i] = (uint32_t)i;
-  for (size_t i = rows - 1; i > 0; i--) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    size_t j = (size_t)(x % (i + 1));
-    uint32_t t = order[i];
-    order[i] = order[j];
-    order[j] = t;
-  }
-  double best = 0;
-  uint64_t sink = 0;
-  for (int rep = 0; rep < 3; rep++) {
-    double t = bench_now_s();
-    for (size_t i = 0; i < rows; i++) {
-      /* Prefetch ahead, as the daemon's gather does: the copy is bound by
-       * memory latency, and this keeps several misses in flight. */
-      if (i + 16 < rows) {
-        const uint8_t *a = win + (size_t)order[i + 16] * row_bytes;
-        for (size_t l = 0; l < row_bytes; l += 64) __builtin_prefetch(a + l);
-      }
-      memcpy(out + (i % batch_rows) * row_bytes, win + (size_t)order[i] * row_bytes, row_bytes);
-      if (i % batch_rows == batch_rows - 1) sink += out[i % row_bytes];
-    }
-    t = bench_now_s() - t;
-    double g = (double)(rows * row_bytes) / t / 1e9;
-    if (g > best) best = g;
-  }
-  if (sink == 42) fprintf(stderr, " "); /* keep the copies observable */
-  free(win);
-  free(out);
-  free(order);
-  return best;
 }
 
 static uint64_t rss_kb(int pid) {
@@ -171,14 +120,16 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (argc >= 5 && strcmp(argv[1], "gather") == 0) {
+    int threads = argc >= 6 ? atoi(argv[5]) : 1;
     printf("{\"gather_gbps\":%.3f}\n",
-           gather_gbps(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
-                       strtoull(argv[4], NULL, 10)));
+           bench_gather_gbps(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                             strtoull(argv[4], NULL, 10), threads));
     return 0;
   }
   if (argc < 4 || strcmp(argv[1], "run") != 0) {
     fprintf(stderr,
-            "usage: serve-client memcpy | gather ROW_BYTES WINDOW_BYTES BATCH_ROWS | run SOCKET "
+            "usage: serve-client memcpy | gather ROW_BYTES WINDOW_BYTES BATCH_ROWS [THREADS] | "
+            "run SOCKET "
             "SOURCE [options]\n");
     return 2;
   }
