@@ -362,11 +362,9 @@ class _TorchPlan:
         # torch.from_dlpack given a capsule calls torch._C._from_dlpack, and
         # that call alone saves a Python frame per buffer; any other
         # from_dlpack (another torch's, a stand-in) is called as it is.
-        self.stock = getattr(getattr(torch, "utils", None), "dlpack", None)
-        self.stock = getattr(self.stock, "from_dlpack", None)
+        dlpack = getattr(getattr(torch, "utils", None), "dlpack", None)
         self.convert = getattr(torch._C, "_from_dlpack", None)
-        if self.convert is None:
-            self.stock = None
+        self.stock = getattr(dlpack, "from_dlpack", None) if self.convert else None
         self.dl_fn = ctypes.cast(stream._L.larder_batch_dlpack, ctypes.c_void_p).value
         # Leaves the fast path cannot import (bitmaps, NULL columns, types
         # DLPack lacks) get kind -1 there: it leaves them to the caller.
@@ -462,10 +460,7 @@ class _TorchPlan:
         """The columns from the fast path's tensors (out, a list per leaf),
         the leaves it left (None) made here."""
         v = batch._vec
-        # Where the tensors made here go: where the imported ones are.
-        dev = next((x.device for x in out if x is not None), None)
-        if dev is None:
-            dev = "cuda:%d" % batch.device
+        dev = None  # where the tensors made here go, once one is: the imported ones'
         for i, x in enumerate(out):
             if x is None:
                 leaf = self.leaves[i]
@@ -474,6 +469,7 @@ class _TorchPlan:
                 if nb:
                     out[i] = self._shaped(self._one(batch, ptr, nb), leaf, length)
                 else:
+                    dev = dev or self._device(batch, out)
                     out[i] = self._empty(leaf, length, dev)
         if self.flat:  # a tensor per column, in order
             cols = dict(zip(self.names, out))
@@ -489,8 +485,14 @@ class _TorchPlan:
             elif v[k + 8] and n:
                 res[name] = (t, _unpack_bits(self._one(batch, v[k + 8], (n + 7) // 8), n))
             else:
+                dev = dev or self._device(batch, out)
                 res[name] = (t, self.torch.zeros(n, dtype=self.torch.bool, device=dev))
         return res
+
+    @staticmethod
+    def _device(batch, out):
+        """The device of the imported tensors in out, else the batch's."""
+        return next((x.device for x in out if x is not None), None) or "cuda:%d" % batch.device
 
     def _span(self, batch, masks):
         """The columns as views of one tensor over the batch's buffers."""
