@@ -18,7 +18,8 @@
 # source is one file, the dataset is that many copies of it, as distinct
 # files, so that a warm epoch is long enough to time: default 64),
 # BENCH_BATCH (8192), BENCH_EPOCHS (4, the first not counted),
-# BENCH_ARENA_BYTES (0: the daemon's 256 MiB).
+# BENCH_ARENA_BYTES (0: the daemon's 256 MiB), BENCH_CUDA_FD (1: the
+# daemon exports regions as VMM descriptors, cuda_fd_handles = true).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build/release}" && pwd)
@@ -47,7 +48,8 @@ if [ "$(ulimit -l)" != unlimited ]; then
   echo "bench-cuda: ulimit -l is $(ulimit -l) KiB: arenas may not be pinned (copies then go from pageable memory; see the daemon's log)"
 fi
 "$build/bin/larderd" --socket="$tmp/sock" --cache_dir="$tmp/cache" --cache_capacity=16G \
-  --memory_limit=8G --log_level=notice 2>"$tmp/daemon.log" &
+  --memory_limit=8G --log_level=notice --cuda_fd_handles="$([ "${BENCH_CUDA_FD:-0}" = 1 ] && echo true || echo false)" \
+  2>"$tmp/daemon.log" &
 daemon_pid=$!
 for _ in $(seq 200); do [ -S "$tmp/sock" ] && break; sleep 0.05; done
 [ -S "$tmp/sock" ] || { echo "bench-cuda: larderd did not start:" >&2; cat "$tmp/daemon.log" >&2; exit 1; }

@@ -150,17 +150,61 @@ struct lcuda_map {
   CUcontext ctx;
   CUdeviceptr base;
   uint64_t size;
+  uint64_t mapped; /* VMM: the range reserved and mapped; 0 for legacy IPC */
 };
 
-int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_t size,
-                   lcuda_map_t **out, char *err, size_t errlen) {
+/* Maps the VMM allocation behind fd (region_bytes) at a range of this
+ * process's own, with read and write access for device: sets m->base and
+ * m->mapped.  The allocation's handle is released once mapped: the
+ * mapping keeps the memory, as the daemon's release of its own does not
+ * take it away.  Context current. */
+static CUresult map_fd(lcuda_map_t *m, int fd, uint64_t region_bytes, const char **what) {
+  const lcuda_api_t *api = m->api;
+  CUmemGenericAllocationHandle h;
+  *what = "cuMemImportFromShareableHandle";
+  /* The driver takes a POSIX descriptor as the pointer's value. */
+  void *os_handle = (void *)(uintptr_t)fd; /* NOLINT(performance-no-int-to-ptr) */
+  CUresult r =
+      api->cuMemImportFromShareableHandle(&h, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) return r;
+  CUdeviceptr base = 0;
+  *what = "cuMemAddressReserve";
+  r = api->cuMemAddressReserve(&base, (size_t)region_bytes, 0, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    *what = "cuMemMap";
+    r = api->cuMemMap(base, (size_t)region_bytes, 0, h, 0);
+    if (r == CUDA_SUCCESS) {
+      CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, m->device},
+                             CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+      *what = "cuMemSetAccess";
+      r = api->cuMemSetAccess(base, (size_t)region_bytes, &acc, 1);
+      if (r != CUDA_SUCCESS) (void)api->cuMemUnmap(base, (size_t)region_bytes);
+    }
+    if (r != CUDA_SUCCESS) (void)api->cuMemAddressFree(base, (size_t)region_bytes);
+  }
+  (void)api->cuMemRelease(h);
+  if (r == CUDA_SUCCESS) {
+    m->base = base;
+    m->mapped = region_bytes;
+  }
+  return r;
+}
+
+int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
+                   uint64_t region_bytes, uint64_t size, lcuda_map_t **out, char *err,
+                   size_t errlen) {
   *out = NULL;
   int rc = lcuda_check_device(device, err, errlen);
   if (rc) return rc;
   const lcuda_api_t *api = lcuda_load(err, errlen);
-  if (handle_len != sizeof(CUipcMemHandle) || handle_len != LCUDA_IPC_HANDLE_BYTES) {
+  if (fd < 0 && (handle_len != sizeof(CUipcMemHandle) || handle_len != LCUDA_IPC_HANDLE_BYTES)) {
     snprintf(err, errlen, "the daemon sent a CUDA IPC handle of %zu bytes, not %d", handle_len,
              LCUDA_IPC_HANDLE_BYTES);
+    return LARDER_EPROTO;
+  }
+  if (fd >= 0 && (region_bytes < size || region_bytes > ((uint64_t)1 << 48))) {
+    snprintf(err, errlen, "the daemon sent a CUDA region of %llu bytes for an arena of %llu",
+             (unsigned long long)region_bytes, (unsigned long long)size);
     return LARDER_EPROTO;
   }
   lcuda_map_t *m = calloc(1, sizeof(*m));
@@ -182,23 +226,37 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_
     free(m);
     return LARDER_EIO;
   }
-  CUipcMemHandle h;
-  memcpy(&h, handle, sizeof(h));
+  const char *what = "cuIpcOpenMemHandle";
   r = api->cuCtxPushCurrent(m->ctx);
   if (r == CUDA_SUCCESS) {
-    r = api->cuIpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (fd >= 0) {
+      r = map_fd(m, fd, region_bytes, &what);
+    } else {
+      CUipcMemHandle h;
+      memcpy(&h, handle, sizeof(h));
+      r = api->cuIpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    }
     CUcontext popped;
     (void)api->cuCtxPopCurrent(&popped);
   }
   if (r != CUDA_SUCCESS) {
-    snprintf(err, errlen,
-             "CUDA device %d: cannot open the daemon's device memory (cuIpcOpenMemHandle): %s; "
-             "the daemon and the trainer must see the same GPUs, and the driver must allow CUDA "
-             "IPC between them (some refuse it across PID namespaces)",
-             device, lcuda_strerror(api, r, e, sizeof(e)));
+    rc = r == CUDA_ERROR_OUT_OF_MEMORY ? LARDER_ENOMEM : LARDER_EIO;
+    if (fd >= 0)
+      snprintf(err, errlen,
+               "CUDA device %d: cannot map the daemon's device memory from its descriptor "
+               "(%s): %s; the trainer needs a driver with virtual memory management and "
+               "POSIX file descriptor handles, or a daemon with cuda_fd_handles = false",
+               device, what, lcuda_strerror(api, r, e, sizeof(e)));
+    else
+      snprintf(err, errlen,
+               "CUDA device %d: cannot open the daemon's device memory (cuIpcOpenMemHandle): "
+               "%s; the daemon and the trainer must see the same GPUs, and the driver must "
+               "allow CUDA IPC between them (some refuse it across PID namespaces; a daemon "
+               "with cuda_fd_handles = true passes a descriptor instead)",
+               device, lcuda_strerror(api, r, e, sizeof(e)));
     (void)api->cuDevicePrimaryCtxRelease(dev);
     free(m);
-    return LARDER_EIO;
+    return rc;
   }
   *out = m;
   return 0;
@@ -211,7 +269,12 @@ void lcuda_map_close(lcuda_map_t *m) {
   if (m->pid == getpid()) {
     const lcuda_api_t *api = m->api;
     if (api->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
-      (void)api->cuIpcCloseMemHandle(m->base);
+      if (m->mapped) {
+        (void)api->cuMemUnmap(m->base, (size_t)m->mapped);
+        (void)api->cuMemAddressFree(m->base, (size_t)m->mapped);
+      } else {
+        (void)api->cuIpcCloseMemHandle(m->base);
+      }
       CUcontext popped;
       (void)api->cuCtxPopCurrent(&popped);
     }
@@ -237,10 +300,13 @@ int lcuda_check_device(int device, char *err, size_t errlen) {
   return LARDER_EUNSUPPORTED;
 }
 
-int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_t size,
-                   lcuda_map_t **out, char *err, size_t errlen) {
+int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
+                   uint64_t region_bytes, uint64_t size, lcuda_map_t **out, char *err,
+                   size_t errlen) {
   (void)handle;
   (void)handle_len;
+  (void)fd;
+  (void)region_bytes;
   (void)size;
   *out = NULL;
   return lcuda_check_device(device, err, errlen);

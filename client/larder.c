@@ -221,6 +221,12 @@ static void stream_signal(larder_stream_t *s, const larder_stream_t *reader) {
 /* Sends CloseStream for stream id.  The reading thread. */
 static int send_close_stream(larder_client_t *c, uint32_t id, int device_memory_held);
 
+/* The descriptors an OpenStreamReply carries: the arena's, then the ring's
+ * and the CUDA region's when it announces them. */
+static int reply_fds(const Larder__OpenStreamReply *r) {
+  return 1 + (r->ring_bytes != 0) + (r->cuda_region_fd != 0);
+}
+
 /* Routes one frame, read by a call for `reader` (NULL: open or close).
  * Takes ownership of f. */
 static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *reader) {
@@ -274,7 +280,7 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
     /* Descriptors come in the order of their frames: the reply's follow
      * those of a reply routed before it (none: the open took them). */
     if (f->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY) {
-      int n = f->open_stream_reply->ring_bytes ? 2 : 1;
+      int n = reply_fds(f->open_stream_reply);
       c->fds_claimed = n < c->num_fds ? n : c->num_fds;
     }
     return;
@@ -286,7 +292,7 @@ static void route(larder_client_t *c, Larder__Frame *f, const larder_stream_t *r
      * descriptors follow those of the reply being waited for, if that came
      * first: close them, and close the stream there.  Tested by
      * daemon_open_late_reply. */
-    int at = c->fds_claimed, n = f->open_stream_reply->ring_bytes ? 2 : 1;
+    int at = c->fds_claimed, n = reply_fds(f->open_stream_reply);
     if (n > c->num_fds - at) n = c->num_fds - at;
     for (int i = 0; i < n; i++) close(c->fds[at + i]);
     memmove(c->fds + at, c->fds + at + n, (size_t)(c->num_fds - at - n) * sizeof(int));
@@ -783,6 +789,7 @@ static int open_send(larder_client_t *c, const larder_stream_options_t *opts, op
   req.arena_bytes = opts->arena_bytes;
   req.memory_kind = (Larder__MemoryKind)opts->memory_kind;
   req.cuda_device = p->cuda;
+  req.cuda_fd_ok = 1; /* lcuda_map_open maps a VMM allocation's descriptor */
   if (opts->memory_kind == LARDER_MEMORY_CUDA) {
     req.cuda_device_uuid.data = p->cuda_uuid;
     req.cuda_device_uuid.len = sizeof(p->cuda_uuid);
@@ -802,55 +809,69 @@ static int open_send(larder_client_t *c, const larder_stream_options_t *opts, op
  * itself: the shared memory's descriptors (the open's to close) and the
  * ring's size, and a CUDA stream's device handle. */
 typedef struct open_reply {
-  int afd, rfd; /* the arena; the ring, or -1 */
+  int afd, rfd, cfd; /* the arena; the ring, or -1; the CUDA region, or -1 */
   uint64_t ring_size;
   int want_cuda;
   int cuda_reply_ok; /* a host stream, or a CUDA one whose reply carries its device memory */
   uint8_t cuda_handle[LCUDA_IPC_HANDLE_BYTES];
   size_t cuda_handle_len;
+  uint64_t cuda_region_bytes;
 } open_reply_t;
 
 /* Claims the descriptors that came with the reply r (the arena, then the
- * ring when the daemon offers one) and checks that r is an
- * OpenStreamReply with a schema and the descriptors it announces.
+ * ring when the daemon offers one, then the CUDA region when it passes
+ * one) and checks that r is an OpenStreamReply with a schema and the
+ * descriptors it announces.
  * Returns 0 with *o filled in (r still the caller's), or an error (the
  * daemon's, or LARDER_EPROTO) with the client's error set, r freed and
  * the descriptors closed.  The thread that opens. */
 static int open_take_reply(larder_client_t *c, const larder_stream_options_t *opts,
                            Larder__Frame *r, open_reply_t *o) {
   int claimed = c->fds_claimed, rc = 0;
-  int afd = claimed > 0 ? c->fds[0] : -1, rfd = claimed > 1 ? c->fds[1] : -1;
+  int got[WIRE_MAX_FDS] = {-1, -1, -1};
+  for (int i = 0; i < claimed && i < WIRE_MAX_FDS; i++) got[i] = c->fds[i];
   memmove(c->fds, c->fds + claimed, (size_t)(c->num_fds - claimed) * sizeof(int));
   c->num_fds -= claimed;
   c->fds_claimed = 0;
+  const Larder__OpenStreamReply *rep =
+      r->msg_case == LARDER__FRAME__MSG_OPEN_STREAM_REPLY ? r->open_stream_reply : NULL;
+  int afd = got[0], rfd = -1, cfd = -1;
+  if (rep) {
+    int at = 1;
+    if (rep->ring_bytes) rfd = got[at++];
+    if (rep->cuda_region_fd) cfd = got[at];
+  }
   if (r->msg_case == LARDER__FRAME__MSG_ERROR) {
     rc = r->error->code < 0 ? r->error->code : LARDER_EPROTO;
     set_err(c, rc, "%s", r->error->message ? r->error->message : larder_strerror(rc));
-  } else if (r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY ||
-             r->open_stream_reply->schema == NULL) {
-    rc = set_err(c, LARDER_EPROTO, "unexpected reply to OpenStream");
+  } else if (rep == NULL || rep->schema == NULL) {
+    rc = LARDER_EPROTO;
+    set_err(c, rc, "unexpected reply to OpenStream");
   } else if (afd < 0) {
     rc = set_err(c, LARDER_EPROTO, "the daemon sent no shared-memory arena");
-  } else if (r->open_stream_reply->ring_bytes && rfd < 0) {
+  } else if (rep->ring_bytes && rfd < 0) {
     rc = set_err(c, LARDER_EPROTO, "the daemon sent no descriptor ring");
+  } else if (rep->cuda_region_fd && cfd < 0) {
+    rc = set_err(c, LARDER_EPROTO, "the daemon sent no descriptor of the CUDA region");
   }
   if (rc) {
-    if (afd >= 0) close(afd);
-    if (rfd >= 0) close(rfd);
+    for (int i = 0; i < WIRE_MAX_FDS; i++)
+      if (got[i] >= 0) close(got[i]);
     wire_free(r);
     return rc;
   }
-  const Larder__OpenStreamReply *rep = r->open_stream_reply;
   o->afd = afd;
   o->rfd = rfd;
+  o->cfd = cfd;
   o->ring_size = rep->ring_bytes;
-  /* CUDA: the handle of the device region, kept until the arena is
-   * mapped. */
+  /* CUDA: the handle or the descriptor of the device region, kept until
+   * the arena is mapped. */
   o->want_cuda = opts->memory_kind == LARDER_MEMORY_CUDA;
   o->cuda_handle_len = rep->cuda_ipc_handle.len;
+  o->cuda_region_bytes = rep->cuda_region_bytes;
   o->cuda_reply_ok = !o->want_cuda || (rep->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA &&
-                                       o->cuda_handle_len == sizeof(o->cuda_handle));
-  if (o->want_cuda && o->cuda_reply_ok)
+                                       (cfd >= 0 || o->cuda_handle_len == sizeof(o->cuda_handle)));
+  if (o->want_cuda && o->cuda_reply_ok && cfd < 0)
     memcpy(o->cuda_handle, rep->cuda_ipc_handle.data, sizeof(o->cuda_handle));
   return 0;
 }
@@ -993,6 +1014,7 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (s == NULL) {
     close(o.afd);
     if (o.rfd >= 0) close(o.rfd);
+    if (o.cfd >= 0) close(o.cfd);
     return rc;
   }
   if (rc == 0) rc = stream_map_shared(c, s, &o);
@@ -1001,10 +1023,11 @@ int larder_stream_open(larder_client_t *c, const larder_stream_options_t *opts,
   if (rc == 0 && o.want_cuda && !o.cuda_reply_ok)
     rc = set_err(c, LARDER_EPROTO, "the daemon answered a CUDA stream without its device memory");
   if (rc == 0 && o.want_cuda) {
-    rc = lcuda_map_open(p.cuda, o.cuda_handle, o.cuda_handle_len, s->arena_size, &s->cuda, c->err,
-                        sizeof(c->err));
+    rc = lcuda_map_open(p.cuda, o.cuda_handle, o.cuda_handle_len, o.cfd, o.cuda_region_bytes,
+                        s->arena_size, &s->cuda, c->err, sizeof(c->err));
     s->cuda_device = p.cuda;
   }
+  if (o.cfd >= 0) close(o.cfd);
   if (rc == 0) rc = stream_make_fd(c, s);
   s->next = c->streams;
   c->streams = s;

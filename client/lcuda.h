@@ -35,6 +35,7 @@
 #define LCUDA_FUNCS(XX)                                                         \
   XX(cuInit) XX(cuDriverGetVersion) XX(cuGetErrorString) XX(cuGetErrorName)     \
   XX(cuDeviceGetCount) XX(cuDeviceGet) XX(cuDeviceGetName) XX(cuDeviceGetUuid)  \
+  XX(cuDeviceGetAttribute)                                                      \
   XX(cuDevicePrimaryCtxRetain) XX(cuDevicePrimaryCtxRelease)                    \
   XX(cuDevicePrimaryCtxSetFlags)                                                \
   XX(cuCtxPushCurrent) XX(cuCtxPopCurrent) XX(cuCtxSetCurrent)                  \
@@ -43,8 +44,11 @@
   XX(cuIpcOpenMemHandle) XX(cuIpcCloseMemHandle) XX(cuMemHostRegister)          \
   XX(cuMemHostUnregister) XX(cuStreamCreate) XX(cuStreamDestroy)                \
   XX(cuStreamSynchronize) XX(cuStreamAddCallback) XX(cuMemcpyHtoDAsync)        \
-  XX(cuMemcpyHtoD)                                                              \
-  XX(cuMemcpyDtoH)
+  XX(cuMemcpyHtoD) XX(cuMemcpyDtoH)                                             \
+  XX(cuMemGetAllocationGranularity) XX(cuMemCreate) XX(cuMemRelease)            \
+  XX(cuMemAddressReserve) XX(cuMemAddressFree) XX(cuMemMap) XX(cuMemUnmap)      \
+  XX(cuMemSetAccess) XX(cuMemExportToShareableHandle)                           \
+  XX(cuMemImportFromShareableHandle)
 /* clang-format on */
 
 #define LCUDA_STR_(x) #x
@@ -88,16 +92,22 @@ int lcuda_device_by_uuid(const uint8_t uuid[16]);
 /* ------------------------------------------------------------------------ */
 /* The trainer's side (client/cuda.c)                                        */
 
-/* A stream's device region, opened from the daemon's IPC handle. */
+/* A stream's device region, opened from the daemon's IPC handle or
+ * descriptor. */
 typedef struct lcuda_map lcuda_map_t;
 
 /* Opens the daemon's region of size bytes on device (primary context, made
- * current only for the call).  Returns 0 with *out set, or a negative code
- * with err set: LARDER_EUNSUPPORTED (no driver), LARDER_EINVAL (device),
- * LARDER_EPROTO (a handle of the wrong size), LARDER_EIO (the driver
- * refused the handle). */
-int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, uint64_t size,
-                   lcuda_map_t **out, char *err, size_t errlen);
+ * current only for the call): from its legacy IPC handle (handle,
+ * handle_len) when fd < 0, else from fd, the POSIX file descriptor of its
+ * VMM allocation of region_bytes (cuMemImportFromShareableHandle, mapped
+ * at an address range of this process's own; the caller keeps fd and
+ * closes it).  Returns 0 with *out set, or a negative code with err set:
+ * LARDER_EUNSUPPORTED (no driver), LARDER_EINVAL (device), LARDER_EPROTO
+ * (a handle of the wrong size, a region smaller than size), LARDER_EIO
+ * (the driver refused the handle), LARDER_ENOMEM.  The opening thread. */
+int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
+                   uint64_t region_bytes, uint64_t size, lcuda_map_t **out, char *err,
+                   size_t errlen);
 /* The device address of the region's first byte. */
 uint64_t lcuda_map_base(const lcuda_map_t *m);
 /* Closes the mapping (in the process that opened it; a forked child only

@@ -73,8 +73,8 @@ typedef struct wire_batch {
  */
 wire_batch_t *wire_decode_batch(const uint8_t *buf, size_t len);
 
-/* Descriptors one frame may carry (an arena and a ring). */
-#define WIRE_MAX_FDS 2
+/* Descriptors one frame may carry (an arena, a ring and a CUDA region). */
+#define WIRE_MAX_FDS 3
 
 /*
  * Sends len bytes with the num_fds descriptors of fds (at most WIRE_MAX_FDS)

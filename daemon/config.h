@@ -117,7 +117,15 @@
      "deliver batches and take releases through a shared-memory ring per "                       \
      "stream, for the clients that ask (liblarder does): no system call per "                    \
      "batch while both sides keep up; false sends frames")                                       \
-  XX(max_streams_per_client, U64, "64", 1, "streams one connection may open")                    \
+  XX(cuda_fd_handles, BOOL, "false", 1,                                                          \
+     "export a CUDA stream's device memory as a VMM allocation whose file "                      \
+     "descriptor goes to the trainer over the socket, a capability only it "                     \
+     "holds, for trainers whose liblarder can map one; false exports legacy "                    \
+     "CUDA IPC handles (a 64-byte token that opens the memory for any "                          \
+     "process, of any user, that presents it)")                                                  \
+  XX(max_streams_per_client, U64, "64", 1,                                                       \
+     "streams one connection may open, counting its closed CUDA streams whose "                  \
+     "device memory it still maps")                                                              \
   XX(max_clients, U64, "1024", 1, "connections at once")                                         \
   XX(max_frame, SIZE, "16M", 0, "largest protocol frame accepted")                               \
   XX(frame_timeout, U64, "30", 1,                                                                \

@@ -40,7 +40,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L
 echo "cuda-real: ulimit -l $(ulimit -l) (pinned arenas need it high; larderd falls back to pageable copies)"
 rc=0
 "$dir/bin/run-tests" cuda_values_match cuda_small_arena cuda_exports cuda_close_holding cuda_trainer_killed \
-  cuda_two_devices cuda_other_user cuda_pid_namespace cuda_errors || rc=$?
+  cuda_fd_handles cuda_two_devices cuda_other_user cuda_pid_namespace cuda_errors || rc=$?
 if [ $rc -ne 0 ]; then
   echo "cuda-real: tests FAILED (rc $rc): the failing assertion, with the driver's error string, is above" >&2
 fi

@@ -179,6 +179,39 @@ static void wait_cuda_bytes(const dh_daemon *d, uint64_t want) {
                (unsigned long long)want);
 }
 
+/* Forks a trainer that opens a stream with co on d and takes `batches`
+ * batches, kills it holding them, and waits for the daemon to free its
+ * region and stream.  Call it before this process starts CUDA or a client
+ * thread: neither survives fork. */
+static void trainer_killed(const dh_daemon *d, const larder_stream_options_t *co, int batches) {
+  int ready[2];
+  ASSERT_OK(pipe(ready));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(ready[0]);
+    larder_client_t *c;
+    larder_stream_t *s;
+    larder_batch_t *b;
+    if (larder_client_connect(d->socket, &c) || larder_stream_open(c, co, &s)) _exit(2);
+    for (int i = 0; i < batches; i++)
+      if (larder_stream_next(s, 60000, &b)) _exit(3);
+    if (write(ready[1], "x", 1) != 1) _exit(4);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char x;
+  ASSERT_EQ(read(ready[0], &x, 1), 1);
+  close(ready[0]);
+  ASSERT_GE(dh_stat(d, "cuda_device_bytes"), co->arena_bytes);
+  kill(pid, SIGKILL);
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  wait_cuda_bytes(d, 0);
+  ASSERT_EQ(dh_stat(d, "streams"), 0);
+}
+
 /* Reads a host stream and a CUDA stream with the same options side by
  * side, comparing every batch; returns the batches read. */
 static uint64_t compare_streams(const char *socket, const larder_stream_options_t *host_o,
@@ -428,6 +461,55 @@ TEST_IMPL(cuda_exports) {
   return 0;
 }
 
+/* cuda_close_holding on d, whose regions are legacy ones (parked) or, with
+ * fd_handles, descriptors (freed on the daemon's side at once). */
+static void close_holding(const dh_daemon *d, int fd_handles) {
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 1);
+  cuda_opts(&co, 100, 1, 0);
+  larder_client_t *hc, *cc;
+  ASSERT_OK(larder_client_connect(d->socket, &hc));
+  ASSERT_OK(larder_client_connect(d->socket, &cc));
+  larder_stream_t *hs, *cs;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  ASSERT_OK(larder_stream_open(cc, &co, &cs));
+  int timeout = 60000 * dh_slow();
+  larder_batch_t *hb[2], *cb[2];
+  for (int i = 0; i < 2; i++) {
+    ASSERT_OK(larder_stream_next(hs, timeout, &hb[i]));
+    ASSERT_OK(larder_stream_next(cs, timeout, &cb[i]));
+  }
+  DLManagedTensor *t[DH_NUM_COLS];
+  ASSERT_EQ(larder_batch_export_dlpack(cb[1], t, DH_NUM_COLS), 4);
+  uint64_t held = dh_stat(d, "cuda_device_bytes");
+  ASSERT_GE(held, co.arena_bytes);
+  larder_stream_close(cs);
+  if (fd_handles) {
+    wait_cuda_bytes(d, 0);
+    held = 0;
+  } else {
+    usleep(300000);
+    ASSERT_UINT_EQ(dh_stat(d, "cuda_device_bytes"), held);
+  }
+  ASSERT_EQ(dh_stat(d, "streams"), 1); /* the host stream's */
+  expect_same_batch(0, hb[0], cb[0]);
+  const larder_array_t *id = larder_batch_column(hb[1], DH_COL_ID);
+  expect_dev_bytes(0, t[DH_COL_ID]->dl_tensor.data, larder_array_values(id),
+                   (size_t)larder_array_values_size(id), "id");
+  larder_batch_release(cb[0]);
+  usleep(200000);
+  ASSERT_UINT_EQ(dh_stat(d, "cuda_device_bytes"), held);
+  for (int i = 0; i < DH_NUM_COLS; i++)
+    if (t[i]) t[i]->deleter(t[i]);
+  wait_cuda_bytes(d, 0);
+  for (int i = 0; i < 2; i++) larder_batch_release(hb[i]);
+  larder_stream_close(hs);
+  larder_client_close(hc);
+  larder_client_close(cc);
+  /* The client's second CloseStream finds nothing more to free. */
+  ASSERT_UINT_EQ(dh_stat(d, "cuda_device_bytes"), 0);
+}
+
 /*
  * A CUDA stream closed while the trainer holds its batches (one directly,
  * one as DLPack tensors): the batches stay valid on the device, as a host
@@ -440,43 +522,147 @@ TEST_IMPL(cuda_close_holding) {
   dh_daemon d;
   dh_init(&d, "d", NULL);
   dh_start(&d);
-  larder_stream_options_t ho, co;
-  std_opts(&ho, 100, 1);
-  cuda_opts(&co, 100, 1, 0);
-  larder_client_t *hc, *cc;
-  ASSERT_OK(larder_client_connect(d.socket, &hc));
-  ASSERT_OK(larder_client_connect(d.socket, &cc));
-  larder_stream_t *hs, *cs;
-  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
-  ASSERT_OK(larder_stream_open(cc, &co, &cs));
-  int timeout = 60000 * dh_slow();
-  larder_batch_t *hb[2], *cb[2];
-  for (int i = 0; i < 2; i++) {
-    ASSERT_OK(larder_stream_next(hs, timeout, &hb[i]));
-    ASSERT_OK(larder_stream_next(cs, timeout, &cb[i]));
+  close_holding(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * Closed CUDA streams whose batches the trainer still holds keep their
+ * regions (legacy IPC), and count with the client's open streams against
+ * max_streams_per_client: a client that closes streams holding a batch of
+ * each cannot make the daemon keep regions without end.  The open past the
+ * limit fails with LARDER_ELIMIT and says why; releasing a batch frees its
+ * region and makes room.  With cuda_fd_handles nothing is kept, and the
+ * limit counts open streams only.
+ */
+TEST_IMPL(cuda_held_regions_limit) {
+  if (use_driver()) return 0;
+  for (int fd_handles = 0; fd_handles < 2; fd_handles++) {
+    static const char *const legacy[] = {"--max_streams_per_client=2", NULL};
+    static const char *const fdh[] = {"--max_streams_per_client=2", "--cuda_fd_handles=true", NULL};
+    dh_daemon d;
+    dh_init(&d, "d", fd_handles ? fdh : legacy);
+    dh_start(&d);
+    larder_stream_options_t co;
+    cuda_opts(&co, 100, 1, 0);
+    co.arena_bytes = 1u << 20;
+    larder_client_t *c;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    larder_stream_t *s[3];
+    larder_batch_t *b[2];
+    for (int i = 0; i < 2; i++) {
+      ASSERT_OK(larder_stream_open(c, &co, &s[i]));
+      ASSERT_OK(larder_stream_next(s[i], 60000 * dh_slow(), &b[i]));
+      larder_stream_close(s[i]);
+    }
+    if (!fd_handles) {
+      ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
+      ASSERT_EQ(larder_stream_open(c, &co, &s[2]), LARDER_ELIMIT);
+      ASSERT_STR_CONTAINS(larder_client_last_error(c), "2 closed CUDA streams");
+      ASSERT_STR_CONTAINS(larder_client_last_error(c), "max_streams_per_client");
+      larder_batch_release(b[0]); /* its region goes: room for one */
+      b[0] = NULL;
+      wait_cuda_bytes(&d, 2u << 20);
+    } else {
+      wait_cuda_bytes(&d, 0);
+    }
+    ASSERT_OK(larder_stream_open(c, &co, &s[2]));
+    larder_batch_t *x;
+    ASSERT_OK(larder_stream_next(s[2], 60000 * dh_slow(), &x));
+    larder_batch_release(x);
+    larder_stream_close(s[2]);
+    for (int i = 0; i < 2; i++)
+      if (b[i]) larder_batch_release(b[i]);
+    wait_cuda_bytes(&d, 0);
+    larder_client_close(c);
+    /* Both CloseStreams at once, while the stream's first batches are
+     * being assembled (its tasks still run after the first): the second
+     * unparks the region before the stream is freed, and the region goes
+     * then, not with the connection. */
+    for (int round = 0; round < 5; round++) {
+      int fd = dh_raw_connect(d.socket);
+      wire_free(dh_raw_hello(fd, WIRE_PROTOCOL_VERSION));
+      int arena = -1;
+      Larder__Frame *r = dh_raw_open(fd, 1, &co, &arena);
+      ASSERT_NOT_NULL(r);
+      ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
+      uint32_t sid = r->open_stream_reply->stream_id;
+      wire_free(r);
+      if (arena >= 0) close(arena);
+      uint8_t buf[256];
+      size_t used = 0;
+      for (int held = 1; held >= 0; held--) {
+        Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+        cs.stream_id = sid;
+        cs.device_memory_held = held;
+        Larder__Frame cf = LARDER__FRAME__INIT;
+        cf.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+        cf.close_stream = &cs;
+        size_t len;
+        uint8_t *e = wire_encode(&cf, &len);
+        ASSERT_NOT_NULL(e);
+        ASSERT(used + len <= sizeof(buf));
+        memcpy(buf + used, e, len);
+        used += len;
+        free(e);
+      }
+      ASSERT_OK(dh_raw_write(fd, buf, used));
+      wait_cuda_bytes(&d, 0); /* the connection still open */
+      close(fd);
+    }
+    dh_stop(&d);
   }
-  DLManagedTensor *t[DH_NUM_COLS];
-  ASSERT_EQ(larder_batch_export_dlpack(cb[1], t, DH_NUM_COLS), 4);
-  uint64_t held = dh_stat(&d, "cuda_device_bytes");
-  ASSERT_GE(held, co.arena_bytes);
-  larder_stream_close(cs);
+  return 0;
+}
+
+/*
+ * A client that opens CUDA streams and never reads the replies: past
+ * CONN_MAX_PENDING_FD_FRAMES (64) replies waiting behind its full socket,
+ * opens are refused with LARDER_EBUSY, and their regions, whose handles
+ * never left the daemon, are freed at once, neither kept for the client
+ * nor counted against its streams; the rest go with the connection.
+ */
+TEST_IMPL(cuda_open_replies_unread) {
+  if (use_driver()) return 0;
+  static const char *const fl[] = {"--max_streams_per_client=100", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  int fd = dh_raw_connect(d.socket);
+  wire_free(dh_raw_hello(fd, WIRE_PROTOCOL_VERSION));
+  /* Refused requests, whose errors fill the socket to the client. */
+  size_t len;
+  uint8_t *bad = dh_open_frame(7, NULL, 0, 0, &len);
+  for (int k = 0; k < 3 * 4096; k++) ASSERT_OK(dh_raw_write(fd, bad, len));
+  free(bad);
   usleep(300000);
-  ASSERT_EQ(dh_stat(&d, "streams"), 1); /* the host stream's */
-  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
-  expect_same_batch(0, hb[0], cb[0]);
-  expect_dev_bytes(0, t[DH_COL_ID]->dl_tensor.data,
-                   larder_array_values(larder_batch_column(hb[1], DH_COL_ID)),
-                   (size_t)larder_array_values_size(larder_batch_column(hb[1], DH_COL_ID)), "id");
-  larder_batch_release(cb[0]);
-  usleep(200000);
-  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
-  for (int i = 0; i < DH_NUM_COLS; i++)
-    if (t[i]) t[i]->deleter(t[i]);
+  larder_stream_options_t co;
+  cuda_opts(&co, 100, 1, 0);
+  Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
+  req.request_id = 1;
+  req.n_sources = co.num_sources;
+  req.sources = (char **)(uintptr_t)co.sources;
+  req.batch_size = co.batch_size;
+  req.epochs = co.epochs;
+  req.world_size = 1;
+  req.arena_bytes = 1u << 20;
+  req.memory_kind = LARDER__MEMORY_KIND__MEMORY_CUDA;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
+  f.open_stream = &req;
+  /* One at a time: opens in progress at once are limited too. */
+  for (int k = 0; k < 70; k++) {
+    uint64_t opened = dh_stat(&d, "streams_opened");
+    ASSERT_OK(dh_raw_send(fd, &f));
+    double deadline = test_now_ms() + 10000.0 * dh_slow();
+    while (dh_stat(&d, "streams_opened") == opened && test_now_ms() < deadline) usleep(1000);
+    ASSERT_UINT_EQ(dh_stat(&d, "streams_opened"), opened + 1);
+  }
+  ASSERT_UINT_EQ(dh_stat(&d, "streams"), 64);
+  wait_cuda_bytes(&d, 64u * (2u << 20));
+  close(fd);
   wait_cuda_bytes(&d, 0);
-  for (int i = 0; i < 2; i++) larder_batch_release(hb[i]);
-  larder_stream_close(hs);
-  larder_client_close(hc);
-  larder_client_close(cc);
   dh_stop(&d);
   return 0;
 }
@@ -537,32 +723,7 @@ TEST_IMPL(cuda_trainer_killed) {
   larder_stream_options_t co;
   cuda_opts(&co, 100, 1, 0);
   co.window = 8;
-  int ready[2];
-  ASSERT_OK(pipe(ready));
-  /* Forked before this process starts a thread or a client. */
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) {
-    close(ready[0]);
-    larder_client_t *c;
-    larder_stream_t *s;
-    larder_batch_t *b;
-    if (larder_client_connect(d.socket, &c) || larder_stream_open(c, &co, &s)) _exit(2);
-    for (int i = 0; i < 5; i++)
-      if (larder_stream_next(s, 60000, &b)) _exit(3);
-    if (write(ready[1], "x", 1) != 1) _exit(4);
-    for (;;) pause();
-  }
-  close(ready[1]);
-  char x;
-  ASSERT_EQ(read(ready[0], &x, 1), 1);
-  close(ready[0]);
-  ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), co.arena_bytes);
-  kill(pid, SIGKILL);
-  int st;
-  ASSERT_EQ(waitpid(pid, &st, 0), pid);
-  wait_cuda_bytes(&d, 0);
-  ASSERT_EQ(dh_stat(&d, "streams"), 0);
+  trainer_killed(&d, &co, 5);
   /* The daemon serves the next trainer, on the same device. */
   larder_stream_options_t ho;
   std_opts(&ho, 100, 1);
@@ -570,6 +731,108 @@ TEST_IMPL(cuda_trainer_killed) {
   compare_streams(d.socket, &ho, &co, &d);
   wait_cuda_bytes(&d, 0);
   dh_stop(&d);
+  return 0;
+}
+
+static int other_user(const char *const *flags, const char *export);
+static void out_of_device_memory(const dh_daemon *d, int device);
+static int open_err(const char *socket, const larder_stream_options_t *o, char *err, size_t len);
+static void expect_host_works(const char *socket);
+
+/*
+ * cuda_fd_handles = true: each region is a VMM allocation whose descriptor
+ * travels with the arena's (cuda.h).  A trainer killed mid-epoch leaves
+ * nothing behind; a trainer of another user maps the region of a root
+ * daemon (root only: the descriptor, unlike the double's legacy handle,
+ * needs no /proc access); the bytes are the host stream's, on either
+ * device.  A stream closed while its trainer holds batches frees the
+ * daemon's side at once (cuda_device_bytes back to 0, nothing parked), and
+ * the batches held keep their bytes: the trainer's mapping keeps the
+ * memory.  Out of device memory is LARDER_ENOMEM; on a device without VMM
+ * the daemon falls back to legacy handles, with a warning, and the bytes
+ * are the same.
+ */
+TEST_IMPL(cuda_fd_handles) {
+  if (use_driver()) return 0;
+  static const char *const fl[] = {"--cuda_fd_handles=true", "--socket_mode=0666", NULL};
+  dh_daemon d;
+  dh_init(&d, "d", fl);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  /* A trainer killed mid-epoch, holding batches: first, while this
+   * process has not started CUDA, which does not survive fork. */
+  cuda_opts(&co, 100, 1, 0);
+  co.window = 8;
+  trainer_killed(&d, &co, 3);
+  /* A trainer running as nobody (a daemon of its own). */
+  int rc = other_user(fl, "exported as a descriptor");
+  if (rc != 0 && rc != TEST_SKIP) return rc;
+  std_opts(&ho, 100, 1);
+  ho.window = 4;
+  cuda_opts(&co, 100, 1, num_devices() > 1 ? 1 : 0);
+  co.window = 4;
+  ASSERT_EQ(compare_streams(d.socket, &ho, &co, &d), (DH_STD_ROWS + 99) / 100);
+  wait_cuda_bytes(&d, 0);
+  char *log = dh_read_log(&d);
+  ASSERT_NOT_NULL(log);
+  ASSERT_STR_CONTAINS(log, "exported as a descriptor");
+  ASSERT(strstr(log, "legacy IPC") == NULL);
+  free(log);
+
+  /* Closed while held: the daemon's side goes at once. */
+  close_holding(&d, 1);
+
+  dh_stop(&d);
+
+  if (!real_gpu()) {
+    ASSERT_OK(setenv("LARDER_FAKE_CUDA_MEM", "5000000", 1));
+    dh_start(&d);
+    out_of_device_memory(&d, 0);
+    ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_MEM"));
+    dh_stop(&d);
+    /* A granularity of 4 MiB: a 1 MiB arena takes a 4 MiB region, which
+     * the trainer maps whole; the same bytes. */
+    ASSERT_OK(setenv("LARDER_FAKE_CUDA_GRANULARITY", "4194304", 1));
+    dh_start(&d);
+    co.arena_bytes = ho.arena_bytes = 1u << 20;
+    ASSERT_EQ(compare_streams(d.socket, &ho, &co, &d), (DH_STD_ROWS + 99) / 100);
+    wait_cuda_bytes(&d, 0);
+    log = dh_read_log(&d);
+    ASSERT_NOT_NULL(log);
+    ASSERT_STR_CONTAINS(log, "CUDA region of 4194304 bytes");
+    free(log);
+    ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_GRANULARITY"));
+    dh_stop(&d);
+    /* The device offers descriptors but fails to make one: the open fails,
+     * saying which call, rather than hand out a legacy handle; host
+     * streams carry on. */
+    ASSERT_OK(setenv("LARDER_FAKE_CUDA_FAIL_EXPORT", "1", 1));
+    dh_start(&d);
+    char err[1024];
+    ASSERT_EQ(open_err(d.socket, &co, err, sizeof(err)), LARDER_EIO);
+    ASSERT_STR_CONTAINS(err, "cuMemExportToShareableHandle");
+    ASSERT_STR_CONTAINS(err, "CUDA_ERROR_UNKNOWN");
+    expect_host_works(d.socket);
+    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 0);
+    ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_FAIL_EXPORT"));
+    dh_stop(&d);
+    /* No VMM on the device: legacy handles, with a warning; the same
+     * bytes. */
+    ASSERT_OK(setenv("LARDER_FAKE_CUDA_NO_VMM", "1", 1));
+    dh_start(&d);
+    ASSERT_EQ(compare_streams(d.socket, &ho, &co, &d), (DH_STD_ROWS + 99) / 100);
+    wait_cuda_bytes(&d, 0);
+    log = dh_read_log(&d);
+    ASSERT_NOT_NULL(log);
+    char *at = strstr(log, "==== start 4 ====");
+    ASSERT_NOT_NULL(at);
+    ASSERT_STR_CONTAINS(at, "no virtual memory management with POSIX descriptor handles");
+    ASSERT_STR_CONTAINS(at, "legacy IPC");
+    ASSERT(strstr(at, "exported as a descriptor") == NULL);
+    free(log);
+    ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_NO_VMM"));
+    dh_stop(&d);
+  }
   return 0;
 }
 
@@ -588,6 +851,14 @@ TEST_IMPL(cuda_other_user) {
     fprintf(stderr, "skipped: the test double's IPC is one user's; run on a GPU\n");
     return TEST_SKIP;
   }
+  static const char *const fl[] = {"--socket_mode=0666", NULL};
+  return other_user(fl, "legacy IPC");
+}
+
+/* cuda_other_user's trainer, running as nobody, with larderd's flags and
+ * the region's export the daemon's log names: returns 0 or TEST_SKIP (not
+ * root). */
+static int other_user(const char *const *flags, const char *export) {
   if (geteuid() != 0) {
     fprintf(stderr, "skipped: switches users: run as root\n");
     return TEST_SKIP;
@@ -605,8 +876,7 @@ TEST_IMPL(cuda_other_user) {
     ASSERT_OK(chmod(to, 0644));
   }
   dh_daemon d;
-  static const char *const fl[] = {"--socket_mode=0666", NULL};
-  dh_init(&d, "d", fl);
+  dh_init(&d, "u", flags);
   ASSERT_OK(chmod(d.dir, 0755));
   dh_start(&d);
   fflush(NULL);
@@ -629,6 +899,10 @@ TEST_IMPL(cuda_other_user) {
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
     ASSERT_FAIL_("the trainer running as nobody failed (status 0x%x): its assertion is above", st);
   wait_cuda_bytes(&d, 0);
+  char *log = dh_read_log(&d);
+  ASSERT_NOT_NULL(log);
+  ASSERT_STR_CONTAINS(log, export);
+  free(log);
   dh_stop(&d);
   return 0;
 }
@@ -928,6 +1202,36 @@ TEST_IMPL(cuda_copy_fails) {
   return 0;
 }
 
+/* On d, whose device memory the double limits to 5,000,000 bytes per
+ * device ($LARDER_FAKE_CUDA_MEM): a stream of an 8 MiB arena on device is
+ * refused with LARDER_ENOMEM, saying which device and what to change, and
+ * host streams work on; two of 1 MiB fit (regions of 2 MiB each), a third
+ * does not; their regions go when they close. */
+static void out_of_device_memory(const dh_daemon *d, int device) {
+  char err[1024], want[32];
+  larder_stream_options_t o;
+  cuda_opts(&o, 100, 1, device);
+  o.arena_bytes = 8u << 20;
+  ASSERT_EQ(open_err(d->socket, &o, err, sizeof(err)), LARDER_ENOMEM);
+  snprintf(want, sizeof(want), "CUDA device %d", device);
+  ASSERT_STR_CONTAINS(err, want);
+  ASSERT_STR_CONTAINS(err, "arena_bytes");
+  expect_host_works(d->socket);
+  ASSERT_EQ(dh_stat(d, "cuda_device_bytes"), 0);
+  o.arena_bytes = 1u << 20;
+  larder_client_t *c;
+  ASSERT_OK(larder_client_connect(d->socket, &c));
+  larder_stream_t *s[3];
+  ASSERT_OK(larder_stream_open(c, &o, &s[0]));
+  ASSERT_OK(larder_stream_open(c, &o, &s[1]));
+  ASSERT_EQ(larder_stream_open(c, &o, &s[2]), LARDER_ENOMEM);
+  ASSERT_UINT_EQ(dh_stat(d, "cuda_device_bytes"), 4u << 20);
+  larder_stream_close(s[0]);
+  larder_stream_close(s[1]);
+  larder_client_close(c);
+  wait_cuda_bytes(d, 0);
+}
+
 /*
  * The errors: a device that does not exist (EINVAL naming it, from
  * liblarder and, asked directly, from larderd); device memory exhausted
@@ -965,29 +1269,7 @@ TEST_IMPL(cuda_errors) {
     wire_free(r);
     close(fd);
   }
-  if (!real_gpu()) {
-    /* 5,000,000 bytes per device: an 8 MiB arena does not fit. */
-    cuda_opts(&o, 100, 1, 1);
-    o.arena_bytes = 8u << 20;
-    ASSERT_EQ(open_err(d.socket, &o, err, sizeof(err)), LARDER_ENOMEM);
-    ASSERT_STR_CONTAINS(err, "CUDA device 1");
-    ASSERT_STR_CONTAINS(err, "arena_bytes");
-    expect_host_works(d.socket);
-    ASSERT_EQ(dh_stat(&d, "cuda_device_bytes"), 0);
-    /* Two 1 MiB arenas fit (regions of 2 MiB each), a third does not. */
-    o.arena_bytes = 1u << 20;
-    larder_client_t *c;
-    ASSERT_OK(larder_client_connect(d.socket, &c));
-    larder_stream_t *s[3];
-    ASSERT_OK(larder_stream_open(c, &o, &s[0]));
-    ASSERT_OK(larder_stream_open(c, &o, &s[1]));
-    ASSERT_EQ(larder_stream_open(c, &o, &s[2]), LARDER_ENOMEM);
-    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
-    larder_stream_close(s[0]);
-    larder_stream_close(s[1]);
-    larder_client_close(c);
-    wait_cuda_bytes(&d, 0);
-  }
+  if (!real_gpu()) out_of_device_memory(&d, 1);
   for (int round = 0; round < 2; round++) {
     /* A release of a batch never sent: the stream's protocol error.  The
      * daemon ended the stream on a live connection, whose trainer may
@@ -1123,6 +1405,9 @@ TEST_IMPL(cuda_values_match) {
 TEST_IMPL(cuda_small_arena) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_exports) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_fd_handles) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_held_regions_limit) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_open_replies_unread) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_client_closed_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }

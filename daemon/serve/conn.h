@@ -45,6 +45,8 @@ struct conn {
   size_t rlen, rcap;
   stream_t *streams; /* this connection's streams */
   int num_streams;
+  int cuda_parked; /* CUDA regions kept for it (cuda.h): they count with its
+                      streams against max_streams_per_client */
   uint32_t next_stream_id;
   /* Frames waiting for the write queue to drain before a descriptor can be
    * passed with sendmsg, and every frame after them (conn.c). */

@@ -13,10 +13,12 @@
  */
 #include "serve/cuda.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lcuda.h"
 #include "log.h"
@@ -38,43 +40,65 @@ int cuda_check(int device, char *err, size_t errlen) {
 
 int cuda_device_by_uuid(const uint8_t *uuid) { return lcuda_device_by_uuid(uuid); }
 
-/* Parked regions (cuda.h), loop thread only. */
-typedef struct parked {
-  struct parked *next;
+/* Parks (cuda.h), loop thread only.  A park is listed from cuda_park
+ * until it is unparked; busy while its stream lives (the stream settles
+ * it), and freed by whichever of unpark and settle comes last. */
+struct cuda_park {
+  struct cuda_park *next;
   uint64_t owner;
   uint32_t stream_id;
   cuda_region_t *r;
-} parked_t;
-static parked_t *parked;
+  int busy;     /* its stream has not settled it yet */
+  int unparked; /* off the list: the region goes once settled */
+};
+static cuda_park_t *parked;
 
-void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r) {
-  parked_t *p = malloc(sizeof(*p));
-  if (p == NULL) {
-    /* Out of memory: freed now, the trainer's mapping notwithstanding. */
-    cuda_region_close(r);
-    return;
-  }
-  *p = (parked_t){parked, owner, stream_id, r};
+static int region_is_vmm(const cuda_region_t *r);
+
+cuda_park_t *cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r) {
+  /* A descriptor's region: the trainer's mapping keeps the memory. */
+  if (region_is_vmm(r)) return NULL;
+  cuda_park_t *p = malloc(sizeof(*p));
+  if (p == NULL) return NULL; /* freed with the stream, mapped or not */
+  *p = (cuda_park_t){parked, owner, stream_id, r, 1, 0};
   parked = p;
+  return p;
 }
 
-/* Frees the parked regions of owner (and of stream_id unless all). */
-static void unpark(uint64_t owner, uint32_t stream_id, int all) {
-  parked_t **pp = &parked;
+void cuda_park_settle(cuda_park_t *p) {
+  p->busy = 0;
+  if (p->unparked) {
+    cuda_region_close(p->r);
+    free(p);
+  } else {
+    cuda_region_detach_host(p->r);
+  }
+}
+
+/* Unparks the parks of owner (and of stream_id unless all), and returns
+ * their number. */
+static int unpark(uint64_t owner, uint32_t stream_id, int all) {
+  int n = 0;
+  cuda_park_t **pp = &parked;
   while (*pp) {
-    parked_t *p = *pp;
+    cuda_park_t *p = *pp;
     if (p->owner == owner && (all || p->stream_id == stream_id)) {
       *pp = p->next;
-      cuda_region_close(p->r);
-      free(p);
+      p->unparked = 1;
+      if (!p->busy) {
+        cuda_region_close(p->r);
+        free(p);
+      }
+      n++;
     } else {
       pp = &p->next;
     }
   }
+  return n;
 }
 
-void cuda_unpark(uint64_t owner, uint32_t stream_id) { unpark(owner, stream_id, 0); }
-void cuda_unpark_all(uint64_t owner) { unpark(owner, 0, 1); }
+int cuda_unpark(uint64_t owner, uint32_t stream_id) { return unpark(owner, stream_id, 0); }
+void cuda_unpark_all(uint64_t owner) { (void)unpark(owner, 0, 1); }
 
 /* Copies in flight: a copy_t each, from cuda_region_copy until its done
  * callback ran on the loop.  The driver's callback moves it to `finished`
@@ -162,6 +186,8 @@ struct cuda_region {
   int device;
   CUcontext ctx;
   CUdeviceptr dev;
+  int vmm;                          /* a VMM allocation, mapped at dev */
+  CUmemGenericAllocationHandle mem; /* vmm: the allocation */
   uint8_t *host;
   uint64_t size;      /* the arena's, which copies stay within */
   uint64_t dev_bytes; /* allocated: size rounded up to REGION_ALIGN */
@@ -207,10 +233,100 @@ static CUcontext primary_ctx(const lcuda_api_t *api, int device, char *err, size
   return c;
 }
 
+/* Makes r a VMM allocation of r->dev_bytes (rounded up to the device's
+ * granularity), mapped at r->dev with access for its device, and exports
+ * its descriptor into *fd.  Returns CUDA_SUCCESS, or the error of the call
+ * *what names, with nothing left allocated.  r's context current. */
+static CUresult vmm_open(cuda_region_t *r, int *fd, const char **what) {
+  const lcuda_api_t *api = r->api;
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = r->device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t gran = 0;
+  *what = "cuMemGetAllocationGranularity";
+  CUresult cr =
+      api->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (cr != CUDA_SUCCESS) return cr;
+  if (gran == 0 || gran > REGION_ALIGN * 512) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t bytes = (r->dev_bytes + gran - 1) / gran * gran;
+  *what = "cuMemCreate";
+  cr = api->cuMemCreate(&r->mem, (size_t)bytes, &prop, 0);
+  if (cr != CUDA_SUCCESS) return cr;
+  CUdeviceptr p = 0;
+  int reserved = 0, mapped = 0;
+  *what = "cuMemAddressReserve";
+  cr = api->cuMemAddressReserve(&p, (size_t)bytes, 0, 0, 0);
+  if (cr == CUDA_SUCCESS) {
+    reserved = 1;
+    *what = "cuMemMap";
+    cr = api->cuMemMap(p, (size_t)bytes, 0, r->mem, 0);
+  }
+  if (cr == CUDA_SUCCESS) {
+    mapped = 1;
+    CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, r->device},
+                           CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    *what = "cuMemSetAccess";
+    cr = api->cuMemSetAccess(p, (size_t)bytes, &acc, 1);
+  }
+  int h = -1;
+  if (cr == CUDA_SUCCESS) {
+    *what = "cuMemExportToShareableHandle";
+    cr = api->cuMemExportToShareableHandle(&h, r->mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  }
+  /* The descriptor opens the trainer's batches: no child the daemon
+   * starts (credential_process) may inherit it. */
+  if (cr == CUDA_SUCCESS && fcntl(h, F_SETFD, FD_CLOEXEC) != 0) {
+    *what = "fcntl(FD_CLOEXEC) of the exported descriptor";
+    close(h);
+    cr = CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  if (cr != CUDA_SUCCESS) {
+    if (mapped) (void)api->cuMemUnmap(p, (size_t)bytes);
+    if (reserved) (void)api->cuMemAddressFree(p, (size_t)bytes);
+    (void)api->cuMemRelease(r->mem);
+    return cr;
+  }
+  r->vmm = 1;
+  r->dev = p;
+  r->dev_bytes = bytes;
+  *fd = h;
+  return CUDA_SUCCESS;
+}
+
+static int region_is_vmm(const cuda_region_t *r) { return r->vmm; }
+
+/* Whether device supports VMM allocations exported as POSIX descriptors
+ * (asked once per device; warns once when it does not: its regions are
+ * then legacy ones).  Loop thread. */
+static int vmm_supported(const lcuda_api_t *api, int device) {
+  static signed char known[LCUDA_MAX_DEVICES]; /* 0 unknown, 1 yes, -1 no */
+  if (known[device] == 0) {
+    CUdevice d;
+    int vmm = 0, fd = 0;
+    CUresult cr = api->cuDeviceGet(&d, device);
+    if (cr == CUDA_SUCCESS)
+      cr = api->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                     d);
+    if (cr == CUDA_SUCCESS)
+      cr = api->cuDeviceGetAttribute(
+          &fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, d);
+    known[device] = cr == CUDA_SUCCESS && vmm && fd ? 1 : -1;
+    if (known[device] < 0)
+      log_warn(
+          "CUDA device %d: no virtual memory management with POSIX descriptor handles "
+          "(cuda_fd_handles); its streams use legacy IPC handles",
+          device);
+  }
+  return known[device] > 0;
+}
+
 int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
-                     cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
-                     size_t errlen) {
+                     cuda_region_t **out, cuda_export_t *ex, char *err, size_t errlen) {
   *out = NULL;
+  ex->fd = -1;
   int rc = lcuda_check_device(device, err, errlen);
   if (rc) return rc;
   const lcuda_api_t *api = lcuda_load(err, errlen);
@@ -232,28 +348,40 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   /* The loop thread makes the context current for these calls only: it
    * has no other, and the next region may be on another device. */
   CUresult cr = api->cuCtxSetCurrent(c);
-  if (cr == CUDA_SUCCESS) cr = api->cuMemAlloc(&r->dev, (size_t)r->dev_bytes);
+  int legacy = 1;
+  const char *what = "cuMemAlloc";
+  if (cr == CUDA_SUCCESS && ex->fd_wanted) {
+    legacy = !vmm_supported(api, device);
+    if (!legacy) cr = vmm_open(r, &ex->fd, &what);
+  }
+  if (cr == CUDA_SUCCESS && legacy) cr = api->cuMemAlloc(&r->dev, (size_t)r->dev_bytes);
   if (cr != CUDA_SUCCESS) {
+    /* A device that offers descriptors and fails to make one fails the
+     * open: the operator asked for them, not for a legacy token. */
     rc = cr == CUDA_ERROR_OUT_OF_MEMORY ? LARDER_ENOMEM : LARDER_EIO;
     snprintf(err, errlen,
-             "CUDA device %d: cannot allocate the stream's %llu bytes of device memory: %s%s",
-             device, (unsigned long long)r->dev_bytes, lcuda_strerror(api, cr, e, sizeof(e)),
+             "CUDA device %d: cannot allocate the stream's %llu bytes of device memory (%s): "
+             "%s%s",
+             device, (unsigned long long)r->dev_bytes, what, lcuda_strerror(api, cr, e, sizeof(e)),
              rc == LARDER_ENOMEM ? "; open the stream with a smaller arena_bytes" : "");
     (void)api->cuCtxSetCurrent(NULL);
     free(r);
     return rc;
   }
-  CUipcMemHandle h;
-  cr = api->cuIpcGetMemHandle(&h, r->dev);
-  if (cr != CUDA_SUCCESS) {
-    snprintf(err, errlen, "CUDA device %d: cannot export device memory (cuIpcGetMemHandle): %s",
-             device, lcuda_strerror(api, cr, e, sizeof(e)));
-    (void)api->cuMemFree(r->dev);
-    (void)api->cuCtxSetCurrent(NULL);
-    free(r);
-    return LARDER_EIO;
+  if (legacy) {
+    CUipcMemHandle h;
+    cr = api->cuIpcGetMemHandle(&h, r->dev);
+    if (cr != CUDA_SUCCESS) {
+      snprintf(err, errlen, "CUDA device %d: cannot export device memory (cuIpcGetMemHandle): %s",
+               device, lcuda_strerror(api, cr, e, sizeof(e)));
+      (void)api->cuMemFree(r->dev);
+      (void)api->cuCtxSetCurrent(NULL);
+      free(r);
+      return LARDER_EIO;
+    }
+    memcpy(ex->handle, &h, CUDA_IPC_HANDLE_BYTES);
   }
-  memcpy(handle, &h, CUDA_IPC_HANDLE_BYTES);
+  ex->region_bytes = r->dev_bytes;
   cr = api->cuMemHostRegister(host, (size_t)size, CU_MEMHOSTREGISTER_PORTABLE);
   r->pinned = cr == CUDA_SUCCESS;
   if (!r->pinned) {
@@ -267,8 +395,9 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   (void)api->cuCtxSetCurrent(NULL);
   __atomic_add_fetch(&device_bytes[device], r->dev_bytes, __ATOMIC_RELAXED);
   STATS_ADD(stats, cuda_device_bytes, r->dev_bytes);
-  log_info("CUDA region of %llu bytes on device %d (arena %s)", (unsigned long long)r->dev_bytes,
-           device, r->pinned ? "pinned" : "pageable");
+  log_info("CUDA region of %llu bytes on device %d (arena %s, %s)",
+           (unsigned long long)r->dev_bytes, device, r->pinned ? "pinned" : "pageable",
+           r->vmm ? "exported as a descriptor" : "legacy IPC");
   *out = r;
   return 0;
 }
@@ -382,7 +511,14 @@ void cuda_region_close(cuda_region_t *r) {
   char e[160];
   CUresult cr = api->cuCtxSetCurrent(r->ctx);
   if (cr == CUDA_SUCCESS && r->pinned) cr = api->cuMemHostUnregister(r->host);
-  if (cr == CUDA_SUCCESS) cr = api->cuMemFree(r->dev);
+  if (cr == CUDA_SUCCESS && r->vmm) {
+    /* The trainer's mapping, if any, keeps the memory until it unmaps. */
+    cr = api->cuMemUnmap(r->dev, (size_t)r->dev_bytes);
+    if (cr == CUDA_SUCCESS) cr = api->cuMemAddressFree(r->dev, (size_t)r->dev_bytes);
+    if (cr == CUDA_SUCCESS) cr = api->cuMemRelease(r->mem);
+  } else if (cr == CUDA_SUCCESS) {
+    cr = api->cuMemFree(r->dev);
+  }
   if (cr != CUDA_SUCCESS)
     log_warn("CUDA device %d: freeing a stream's region failed: %s", r->device,
              lcuda_strerror(api, cr, e, sizeof(e)));
@@ -398,13 +534,17 @@ struct cuda_region {
   int device;
 };
 
+static int region_is_vmm(const cuda_region_t *r) {
+  (void)r;
+  return 0;
+}
+
 int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
-                     cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
-                     size_t errlen) {
+                     cuda_region_t **out, cuda_export_t *ex, char *err, size_t errlen) {
   (void)host;
   (void)size;
   (void)stats;
-  (void)handle;
+  ex->fd = -1;
   *out = NULL;
   return cuda_check(device, err, errlen);
 }

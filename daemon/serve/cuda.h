@@ -31,22 +31,35 @@
  * batch that is complete on the device.  The trainer opens the handle
  * once (cuIpcOpenMemHandle) and turns arena offsets into device pointers.
  *
- * Why legacy IPC rather than VMM handles: cuIpcGetMemHandle /
+ * Two exports.  By default, legacy IPC: cuIpcGetMemHandle /
  * cuIpcOpenMemHandle work between any two processes of one host (one PID
  * namespace or not) that see the same GPUs, of any two users, with a
  * plain 64-byte handle in a protocol message: no descriptor to pass.
  * Tested with the real driver (580, H200): a trainer running as nobody
  * maps a root daemon's region (cuda_other_user), which no ptrace rule
  * would allow, and so does one in a PID and mount namespace of its own,
- * with its own /proc, as in a container (cuda_pid_namespace).  The
- * VMM path (cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
- * cuMemExportToShareableHandle, the fd passed with SCM_RIGHTS as the arena
- * is, cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess in the
- * trainer) needs a driver of CUDA 10.2 / 11.x or later with VMM support,
- * granularity-rounded sizes and more calls on both sides; it is the way
- * to go should a driver refuse legacy IPC between the two (liblarder's
- * error then says so), and the reply's memory_kind leaves room to offer
- * it.
+ * with its own /proc, as in a container (cuda_pid_namespace).  With
+ * cuda_fd_handles = true, and a client that says it can map one
+ * (cuda_fd_ok), the region is a VMM allocation instead (cuMemCreate with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, mapped with cuMemAddressReserve
+ * / cuMemMap / cuMemSetAccess), whose descriptor
+ * (cuMemExportToShareableHandle) travels with SCM_RIGHTS beside the
+ * arena's; the trainer imports and maps it (cuMemImportFromShareableHandle).
+ * What that buys: the descriptor is a capability, which only the process
+ * it was sent to holds, where a legacy handle is a 64-byte token that opens
+ * the memory for any process, of any user, that presents it
+ * (cuda_other_user); and the trainer's mapping keeps the memory
+ * alive by itself, so the daemon frees its side when the stream ends
+ * instead of parking it for a trainer that still maps it.  What it needs:
+ * a device with VMM and POSIX descriptor handles (asked once per device,
+ * cuDeviceGetAttribute; one without them gets legacy regions, with a
+ * warning), sizes in the allocation granularity, and more calls on both
+ * sides.  A device that has them but fails to make one fails the open:
+ * the operator asked for descriptors, not for a legacy token.  The
+ * descriptor is close-on-exec in the daemon, which starts children
+ * (credential_process).  The trainer maps the region for its own device
+ * only, where a legacy handle also enabled peer access from its other
+ * GPUs.  Legacy stays the default: it is the one measured on a GPU.
  *
  * Lifetime: one primary context per device, retained on first use for
  * the daemon's life (worker threads keep a CUDA stream per device in it);
@@ -79,15 +92,27 @@ int cuda_check(int device, char *err, size_t errlen);
 /* This process's ordinal of the device with that 16-byte UUID, or -1. */
 int cuda_device_by_uuid(const uint8_t *uuid);
 
+/* How a region is exported to its trainer. */
+typedef struct cuda_export {
+  int fd_wanted;                         /* in: export a descriptor (the client can map
+                                             one, and cuda_fd_handles is set) */
+  uint8_t handle[CUDA_IPC_HANDLE_BYTES]; /* out, when fd < 0: the legacy IPC handle */
+  int fd;                                /* out: the VMM allocation's POSIX descriptor
+                                             (the caller's to close once sent), or -1 */
+  uint64_t region_bytes;                 /* out: the bytes allocated */
+} cuda_export_t;
+
 /* Allocates the region of size bytes on device, mirroring host (the
- * arena's mapping, size bytes), pins host where it can, and writes the IPC
- * handle to handle.  The region takes size rounded up to 2 MiB, which it
- * adds to stats->cuda_device_bytes.  Returns 0,
- * LARDER_EUNSUPPORTED, LARDER_EINVAL (device), LARDER_ENOMEM (device
- * memory exhausted, naming the device) or LARDER_EIO, with err set. */
+ * arena's mapping, size bytes), pins host where it can, and exports it in
+ * ex: as a VMM allocation with a POSIX file descriptor when ex->fd_wanted
+ * and the device allows it (else, with a warning once, as below), or with
+ * a legacy IPC handle.  The region takes size rounded up to 2 MiB (and to
+ * the allocation granularity), which it adds to stats->cuda_device_bytes.
+ * Returns 0, LARDER_EUNSUPPORTED, LARDER_EINVAL (device), LARDER_ENOMEM
+ * (device memory exhausted, naming the device) or LARDER_EIO, with err
+ * set.  Loop thread. */
 int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
-                     cuda_region_t **out, uint8_t handle[CUDA_IPC_HANDLE_BYTES], char *err,
-                     size_t errlen);
+                     cuda_region_t **out, cuda_export_t *ex, char *err, size_t errlen);
 
 /* Called on the loop thread once the copies of one cuda_region_copy call
  * completed (status 0) or failed (LARDER_EIO, err says why). */
@@ -125,19 +150,37 @@ void cuda_region_detach_host(cuda_region_t *r);
 void cuda_region_close(cuda_region_t *r);
 
 /*
- * Regions kept for a live trainer.  The driver's rule: an exporter must not
- * free memory a process still has open (cuIpcOpenMemHandle) before that
- * process closes it.  liblarder closes its mapping before it sends
- * CloseStream, or says in it that it still maps the region (it holds
- * batches: device_memory_held), and a dead trainer has none; a stream the
- * daemon ends itself (an error) may still be mapped too.  The region of
- * either is parked under its connection (owner) and stream id until the
+ * Regions kept for a live trainer.  The driver's rule for legacy IPC: an
+ * exporter must not free memory a process still has open
+ * (cuIpcOpenMemHandle) before that process closes it.  liblarder closes
+ * its mapping before it sends CloseStream, or says in it that it still
+ * maps the region (it holds batches: device_memory_held), and a dead
+ * trainer has none; a stream the daemon ends itself (an error) may still
+ * be mapped too.  The region of either is parked under its connection
+ * (owner) and stream id when the stream closes (cuda_park), until the
  * client's CloseStream for it without device_memory_held (cuda_unpark) or
  * the connection's end (cuda_unpark_all), and counts in the stats until
- * then.  Loop thread.
+ * then.  The stream's last tasks may still copy into the region after it
+ * closed: the stream settles the park when it is freed
+ * (cuda_park_settle), which frees the region then if it was unparked in
+ * between.  The caller counts a connection's parks with its streams
+ * against max_streams_per_client, so that a client cannot make the list
+ * grow without end.  A region exported as a descriptor is not parked: the
+ * trainer's own mapping keeps its memory (which then counts in the
+ * trainer's process, not in the daemon's stats).  Loop thread.
  */
-void cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r);
-void cuda_unpark(uint64_t owner, uint32_t stream_id);
+typedef struct cuda_park cuda_park_t;
+/* Parks r for (owner, stream_id) from now on; the stream keeps using it
+ * until it calls cuda_park_settle.  Returns the park, or NULL (a
+ * descriptor's region, or no memory for the list): the stream then frees
+ * r itself. */
+cuda_park_t *cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r);
+/* The stream is done with the parked region, whose arena goes next: frees
+ * it now if it was unparked meanwhile, else leaves it parked (device
+ * memory only, cuda_region_detach_host). */
+void cuda_park_settle(cuda_park_t *p);
+/* Unparks (owner, stream_id): returns the parks it ended (0 or 1). */
+int cuda_unpark(uint64_t owner, uint32_t stream_id);
 void cuda_unpark_all(uint64_t owner);
 
 /* The device bytes regions hold on device (0 for devices never used), and

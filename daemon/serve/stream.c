@@ -265,19 +265,14 @@ static void stream_destroy(stream_t *s) {
   free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
   /* The region unpins the arena: before the arena goes. */
-  if (s->cuda) {
-    conn_t *owner = s->cuda_owner ? find_conn(s->srv, s->cuda_owner) : NULL;
-    cuda_region_t *r = s->cuda;
-    s->cuda = NULL;
-    if (owner && !owner->closing && !owner->draining) {
-      /* Parked: the host side goes with the arena, the device side waits
-       * for the client (cuda.h). */
-      cuda_region_detach_host(r);
-      cuda_park(s->cuda_owner, s->id, r);
-    } else {
-      cuda_region_close(r);
-    }
+  if (s->cuda_park) {
+    /* Parked: the host side goes with the arena, the device side waits
+     * for the client, unless it was unparked meanwhile (cuda.h). */
+    cuda_park_settle(s->cuda_park);
+  } else if (s->cuda) {
+    cuda_region_close(s->cuda);
   }
+  s->cuda = NULL;
   arena_destroy(s->arena);
   if (s->ring) munmap(s->ring, s->ring_size);
   if (s->ring_fd >= 0) close(s->ring_fd);
@@ -306,10 +301,14 @@ static void unlink_from_conn(stream_t *s) {
 void stream_close(stream_t *s) {
   if (s->closed) return;
   s->closed = 1;
-  /* CUDA: ended by the daemon while its trainer is connected, which may
-   * still map the region (cuda.h). */
-  if (s->cuda && s->conn && !s->client_closed && !s->conn->closing && !s->conn->draining)
-    s->cuda_owner = s->conn->id;
+  /* CUDA: ended by the daemon while its trainer is connected, or closed by
+   * a trainer that holds batches: it may still map the region, which is
+   * parked (cuda.h), and counts against the connection's limit until the
+   * trainer lets go. */
+  if (s->cuda && s->conn && !s->client_closed && !s->conn->closing && !s->conn->draining) {
+    s->cuda_park = cuda_park(s->conn->id, s->id, s->cuda);
+    if (s->cuda_park) s->conn->cuda_parked++;
+  }
   /* Its tasks' ends free it now: each wakes the loop again. */
   atomic_store_explicit(&s->window_full, 0, memory_order_relaxed);
   unlink_from_conn(s);
@@ -363,7 +362,8 @@ void stream_client_close(conn_t *c, const Larder__CloseStream *cs) {
     s->client_closed = !cs->device_memory_held;
     stream_close(s);
   } else if (!cs->device_memory_held) {
-    cuda_unpark(c->id, cs->stream_id); /* a CUDA region kept for a stream ended before */
+    /* A CUDA region kept for a stream ended before. */
+    c->cuda_parked -= cuda_unpark(c->id, cs->stream_id);
   }
 }
 
@@ -777,11 +777,12 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
 }
 
 /* Creates s's shared memory: its arena of arena_bytes (named name), its
- * CUDA region when the client asked for device memory (its IPC handle
- * into cuda_handle), and its descriptor ring when asked for and allowed.
- * Returns 0, or -1 when the open was refused (s and o are then freed). */
+ * CUDA region when the client asked for device memory (its export into ex,
+ * whose descriptor, if any, the caller closes), and its descriptor ring
+ * when asked for and allowed.  Returns 0, or -1 when the open was refused
+ * (s and o are then freed). */
 static int open_shared_memory(conn_t *c, stream_t *s, open_req_t *o, uint64_t arena_bytes,
-                              const char *name, uint8_t *cuda_handle) {
+                              const char *name, cuda_export_t *ex) {
   server_t *srv = s->srv;
   const Larder__OpenStream *p = &o->params;
   int rc = arena_create(arena_bytes, name, &s->arena);
@@ -792,8 +793,9 @@ static int open_shared_memory(conn_t *c, stream_t *s, open_req_t *o, uint64_t ar
   }
   if (p->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
     char why[600];
+    ex->fd_wanted = p->cuda_fd_ok && srv->cfg.cuda_fd_handles;
     rc = cuda_region_open(p->cuda_device, arena_base(s->arena), arena_size(s->arena), &srv->stats,
-                          &s->cuda, cuda_handle, why, sizeof(why));
+                          &s->cuda, ex, why, sizeof(why));
     if (rc) {
       refuse_open(c, s, o, rc, "larderd: %s", why);
       return -1;
@@ -862,7 +864,7 @@ static void open_attach(conn_t *c, stream_t *s, open_req_t *o) {
  * the stream may run; else the stream is closed (the client has too many
  * replies unread, or the daemon is out of descriptors: the client is told),
  * or the connection broke and closes on the loop's next turn, s with it. */
-static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const uint8_t *cuda_handle) {
+static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const cuda_export_t *ex) {
   Larder__OpenStreamReply reply = LARDER__OPEN_STREAM_REPLY__INIT;
   reply.request_id = o->request_id;
   reply.stream_id = s->id;
@@ -880,20 +882,26 @@ static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const uint8_t *cuda
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM_REPLY;
   f.open_stream_reply = &reply;
   reply.ring_bytes = s->ring ? s->ring_size : 0;
+  int fds[3] = {arena_fd(s->arena), s->ring_fd, -1}, num_fds = s->ring ? 2 : 1;
   if (s->cuda) {
     reply.memory_kind = LARDER__MEMORY_KIND__MEMORY_CUDA;
-    reply.cuda_ipc_handle.data = (uint8_t *)cuda_handle;
-    reply.cuda_ipc_handle.len = CUDA_IPC_HANDLE_BYTES;
     reply.cuda_device = cuda_region_device(s->cuda);
+    reply.cuda_region_bytes = ex->region_bytes;
+    if (ex->fd >= 0) {
+      reply.cuda_region_fd = 1;
+      fds[num_fds++] = ex->fd;
+    } else {
+      reply.cuda_ipc_handle.data = (uint8_t *)ex->handle;
+      reply.cuda_ipc_handle.len = CUDA_IPC_HANDLE_BYTES;
+    }
   }
-  int fds[2] = {arena_fd(s->arena), s->ring_fd};
   log_info(
       "stream %u for pid %d: %u files, %u units, %llu rows, %llu batches/epoch, "
       "window %u units, partitions %u (its node's: %u to %u)%s%s",
       s->id, (int)c->pid, s->ds->num_files, s->ds->num_units, (unsigned long long)s->ds->total_rows,
       (unsigned long long)s->batches_per_epoch, s->params.window_units, s->params.partitions,
       s->part_first, s->part_last - 1, s->note[0] ? "; " : "", s->note);
-  int rc = conn_send_fds(c, &f, fds, s->ring ? 2 : 1);
+  int rc = conn_send_fds(c, &f, fds, num_fds);
   field_proto_free(reply.schema);
   if (rc == LARDER_EBUSY) {
     /* The client has not read the replies to its earlier opens. */
@@ -901,6 +909,7 @@ static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const uint8_t *cuda
                     "the client has %d stream replies unread (at most %d)", c->pending_fd_frames,
                     CONN_MAX_PENDING_FD_FRAMES);
     free_open_req(o);
+    s->client_closed = 1; /* the reply never went: nothing of it is mapped */
     stream_close(s);
     return rc;
   }
@@ -913,6 +922,7 @@ static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const uint8_t *cuda
     conn_send_error(c, LARDER_ELIMIT, 0, o->request_id, "cannot pass the stream's arena%s",
                     OUT_OF_FDS);
     free_open_req(o);
+    s->client_closed = 1; /* the reply never went: nothing of it is mapped */
     stream_close(s);
     return rc;
   }
@@ -961,11 +971,15 @@ static void open_done(work_t *w, int status) {
   if (open_check_limits(c, s, o, &arena_bytes) != 0) return;
   char name[64];
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
-  uint8_t cuda_handle[CUDA_IPC_HANDLE_BYTES];
-  if (open_shared_memory(c, s, o, arena_bytes, name, cuda_handle) != 0) return;
-  open_attach(c, s, o);
-  if (open_reply(c, s, o, cuda_handle) != 0) return;
-  stream_pump(s);
+  cuda_export_t ex = {.fd = -1};
+  int opened = open_shared_memory(c, s, o, arena_bytes, name, &ex) == 0;
+  if (opened) {
+    open_attach(c, s, o);
+    opened = open_reply(c, s, o, &ex) == 0;
+  }
+  /* The reply carries its own copy of the region's descriptor. */
+  if (ex.fd >= 0) close(ex.fd);
+  if (opened) stream_pump(s);
 }
 
 static char **copy_strings(char **v, size_t n) {
@@ -1023,10 +1037,17 @@ static void on_resolved(int status, const char *message, remote_object_t *object
  * -1 once the client has been sent the error. */
 static int open_check_request(conn_t *c, const Larder__OpenStream *req, int *cuda_device) {
   server_t *srv = c->srv;
-  if (c->num_streams >= (int)srv->cfg.max_streams_per_client) {
-    conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
-                    "this client has %d streams open, the limit (max_streams_per_client)",
-                    c->num_streams);
+  if (c->num_streams + c->cuda_parked >= (int)srv->cfg.max_streams_per_client) {
+    if (c->cuda_parked)
+      conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
+                      "this client has %d streams open and %d closed CUDA streams whose device "
+                      "memory it still maps (it holds their batches), the limit "
+                      "(max_streams_per_client)",
+                      c->num_streams, c->cuda_parked);
+    else
+      conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
+                      "this client has %d streams open, the limit (max_streams_per_client)",
+                      c->num_streams);
     return -1;
   }
   /* larder per-client limits: opens in progress (each resolves listings

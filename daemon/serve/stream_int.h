@@ -231,12 +231,13 @@ struct stream {
                                ends with once the epoch before is sent */
   uint8_t *stale;        /* by file: changed (cached data to drop) */
   /* CUDA streams (cuda.h): the device region mirroring the arena; every
-   * batch's bytes are copied there before it is published.  cuda_owner:
-   * the connection that may still map it, set when the daemon ended the
-   * stream on a live connection (the region is then parked, not freed);
-   * client_closed: the client's CloseStream closed it (it unmapped). */
+   * batch's bytes are copied there before it is published.  cuda_park:
+   * set when the stream closed while its live connection may still map
+   * the region (the daemon ended it, or the client closed it holding
+   * batches), which is then parked, not freed; client_closed: the
+   * client's CloseStream closed it (it unmapped). */
   cuda_region_t *cuda;
-  uint64_t cuda_owner;
+  cuda_park_t *cuda_park;
 };
 
 /* Samples planned ahead of a stream at most (or one batch, if larger):

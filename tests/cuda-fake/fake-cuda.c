@@ -27,6 +27,23 @@
  *   larderd's workers must sleep while a copy runs.  cuMemHostRegister
  *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set.  cuStreamAddCallback
  *   calls back from a thread of its own (see it for failing copies).
+ * - VMM (cuMemCreate and the calls around it): an allocation is a memfd
+ *   (named after its device), its handle a counted reference to it; a
+ *   POSIX descriptor handle is a dup of the memfd, which the importer maps
+ *   as it is.  cuMemAddressReserve reserves address space (PROT_NONE),
+ *   cuMemMap maps the memfd over it, and copies reach a mapping only after
+ *   cuMemSetAccess.  The memory is freed when the handles and mappings of
+ *   every process are gone (the kernel's reference to the memfd), as in
+ *   CUDA: an exporter may release what an importer still maps; but only
+ *   the creating process's allocations count against
+ *   $LARDER_FAKE_CUDA_MEM, and only until it lets go of them (an
+ *   importer's mapping is not counted, where a GPU would still hold the
+ *   memory).  The granularity is 2 MiB, or $LARDER_FAKE_CUDA_GRANULARITY
+ *   bytes (a multiple of 2 MiB).  With $LARDER_FAKE_CUDA_NO_VMM set,
+ *   cuDeviceGetAttribute says the devices have neither VMM nor POSIX
+ *   descriptor handles, and cuMemCreate fails with
+ *   CUDA_ERROR_NOT_SUPPORTED; with $LARDER_FAKE_CUDA_FAIL_EXPORT set,
+ *   cuMemExportToShareableHandle fails with CUDA_ERROR_UNKNOWN.
  * - A context must be current for allocations and IPC (as in CUDA).
  */
 #include <cuda.h>
@@ -60,13 +77,26 @@ struct CUctx_st {
   int device;
 };
 
+typedef struct vmm_alloc {
+  int fd; /* the memfd */
+  size_t size;
+  int device;
+  int created; /* by cuMemCreate here (counts in used[]), not imported */
+  int exportable;
+  int refs; /* its handle, until cuMemRelease, and each cuMemMap */
+} vmm_alloc;
+
+enum { MAP_ALLOC = 0, MAP_IPC = 1, MAP_VMM = 2 };
+
 typedef struct mapping {
   struct mapping *next;
   uintptr_t base;
   size_t size;
   int fd; /* allocations: the memfd; imports: -1 */
   int device;
-  int imported;
+  int imported;   /* MAP_* */
+  vmm_alloc *vmm; /* MAP_VMM: what it maps */
+  int no_access;  /* MAP_VMM before cuMemSetAccess */
   int ifd;        /* allocations: the importers page's memfd */
   importers *imp; /* the importers page, mapped */
   int slot;       /* imports: the slot it took, or -1 */
@@ -129,6 +159,8 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
     case CUDA_ERROR_INVALID_CONTEXT: *pStr = "CUDA_ERROR_INVALID_CONTEXT"; break;
     case CUDA_ERROR_NOT_PERMITTED: *pStr = "CUDA_ERROR_NOT_PERMITTED"; break;
     case CUDA_ERROR_INVALID_HANDLE: *pStr = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *pStr = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case CUDA_ERROR_UNKNOWN: *pStr = "CUDA_ERROR_UNKNOWN"; break;
     default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -145,6 +177,12 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
     case CUDA_ERROR_INVALID_CONTEXT: *pStr = "invalid device context (fake CUDA)"; break;
     case CUDA_ERROR_NOT_PERMITTED: *pStr = "operation not permitted (fake CUDA)"; break;
     case CUDA_ERROR_INVALID_HANDLE: *pStr = "invalid resource handle (fake CUDA)"; break;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      *pStr = "operation not supported (fake CUDA: LARDER_FAKE_CUDA_NO_VMM)";
+      break;
+    case CUDA_ERROR_UNKNOWN:
+      *pStr = "unknown error (fake CUDA: a failure it was told to make)";
+      break;
     default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -551,7 +589,7 @@ static int device_range(uintptr_t p, size_t n) {
   int ok = 0;
   pthread_mutex_lock(&lock);
   for (mapping *m = maps; m && !ok; m = m->next)
-    ok = p >= m->base && n <= m->size && p - m->base <= m->size - n;
+    ok = !m->no_access && p >= m->base && n <= m->size && p - m->base <= m->size - n;
   pthread_mutex_unlock(&lock);
   return ok;
 }
@@ -572,5 +610,279 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   NEED_INIT();
   if (!device_range((uintptr_t)src, n)) return CUDA_ERROR_INVALID_VALUE;
   memcpy(dst, (const void *)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* VMM                                                                       */
+
+#define VMM_NAME "larder-fake-cuda-vmm-dev"
+
+static size_t fake_granularity(void) {
+  const char *v = getenv("LARDER_FAKE_CUDA_GRANULARITY");
+  size_t g = v && *v ? (size_t)strtoull(v, NULL, 10) : 0;
+  return g && g % ((size_t)2 << 20) == 0 ? g : (size_t)2 << 20;
+}
+#define FAKE_GRANULARITY fake_granularity()
+
+static int env_set(const char *name) {
+  const char *v = getenv(name);
+  return v && *v;
+}
+
+/* Only what larderd asks: VMM and POSIX descriptor handles. */
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+  NEED_INIT();
+  if (dev < 0 || dev >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  if (attrib != CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED &&
+      attrib != CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pi = !env_set("LARDER_FAKE_CUDA_NO_VMM");
+  return CUDA_SUCCESS;
+}
+
+static CUresult check_prop(const CUmemAllocationProp *prop, int *dev) {
+  if (prop == NULL || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (prop->location.id < 0 || prop->location.id >= num_devices()) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = visible(prop->location.id);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                               CUmemAllocationGranularity_flags option) {
+  NEED_INIT();
+  (void)option;
+  int dev;
+  CUresult r = check_prop(prop, &dev);
+  if (r == CUDA_SUCCESS) *granularity = FAKE_GRANULARITY;
+  return r;
+}
+
+/* Drops one reference to a; the last frees it.  Under lock. */
+static void vmm_unref(vmm_alloc *a) {
+  if (--a->refs > 0) return;
+  if (a->created) used[a->device] -= a->size;
+  close(a->fd);
+  free(a);
+}
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags) {
+  NEED_INIT();
+  int dev;
+  CUresult r = check_prop(prop, &dev);
+  if (r != CUDA_SUCCESS) return r;
+  if (flags != 0 || size == 0 || size % FAKE_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+  if (env_set("LARDER_FAKE_CUDA_NO_VMM")) return CUDA_ERROR_NOT_SUPPORTED;
+  vmm_alloc *a = calloc(1, sizeof(*a));
+  if (a == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&lock);
+  int over = used[dev] + size > mem_limit();
+  if (!over) used[dev] += size;
+  pthread_mutex_unlock(&lock);
+  if (over) {
+    free(a);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  char name[64];
+  snprintf(name, sizeof(name), VMM_NAME "%d", dev);
+  a->fd = memfd_create(name, MFD_CLOEXEC);
+  if (a->fd < 0 || ftruncate(a->fd, (off_t)size) != 0) {
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+    pthread_mutex_lock(&lock);
+    used[dev] -= size;
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->size = size;
+  a->device = dev;
+  a->created = 1;
+  a->exportable = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  a->refs = 1;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+  NEED_INIT();
+  if (handle == 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  vmm_unref((vmm_alloc *)(uintptr_t)handle);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
+                                              CUmemGenericAllocationHandle handle,
+                                              CUmemAllocationHandleType handleType,
+                                              unsigned long long flags) {
+  NEED_INIT();
+  vmm_alloc *a = (vmm_alloc *)(uintptr_t)handle;
+  if (a == NULL || shareableHandle == NULL || flags != 0 ||
+      handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!a->exportable) return CUDA_ERROR_NOT_PERMITTED;
+  if (env_set("LARDER_FAKE_CUDA_FAIL_EXPORT")) return CUDA_ERROR_UNKNOWN;
+  /* Not close-on-exec: the caller sets that, as it must with the real
+   * driver, which does not say. */
+  int fd = dup(a->fd);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *(int *)shareableHandle = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                void *osHandle,
+                                                CUmemAllocationHandleType shHandleType) {
+  NEED_INIT();
+  if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  int fd = (int)(intptr_t)osHandle;
+  char path[64], target[256];
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, target, sizeof(target) - 1);
+  struct stat st;
+  if (n <= 0 || fstat(fd, &st) != 0) return CUDA_ERROR_INVALID_HANDLE;
+  target[n] = '\0';
+  const char *at = strstr(target, "memfd:" VMM_NAME);
+  if (at == NULL || st.st_size <= 0) return CUDA_ERROR_INVALID_HANDLE;
+  vmm_alloc *a = calloc(1, sizeof(*a));
+  if (a == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (a->fd < 0) {
+    free(a);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  a->size = (size_t)st.st_size;
+  a->device = atoi(at + strlen("memfd:" VMM_NAME));
+  a->refs = 1;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
+  return CUDA_SUCCESS;
+}
+
+/* Reserved address ranges. */
+typedef struct reservation {
+  struct reservation *next;
+  uintptr_t base;
+  size_t size;
+} reservation;
+static reservation *reservations; /* under lock */
+
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                     CUdeviceptr addr, unsigned long long flags) {
+  NEED_INIT();
+  if (size == 0 || size % FAKE_GRANULARITY || alignment > FAKE_GRANULARITY || addr || flags)
+    return CUDA_ERROR_INVALID_VALUE;
+  reservation *v = calloc(1, sizeof(*v));
+  void *p = v ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+              : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    free(v);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  v->base = (uintptr_t)p;
+  v->size = size;
+  pthread_mutex_lock(&lock);
+  v->next = reservations;
+  reservations = v;
+  pthread_mutex_unlock(&lock);
+  *ptr = (CUdeviceptr)v->base;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  NEED_INIT();
+  pthread_mutex_lock(&lock);
+  int busy = 0;
+  for (mapping *m = maps; m; m = m->next)
+    busy |= m->imported == MAP_VMM && m->base >= (uintptr_t)ptr && m->base - ptr < size;
+  reservation **pp = &reservations;
+  while (*pp && ((*pp)->base != (uintptr_t)ptr || (*pp)->size != size)) pp = &(*pp)->next;
+  reservation *v = busy ? NULL : *pp;
+  if (v) *pp = v->next;
+  pthread_mutex_unlock(&lock);
+  if (v == NULL) return CUDA_ERROR_INVALID_VALUE; /* unknown, or still mapped */
+  munmap((void *)v->base, v->size);
+  free(v);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  NEED_INIT();
+  vmm_alloc *a = (vmm_alloc *)(uintptr_t)handle;
+  if (a == NULL || offset != 0 || flags != 0 || size == 0 || size > a->size ||
+      size % FAKE_GRANULARITY)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  int inside = 0;
+  for (reservation *v = reservations; v && !inside; v = v->next)
+    inside = (uintptr_t)ptr >= v->base && size <= v->size && ptr - v->base <= v->size - size;
+  for (mapping *m = maps; m && inside; m = m->next)
+    if (m->imported == MAP_VMM && m->base < ptr + size && ptr < m->base + m->size) inside = 0;
+  pthread_mutex_unlock(&lock);
+  if (!inside) return CUDA_ERROR_INVALID_VALUE;
+  mapping *m = calloc(1, sizeof(*m));
+  if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *p =
+      mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, a->fd, 0);
+  if (p == MAP_FAILED) {
+    free(m);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  m->base = (uintptr_t)ptr;
+  m->size = size;
+  m->fd = -1;
+  m->device = a->device;
+  m->imported = MAP_VMM;
+  m->vmm = a;
+  m->no_access = 1;
+  m->slot = -1;
+  pthread_mutex_lock(&lock);
+  a->refs++;
+  m->next = maps;
+  maps = m;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                size_t count) {
+  NEED_INIT();
+  if (desc == NULL || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      desc->location.id < 0 || desc->location.id >= num_devices() ||
+      desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    return CUDA_ERROR_INVALID_VALUE;
+  int found = 0;
+  pthread_mutex_lock(&lock);
+  for (mapping *m = maps; m; m = m->next)
+    if (m->imported == MAP_VMM && m->base == (uintptr_t)ptr && m->size == size) {
+      m->no_access = 0;
+      found = 1;
+    }
+  pthread_mutex_unlock(&lock);
+  return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  NEED_INIT();
+  pthread_mutex_lock(&lock);
+  mapping **pp = &maps;
+  while (*pp &&
+         ((*pp)->imported != MAP_VMM || (*pp)->base != (uintptr_t)ptr || (*pp)->size != size))
+    pp = &(*pp)->next;
+  mapping *m = *pp;
+  if (m) {
+    *pp = m->next;
+    vmm_unref(m->vmm);
+  }
+  pthread_mutex_unlock(&lock);
+  if (m == NULL) return CUDA_ERROR_INVALID_VALUE;
+  /* Back to reserved address space. */
+  (void)mmap((void *)m->base, m->size, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  free(m);
   return CUDA_SUCCESS;
 }

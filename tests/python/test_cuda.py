@@ -26,8 +26,11 @@ REAL = os.environ.get("LARDER_TEST_CUDA_REAL") == "1"
 _api = ctypes.PyDLL(None)  # the package's own pythonapi functions stay untouched
 
 
-@pytest.fixture(scope="module")
-def cuda_daemon(tmp_path_factory):
+@pytest.fixture(scope="module", params=["legacy", "fd"])
+def cuda_daemon(request, tmp_path_factory):
+    """A larderd exporting each stream's device memory with a legacy IPC
+    handle, or (cuda_fd_handles) as a VMM allocation's descriptor: every
+    test runs on both."""
     saved = os.environ.get("LARDER_LIBCUDA")
     if REAL:
         torch = pytest.importorskip("torch")
@@ -39,9 +42,12 @@ def cuda_daemon(tmp_path_factory):
             pytest.skip("no CUDA driver double at %s (built with the CUDA toolkit)" % fake)
         # Both larderd and this process's liblarder dlopen this path.
         os.environ["LARDER_LIBCUDA"] = fake
-    d = lt.Daemon(BUILD, str(tmp_path_factory.mktemp("cuda")), DAEMON_FLAGS)
+    flags = list(DAEMON_FLAGS) + ["--cuda_fd_handles=%s" % ("true" if request.param == "fd" else "false")]
+    d = lt.Daemon(BUILD, str(tmp_path_factory.mktemp("cuda")), flags)
     d.start()
     yield d
+    # A device refusing VMM would make the regions legacy, with a warning.
+    assert "cannot export device memory" not in d.tail(1 << 24)
     d.stop()
     if saved is None:
         os.environ.pop("LARDER_LIBCUDA", None)
