@@ -5,7 +5,8 @@
 #   0. the Python package's extension, built for the host's python3 and
 #      numpy where it has a compiler and Python's headers;
 #   1. the CUDA tests against the real driver, then bench-cuda
-#      (tests/cuda-real.sh with BENCH=1);
+#      (tests/cuda-real.sh with BENCH=1); 1b. bench-cuda again, shorter, with
+#      the regions exported as VMM descriptors (BENCH_CUDA_FD=1);
 #   2. the Python package's tests with the host's python3, where PyTorch,
 #      pyarrow and a GPU are (the tests that skip without them run here);
 #   2b. the Python package's cost per batch (bench/py-overhead.py), host batches and
@@ -38,6 +39,13 @@ echo "== 1. CUDA tests and bench-cuda"
 LD_PRELOAD= timeout "${CUDA_LIMIT:-200}" env BENCH=1 bash "$b/tests/cuda-real.sh" "$b" \
   >"$out/gpu-cuda.log" 2>&1 || rc=1
 tail -45 "$out/gpu-cuda.log"
+
+echo "== 1b. bench-cuda with regions exported as descriptors (cuda_fd_handles)"
+# The same device memory, mapped another way: the open's cost and the
+# bandwidth beside legacy IPC's (part 1), on a shorter run.
+LD_PRELOAD= timeout "${FD_LIMIT:-90}" env BENCH_CUDA_FD=1 BENCH_COPIES="${FD_COPIES:-16}" \
+  BENCH_EPOCHS=2 bash "$b/bench/bench-cuda.sh" "$b" >"$out/gpu-cuda-fd.log" 2>&1 || rc=1
+tail -12 "$out/gpu-cuda-fd.log"
 
 echo "== 2. Python package tests"
 # On a GPU, tests/python/test_cuda.py uses the real driver (not the double).
