@@ -151,6 +151,15 @@ struct lcuda_map {
   CUdeviceptr base;
   uint64_t size;
   uint64_t mapped; /* VMM: the range reserved and mapped; 0 for legacy IPC */
+  /* Fences (lcuda.h): a ring of fq_cap, fq_count of them from fq_head,
+   * and the events of those taken, for the next ones. */
+  struct {
+    CUevent ev;
+    uint64_t seq;
+  } * fq;
+  int fq_head, fq_count, fq_cap;
+  CUevent *spare;
+  int num_spare, cap_spare;
 };
 
 /* Maps the VMM allocation behind fd (region_bytes) at a range of this
@@ -235,6 +244,27 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
       CUipcMemHandle h;
       memcpy(&h, handle, sizeof(h));
       r = api->cuIpcOpenMemHandle(&m->base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      /* Every batch's pointers are offsets into it: it must hold the
+       * arena. */
+      CUdeviceptr start = 0;
+      size_t bytes = 0;
+      if (r == CUDA_SUCCESS) {
+        what = "cuMemGetAddressRange";
+        r = api->cuMemGetAddressRange(&start, &bytes, m->base);
+        if (r == CUDA_SUCCESS && (start != m->base || bytes < size)) {
+          (void)api->cuIpcCloseMemHandle(m->base);
+          CUcontext popped;
+          (void)api->cuCtxPopCurrent(&popped);
+          snprintf(err, errlen,
+                   "CUDA device %d: the daemon's device region holds %zu bytes, not the "
+                   "arena's %llu",
+                   device, bytes, (unsigned long long)size);
+          (void)api->cuDevicePrimaryCtxRelease(dev);
+          free(m);
+          return LARDER_EPROTO;
+        }
+        if (r != CUDA_SUCCESS) (void)api->cuIpcCloseMemHandle(m->base);
+      }
     }
     CUcontext popped;
     (void)api->cuCtxPopCurrent(&popped);
@@ -249,11 +279,11 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
                device, what, lcuda_strerror(api, r, e, sizeof(e)));
     else
       snprintf(err, errlen,
-               "CUDA device %d: cannot open the daemon's device memory (cuIpcOpenMemHandle): "
+               "CUDA device %d: cannot open the daemon's device memory (%s): "
                "%s; the daemon and the trainer must see the same GPUs, and the driver must "
                "allow CUDA IPC between them (some refuse it across PID namespaces; a daemon "
                "with cuda_fd_handles = true passes a descriptor instead)",
-               device, lcuda_strerror(api, r, e, sizeof(e)));
+               device, what, lcuda_strerror(api, r, e, sizeof(e)));
     (void)api->cuDevicePrimaryCtxRelease(dev);
     free(m);
     return rc;
@@ -264,11 +294,77 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
 
 uint64_t lcuda_map_base(const lcuda_map_t *m) { return (uint64_t)m->base; }
 
+int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
+  if (m->pid != getpid()) return LARDER_EINVAL;
+  if (m->fq_count == m->fq_cap) {
+    int cap = m->fq_cap ? 2 * m->fq_cap : 16;
+    __typeof__(m->fq) q = malloc((size_t)cap * sizeof(*q));
+    if (q == NULL) return LARDER_ENOMEM;
+    for (int i = 0; i < m->fq_count; i++) q[i] = m->fq[(m->fq_head + i) % m->fq_cap];
+    free(m->fq);
+    m->fq = q;
+    m->fq_head = 0;
+    m->fq_cap = cap;
+  }
+  if (m->num_spare + m->fq_count + 1 > m->cap_spare) {
+    /* Room to keep every event, in use or not, once taken: pop never
+     * fails for want of it. */
+    int cap = m->cap_spare ? 2 * m->cap_spare : 16;
+    CUevent *e = realloc(m->spare, (size_t)cap * sizeof(CUevent));
+    if (e == NULL) return LARDER_ENOMEM;
+    m->spare = e;
+    m->cap_spare = cap;
+  }
+  const lcuda_api_t *api = m->api;
+  CUevent ev = m->num_spare ? m->spare[--m->num_spare] : NULL;
+  CUresult r = api->cuCtxPushCurrent(m->ctx);
+  if (r != CUDA_SUCCESS) {
+    if (ev) m->spare[m->num_spare++] = ev;
+    return LARDER_EIO;
+  }
+  if (ev == NULL) r = api->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) r = api->cuEventRecord(ev, stream ? (CUstream)stream : CU_STREAM_LEGACY);
+  CUcontext popped;
+  (void)api->cuCtxPopCurrent(&popped);
+  if (r != CUDA_SUCCESS) {
+    if (ev) m->spare[m->num_spare++] = ev;
+    return LARDER_EIO;
+  }
+  int at = (m->fq_head + m->fq_count) % m->fq_cap;
+  m->fq[at].ev = ev;
+  m->fq[at].seq = seq;
+  m->fq_count++;
+  return 0;
+}
+
+int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq) {
+  if (m->fq_count == 0 || m->pid != getpid()) return 0;
+  const lcuda_api_t *api = m->api;
+  CUevent ev = m->fq[m->fq_head].ev;
+  CUresult r = api->cuCtxPushCurrent(m->ctx);
+  if (r == CUDA_SUCCESS) {
+    r = wait ? api->cuEventSynchronize(ev) : api->cuEventQuery(ev);
+    CUcontext popped;
+    (void)api->cuCtxPopCurrent(&popped);
+  }
+  if (r == CUDA_ERROR_NOT_READY) return 0;
+  *seq = m->fq[m->fq_head].seq;
+  m->fq_head = (m->fq_head + 1) % m->fq_cap;
+  m->fq_count--;
+  m->spare[m->num_spare++] = ev; /* room made by its push */
+  return 1;
+}
+
+int lcuda_fence_count(const lcuda_map_t *m) { return m ? m->fq_count : 0; }
+
 void lcuda_map_close(lcuda_map_t *m) {
   if (m == NULL) return;
   if (m->pid == getpid()) {
     const lcuda_api_t *api = m->api;
     if (api->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
+      for (int i = 0; i < m->fq_count; i++)
+        (void)api->cuEventDestroy(m->fq[(m->fq_head + i) % m->fq_cap].ev);
+      for (int i = 0; i < m->num_spare; i++) (void)api->cuEventDestroy(m->spare[i]);
       if (m->mapped) {
         (void)api->cuMemUnmap(m->base, (size_t)m->mapped);
         (void)api->cuMemAddressFree(m->base, (size_t)m->mapped);
@@ -282,6 +378,8 @@ void lcuda_map_close(lcuda_map_t *m) {
     if (api->cuDeviceGet(&dev, m->device) == CUDA_SUCCESS)
       (void)api->cuDevicePrimaryCtxRelease(dev);
   }
+  free(m->fq);
+  free(m->spare);
   free(m);
 }
 
@@ -325,6 +423,25 @@ int lcuda_device_uuid(int device, uint8_t uuid[16], char *err, size_t errlen) {
 int lcuda_device_by_uuid(const uint8_t uuid[16]) {
   (void)uuid;
   return -1;
+}
+
+int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
+  (void)m;
+  (void)stream;
+  (void)seq;
+  return LARDER_EINVAL;
+}
+
+int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq) {
+  (void)m;
+  (void)wait;
+  (void)seq;
+  return 0;
+}
+
+int lcuda_fence_count(const lcuda_map_t *m) {
+  (void)m;
+  return 0;
 }
 
 void lcuda_map_close(lcuda_map_t *m) { (void)m; }

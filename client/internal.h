@@ -188,6 +188,8 @@ struct larder_stream {
   int cuda_device;
   lcuda_map_t *cuda;
   larder_client_t *cuda_client; /* set by a close with batches held */
+  void *cuda_stream;            /* the CUstream releases fence on (NULL:
+                                    the legacy default stream; lcuda.h) */
 };
 
 struct larder_batch {

@@ -220,6 +220,15 @@ static void stream_signal(larder_stream_t *s, const larder_stream_t *reader) {
 
 /* Sends CloseStream for stream id.  The reading thread. */
 static int send_close_stream(larder_client_t *c, uint32_t id, int device_memory_held);
+static void fences_drain(larder_stream_t *s, int wait);
+
+/* Releases of s waiting for their fences (lcuda.h).  Any thread. */
+static int stream_fences(larder_stream_t *s) {
+  pthread_mutex_lock(&s->lock);
+  int n = lcuda_fence_count(s->cuda);
+  pthread_mutex_unlock(&s->lock);
+  return n;
+}
 
 /* The descriptors an OpenStreamReply carries: the arena's, then the ring's
  * and the CUDA region's when it announces them. */
@@ -488,8 +497,6 @@ int larder_client_connect(const char *socket_path, larder_client_t **out) {
   *out = c;
   return 0;
 }
-
-static void stream_unref(larder_stream_t *s);
 
 static void client_unref(larder_client_t *c);
 
@@ -1092,17 +1099,17 @@ static void stream_free(larder_stream_t *s) {
   free(s);
 }
 
-static void stream_unref(larder_stream_t *s) {
+void larder_stream_set_cuda_stream(larder_stream_t *s, void *cuda_stream) {
   pthread_mutex_lock(&s->lock);
-  int left = --s->refs;
+  s->cuda_stream = cuda_stream;
   pthread_mutex_unlock(&s->lock);
-  if (left == 0) stream_free(s);
 }
 
 int larder_stream_flush(larder_stream_t *s) {
   larder_client_t *c = s->client;
   if (c == NULL || c->broken) return LARDER_ECLOSED;
   if (client_forked(c)) return forked_err(c);
+  if (s->cuda) fences_drain(s, 0);
   /* A stream the daemon ended with an error (LARDER_ESHUTDOWN, ...)
    * returns that error, as the header says: its releases reach nothing.
    * Tested by daemon_open_checks. */
@@ -1162,9 +1169,14 @@ void larder_stream_close(larder_stream_t *s) {
    * (stream_free), through cuda_client: the client outlives its batches. */
   int cuda_unmapped = 0, cuda_held = 0;
   if (s->cuda && !client_forked(c)) {
+    /* Releases waiting for the GPU's work go first: the close waits for
+     * that work, as the region cannot go before it ends (lcuda.h). */
+    fences_drain(s, 1);
     pthread_mutex_lock(&s->lock);
     cuda_held = s->refs > 1;
-    if (cuda_held && !c->broken) {
+    /* Broken or not: a release on another thread may be sending through c
+     * (stream_free sends nothing on a broken one). */
+    if (cuda_held) {
       s->cuda_client = c;
       atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
     }
@@ -1305,6 +1317,8 @@ typedef struct next_call {
  * spare batch moves to the call.  The reading thread. */
 static void next_begin(larder_client_t *c, larder_stream_t *s, next_call_t *n) {
   n->start = now_ns();
+  /* CUDA: releases whose GPU work has ended go to the daemon now. */
+  if (s->cuda) fences_drain(s, 0);
   /* One locked section here and one at the end: each is an atomic
    * read-modify-write on the trainer's path. */
   if (s->caller_waits) {
@@ -1445,6 +1459,13 @@ static int next_wait(larder_client_t *c, larder_stream_t *s, uint64_t deadline, 
     *rc = LARDER_EEOF;
     return 1;
   }
+  /* CUDA: with no batch to take, the daemon may be waiting for releases
+   * that wait for the GPU (lcuda.h): wait for the GPU rather than for a
+   * daemon that cannot go on, then look again. */
+  if (s->cuda && stream_fences(s)) {
+    fences_drain(s, 1);
+    return 0;
+  }
   uint64_t now = now_ns();
   if (now >= deadline) {
     /* Read what is there once, without waiting, before giving up, even
@@ -1541,23 +1562,17 @@ int larder_stream_next(larder_stream_t *s, int timeout_ms, larder_batch_t **out)
   return rc;
 }
 
-/* See internal.h. */
-void llib_batch_release(larder_batch_t *b, int recycle) {
-  larder_stream_t *s = b->stream;
-  /* One locked section: the stream's client (larder_stream_close clears
-   * it under the lock), the release's entry and counters, the spare batch
-   * and the reference.  The frame, when one goes, is sent after it. */
-  int wake = 0, frame = 0;
-  Larder__Release rel = LARDER__RELEASE__INIT;
-  pthread_mutex_lock(&s->lock);
-  larder_client_t *c = s->client;
-  if (c && atomic_load_explicit(&c->broken, memory_order_relaxed)) c = NULL;
-  /* In a forked child the ring and the socket are the parent's: the
-   * release frees this process's memory only (see client_forked). */
-  if (c && client_forked(c)) c = NULL;
+/* What a release of batch seq of s tells the daemon: its entry in the
+ * ring (and *wake when the daemon must be woken for it), or the Release
+ * frame to send (*frame, with rel filled in); nothing when c is NULL (the
+ * stream closed, the connection broken, or a forked child).  s->lock
+ * held. */
+static void release_locked(larder_stream_t *s, larder_client_t *c, uint64_t seq, int *wake,
+                           int *frame, Larder__Release *rel) {
+  *wake = *frame = 0;
   if (c && s->ring) {
     ring_release_t *e = ring_layout_release(&s->ring_layout, s->ring_released);
-    e->seq = b->seq;
+    e->seq = seq;
     e->wait_ns = s->report_wait;
     e->compute_ns = s->report_compute;
     s->report_wait = s->report_compute = 0;
@@ -1573,39 +1588,103 @@ void llib_batch_release(larder_batch_t *b, int recycle) {
      * short of wake_at, and the stream would otherwise stand until the
      * reader's one-second wait ran out). */
     int asked = wake_at && s->ring_released >= wake_at && wake_at != s->ring_woken_at;
-    wake = asked || (wake_at && s->ring_reader_asleep && s->ring_released != s->ring_told);
+    *wake = asked || (wake_at && s->ring_reader_asleep && s->ring_released != s->ring_told);
     if (asked) s->ring_woken_at = wake_at;
-    if (wake) s->ring_told = s->ring_released;
+    if (*wake) s->ring_told = s->ring_released;
   } else if (c) {
-    rel.stream_id = s->id;
-    rel.seq = b->seq;
-    rel.wait_ns = s->report_wait;
-    rel.compute_ns = s->report_compute;
+    rel->stream_id = s->id;
+    rel->seq = seq;
+    rel->wait_ns = s->report_wait;
+    rel->compute_ns = s->report_compute;
     s->report_wait = s->report_compute = 0;
-    frame = 1;
+    *frame = 1;
   }
-  if (recycle && s->spare == NULL) {
-    s->spare = b;
-    b = NULL;
-  }
+}
+
+/* The client a release of s goes through: NULL when the stream closed,
+ * the connection broke, or in a forked child (whose ring and socket are
+ * the parent's: the release frees this process's memory only, see
+ * client_forked).  s->lock held. */
+static larder_client_t *release_client(const larder_stream_t *s) {
+  larder_client_t *c = s->client;
+  if (c && atomic_load_explicit(&c->broken, memory_order_relaxed)) c = NULL;
+  if (c && client_forked(c)) c = NULL;
+  return c;
+}
+
+/* Sends what release_locked decided, then drops the batch's reference on
+ * s (left: the references it left when nothing was to be sent, which
+ * dropped it already).  Returns whether s is still there. */
+static int release_send(larder_stream_t *s, larder_client_t *c, int wake, int frame,
+                        Larder__Release *rel, int left) {
   /* The batch's reference keeps s, and so c (the caller closes the client
    * only after its last release), alive until the frame is sent: it is
    * dropped after that.  A stream closed meanwhile gets the frame after
    * its CloseStream, which the daemon ignores as it ignores releases of a
    * stream that ended. */
-  int left = wake || frame ? 1 : --s->refs;
+  if (wake) (void)send_wake(c, s);
+  if (frame) {
+    Larder__Frame f = LARDER__FRAME__INIT;
+    f.msg_case = LARDER__FRAME__MSG_RELEASE;
+    f.release = rel;
+    hold_release(c, s, &f);
+  }
+  if (wake || frame) {
+    pthread_mutex_lock(&s->lock);
+    left = --s->refs;
+    pthread_mutex_unlock(&s->lock);
+  }
+  if (left == 0) stream_free(s);
+  return left != 0;
+}
+
+/* Releases the batches of s whose fences have passed (lcuda.h), oldest
+ * first; with wait, all of them, waiting for each.  Any thread. */
+static void fences_drain(larder_stream_t *s, int wait) {
+  for (;;) {
+    int wake, frame;
+    Larder__Release rel = LARDER__RELEASE__INIT;
+    uint64_t seq;
+    pthread_mutex_lock(&s->lock);
+    if (s->cuda == NULL || !lcuda_fence_pop(s->cuda, wait, &seq)) {
+      pthread_mutex_unlock(&s->lock);
+      return;
+    }
+    larder_client_t *c = release_client(s);
+    release_locked(s, c, seq, &wake, &frame, &rel);
+    int left = wake || frame ? 1 : --s->refs;
+    pthread_mutex_unlock(&s->lock);
+    if (!release_send(s, c, wake, frame, &rel, left)) return;
+  }
+}
+
+/* See internal.h. */
+void llib_batch_release(larder_batch_t *b, int recycle) {
+  larder_stream_t *s = b->stream;
+  /* One locked section: the stream's client (larder_stream_close clears
+   * it under the lock), the release's entry and counters, the spare batch
+   * and the reference.  The frame, when one goes, is sent after it. */
+  int wake = 0, frame = 0, fenced = 0;
+  Larder__Release rel = LARDER__RELEASE__INIT;
+  pthread_mutex_lock(&s->lock);
+  larder_client_t *c = release_client(s);
+  /* CUDA: the release waits for the GPU work queued so far, which may
+   * still read the batch (lcuda.h); the fence keeps the batch's reference
+   * on s until then.  After the stream's close the region goes with its
+   * last batch: the fence is waited for here. */
+  if (s->cuda) fenced = lcuda_fence_push(s->cuda, s->cuda_stream, b->seq) == 0;
+  if (!fenced) release_locked(s, c, b->seq, &wake, &frame, &rel);
+  if (recycle && s->spare == NULL) {
+    s->spare = b;
+    b = NULL;
+  }
+  int left = fenced || wake || frame ? 1 : --s->refs;
+  int closed = s->client == NULL;
   pthread_mutex_unlock(&s->lock);
   if (b) {
     free(b->nodes);
     free(b);
   }
-  if (wake) (void)send_wake(c, s);
-  if (frame) {
-    Larder__Frame f = LARDER__FRAME__INIT;
-    f.msg_case = LARDER__FRAME__MSG_RELEASE;
-    f.release = &rel;
-    hold_release(c, s, &f);
-  }
-  if (wake || frame) stream_unref(s);
-  else if (left == 0) stream_free(s);
+  if (fenced) fences_drain(s, closed);
+  else (void)release_send(s, c, wake, frame, &rel, left);
 }

@@ -273,6 +273,30 @@ typedef struct larder_stream_options {
 #define LARDER_MEMORY_HOST 0
 #define LARDER_MEMORY_CUDA 1
 
+/*
+ * CUDA streams: the GPU work that reads a batch may still be queued or
+ * running when the batch is released (PyTorch frees a tensor, and calls
+ * its DLPack deleter, once the kernels that use it are queued, not done).
+ * So the release of a CUDA batch (directly, or by the last of its Arrow or
+ * DLPack consumers) records an event on the trainer's CUDA stream, and
+ * goes to the daemon, which may then copy another batch over that memory,
+ * only once the GPU has passed the event: larder_stream_next and
+ * larder_stream_flush send those that have (without waiting), and
+ * larder_stream_next, when it has no batch to return, waits for the GPU
+ * (past its timeout if need be: the work is already queued) rather than
+ * for a daemon that needs the releases.  larder_stream_close
+ * waits for them too, and so does the last release after it, before the
+ * stream's device memory is unmapped.  The event goes on the legacy
+ * default stream unless the trainer names its own here: cuda_stream is a
+ * CUstream (cudaStream_t, torch.cuda.Stream.cuda_stream) of the stream's
+ * device, or NULL for the legacy default stream, which orders after the
+ * work of every blocking stream (PyTorch's default stream is it; its
+ * other streams are non-blocking, and work on them must be named here).
+ * Releases after the call use it.  Any thread; no effect on a host
+ * stream.
+ */
+void larder_stream_set_cuda_stream(larder_stream_t *stream, void *cuda_stream);
+
 /* Fills opts with the defaults above.  Any thread. */
 void larder_stream_options_init(larder_stream_options_t *opts);
 

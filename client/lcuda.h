@@ -48,7 +48,9 @@
   XX(cuMemGetAllocationGranularity) XX(cuMemCreate) XX(cuMemRelease)            \
   XX(cuMemAddressReserve) XX(cuMemAddressFree) XX(cuMemMap) XX(cuMemUnmap)      \
   XX(cuMemSetAccess) XX(cuMemExportToShareableHandle)                           \
-  XX(cuMemImportFromShareableHandle)
+  XX(cuMemImportFromShareableHandle) XX(cuEventCreate) XX(cuEventDestroy)       \
+  XX(cuEventRecord) XX(cuEventQuery) XX(cuEventSynchronize)                     \
+  XX(cuMemGetAddressRange)
 /* clang-format on */
 
 #define LCUDA_STR_(x) #x
@@ -110,6 +112,32 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
                    size_t errlen);
 /* The device address of the region's first byte. */
 uint64_t lcuda_map_base(const lcuda_map_t *m);
+
+/*
+ * Fences: the trainer's GPU reads a batch in work it queued, which may
+ * still run when the batch is released on the host (PyTorch frees a
+ * tensor's storage, and calls its DLPack deleter, once the kernels that
+ * use it are queued, not done).  The daemon would then copy another batch
+ * over memory the GPU still reads.  So a release records an event on the
+ * stream the trainer works on, after the work queued there so far
+ * (lcuda_fence_push), and goes to the daemon only once that event has
+ * passed (lcuda_fence_pop).  Fences are kept oldest first; their events
+ * are reused.  The caller serializes the calls on a mapping (the stream's
+ * lock); in a forked child, push fails and pop finds nothing.
+ */
+/* Records a fence for seq after the work queued so far on stream (a
+ * CUstream of the mapping's device; NULL: the legacy default stream,
+ * which orders after every blocking stream's work).  Returns 0, or
+ * LARDER_EIO (the driver refused: the caller releases at once),
+ * LARDER_ENOMEM, LARDER_EINVAL (another process's mapping). */
+int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq);
+/* Takes the oldest fence once its event has passed (with wait, blocking
+ * the calling thread until it has; an event the driver reports failed,
+ * in a context that is gone, has passed too): returns 1 with *seq set,
+ * or 0 when there is none, or (without wait) the oldest has not passed. */
+int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq);
+/* Fences not taken yet. */
+int lcuda_fence_count(const lcuda_map_t *m);
 /* Closes the mapping (in the process that opened it; a forked child only
  * frees the struct: CUDA does not survive fork) and releases the primary
  * context it retained.  NULL is ignored. */

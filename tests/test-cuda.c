@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <grp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -667,6 +668,175 @@ TEST_IMPL(cuda_open_replies_unread) {
   return 0;
 }
 
+/* The GPU of the double, busy until a thread of the test makes it idle:
+ * events recorded while the file $LARDER_FAKE_CUDA_GPU_BUSY names exists
+ * pass once it is gone. */
+typedef struct busy_gpu {
+  char path[700];
+  int delay_ms;
+  double idle_at; /* test_now_ms() when it was removed */
+  pthread_t thread;
+} busy_gpu;
+
+static void gpu_busy(busy_gpu *g) {
+  snprintf(g->path, sizeof(g->path), "%s/gpu-busy", test_tmpdir());
+  FILE *f = fopen(g->path, "w");
+  ASSERT_NOT_NULL(f);
+  fclose(f);
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_GPU_BUSY", g->path, 1));
+}
+
+static void *gpu_idle_later(void *arg) {
+  busy_gpu *g = arg;
+  usleep((useconds_t)g->delay_ms * 1000);
+  g->idle_at = test_now_ms(); /* read after the join */
+  unlink(g->path);
+  return NULL;
+}
+
+/* Makes the GPU idle delay_ms from now, on a thread of its own. */
+static void gpu_idle_in(busy_gpu *g, int delay_ms) {
+  g->delay_ms = delay_ms;
+  g->idle_at = 0;
+  ASSERT_OK(pthread_create(&g->thread, NULL, gpu_idle_later, g));
+}
+
+/* Joins the thread, and asserts that it made the GPU idle before `then`
+ * (a test_now_ms() taken after what had to wait for it). */
+static void expect_waited_for_gpu(busy_gpu *g, double then, const char *what) {
+  ASSERT_OK(pthread_join(g->thread, NULL));
+  double idle = g->idle_at;
+  if (idle == 0 || then < idle)
+    ASSERT_FAIL_("%s returned before the GPU's work ended (%.1f ms before)", what, idle - then);
+}
+
+/*
+ * A CUDA batch's release waits for the GPU work queued before it (the
+ * double's busy GPU stands in for kernels still reading the batch), so the
+ * daemon never copies another batch over memory the GPU still reads.
+ * With a window of 2 and both batches held: one released directly, and
+ * one through DLPack (as PyTorch frees a tensor once its kernels are
+ * queued), while the GPU is busy: the daemon hears of neither, and the
+ * next batch comes only once the GPU is done (larder_stream_next waits for
+ * it rather than for the daemon).  larder_stream_close waits for the
+ * releases it holds back too, and a batch held past the close unmaps the
+ * region only after its GPU work, after which the daemon frees it.  The
+ * bytes stay the host stream's throughout.
+ */
+TEST_IMPL(cuda_release_fenced) {
+  if (use_driver()) return 0;
+  if (real_gpu()) {
+    fprintf(stderr, "skipped: needs the test double's busy GPU\n");
+    return 0;
+  }
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  larder_stream_options_t ho, co;
+  std_opts(&ho, 100, 1);
+  ho.window = 2;
+  cuda_opts(&co, 100, 1, 0);
+  co.window = 2;
+  larder_client_t *hc, *cc;
+  ASSERT_OK(larder_client_connect(d.socket, &hc));
+  ASSERT_OK(larder_client_connect(d.socket, &cc));
+  larder_stream_t *hs, *cs;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  ASSERT_OK(larder_stream_open(cc, &co, &cs));
+  int timeout = 60000 * dh_slow();
+  larder_batch_t *hb[4], *cb[4];
+  for (int i = 0; i < 2; i++) {
+    ASSERT_OK(larder_stream_next(hs, timeout, &hb[i]));
+    ASSERT_OK(larder_stream_next(cs, timeout, &cb[i]));
+    expect_same_batch(0, hb[i], cb[i]);
+  }
+  busy_gpu g;
+  gpu_busy(&g);
+  /* Released directly. */
+  larder_batch_release(cb[0]);
+  larder_batch_release(hb[0]);
+  ASSERT_OK(larder_stream_flush(cs));
+  gpu_idle_in(&g, 300);
+  ASSERT_OK(larder_stream_next(cs, timeout, &cb[2]));
+  expect_waited_for_gpu(&g, test_now_ms(), "the next batch");
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb[2]));
+  expect_same_batch(0, hb[2], cb[2]);
+  /* Through DLPack. */
+  gpu_busy(&g);
+  DLManagedTensor *t[DH_NUM_COLS];
+  ASSERT_EQ(larder_batch_export_dlpack(cb[1], t, DH_NUM_COLS), 4);
+  for (int i = 0; i < DH_NUM_COLS; i++)
+    if (t[i]) t[i]->deleter(t[i]);
+  larder_batch_release(hb[1]);
+  gpu_idle_in(&g, 300);
+  ASSERT_OK(larder_stream_next(cs, timeout, &cb[3]));
+  expect_waited_for_gpu(&g, test_now_ms(), "the next batch after DLPack's release");
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb[3]));
+  expect_same_batch(0, hb[3], cb[3]);
+  /* The close waits for the releases held back. */
+  gpu_busy(&g);
+  larder_batch_release(cb[2]);
+  gpu_idle_in(&g, 300);
+  larder_batch_t *kept = cb[3];
+  /* A batch held past the close: the close itself waits for cb[2]'s
+   * fence, the last release for its own. */
+  larder_stream_close(cs);
+  expect_waited_for_gpu(&g, test_now_ms(), "larder_stream_close");
+  ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), co.arena_bytes);
+  gpu_busy(&g);
+  gpu_idle_in(&g, 300);
+  larder_batch_release(kept);
+  expect_waited_for_gpu(&g, test_now_ms(), "the last release after the close");
+  wait_cuda_bytes(&d, 0);
+  ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_GPU_BUSY"));
+  for (int i = 2; i < 4; i++) larder_batch_release(hb[i]);
+  larder_stream_close(hs);
+  larder_client_close(hc);
+  larder_client_close(cc);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * liblarder maps a daemon's legacy region only if it holds the whole
+ * arena: every batch pointer is an offset into it, so a smaller one (a
+ * daemon's bug) would hand out device pointers past its end.  Made here
+ * with the double, which lets a process open its own handle.
+ */
+TEST_IMPL(cuda_region_too_small) {
+  if (use_driver()) return 0;
+  if (real_gpu()) {
+    fprintf(stderr, "skipped: the real driver does not open a process's own handle\n");
+    return 0;
+  }
+  const lcuda_api_t *a = api();
+  CUdevice dev;
+  CUcontext ctx, popped;
+  CU_OK(a->cuDeviceGet(&dev, 0));
+  CU_OK(a->cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU_OK(a->cuCtxPushCurrent(ctx));
+  CUdeviceptr p;
+  CU_OK(a->cuMemAlloc(&p, 2u << 20));
+  CUipcMemHandle h;
+  CU_OK(a->cuIpcGetMemHandle(&h, p));
+  CU_OK(a->cuCtxPopCurrent(&popped));
+  char err[512];
+  lcuda_map_t *m = NULL;
+  ASSERT_EQ(
+      lcuda_map_open(0, (const uint8_t *)&h, sizeof(h), -1, 0, 4u << 20, &m, err, sizeof(err)),
+      LARDER_EPROTO);
+  ASSERT_NULL(m);
+  ASSERT_STR_CONTAINS(err, "holds 2097152 bytes, not the arena's 4194304");
+  ASSERT_OK(
+      lcuda_map_open(0, (const uint8_t *)&h, sizeof(h), -1, 0, 2u << 20, &m, err, sizeof(err)));
+  lcuda_map_close(m);
+  CU_OK(a->cuCtxPushCurrent(ctx));
+  CU_OK(a->cuMemFree(p));
+  CU_OK(a->cuCtxPopCurrent(&popped));
+  CU_OK(a->cuDevicePrimaryCtxRelease(dev));
+  return 0;
+}
+
 /*
  * The client closed while a CUDA batch (and a DLPack tensor of it) is
  * still held: the connection stays open, and the daemon keeps the device
@@ -1232,6 +1402,41 @@ static void out_of_device_memory(const dh_daemon *d, int device) {
   wait_cuda_bytes(d, 0);
 }
 
+/* On raw connection fd (after Hello): opens a CUDA stream with o, reads
+ * its reply, and fails the stream with a release of a batch it never had
+ * (the daemon's EPROTO).  Returns the stream's id, or 0.  No CUDA call:
+ * forked children use it. */
+static uint32_t raw_open_and_fail(int fd, const larder_stream_options_t *o) {
+  int arena = -1;
+  Larder__Frame *r = dh_raw_open(fd, 1, o, &arena);
+  if (arena >= 0) close(arena);
+  if (r == NULL || r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY ||
+      r->open_stream_reply->memory_kind != LARDER__MEMORY_KIND__MEMORY_CUDA ||
+      r->open_stream_reply->cuda_ipc_handle.len != LCUDA_IPC_HANDLE_BYTES) {
+    if (r) wire_free(r);
+    return 0;
+  }
+  uint32_t sid = r->open_stream_reply->stream_id;
+  wire_free(r);
+  Larder__Release rel = LARDER__RELEASE__INIT;
+  rel.stream_id = sid;
+  rel.seq = 12345;
+  Larder__Frame f = LARDER__FRAME__INIT;
+  f.msg_case = LARDER__FRAME__MSG_RELEASE;
+  f.release = &rel;
+  if (dh_raw_send(fd, &f) != 0) return 0;
+  for (;;) {
+    int rc;
+    Larder__Frame *e = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
+    if (e == NULL) return 0;
+    int err = e->msg_case == LARDER__FRAME__MSG_ERROR;
+    int ok = err && e->error->code == LARDER_EPROTO && e->error->message &&
+             strstr(e->error->message, "release") != NULL;
+    wire_free(e);
+    if (err) return ok ? sid : 0;
+  }
+}
+
 /*
  * The errors: a device that does not exist (EINVAL naming it, from
  * liblarder and, asked directly, from larderd); device memory exhausted
@@ -1270,61 +1475,72 @@ TEST_IMPL(cuda_errors) {
     close(fd);
   }
   if (!real_gpu()) out_of_device_memory(&d, 1);
-  for (int round = 0; round < 2; round++) {
+  {
     /* A release of a batch never sent: the stream's protocol error.  The
      * daemon ended the stream on a live connection, whose trainer may
-     * still map the region: it is kept until the client's CloseStream
-     * (round 0) or the connection's end (round 1). */
+     * still map the region: it is kept until the client's CloseStream. */
     cuda_opts(&o, 100, 1, 0);
     int fd = dh_raw_connect(d.socket);
-    Larder__Frame *r = dh_raw_hello(fd, WIRE_PROTOCOL_VERSION);
-    wire_free(r);
-    int arena = -1;
-    r = dh_raw_open(fd, 1, &o, &arena);
-    ASSERT_NOT_NULL(r);
-    ASSERT_EQ(r->msg_case, LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
-    ASSERT_EQ(r->open_stream_reply->memory_kind, LARDER__MEMORY_KIND__MEMORY_CUDA);
-    ASSERT_EQ(r->open_stream_reply->cuda_ipc_handle.len, LCUDA_IPC_HANDLE_BYTES);
-    uint32_t sid = r->open_stream_reply->stream_id;
-    wire_free(r);
-    if (arena >= 0) close(arena);
-    uint64_t held = dh_stat(&d, "cuda_device_bytes");
-    ASSERT_GE(held, o.arena_bytes);
-    Larder__Release rel = LARDER__RELEASE__INIT;
-    rel.stream_id = sid;
-    rel.seq = 12345;
-    Larder__Frame f = LARDER__FRAME__INIT;
-    f.msg_case = LARDER__FRAME__MSG_RELEASE;
-    f.release = &rel;
-    ASSERT_OK(dh_raw_send(fd, &f));
-    for (;;) {
-      int rc;
-      Larder__Frame *e = dh_raw_recv(fd, 30000 * dh_slow(), NULL, NULL, &rc);
-      ASSERT_NOT_NULL(e);
-      if (e->msg_case == LARDER__FRAME__MSG_ERROR) {
-        ASSERT_EQ(e->error->code, LARDER_EPROTO);
-        ASSERT_STR_CONTAINS(e->error->message, "release");
-        wire_free(e);
-        break;
-      }
-      wire_free(e);
-    }
+    wire_free(dh_raw_hello(fd, WIRE_PROTOCOL_VERSION));
+    uint32_t sid = raw_open_and_fail(fd, &o);
+    ASSERT(sid != 0);
     usleep(200000);
     ASSERT_EQ(dh_stat(&d, "streams"), 0);
-    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), held);
-    if (round == 0) {
-      Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
-      cs.stream_id = sid;
-      Larder__Frame cf = LARDER__FRAME__INIT;
-      cf.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
-      cf.close_stream = &cs;
-      ASSERT_OK(dh_raw_send(fd, &cf));
-      wait_cuda_bytes(&d, 0);
+    uint64_t held = dh_stat(&d, "cuda_device_bytes");
+    ASSERT_GE(held, o.arena_bytes);
+    Larder__CloseStream cs = LARDER__CLOSE_STREAM__INIT;
+    cs.stream_id = sid;
+    Larder__Frame cf = LARDER__FRAME__INIT;
+    cf.msg_case = LARDER__FRAME__MSG_CLOSE_STREAM;
+    cf.close_stream = &cs;
+    ASSERT_OK(dh_raw_send(fd, &cf));
+    wait_cuda_bytes(&d, 0);
+    close(fd);
+  }
+  for (int how = 1; how <= 2; how++) {
+    /* The connection ends with the stream's region unreleased, while the
+     * trainer lives: it closes the connection (1), or the daemon does, for
+     * a protocol error (2: a frame longer than max_frame).  The region
+     * stays while that process may map it, the daemon carries on, and the
+     * region goes once the process exits. */
+    cuda_opts(&o, 100, 1, 0);
+    int ready[2], go[2];
+    ASSERT_OK(pipe(ready));
+    ASSERT_OK(pipe(go));
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+      close(ready[0]);
+      close(go[1]);
+      int fd = dh_raw_connect(d.socket);
+      wire_free(dh_raw_hello(fd, WIRE_PROTOCOL_VERSION));
+      if (raw_open_and_fail(fd, &o) == 0) _exit(2);
+      if (how == 2) {
+        static const uint8_t too_long[4] = {0xff, 0xff, 0xff, 0x7f};
+        if (dh_raw_write(fd, too_long, sizeof(too_long)) != 0) _exit(3);
+        int code = 0;
+        if (!dh_raw_wait_closed(fd, 30000, &code)) _exit(4);
+      }
       close(fd);
-    } else {
-      close(fd);
-      wait_cuda_bytes(&d, 0);
+      char x = 'x';
+      if (write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) != 1) _exit(5);
+      _exit(0);
     }
+    close(ready[1]);
+    close(go[0]);
+    char x;
+    ASSERT_EQ(read(ready[0], &x, 1), 1);
+    usleep(1500000); /* past a tick, which would reap a region of a process gone */
+    ASSERT(dh_alive(&d));
+    ASSERT_GE(dh_stat(&d, "cuda_device_bytes"), o.arena_bytes);
+    ASSERT_EQ(write(go[1], "x", 1), 1);
+    int st;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(ready[0]);
+    close(go[1]);
+    wait_cuda_bytes(&d, 0);
   }
   {
     /* Through liblarder: the daemon ends a CUDA stream (a batch larger
@@ -1354,7 +1570,31 @@ TEST_IMPL(cuda_errors) {
     larder_client_close(c);
   }
   expect_host_works(d.socket);
-  dh_stop(&d);
+  {
+    /* SIGTERM while a trainer holds a batch: the daemon exits cleanly
+     * without freeing the region the trainer maps (the double aborts a
+     * daemon that does), and the trainer's batch stays readable. */
+    cuda_opts(&o, 100, 1, 0);
+    larder_stream_options_t ho;
+    std_opts(&ho, 100, 1);
+    larder_client_t *c, *hc;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    ASSERT_OK(larder_client_connect(d.socket, &hc));
+    larder_stream_t *s, *hs;
+    ASSERT_OK(larder_stream_open(c, &o, &s));
+    ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+    larder_batch_t *b, *hb;
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b));
+    ASSERT_OK(larder_stream_next(hs, 60000 * dh_slow(), &hb));
+    dh_stop(&d);
+    expect_same_batch(0, hb, b);
+    larder_batch_release(b);
+    larder_batch_release(hb);
+    larder_stream_close(s);
+    larder_stream_close(hs);
+    larder_client_close(c);
+    larder_client_close(hc);
+  }
   return 0;
 }
 
@@ -1408,6 +1648,8 @@ TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_fd_handles) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_held_regions_limit) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_open_replies_unread) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_release_fenced) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_region_too_small) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_close_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_client_closed_holding) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_two_devices) { return run_test_cuda_values_match(); }

@@ -109,8 +109,8 @@ void conn_close(conn_t *c) {
   if (c->closing) return;
   c->closing = 1;
   while (c->streams) stream_close(c->streams);
-  cuda_unpark_all(c->id); /* CUDA regions kept for the client (cuda.h) */
-  admin_conn_closed(c);   /* its admin jobs (prefetch, cat) stop */
+  cuda_orphan(c->id);   /* CUDA regions kept while the trainer lives (cuda.h) */
+  admin_conn_closed(c); /* its admin jobs (prefetch, cat) stop */
   uv_read_stop((uv_stream_t *)&c->pipe);
   uv_timer_stop(&c->fd_timer);
   uv_close((uv_handle_t *)&c->fd_timer, on_timer_close);
@@ -375,6 +375,12 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
   int rc = send_fds(c, frame, fds, num_fds);
   c->sending--;
   return rc;
+}
+
+int conn_reply_unsent(const conn_t *c, uint32_t stream_id) {
+  for (const struct pending_fd *p = c->pending; p; p = p->next)
+    if (p->stream_id == stream_id && p->sent == 0 && p->num_fds > 0) return 1;
+  return 0;
 }
 
 void conn_cancel_unsent(conn_t *c, uint32_t stream_id) {

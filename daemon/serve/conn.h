@@ -97,6 +97,9 @@ int conn_send_fds(conn_t *c, const Larder__Frame *frame, const int *fds, int num
  * OpenStreamReply): the client closed a stream whose reply it never read,
  * and the shared memory must not outlive the stream in the queue. */
 void conn_cancel_unsent(conn_t *c, uint32_t stream_id);
+/* Whether stream_id's OpenStreamReply (with its descriptors) still waits,
+ * not a byte of it sent: the client has none of its shared memory. */
+int conn_reply_unsent(const conn_t *c, uint32_t stream_id);
 void conn_send_error(conn_t *c, int code, uint32_t stream_id, uint32_t request_id, const char *fmt,
                      ...) __attribute__((format(printf, 5, 6)));
 void conn_close(conn_t *c);

@@ -13,11 +13,15 @@
  */
 #include "serve/cuda.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "lcuda.h"
@@ -41,13 +45,16 @@ int cuda_check(int device, char *err, size_t errlen) {
 int cuda_device_by_uuid(const uint8_t *uuid) { return lcuda_device_by_uuid(uuid); }
 
 /* Parks (cuda.h), loop thread only.  A park is listed from cuda_park
- * until it is unparked; busy while its stream lives (the stream settles
- * it), and freed by whichever of unpark and settle comes last. */
+ * until it is unparked, or its process is found gone; busy while its
+ * stream lives (the stream settles it), and freed by whichever of those
+ * and settle comes last. */
 struct cuda_park {
   struct cuda_park *next;
-  uint64_t owner;
+  uint64_t owner; /* the connection; 0 once it ended (an orphan) */
   uint32_t stream_id;
   cuda_region_t *r;
+  int pid;      /* the trainer's, in the daemon's PID namespace */
+  int pidfd;    /* readable once it exited, or -1 (kill(pid, 0) then) */
   int busy;     /* its stream has not settled it yet */
   int unparked; /* off the list: the region goes once settled */
 };
@@ -55,50 +62,89 @@ static cuda_park_t *parked;
 
 static int region_is_vmm(const cuda_region_t *r);
 
-cuda_park_t *cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r) {
+/* A descriptor that becomes readable when process pid exits, or -1 (no
+ * pidfd_open: Linux before 5.3; or the process is gone already). */
+static int pid_watch(int pid) {
+#ifdef SYS_pidfd_open
+  if (pid > 0) {
+    long fd = syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (fd >= 0) {
+      (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+      return (int)fd;
+    }
+  }
+#endif
+  return -1;
+}
+
+/* Whether p's process has exited (so it maps nothing). */
+static int park_process_gone(const cuda_park_t *p) {
+  if (p->pidfd >= 0) {
+    struct pollfd pf = {p->pidfd, POLLIN, 0};
+    return poll(&pf, 1, 0) > 0;
+  }
+  return p->pid <= 0 || (kill(p->pid, 0) != 0 && errno == ESRCH);
+}
+
+cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t stream_id, cuda_region_t *r) {
   /* A descriptor's region: the trainer's mapping keeps the memory. */
   if (region_is_vmm(r)) return NULL;
   cuda_park_t *p = malloc(sizeof(*p));
   if (p == NULL) return NULL; /* freed with the stream, mapped or not */
-  *p = (cuda_park_t){parked, owner, stream_id, r, 1, 0};
+  *p = (cuda_park_t){parked, owner, stream_id, r, pid, pid_watch(pid), 1, 0};
   parked = p;
   return p;
 }
 
+static void park_free(cuda_park_t *p) {
+  cuda_region_close(p->r);
+  if (p->pidfd >= 0) close(p->pidfd);
+  free(p);
+}
+
 void cuda_park_settle(cuda_park_t *p) {
   p->busy = 0;
-  if (p->unparked) {
-    cuda_region_close(p->r);
-    free(p);
-  } else {
-    cuda_region_detach_host(p->r);
-  }
+  if (p->unparked) park_free(p);
+  else cuda_region_detach_host(p->r);
 }
 
-/* Unparks the parks of owner (and of stream_id unless all), and returns
- * their number. */
-static int unpark(uint64_t owner, uint32_t stream_id, int all) {
-  int n = 0;
+/* Takes p off the list (*pp is p) and frees it unless its stream still
+ * holds it. */
+static void unlist(cuda_park_t **pp) {
+  cuda_park_t *p = *pp;
+  *pp = p->next;
+  p->unparked = 1;
+  if (!p->busy) park_free(p);
+}
+
+int cuda_unpark(uint64_t owner, uint32_t stream_id) {
+  for (cuda_park_t **pp = &parked; *pp; pp = &(*pp)->next)
+    if ((*pp)->owner == owner && (*pp)->stream_id == stream_id) {
+      unlist(pp);
+      return 1;
+    }
+  return 0;
+}
+
+void cuda_orphan(uint64_t owner) {
+  for (cuda_park_t *p = parked; p; p = p->next)
+    if (p->owner == owner) p->owner = 0;
+  cuda_reap();
+}
+
+void cuda_reap(void) {
   cuda_park_t **pp = &parked;
   while (*pp) {
-    cuda_park_t *p = *pp;
-    if (p->owner == owner && (all || p->stream_id == stream_id)) {
-      *pp = p->next;
-      p->unparked = 1;
-      if (!p->busy) {
-        cuda_region_close(p->r);
-        free(p);
-      }
-      n++;
-    } else {
-      pp = &p->next;
-    }
+    if ((*pp)->owner == 0 && park_process_gone(*pp)) unlist(pp);
+    else pp = &(*pp)->next;
   }
-  return n;
 }
 
-int cuda_unpark(uint64_t owner, uint32_t stream_id) { return unpark(owner, stream_id, 0); }
-void cuda_unpark_all(uint64_t owner) { (void)unpark(owner, 0, 1); }
+int cuda_orphans_of(int pid) {
+  int n = 0;
+  for (const cuda_park_t *p = parked; p; p = p->next) n += p->owner == 0 && p->pid == pid;
+  return n;
+}
 
 /* Copies in flight: a copy_t each, from cuda_region_copy until its done
  * callback ran on the loop.  The driver's callback moves it to `finished`
@@ -412,8 +458,11 @@ static void CUDA_CB copy_finished(CUstream st, CUresult status, void *arg) {
   pthread_mutex_lock(&finished_lock);
   c->next = finished;
   finished = c;
-  pthread_mutex_unlock(&finished_lock);
+  /* Under the lock: the loop reports the copy (and may count the last one
+   * done, and close the handle at shutdown) only after the send
+   * returned.  It does not block. */
   uv_async_send(&finished_async);
+  pthread_mutex_unlock(&finished_lock);
 }
 
 static void report_copy(copy_t *c) {
@@ -508,20 +557,36 @@ void cuda_region_detach_host(cuda_region_t *r) {
 void cuda_region_close(cuda_region_t *r) {
   if (r == NULL) return;
   const lcuda_api_t *api = r->api;
-  char e[160];
-  CUresult cr = api->cuCtxSetCurrent(r->ctx);
-  if (cr == CUDA_SUCCESS && r->pinned) cr = api->cuMemHostUnregister(r->host);
-  if (cr == CUDA_SUCCESS && r->vmm) {
-    /* The trainer's mapping, if any, keeps the memory until it unmaps. */
-    cr = api->cuMemUnmap(r->dev, (size_t)r->dev_bytes);
-    if (cr == CUDA_SUCCESS) cr = api->cuMemAddressFree(r->dev, (size_t)r->dev_bytes);
-    if (cr == CUDA_SUCCESS) cr = api->cuMemRelease(r->mem);
-  } else if (cr == CUDA_SUCCESS) {
-    cr = api->cuMemFree(r->dev);
+  /* Each step is tried whatever the one before did: an arena that stays
+   * pinned does not keep the device memory too. */
+  const char *what[4] = {"cuCtxSetCurrent", NULL, NULL, NULL};
+  CUresult cr[4] = {api->cuCtxSetCurrent(r->ctx), CUDA_SUCCESS, CUDA_SUCCESS, CUDA_SUCCESS};
+  if (cr[0] == CUDA_SUCCESS) {
+    if (r->pinned) {
+      what[1] = "cuMemHostUnregister";
+      cr[1] = api->cuMemHostUnregister(r->host);
+    }
+    if (r->vmm) {
+      /* The trainer's mapping, if any, keeps the memory until it unmaps. */
+      what[2] = "cuMemUnmap";
+      cr[2] = api->cuMemUnmap(r->dev, (size_t)r->dev_bytes);
+      if (cr[2] == CUDA_SUCCESS) {
+        what[2] = "cuMemAddressFree";
+        cr[2] = api->cuMemAddressFree(r->dev, (size_t)r->dev_bytes);
+      }
+      what[3] = "cuMemRelease";
+      cr[3] = api->cuMemRelease(r->mem);
+    } else {
+      what[2] = "cuMemFree";
+      cr[2] = api->cuMemFree(r->dev);
+    }
   }
-  if (cr != CUDA_SUCCESS)
-    log_warn("CUDA device %d: freeing a stream's region failed: %s", r->device,
-             lcuda_strerror(api, cr, e, sizeof(e)));
+  for (int i = 0; i < 4; i++) {
+    char e[160];
+    if (cr[i] != CUDA_SUCCESS)
+      log_warn("CUDA device %d: freeing a stream's region of %llu bytes: %s failed: %s", r->device,
+               (unsigned long long)r->dev_bytes, what[i], lcuda_strerror(api, cr[i], e, sizeof(e)));
+  }
   (void)api->cuCtxSetCurrent(NULL);
   __atomic_sub_fetch(&device_bytes[r->device], r->dev_bytes, __ATOMIC_RELAXED);
   STATS_SUB(r->stats, cuda_device_bytes, r->dev_bytes);

@@ -155,33 +155,43 @@ void cuda_region_close(cuda_region_t *r);
  * (cuIpcOpenMemHandle) before that process closes it.  liblarder closes
  * its mapping before it sends CloseStream, or says in it that it still
  * maps the region (it holds batches: device_memory_held), and a dead
- * trainer has none; a stream the daemon ends itself (an error) may still
- * be mapped too.  The region of either is parked under its connection
- * (owner) and stream id when the stream closes (cuda_park), until the
- * client's CloseStream for it without device_memory_held (cuda_unpark) or
- * the connection's end (cuda_unpark_all), and counts in the stats until
- * then.  The stream's last tasks may still copy into the region after it
- * closed: the stream settles the park when it is freed
- * (cuda_park_settle), which frees the region then if it was unparked in
- * between.  The caller counts a connection's parks with its streams
- * against max_streams_per_client, so that a client cannot make the list
- * grow without end.  A region exported as a descriptor is not parked: the
+ * trainer has none; a stream the daemon ends itself (an error, its
+ * shutdown, a connection it ends for a protocol error) may still be mapped
+ * too.  The region of either is parked under its connection (owner), its
+ * stream id and its trainer's process (pid) when the stream closes
+ * (cuda_park), until the client's CloseStream for it without
+ * device_memory_held (cuda_unpark), or, once the connection ended
+ * (cuda_orphan), until that process has exited (cuda_reap, from the tick,
+ * watching a pidfd): a trainer the daemon disconnected may map the region
+ * as long as it lives.  At shutdown the daemon exits with them.  Parks
+ * count in the stats until freed.  The stream's last tasks may still copy
+ * into the region after it closed: the stream settles the park when it is
+ * freed (cuda_park_settle), which frees the region then if it was
+ * unparked in between.  The caller counts a connection's parks, and its
+ * process's orphans (cuda_orphans_of), with its streams against
+ * max_streams_per_client, so that no trainer can make the list grow
+ * without end.  A region exported as a descriptor is not parked: the
  * trainer's own mapping keeps its memory (which then counts in the
  * trainer's process, not in the daemon's stats).  Loop thread.
  */
 typedef struct cuda_park cuda_park_t;
-/* Parks r for (owner, stream_id) from now on; the stream keeps using it
- * until it calls cuda_park_settle.  Returns the park, or NULL (a
- * descriptor's region, or no memory for the list): the stream then frees
- * r itself. */
-cuda_park_t *cuda_park(uint64_t owner, uint32_t stream_id, cuda_region_t *r);
+/* Parks r for (owner, stream_id) and process pid from now on; the stream
+ * keeps using it until it calls cuda_park_settle.  Returns the park, or
+ * NULL (a descriptor's region, or no memory for the list): the stream then
+ * frees r itself. */
+cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t stream_id, cuda_region_t *r);
 /* The stream is done with the parked region, whose arena goes next: frees
  * it now if it was unparked meanwhile, else leaves it parked (device
  * memory only, cuda_region_detach_host). */
 void cuda_park_settle(cuda_park_t *p);
 /* Unparks (owner, stream_id): returns the parks it ended (0 or 1). */
 int cuda_unpark(uint64_t owner, uint32_t stream_id);
-void cuda_unpark_all(uint64_t owner);
+/* Connection owner ended: its parks stay until their process exits. */
+void cuda_orphan(uint64_t owner);
+/* Ends the parks of connections that ended whose process has exited. */
+void cuda_reap(void);
+/* Parks of process pid whose connection ended. */
+int cuda_orphans_of(int pid);
 
 /* The device bytes regions hold on device (0 for devices never used), and
  * the number of device ordinals that regions were ever opened on, plus

@@ -680,6 +680,7 @@ static void on_tick(uv_timer_t *t) {
   units_trim(srv);
   units_retry(srv);
   conn_expire_partial(srv);
+  cuda_reap();     /* CUDA regions of trainers that exited since (cuda.h) */
   admin_tick(srv); /* rate samples for larderctl stats */
   credentials_tick(srv);
   note_cache_faults(srv);

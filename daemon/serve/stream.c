@@ -301,12 +301,12 @@ static void unlink_from_conn(stream_t *s) {
 void stream_close(stream_t *s) {
   if (s->closed) return;
   s->closed = 1;
-  /* CUDA: ended by the daemon while its trainer is connected, or closed by
-   * a trainer that holds batches: it may still map the region, which is
-   * parked (cuda.h), and counts against the connection's limit until the
-   * trainer lets go. */
-  if (s->cuda && s->conn && !s->client_closed && !s->conn->closing && !s->conn->draining) {
-    s->cuda_park = cuda_park(s->conn->id, s->id, s->cuda);
+  /* CUDA: ended by the daemon (or with the connection) while its trainer
+   * lives, or closed by a trainer that holds batches: once its reply went
+   * out, the trainer may map the region, which is parked (cuda.h), and
+   * counts against the connection's limit until the trainer lets go. */
+  if (s->cuda && s->conn && !s->client_closed && !conn_reply_unsent(s->conn, s->id)) {
+    s->cuda_park = cuda_park(s->conn->id, (int)s->conn->pid, s->id, s->cuda);
     if (s->cuda_park) s->conn->cuda_parked++;
   }
   /* Its tasks' ends free it now: each wakes the loop again. */
@@ -1037,13 +1037,14 @@ static void on_resolved(int status, const char *message, remote_object_t *object
  * -1 once the client has been sent the error. */
 static int open_check_request(conn_t *c, const Larder__OpenStream *req, int *cuda_device) {
   server_t *srv = c->srv;
-  if (c->num_streams + c->cuda_parked >= (int)srv->cfg.max_streams_per_client) {
-    if (c->cuda_parked)
+  int held = c->cuda_parked + cuda_orphans_of((int)c->pid);
+  if (c->num_streams + held >= (int)srv->cfg.max_streams_per_client) {
+    if (held)
       conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
                       "this client has %d streams open and %d closed CUDA streams whose device "
-                      "memory it still maps (it holds their batches), the limit "
+                      "memory it may still map (it holds their batches), the limit "
                       "(max_streams_per_client)",
-                      c->num_streams, c->cuda_parked);
+                      c->num_streams, held);
     else
       conn_send_error(c, LARDER_ELIMIT, 0, req->request_id,
                       "this client has %d streams open, the limit (max_streams_per_client)",

@@ -44,6 +44,11 @@
  *   descriptor handles, and cuMemCreate fails with
  *   CUDA_ERROR_NOT_SUPPORTED; with $LARDER_FAKE_CUDA_FAIL_EXPORT set,
  *   cuMemExportToShareableHandle fails with CUDA_ERROR_UNKNOWN.
+ * - Events: recorded on any stream (the legacy default one included), and
+ *   passed at once, unless the file $LARDER_FAKE_CUDA_GPU_BUSY names
+ *   exists: then an event recorded while it does stays pending (the GPU
+ *   still runs the work queued before it) until the file is removed, and
+ *   cuEventSynchronize waits for that.
  * - A context must be current for allocations and IPC (as in CUDA).
  */
 #include <cuda.h>
@@ -161,6 +166,8 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
     case CUDA_ERROR_INVALID_HANDLE: *pStr = "CUDA_ERROR_INVALID_HANDLE"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *pStr = "CUDA_ERROR_NOT_SUPPORTED"; break;
     case CUDA_ERROR_UNKNOWN: *pStr = "CUDA_ERROR_UNKNOWN"; break;
+    case CUDA_ERROR_NOT_READY: *pStr = "CUDA_ERROR_NOT_READY"; break;
+    case CUDA_ERROR_NOT_FOUND: *pStr = "CUDA_ERROR_NOT_FOUND"; break;
     default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -885,4 +892,79 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   free(m);
   return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                    */
+
+typedef struct fake_event {
+  int magic;
+  int busy; /* recorded while $LARDER_FAKE_CUDA_GPU_BUSY existed */
+} fake_event;
+#define EVENT_MAGIC 0x45564e54
+
+static int gpu_busy(void) {
+  const char *path = getenv("LARDER_FAKE_CUDA_GPU_BUSY");
+  return path && *path && access(path, F_OK) == 0;
+}
+
+CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+  NEED_INIT();
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  (void)Flags;
+  fake_event *e = calloc(1, sizeof(*e));
+  if (e == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  e->magic = EVENT_MAGIC;
+  *phEvent = (CUevent)(void *)e;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
+  NEED_INIT();
+  fake_event *e = (fake_event *)(void *)hEvent;
+  if (e == NULL || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  e->magic = 0;
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
+  NEED_INIT();
+  (void)hStream;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  fake_event *e = (fake_event *)(void *)hEvent;
+  if (e == NULL || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  __atomic_store_n(&e->busy, gpu_busy(), __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+  NEED_INIT();
+  fake_event *e = (fake_event *)(void *)hEvent;
+  if (e == NULL || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  if (__atomic_load_n(&e->busy, __ATOMIC_ACQUIRE) && gpu_busy()) return CUDA_ERROR_NOT_READY;
+  __atomic_store_n(&e->busy, 0, __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+  CUresult r;
+  while ((r = cuEventQuery(hEvent)) == CUDA_ERROR_NOT_READY) usleep(1000);
+  return r;
+}
+
+/* The allocation (or import, or VMM mapping) that dptr lies in. */
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+  NEED_INIT();
+  CUresult r = CUDA_ERROR_NOT_FOUND;
+  pthread_mutex_lock(&lock);
+  for (mapping *m = maps; m; m = m->next)
+    if ((uintptr_t)dptr >= m->base && (uintptr_t)dptr - m->base < m->size) {
+      if (pbase) *pbase = (CUdeviceptr)m->base;
+      if (psize) *psize = m->size;
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&lock);
+  return r;
 }

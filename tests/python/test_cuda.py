@@ -8,6 +8,8 @@ a deadline."""
 import ctypes
 import gc
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -173,6 +175,68 @@ def _past(s, b0):
     del b1
     gc.collect()
     return s.next(timeout=DEADLINE)  # b1's room came back
+
+
+def test_cuda_release_waits_for_gpu(cclient, monkeypatch, tmp_path):
+    """A batch whose last tensor is dropped while the GPU still runs work
+    queued before (the driver double's busy GPU stands in for kernels still
+    reading it) goes back to the daemon only once that work ends: with a
+    window of 2, the next batch comes after the GPU is idle, never
+    before."""
+    if REAL:
+        pytest.skip("needs the driver double's busy GPU")
+    busy = tmp_path / "gpu-busy"
+    busy.write_text("")
+    monkeypatch.setenv("LARDER_FAKE_CUDA_GPU_BUSY", str(busy))
+    s = cclient.stream(WIDE, columns=["bitwidth1"], batch_size=10, epochs=0, window=2,
+                       memory="cuda", device=0)
+    b0 = next(s)
+    b1 = next(s)
+    drop = _consume(b0["bitwidth1"].__dlpack__(stream=None))
+    b0.release()
+    del b0
+    gc.collect()
+    drop()                           # the last consumer: the release waits for the GPU
+    idle_at = []
+
+    def idle():
+        idle_at.append(time.monotonic())
+        busy.unlink()
+
+    t = threading.Timer(0.3, idle)
+    t.start()
+    b2 = s.next(timeout=DEADLINE)
+    got = time.monotonic()
+    t.join()
+    assert b2 is not None and idle_at and got >= idle_at[0]
+    del b1, b2
+    s.close()
+
+
+def test_cuda_release_waits_for_kernels(cclient):
+    """On a GPU: a batch whose tensors are dropped while a kernel queued
+    after them still runs (torch.cuda._sleep) goes back to the daemon only
+    once the kernel is done: with a window of 2, when the next batch
+    comes, the stream has nothing left to run."""
+    if not REAL:
+        pytest.skip("needs a GPU (tests/cuda-real.sh)")
+    torch = pytest.importorskip("torch")
+    s = cclient.stream(WIDE, columns=["bitwidth1"], batch_size=10, epochs=0, window=2,
+                       memory="cuda", device=0)
+    b0 = next(s)
+    b1 = next(s)
+    x = b0.torch()["bitwidth1"]
+    with torch.cuda.device(x.device):
+        y = x * 2
+        torch.cuda._sleep(int(1e9))  # some 0.5 s of GPU cycles, after the read
+        del x, y
+        b0.release()
+        del b0
+        gc.collect()
+        b2 = s.next(timeout=DEADLINE)
+        assert torch.cuda.current_stream().query()
+    del b1, b2
+    s.close()
 
 
 def test_cuda_tensor_holds_batch(cclient):

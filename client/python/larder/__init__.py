@@ -453,10 +453,21 @@ class Stream:
         self._plan = None
         self._tplan = None          # DeviceBatch.torch()'s plan (_device.py)
         self._device = None         # a CUDA stream's device, from its first batch
+        self._cstream = 0           # the CUDA stream its releases fence on (0: legacy)
         self.columns = [L.larder_stream_column_name(self._h, i).decode()
                         for i in range(L.larder_stream_num_columns(self._h))]
         self._n_batches = L.larder_stream_batches_per_epoch(self._h)
         self.num_samples = L.larder_stream_num_samples(self._h)
+
+    def _cuda_stream(self, handle):
+        """The CUDA stream (a raw handle; 0: the legacy default stream) on
+        which the trainer reads this stream's batches: a batch's release
+        waits for the work queued there before it (larder.h,
+        larder_stream_set_cuda_stream).  Set by the DLPack and torch paths
+        from the consumer's current stream."""
+        if handle != self._cstream and self._h:
+            self._L.larder_stream_set_cuda_stream(self._h, handle or None)
+            self._cstream = handle
 
     # -- facts
 

@@ -144,6 +144,13 @@ class DeviceArray:
         if ptr is None:
             raise ValueError("larder: the batch was released")
         st = owner.stream
+        # The consumer's stream (DLPack: None or 1 the legacy default
+        # stream, 2 the per-thread one, -1 none): the batch's release waits
+        # for the work it queues there.
+        if stream is None or stream == 1:
+            st._cuda_stream(0)
+        elif isinstance(stream, int) and stream >= 2:
+            st._cuda_stream(stream)
         dt = self.dtype
         if dt.kind in "Mm":
             dt = np.dtype("<i8")
@@ -348,6 +355,13 @@ class _TorchPlan:
     def __init__(self, stream, v):
         import torch
         self.torch = torch
+        # On a GPU, the raw handle of torch's current CUDA stream for a
+        # device, which the fast path's capsules do not carry (DeviceArray's
+        # __dlpack__ is given it).
+        self.raw_stream = None
+        if _DLPACK_DEVICE is None and torch.cuda.is_available():
+            self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+                lambda d: torch.cuda.current_stream(d).cuda_stream)
         self.leaves = []
         self.dl = []     # per leaf: DLPack (code, bits), or None
         self.masks = []  # per column: the k of its array (mask words k+6..k+8)
@@ -441,6 +455,9 @@ class _TorchPlan:
         return x
 
     def tensors(self, batch, masks):
+        if self.raw_stream is not None:
+            # Releases wait for the work queued on the current stream.
+            batch._stream._cuda_stream(self.raw_stream(batch.device))
         if self.fast is not None:
             fd = self.torch.from_dlpack
             if fd is self.stock:  # for a capsule it only calls the converter

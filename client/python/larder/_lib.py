@@ -105,6 +105,7 @@ _PROTOS = {
     "larder_stream_column_type": (ctypes.c_int, [P, ctypes.c_int]),
     "larder_stream_stall": (None, [P, _u64p, _u64p]),
     "larder_stream_flush": (ctypes.c_int, [P]),
+    "larder_stream_set_cuda_stream": (None, [P, P]),
     "larder_stream_close": (None, [P]),
     "larder_batch_release": (None, [P]),
     "larder_batch_column": (P, [P, ctypes.c_int]),
