@@ -337,13 +337,13 @@ int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
   return 0;
 }
 
-int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq) {
+int lcuda_fence_pop(lcuda_map_t *m, uint64_t *seq) {
   if (m->fq_count == 0 || m->pid != getpid()) return 0;
   const lcuda_api_t *api = m->api;
   CUevent ev = m->fq[m->fq_head].ev;
   CUresult r = api->cuCtxPushCurrent(m->ctx);
   if (r == CUDA_SUCCESS) {
-    r = wait ? api->cuEventSynchronize(ev) : api->cuEventQuery(ev);
+    r = api->cuEventQuery(ev);
     CUcontext popped;
     (void)api->cuCtxPopCurrent(&popped);
   }
@@ -356,6 +356,18 @@ int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq) {
 }
 
 int lcuda_fence_count(const lcuda_map_t *m) { return m ? m->fq_count : 0; }
+
+void *lcuda_fence_oldest(const lcuda_map_t *m) {
+  return m && m->fq_count && m->pid == getpid() ? (void *)m->fq[m->fq_head].ev : NULL;
+}
+
+void lcuda_fence_wait(const lcuda_map_t *m, void *ev) {
+  const lcuda_api_t *api = m->api;
+  if (ev == NULL || api->cuCtxPushCurrent(m->ctx) != CUDA_SUCCESS) return;
+  (void)api->cuEventSynchronize((CUevent)ev);
+  CUcontext popped;
+  (void)api->cuCtxPopCurrent(&popped);
+}
 
 void lcuda_map_close(lcuda_map_t *m) {
   if (m == NULL) return;
@@ -432,9 +444,8 @@ int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
   return LARDER_EINVAL;
 }
 
-int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq) {
+int lcuda_fence_pop(lcuda_map_t *m, uint64_t *seq) {
   (void)m;
-  (void)wait;
   (void)seq;
   return 0;
 }
@@ -442,6 +453,16 @@ int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq) {
 int lcuda_fence_count(const lcuda_map_t *m) {
   (void)m;
   return 0;
+}
+
+void *lcuda_fence_oldest(const lcuda_map_t *m) {
+  (void)m;
+  return NULL;
+}
+
+void lcuda_fence_wait(const lcuda_map_t *m, void *ev) {
+  (void)m;
+  (void)ev;
 }
 
 void lcuda_map_close(lcuda_map_t *m) { (void)m; }

@@ -1205,6 +1205,12 @@ void larder_stream_close(larder_stream_t *s) {
    * daemon_close_release_threads (under TSan). */
   pthread_mutex_lock(&s->lock);
   s->client = NULL;
+  pthread_mutex_unlock(&s->lock);
+  /* A release on another thread may have fenced after the drain above,
+   * seeing the stream open: its fence must not wait for a reader that is
+   * gone. */
+  if (s->cuda) fences_drain(s, 1);
+  pthread_mutex_lock(&s->lock);
   int left = --s->refs;
   pthread_mutex_unlock(&s->lock);
   if (left == 0) stream_free(s);
@@ -1639,23 +1645,45 @@ static int release_send(larder_stream_t *s, larder_client_t *c, int wake, int fr
 }
 
 /* Releases the batches of s whose fences have passed (lcuda.h), oldest
- * first; with wait, all of them, waiting for each.  Any thread. */
+ * first; with wait, all of them, waiting for the GPU (without s->lock: the
+ * other threads' releases go on meanwhile).  The caller holds a reference
+ * to s, which outlives the call.  Any thread. */
 static void fences_drain(larder_stream_t *s, int wait) {
   for (;;) {
     int wake, frame;
     Larder__Release rel = LARDER__RELEASE__INIT;
     uint64_t seq;
     pthread_mutex_lock(&s->lock);
-    if (s->cuda == NULL || !lcuda_fence_pop(s->cuda, wait, &seq)) {
+    lcuda_map_t *m = s->cuda;
+    if (m == NULL || !lcuda_fence_pop(m, &seq)) {
+      void *ev = wait ? lcuda_fence_oldest(m) : NULL;
       pthread_mutex_unlock(&s->lock);
-      return;
+      if (ev == NULL) return;
+      lcuda_fence_wait(m, ev);
+      continue;
     }
     larder_client_t *c = release_client(s);
     release_locked(s, c, seq, &wake, &frame, &rel);
     int left = wake || frame ? 1 : --s->refs;
     pthread_mutex_unlock(&s->lock);
-    if (!release_send(s, c, wake, frame, &rel, left)) return;
+    (void)release_send(s, c, wake, frame, &rel, left); /* left > 0: the caller's */
   }
+}
+
+/* Whether the reading thread of s waits for something (a batch, in
+ * larder_stream_next, or, after LARDER_ETIMEDOUT, on larder_stream_fd):
+ * then a release it may be waiting for cannot wait for a later call.
+ * Any thread. */
+static int reader_waits(larder_stream_t *s, larder_client_t *c) {
+  pthread_mutex_lock(&s->lock);
+  int waits = s->ring_reader_asleep;
+  pthread_mutex_unlock(&s->lock);
+  if (c && !waits) {
+    pthread_mutex_lock(&c->send_lock);
+    waits = s->caller_waits || c->reader_waiting;
+    pthread_mutex_unlock(&c->send_lock);
+  }
+  return waits;
 }
 
 /* See internal.h. */
@@ -1678,6 +1706,10 @@ void llib_batch_release(larder_batch_t *b, int recycle) {
     s->spare = b;
     b = NULL;
   }
+  /* Fenced: the fence holds the batch's reference, and this call pins s
+   * for the drain (which may hand the fence's reference to the daemon, or
+   * to another thread's drain, before it returns). */
+  if (fenced) s->refs++;
   int left = fenced || wake || frame ? 1 : --s->refs;
   int closed = s->client == NULL;
   pthread_mutex_unlock(&s->lock);
@@ -1685,6 +1717,16 @@ void llib_batch_release(larder_batch_t *b, int recycle) {
     free(b->nodes);
     free(b);
   }
-  if (fenced) fences_drain(s, closed);
-  else (void)release_send(s, c, wake, frame, &rel, left);
+  if (!fenced) {
+    (void)release_send(s, c, wake, frame, &rel, left);
+    return;
+  }
+  /* The GPU's work ends before the release goes, which waits for a later
+   * call of the reader's, unless the reader waits now (or the stream
+   * closed): then here. */
+  fences_drain(s, closed || reader_waits(s, c));
+  pthread_mutex_lock(&s->lock);
+  left = --s->refs;
+  pthread_mutex_unlock(&s->lock);
+  if (left == 0) stream_free(s);
 }

@@ -131,13 +131,20 @@ uint64_t lcuda_map_base(const lcuda_map_t *m);
  * LARDER_EIO (the driver refused: the caller releases at once),
  * LARDER_ENOMEM, LARDER_EINVAL (another process's mapping). */
 int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq);
-/* Takes the oldest fence once its event has passed (with wait, blocking
- * the calling thread until it has; an event the driver reports failed,
- * in a context that is gone, has passed too): returns 1 with *seq set,
- * or 0 when there is none, or (without wait) the oldest has not passed. */
-int lcuda_fence_pop(lcuda_map_t *m, int wait, uint64_t *seq);
+/* Takes the oldest fence if its event has passed (an event the driver
+ * reports failed, in a context that is gone, has passed too): returns 1
+ * with *seq set, or 0 when there is none or it has not passed.  Never
+ * blocks. */
+int lcuda_fence_pop(lcuda_map_t *m, uint64_t *seq);
 /* Fences not taken yet. */
 int lcuda_fence_count(const lcuda_map_t *m);
+/* The oldest fence's event (NULL when none), for lcuda_fence_wait. */
+void *lcuda_fence_oldest(const lcuda_map_t *m);
+/* Blocks the calling thread until event ev (lcuda_fence_oldest's) has
+ * passed, or has been recorded again and passed.  Without the caller's
+ * lock on m: it touches no fence, and the mapping must only stay open
+ * (the caller holds a reference to its stream). */
+void lcuda_fence_wait(const lcuda_map_t *m, void *ev);
 /* Closes the mapping (in the process that opened it; a forked child only
  * frees the struct: CUDA does not survive fork) and releases the primary
  * context it retained.  NULL is ignored. */

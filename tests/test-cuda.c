@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <grp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -694,6 +695,11 @@ static void *gpu_idle_later(void *arg) {
   return NULL;
 }
 
+static void *release_batch(void *b) {
+  larder_batch_release(b);
+  return NULL;
+}
+
 /* Makes the GPU idle delay_ms from now, on a thread of its own. */
 static void gpu_idle_in(busy_gpu *g, int delay_ms) {
   g->delay_ms = delay_ms;
@@ -771,6 +777,30 @@ TEST_IMPL(cuda_release_fenced) {
   gpu_idle_in(&g, 300);
   ASSERT_OK(larder_stream_next(cs, timeout, &cb[3]));
   expect_waited_for_gpu(&g, test_now_ms(), "the next batch after DLPack's release");
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb[3]));
+  expect_same_batch(0, hb[3], cb[3]);
+  /* An event loop: the reader got LARDER_ETIMEDOUT and waits on the
+   * stream's descriptor, and another thread releases a batch while the
+   * GPU is busy: that release waits for the GPU itself (no later call of
+   * the reader's would send it), and the descriptor wakes the reader. */
+  larder_batch_t *none;
+  ASSERT_EQ(larder_stream_next(cs, 0, &none), LARDER_ETIMEDOUT);
+  gpu_busy(&g);
+  pthread_t releaser;
+  ASSERT_OK(pthread_create(&releaser, NULL, release_batch, cb[3]));
+  gpu_idle_in(&g, 300);
+  struct pollfd pf = {larder_stream_fd(cs), POLLIN, 0};
+  ASSERT_EQ(poll(&pf, 1, 60000 * dh_slow()), 1);
+  expect_waited_for_gpu(&g, test_now_ms(), "the descriptor");
+  ASSERT_OK(pthread_join(releaser, NULL));
+  int rc;
+  double until = test_now_ms() + 60000.0 * dh_slow();
+  while ((rc = larder_stream_next(cs, 0, &cb[3])) == LARDER_ETIMEDOUT && test_now_ms() < until) {
+    pf.revents = 0;
+    (void)poll(&pf, 1, 100);
+  }
+  ASSERT_OK(rc);
+  larder_batch_release(hb[3]);
   ASSERT_OK(larder_stream_next(hs, timeout, &hb[3]));
   expect_same_batch(0, hb[3], cb[3]);
   /* The close waits for the releases held back. */

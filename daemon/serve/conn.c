@@ -77,6 +77,7 @@ static void on_close(uv_handle_t *h) {
   free(c->rbuf);
   strbuf_free(&c->cork);
   free(c->groups); /* larder ACL: SO_PEERGROUPS */
+  if (c->pidfd >= 0) close(c->pidfd);
   STATS_SUB(&srv->stats, clients, 1);
   free(c);
 }
@@ -671,6 +672,7 @@ void conn_accept(server_t *srv, uv_stream_t *listener) {
   conn_t *c = calloc(1, sizeof(*c));
   if (c == NULL) return;
   c->srv = srv;
+  c->pidfd = -1;
   c->id = ++srv->next_conn_id;
   c->connected_ns = util_now_ns();
   uv_pipe_init(srv->loop, &c->pipe, 0);

@@ -47,6 +47,8 @@ struct conn {
   int num_streams;
   int cuda_parked; /* CUDA regions kept for it (cuda.h): they count with its
                       streams against max_streams_per_client */
+  int pidfd;       /* its process, watched from its first CUDA stream on
+                      (cuda_watch_pid), or -1 */
   uint32_t next_stream_id;
   /* Frames waiting for the write queue to drain before a descriptor can be
    * passed with sendmsg, and every frame after them (conn.c). */

@@ -62,9 +62,7 @@ static cuda_park_t *parked;
 
 static int region_is_vmm(const cuda_region_t *r);
 
-/* A descriptor that becomes readable when process pid exits, or -1 (no
- * pidfd_open: Linux before 5.3; or the process is gone already). */
-static int pid_watch(int pid) {
+int cuda_watch_pid(int pid) {
 #ifdef SYS_pidfd_open
   if (pid > 0) {
     long fd = syscall(SYS_pidfd_open, (pid_t)pid, 0);
@@ -86,12 +84,13 @@ static int park_process_gone(const cuda_park_t *p) {
   return p->pid <= 0 || (kill(p->pid, 0) != 0 && errno == ESRCH);
 }
 
-cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t stream_id, cuda_region_t *r) {
+cuda_park_t *cuda_park(uint64_t owner, int pid, int pidfd, uint32_t stream_id, cuda_region_t *r) {
   /* A descriptor's region: the trainer's mapping keeps the memory. */
   if (region_is_vmm(r)) return NULL;
   cuda_park_t *p = malloc(sizeof(*p));
   if (p == NULL) return NULL; /* freed with the stream, mapped or not */
-  *p = (cuda_park_t){parked, owner, stream_id, r, pid, pid_watch(pid), 1, 0};
+  int fd = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
+  *p = (cuda_park_t){parked, owner, stream_id, r, pid, fd, 1, 0};
   parked = p;
   return p;
 }

@@ -162,7 +162,8 @@ void cuda_region_close(cuda_region_t *r);
  * (cuda_park), until the client's CloseStream for it without
  * device_memory_held (cuda_unpark), or, once the connection ended
  * (cuda_orphan), until that process has exited (cuda_reap, from the tick,
- * watching a pidfd): a trainer the daemon disconnected may map the region
+ * watching a pidfd taken at its first CUDA stream's open, cuda_watch_pid):
+ * a trainer the daemon disconnected may map the region
  * as long as it lives.  At shutdown the daemon exits with them.  Parks
  * count in the stats until freed.  The stream's last tasks may still copy
  * into the region after it closed: the stream settles the park when it is
@@ -179,7 +180,12 @@ typedef struct cuda_park cuda_park_t;
  * keeps using it until it calls cuda_park_settle.  Returns the park, or
  * NULL (a descriptor's region, or no memory for the list): the stream then
  * frees r itself. */
-cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t stream_id, cuda_region_t *r);
+cuda_park_t *cuda_park(uint64_t owner, int pid, int pidfd, uint32_t stream_id, cuda_region_t *r);
+/* A descriptor that becomes readable when process pid exits (pidfd_open),
+ * or -1 (before Linux 5.3, or the process is gone): the caller's.  Taken
+ * while the process is connected, so that its pid, reused later, cannot
+ * be mistaken for it.  A park without one asks kill(pid, 0). */
+int cuda_watch_pid(int pid);
 /* The stream is done with the parked region, whose arena goes next: frees
  * it now if it was unparked meanwhile, else leaves it parked (device
  * memory only, cuda_region_detach_host). */

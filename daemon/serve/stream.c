@@ -306,7 +306,7 @@ void stream_close(stream_t *s) {
    * out, the trainer may map the region, which is parked (cuda.h), and
    * counts against the connection's limit until the trainer lets go. */
   if (s->cuda && s->conn && !s->client_closed && !conn_reply_unsent(s->conn, s->id)) {
-    s->cuda_park = cuda_park(s->conn->id, (int)s->conn->pid, s->id, s->cuda);
+    s->cuda_park = cuda_park(s->conn->id, (int)s->conn->pid, s->conn->pidfd, s->id, s->cuda);
     if (s->cuda_park) s->conn->cuda_parked++;
   }
   /* Its tasks' ends free it now: each wakes the loop again. */
@@ -793,6 +793,9 @@ static int open_shared_memory(conn_t *c, stream_t *s, open_req_t *o, uint64_t ar
   }
   if (p->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
     char why[600];
+    /* The trainer's process, watched while it is surely the one
+     * connected: its regions may outlive the connection (cuda.h). */
+    if (c->pidfd < 0) c->pidfd = cuda_watch_pid((int)c->pid);
     ex->fd_wanted = p->cuda_fd_ok && srv->cfg.cuda_fd_handles;
     rc = cuda_region_open(p->cuda_device, arena_base(s->arena), arena_size(s->arena), &srv->stats,
                           &s->cuda, ex, why, sizeof(why));
@@ -901,7 +904,12 @@ static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const cuda_export_t
       s->id, (int)c->pid, s->ds->num_files, s->ds->num_units, (unsigned long long)s->ds->total_rows,
       (unsigned long long)s->batches_per_epoch, s->params.window_units, s->params.partitions,
       s->part_first, s->part_last - 1, s->note[0] ? "; " : "", s->note);
+  /* A connection already going takes no frame, and one that cannot be
+   * encoded is not queued: the client then has none of the stream's
+   * memory (for the CUDA region's park, stream_close). */
+  int queueable = !c->closing && !c->draining && !c->broken;
   int rc = conn_send_fds(c, &f, fds, num_fds);
+  if (rc != 0 && (!queueable || rc == LARDER_ENOMEM)) s->client_closed = 1;
   field_proto_free(reply.schema);
   if (rc == LARDER_EBUSY) {
     /* The client has not read the replies to its earlier opens. */
