@@ -29,7 +29,11 @@
  * the trainer never sees a half-copied batch, never blocks its CPU on a
  * copy, and needs no event: the trainer's larder_stream_next returns a
  * batch that is complete on the device.  The trainer opens the handle
- * once (cuIpcOpenMemHandle) and turns arena offsets into device pointers.
+ * once (cuIpcOpenMemHandle, or maps the descriptor, below) and turns arena
+ * offsets into device pointers.  The other way round, a release reaches
+ * the daemon only once the trainer's GPU has run the work queued before
+ * it (liblarder's fences, client/lcuda.h), so a copy never overwrites
+ * memory a kernel of the trainer's still reads.
  *
  * Two exports.  By default, legacy IPC: cuIpcGetMemHandle /
  * cuIpcOpenMemHandle work between any two processes of one host (one PID
@@ -64,9 +68,10 @@
  * Lifetime: one primary context per device, retained on first use for
  * the daemon's life (worker threads keep a CUDA stream per device in it);
  * one region per stream, freed (with the pinning undone) when the stream
- * is destroyed, after its last assembly task: its client closed it, or
- * died, or its connection went.  The gauge cuda_device_bytes and the
- * per-device figures (cuda_device_bytes_of) follow the regions.
+ * is destroyed, after its last assembly task, once its trainer maps it no
+ * more: it closed the stream having unmapped it, or its process exited;
+ * until then the region is parked (below).  The gauge cuda_device_bytes
+ * and the per-device figures (cuda_device_bytes_of) follow the regions.
  *
  * Threads: cuda_check, cuda_region_open/close and cuda_loop_* on the
  * loop; cuda_region_copy on workers, concurrently for one region
