@@ -1227,9 +1227,15 @@ static int decode_run(server_t *srv, unit_t *u, uint32_t start) {
                      f->name, ds->schema->children[c].name, du->rg);
     }
     int admitted = 0;
+    /* Flagged before the cache holds it: a load of unit k that finds it
+     * there the moment it lands reads it back (decode work of this epoch),
+     * not a hit.  Put back as it was if the cache refuses it. */
+    uint8_t was = 0;
+    if (rc == 0 && k != u->index)
+      was = __atomic_exchange_n(&ds->decoded_ahead[k], 1, __ATOMIC_RELAXED);
     if (rc == 0) offer_to_cache(srv, ds, k, blobs, sizes, &admitted);
-    if (rc == 0 && admitted && k != u->index)
-      __atomic_store_n(&ds->decoded_ahead[k], 1, __ATOMIC_RELAXED);
+    if (rc == 0 && !admitted && k != u->index)
+      __atomic_store_n(&ds->decoded_ahead[k], was, __ATOMIC_RELAXED);
     if (rc == 0 && (admitted || k == u->index)) u->run_units++;
     if (rc == 0 && k == u->index) {
       for (int c = 0; c < nc; c++) {
