@@ -1723,10 +1723,11 @@ void llib_batch_release(larder_batch_t *b, int recycle) {
     (void)release_send(s, c, wake, frame, &rel, left);
     return;
   }
-  /* The GPU's work ends before the release goes, which waits for a later
-   * call of the reader's, unless the reader waits now (or the stream
-   * closed): then here. */
-  fences_drain(s, closed || reader_waits(s, c));
+  /* The GPU's work ends before the release goes, which the reader's next
+   * call sends (next_begin drains what passed: no query here, of an event
+   * that has just been recorded), unless the reader waits now (or the
+   * stream closed): then it goes from here, once the GPU is done. */
+  if (closed || reader_waits(s, c)) fences_drain(s, 1);
   pthread_mutex_lock(&s->lock);
   /* The pin kept s through the drain (the analyzer cannot tell). */
   /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc) */
