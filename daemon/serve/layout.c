@@ -1018,18 +1018,19 @@ static uint64_t rows_validity(const uint8_t *tmp, uint32_t stride, int nb, int64
   return align_up(vl);
 }
 
-/* Samples ahead of the copy whose values rows_var_column prefetches, and
- * the most bytes of one value it prefetches (a longer value streams in
+/* Samples ahead of the copy whose values layout_rows_values prefetches,
+ * and the most bytes of one value it prefetches (a longer value streams in
  * behind its first lines). */
 #define VALUE_AHEAD 16
 #define VALUE_PREFETCH_MAX 1024
 
-/* Offsets, then the bytes (or elements of elem bytes) the rows' slots point
- * at, for a VAR or LIST slot: node[0] gets the offsets, and values for VAR;
- * a LIST's elements go to node[1]. */
+/* Offsets, and room for the bytes (or elements of elem bytes) the rows'
+ * slots point at, for a VAR or LIST slot: node[0] gets the offsets, and
+ * values for VAR; a LIST's elements go to node[1].  *values: where the
+ * values go. */
 static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
                                int64_t nulls, int size_only, uint8_t *base, uint8_t *dst,
-                               layout_node_t *node) {
+                               layout_node_t *node, uint8_t **values) {
   uint32_t off = plan->packed[p].offset, stride = plan->stride;
   int is_list = plan->packed[p].kind == LAYOUT_SLOT_LIST;
   uint64_t elem = is_list ? plan->packed[p].elem_width : 1;
@@ -1060,27 +1061,17 @@ static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_
   /* An empty buffer has offset 0, as layout_gather leaves it. */
   vnode->values_offset = total ? (uint64_t)(p8 - base) : 0;
   vnode->values_length = total * elem;
+  /* The values themselves are layout_rows_values's, a sample at a time
+   * over every such column. */
   int32_t cur = 0;
   o[0] = 0;
   for (int64_t s = 0; s < n; s++) {
-    const uint8_t *ptr;
     uint32_t len;
-    if (s + VALUE_AHEAD < n) {
-      /* The values lie in the samples' rows, whose inline parts the
-       * gather fetched only into the second-level cache, if that still
-       * holds them. */
-      memcpy(&ptr, tmp + (size_t)(s + VALUE_AHEAD) * stride + off, 8);
-      memcpy(&len, tmp + (size_t)(s + VALUE_AHEAD) * stride + off + 8, 4);
-      uint64_t bytes = len * elem < VALUE_PREFETCH_MAX ? len * elem : VALUE_PREFETCH_MAX;
-      for (uint64_t at = 0; at < bytes; at += 64) __builtin_prefetch(ptr + at);
-      if (bytes) __builtin_prefetch(ptr + bytes - 1);
-    }
-    memcpy(&ptr, tmp + (size_t)s * stride + off, 8);
     memcpy(&len, tmp + (size_t)s * stride + off + 8, 4);
-    if (len) memcpy(p8 + (size_t)cur * elem, ptr, (size_t)(len * elem));
     cur += (int32_t)len;
     o[s + 1] = cur;
   }
+  *values = p8;
   memset((uint8_t *)o + (n + 1) * 4, 0, align_up((uint64_t)(n + 1) * 4) - (uint64_t)(n + 1) * 4);
   memset(p8 + total * elem, 0, align_up(total * elem) - total * elem);
   return (int64_t)size;
@@ -1088,13 +1079,13 @@ static int64_t rows_var_column(const layout_rowplan_t *plan, int p, const uint8_
 
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
                            const int64_t *nulls_by_bit, int size_only, uint8_t *base, uint8_t *dst,
-                           layout_node_t *node) {
+                           layout_node_t *node, uint8_t **values) {
   uint32_t w = plan->packed[p].width, off = plan->packed[p].offset, stride = plan->stride;
   int nb = plan->packed[p].nullbit;
   int is_bool = plan->packed[p].kind == LAYOUT_SLOT_BOOL;
   int64_t nulls = nb >= 0 ? nulls_by_bit[nb] : 0;
   if (plan->packed[p].kind == LAYOUT_SLOT_VAR || plan->packed[p].kind == LAYOUT_SLOT_LIST)
-    return rows_var_column(plan, p, tmp, n, nulls, size_only, base, dst, node);
+    return rows_var_column(plan, p, tmp, n, nulls, size_only, base, dst, node, values);
   /* BOOL is packed as one byte per row; its Arrow form is a bitmap. */
   uint64_t vbytes = is_bool ? (uint64_t)(n + 7) / 8 : (uint64_t)n * w;
   uint64_t size = (nulls ? align_up((uint64_t)(n + 7) / 8) : 0) + align_up(vbytes);
@@ -1124,4 +1115,38 @@ int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *t
     }
   memset(p8 + vbytes, 0, align_up(vbytes) - vbytes);
   return (int64_t)size;
+}
+
+void layout_rows_values(const layout_rowplan_t *plan, const int *slots, uint8_t **cursor, int ns,
+                        const uint8_t *tmp, int64_t n) {
+  uint32_t stride = plan->stride;
+  for (int64_t s = 0; s < n; s++) {
+    const uint8_t *row = tmp + (size_t)s * stride;
+    if (s + VALUE_AHEAD < n) {
+      /* The sample's inline values lie together after its fixed part, in
+       * lines that nothing fetched yet. */
+      const uint8_t *ahead = row + (size_t)VALUE_AHEAD * stride;
+      for (int j = 0; j < ns; j++) {
+        const uint8_t *ptr;
+        uint32_t len;
+        memcpy(&ptr, ahead + plan->packed[slots[j]].offset, 8);
+        memcpy(&len, ahead + plan->packed[slots[j]].offset + 8, 4);
+        uint64_t elem =
+            plan->packed[slots[j]].kind == LAYOUT_SLOT_LIST ? plan->packed[slots[j]].elem_width : 1;
+        uint64_t bytes = len * elem < VALUE_PREFETCH_MAX ? len * elem : VALUE_PREFETCH_MAX;
+        for (uint64_t at = 0; at < bytes; at += 64) __builtin_prefetch(ptr + at);
+        if (bytes) __builtin_prefetch(ptr + bytes - 1);
+      }
+    }
+    for (int j = 0; j < ns; j++) {
+      const uint8_t *ptr;
+      uint32_t len;
+      memcpy(&ptr, row + plan->packed[slots[j]].offset, 8);
+      memcpy(&len, row + plan->packed[slots[j]].offset + 8, 4);
+      uint64_t elem =
+          plan->packed[slots[j]].kind == LAYOUT_SLOT_LIST ? plan->packed[slots[j]].elem_width : 1;
+      if (len) memcpy(cursor[j], ptr, (size_t)(len * elem));
+      cursor[j] += len * elem;
+    }
+  }
 }

@@ -214,14 +214,31 @@ int layout_rows_num_nodes(const layout_rowplan_t *plan, int p);
  * Writes the packed column plan->packed[p] of n samples, whose rows' fixed
  * parts were first copied one after another into tmp (n * stride bytes),
  * into the arena: validity (when any is null), offsets and values, with
- * node records as layout_gather does (layout_rows_num_nodes of them).  The
- * slots' pointers must still be valid (their units held).  nulls_by_bit:
+ * node records as layout_gather does (layout_rows_num_nodes of them).
+ * nulls_by_bit:
  * from layout_rows_count_nulls.  size_only: just return the bytes it needs.
  * Returns the size, or LARDER_ELIMIT past 2 GiB of values or elements.
  * A LIST slot requires every sample's unit to inline it (inline_lists).
+ * A VAR or LIST slot's values are left to layout_rows_values: *values is
+ * set to where they go (the other kinds ignore values; size_only too).
  */
 int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *tmp, int64_t n,
                            const int64_t *nulls_by_bit, int size_only, uint8_t *base, uint8_t *dst,
-                           layout_node_t *node);
+                           layout_node_t *node, uint8_t **values);
+
+/*
+ * Copies the values of the VAR and LIST slots slots[0 .. ns) of the n
+ * samples in tmp, a sample at a time: cursor[j] starts where
+ * layout_rows_column left slot j's values, and ends past them.  The slots'
+ * pointers must still be valid (their units held).  Any thread.
+ *
+ * A sample's inline values lie together after its fixed part, so, taken a
+ * sample at a time, each row's inline part is read once, in one run of
+ * lines, a few samples behind its prefetch.  (The gather reads only the
+ * fixed parts: fetched with them, the inline parts of a whole batch, MiBs,
+ * had left the cache by the time a pass per column read them.)
+ */
+void layout_rows_values(const layout_rowplan_t *plan, const int *slots, uint8_t **cursor, int ns,
+                        const uint8_t *tmp, int64_t n);
 
 #endif /* LARDER_LAYOUT_H */
