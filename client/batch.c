@@ -116,6 +116,10 @@ static void plan_node(larder_stream_t *s, int *k, int *slot_next, const field_t 
   p->num_children = f->num_children;
   p->bad_width = width < 0;
   p->value_width = width > 0 ? (uint64_t)width : 0;
+  /* Numbers are read whole, up to 8 bytes at a time; FIXED_BINARY's are bytes. */
+  p->value_align = f->type == LARDER_TYPE_FIXED_BINARY || p->value_width == 0 ? 1
+                   : p->value_width < 8                                       ? p->value_width
+                                                                              : 8;
   p->offset_width = llib_offset_width(f->type);
   p->bitmap_values = f->type == LARDER_TYPE_BOOL;
   p->validity_checked = f->type != LARDER_TYPE_NULL;
@@ -157,8 +161,8 @@ static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
  * outside the arena or is too small for its array, or a column is shorter
  * than the batch.
  *
- * A batch's buffers must not only lie inside the arena but be large
- * enough for the array's type and length: a descriptor with a length of a
+ * A batch's buffers must not only lie inside the arena, aligned for their
+ * values, but be large enough for the array's type and length: a descriptor with a length of a
  * million and an 8-byte values buffer would otherwise pass, and reading
  * the array would fault (or read other batches' bytes).  Tested by
  * client_fake_bad_buffers.  Each array's buffers are checked against its
@@ -197,6 +201,11 @@ int llib_build_arrays(const larder_stream_t *s, const wire_batch_t *b, larder_ar
     bad |= p->validity_checked & ((nulls > 0) | (vl > 0)) & (vl < bitmap);
     bad |= __builtin_mul_overflow(len, p->value_width, &need) | (need > xl);
     bad |= p->bitmap_values & (xl < bitmap);
+    /* Values at an address their type cannot be read from: a kernel's
+     * load of them is a misaligned-address fault, which ends the trainer's
+     * CUDA context, not just this batch.  The daemon aligns every buffer
+     * to 64 bytes, and the arena (or device region) starts on a page. */
+    bad |= (xl != 0) & ((xo & (p->value_align - 1)) != 0);
     /* The second loop reads the first and last offset of each array that
      * has them, in the arena, which the daemon wrote from another core: a
      * trainer coming back from its step finds none of those lines in its

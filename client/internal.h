@@ -94,6 +94,8 @@ typedef struct node_plan {
   int num_children;
   int bad_width;         /* a FIXED_BINARY of negative width: no batch is valid */
   uint64_t value_width;  /* bytes per value, 0 when values are not fixed-width */
+  uint64_t value_align;  /* the values' alignment: a number's width up to 8,
+                            else 1 */
   uint64_t offset_width; /* 4 or 8 for the types with offsets, else 0 */
   int bitmap_values;     /* BOOL: its values are bits */
   int validity_checked;  /* not the NULL type, whose slots are all null */

@@ -904,6 +904,8 @@ TEST_IMPL(client_fake_bad_buffers) {
       {"nulls without validity", 0, LARDER__ARRAY_FIELD__ARRAY_NULL_COUNT, 1},
       {"offsets short", 1, LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH, 8},
       {"offsets misaligned", 1, LARDER__ARRAY_FIELD__ARRAY_OFFSETS_OFFSET, 66},
+      {"int64 values misaligned", 0, LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET, 4},
+      {"list elements misaligned", 3, LARDER__ARRAY_FIELD__ARRAY_VALUES_OFFSET, 258},
       {"last offset past the values", 1, LARDER__ARRAY_FIELD__ARRAY_VALUES_LENGTH, 5},
       {"last offset past the child", 3, LARDER__ARRAY_FIELD__ARRAY_LENGTH, 2},
       {"list offsets short", 2, LARDER__ARRAY_FIELD__ARRAY_OFFSETS_LENGTH, 16},
