@@ -158,8 +158,8 @@ static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
  * Builds the arrays of a batch into nodes from its descriptors b (whose
  * count the caller checked against s->num_nodes), and sets *bytes to the
  * size of its buffers.  Returns 0, or LARDER_EPROTO when a buffer lies
- * outside the arena or is too small for its array, or a column is shorter
- * than the batch.
+ * outside the arena, is too small for its array or holds numbers not
+ * aligned to their width, or a column is shorter than the batch.
  *
  * A batch's buffers must not only lie inside the arena, aligned for their
  * values, but be large enough for the array's type and length: a descriptor with a length of a

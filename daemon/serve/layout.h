@@ -132,7 +132,8 @@ int layout_gather(const pq_field_t *field, const layout_pick_t *picks, int64_t n
  *     LAYOUT_INLINE_MAX bytes, which the pointers point at.
  *
  * So a sample costs one run of consecutive cache lines, which the hardware
- * and a prefetch a few rows ahead fetch together.  A longer value stays
+ * and a prefetch a few rows ahead fetch together (a batch reads the fixed
+ * parts first, then the inline parts: layout_rows_values).  A longer value stays
  * where it is in its column blob, and its slot points there: copying it is
  * streaming, and a second copy would only cost memory.  A LIST column whose
  * elements hold nulls or are long on average in a unit is not inlined in

@@ -27,8 +27,8 @@
 /* ------------------------------------------------------------------------ */
 /* Assembly, on a worker thread                                              */
 
-/* Samples a row-block prefetch runs ahead, and the most bytes of a row it
- * fetches (the rest of a long row streams in behind them). */
+/* Samples a row-block prefetch runs ahead, and the most bytes of a row's
+ * fixed part it fetches (the rest of a long one streams in behind them). */
 #define ROW_AHEAD 20
 #define ROW_PREFETCH_MAX 1024
 
@@ -305,8 +305,8 @@ static void assemble_work(work_t *w) {
     goto out;
   }
   /* The packed columns come from the units' row blocks: copy each sample's
-   * fixed part once, its inline values following it in the same lines,
-   * then split it into columns from memory that is already in cache. */
+   * fixed part once, split the fixed parts into columns, then copy each
+   * sample's inline values (layout_rows_values). */
   a.from_rows = calloc((size_t)(a.nc ? a.nc : 1), 1);
   if (a.from_rows == NULL) {
     b->error = LARDER_ENOMEM;

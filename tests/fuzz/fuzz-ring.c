@@ -21,9 +21,10 @@
  *   more than a window ahead, and takes descriptors in order;
  * - a batch made has every buffer its arrays' types and lengths call for
  *   inside the arena: validity bitmaps, offsets (the first and last in
- *   order and within the values or the child), fixed-width values and
- *   bits, struct children no shorter than their parent, columns no
- *   shorter than the batch (which exports as a struct); the consumers
+ *   order and within the values or the child), fixed-width values (a
+ *   number's aligned to its width, up to 8 bytes) and bits, struct
+ *   children no shorter than their parent, columns no shorter than the
+ *   batch (which exports as a struct); the consumers
  *   read every such byte (the arena is an exact-size allocation, so ASan
  *   reports a read past it);
  * - releases are written at the client's own layout, whatever the header
@@ -186,6 +187,10 @@ static void check_array(const larder_batch_t *b, const larder_array_t *a) {
   read_bytes(s->arena, s->arena_size, larder_array_values(a), values_size);
   int64_t width = llib_value_width(a->field);
   if (width > 0) FUZZ_CHECK((uint64_t)len * (uint64_t)width <= values_size);
+  if (width > 0 && values_size > 0 && type != LARDER_TYPE_FIXED_BINARY) {
+    uint64_t align = width < 8 ? (uint64_t)width : 8;
+    FUZZ_CHECK(((uintptr_t)larder_array_values(a) - (uintptr_t)s->arena) % align == 0);
+  }
   if (type == LARDER_TYPE_BOOL) FUZZ_CHECK(bitmap <= values_size);
   uint64_t ow = llib_offset_width(type);
   if (ow) {
