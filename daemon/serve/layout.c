@@ -1117,6 +1117,18 @@ int64_t layout_rows_column(const layout_rowplan_t *plan, int p, const uint8_t *t
   return (int64_t)size;
 }
 
+/* The value slot p of a row in tmp points at, and in *bytes its size. */
+static inline const uint8_t *slot_value(const layout_rowplan_t *plan, int p, const uint8_t *row,
+                                        uint64_t *bytes) {
+  const uint8_t *ptr;
+  uint32_t len;
+  memcpy(&ptr, row + plan->packed[p].offset, 8);
+  memcpy(&len, row + plan->packed[p].offset + 8, 4);
+  *bytes =
+      plan->packed[p].kind == LAYOUT_SLOT_LIST ? (uint64_t)len * plan->packed[p].elem_width : len;
+  return ptr;
+}
+
 void layout_rows_values(const layout_rowplan_t *plan, const int *slots, uint8_t **cursor, int ns,
                         const uint8_t *tmp, int64_t n) {
   uint32_t stride = plan->stride;
@@ -1127,26 +1139,18 @@ void layout_rows_values(const layout_rowplan_t *plan, const int *slots, uint8_t 
        * lines that nothing fetched yet. */
       const uint8_t *ahead = row + (size_t)VALUE_AHEAD * stride;
       for (int j = 0; j < ns; j++) {
-        const uint8_t *ptr;
-        uint32_t len;
-        memcpy(&ptr, ahead + plan->packed[slots[j]].offset, 8);
-        memcpy(&len, ahead + plan->packed[slots[j]].offset + 8, 4);
-        uint64_t elem =
-            plan->packed[slots[j]].kind == LAYOUT_SLOT_LIST ? plan->packed[slots[j]].elem_width : 1;
-        uint64_t bytes = len * elem < VALUE_PREFETCH_MAX ? len * elem : VALUE_PREFETCH_MAX;
+        uint64_t bytes;
+        const uint8_t *ptr = slot_value(plan, slots[j], ahead, &bytes);
+        if (bytes > VALUE_PREFETCH_MAX) bytes = VALUE_PREFETCH_MAX;
         for (uint64_t at = 0; at < bytes; at += 64) __builtin_prefetch(ptr + at);
         if (bytes) __builtin_prefetch(ptr + bytes - 1);
       }
     }
     for (int j = 0; j < ns; j++) {
-      const uint8_t *ptr;
-      uint32_t len;
-      memcpy(&ptr, row + plan->packed[slots[j]].offset, 8);
-      memcpy(&len, row + plan->packed[slots[j]].offset + 8, 4);
-      uint64_t elem =
-          plan->packed[slots[j]].kind == LAYOUT_SLOT_LIST ? plan->packed[slots[j]].elem_width : 1;
-      if (len) memcpy(cursor[j], ptr, (size_t)(len * elem));
-      cursor[j] += len * elem;
+      uint64_t bytes;
+      const uint8_t *ptr = slot_value(plan, slots[j], row, &bytes);
+      if (bytes) memcpy(cursor[j], ptr, (size_t)bytes);
+      cursor[j] += bytes;
     }
   }
 }
