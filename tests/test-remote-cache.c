@@ -943,12 +943,19 @@ static int link_start(int k, const char *dir, const char *const *link, rs_server
 /*
  * The merge gap follows the link (fetch_merge_gap_auto, on by default):
  * the projection [id, name] leaves label and x between its two chunks of
- * every row group.  Behind a proxy that sends each connection 50 KB/s and
- * answers at once, those bytes cost more than a request's wait (a few ms
- * times 50 KB/s is a few hundred bytes), and every chunk is a request of
- * its own; behind one that waits 300 ms before each answer, at 400 KB/s,
- * they cost less (300 ms brings 120 KB), and each row group is one
- * request.  Same data, same settings; the batches are the same.
+ * every row group.  Behind a proxy that waits 300 ms before each answer,
+ * at 400 KB/s, those bytes cost less than a request (300 ms brings
+ * 120 KB), and each row group is one request.  Behind one that sends each
+ * connection 50 KB/s and answers at once, the gap is a few KB at most:
+ * the wait for a first byte there is the proxy's bucket refilling (2 KB
+ * or so) on an idle machine, where most chunks are requests of their own
+ * (19 to 22 of 22 in runs on the development VM), and grows with the
+ * time a loaded machine takes to schedule the proxy, nginx and the
+ * daemon (5-19 KB beside two spinning processes on 2 cores, where every
+ * row group was one request).  So the test asks what holds either way: a
+ * gap far smaller on the first link than on the far one, and the far
+ * link's row groups whole.  Same data, same settings; the batches are the
+ * same.
  */
 TEST_IMPL(remote_merge_gap_auto) {
   int skip = rh_require(1, 1);
@@ -977,6 +984,7 @@ TEST_IMPL(remote_merge_gap_auto) {
   const char *const *links[2] = {slow, far};
   dh_run runs[2];
   memset(runs, 0, sizeof(runs));
+  uint64_t gaps[2] = {0, 0};
   for (int k = 0; k < 2; k++) {
     rs_server ng, fp;
     char name[16];
@@ -991,7 +999,7 @@ TEST_IMPL(remote_merge_gap_auto) {
     dh_init(&d, name, fl);
     dh_start(&d);
     ASSERT_OK(dh_collect(d.socket, &o, 0, &runs[k]));
-    uint64_t gap = dh_stat(&d, "fetch_merge_gap_bytes");
+    uint64_t gap = gaps[k] = dh_stat(&d, "fetch_merge_gap_bytes");
     dh_stop(&d);
     rh_stop(&fp);
     rh_stop(&ng);
@@ -1002,16 +1010,16 @@ TEST_IMPL(remote_merge_gap_auto) {
             "%s link: merge gap %" PRIu64 " bytes (the widest gap: %" PRIu64
             "); %d column requests (%d row groups)\n",
             k ? "far" : "slow", gap, widest, u.requests, per_rg);
-    if (k == 0) {
-      ASSERT_LT(gap, widest);
-      ASSERT_EQ(u.requests, split);
-    } else {
+    ASSERT_GE(u.requests, per_rg);
+    ASSERT_LE(u.requests, split);
+    if (k == 1) {
       ASSERT_GE(gap, widest);
       ASSERT_EQ(u.requests, per_rg);
     }
     ASSERT_EQ(u.again, 0);
     for (int i = 0; i < nf; i++) free(urls[i]);
   }
+  ASSERT_LT(gaps[0] * 4, gaps[1]);
   dh_expect_same(&runs[0], &runs[1]);
   dh_run_free(&runs[0]);
   dh_run_free(&runs[1]);
