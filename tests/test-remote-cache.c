@@ -946,7 +946,7 @@ static int link_start(int k, const char *dir, const char *const *link, rs_server
  * every row group.  Behind a proxy that waits 300 ms before each answer,
  * at 400 KB/s, those bytes cost less than a request (300 ms brings
  * 120 KB), and each row group is one request.  Behind one that sends each
- * connection 50 KB/s and answers at once, the gap is a few KB at most:
+ * connection 50 KB/s and answers at once, the gap is a few KB, not 100s:
  * the wait for a first byte there is the proxy's bucket refilling (2 KB
  * or so) on an idle machine, where most chunks are requests of their own
  * (19 to 22 of 22 in runs on the development VM), and grows with the
