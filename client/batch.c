@@ -162,8 +162,9 @@ static int64_t offset_at(const larder_array_t *a, uint64_t width, int64_t i) {
  * aligned to their width, or a column is shorter than the batch.
  *
  * A batch's buffers must not only lie inside the arena, aligned for their
- * values, but be large enough for the array's type and length: a descriptor with a length of a
- * million and an 8-byte values buffer would otherwise pass, and reading
+ * values, but be large enough for the array's type and length: a
+ * descriptor with a length of a million and an 8-byte values buffer would
+ * otherwise pass, and reading
  * the array would fault (or read other batches' bytes).  Tested by
  * client_fake_bad_buffers.  Each array's buffers are checked against its
  * type and length, and its last offset against its values or its child,

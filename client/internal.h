@@ -320,8 +320,9 @@ int llib_plan_stream(larder_stream_t *s);
  * descriptor b, whose n_layout the caller checked against s->num_nodes,
  * and sets *bytes to the size of its buffers.  Returns 0, or
  * LARDER_EPROTO when a buffer lies outside the arena, is too small for its
- * array or holds numbers not aligned to their width.  After 0, every buffer an array's type and length call for
- * lies inside s->arena.  The reading thread.
+ * array or holds numbers not aligned to their width.  After 0, every
+ * buffer an array's type and length call for lies inside s->arena.  The
+ * reading thread.
  */
 int llib_build_arrays(const larder_stream_t *s, const wire_batch_t *b, larder_array_t *nodes,
                       uint64_t *bytes);

@@ -340,9 +340,9 @@ int larder_stream_open(larder_client_t *client, const larder_stream_options_t *o
  * ends it with its own errors; the library ends it itself with
  * LARDER_EPROTO when the daemon sends a malformed batch (a buffer outside
  * the arena, too small for its array, or with numbers not aligned to their
- * width, up to 8 bytes) and LARDER_ENOMEM when it cannot
- * allocate one.  Once ended, every later call returns that error.  A
- * signal does not end the wait (it goes on after EINTR): a caller that
+ * width, up to 8 bytes) and LARDER_ENOMEM when it cannot allocate one.
+ * Once ended, every later call returns that error.  A signal does not end
+ * the wait (it goes on after EINTR): a caller that
  * must act on signals while it waits, such as Python's KeyboardInterrupt
  * through ctypes, calls with a finite timeout in a loop.  The thread that
  * owns the stream.

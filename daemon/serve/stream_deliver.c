@@ -95,9 +95,8 @@ static int assembly_copy_rows(pbatch_t *b, assembly_t *a) {
                                              b->samples[i + ROW_AHEAD].row, &len);
       /* The fixed part, which this loop copies.  Not the inline values:
        * the fill reads them a sample at a time with a prefetch of its own,
-       * and a batch's worth fetched here has left the cache by then (bench-cuda's
-       * host stream on the development VM: 8% less daemon CPU per batch,
-       * three alternating rounds). */
+       * and a batch's worth fetched here would have left the cache by then
+       * (bench/README.md has the measurement). */
       size_t lim = len < ROW_PREFETCH_MAX ? len : ROW_PREFETCH_MAX;
       size_t fixed = stride < lim ? stride : lim;
       for (size_t at = 0; at < fixed; at += 64) __builtin_prefetch(ahead + at);
