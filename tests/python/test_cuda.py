@@ -239,6 +239,71 @@ def test_cuda_release_waits_for_kernels(cclient):
     s.close()
 
 
+def test_cuda_release_waits_for_side_stream(cclient):
+    """On a GPU: as test_cuda_release_waits_for_kernels, with the kernels
+    on a side stream of torch's, which does not wait for the legacy default
+    stream (torch makes its streams non-blocking): the batch goes back only
+    once that stream is done."""
+    if not REAL:
+        pytest.skip("needs a GPU (tests/cuda-real.sh)")
+    torch = pytest.importorskip("torch")
+    s = cclient.stream(WIDE, columns=["bitwidth1"], batch_size=10, epochs=0, window=2,
+                       memory="cuda", device=0)
+    b0 = next(s)
+    b1 = next(s)
+    side = torch.cuda.Stream(device=0)
+    with torch.cuda.device(0), torch.cuda.stream(side):
+        x = b0.torch()["bitwidth1"]
+        y = x * 2
+        torch.cuda._sleep(int(1e9))  # some 0.5 s of GPU cycles, after the read
+        del x, y
+        b0.release()
+        del b0
+        gc.collect()
+        b2 = s.next(timeout=DEADLINE)
+        assert side.query()
+    del b1, b2
+    s.close()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["extension", "views"])
+def test_cuda_torch_fences_current_stream(cclient, monkeypatch, fast):
+    """With torch on a GPU, torch() gives the stream torch's current CUDA
+    stream on the batch's device (larder_stream_set_cuda_stream) before it
+    makes a tensor, on either path: the batch's release fences there.  The
+    GPU is stood in for (torch.cuda.is_available, the raw stream's handle),
+    and so is the import (_host_import); the driver double takes the
+    handle as it is."""
+    if REAL:
+        pytest.skip("test_cuda_release_waits_for_side_stream checks it on the GPU")
+    torch = pytest.importorskip("torch")
+    _host_import(monkeypatch, fast)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0x7000 + d,
+                        raising=False)
+    handles = []
+    set_stream = larder.Stream._cuda_stream
+
+    def spy(self, handle):
+        handles.append(handle)
+        set_stream(self, handle)
+
+    monkeypatch.setattr(larder.Stream, "_cuda_stream", spy)
+    s = cclient.stream(MAIN, batch_size=10, epochs=0, window=2, memory="cuda", device=0)
+    b0 = next(s)
+    ts = b0.torch()
+    assert handles == [0x7000] and s._cstream == 0x7000
+    del ts
+    b0.release()
+    del b0
+    gc.collect()
+    b1 = next(s)
+    b2 = s.next(timeout=DEADLINE)  # b0 went back
+    assert b1 is not None and b2 is not None
+    del b1, b2
+    s.close()
+
+
 def test_cuda_tensor_holds_batch(cclient):
     """A consumed DLPack tensor keeps its batch's region from the daemon
     after the batch and its arrays are gone: with a window of 2, the stream

@@ -598,6 +598,36 @@ def test_interrupt_after_batch_taken(client):
     assert got == want
 
 
+def test_interrupt_then_close(client):
+    """A batch taken when an exception interrupted next(), which no Batch
+    owns, goes back when the stream closes: held, it would keep the
+    stream's region (a CUDA stream's device memory) until the process
+    exits."""
+    s = client.stream(MAIN, columns=[MAIN_ID], batch_size=100, seed=8, window=2)
+    real = s._next
+
+    def interrupted(h, ms, out):
+        real(h, -1, out)
+        raise KeyboardInterrupt
+    s._next = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        next(s)
+    stashed = s._stash
+    assert stashed
+    lib, released = s._L, []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def larder_batch_release(self, p):
+            released.append(p)
+            lib.larder_batch_release(p)
+    s._L = Spy()
+    s.close()
+    assert released == [stashed] and not s._stash
+
+
 def test_arrow_pyarrow(client, daemon):
     """pyarrow (where installed) imports a batch through the PyCapsule
     interface, zero-copy, with the values `larderctl cat` prints, and the

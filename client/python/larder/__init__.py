@@ -632,6 +632,12 @@ class Stream:
         """Closes the stream; batches still alive stay valid until dropped."""
         h, self._h = self._h, None
         if h:
+            # A batch taken when a signal interrupted next() that no Batch
+            # owns: held, it would keep a CUDA stream's region mapped and
+            # its connection open until the process exits.
+            p, self._stash = self._stash, 0
+            if p:
+                self._L.larder_batch_release(p)
             self._L.larder_stream_close(h)
 
     def __enter__(self):

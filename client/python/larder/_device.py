@@ -217,8 +217,12 @@ class DeviceBatch(collections.abc.Mapping):
         else:
             plan[0](ptr, *plan[1])
         v = plan[2][:]  # a list of the words; list() of a ctypes array is 5x slower
-        owner = _Owner(stream, ptr)
-        stream._stash = 0  # the owner releases it from here on
+        owner = _Owner(stream, None)
+        # The owner releases the batch from here on: no call between these
+        # two stores, so a signal cannot leave the batch both stashed and
+        # owned (released twice) or neither.
+        owner.ptr = ptr
+        stream._stash = 0
         self._stream = stream
         self._owner = owner
         self._vec = v
@@ -355,11 +359,13 @@ class _TorchPlan:
     def __init__(self, stream, v):
         import torch
         self.torch = torch
-        # On a GPU, the raw handle of torch's current CUDA stream for a
-        # device, which the fast path's capsules do not carry (DeviceArray's
-        # __dlpack__ is given it).
+        # With torch on a GPU, the raw handle of torch's current CUDA
+        # stream for a device, which the fast path's capsules do not carry
+        # (DeviceArray's __dlpack__ is given it): a batch's release must
+        # wait for the kernels queued there, and torch's side streams do
+        # not wait for the legacy default stream, nor it for them.
         self.raw_stream = None
-        if _DLPACK_DEVICE is None and torch.cuda.is_available():
+        if torch.cuda.is_available():
             self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
                 lambda d: torch.cuda.current_stream(d).cuda_stream)
         self.leaves = []
