@@ -619,6 +619,59 @@ TEST_IMPL(cuda_held_regions_limit) {
 }
 
 /*
+ * The device memory of closed CUDA streams' regions that the trainer still
+ * maps (legacy IPC, parked) counts with its arenas against
+ * max_arena_bytes_per_client, and over a user's connections against
+ * max_arena_bytes_per_uid: closing streams while holding a batch of each
+ * cannot take more of a GPU than those allow.  Each 1 MiB arena's region
+ * takes 2 MiB of device memory (REGION_ALIGN).  The open past a limit
+ * fails with LARDER_ELIMIT and says why; releasing a batch frees its
+ * region and makes room.
+ */
+TEST_IMPL(cuda_held_regions_bytes) {
+  if (use_driver()) return 0;
+  for (int per_uid = 0; per_uid < 2; per_uid++) {
+    static const char *const client_fl[] = {"--max_arena_bytes_per_client=5M", NULL};
+    static const char *const uid_fl[] = {"--max_arena_bytes_per_uid=5M", NULL};
+    dh_daemon d;
+    dh_init(&d, "d", per_uid ? uid_fl : client_fl);
+    dh_start(&d);
+    larder_stream_options_t co;
+    cuda_opts(&co, 100, 1, 0);
+    co.arena_bytes = 1u << 20;
+    larder_client_t *c, *other;
+    ASSERT_OK(larder_client_connect(d.socket, &c));
+    ASSERT_OK(larder_client_connect(d.socket, &other));
+    larder_client_t *asks = per_uid ? other : c;
+    larder_stream_t *s[3];
+    larder_batch_t *b[2];
+    for (int i = 0; i < 2; i++) {
+      ASSERT_OK(larder_stream_open(c, &co, &s[i]));
+      ASSERT_OK(larder_stream_next(s[i], 60000 * dh_slow(), &b[i]));
+      larder_stream_close(s[i]);
+    }
+    ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
+    ASSERT_EQ(larder_stream_open(asks, &co, &s[2]), LARDER_ELIMIT);
+    ASSERT_STR_CONTAINS(larder_client_last_error(asks), "CUDA regions");
+    ASSERT_STR_CONTAINS(larder_client_last_error(asks),
+                        per_uid ? "max_arena_bytes_per_uid" : "max_arena_bytes_per_client");
+    larder_batch_release(b[0]); /* its region goes: room for one more */
+    wait_cuda_bytes(&d, 2u << 20);
+    ASSERT_OK(larder_stream_open(asks, &co, &s[2]));
+    larder_batch_t *x;
+    ASSERT_OK(larder_stream_next(s[2], 60000 * dh_slow(), &x));
+    larder_batch_release(x);
+    larder_stream_close(s[2]);
+    larder_batch_release(b[1]);
+    wait_cuda_bytes(&d, 0);
+    larder_client_close(other);
+    larder_client_close(c);
+    dh_stop(&d);
+  }
+  return 0;
+}
+
+/*
  * A client that opens CUDA streams and never reads the replies: past
  * CONN_MAX_PENDING_FD_FRAMES (64) replies waiting behind its full socket,
  * opens are refused with LARDER_EBUSY, and their regions, whose handles
@@ -1677,6 +1730,7 @@ TEST_IMPL(cuda_exports) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_fd_handles) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_held_regions_limit) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_held_regions_bytes) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_open_replies_unread) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_release_fenced) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_region_too_small) { return run_test_cuda_values_match(); }

@@ -53,14 +53,17 @@ struct cuda_park {
   uint64_t owner; /* the connection; 0 once it ended (an orphan) */
   uint32_t stream_id;
   cuda_region_t *r;
-  int pid;      /* the trainer's, in the daemon's PID namespace */
-  int pidfd;    /* readable once it exited, or -1 (kill(pid, 0) then) */
-  int busy;     /* its stream has not settled it yet */
-  int unparked; /* off the list: the region goes once settled */
+  uint64_t bytes; /* the region's device memory */
+  uint32_t uid;   /* the trainer's */
+  int pid;        /* the trainer's, in the daemon's PID namespace */
+  int pidfd;      /* readable once it exited, or -1 (kill(pid, 0) then) */
+  int busy;       /* its stream has not settled it yet */
+  int unparked;   /* off the list: the region goes once settled */
 };
 static cuda_park_t *parked;
 
 static int region_is_vmm(const cuda_region_t *r);
+static uint64_t region_dev_bytes(const cuda_region_t *r);
 
 int cuda_watch_pid(int pid) {
 #ifdef SYS_pidfd_open
@@ -84,13 +87,14 @@ static int park_process_gone(const cuda_park_t *p) {
   return p->pid <= 0 || (kill(p->pid, 0) != 0 && errno == ESRCH);
 }
 
-cuda_park_t *cuda_park(uint64_t owner, int pid, int pidfd, uint32_t stream_id, cuda_region_t *r) {
+cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t uid, int pidfd, uint32_t stream_id,
+                       cuda_region_t *r) {
   /* A descriptor's region: the trainer's mapping keeps the memory. */
   if (region_is_vmm(r)) return NULL;
   cuda_park_t *p = malloc(sizeof(*p));
   if (p == NULL) return NULL; /* freed with the stream, mapped or not */
   int fd = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
-  *p = (cuda_park_t){parked, owner, stream_id, r, pid, fd, 1, 0};
+  *p = (cuda_park_t){parked, owner, stream_id, r, region_dev_bytes(r), uid, pid, fd, 1, 0};
   parked = p;
   return p;
 }
@@ -142,6 +146,20 @@ void cuda_reap(void) {
 int cuda_orphans_of(int pid) {
   int n = 0;
   for (const cuda_park_t *p = parked; p; p = p->next) n += p->owner == 0 && p->pid == pid;
+  return n;
+}
+
+uint64_t cuda_parked_bytes(uint64_t owner, int pid) {
+  uint64_t n = 0;
+  for (const cuda_park_t *p = parked; p; p = p->next)
+    if (p->owner ? p->owner == owner : p->pid == pid) n += p->bytes;
+  return n;
+}
+
+uint64_t cuda_parked_bytes_of_uid(uint32_t uid) {
+  uint64_t n = 0;
+  for (const cuda_park_t *p = parked; p; p = p->next)
+    if (p->uid == uid) n += p->bytes;
   return n;
 }
 
@@ -342,6 +360,8 @@ static CUresult vmm_open(cuda_region_t *r, int *fd, const char **what) {
 }
 
 static int region_is_vmm(const cuda_region_t *r) { return r->vmm; }
+
+static uint64_t region_dev_bytes(const cuda_region_t *r) { return r->dev_bytes; }
 
 /* Whether device supports VMM allocations exported as POSIX descriptors
  * (asked once per device; warns once when it does not: its regions are
@@ -599,6 +619,11 @@ struct cuda_region {
 };
 
 static int region_is_vmm(const cuda_region_t *r) {
+  (void)r;
+  return 0;
+}
+
+static uint64_t region_dev_bytes(const cuda_region_t *r) {
   (void)r;
   return 0;
 }

@@ -176,7 +176,10 @@ void cuda_region_close(cuda_region_t *r);
  * unparked in between.  The caller counts a connection's parks, and its
  * process's orphans (cuda_orphans_of), with its streams against
  * max_streams_per_client, so that no trainer can make the list grow
- * without end.  A region exported as a descriptor is not parked: the
+ * without end, and their device bytes (cuda_parked_bytes,
+ * cuda_parked_bytes_of_uid) with its arenas against
+ * max_arena_bytes_per_client and max_arena_bytes_per_uid, so that no
+ * trainer holds more of a GPU's memory than those allow.  A region exported as a descriptor is not parked: the
  * trainer's own mapping keeps its memory (which then counts in the
  * trainer's process, not in the daemon's stats).  Loop thread.
  */
@@ -185,7 +188,8 @@ typedef struct cuda_park cuda_park_t;
  * keeps using it until it calls cuda_park_settle.  Returns the park, or
  * NULL (a descriptor's region, or no memory for the list): the stream then
  * frees r itself. */
-cuda_park_t *cuda_park(uint64_t owner, int pid, int pidfd, uint32_t stream_id, cuda_region_t *r);
+cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t uid, int pidfd, uint32_t stream_id,
+                       cuda_region_t *r);
 /* A descriptor that becomes readable when process pid exits (pidfd_open),
  * or -1 (before Linux 5.3, or the process is gone): the caller's.  Taken
  * while the process is connected, so that its pid, reused later, cannot
@@ -203,6 +207,12 @@ void cuda_orphan(uint64_t owner);
 void cuda_reap(void);
 /* Parks of process pid whose connection ended. */
 int cuda_orphans_of(int pid);
+/* The device bytes of connection owner's parks and of process pid's
+ * orphans: what a connection's trainer holds parked. */
+uint64_t cuda_parked_bytes(uint64_t owner, int pid);
+/* The device bytes of every park of user uid, its connections' and its
+ * orphans. */
+uint64_t cuda_parked_bytes_of_uid(uint32_t uid);
 
 /* The device bytes regions hold on device (0 for devices never used), and
  * the number of device ordinals that regions were ever opened on, plus

@@ -306,7 +306,8 @@ void stream_close(stream_t *s) {
    * out, the trainer may map the region, which is parked (cuda.h), and
    * counts against the connection's limit until the trainer lets go. */
   if (s->cuda && s->conn && !s->client_closed && !conn_reply_unsent(s->conn, s->id)) {
-    s->cuda_park = cuda_park(s->conn->id, (int)s->conn->pid, s->conn->pidfd, s->id, s->cuda);
+    s->cuda_park = cuda_park(s->conn->id, (int)s->conn->pid, (uint32_t)s->conn->uid, s->conn->pidfd,
+                             s->id, s->cuda);
     if (s->cuda_park) s->conn->cuda_parked++;
   }
   /* Its tasks' ends free it now: each wakes the loop again. */
@@ -728,27 +729,31 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
     return -1;
   }
   /* larder per-client limits: the arenas and rings of all of a client's
-   * streams. */
+   * streams, and the device memory of the CUDA regions its trainer has
+   * not let go of (parked, cuda.h), which outlive their streams. */
   uint64_t ring_need = p->ring && srv->cfg.shm_ring ? ring_size_for(s) : 0;
   uint64_t shm_need = *arena_bytes + ring_need;
-  if (c->arena_bytes + shm_need > srv->cfg.max_arena_bytes_per_client) {
+  uint64_t mine = c->arena_bytes + cuda_parked_bytes(c->id, (int)c->pid);
+  if (mine + shm_need > srv->cfg.max_arena_bytes_per_client) {
     refuse_open(c, s, o, LARDER_ELIMIT,
-                "this client's streams already hold %llu bytes of shared memory; another "
-                "%llu would exceed max_arena_bytes_per_client (%llu)",
-                (unsigned long long)c->arena_bytes, (unsigned long long)shm_need,
+                "this client's streams (and the CUDA regions it still maps) already hold %llu "
+                "bytes of shared memory; another %llu would exceed max_arena_bytes_per_client "
+                "(%llu)",
+                (unsigned long long)mine, (unsigned long long)shm_need,
                 (unsigned long long)srv->cfg.max_arena_bytes_per_client);
     return -1;
   }
   /* The same over all of a user's connections: the per-client cap alone
    * lets one user hold max_clients_per_uid times it. */
   if (srv->cfg.max_arena_bytes_per_uid) {
-    uint64_t uid_bytes = 0;
+    uint64_t uid_bytes = cuda_parked_bytes_of_uid((uint32_t)c->uid);
     for (conn_t *other = srv->conns; other; other = other->next)
       if (other->uid == c->uid) uid_bytes += other->arena_bytes;
     if (uid_bytes + shm_need > srv->cfg.max_arena_bytes_per_uid) {
       refuse_open(c, s, o, LARDER_ELIMIT,
-                  "the streams of uid %u already hold %llu bytes of shared memory; another "
-                  "%llu would exceed max_arena_bytes_per_uid (%llu)",
+                  "the streams of uid %u (and the CUDA regions it still maps) already hold "
+                  "%llu bytes of shared memory; another %llu would exceed "
+                  "max_arena_bytes_per_uid (%llu)",
                   (unsigned)c->uid, (unsigned long long)uid_bytes, (unsigned long long)shm_need,
                   (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
       return -1;
