@@ -294,12 +294,25 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
 
 uint64_t lcuda_map_base(const lcuda_map_t *m) { return (uint64_t)m->base; }
 
+/* A fence that could not be recorded: waits for all the work of the
+ * mapping's context, on every stream, which covers whatever may read the
+ * batch, and returns rc (the caller releases at once). */
+static int fence_instead(lcuda_map_t *m, int rc) {
+  const lcuda_api_t *api = m->api;
+  if (api->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
+    (void)api->cuCtxSynchronize();
+    CUcontext popped;
+    (void)api->cuCtxPopCurrent(&popped);
+  }
+  return rc;
+}
+
 int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
   if (m->pid != getpid()) return LARDER_EINVAL;
   if (m->fq_count == m->fq_cap) {
     int cap = m->fq_cap ? 2 * m->fq_cap : 16;
     __typeof__(m->fq) q = malloc((size_t)cap * sizeof(*q));
-    if (q == NULL) return LARDER_ENOMEM;
+    if (q == NULL) return fence_instead(m, LARDER_ENOMEM);
     for (int i = 0; i < m->fq_count; i++) q[i] = m->fq[(m->fq_head + i) % m->fq_cap];
     free(m->fq);
     m->fq = q;
@@ -311,7 +324,7 @@ int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
      * fails for want of it. */
     int cap = m->cap_spare ? 2 * m->cap_spare : 16;
     CUevent *e = realloc(m->spare, (size_t)cap * sizeof(CUevent));
-    if (e == NULL) return LARDER_ENOMEM;
+    if (e == NULL) return fence_instead(m, LARDER_ENOMEM);
     m->spare = e;
     m->cap_spare = cap;
   }
@@ -324,6 +337,9 @@ int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
   }
   if (ev == NULL) r = api->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
   if (r == CUDA_SUCCESS) r = api->cuEventRecord(ev, stream ? (CUstream)stream : CU_STREAM_LEGACY);
+  /* A stream the driver refuses (one of another device's context, one
+   * destroyed since it was set): the context's work is waited for. */
+  if (r != CUDA_SUCCESS) (void)api->cuCtxSynchronize();
   CUcontext popped;
   (void)api->cuCtxPopCurrent(&popped);
   if (r != CUDA_SUCCESS) {

@@ -128,8 +128,11 @@ uint64_t lcuda_map_base(const lcuda_map_t *m);
 /* Records a fence for seq after the work queued so far on stream (a
  * CUstream of the mapping's device; NULL: the legacy default stream,
  * which orders after every blocking stream's work).  Returns 0, or
- * LARDER_EIO (the driver refused: the caller releases at once),
- * LARDER_ENOMEM, LARDER_EINVAL (another process's mapping). */
+ * LARDER_EIO (the driver refused the stream) or LARDER_ENOMEM, having
+ * then waited for all the work of the mapping's context (cuCtxSynchronize,
+ * on the calling thread), so that the caller releases at once; or
+ * LARDER_EINVAL (another process's mapping, which runs no work of its
+ * own on it). */
 int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq);
 /* Takes the oldest fence if its event has passed (an event the driver
  * reports failed, in a context that is gone, has passed too): returns 1

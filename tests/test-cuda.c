@@ -16,6 +16,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -671,12 +672,94 @@ TEST_IMPL(cuda_held_regions_bytes) {
   return 0;
 }
 
+/* A CUDA stream's open on a thread of its own: its result, and when it
+ * returned. */
+typedef struct slow_open {
+  const char *socket;
+  larder_stream_options_t o;
+  int rc;
+  atomic_int done;
+  larder_client_t *c;
+  larder_stream_t *s;
+} slow_open_t;
+
+static void *slow_open_run(void *arg) {
+  slow_open_t *so = arg;
+  so->rc = larder_client_connect(so->socket, &so->c);
+  if (so->rc == 0) so->rc = larder_stream_open(so->c, &so->o, &so->s);
+  atomic_store(&so->done, 1);
+  return NULL;
+}
+
 /*
- * A client that opens CUDA streams and never reads the replies: past
- * CONN_MAX_PENDING_FD_FRAMES (64) replies waiting behind its full socket,
- * opens are refused with LARDER_EBUSY, and their regions, whose handles
- * never left the daemon, are freed at once, neither kept for the client
- * nor counted against its streams; the rest go with the connection.
+ * A CUDA stream's region is opened on a worker, not on the loop: while
+ * the driver takes its time (the double holds cuMemHostRegister, pinning
+ * the arena, until the test lets go; a real driver takes up to a second
+ * for a large arena, and longer for a device's first context), other
+ * trainers' host streams open and deliver, and larderctl answers.  Then
+ * the CUDA stream opens and delivers the host stream's bytes.
+ */
+TEST_IMPL(cuda_open_off_loop) {
+  if (use_driver()) return 0;
+  char gate[600], held[640];
+  snprintf(gate, sizeof(gate), "%s/pin-gate", test_tmpdir());
+  snprintf(held, sizeof(held), "%s.held", gate);
+  FILE *f = fopen(gate, "w");
+  ASSERT_NOT_NULL(f);
+  fclose(f);
+  ASSERT_OK(setenv("LARDER_FAKE_CUDA_PIN_GATE", gate, 1));
+  dh_daemon d;
+  dh_init(&d, "d", NULL);
+  dh_start(&d);
+  ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_PIN_GATE"));
+  slow_open_t so = {.socket = d.socket};
+  cuda_opts(&so.o, 100, 1, 0);
+  pthread_t t;
+  ASSERT_OK(pthread_create(&t, NULL, slow_open_run, &so));
+  for (int i = 0; access(held, F_OK) != 0; i++) {
+    ASSERT(i < 2000 * dh_slow()); /* 20 s */
+    usleep(10000);
+  }
+  /* The daemon is inside cuMemHostRegister for the CUDA stream. */
+  larder_stream_options_t ho;
+  std_opts(&ho, 100, 1);
+  dh_run run = {0};
+  ASSERT_OK(dh_collect(d.socket, &ho, 20, &run));
+  ASSERT_EQ(run.n, 20);
+  dh_run_free(&run);
+  ASSERT_GE(dh_stat(&d, "batches"), 20); /* larderctl answers meanwhile */
+  ASSERT_EQ(atomic_load(&so.done), 0);
+  ASSERT_OK(unlink(gate));
+  ASSERT_OK(pthread_join(t, NULL));
+  ASSERT_OK(so.rc);
+  larder_batch_t *b;
+  ASSERT_OK(larder_stream_next(so.s, 60000 * dh_slow(), &b));
+  larder_client_t *hc;
+  ASSERT_OK(larder_client_connect(d.socket, &hc));
+  larder_stream_t *hs;
+  ASSERT_OK(larder_stream_open(hc, &ho, &hs));
+  larder_batch_t *hb;
+  ASSERT_OK(larder_stream_next(hs, 60000 * dh_slow(), &hb));
+  expect_same_batch(0, hb, b);
+  larder_batch_release(hb);
+  larder_batch_release(b);
+  larder_stream_close(hs);
+  larder_client_close(hc);
+  larder_stream_close(so.s);
+  larder_client_close(so.c);
+  wait_cuda_bytes(&d, 0);
+  dh_stop(&d);
+  return 0;
+}
+
+/*
+ * A client that opens CUDA streams and never reads the replies: one whose
+ * stream fails while its reply waits gets the error instead of the reply;
+ * past CONN_MAX_PENDING_FD_FRAMES (64) replies waiting behind its full
+ * socket, opens are refused with LARDER_EBUSY, and their regions, whose
+ * handles never left the daemon, are freed at once, neither kept for the
+ * client nor counted against its streams; the rest go with the
+ * connection.
  */
 TEST_IMPL(cuda_open_replies_unread) {
   if (use_driver()) return 0;
@@ -684,40 +767,74 @@ TEST_IMPL(cuda_open_replies_unread) {
   dh_daemon d;
   dh_init(&d, "d", fl);
   dh_start(&d);
-  int fd = dh_raw_connect(d.socket);
-  wire_free(dh_raw_hello(fd, WIRE_PROTOCOL_VERSION));
-  /* Refused requests, whose errors fill the socket to the client. */
-  size_t len;
-  uint8_t *bad = dh_open_frame(7, NULL, 0, 0, &len);
-  for (int k = 0; k < 3 * 4096; k++) ASSERT_OK(dh_raw_write(fd, bad, len));
-  free(bad);
-  usleep(300000);
   larder_stream_options_t co;
   cuda_opts(&co, 100, 1, 0);
   Larder__OpenStream req = LARDER__OPEN_STREAM__INIT;
-  req.request_id = 1;
   req.n_sources = co.num_sources;
   req.sources = (char **)(uintptr_t)co.sources;
-  req.batch_size = co.batch_size;
   req.epochs = co.epochs;
   req.world_size = 1;
-  req.arena_bytes = 1u << 20;
   req.memory_kind = LARDER__MEMORY_KIND__MEMORY_CUDA;
   Larder__Frame f = LARDER__FRAME__INIT;
   f.msg_case = LARDER__FRAME__MSG_OPEN_STREAM;
   f.open_stream = &req;
-  /* One at a time: opens in progress at once are limited too. */
-  for (int k = 0; k < 70; k++) {
-    uint64_t opened = dh_stat(&d, "streams_opened");
-    ASSERT_OK(dh_raw_send(fd, &f));
-    double deadline = test_now_ms() + 10000.0 * dh_slow();
-    while (dh_stat(&d, "streams_opened") == opened && test_now_ms() < deadline) usleep(1000);
-    ASSERT_UINT_EQ(dh_stat(&d, "streams_opened"), opened + 1);
+  for (int part = 0; part < 2; part++) {
+    int fd = dh_raw_connect(d.socket);
+    wire_free(dh_raw_hello(fd, WIRE_PROTOCOL_VERSION));
+    /* Refused requests, whose errors fill the socket to the client. */
+    size_t len;
+    uint8_t *bad = dh_open_frame(7, NULL, 0, 0, &len);
+    for (int k = 0; k < 3 * 4096; k++) ASSERT_OK(dh_raw_write(fd, bad, len));
+    free(bad);
+    usleep(300000);
+    if (part == 0) {
+      /* A stream that fails at its first batch (larger than its arena)
+       * while its reply waits unread: the reply is withdrawn, so that no
+       * handle of a region freed now reaches the client, whose open gets
+       * the stream's error instead. */
+      req.request_id = 2;
+      req.batch_size = 4000;
+      req.arena_bytes = 64u << 10;
+      uint64_t errors = dh_stat(&d, "stream_errors");
+      ASSERT_OK(dh_raw_send(fd, &f));
+      double until = test_now_ms() + 10000.0 * dh_slow();
+      while (dh_stat(&d, "stream_errors") == errors && test_now_ms() < until) usleep(1000);
+      ASSERT_UINT_EQ(dh_stat(&d, "stream_errors"), errors + 1);
+      wait_cuda_bytes(&d, 0);
+      /* The client reads at last: the error, and no reply. */
+      int seen = 0;
+      for (;;) {
+        int fds[8], nfds = 0, rc = 0;
+        Larder__Frame *r = dh_raw_recv(fd, 2000 * dh_slow(), fds, &nfds, &rc);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        if (r == NULL) break;
+        ASSERT(r->msg_case != LARDER__FRAME__MSG_OPEN_STREAM_REPLY);
+        if (r->msg_case == LARDER__FRAME__MSG_ERROR && r->error->request_id == 2) {
+          ASSERT_STR_CONTAINS(r->error->message, "arena");
+          seen++;
+        }
+        wire_free(r);
+      }
+      ASSERT_EQ(seen, 1);
+      close(fd);
+      continue;
+    }
+    req.request_id = 1;
+    req.batch_size = co.batch_size;
+    req.arena_bytes = 1u << 20;
+    /* One at a time: opens in progress at once are limited too. */
+    for (int k = 0; k < 70; k++) {
+      uint64_t opened = dh_stat(&d, "streams_opened");
+      ASSERT_OK(dh_raw_send(fd, &f));
+      double deadline = test_now_ms() + 10000.0 * dh_slow();
+      while (dh_stat(&d, "streams_opened") == opened && test_now_ms() < deadline) usleep(1000);
+      ASSERT_UINT_EQ(dh_stat(&d, "streams_opened"), opened + 1);
+    }
+    ASSERT_UINT_EQ(dh_stat(&d, "streams"), 64);
+    wait_cuda_bytes(&d, 64u * (2u << 20));
+    close(fd);
+    wait_cuda_bytes(&d, 0);
   }
-  ASSERT_UINT_EQ(dh_stat(&d, "streams"), 64);
-  wait_cuda_bytes(&d, 64u * (2u << 20));
-  close(fd);
-  wait_cuda_bytes(&d, 0);
   dh_stop(&d);
   return 0;
 }
@@ -856,6 +973,20 @@ TEST_IMPL(cuda_release_fenced) {
   larder_batch_release(hb[3]);
   ASSERT_OK(larder_stream_next(hs, timeout, &hb[3]));
   expect_same_batch(0, hb[3], cb[3]);
+  /* A CUDA stream the driver refuses (here a handle of none): the release
+   * waits for all of the context's work instead, on the releasing
+   * thread, and the next batch comes after it. */
+  larder_stream_set_cuda_stream(cs, (void *)(uintptr_t)0x7000);
+  gpu_busy(&g);
+  ASSERT_OK(pthread_create(&releaser, NULL, release_batch, cb[2]));
+  gpu_idle_in(&g, 300);
+  ASSERT_OK(pthread_join(releaser, NULL));
+  expect_waited_for_gpu(&g, test_now_ms(), "a release fenced on a stream refused");
+  ASSERT_OK(larder_stream_next(cs, timeout, &cb[2]));
+  larder_batch_release(hb[2]);
+  ASSERT_OK(larder_stream_next(hs, timeout, &hb[2]));
+  expect_same_batch(0, hb[2], cb[2]);
+  larder_stream_set_cuda_stream(cs, NULL);
   /* The close waits for the releases held back. */
   gpu_busy(&g);
   larder_batch_release(cb[2]);
@@ -1731,6 +1862,7 @@ TEST_IMPL(cuda_trainer_killed) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_fd_handles) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_held_regions_limit) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_held_regions_bytes) { return run_test_cuda_values_match(); }
+TEST_IMPL(cuda_open_off_loop) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_open_replies_unread) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_release_fenced) { return run_test_cuda_values_match(); }
 TEST_IMPL(cuda_region_too_small) { return run_test_cuda_values_match(); }

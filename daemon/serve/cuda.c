@@ -365,9 +365,10 @@ static uint64_t region_dev_bytes(const cuda_region_t *r) { return r->dev_bytes; 
 
 /* Whether device supports VMM allocations exported as POSIX descriptors
  * (asked once per device; warns once when it does not: its regions are
- * then legacy ones).  Loop thread. */
+ * then legacy ones).  Any thread. */
 static int vmm_supported(const lcuda_api_t *api, int device) {
-  static signed char known[LCUDA_MAX_DEVICES]; /* 0 unknown, 1 yes, -1 no */
+  static signed char known[LCUDA_MAX_DEVICES]; /* under lock: 0 unknown, 1 yes, -1 no */
+  pthread_mutex_lock(&lock);
   if (known[device] == 0) {
     CUdevice d;
     int vmm = 0, fd = 0;
@@ -385,7 +386,9 @@ static int vmm_supported(const lcuda_api_t *api, int device) {
           "(cuda_fd_handles); its streams use legacy IPC handles",
           device);
   }
-  return known[device] > 0;
+  int yes = known[device] > 0;
+  pthread_mutex_unlock(&lock);
+  return yes;
 }
 
 int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
@@ -410,8 +413,8 @@ int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *s
   r->dev_bytes = (size + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
   r->stats = stats;
   char e[160];
-  /* The loop thread makes the context current for these calls only: it
-   * has no other, and the next region may be on another device. */
+  /* The calling thread makes the context current for these calls only:
+   * the next region, or copy, may be on another device. */
   CUresult cr = api->cuCtxSetCurrent(c);
   int legacy = 1;
   const char *what = "cuMemAlloc";

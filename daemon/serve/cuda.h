@@ -73,9 +73,12 @@
  * until then the region is parked (below).  The gauge cuda_device_bytes
  * and the per-device figures (cuda_device_bytes_of) follow the regions.
  *
- * Threads: cuda_check, cuda_region_open/close and cuda_loop_* on the
- * loop; cuda_region_copy on workers, concurrently for one region
- * (disjoint ranges); the done callbacks on the loop.
+ * Threads: cuda_check, cuda_region_close and cuda_loop_* on the loop;
+ * cuda_region_open on a worker (the driver's first context retain, the
+ * allocation and the arena's pinning take from milliseconds to a second,
+ * which the loop must not spend), concurrently for several regions;
+ * cuda_region_copy on workers, concurrently for one region (disjoint
+ * ranges); the done callbacks on the loop.
  */
 #ifndef LARDER_DAEMON_CUDA_H
 #define LARDER_DAEMON_CUDA_H
@@ -115,7 +118,7 @@ typedef struct cuda_export {
  * the allocation granularity), which it adds to stats->cuda_device_bytes.
  * Returns 0, LARDER_EUNSUPPORTED, LARDER_EINVAL (device), LARDER_ENOMEM
  * (device memory exhausted, naming the device) or LARDER_EIO, with err
- * set.  Loop thread. */
+ * set.  A worker (any thread but the loop's, which it would stall). */
 int cuda_region_open(int device, uint8_t *host, uint64_t size, stats_global_t *stats,
                      cuda_region_t **out, cuda_export_t *ex, char *err, size_t errlen);
 

@@ -351,7 +351,16 @@ void stream_fail(stream_t *s, int code, const char *fmt, ...) {
   va_end(ap);
   STATS_ADD(&s->srv->stats, stream_errors, 1);
   log_notice("stream %u of client pid %d failed: %s", s->id, s->conn ? (int)s->conn->pid : -1, msg);
-  if (s->conn) conn_send_error(s->conn, code, s->id, 0, "%s", msg);
+  if (s->conn && s->cuda && conn_reply_unsent(s->conn, s->id)) {
+    /* Its reply still waits for the client to read: it goes, so that no
+     * trainer maps a region freed now (its handle was never sent), and
+     * the client's open gets the error instead. */
+    conn_cancel_unsent(s->conn, s->id);
+    s->client_closed = 1;
+    conn_send_error(s->conn, code, 0, s->request_id, "%s", msg);
+  } else if (s->conn) {
+    conn_send_error(s->conn, code, s->id, 0, "%s", msg);
+  }
   stream_close(s);
 }
 
@@ -431,6 +440,11 @@ typedef struct open_req {
   shuffle_plan_t *plan;  /* made by open_work; NULL: open_done makes it */
   char *job;             /* the trainer's job name, checked */
   uint64_t requested_ns;
+  /* A CUDA stream's region, opened on a worker (region_work): */
+  stream_t *s;           /* the stream, made and not yet attached */
+  uint64_t reserved;     /* its arena's bytes, counted for the client meanwhile */
+  cuda_region_t *region; /* the region, for region_done to give s */
+  cuda_export_t ex;      /* its export */
 } open_req_t;
 
 /* The stream's shuffle parameters, from its request and its dataset. */
@@ -474,6 +488,7 @@ static void free_open_req(open_req_t *o) {
   /* larder per-client limits: the open is no longer pending. */
   conn_t *c = find_conn(o->srv, o->conn_id);
   if (c && c->pending_requests > 0) c->pending_requests--;
+  if (o->ex.fd >= 0) close(o->ex.fd); /* a region's descriptor never sent */
   free(o->roots);
   acl_peer_clear(&o->peer);
   shuffle_plan_free(o->plan);
@@ -736,9 +751,9 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
   uint64_t mine = c->arena_bytes + cuda_parked_bytes(c->id, (int)c->pid);
   if (mine + shm_need > srv->cfg.max_arena_bytes_per_client) {
     refuse_open(c, s, o, LARDER_ELIMIT,
-                "this client's streams (and the CUDA regions it still maps) already hold %llu "
-                "bytes of shared memory; another %llu would exceed max_arena_bytes_per_client "
-                "(%llu)",
+                "this client's streams already hold %llu bytes of shared memory (with the "
+                "CUDA regions it still maps); another %llu would exceed "
+                "max_arena_bytes_per_client (%llu)",
                 (unsigned long long)mine, (unsigned long long)shm_need,
                 (unsigned long long)srv->cfg.max_arena_bytes_per_client);
     return -1;
@@ -751,8 +766,8 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
       if (other->uid == c->uid) uid_bytes += other->arena_bytes;
     if (uid_bytes + shm_need > srv->cfg.max_arena_bytes_per_uid) {
       refuse_open(c, s, o, LARDER_ELIMIT,
-                  "the streams of uid %u (and the CUDA regions it still maps) already hold "
-                  "%llu bytes of shared memory; another %llu would exceed "
+                  "the streams of uid %u already hold %llu bytes of shared memory (with the "
+                  "CUDA regions it still maps); another %llu would exceed "
                   "max_arena_bytes_per_uid (%llu)",
                   (unsigned)c->uid, (unsigned long long)uid_bytes, (unsigned long long)shm_need,
                   (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
@@ -781,41 +796,17 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
   return 0;
 }
 
-/* Creates s's shared memory: its arena of arena_bytes (named name), its
- * CUDA region when the client asked for device memory (its export into ex,
- * whose descriptor, if any, the caller closes), and its descriptor ring
- * when asked for and allowed.  Returns 0, or -1 when the open was refused
- * (s and o are then freed). */
-static int open_shared_memory(conn_t *c, stream_t *s, open_req_t *o, uint64_t arena_bytes,
-                              const char *name, cuda_export_t *ex) {
-  server_t *srv = s->srv;
-  const Larder__OpenStream *p = &o->params;
-  int rc = arena_create(arena_bytes, name, &s->arena);
+/* Creates s's descriptor ring when asked for and allowed.  Returns 0, or
+ * -1 when the open was refused (s and o are then freed). */
+static int open_ring(conn_t *c, stream_t *s, open_req_t *o) {
+  if (!o->params.ring || !s->srv->cfg.shm_ring) return 0;
+  char name[64];
+  snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
+  int rc = ring_create(s, name);
   if (rc) {
-    refuse_open(c, s, o, rc, "cannot create a %llu-byte arena%s", (unsigned long long)arena_bytes,
+    refuse_open(c, s, o, rc, "cannot create the stream's descriptor ring%s",
                 rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
     return -1;
-  }
-  if (p->memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
-    char why[600];
-    /* The trainer's process, watched while it is surely the one
-     * connected: its regions may outlive the connection (cuda.h). */
-    if (c->pidfd < 0) c->pidfd = cuda_watch_pid((int)c->pid);
-    ex->fd_wanted = p->cuda_fd_ok && srv->cfg.cuda_fd_handles;
-    rc = cuda_region_open(p->cuda_device, arena_base(s->arena), arena_size(s->arena), &srv->stats,
-                          &s->cuda, ex, why, sizeof(why));
-    if (rc) {
-      refuse_open(c, s, o, rc, "larderd: %s", why);
-      return -1;
-    }
-  }
-  if (p->ring && srv->cfg.shm_ring) {
-    rc = ring_create(s, name);
-    if (rc) {
-      refuse_open(c, s, o, rc, "cannot create the stream's descriptor ring%s",
-                  rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
-      return -1;
-    }
   }
   return 0;
 }
@@ -945,6 +936,78 @@ static int open_reply(conn_t *c, stream_t *s, open_req_t *o, const cuda_export_t
   return rc;
 }
 
+/* The rest of an open whose shared memory (arena, CUDA region) is made:
+ * its ring, its place in connection c, its reply, and its start. */
+static void open_finish(conn_t *c, stream_t *s, open_req_t *o) {
+  /* The reply carries its own copy of the region's descriptor, and o goes
+   * with the reply. */
+  int fd = o->ex.fd;
+  cuda_export_t ex = o->ex;
+  o->ex.fd = -1;
+  int opened = open_ring(c, s, o) == 0;
+  if (opened) {
+    open_attach(c, s, o);
+    opened = open_reply(c, s, o, &ex) == 0;
+  }
+  if (fd >= 0) close(fd);
+  if (opened) stream_pump(s);
+}
+
+/* A CUDA stream's region, on a worker: the driver's calls (the context's
+ * first retain, the allocation, pinning the arena) take from milliseconds
+ * to a second, which the loop, handing every trainer its batches, must
+ * not spend.  s is not yet any connection's, so nothing else reads it. */
+static void region_work(work_t *w) {
+  open_req_t *o = w->data;
+  stream_t *s = o->s;
+  o->rc = cuda_region_open(o->params.cuda_device, arena_base(s->arena), arena_size(s->arena),
+                           &o->srv->stats, &o->region, &o->ex, o->err, sizeof(o->err));
+}
+
+/* The region's end, on the loop: gives s its region and finishes the open,
+ * or refuses it. */
+static void region_done(work_t *w, int status) {
+  open_req_t *o = w->data;
+  server_t *srv = o->srv;
+  stream_t *s = o->s;
+  conn_t *c = find_conn(srv, o->conn_id);
+  s->cuda = o->region;
+  o->region = NULL;
+  if (c) c->arena_bytes -= o->reserved;
+  if (c == NULL || srv->shutting_down || status == UV_ECANCELED) {
+    if (c) conn_send_error(c, LARDER_ESHUTDOWN, 0, o->request_id, "the daemon is shutting down");
+    s->closed = 1;
+    stream_destroy(s);
+    free_open_req(o);
+    return;
+  }
+  if (o->rc) {
+    refuse_open(c, s, o, o->rc, "larderd: %s", o->err);
+    return;
+  }
+  open_finish(c, s, o);
+}
+
+/* Opens s's CUDA region on a worker (region_work), its arena counted for
+ * connection c meanwhile, so that the client's other opens see it. */
+static void open_region(conn_t *c, stream_t *s, open_req_t *o) {
+  server_t *srv = o->srv;
+  /* The trainer's process, watched while it is surely the one connected:
+   * its regions may outlive the connection (cuda.h). */
+  if (c->pidfd < 0) c->pidfd = cuda_watch_pid((int)c->pid);
+  o->ex = (cuda_export_t){.fd = -1, .fd_wanted = o->params.cuda_fd_ok && srv->cfg.cuda_fd_handles};
+  o->s = s;
+  o->rc = 0;
+  o->reserved = arena_size(s->arena);
+  c->arena_bytes += o->reserved;
+  o->work.data = o;
+  o->work.owner = o->conn_id;
+  if (work_queue(srv->pool, &o->work, region_work, region_done) != 0) {
+    c->arena_bytes -= o->reserved;
+    refuse_open(c, s, o, LARDER_ESHUTDOWN, "the daemon is shutting down");
+  }
+}
+
 /* The open's end, on the loop: checks what the worker found (open_work)
  * against the daemon's limits, makes the stream, its shared memory and its
  * reply, and starts it.  Every refusal goes to the client as an Error
@@ -984,15 +1047,17 @@ static void open_done(work_t *w, int status) {
   if (open_check_limits(c, s, o, &arena_bytes) != 0) return;
   char name[64];
   snprintf(name, sizeof(name), "larder-stream-%d-%u", (int)c->pid, s->id);
-  cuda_export_t ex = {.fd = -1};
-  int opened = open_shared_memory(c, s, o, arena_bytes, name, &ex) == 0;
-  if (opened) {
-    open_attach(c, s, o);
-    opened = open_reply(c, s, o, &ex) == 0;
+  rc = arena_create(arena_bytes, name, &s->arena);
+  if (rc) {
+    refuse_open(c, s, o, rc, "cannot create a %llu-byte arena%s", (unsigned long long)arena_bytes,
+                rc == LARDER_ELIMIT ? OUT_OF_FDS : "");
+    return;
   }
-  /* The reply carries its own copy of the region's descriptor. */
-  if (ex.fd >= 0) close(ex.fd);
-  if (opened) stream_pump(s);
+  if (o->params.memory_kind == LARDER__MEMORY_KIND__MEMORY_CUDA) {
+    open_region(c, s, o);
+    return;
+  }
+  open_finish(c, s, o);
 }
 
 static char **copy_strings(char **v, size_t n) {
@@ -1180,6 +1245,7 @@ static open_req_t *open_request_new(conn_t *c, const Larder__OpenStream *req, in
     return NULL;
   }
   o->srv = srv;
+  o->ex.fd = -1;
   o->conn = c;
   o->conn_id = c->id;
   c->pending_requests++; /* free_open_req takes it back */

@@ -25,7 +25,9 @@
  *   (CUDA_ERROR_NOT_PERMITTED) in a primary context whose flags
  *   (cuDevicePrimaryCtxSetFlags) do not say CU_CTX_SCHED_BLOCKING_SYNC:
  *   larderd's workers must sleep while a copy runs.  cuMemHostRegister
- *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set.  cuStreamAddCallback
+ *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set, and waits while the
+ *   file $LARDER_FAKE_CUDA_PIN_GATE names exists (a slow pin, as of a
+ *   large arena on a real GPU), having made the file "<that name>.held".  cuStreamAddCallback
  *   calls back from a thread of its own (see it for failing copies).
  * - VMM (cuMemCreate and the calls around it): an allocation is a memfd
  *   (named after its device), its handle a counted reference to it; a
@@ -44,11 +46,13 @@
  *   descriptor handles, and cuMemCreate fails with
  *   CUDA_ERROR_NOT_SUPPORTED; with $LARDER_FAKE_CUDA_FAIL_EXPORT set,
  *   cuMemExportToShareableHandle fails with CUDA_ERROR_UNKNOWN.
- * - Events: recorded on any stream (the legacy default one included), and
- *   passed at once, unless the file $LARDER_FAKE_CUDA_GPU_BUSY names
- *   exists: then an event recorded while it does stays pending (the GPU
- *   still runs the work queued before it) until the file is removed, and
- *   cuEventSynchronize waits for that.
+ * - Events: recorded on a stream of the current context's device or a
+ *   special one (legacy, per-thread; any other handle is refused with
+ *   CUDA_ERROR_INVALID_HANDLE), and passed at once, unless the file
+ *   $LARDER_FAKE_CUDA_GPU_BUSY names exists: then an event recorded while
+ *   it does stays pending (the GPU still runs the work queued before it)
+ *   until the file is removed, and cuEventSynchronize and
+ *   cuCtxSynchronize wait for that.
  * - A context must be current for allocations and IPC (as in CUDA).
  */
 #include <cuda.h>
@@ -297,9 +301,13 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
   return CUDA_SUCCESS;
 }
 
+static int gpu_busy(void);
+
 CUresult CUDAAPI cuCtxSynchronize(void) {
   NEED_INIT();
-  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  while (gpu_busy()) usleep(1000); /* the work queued so far */
+  return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total) {
@@ -511,6 +519,16 @@ CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
   NEED_INIT();
   (void)Flags;
   if (p == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  /* Pinning a large arena takes the real driver a long time: a test
+   * holds the call here while the file exists. */
+  const char *gate = getenv("LARDER_FAKE_CUDA_PIN_GATE");
+  if (gate && *gate && access(gate, F_OK) == 0) {
+    char held[4096];
+    snprintf(held, sizeof(held), "%s.held", gate); /* says a call waits */
+    int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    while (access(gate, F_OK) == 0) usleep(1000);
+  }
   const char *v = getenv("LARDER_FAKE_CUDA_NO_PIN");
   return v && *v ? CUDA_ERROR_NOT_PERMITTED : CUDA_SUCCESS;
 }
@@ -930,10 +948,14 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
 
 CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
   NEED_INIT();
-  (void)hStream;
   if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
   fake_event *e = (fake_event *)(void *)hEvent;
   if (e == NULL || e->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+  /* A stream of the current context's device, or a special one; as the
+   * real driver, any other is refused. */
+  if (hStream != NULL && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD &&
+      hStream != (CUstream)(void *)&stream_token[current->device])
+    return CUDA_ERROR_INVALID_HANDLE;
   __atomic_store_n(&e->busy, gpu_busy(), __ATOMIC_RELEASE);
   return CUDA_SUCCESS;
 }
