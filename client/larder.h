@@ -262,8 +262,9 @@ typedef struct larder_stream_options {
  * complete on the device when larder_stream_next returns it (no event to
  * wait on).  Release, order, exactly-once and resume are as for host
  * streams, and so is a batch held past larder_stream_close: the device
- * memory stays until its last batch is released (release them before
- * larder_client_close, as for any stream).
+ * memory stays until its last batch is released (past
+ * larder_client_close too, which then keeps the connection open until
+ * then).
  * The CUDA driver is loaded at run time (libcuda.so.1, or
  * $LARDER_LIBCUDA); without it, or on a daemon without it, the open fails
  * with LARDER_EUNSUPPORTED and larder_client_last_error says what is
