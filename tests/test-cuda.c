@@ -697,7 +697,9 @@ static void *slow_open_run(void *arg) {
  * the arena, until the test lets go; a real driver takes up to a second
  * for a large arena, and longer for a device's first context), other
  * trainers' host streams open and deliver, and larderctl answers.  Then
- * the CUDA stream opens and delivers the host stream's bytes.
+ * the CUDA stream opens and delivers the host stream's bytes.  Its region
+ * is freed on a worker too: while the double holds cuMemHostUnregister,
+ * host streams deliver.
  */
 TEST_IMPL(cuda_open_off_loop) {
   if (use_driver()) return 0;
@@ -745,9 +747,24 @@ TEST_IMPL(cuda_open_off_loop) {
   larder_batch_release(b);
   larder_stream_close(hs);
   larder_client_close(hc);
+  /* Its close: the region goes on a worker too, whose unpinning the
+   * double holds while host streams deliver. */
+  ASSERT_OK(unlink(held));
+  f = fopen(gate, "w");
+  ASSERT_NOT_NULL(f);
+  fclose(f);
   larder_stream_close(so.s);
-  larder_client_close(so.c);
+  for (int i = 0; access(held, F_OK) != 0; i++) {
+    ASSERT(i < 2000 * dh_slow()); /* 20 s */
+    usleep(10000);
+  }
+  ASSERT_OK(dh_collect(d.socket, &ho, 20, &run));
+  ASSERT_EQ(run.n, 20);
+  dh_run_free(&run);
+  ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 2u << 20);
+  ASSERT_OK(unlink(gate));
   wait_cuda_bytes(&d, 0);
+  larder_client_close(so.c);
   dh_stop(&d);
   return 0;
 }

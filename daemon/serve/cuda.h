@@ -73,12 +73,13 @@
  * until then the region is parked (below).  The gauge cuda_device_bytes
  * and the per-device figures (cuda_device_bytes_of) follow the regions.
  *
- * Threads: cuda_check, cuda_region_close and cuda_loop_* on the loop;
- * cuda_region_open on a worker (the driver's first context retain, the
- * allocation and the arena's pinning take from milliseconds to a second,
- * which the loop must not spend), concurrently for several regions;
- * cuda_region_copy on workers, concurrently for one region (disjoint
- * ranges); the done callbacks on the loop.
+ * Threads: cuda_check, the parks and cuda_loop_* on the loop;
+ * cuda_region_open and cuda_region_close on a worker (the driver's first
+ * context retain, the allocation, pinning and unpinning the arena and
+ * freeing device memory take from milliseconds to a second, which the
+ * loop must not spend), concurrently for several regions (a parked
+ * region is freed on the loop); cuda_region_copy on workers, concurrently
+ * for one region (disjoint ranges); the done callbacks on the loop.
  */
 #ifndef LARDER_DAEMON_CUDA_H
 #define LARDER_DAEMON_CUDA_H
@@ -154,7 +155,7 @@ int cuda_region_device(const cuda_region_t *r);
 void cuda_region_detach_host(cuda_region_t *r);
 
 /* Frees the region and unpins the arena (before the arena is unmapped).
- * NULL is ignored. */
+ * NULL is ignored.  Any thread; a worker for a region never parked. */
 void cuda_region_close(cuda_region_t *r);
 
 /*

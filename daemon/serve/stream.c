@@ -234,6 +234,45 @@ static void window_unreserve(stream_t *s) {
 
 static conn_t *find_conn(server_t *srv, uint64_t id);
 
+/* A CUDA stream's region and arena, freed on a worker: unpinning the arena
+ * and freeing the device memory (cuMemHostUnregister, cuMemFree, which
+ * may wait for the device's copies in flight) take milliseconds that the
+ * loop, handing every trainer its batches, must not spend. */
+typedef struct region_close {
+  work_t work;
+  cuda_region_t *r;
+  arena_t *arena;
+  int ran;
+} region_close_t;
+
+static void region_close_work(work_t *w) {
+  region_close_t *rc = w->data;
+  cuda_region_close(rc->r); /* it unpins the arena: before the arena goes */
+  arena_destroy(rc->arena);
+  rc->ran = 1;
+}
+
+static void region_close_done(work_t *w, int status) {
+  region_close_t *rc = w->data;
+  (void)status;
+  if (!rc->ran) region_close_work(w); /* cancelled at shutdown: here, then */
+  free(rc);
+}
+
+/* Frees region r, then arena a, on a worker (on the loop when none takes
+ * it: out of memory, or the pool stopping). */
+static void close_region_later(server_t *srv, cuda_region_t *r, arena_t *a) {
+  region_close_t *rc = malloc(sizeof(*rc));
+  if (rc) {
+    *rc = (region_close_t){.r = r, .arena = a};
+    rc->work.data = rc;
+    if (work_queue(srv->pool, &rc->work, region_close_work, region_close_done) == 0) return;
+    free(rc);
+  }
+  cuda_region_close(r);
+  arena_destroy(a);
+}
+
 static void stream_destroy(stream_t *s) {
   if (s->owner) work_pool_release_owner(s->srv->pool, s->owner);
   s->owner = 0;
@@ -270,7 +309,8 @@ static void stream_destroy(stream_t *s) {
      * for the client, unless it was unparked meanwhile (cuda.h). */
     cuda_park_settle(s->cuda_park);
   } else if (s->cuda) {
-    cuda_region_close(s->cuda);
+    close_region_later(s->srv, s->cuda, s->arena);
+    s->arena = NULL;
   }
   s->cuda = NULL;
   arena_destroy(s->arena);

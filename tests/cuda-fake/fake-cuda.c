@@ -25,9 +25,10 @@
  *   (CUDA_ERROR_NOT_PERMITTED) in a primary context whose flags
  *   (cuDevicePrimaryCtxSetFlags) do not say CU_CTX_SCHED_BLOCKING_SYNC:
  *   larderd's workers must sleep while a copy runs.  cuMemHostRegister
- *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set, and waits while the
- *   file $LARDER_FAKE_CUDA_PIN_GATE names exists (a slow pin, as of a
- *   large arena on a real GPU), having made the file "<that name>.held".  cuStreamAddCallback
+ *   succeeds unless $LARDER_FAKE_CUDA_NO_PIN is set; it and
+ *   cuMemHostUnregister wait while the file $LARDER_FAKE_CUDA_PIN_GATE
+ *   names exists (a slow pin, as of a large arena on a real GPU), having
+ *   made the file "<that name>.held".  cuStreamAddCallback
  *   calls back from a thread of its own (see it for failing copies).
  * - VMM (cuMemCreate and the calls around it): an allocation is a memfd
  *   (named after its device), its handle a counted reference to it; a
@@ -515,27 +516,33 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   return CUDA_SUCCESS;
 }
 
+/* Pinning or unpinning a large arena takes the real driver a long time:
+ * a test holds the call here while the file $LARDER_FAKE_CUDA_PIN_GATE
+ * names exists, having made "<that name>.held" to say a call waits. */
+static void pin_gate(void) {
+  const char *gate = getenv("LARDER_FAKE_CUDA_PIN_GATE");
+  if (gate == NULL || *gate == '\0' || access(gate, F_OK) != 0) return;
+  char held[4096];
+  snprintf(held, sizeof(held), "%s.held", gate);
+  int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+  while (access(gate, F_OK) == 0) usleep(1000);
+}
+
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
   NEED_INIT();
   (void)Flags;
   if (p == NULL || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  /* Pinning a large arena takes the real driver a long time: a test
-   * holds the call here while the file exists. */
-  const char *gate = getenv("LARDER_FAKE_CUDA_PIN_GATE");
-  if (gate && *gate && access(gate, F_OK) == 0) {
-    char held[4096];
-    snprintf(held, sizeof(held), "%s.held", gate); /* says a call waits */
-    int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) close(fd);
-    while (access(gate, F_OK) == 0) usleep(1000);
-  }
+  pin_gate();
   const char *v = getenv("LARDER_FAKE_CUDA_NO_PIN");
   return v && *v ? CUDA_ERROR_NOT_PERMITTED : CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemHostUnregister(void *p) {
   NEED_INIT();
-  return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (p == NULL) return CUDA_ERROR_INVALID_VALUE;
+  pin_gate();
+  return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
