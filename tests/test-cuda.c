@@ -530,6 +530,18 @@ TEST_IMPL(cuda_close_holding) {
   return 0;
 }
 
+/* Opens n CUDA streams with co on c, takes a batch of each into b[] and
+ * closes the streams: their regions stay parked while b[] is held. */
+static void close_holding_batches(larder_client_t *c, const larder_stream_options_t *co,
+                                  larder_batch_t **b, int n) {
+  for (int i = 0; i < n; i++) {
+    larder_stream_t *s;
+    ASSERT_OK(larder_stream_open(c, co, &s));
+    ASSERT_OK(larder_stream_next(s, 60000 * dh_slow(), &b[i]));
+    larder_stream_close(s);
+  }
+}
+
 /*
  * Closed CUDA streams whose batches the trainer still holds keep their
  * regions (legacy IPC), and count with the client's open streams against
@@ -554,11 +566,7 @@ TEST_IMPL(cuda_held_regions_limit) {
     ASSERT_OK(larder_client_connect(d.socket, &c));
     larder_stream_t *s[3];
     larder_batch_t *b[2];
-    for (int i = 0; i < 2; i++) {
-      ASSERT_OK(larder_stream_open(c, &co, &s[i]));
-      ASSERT_OK(larder_stream_next(s[i], 60000 * dh_slow(), &b[i]));
-      larder_stream_close(s[i]);
-    }
+    close_holding_batches(c, &co, b, 2);
     if (!fd_handles) {
       ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
       ASSERT_EQ(larder_stream_open(c, &co, &s[2]), LARDER_ELIMIT);
@@ -644,25 +652,21 @@ TEST_IMPL(cuda_held_regions_bytes) {
     ASSERT_OK(larder_client_connect(d.socket, &c));
     ASSERT_OK(larder_client_connect(d.socket, &other));
     larder_client_t *asks = per_uid ? other : c;
-    larder_stream_t *s[3];
+    larder_stream_t *s2;
     larder_batch_t *b[2];
-    for (int i = 0; i < 2; i++) {
-      ASSERT_OK(larder_stream_open(c, &co, &s[i]));
-      ASSERT_OK(larder_stream_next(s[i], 60000 * dh_slow(), &b[i]));
-      larder_stream_close(s[i]);
-    }
+    close_holding_batches(c, &co, b, 2);
     ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 4u << 20);
-    ASSERT_EQ(larder_stream_open(asks, &co, &s[2]), LARDER_ELIMIT);
+    ASSERT_EQ(larder_stream_open(asks, &co, &s2), LARDER_ELIMIT);
     ASSERT_STR_CONTAINS(larder_client_last_error(asks), "CUDA regions");
     ASSERT_STR_CONTAINS(larder_client_last_error(asks),
                         per_uid ? "max_arena_bytes_per_uid" : "max_arena_bytes_per_client");
     larder_batch_release(b[0]); /* its region goes: room for one more */
     wait_cuda_bytes(&d, 2u << 20);
-    ASSERT_OK(larder_stream_open(asks, &co, &s[2]));
+    ASSERT_OK(larder_stream_open(asks, &co, &s2));
     larder_batch_t *x;
-    ASSERT_OK(larder_stream_next(s[2], 60000 * dh_slow(), &x));
+    ASSERT_OK(larder_stream_next(s2, 60000 * dh_slow(), &x));
     larder_batch_release(x);
-    larder_stream_close(s[2]);
+    larder_stream_close(s2);
     larder_batch_release(b[1]);
     wait_cuda_bytes(&d, 0);
     larder_client_close(other);
@@ -691,6 +695,30 @@ static void *slow_open_run(void *arg) {
   return NULL;
 }
 
+/* Closes the double's pin gate (LARDER_FAKE_CUDA_PIN_GATE): the next pin
+ * or unpin waits, and makes `held`. */
+static void close_gate(const char *gate, const char *held) {
+  (void)unlink(held);
+  FILE *f = fopen(gate, "w");
+  ASSERT_NOT_NULL(f);
+  fclose(f);
+}
+
+/* Waits (20 s at most) for a driver call to wait at the gate (`held`),
+ * then reads 20 batches of a host stream with ho, and asks larderctl. */
+static void host_while_held(const dh_daemon *d, const char *held,
+                            const larder_stream_options_t *ho) {
+  for (int i = 0; access(held, F_OK) != 0; i++) {
+    ASSERT(i < 2000 * dh_slow());
+    usleep(10000);
+  }
+  dh_run run = {0};
+  ASSERT_OK(dh_collect(d->socket, ho, 20, &run));
+  ASSERT_EQ(run.n, 20);
+  dh_run_free(&run);
+  ASSERT_GE(dh_stat(d, "batches"), 20);
+}
+
 /*
  * A CUDA stream's region is opened on a worker, not on the loop: while
  * the driver takes its time (the double holds cuMemHostRegister, pinning
@@ -706,9 +734,7 @@ TEST_IMPL(cuda_open_off_loop) {
   char gate[600], held[640];
   snprintf(gate, sizeof(gate), "%s/pin-gate", test_tmpdir());
   snprintf(held, sizeof(held), "%s.held", gate);
-  FILE *f = fopen(gate, "w");
-  ASSERT_NOT_NULL(f);
-  fclose(f);
+  close_gate(gate, held);
   ASSERT_OK(setenv("LARDER_FAKE_CUDA_PIN_GATE", gate, 1));
   dh_daemon d;
   dh_init(&d, "d", NULL);
@@ -718,18 +744,10 @@ TEST_IMPL(cuda_open_off_loop) {
   cuda_opts(&so.o, 100, 1, 0);
   pthread_t t;
   ASSERT_OK(pthread_create(&t, NULL, slow_open_run, &so));
-  for (int i = 0; access(held, F_OK) != 0; i++) {
-    ASSERT(i < 2000 * dh_slow()); /* 20 s */
-    usleep(10000);
-  }
   /* The daemon is inside cuMemHostRegister for the CUDA stream. */
   larder_stream_options_t ho;
   std_opts(&ho, 100, 1);
-  dh_run run = {0};
-  ASSERT_OK(dh_collect(d.socket, &ho, 20, &run));
-  ASSERT_EQ(run.n, 20);
-  dh_run_free(&run);
-  ASSERT_GE(dh_stat(&d, "batches"), 20); /* larderctl answers meanwhile */
+  host_while_held(&d, held, &ho);
   ASSERT_EQ(atomic_load(&so.done), 0);
   ASSERT_OK(unlink(gate));
   ASSERT_OK(pthread_join(t, NULL));
@@ -749,18 +767,9 @@ TEST_IMPL(cuda_open_off_loop) {
   larder_client_close(hc);
   /* Its close: the region goes on a worker too, whose unpinning the
    * double holds while host streams deliver. */
-  ASSERT_OK(unlink(held));
-  f = fopen(gate, "w");
-  ASSERT_NOT_NULL(f);
-  fclose(f);
+  close_gate(gate, held);
   larder_stream_close(so.s);
-  for (int i = 0; access(held, F_OK) != 0; i++) {
-    ASSERT(i < 2000 * dh_slow()); /* 20 s */
-    usleep(10000);
-  }
-  ASSERT_OK(dh_collect(d.socket, &ho, 20, &run));
-  ASSERT_EQ(run.n, 20);
-  dh_run_free(&run);
+  host_while_held(&d, held, &ho);
   ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 2u << 20);
   ASSERT_OK(unlink(gate));
   wait_cuda_bytes(&d, 0);

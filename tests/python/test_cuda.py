@@ -213,11 +213,14 @@ def test_cuda_release_waits_for_gpu(cclient, monkeypatch, tmp_path):
     s.close()
 
 
-def test_cuda_release_waits_for_kernels(cclient):
+@pytest.mark.parametrize("side", [False, True], ids=["default-stream", "side-stream"])
+def test_cuda_release_waits_for_kernels(cclient, side):
     """On a GPU: a batch whose tensors are dropped while a kernel queued
     after them still runs (torch.cuda._sleep) goes back to the daemon only
     once the kernel is done: with a window of 2, when the next batch
-    comes, the stream has nothing left to run."""
+    comes, the stream has nothing left to run.  The same with the kernels
+    on a side stream of torch's, which does not wait for the legacy
+    default stream (torch makes its streams non-blocking)."""
     if not REAL:
         pytest.skip("needs a GPU (tests/cuda-real.sh)")
     torch = pytest.importorskip("torch")
@@ -225,43 +228,18 @@ def test_cuda_release_waits_for_kernels(cclient):
                        memory="cuda", device=0)
     b0 = next(s)
     b1 = next(s)
-    x = b0.torch()["bitwidth1"]
-    with torch.cuda.device(x.device):
-        y = x * 2
-        torch.cuda._sleep(int(1e9))  # some 0.5 s of GPU cycles, after the read
-        del x, y
-        b0.release()
-        del b0
-        gc.collect()
-        b2 = s.next(timeout=DEADLINE)
-        assert torch.cuda.current_stream().query()
-    del b1, b2
-    s.close()
-
-
-def test_cuda_release_waits_for_side_stream(cclient):
-    """On a GPU: as test_cuda_release_waits_for_kernels, with the kernels
-    on a side stream of torch's, which does not wait for the legacy default
-    stream (torch makes its streams non-blocking): the batch goes back only
-    once that stream is done."""
-    if not REAL:
-        pytest.skip("needs a GPU (tests/cuda-real.sh)")
-    torch = pytest.importorskip("torch")
-    s = cclient.stream(WIDE, columns=["bitwidth1"], batch_size=10, epochs=0, window=2,
-                       memory="cuda", device=0)
-    b0 = next(s)
-    b1 = next(s)
-    side = torch.cuda.Stream(device=0)
-    with torch.cuda.device(0), torch.cuda.stream(side):
-        x = b0.torch()["bitwidth1"]
-        y = x * 2
-        torch.cuda._sleep(int(1e9))  # some 0.5 s of GPU cycles, after the read
-        del x, y
-        b0.release()
-        del b0
-        gc.collect()
-        b2 = s.next(timeout=DEADLINE)
-        assert side.query()
+    with torch.cuda.device(0):
+        work = torch.cuda.Stream() if side else torch.cuda.current_stream()
+        with torch.cuda.stream(work):
+            x = b0.torch()["bitwidth1"]
+            y = x * 2
+            torch.cuda._sleep(int(1e9))  # some 0.5 s of GPU cycles, after the read
+            del x, y
+            b0.release()
+            del b0
+            gc.collect()
+            b2 = s.next(timeout=DEADLINE)
+            assert work.query()
     del b1, b2
     s.close()
 
@@ -275,7 +253,7 @@ def test_cuda_torch_fences_current_stream(cclient, monkeypatch, fast):
     and so is the import (_host_import); the driver double takes the
     handle as it is."""
     if REAL:
-        pytest.skip("test_cuda_release_waits_for_side_stream checks it on the GPU")
+        pytest.skip("test_cuda_release_waits_for_kernels checks it on the GPU")
     torch = pytest.importorskip("torch")
     _host_import(monkeypatch, fast)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
