@@ -295,8 +295,8 @@ int lcuda_map_open(int device, const uint8_t *handle, size_t handle_len, int fd,
 uint64_t lcuda_map_base(const lcuda_map_t *m) { return (uint64_t)m->base; }
 
 /* A fence that could not be recorded: waits for all the work of the
- * mapping's context, on every stream, which covers whatever may read the
- * batch, and returns rc (the caller releases at once). */
+ * mapping's context, on every stream (whatever of that context may read
+ * the batch), and returns rc (the caller releases at once). */
 static int fence_instead(lcuda_map_t *m, int rc) {
   const lcuda_api_t *api = m->api;
   if (api->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
@@ -337,8 +337,8 @@ int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq) {
   }
   if (ev == NULL) r = api->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
   if (r == CUDA_SUCCESS) r = api->cuEventRecord(ev, stream ? (CUstream)stream : CU_STREAM_LEGACY);
-  /* A stream the driver refuses (one of another device's context, one
-   * destroyed since it was set): the context's work is waited for. */
+  /* A stream the driver refuses (one of another device's context): the
+   * context's work is waited for. */
   if (r != CUDA_SUCCESS) (void)api->cuCtxSynchronize();
   CUcontext popped;
   (void)api->cuCtxPopCurrent(&popped);

@@ -293,11 +293,11 @@ typedef struct larder_stream_options {
  * device, or NULL for the legacy default stream, which orders after the
  * work of every blocking stream (PyTorch's default stream is it; its
  * other streams are non-blocking, and work on them must be named here).
- * Releases after the call use it.  A stream the driver refuses when a
- * release records its event (another device's, one destroyed since) makes
- * that release wait, on the releasing thread, for all of the device's
- * work in the trainer's context (cuCtxSynchronize) instead.  Any thread;
- * no effect on a host stream.
+ * Releases after the call use it, so it must stay valid until they are
+ * made.  A stream the driver refuses when a release records its event
+ * (another device's) makes that release wait, on the releasing thread,
+ * for all of the device's work in the trainer's context
+ * (cuCtxSynchronize) instead.  Any thread; no effect on a host stream.
  */
 void larder_stream_set_cuda_stream(larder_stream_t *stream, void *cuda_stream);
 

@@ -130,9 +130,11 @@ uint64_t lcuda_map_base(const lcuda_map_t *m);
  * which orders after every blocking stream's work).  Returns 0, or
  * LARDER_EIO (the driver refused the stream) or LARDER_ENOMEM, having
  * then waited for all the work of the mapping's context (cuCtxSynchronize,
- * on the calling thread), so that the caller releases at once; or
- * LARDER_EINVAL (another process's mapping, which runs no work of its
- * own on it). */
+ * on the calling thread; not for another device's, which may read the
+ * batch through peer access), so that the caller releases at once; or
+ * LARDER_EIO without waiting when the mapping's context cannot be made
+ * current; or LARDER_EINVAL (another process's mapping, which runs no
+ * work of its own on it). */
 int lcuda_fence_push(lcuda_map_t *m, void *stream, uint64_t seq);
 /* Takes the oldest fence if its event has passed (an event the driver
  * reports failed, in a context that is gone, has passed too): returns 1

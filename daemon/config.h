@@ -238,11 +238,11 @@
      "verify, reload and config, besides root (empty: root only)")                               \
   XX(max_arena_bytes_per_client, SIZE, "8G", 1,                                                  \
      "shared-memory bytes (arenas and descriptor rings) of all the streams "                     \
-     "of one connection, with the CUDA regions its trainer still maps")                          \
+     "of one connection, with the CUDA regions kept for its trainer")                            \
   XX(max_arena_bytes_per_uid, SIZE, "32G", 1,                                                    \
      "shared-memory bytes (arenas and descriptor rings) of all the streams "                     \
-     "of one user's connections together, with the CUDA regions they still "                     \
-     "map (0: no limit)")                                                                        \
+     "of one user's connections together, with the CUDA regions kept for "                       \
+     "them (0: no limit)")                                                                       \
   XX(max_pending_per_client, U64, "16", 1,                                                       \
      "stream opens and admin jobs (prefetch, cat, ...) one connection may "                      \
      "have in progress at once")                                                                 \

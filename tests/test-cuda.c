@@ -726,8 +726,8 @@ static void host_while_held(const dh_daemon *d, const char *held,
  * for a large arena, and longer for a device's first context), other
  * trainers' host streams open and deliver, and larderctl answers.  Then
  * the CUDA stream opens and delivers the host stream's bytes.  Its region
- * is freed on a worker too: while the double holds cuMemHostUnregister,
- * host streams deliver.
+ * is freed on a worker too, parked or not: while the double holds
+ * cuMemHostUnregister, host streams deliver.
  */
 TEST_IMPL(cuda_open_off_loop) {
   if (use_driver()) return 0;
@@ -736,8 +736,10 @@ TEST_IMPL(cuda_open_off_loop) {
   snprintf(held, sizeof(held), "%s.held", gate);
   close_gate(gate, held);
   ASSERT_OK(setenv("LARDER_FAKE_CUDA_PIN_GATE", gate, 1));
+  /* One worker waits at the gate, another serves the host streams. */
+  static const char *const fl[] = {"--workers=2", NULL};
   dh_daemon d;
-  dh_init(&d, "d", NULL);
+  dh_init(&d, "d", fl);
   dh_start(&d);
   ASSERT_OK(unsetenv("LARDER_FAKE_CUDA_PIN_GATE"));
   slow_open_t so = {.socket = d.socket};
@@ -772,6 +774,16 @@ TEST_IMPL(cuda_open_off_loop) {
   host_while_held(&d, held, &ho);
   ASSERT_UINT_EQ(dh_stat(&d, "cuda_device_bytes"), 2u << 20);
   ASSERT_OK(unlink(gate));
+  wait_cuda_bytes(&d, 0);
+  /* Closed while the trainer holds a batch: the region is parked, and
+   * the arena is unpinned on a worker too. */
+  ASSERT_OK(larder_stream_open(so.c, &so.o, &so.s));
+  ASSERT_OK(larder_stream_next(so.s, 60000 * dh_slow(), &b));
+  close_gate(gate, held);
+  larder_stream_close(so.s);
+  host_while_held(&d, held, &ho);
+  ASSERT_OK(unlink(gate));
+  larder_batch_release(b); /* lets the parked region go */
   wait_cuda_bytes(&d, 0);
   larder_client_close(so.c);
   dh_stop(&d);

@@ -99,8 +99,17 @@ cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t uid, int pidfd, uint32_
   return p;
 }
 
+static cuda_closer_fn closer;
+static void *closer_arg;
+
+void cuda_set_closer(cuda_closer_fn fn, void *arg) {
+  closer = fn;
+  closer_arg = arg;
+}
+
 static void park_free(cuda_park_t *p) {
-  cuda_region_close(p->r);
+  if (closer) closer(closer_arg, p->r);
+  else cuda_region_close(p->r);
   if (p->pidfd >= 0) close(p->pidfd);
   free(p);
 }

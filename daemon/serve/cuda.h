@@ -74,12 +74,13 @@
  * and the per-device figures (cuda_device_bytes_of) follow the regions.
  *
  * Threads: cuda_check, the parks and cuda_loop_* on the loop;
- * cuda_region_open and cuda_region_close on a worker (the driver's first
- * context retain, the allocation, pinning and unpinning the arena and
- * freeing device memory take from milliseconds to a second, which the
- * loop must not spend), concurrently for several regions (a parked
- * region is freed on the loop); cuda_region_copy on workers, concurrently
- * for one region (disjoint ranges); the done callbacks on the loop.
+ * cuda_region_open, cuda_region_detach_host and cuda_region_close on a
+ * worker (the driver's first context retain, the allocation, pinning and
+ * unpinning the arena and freeing device memory take from milliseconds to
+ * a second, which the loop must not spend; parks free theirs through
+ * cuda_set_closer), concurrently for several regions; cuda_region_copy on
+ * workers, concurrently for one region (disjoint ranges); the done
+ * callbacks on the loop.
  */
 #ifndef LARDER_DAEMON_CUDA_H
 #define LARDER_DAEMON_CUDA_H
@@ -151,7 +152,7 @@ int cuda_region_device(const cuda_region_t *r);
 
 /* Unpins the arena, which is about to be unmapped, and drops the
  * region's reference to it: the region is then device memory only, and
- * copies fail. */
+ * copies fail.  Any thread (one at a time per region). */
 void cuda_region_detach_host(cuda_region_t *r);
 
 /* Frees the region and unpins the arena (before the arena is unmapped).
@@ -201,8 +202,14 @@ cuda_park_t *cuda_park(uint64_t owner, int pid, uint32_t uid, int pidfd, uint32_
 int cuda_watch_pid(int pid);
 /* The stream is done with the parked region, whose arena goes next: frees
  * it now if it was unparked meanwhile, else leaves it parked (device
- * memory only, cuda_region_detach_host). */
+ * memory only, cuda_region_detach_host, which the caller may have done
+ * already, on a worker). */
 void cuda_park_settle(cuda_park_t *p);
+/* How a park's region is freed: fn(arg, r) frees r (cuda_region_close) on
+ * a worker, so that the loop never waits for the driver; unset, the loop
+ * frees it.  Loop thread. */
+typedef void (*cuda_closer_fn)(void *arg, cuda_region_t *r);
+void cuda_set_closer(cuda_closer_fn fn, void *arg);
 /* Unparks (owner, stream_id): returns the parks it ended (0 or 1). */
 int cuda_unpark(uint64_t owner, uint32_t stream_id);
 /* Connection owner ended: its parks stay until their process exits. */

@@ -334,6 +334,7 @@ static void finish_shutdown(server_t *srv) {
     work_pool_stop(srv->pool);
     srv->pool = NULL;
   }
+  cuda_set_closer(NULL, NULL);
   uv_timer_stop(&srv->tick);
   uv_close((uv_handle_t *)&srv->tick, NULL);
   uv_close((uv_handle_t *)&srv->relisten, NULL);
@@ -891,6 +892,7 @@ int server_run(server_t *srv) {
   uv_unref((uv_handle_t *)&srv->flush);
   /* CUDA streams' copies report their ends to this loop (cuda.h). */
   if (cuda_loop_start(srv->loop) != 0) log_warn("CUDA streams are unavailable: no async handle");
+  cuda_set_closer(stream_close_region, srv); /* parks free their regions on workers */
   uv_signal_init(srv->loop, &srv->sig_term);
   uv_signal_init(srv->loop, &srv->sig_int);
   uv_signal_init(srv->loop, &srv->sig_hup);

@@ -242,12 +242,15 @@ typedef struct region_close {
   work_t work;
   cuda_region_t *r;
   arena_t *arena;
+  cuda_park_t *park; /* parked: only the host side goes, then it settles */
   int ran;
 } region_close_t;
 
 static void region_close_work(work_t *w) {
   region_close_t *rc = w->data;
-  cuda_region_close(rc->r); /* it unpins the arena: before the arena goes */
+  /* The region unpins the arena: before the arena goes. */
+  if (rc->park) cuda_region_detach_host(rc->r);
+  else cuda_region_close(rc->r);
   arena_destroy(rc->arena);
   rc->ran = 1;
 }
@@ -256,22 +259,31 @@ static void region_close_done(work_t *w, int status) {
   region_close_t *rc = w->data;
   (void)status;
   if (!rc->ran) region_close_work(w); /* cancelled at shutdown: here, then */
+  if (rc->park) cuda_park_settle(rc->park);
   free(rc);
 }
 
-/* Frees region r, then arena a, on a worker (on the loop when none takes
- * it: out of memory, or the pool stopping). */
-static void close_region_later(server_t *srv, cuda_region_t *r, arena_t *a) {
+/* Frees region r (or, parked, only its host side, then settles the park),
+ * then arena a, on a worker; on the loop when none takes it (out of
+ * memory, or the pool stopping). */
+static void close_region_later(server_t *srv, cuda_region_t *r, arena_t *a, cuda_park_t *park) {
   region_close_t *rc = malloc(sizeof(*rc));
   if (rc) {
-    *rc = (region_close_t){.r = r, .arena = a};
+    *rc = (region_close_t){.r = r, .arena = a, .park = park};
     rc->work.data = rc;
-    if (work_queue(srv->pool, &rc->work, region_close_work, region_close_done) == 0) return;
-    free(rc);
+    if (srv && work_queue(srv->pool, &rc->work, region_close_work, region_close_done) == 0) return;
+    region_close_done(&rc->work, 0);
+    return;
   }
-  cuda_region_close(r);
+  if (park) {
+    cuda_park_settle(park);
+  } else {
+    cuda_region_close(r);
+  }
   arena_destroy(a);
 }
+
+void stream_close_region(void *srv, cuda_region_t *r) { close_region_later(srv, r, NULL, NULL); }
 
 static void stream_destroy(stream_t *s) {
   if (s->owner) work_pool_release_owner(s->srv->pool, s->owner);
@@ -303,13 +315,11 @@ static void stream_destroy(stream_t *s) {
   free(s->stale_msg);
   free(s->stale);
   if (s->ds && --s->ds->refs == 0) dataset_free(s->ds);
-  /* The region unpins the arena: before the arena goes. */
-  if (s->cuda_park) {
-    /* Parked: the host side goes with the arena, the device side waits
-     * for the client, unless it was unparked meanwhile (cuda.h). */
-    cuda_park_settle(s->cuda_park);
-  } else if (s->cuda) {
-    close_region_later(s->srv, s->cuda, s->arena);
+  /* The region unpins the arena: before the arena goes, on a worker.
+   * Parked, the host side goes with the arena, and the device side waits
+   * for the client, unless it was unparked meanwhile (cuda.h). */
+  if (s->cuda) {
+    close_region_later(s->srv, s->cuda, s->arena, s->cuda_park);
     s->arena = NULL;
   }
   s->cuda = NULL;
@@ -792,7 +802,7 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
   if (mine + shm_need > srv->cfg.max_arena_bytes_per_client) {
     refuse_open(c, s, o, LARDER_ELIMIT,
                 "this client's streams already hold %llu bytes of shared memory (with the "
-                "CUDA regions it still maps); another %llu would exceed "
+                "CUDA regions kept for it); another %llu would exceed "
                 "max_arena_bytes_per_client (%llu)",
                 (unsigned long long)mine, (unsigned long long)shm_need,
                 (unsigned long long)srv->cfg.max_arena_bytes_per_client);
@@ -807,7 +817,7 @@ static int open_check_limits(conn_t *c, stream_t *s, open_req_t *o, uint64_t *ar
     if (uid_bytes + shm_need > srv->cfg.max_arena_bytes_per_uid) {
       refuse_open(c, s, o, LARDER_ELIMIT,
                   "the streams of uid %u already hold %llu bytes of shared memory (with the "
-                  "CUDA regions it still maps); another %llu would exceed "
+                  "CUDA regions kept for it); another %llu would exceed "
                   "max_arena_bytes_per_uid (%llu)",
                   (unsigned)c->uid, (unsigned long long)uid_bytes, (unsigned long long)shm_need,
                   (unsigned long long)srv->cfg.max_arena_bytes_per_uid);
@@ -1010,10 +1020,13 @@ static void region_done(work_t *w, int status) {
   open_req_t *o = w->data;
   server_t *srv = o->srv;
   stream_t *s = o->s;
+  /* The reservation goes back to the connection whatever its state (a
+   * draining one may live on). */
+  for (conn_t *any = srv->conns; any; any = any->next)
+    if (any->id == o->conn_id) any->arena_bytes -= o->reserved;
   conn_t *c = find_conn(srv, o->conn_id);
   s->cuda = o->region;
   o->region = NULL;
-  if (c) c->arena_bytes -= o->reserved;
   if (c == NULL || srv->shutting_down || status == UV_ECANCELED) {
     if (c) conn_send_error(c, LARDER_ESHUTDOWN, 0, o->request_id, "the daemon is shutting down");
     s->closed = 1;
@@ -1028,8 +1041,9 @@ static void region_done(work_t *w, int status) {
   open_finish(c, s, o);
 }
 
-/* Opens s's CUDA region on a worker (region_work), its arena counted for
- * connection c meanwhile, so that the client's other opens see it. */
+/* Opens s's CUDA region on a worker (region_work), its arena and ring
+ * counted for connection c meanwhile, so that the client's other opens
+ * see them. */
 static void open_region(conn_t *c, stream_t *s, open_req_t *o) {
   server_t *srv = o->srv;
   /* The trainer's process, watched while it is surely the one connected:
@@ -1038,7 +1052,7 @@ static void open_region(conn_t *c, stream_t *s, open_req_t *o) {
   o->ex = (cuda_export_t){.fd = -1, .fd_wanted = o->params.cuda_fd_ok && srv->cfg.cuda_fd_handles};
   o->s = s;
   o->rc = 0;
-  o->reserved = arena_size(s->arena);
+  o->reserved = arena_size(s->arena) + (o->params.ring && srv->cfg.shm_ring ? ring_size_for(s) : 0);
   c->arena_bytes += o->reserved;
   o->work.data = o;
   o->work.owner = o->conn_id;

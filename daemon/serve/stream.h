@@ -42,6 +42,10 @@ void stream_release(stream_t *s, const Larder__Release *rel);
 void stream_wake(stream_t *s);
 /* Ends a stream: the client asked, or its connection went away. */
 void stream_close(stream_t *s);
+/* Frees a CUDA region on a worker of server srv (cuda_set_closer's fn:
+ * the parks' regions). */
+typedef struct cuda_region cuda_region_t;
+void stream_close_region(void *srv, cuda_region_t *r);
 /* The client's CloseStream: closes its stream, or frees what the daemon
  * kept of a stream ended before (a CUDA region, cuda.h). */
 void stream_client_close(conn_t *c, const Larder__CloseStream *cs);

@@ -250,8 +250,9 @@ def test_cuda_torch_fences_current_stream(cclient, monkeypatch, fast):
     stream on the batch's device (larder_stream_set_cuda_stream) before it
     makes a tensor, on either path: the batch's release fences there.  The
     GPU is stood in for (torch.cuda.is_available, the raw stream's handle),
-    and so is the import (_host_import); the driver double takes the
-    handle as it is."""
+    and so is the import (_host_import); the driver double refuses the
+    made-up handle, so the release waits for the context's work instead
+    (lcuda_fence_push)."""
     if REAL:
         pytest.skip("test_cuda_release_waits_for_kernels checks it on the GPU")
     torch = pytest.importorskip("torch")

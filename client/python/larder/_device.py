@@ -86,7 +86,9 @@ class _Owner:
 
     def __del__(self):
         p, self.ptr = self.ptr, None
-        if p:
+        # Still the stream's stash: an interrupt fell between the owner's
+        # two stores (DeviceBatch), and the next next() returns the batch.
+        if p and p != self.stream._stash:
             try:
                 self.stream._release(p)
             except Exception:
