@@ -267,20 +267,16 @@ static void region_close_done(work_t *w, int status) {
  * then arena a, on a worker; on the loop when none takes it (out of
  * memory, or the pool stopping). */
 static void close_region_later(server_t *srv, cuda_region_t *r, arena_t *a, cuda_park_t *park) {
+  region_close_t now = {.r = r, .arena = a, .park = park};
   region_close_t *rc = malloc(sizeof(*rc));
   if (rc) {
-    *rc = (region_close_t){.r = r, .arena = a, .park = park};
+    *rc = now;
     rc->work.data = rc;
     if (srv && work_queue(srv->pool, &rc->work, region_close_work, region_close_done) == 0) return;
-    region_close_done(&rc->work, 0);
-    return;
+    free(rc);
   }
-  if (park) {
-    cuda_park_settle(park);
-  } else {
-    cuda_region_close(r);
-  }
-  arena_destroy(a);
+  region_close_work(&(work_t){.data = &now});
+  if (park) cuda_park_settle(park);
 }
 
 void stream_close_region(void *srv, cuda_region_t *r) { close_region_later(srv, r, NULL, NULL); }
